@@ -1,0 +1,23 @@
+//! kvtier-core: the data model every other kvtier crate stands on. No I/O lives here.
+//!
+//! - [`geometry`]: the shape of a model's KV cache and the sizes derived from it.
+//! - [`keys`]: namespaced, chained 128-bit block keys over token ids.
+//! - [`object`]: the versioned, checksummed byte format of a stored block.
+//! - [`layout`]: `LayerFirst` paged pools and `BlockFirst` objects, and the batched copies between them.
+//! - [`parallel`]: the bounded worker pool that runs large copies.
+//!
+//! Invariants: a block key never collides across namespaces by construction (the namespace hash
+//! seeds the chain); every object read is verified against its xxh3 checksum before use.
+
+pub mod checksum;
+pub mod error;
+pub mod geometry;
+pub mod keys;
+pub mod layout;
+pub mod object;
+pub mod parallel;
+
+pub use error::{GeometryError, KeyError, LayoutError, ObjectError};
+pub use geometry::{Dtype, ExtraGroup, Geometry};
+pub use keys::{block_keys, BlockKey, Namespace};
+pub use object::{ObjectHeader, OBJECT_HEADER_BYTES};
