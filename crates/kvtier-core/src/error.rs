@@ -43,6 +43,8 @@ pub enum LayoutError {
     DuplicateBlock { block_id: u64 },
     #[error("pool has 0 blocks; expected at least 1")]
     EmptyPool,
+    #[error("object {index} has {actual} bytes; expected {expected} bytes (one block)")]
+    ObjectSize { index: usize, actual: usize, expected: usize },
 }
 
 /// Bytes that are not a valid kvtier object. Corrupt bytes are reported, never used.

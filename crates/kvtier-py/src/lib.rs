@@ -1,1 +1,134 @@
-//! placeholder
+//! `kvtier._core`: the thin PyO3 layer over the Rust data plane.
+//!
+//! Python never reaches past this module into Rust internals (DESIGN §1). Every function
+//! validates its buffers, then releases the GIL for the copy or hash. Errors are raised as the
+//! classes of `kvtier.errors`.
+
+mod buffer;
+mod errors;
+mod geometry;
+mod layout;
+mod store;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use kvtier_core::object::{decode_object as core_decode, encode_object as core_encode, CODEC_RAW};
+
+use crate::buffer::{ensure_disjoint, Buffer};
+use crate::errors::{buffer_error, key_err, object_err};
+
+pub(crate) fn u128_from(bytes: &[u8], what: &str) -> PyResult<u128> {
+    let arr: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| buffer_error(format!("{what} has {} bytes; expected 16", bytes.len())))?;
+    Ok(u128::from_le_bytes(arr))
+}
+
+pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
+    if !raw.len().is_multiple_of(16) {
+        return Err(buffer_error(format!("keys have {} bytes; expected a multiple of 16", raw.len())));
+    }
+    Ok(raw.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
+}
+
+/// Keys of every full block of `tokens` (a C-contiguous uint32 buffer), as `n * 16` bytes.
+#[pyfunction]
+fn block_keys<'py>(
+    py: Python<'py>,
+    namespace_hash: &[u8],
+    tokens: &Bound<'py, PyAny>,
+    block_tokens: u32,
+    extra: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let ns = u128_from(namespace_hash, "namespace_hash")?;
+    let buf = Buffer::get(tokens, "tokens", false)?;
+    if !buf.len().is_multiple_of(4) || !(buf.ptr() as usize).is_multiple_of(4) {
+        return Err(buffer_error(format!(
+            "tokens buffer has {} bytes; expected aligned uint32 ids",
+            buf.len()
+        )));
+    }
+    // SAFETY: read-only view, aligned to 4 bytes and a multiple of 4 long (checked above).
+    let ids: &[u32] = unsafe { std::slice::from_raw_parts(buf.ptr().cast::<u32>(), buf.len() / 4) };
+    let keys = py.allow_threads(|| kvtier_core::block_keys(ns, ids, block_tokens, extra)).map_err(key_err)?;
+    let mut raw = Vec::with_capacity(keys.len() * 16);
+    for k in keys {
+        raw.extend_from_slice(&k.to_le_bytes());
+    }
+    Ok(PyBytes::new(py, &raw))
+}
+
+/// Header + payload bytes of one object (raw codec).
+#[pyfunction]
+fn encode_object<'py>(
+    py: Python<'py>,
+    namespace_hash: &[u8],
+    key: &[u8],
+    payload: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let ns = u128_from(namespace_hash, "namespace_hash")?;
+    let key = u128_from(key, "key")?;
+    let buf = Buffer::get(payload, "payload", false)?;
+    // SAFETY: read-only view of a live buffer.
+    let bytes = core_encode(ns, key, CODEC_RAW, unsafe { buf.as_slice() });
+    Ok(PyBytes::new(py, &bytes))
+}
+
+/// Verifies an object and returns (namespace hash, key, codec id, payload).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn decode_object<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, u16, Bound<'py, PyBytes>)> {
+    let buf = Buffer::get(data, "data", false)?;
+    // SAFETY: read-only view of a live buffer.
+    let (header, payload) = core_decode(unsafe { buf.as_slice() }).map_err(object_err)?;
+    Ok((
+        PyBytes::new(py, &header.namespace.to_le_bytes()),
+        PyBytes::new(py, &header.key.to_le_bytes()),
+        header.codec_id,
+        PyBytes::new(py, payload),
+    ))
+}
+
+/// One contiguous single-threaded memcpy of `src` into `dst`: the limit benchmarks compare to.
+#[pyfunction]
+fn memcpy(py: Python<'_>, dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
+    let d = Buffer::get(dst, "dst", true)?;
+    let s = Buffer::get(src, "src", false)?;
+    ensure_disjoint(&d, &s)?;
+    if d.len() != s.len() {
+        return Err(buffer_error(format!(
+            "dst has {} bytes; expected {} (the size of src)",
+            d.len(),
+            s.len()
+        )));
+    }
+    // SAFETY: disjoint live buffers of equal length; dst acquired writable.
+    py.allow_threads(|| unsafe { d.as_mut_slice().copy_from_slice(s.as_slice()) });
+    Ok(())
+}
+
+/// XXH3-64 checksum of a buffer (the object payload checksum).
+#[pyfunction]
+fn checksum(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let b = Buffer::get(data, "data", false)?;
+    // SAFETY: read-only view of a live buffer.
+    Ok(py.allow_threads(|| kvtier_core::checksum::checksum(unsafe { b.as_slice() })))
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<geometry::CoreGeometry>()?;
+    m.add_class::<layout::Copier>()?;
+    m.add_class::<store::Store>()?;
+    m.add_function(wrap_pyfunction!(block_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_object, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_object, m)?)?;
+    m.add_function(wrap_pyfunction!(memcpy, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,387 @@
+//! The DRAM tier: a bounded host [`Arena`], an [`ExtentAllocator`] over it, an
+//! [`EvictionPolicy`] and an index `key → entry`.
+//!
+//! Each object is stored whole, as later tiers will write it: the 64-byte [`ObjectHeader`],
+//! then the payload, then zero padding to the end of its extent (header + payload rounded up
+//! to 4 KiB pages).
+//!
+//! Concurrency: one mutex guards the allocator, policy and index; it is taken a bounded number
+//! of times per *batch* (put: reserve, publish; read: find, settle failures). Payload copies run
+//! outside it, spread over the [`WorkerPool`]. That is sound because:
+//! - a *writing* extent is reachable only from the batch that reserved it (invisible to lookups,
+//!   never a victim), so its writer has it to itself;
+//! - a *pinned* extent is never freed or reused, so readers of a pinned entry see bytes no one
+//!   writes (except [`Tier::corrupt_for_test`], which flips a bit atomically).
+//!
+//! Invariants (asserted on the way, verified by [`Tier::check_integrity`]): used ≤ capacity;
+//! allocator extents = index extents + doomed extents, without overlap; the policy tracks
+//! exactly the ready entries; writing entries hold no pins; doomed entries hold at least one;
+//! every ready entry's header decodes and names its key and length.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kvtier_core::checksum::copy_with_checksum;
+use kvtier_core::object::CODEC_RAW;
+use kvtier_core::parallel::WorkerPool;
+use kvtier_core::{BlockKey, ObjectHeader, OBJECT_HEADER_BYTES};
+use parking_lot::Mutex;
+
+mod state;
+
+use state::{DramState, Entry, EntryState, PinnedAt};
+
+use crate::arena::Arena;
+use crate::error::{integrity, PoolError};
+use crate::eviction::EvictionPolicy;
+use crate::extent::{round_up_to_pages, ExtentAllocator, PAGE_BYTES};
+use crate::tier::{EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+
+const HEADER: usize = OBJECT_HEADER_BYTES;
+/// Unit of parallel prefaulting, in bytes.
+const PREFAULT_CHUNK_BYTES: usize = 64 << 20;
+
+/// Bytes an object with `payload_len` payload bytes occupies in the arena.
+pub fn object_extent_bytes(payload_len: u64) -> u64 {
+    round_up_to_pages(HEADER as u64 + payload_len)
+}
+
+/// The host-memory tier.
+pub struct DramTier {
+    arena: Arena,
+    workers: Arc<WorkerPool>,
+    state: Mutex<DramState>,
+}
+
+struct WriteJob {
+    item: usize,
+    offset: usize,
+    extent_len: usize,
+}
+
+struct ReadJob<'a> {
+    item: usize,
+    key: BlockKey,
+    offset: usize,
+    dst: Mutex<&'a mut [u8]>,
+    corrupt: AtomicBool,
+}
+
+impl DramTier {
+    /// A DRAM tier holding at most `capacity_bytes` (rounded down to whole pages).
+    pub fn new(
+        capacity_bytes: u64,
+        policy: Box<dyn EvictionPolicy>,
+        workers: Arc<WorkerPool>,
+    ) -> Result<Self, PoolError> {
+        if capacity_bytes < PAGE_BYTES {
+            return Err(PoolError::CapacityTooSmall { bytes: capacity_bytes, page: PAGE_BYTES });
+        }
+        let allocator = ExtentAllocator::new(capacity_bytes);
+        let arena = Arena::new(allocator.capacity_bytes())?;
+        let state = DramState::new(allocator, policy);
+        Ok(DramTier { arena, workers, state: Mutex::new(state) })
+    }
+
+    /// Faults in the whole arena now, spread over the worker pool, so the first fill of the
+    /// tier runs at memory speed instead of page-fault speed. This commits `capacity_bytes` of
+    /// host memory at once. Returns false if the kernel cannot populate (pages then fault in
+    /// on first use).
+    pub fn prefault(&self) -> bool {
+        let len = self.arena.len_bytes();
+        let chunks: Vec<usize> = (0..len).step_by(PREFAULT_CHUNK_BYTES).collect();
+        let failed = AtomicBool::new(false);
+        self.workers.for_each(&chunks, len, |&offset| {
+            if !self.arena.prefault(offset, PREFAULT_CHUNK_BYTES.min(len - offset)) {
+                failed.store(true, Ordering::Relaxed);
+            }
+        });
+        !failed.load(Ordering::Relaxed)
+    }
+
+    /// Name of the eviction policy in use.
+    pub fn eviction_name(&self) -> &'static str {
+        self.state.lock().policy.name()
+    }
+
+    /// Reserves space for every new key of the batch; returns the copy jobs.
+    fn reserve(&self, keys: &[BlockKey], payloads: &[&[u8]], report: &mut TierPutReport) -> Vec<WriteJob> {
+        let mut jobs = Vec::with_capacity(keys.len());
+        let mut st = self.state.lock();
+        let mut victims_left = true;
+        for (item, (&key, payload)) in keys.iter().zip(payloads).enumerate() {
+            if st.index.contains_key(&key) {
+                report.already_present += 1;
+                continue;
+            }
+            let payload_len = payload.len() as u64;
+            let need = object_extent_bytes(payload_len);
+            let Some(extent) = st.allocate_evicting(need, &mut victims_left, &mut report.evicted) else {
+                report.rejected += 1;
+                continue;
+            };
+            let id = st.next_entry_id;
+            st.next_entry_id += 1;
+            let entry = Entry { id, extent, payload_len, pins: 0, state: EntryState::Writing };
+            st.index.insert(key, entry);
+            st.writing += 1;
+            let offset = usize::try_from(extent.offset).expect("arena offsets fit usize");
+            let extent_len = usize::try_from(extent.len).expect("extent lengths fit usize");
+            jobs.push(WriteJob { item, offset, extent_len });
+        }
+        st.counters.rejected += report.rejected as u64;
+        assert!(st.allocator.used_bytes() <= st.allocator.capacity_bytes());
+        jobs
+    }
+
+    fn write_object(&self, namespace: u128, key: BlockKey, payload: &[u8], job: &WriteJob) {
+        let arena = &self.arena;
+        // SAFETY: the extent belongs to a writing entry reserved by this batch; nothing else
+        // reads or writes it until the entry is published under the lock.
+        let body = unsafe { arena.bytes_mut(job.offset + HEADER, job.extent_len - HEADER) };
+        let (dst, padding) = body.split_at_mut(payload.len());
+        let sum = copy_with_checksum(dst, payload);
+        padding.fill(0);
+        let header = ObjectHeader::with_checksum(namespace, key, CODEC_RAW, payload.len() as u64, sum);
+        // SAFETY: as above.
+        unsafe { arena.bytes_mut(job.offset, HEADER) }.copy_from_slice(&header.encode());
+    }
+
+    /// Verifies the stored header and copies the payload out; false if anything mismatches.
+    fn read_object(&self, namespace: u128, job: &ReadJob<'_>) -> bool {
+        let mut dst = job.dst.lock();
+        // SAFETY: the entry is pinned, so its extent is neither freed nor rewritten meanwhile.
+        let header_bytes = unsafe { self.arena.bytes(job.offset, HEADER) };
+        let Ok(header) = ObjectHeader::decode(header_bytes) else { return false };
+        if header.expect_identity(namespace, job.key).is_err() || header.payload_len != dst.len() as u64 {
+            return false;
+        }
+        // SAFETY: as above.
+        let src = unsafe { self.arena.bytes(job.offset + HEADER, dst.len()) };
+        copy_with_checksum(&mut dst, src) == header.payload_checksum
+    }
+}
+
+impl Tier for DramTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Dram
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.state.lock().allocator.capacity_bytes()
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.state.lock().allocator.used_bytes()
+    }
+
+    fn put(&self, namespace: u128, keys: &[BlockKey], payloads: &[&[u8]]) -> TierPutReport {
+        assert_eq!(keys.len(), payloads.len(), "one payload per key");
+        let mut report = TierPutReport::default();
+        let jobs = self.reserve(keys, payloads, &mut report);
+        let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
+        let total_bytes = jobs.iter().map(|j| payloads[j.item].len()).sum();
+        self.workers.for_each(&jobs, total_bytes, |job| {
+            self.write_object(namespace, keys[job.item], payloads[job.item], job);
+        });
+        abandon.armed = false;
+        drop(abandon);
+        let mut st = self.state.lock();
+        for job in &jobs {
+            let key = keys[job.item];
+            let entry = st.index.get_mut(&key).expect("writing entries stay indexed");
+            assert_eq!(entry.state, EntryState::Writing, "a writing entry changed under its writer");
+            entry.state = EntryState::Ready;
+            st.policy.on_insert(key);
+            st.writing -= 1;
+        }
+        st.counters.stored += jobs.len() as u64;
+        report.stored = jobs.len();
+        report
+    }
+
+    fn locate(
+        &self,
+        keys: &[BlockKey],
+        located: &mut [Option<Located>],
+        pin: bool,
+        stop_at_miss: bool,
+    ) -> usize {
+        assert_eq!(keys.len(), located.len(), "one slot per key");
+        let mut found = 0;
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        for (key, slot) in keys.iter().zip(located.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            match st.index.get_mut(key) {
+                Some(entry) if entry.state == EntryState::Ready => {
+                    if pin {
+                        if entry.pins == 0 {
+                            st.pinned_ready += 1;
+                        }
+                        entry.pins = entry.pins.checked_add(1).expect("pin count overflow");
+                        st.policy.on_access(*key);
+                    }
+                    *slot = Some(Located {
+                        tier: TierKind::Dram,
+                        entry: EntryRef { key: *key, entry_id: entry.id },
+                    });
+                    found += 1;
+                }
+                _ if stop_at_miss => break,
+                _ => {}
+            }
+        }
+        found
+    }
+
+    fn read_pinned(
+        &self,
+        namespace: u128,
+        entries: &[EntryRef],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+    ) {
+        assert!(entries.len() == dst.len() && dst.len() == outcomes.len(), "one destination per entry");
+        let mut jobs = Vec::with_capacity(entries.len());
+        {
+            let st = self.state.lock();
+            for (item, (entry, d)) in entries.iter().zip(dst.iter_mut()).enumerate() {
+                let (extent, payload_len) = match st.find_pinned(entry) {
+                    Some(PinnedAt::Ready(extent, len) | PinnedAt::Doomed(extent, len)) => (extent, len),
+                    None => {
+                        outcomes[item] = ReadOutcome::NotPinned;
+                        continue;
+                    }
+                };
+                assert_eq!(d.len() as u64, payload_len, "destination {item} has the wrong length");
+                let offset = usize::try_from(extent.offset).expect("arena offsets fit usize");
+                let dst = Mutex::new(&mut **d);
+                jobs.push(ReadJob { item, key: entry.key, offset, dst, corrupt: AtomicBool::new(false) });
+            }
+        }
+        let total_bytes = jobs.iter().map(|j| j.dst.lock().len()).sum();
+        self.workers.for_each(&jobs, total_bytes, |job| {
+            if !self.read_object(namespace, job) {
+                job.corrupt.store(true, Ordering::Relaxed);
+            }
+        });
+        let mut corrupt = Vec::new();
+        for job in &jobs {
+            let bad = job.corrupt.load(Ordering::Relaxed);
+            outcomes[job.item] = if bad { ReadOutcome::Corrupt } else { ReadOutcome::Loaded };
+            if bad {
+                corrupt.push(entries[job.item]);
+            }
+        }
+        if corrupt.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        for entry in corrupt {
+            st.counters.checksum_failures += 1;
+            let indexed = st.index.get(&entry.key).is_some_and(|e| e.id == entry.entry_id);
+            if indexed {
+                st.retire(entry.key);
+            }
+        }
+    }
+
+    fn unpin(&self, entries: &[EntryRef]) {
+        let mut st = self.state.lock();
+        for entry in entries {
+            st.unpin(entry);
+        }
+    }
+
+    fn contains(&self, key: BlockKey) -> bool {
+        self.state.lock().index.get(&key).is_some_and(|e| e.state == EntryState::Ready)
+    }
+
+    fn remove(&self, keys: &[BlockKey]) -> usize {
+        let mut st = self.state.lock();
+        let mut removed = 0;
+        for &key in keys {
+            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready) {
+                st.retire(key);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    fn pins(&self) -> Vec<(EntryRef, u32)> {
+        let st = self.state.lock();
+        let ready = st
+            .index
+            .iter()
+            .filter(|(_, e)| e.pins > 0)
+            .map(|(&key, e)| (EntryRef { key, entry_id: e.id }, e.pins));
+        let doomed = st.doomed.iter().map(|(&entry_id, d)| (EntryRef { key: d.key, entry_id }, d.pins));
+        ready.chain(doomed).collect()
+    }
+
+    fn stats(&self) -> TierStats {
+        let st = self.state.lock();
+        TierStats {
+            objects: st.index.len() as u64 - st.writing,
+            pinned_objects: st.pinned_ready,
+            doomed_objects: st.doomed.len() as u64,
+            used_bytes: st.allocator.used_bytes(),
+            capacity_bytes: st.allocator.capacity_bytes(),
+            stored: st.counters.stored,
+            evictions: st.counters.evictions,
+            rejected: st.counters.rejected,
+            checksum_failures: st.counters.checksum_failures,
+        }
+    }
+
+    fn check_integrity(&self) -> Result<(), PoolError> {
+        self.state.lock().check(&self.arena).map_err(|detail| integrity("dram", detail))
+    }
+
+    fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
+        let st = self.state.lock();
+        let Some(entry) = st.index.get(&key).filter(|e| e.state == EntryState::Ready) else { return false };
+        if payload_byte_offset as u64 >= entry.payload_len {
+            return false;
+        }
+        self.arena.flip_bit(entry.extent.offset as usize + HEADER + payload_byte_offset, 0);
+        true
+    }
+}
+
+/// Frees a put batch's writing entries if its copy panics, so a failed put leaks no space and
+/// leaves no key "being written" forever.
+struct AbandonOnPanic<'a> {
+    tier: &'a DramTier,
+    keys: &'a [BlockKey],
+    jobs: &'a [WriteJob],
+    armed: bool,
+}
+
+impl Drop for AbandonOnPanic<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut st = self.tier.state.lock();
+        for job in self.jobs {
+            let key = self.keys[job.item];
+            // A key is written by at most one batch at a time, so a writing entry here is ours.
+            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Writing) {
+                let entry = st.index.remove(&key).expect("entry just seen");
+                st.allocator.free(entry.extent);
+                st.writing -= 1;
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for DramTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DramTier").field("arena", &self.arena).field("workers", &self.workers).finish()
+    }
+}

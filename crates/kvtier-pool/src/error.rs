@@ -1,0 +1,23 @@
+//! Errors of kvtier-pool. Messages name the wrong value and the expected one, because they reach
+//! users verbatim (through `StoreError` and the Python exceptions).
+
+use thiserror::Error;
+
+/// Failures of building or checking a tier. A miss or a full tier is a value, never one of these.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    #[error("unknown eviction policy {name:?}; expected one of: {known}")]
+    UnknownEviction { name: String, known: String },
+    #[error("tier capacity is {bytes} bytes; expected at least one {page}-byte page")]
+    CapacityTooSmall { bytes: u64, page: u64 },
+    #[error("could not reserve a {bytes}-byte host arena: {reason}")]
+    ArenaReserve { bytes: u64, reason: String },
+    #[error("{tier} tier integrity check failed: {detail}")]
+    Integrity { tier: &'static str, detail: String },
+}
+
+/// Shorthand for an integrity failure of `tier`.
+pub(crate) fn integrity(tier: &'static str, detail: impl Into<String>) -> PoolError {
+    PoolError::Integrity { tier, detail: detail.into() }
+}

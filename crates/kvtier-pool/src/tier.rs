@@ -1,0 +1,161 @@
+//! The [`Tier`] trait: one level of the hierarchy (DRAM, SSD, remote, noop), batched.
+//!
+//! Every method takes a whole batch and takes the tier's lock once per batch, never once per
+//! key: a 128K-token prompt is 8192 blocks. Large copies happen outside the lock.
+//!
+//! Lifecycle of an object in a tier: *writing* (space reserved, bytes being copied; invisible
+//! and not evictable) → *ready* (visible, evictable when unpinned) → gone (evicted or removed),
+//! or *doomed* (failed its checksum or removed while pinned: invisible at once, its space freed
+//! when the last pin drops). A pin is held per [`EntryRef`], i.e. per stored generation of a
+//! key, so a key stored again after being doomed is never confused with the doomed copy.
+
+use kvtier_core::BlockKey;
+
+use crate::error::PoolError;
+
+/// Which kind of storage a tier is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TierKind {
+    Dram,
+    Ssd,
+    Remote,
+    Noop,
+}
+
+impl TierKind {
+    pub const ALL: [TierKind; 4] = [TierKind::Dram, TierKind::Ssd, TierKind::Remote, TierKind::Noop];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            TierKind::Dram => "dram",
+            TierKind::Ssd => "ssd",
+            TierKind::Remote => "remote",
+            TierKind::Noop => "noop",
+        }
+    }
+}
+
+impl std::fmt::Display for TierKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One stored generation of a key in a tier: what a pin holds on to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EntryRef {
+    pub key: BlockKey,
+    /// Unique within its tier for the tier's lifetime.
+    pub entry_id: u64,
+}
+
+/// Where a located block lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Located {
+    pub tier: TierKind,
+    pub entry: EntryRef,
+}
+
+/// Outcome of one batched put.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierPutReport {
+    /// Objects written and now visible.
+    pub stored: usize,
+    /// Keys already present or being written (content-addressed: same key, same bytes).
+    pub already_present: usize,
+    /// Objects refused because no space could be freed (everything else pinned or too large).
+    pub rejected: usize,
+    /// Blocks evicted to make room for this batch.
+    pub evicted: usize,
+}
+
+/// Outcome of reading one pinned block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// The destination holds the exact stored payload (checksum verified).
+    Loaded,
+    /// Header or payload failed verification; the block is doomed and the destination's bytes
+    /// must not be used.
+    Corrupt,
+    /// The entry was not pinned in this tier (a caller bug; nothing was copied).
+    NotPinned,
+}
+
+/// Counters and gauges of one tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Ready (visible) objects.
+    pub objects: u64,
+    /// Ready objects with at least one pin.
+    pub pinned_objects: u64,
+    /// Doomed objects still held by pins.
+    pub doomed_objects: u64,
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+    pub stored: u64,
+    pub evictions: u64,
+    pub rejected: u64,
+    pub checksum_failures: u64,
+}
+
+/// One level of the store's hierarchy. Implementations are internally synchronised.
+pub trait Tier: Send + Sync {
+    fn kind(&self) -> TierKind;
+    /// Bytes this tier may hold at most (never exceeded).
+    fn capacity_bytes(&self) -> u64;
+    /// Bytes reserved by objects (ready, writing and doomed), including headers and padding.
+    fn used_bytes(&self) -> u64;
+
+    /// Stores `payloads[i]` under `keys[i]` (same lengths), evicting unpinned blocks as needed.
+    /// A key already present or being written is skipped as already present.
+    fn put(&self, namespace: u128, keys: &[BlockKey], payloads: &[&[u8]]) -> TierPutReport;
+
+    /// For each `i` with `located[i] == None` whose key this tier holds (ready), sets
+    /// `located[i]` and, when `pin`, pins it (and counts it as an access for eviction).
+    /// With `stop_at_miss` (the caller's last tier), stops at the first key located neither
+    /// before nor here. Returns how many keys this call located.
+    fn locate(
+        &self,
+        keys: &[BlockKey],
+        located: &mut [Option<Located>],
+        pin: bool,
+        stop_at_miss: bool,
+    ) -> usize;
+
+    /// Copies pinned entries into `dst` (`dst[i]` exactly the payload length of `entries[i]`),
+    /// verifying each object's header and payload checksum; `outcomes[i]` says how each went.
+    /// A corrupt entry is doomed (lookups miss it from now on) and counted.
+    fn read_pinned(
+        &self,
+        namespace: u128,
+        entries: &[EntryRef],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+    );
+
+    /// Drops one pin from each entry. Panics on an entry that holds no pin (a caller bug).
+    fn unpin(&self, entries: &[EntryRef]);
+
+    /// Whether a ready copy of `key` is here.
+    fn contains(&self, key: BlockKey) -> bool;
+
+    /// Removes the keys' ready copies (pinned ones are doomed and freed on their last unpin).
+    /// Returns how many were removed or doomed.
+    fn remove(&self, keys: &[BlockKey]) -> usize;
+
+    /// Every entry holding pins, with its pin count (for the store's lease cross-check).
+    fn pins(&self) -> Vec<(EntryRef, u32)>;
+
+    fn stats(&self) -> TierStats;
+
+    /// Checks allocator accounting, index/allocator agreement, the eviction policy's view and
+    /// every ready object's header.
+    fn check_integrity(&self) -> Result<(), PoolError>;
+
+    /// Flips one bit of the stored payload of `key` (fault injection for tests). False if the
+    /// key is not here or the offset is past the payload.
+    #[doc(hidden)]
+    fn corrupt_for_test(&self, _key: BlockKey, _payload_byte_offset: usize) -> bool {
+        false
+    }
+}

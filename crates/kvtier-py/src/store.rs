@@ -1,0 +1,234 @@
+//! The `Store` for Python: put/lookup/lease/load/release over caller buffers, GIL released
+//! while bytes move. Namespace checks happen here and again in the Rust store.
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use kvtier_core::Namespace;
+use kvtier_store::{Store as CoreStore, StoreConfig, StoreError};
+
+use crate::buffer::{ensure_disjoint, Buffer};
+use crate::errors::{buffer_error, config_error, key_err, kvtier_error};
+use crate::geometry::CoreGeometry;
+use crate::{keys_from, u128_from};
+
+fn store_err(e: StoreError) -> PyErr {
+    let class = match &e {
+        StoreError::NamespaceMismatch { .. } => "NamespaceError",
+        StoreError::ObjectSize { .. } | StoreError::CountMismatch { .. } => "BufferError",
+        StoreError::LeaseUnknown { .. }
+        | StoreError::LeaseExpired { .. }
+        | StoreError::LeaseLimit { .. }
+        | StoreError::LoadTooMany { .. } => "LeaseError",
+        StoreError::Config(_) => "ConfigError",
+        StoreError::Integrity(_) => "IntegrityError",
+        _ => "StoreError",
+    };
+    kvtier_error(class, e.to_string())
+}
+
+#[pyclass(frozen, name = "Store", module = "kvtier._core")]
+pub struct Store {
+    inner: CoreStore,
+}
+
+/// Caller buffers holding `count` blocks: one contiguous buffer, or a list of one buffer per block.
+fn block_buffers(obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Vec<Buffer>> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        return list.iter().map(|item| Buffer::get(&item, what, writable)).collect();
+    }
+    Ok(vec![Buffer::get(obj, what, writable)?])
+}
+
+fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {
+    let total: usize = bufs.iter().map(Buffer::len).sum();
+    let per_block_ok =
+        bufs.len() == 1 || (bufs.len() == count && bufs.iter().all(|b| b.len() == block_bytes));
+    if total != count * block_bytes || !per_block_ok {
+        return Err(buffer_error(format!(
+            "{what} holds {total} bytes in {} buffer(s); expected {count} blocks of {block_bytes} bytes",
+            bufs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Splits buffers into `count` read-only block slices of `block_bytes` each.
+///
+/// # Safety
+/// The buffers must be live and not written while the slices are alive.
+unsafe fn split_ref<'a>(
+    bufs: &'a [Buffer],
+    count: usize,
+    block_bytes: usize,
+    what: &str,
+) -> PyResult<Vec<&'a [u8]>> {
+    check_blocks(bufs, count, block_bytes, what)?;
+    Ok(bufs.iter().filter(|b| b.len() > 0).flat_map(|b| b.as_slice().chunks_exact(block_bytes)).collect())
+}
+
+/// Splits buffers into `count` writable block slices of `block_bytes` each.
+///
+/// # Safety
+/// The buffers must be live, acquired writable, pairwise disjoint and not otherwise viewed.
+#[allow(clippy::mut_from_ref)]
+unsafe fn split_mut<'a>(
+    bufs: &'a [Buffer],
+    count: usize,
+    block_bytes: usize,
+    what: &str,
+) -> PyResult<Vec<&'a mut [u8]>> {
+    check_blocks(bufs, count, block_bytes, what)?;
+    Ok(bufs
+        .iter()
+        .filter(|b| b.len() > 0)
+        .flat_map(|b| b.as_mut_slice().chunks_exact_mut(block_bytes))
+        .collect())
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        geometry: &CoreGeometry,
+        model_id: String,
+        layout_version: u32,
+        cache_salt: String,
+        rank: u32,
+        dram_capacity_bytes: u64,
+        eviction: String,
+        copy_threads: usize,
+        lease_ttl_s: f64,
+        leases_max: usize,
+    ) -> PyResult<Self> {
+        let namespace =
+            Namespace { model_id, geometry: geometry.inner.clone(), layout_version, cache_salt, rank };
+        namespace.hash().map_err(key_err)?;
+        if !(lease_ttl_s.is_finite() && lease_ttl_s > 0.0) {
+            return Err(config_error(format!("lease_ttl_s is {lease_ttl_s}; expected a positive number")));
+        }
+        let config = StoreConfig {
+            dram_capacity_bytes,
+            eviction,
+            copy_threads,
+            lease_ttl: Duration::from_secs_f64(lease_ttl_s),
+            leases_max,
+        };
+        Ok(Store { inner: CoreStore::new(namespace, config).map_err(store_err)? })
+    }
+
+    #[getter]
+    fn namespace_hash(&self) -> [u8; 16] {
+        self.inner.namespace_hash().to_le_bytes()
+    }
+
+    #[getter]
+    fn block_bytes(&self) -> usize {
+        self.inner.block_bytes()
+    }
+
+    /// Returns (stored, already_present, rejected, evicted).
+    fn put(
+        &self,
+        py: Python<'_>,
+        namespace_hash: &[u8],
+        keys: &[u8],
+        objects: &Bound<'_, PyAny>,
+    ) -> PyResult<(usize, usize, usize, usize)> {
+        let ns = u128_from(namespace_hash, "namespace_hash")?;
+        let keys = keys_from(keys)?;
+        let bufs = block_buffers(objects, "objects", false)?;
+        let block_bytes = self.inner.block_bytes();
+        // SAFETY: live buffers, only read.
+        let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
+        let r = py.allow_threads(|| self.inner.put(ns, &keys, &objects)).map_err(store_err)?;
+        Ok((r.stored, r.already_present, r.rejected, r.evicted))
+    }
+
+    /// Returns (hit_blocks, tier name per hit block).
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        namespace_hash: &[u8],
+        keys: &[u8],
+    ) -> PyResult<(usize, Vec<&'static str>)> {
+        let ns = u128_from(namespace_hash, "namespace_hash")?;
+        let keys = keys_from(keys)?;
+        let r = py.allow_threads(|| self.inner.lookup(ns, &keys)).map_err(store_err)?;
+        Ok((r.hit_blocks, r.tiers.iter().map(|t| t.name()).collect()))
+    }
+
+    /// Returns (lease id, hit_blocks, tier name per hit block).
+    fn lease(
+        &self,
+        py: Python<'_>,
+        namespace_hash: &[u8],
+        keys: &[u8],
+    ) -> PyResult<(u64, usize, Vec<&'static str>)> {
+        let ns = u128_from(namespace_hash, "namespace_hash")?;
+        let keys = keys_from(keys)?;
+        let r = py.allow_threads(|| self.inner.lease(ns, &keys)).map_err(store_err)?;
+        Ok((r.id, r.hit_blocks, r.tiers.iter().map(|t| t.name()).collect()))
+    }
+
+    /// Loads the first `count` leased blocks into `out`. Returns (loaded_blocks, checksum_failures).
+    fn load(
+        &self,
+        py: Python<'_>,
+        lease_id: u64,
+        out: &Bound<'_, PyAny>,
+        count: usize,
+    ) -> PyResult<(usize, usize)> {
+        let bufs = block_buffers(out, "out", true)?;
+        for (i, a) in bufs.iter().enumerate() {
+            for b in &bufs[i + 1..] {
+                ensure_disjoint(a, b)?;
+            }
+        }
+        let block_bytes = self.inner.block_bytes();
+        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
+        let mut dst = unsafe { split_mut(&bufs, count, block_bytes, "out")? };
+        let r = py.allow_threads(|| self.inner.load(lease_id, &mut dst)).map_err(store_err)?;
+        Ok((r.loaded_blocks, r.checksum_failures))
+    }
+
+    fn release(&self, lease_id: u64) -> PyResult<()> {
+        self.inner.release(lease_id).map_err(store_err)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("lookups", s.lookups),
+            ("hit_blocks", s.hit_blocks),
+            ("miss_blocks", s.miss_blocks),
+            ("put_blocks", s.put_blocks),
+            ("put_bytes", s.put_bytes),
+            ("loaded_blocks", s.loaded_blocks),
+            ("loaded_bytes", s.loaded_bytes),
+            ("evictions", s.evictions),
+            ("rejected_puts", s.rejected_puts),
+            ("checksum_failures", s.checksum_failures),
+            ("leases_active", s.leases_active),
+            ("leases_expired", s.leases_expired),
+            ("objects", s.objects),
+            ("used_bytes", s.used_bytes),
+            ("capacity_bytes", s.capacity_bytes),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.check_integrity()).map_err(store_err)
+    }
+
+    fn corrupt_for_test(&self, key: &[u8], payload_byte_offset: usize) -> PyResult<bool> {
+        Ok(self.inner.corrupt_for_test(u128_from(key, "key")?, payload_byte_offset))
+    }
+}

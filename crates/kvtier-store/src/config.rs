@@ -1,0 +1,71 @@
+//! Store configuration, validated by [`Store::new`](crate::Store::new).
+
+use std::time::Duration;
+
+use crate::error::StoreError;
+
+/// Default DRAM tier size: 1 GiB.
+pub const DRAM_CAPACITY_BYTES_DEFAULT: u64 = 1 << 30;
+/// Default lease time-to-live.
+pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(30);
+/// Longest lease TTL accepted (one year: keeps deadlines far from `Instant` overflow).
+pub const LEASE_TTL_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Default bound on leases held at once.
+pub const LEASES_MAX_DEFAULT: usize = 4096;
+/// Largest `leases_max` accepted.
+pub const LEASES_MAX_LIMIT: usize = 1 << 24;
+/// Largest `copy_threads` accepted.
+pub const COPY_THREADS_MAX: usize = 256;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Bytes of host memory for the DRAM tier (rounded down to 4 KiB pages). Each block takes
+    /// a 64-byte header plus `block_bytes`, rounded up to whole pages.
+    pub dram_capacity_bytes: u64,
+    /// Eviction policy name: `"lru"` (default) or `"s3fifo"`.
+    pub eviction: String,
+    /// Workers copying objects in `put`/`load` (0 = one per core).
+    pub copy_threads: usize,
+    /// How long a lease pins its blocks if it is never released.
+    pub lease_ttl: Duration,
+    /// Bound on leases held at once (each pins blocks: a leak must not pin the whole cache).
+    pub leases_max: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            dram_capacity_bytes: DRAM_CAPACITY_BYTES_DEFAULT,
+            eviction: "lru".to_string(),
+            copy_threads: 0,
+            lease_ttl: LEASE_TTL_DEFAULT,
+            leases_max: LEASES_MAX_DEFAULT,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Checks every field that does not depend on the namespace.
+    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+        let bad = |msg: String| Err(StoreError::Config(msg));
+        if self.dram_capacity_bytes == 0 {
+            return bad("dram_capacity_bytes is 0; expected at least one block's worth of bytes".into());
+        }
+        if self.copy_threads > COPY_THREADS_MAX {
+            return bad(format!(
+                "copy_threads is {}; expected 0 (one per core) to {COPY_THREADS_MAX}",
+                self.copy_threads
+            ));
+        }
+        if self.lease_ttl.is_zero() || self.lease_ttl > LEASE_TTL_MAX {
+            return bad(format!(
+                "lease_ttl is {:?}; expected more than 0 and at most {LEASE_TTL_MAX:?}",
+                self.lease_ttl
+            ));
+        }
+        if self.leases_max == 0 || self.leases_max > LEASES_MAX_LIMIT {
+            return bad(format!("leases_max is {}; expected 1 to {LEASES_MAX_LIMIT}", self.leases_max));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,31 @@
+//! Errors of the store API. A miss is a value ([`Lookup`](crate::Lookup) with fewer hits),
+//! never an error; errors are misuse, bad config, and failures the caller must see. Messages
+//! name the wrong value and the expected one: they reach Python users verbatim.
+
+use kvtier_pool::PoolError;
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("namespace hash {found:#034x} is not this store's; expected {expected:#034x}")]
+    NamespaceMismatch { found: u128, expected: u128 },
+    #[error("block buffer {index} is {actual} bytes; expected exactly {expected} bytes (block_bytes)")]
+    ObjectSize { index: usize, actual: usize, expected: usize },
+    #[error("{keys} keys but {objects} objects; expected one object per key")]
+    CountMismatch { keys: usize, objects: usize },
+    #[error("lease {id} is unknown (never granted, or already released); expected an active lease id")]
+    LeaseUnknown { id: u64 },
+    #[error("lease {id} expired (its TTL passed and its blocks were unpinned); expected a live lease")]
+    LeaseExpired { id: u64 },
+    #[error("{max} leases are active; expected fewer than leases_max = {max} (release leases when done)")]
+    LeaseLimit { max: usize },
+    #[error("load of {requested} blocks; expected at most the {leased} blocks the lease holds")]
+    LoadTooMany { requested: usize, leased: usize },
+    #[error("invalid store config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Tier(#[from] PoolError),
+    #[error("store integrity check failed: {0}")]
+    Integrity(String),
+}

@@ -1,0 +1,253 @@
+//! The lease table: which pinned block generations each lease holds, until when.
+//!
+//! A lease pins its blocks in their tiers so eviction cannot remove them between "exists" and
+//! "loaded". It ends by `release`, or when its TTL passes (a crashed or forgetful caller must
+//! not pin the cache forever). A lease being loaded from is never reclaimed mid-copy: release
+//! or expiry of a lease with loads in flight is deferred to the last load's end.
+//!
+//! Ids grow by one per grant and every lease gets the same TTL, so deadlines are nondecreasing
+//! in id order: expiry scans from the oldest id and stops at the first live deadline, O(expired).
+//!
+//! Invariants: `leases.len() <= leases_max`; a lease's blocks stay pinned exactly as long as
+//! it is in the table; a released lease stays only while loads are in flight.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use kvtier_pool::EntryRef;
+
+use crate::error::StoreError;
+
+/// One pinned block: its tier (index into the store's hierarchy) and generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LeasedBlock {
+    pub tier: usize,
+    pub entry: EntryRef,
+}
+
+#[derive(Debug)]
+struct LeaseEntry {
+    blocks: Vec<LeasedBlock>,
+    deadline: Instant,
+    loads_in_flight: u32,
+    released: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct LeaseTable {
+    leases: BTreeMap<u64, LeaseEntry>,
+    /// Recently expired ids (at most `leases_max`), so their use says "expired", not "unknown".
+    expired_ids: BTreeSet<u64>,
+    next_id: u64,
+    ttl: Duration,
+    leases_max: usize,
+    released_in_flight: usize,
+    pub expired_total: u64,
+}
+
+impl LeaseTable {
+    pub fn new(ttl: Duration, leases_max: usize) -> Self {
+        LeaseTable {
+            leases: BTreeMap::new(),
+            expired_ids: BTreeSet::new(),
+            next_id: 1,
+            ttl,
+            leases_max,
+            released_in_flight: 0,
+            expired_total: 0,
+        }
+    }
+
+    /// Leases granted and neither released nor expired.
+    pub fn active(&self) -> usize {
+        self.leases.len() - self.released_in_flight
+    }
+
+    fn missing(&self, id: u64) -> StoreError {
+        if self.expired_ids.contains(&id) {
+            StoreError::LeaseExpired { id }
+        } else {
+            StoreError::LeaseUnknown { id }
+        }
+    }
+
+    /// Removes every expired lease without loads in flight; returns the blocks to unpin.
+    pub fn reclaim_expired(&mut self, now: Instant) -> Vec<LeasedBlock> {
+        let mut ids = Vec::new();
+        for (&id, lease) in &self.leases {
+            if lease.deadline > now {
+                break;
+            }
+            if lease.loads_in_flight == 0 {
+                ids.push(id);
+            }
+        }
+        let mut blocks = Vec::new();
+        for id in ids {
+            let lease = self.leases.remove(&id).expect("id just seen");
+            assert!(!lease.released, "a released lease without loads stayed in the table");
+            blocks.extend(lease.blocks);
+            self.expired_total += 1;
+            self.expired_ids.insert(id);
+            if self.expired_ids.len() > self.leases_max {
+                self.expired_ids.pop_first();
+            }
+        }
+        blocks
+    }
+
+    /// Whether another lease may be granted now (call after reclaiming).
+    pub fn has_room(&self) -> Result<(), StoreError> {
+        if self.leases.len() >= self.leases_max {
+            return Err(StoreError::LeaseLimit { max: self.leases_max });
+        }
+        Ok(())
+    }
+
+    /// Registers a lease holding `blocks` (already pinned); returns its id.
+    pub fn grant(&mut self, blocks: Vec<LeasedBlock>, now: Instant) -> u64 {
+        assert!(self.leases.len() < self.leases_max, "lease limit checked before pinning");
+        let deadline = now + self.ttl;
+        if let Some((_, last)) = self.leases.last_key_value() {
+            assert!(last.deadline <= deadline, "lease deadlines must grow with ids");
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.leases.insert(id, LeaseEntry { blocks, deadline, loads_in_flight: 0, released: false });
+        id
+    }
+
+    fn live(&mut self, id: u64, now: Instant) -> Result<&mut LeaseEntry, StoreError> {
+        let missing = self.missing(id);
+        match self.leases.get_mut(&id) {
+            Some(lease) if !lease.released && lease.deadline > now => Ok(lease),
+            Some(lease) if !lease.released => Err(StoreError::LeaseExpired { id }),
+            _ => Err(missing),
+        }
+    }
+
+    /// Starts a load of the first `count` blocks; returns them. Must be paired with `end_load`.
+    pub fn begin_load(
+        &mut self,
+        id: u64,
+        count: usize,
+        now: Instant,
+    ) -> Result<Vec<LeasedBlock>, StoreError> {
+        let lease = self.live(id, now)?;
+        if count > lease.blocks.len() {
+            return Err(StoreError::LoadTooMany { requested: count, leased: lease.blocks.len() });
+        }
+        lease.loads_in_flight += 1;
+        Ok(lease.blocks[..count].to_vec())
+    }
+
+    /// Ends a load; returns the blocks to unpin if the lease was released meanwhile.
+    pub fn end_load(&mut self, id: u64) -> Option<Vec<LeasedBlock>> {
+        let lease = self.leases.get_mut(&id).expect("a lease with a load in flight stays in the table");
+        assert!(lease.loads_in_flight > 0, "end_load without begin_load");
+        lease.loads_in_flight -= 1;
+        if lease.released && lease.loads_in_flight == 0 {
+            self.released_in_flight -= 1;
+            return self.leases.remove(&id).map(|lease| lease.blocks);
+        }
+        None
+    }
+
+    /// Ends a lease. Returns the blocks to unpin now, or `None` when loads are in flight (the
+    /// last one unpins). Releasing an expired lease is not an error: its pins are already gone.
+    pub fn release(&mut self, id: u64) -> Result<Option<Vec<LeasedBlock>>, StoreError> {
+        let missing = self.missing(id);
+        match self.leases.get_mut(&id) {
+            Some(lease) if !lease.released => {
+                if lease.loads_in_flight > 0 {
+                    lease.released = true;
+                    self.released_in_flight += 1;
+                    return Ok(None);
+                }
+                Ok(self.leases.remove(&id).map(|lease| lease.blocks))
+            }
+            _ if matches!(missing, StoreError::LeaseExpired { .. }) => Ok(Some(Vec::new())),
+            _ => Err(missing),
+        }
+    }
+
+    /// Pins every lease in the table holds, per (tier, entry).
+    pub fn expected_pins(&self) -> HashMap<(usize, EntryRef), u32> {
+        let mut pins = HashMap::new();
+        for block in self.leases.values().flat_map(|lease| &lease.blocks) {
+            *pins.entry((block.tier, block.entry)).or_insert(0) += 1;
+        }
+        pins
+    }
+
+    pub fn check_integrity(&self) -> Result<(), String> {
+        if self.leases.len() > self.leases_max {
+            return Err(format!("{} leases held; bound is {}", self.leases.len(), self.leases_max));
+        }
+        let released = self.leases.values().filter(|l| l.released).count();
+        if released != self.released_in_flight {
+            return Err(format!(
+                "{released} released leases in the table; counted {}",
+                self.released_in_flight
+            ));
+        }
+        if let Some((id, _)) = self.leases.iter().find(|(_, l)| l.released && l.loads_in_flight == 0) {
+            return Err(format!("lease {id} was released with no load in flight but is still held"));
+        }
+        let deadlines: Vec<Instant> = self.leases.values().map(|l| l.deadline).collect();
+        if deadlines.windows(2).any(|w| w[0] > w[1]) {
+            return Err("lease deadlines do not grow with ids".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(key: u128) -> LeasedBlock {
+        LeasedBlock { tier: 0, entry: EntryRef { key, entry_id: key as u64 } }
+    }
+
+    #[test]
+    fn expiry_is_ordered_and_remembered() {
+        let mut t = LeaseTable::new(Duration::from_secs(10), 8);
+        let t0 = Instant::now();
+        let a = t.grant(vec![block(1)], t0);
+        let b = t.grant(vec![block(2)], t0 + Duration::from_secs(5));
+        assert!(t.reclaim_expired(t0 + Duration::from_secs(9)).is_empty());
+        assert_eq!(t.reclaim_expired(t0 + Duration::from_secs(10)), vec![block(1)]);
+        assert_eq!(t.begin_load(a, 1, t0), Err(StoreError::LeaseExpired { id: a }));
+        assert_eq!(t.release(a), Ok(Some(vec![])), "releasing an expired lease is harmless");
+        assert_eq!(t.release(b), Ok(Some(vec![block(2)])));
+        assert_eq!(t.release(b), Err(StoreError::LeaseUnknown { id: b }));
+        assert_eq!(t.release(99), Err(StoreError::LeaseUnknown { id: 99 }));
+        assert_eq!(t.expired_total, 1);
+    }
+
+    #[test]
+    fn loads_in_flight_defer_release_and_expiry() {
+        let mut t = LeaseTable::new(Duration::from_secs(1), 8);
+        let t0 = Instant::now();
+        let id = t.grant(vec![block(1), block(2)], t0);
+        assert_eq!(t.begin_load(id, 3, t0), Err(StoreError::LoadTooMany { requested: 3, leased: 2 }));
+        assert_eq!(t.begin_load(id, 2, t0).unwrap().len(), 2);
+        assert!(t.reclaim_expired(t0 + Duration::from_secs(5)).is_empty(), "not expired mid-load");
+        assert_eq!(t.release(id), Ok(None));
+        assert_eq!(t.active(), 0);
+        t.check_integrity().unwrap();
+        assert_eq!(t.end_load(id), Some(vec![block(1), block(2)]));
+        assert!(t.expected_pins().is_empty());
+        t.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn limit_is_enforced() {
+        let mut t = LeaseTable::new(Duration::from_secs(1), 2);
+        let now = Instant::now();
+        t.grant(vec![], now);
+        t.grant(vec![], now);
+        assert_eq!(t.has_room(), Err(StoreError::LeaseLimit { max: 2 }));
+    }
+}

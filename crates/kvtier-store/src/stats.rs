@@ -1,0 +1,57 @@
+//! Store counters (monotonic since creation) and gauges (now).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of the store's counters and gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// `lookup` and `lease` calls.
+    pub lookups: u64,
+    /// Blocks found in the consecutive prefix, over all lookups and leases.
+    pub hit_blocks: u64,
+    /// Keys asked for beyond the hit prefix.
+    pub miss_blocks: u64,
+    /// Blocks newly stored by `put`, and their payload bytes.
+    pub put_blocks: u64,
+    pub put_bytes: u64,
+    /// Blocks copied out by `load` and verified, and their payload bytes.
+    pub loaded_blocks: u64,
+    pub loaded_bytes: u64,
+    /// Blocks evicted to make room.
+    pub evictions: u64,
+    /// Blocks `put` refused because no space could be freed.
+    pub rejected_puts: u64,
+    /// Blocks that failed verification on load (each then dropped).
+    pub checksum_failures: u64,
+    /// Leases granted and not yet released or expired.
+    pub leases_active: u64,
+    /// Leases reclaimed because their TTL passed.
+    pub leases_expired: u64,
+    /// Blocks stored now, bytes they occupy (headers and page padding included), and the bound.
+    pub objects: u64,
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+}
+
+/// The monotonic counters, updated without the store's locks.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub lookups: AtomicU64,
+    pub hit_blocks: AtomicU64,
+    pub miss_blocks: AtomicU64,
+    pub put_blocks: AtomicU64,
+    pub put_bytes: AtomicU64,
+    pub loaded_blocks: AtomicU64,
+    pub loaded_bytes: AtomicU64,
+    pub evictions: AtomicU64,
+    pub rejected_puts: AtomicU64,
+    pub checksum_failures: AtomicU64,
+}
+
+pub(crate) fn bump(counter: &AtomicU64, by: usize) {
+    counter.fetch_add(by as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn read(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}

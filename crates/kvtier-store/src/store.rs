@@ -1,0 +1,392 @@
+//! [`Store`]: the tier hierarchy behind one namespace, with leases.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvtier_core::parallel::WorkerPool;
+use kvtier_core::{BlockKey, Namespace};
+use kvtier_pool::{
+    eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, ReadOutcome, Tier, TierKind,
+    PAGE_BYTES,
+};
+use parking_lot::Mutex;
+
+use crate::config::StoreConfig;
+use crate::error::StoreError;
+use crate::lease::{LeaseTable, LeasedBlock};
+use crate::stats::{bump, read, Counters, StoreStats};
+
+/// Result of [`Store::lookup`]: the longest consecutive prefix of present blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub hit_blocks: usize,
+    /// Where each hit block lives; `tiers.len() == hit_blocks`.
+    pub tiers: Vec<TierKind>,
+}
+
+/// Result of [`Store::lease`]: like [`Lookup`], and the hit blocks are pinned until
+/// [`Store::release`] or TTL expiry. Every lease (even one with 0 hits) must be released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub id: u64,
+    pub hit_blocks: usize,
+    pub tiers: Vec<TierKind>,
+}
+
+/// Result of [`Store::put`]. `stored + already_present + rejected` equals the keys given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutReport {
+    pub stored: usize,
+    pub already_present: usize,
+    /// Refused because every block that could make room is leased.
+    pub rejected: usize,
+    /// Blocks evicted to make room for this put.
+    pub evicted: usize,
+}
+
+/// Result of [`Store::load`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Destinations `0..loaded_blocks` hold verified bytes; later ones must not be used.
+    pub loaded_blocks: usize,
+    /// Blocks that failed verification in this load (each dropped from its tier).
+    pub checksum_failures: usize,
+}
+
+/// A hierarchical KV-cache store for one [`Namespace`]. `Send + Sync`; share it by reference
+/// or `Arc` between threads.
+pub struct Store {
+    namespace: Namespace,
+    namespace_hash: u128,
+    block_bytes: usize,
+    config: StoreConfig,
+    /// The hierarchy, fastest first; at most one tier of each kind.
+    tiers: Vec<Box<dyn Tier>>,
+    /// Lock order: `leases`, then a tier's lock. Pins change only under `leases`.
+    leases: Mutex<LeaseTable>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tiers: Vec<&str> = self.tiers.iter().map(|t| t.kind().name()).collect();
+        f.debug_struct("Store")
+            .field("namespace", &self.namespace)
+            .field("block_bytes", &self.block_bytes)
+            .field("config", &self.config)
+            .field("tiers", &tiers)
+            .finish()
+    }
+}
+
+impl Store {
+    /// A store with a DRAM tier of `config.dram_capacity_bytes`.
+    pub fn new(namespace: Namespace, config: StoreConfig) -> Result<Store, StoreError> {
+        config.validate()?;
+        let namespace_hash = namespace.hash().map_err(|e| StoreError::Config(format!("namespace: {e}")))?;
+        let block_bytes = usize::try_from(namespace.geometry.block_bytes())
+            .map_err(|_| StoreError::Config("block_bytes does not fit this machine's usize".into()))?;
+        let object_bytes = object_extent_bytes(block_bytes as u64);
+        let usable = config.dram_capacity_bytes / PAGE_BYTES * PAGE_BYTES;
+        if usable < object_bytes {
+            return Err(StoreError::Config(format!(
+                "dram_capacity_bytes is {} and holds no block; expected at least {object_bytes} \
+                 (64-byte header + {block_bytes}-byte block, rounded up to {PAGE_BYTES}-byte pages)",
+                config.dram_capacity_bytes
+            )));
+        }
+        let policy = eviction_by_name(&config.eviction).map_err(|e| StoreError::Config(e.to_string()))?;
+        let workers = Arc::new(WorkerPool::new(config.copy_threads));
+        let dram = DramTier::new(config.dram_capacity_bytes, policy, workers)?;
+        let tiers: Vec<Box<dyn Tier>> = vec![Box::new(dram)];
+        let leases = Mutex::new(LeaseTable::new(config.lease_ttl, config.leases_max));
+        Ok(Store {
+            namespace,
+            namespace_hash,
+            block_bytes,
+            config,
+            tiers,
+            leases,
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+    pub fn namespace_hash(&self) -> u128 {
+        self.namespace_hash
+    }
+    /// Payload bytes of every block of this namespace.
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+    /// Kinds of the tiers in the hierarchy, fastest first.
+    pub fn tier_kinds(&self) -> Vec<TierKind> {
+        self.tiers.iter().map(|t| t.kind()).collect()
+    }
+
+    fn check_namespace(&self, namespace_hash: u128) -> Result<(), StoreError> {
+        if namespace_hash != self.namespace_hash {
+            return Err(StoreError::NamespaceMismatch {
+                found: namespace_hash,
+                expected: self.namespace_hash,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_sizes(&self, buffers: impl Iterator<Item = usize>) -> Result<(), StoreError> {
+        for (index, actual) in buffers.enumerate() {
+            if actual != self.block_bytes {
+                return Err(StoreError::ObjectSize { index, actual, expected: self.block_bytes });
+            }
+        }
+        Ok(())
+    }
+
+    fn tier_index(&self, kind: TierKind) -> usize {
+        self.tiers.iter().position(|t| t.kind() == kind).expect("located in a tier of this store")
+    }
+
+    /// Stores `objects[i]` (the BlockFirst payload of `keys[i]`, exactly `block_bytes`) in the
+    /// fastest tier. Keys already present are skipped; when every block that could make room
+    /// is leased, the rest are rejected (capacity is never exceeded).
+    pub fn put(
+        &self,
+        namespace_hash: u128,
+        keys: &[BlockKey],
+        objects: &[&[u8]],
+    ) -> Result<PutReport, StoreError> {
+        self.check_namespace(namespace_hash)?;
+        if keys.len() != objects.len() {
+            return Err(StoreError::CountMismatch { keys: keys.len(), objects: objects.len() });
+        }
+        self.check_sizes(objects.iter().map(|o| o.len()))?;
+        // Expired leases pin space a put may need; reclaiming is O(1) when none expired.
+        self.reclaim_expired(&mut self.leases.lock());
+        let report = self.tiers[0].put(self.namespace_hash, keys, objects);
+        assert_eq!(report.stored + report.already_present + report.rejected, keys.len(), "put lost keys");
+        bump(&self.counters.put_blocks, report.stored);
+        bump(&self.counters.put_bytes, report.stored * self.block_bytes);
+        bump(&self.counters.evictions, report.evicted);
+        bump(&self.counters.rejected_puts, report.rejected);
+        Ok(PutReport {
+            stored: report.stored,
+            already_present: report.already_present,
+            rejected: report.rejected,
+            evicted: report.evicted,
+        })
+    }
+
+    /// Locates `keys` across the hierarchy; returns the hit prefix length. With `pin`, the
+    /// prefix is pinned and nothing else stays pinned.
+    fn locate(&self, keys: &[BlockKey], located: &mut [Option<Located>], pin: bool) -> usize {
+        let last = self.tiers.len() - 1;
+        for (i, tier) in self.tiers.iter().enumerate() {
+            tier.locate(keys, located, pin, i == last);
+        }
+        let hit = located.iter().take_while(|l| l.is_some()).count();
+        if pin && hit < keys.len() {
+            let beyond: Vec<LeasedBlock> = located[hit..]
+                .iter()
+                .flatten()
+                .map(|l| LeasedBlock { tier: self.tier_index(l.tier), entry: l.entry })
+                .collect();
+            self.unpin(&beyond);
+        }
+        self.counters.lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        bump(&self.counters.hit_blocks, hit);
+        bump(&self.counters.miss_blocks, keys.len() - hit);
+        hit
+    }
+
+    /// The longest consecutive prefix of `keys` present in any tier, and where each block is.
+    /// Nothing is pinned: use [`lease`](Self::lease) before loading.
+    pub fn lookup(&self, namespace_hash: u128, keys: &[BlockKey]) -> Result<Lookup, StoreError> {
+        self.check_namespace(namespace_hash)?;
+        let mut located = vec![None; keys.len()];
+        let hit_blocks = self.locate(keys, &mut located, false);
+        let tiers = located[..hit_blocks].iter().map(|l| l.expect("prefix is located").tier).collect();
+        Ok(Lookup { hit_blocks, tiers })
+    }
+
+    /// Like [`lookup`](Self::lookup), and pins the hit prefix so eviction cannot remove it
+    /// until [`release`](Self::release) or `lease_ttl` passes.
+    pub fn lease(&self, namespace_hash: u128, keys: &[BlockKey]) -> Result<Lease, StoreError> {
+        self.check_namespace(namespace_hash)?;
+        let mut table = self.leases.lock();
+        self.reclaim_expired(&mut table);
+        table.has_room()?;
+        let mut located = vec![None; keys.len()];
+        let hit_blocks = self.locate(keys, &mut located, true);
+        let mut tiers = Vec::with_capacity(hit_blocks);
+        let mut blocks = Vec::with_capacity(hit_blocks);
+        for l in located[..hit_blocks].iter().map(|l| l.expect("prefix is located")) {
+            tiers.push(l.tier);
+            blocks.push(LeasedBlock { tier: self.tier_index(l.tier), entry: l.entry });
+        }
+        let id = table.grant(blocks, Instant::now());
+        Ok(Lease { id, hit_blocks, tiers })
+    }
+
+    /// Copies leased blocks `0..dst.len()` into `dst` (each exactly `block_bytes`), verifying
+    /// every checksum. If block `i` fails, it is counted and dropped from its tier, and
+    /// `loaded_blocks = i`: the loaded prefix is consecutive and correct.
+    pub fn load(&self, lease_id: u64, dst: &mut [&mut [u8]]) -> Result<LoadReport, StoreError> {
+        let blocks = {
+            let mut table = self.leases.lock();
+            self.reclaim_expired(&mut table);
+            table.begin_load(lease_id, dst.len(), Instant::now())?
+        };
+        let _in_flight = LoadGuard { store: self, lease_id };
+        self.check_sizes(dst.iter().map(|d| d.len()))?;
+        let outcomes = self.read(&blocks, dst);
+        let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
+        let checksum_failures = outcomes.iter().filter(|&&o| o == ReadOutcome::Corrupt).count();
+        assert!(!outcomes.contains(&ReadOutcome::NotPinned), "a leased block was not pinned");
+        bump(&self.counters.loaded_blocks, loaded_blocks);
+        bump(&self.counters.loaded_bytes, loaded_blocks * self.block_bytes);
+        bump(&self.counters.checksum_failures, checksum_failures);
+        Ok(LoadReport { loaded_blocks, checksum_failures })
+    }
+
+    /// Reads `blocks` into `dst`, one batch per tier.
+    fn read(&self, blocks: &[LeasedBlock], dst: &mut [&mut [u8]]) -> Vec<ReadOutcome> {
+        let mut outcomes = vec![ReadOutcome::NotPinned; blocks.len()];
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let mine: Vec<usize> = (0..blocks.len()).filter(|&i| blocks[i].tier == t).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let entries: Vec<EntryRef> = mine.iter().map(|&i| blocks[i].entry).collect();
+            let mut tier_dst: Vec<&mut [u8]> =
+                dst.iter_mut().zip(blocks).filter(|(_, b)| b.tier == t).map(|(d, _)| &mut **d).collect();
+            let mut tier_outcomes = vec![ReadOutcome::NotPinned; mine.len()];
+            tier.read_pinned(self.namespace_hash, &entries, &mut tier_dst, &mut tier_outcomes);
+            for (&i, outcome) in mine.iter().zip(tier_outcomes) {
+                outcomes[i] = outcome;
+            }
+        }
+        outcomes
+    }
+
+    /// Ends a lease, unpinning its blocks (after any load in flight on it finishes).
+    /// Releasing an expired lease is not an error; an unknown or twice-released id is.
+    pub fn release(&self, lease_id: u64) -> Result<(), StoreError> {
+        let mut table = self.leases.lock();
+        if let Some(blocks) = table.release(lease_id)? {
+            self.unpin(&blocks);
+        }
+        self.reclaim_expired(&mut table);
+        Ok(())
+    }
+
+    fn unpin(&self, blocks: &[LeasedBlock]) {
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let entries: Vec<EntryRef> = blocks.iter().filter(|b| b.tier == t).map(|b| b.entry).collect();
+            if !entries.is_empty() {
+                tier.unpin(&entries);
+            }
+        }
+    }
+
+    /// Reclaims expired leases; the caller holds the lease table's lock.
+    fn reclaim_expired(&self, table: &mut LeaseTable) {
+        let blocks = table.reclaim_expired(Instant::now());
+        if !blocks.is_empty() {
+            self.unpin(&blocks);
+        }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let (leases_active, leases_expired) = {
+            let mut table = self.leases.lock();
+            self.reclaim_expired(&mut table);
+            (table.active() as u64, table.expired_total)
+        };
+        let c = &self.counters;
+        let mut stats = StoreStats {
+            lookups: read(&c.lookups),
+            hit_blocks: read(&c.hit_blocks),
+            miss_blocks: read(&c.miss_blocks),
+            put_blocks: read(&c.put_blocks),
+            put_bytes: read(&c.put_bytes),
+            loaded_blocks: read(&c.loaded_blocks),
+            loaded_bytes: read(&c.loaded_bytes),
+            evictions: read(&c.evictions),
+            rejected_puts: read(&c.rejected_puts),
+            checksum_failures: read(&c.checksum_failures),
+            leases_active,
+            leases_expired,
+            ..StoreStats::default()
+        };
+        for tier in &self.tiers {
+            let t = tier.stats();
+            stats.objects += t.objects;
+            stats.used_bytes += t.used_bytes;
+            stats.capacity_bytes += t.capacity_bytes;
+        }
+        stats
+    }
+
+    /// Verifies every tier (allocator accounting, index/extents, object headers, policy) and
+    /// that each tier's pin counts equal what active leases hold.
+    pub fn check_integrity(&self) -> Result<(), StoreError> {
+        let table = self.leases.lock();
+        table.check_integrity().map_err(StoreError::Integrity)?;
+        let mut expected = table.expected_pins();
+        for (t, tier) in self.tiers.iter().enumerate() {
+            tier.check_integrity()?;
+            if tier.used_bytes() > tier.capacity_bytes() {
+                return Err(StoreError::Integrity(format!(
+                    "{} tier uses {} bytes of {}",
+                    tier.kind(),
+                    tier.used_bytes(),
+                    tier.capacity_bytes()
+                )));
+            }
+            for (entry, pins) in tier.pins() {
+                let leased = expected.remove(&(t, entry)).unwrap_or(0);
+                if leased != pins {
+                    return Err(StoreError::Integrity(format!(
+                        "{} tier: {entry:?} has {pins} pins; leases hold {leased}",
+                        tier.kind()
+                    )));
+                }
+            }
+        }
+        if let Some(((t, entry), n)) = expected.into_iter().next() {
+            return Err(StoreError::Integrity(format!(
+                "leases hold {n} pins on {entry:?} in the {} tier, which has none",
+                self.tiers[t].kind()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Flips one bit of a stored payload (fault injection). False if no tier holds `key` or
+    /// the offset is past the payload.
+    #[doc(hidden)]
+    pub fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
+        self.tiers.iter().any(|t| t.corrupt_for_test(key, payload_byte_offset))
+    }
+}
+
+/// Ends a load on drop, so a panicking copy cannot leave its lease unreclaimable.
+struct LoadGuard<'a> {
+    store: &'a Store,
+    lease_id: u64,
+}
+
+impl Drop for LoadGuard<'_> {
+    fn drop(&mut self) {
+        let mut table = self.store.leases.lock();
+        if let Some(blocks) = table.end_load(self.lease_id) {
+            self.store.unpin(&blocks);
+        }
+    }
+}

@@ -1,0 +1,36 @@
+"""kvtier: a hierarchical, distributed KV-cache layer for LLM serving.
+
+Public API::
+
+    from kvtier import Geometry, StoreConfig, Store, KvtierError
+    from kvtier import keys, layout
+"""
+
+from kvtier import errors, keys, layout, objects
+from kvtier._core import __version__
+from kvtier.config import StoreConfig
+from kvtier.errors import KvtierError
+from kvtier.geometry import ExtraGroup, Geometry
+from kvtier.keys import BlockKeys, Namespace, block_keys
+from kvtier.store import Lease, LoadReport, Lookup, PutReport, Store, StoreStats
+
+__all__ = [
+    "BlockKeys",
+    "ExtraGroup",
+    "Geometry",
+    "KvtierError",
+    "Lease",
+    "LoadReport",
+    "Lookup",
+    "Namespace",
+    "PutReport",
+    "Store",
+    "StoreConfig",
+    "StoreStats",
+    "__version__",
+    "block_keys",
+    "errors",
+    "keys",
+    "layout",
+    "objects",
+]

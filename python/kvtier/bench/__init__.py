@@ -1,0 +1,1 @@
+"""Benchmarks behind ``kvtier bench``. Each reports ratios to a limit measured in the same run."""

@@ -1,0 +1,138 @@
+"""``kvtier bench store``: DRAM-tier put/get of 2 MiB objects against one contiguous memcpy of the
+same bytes, and hash + lookup of a 128K-token prompt whose blocks are all present."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from kvtier.bench.timing import best_seconds, gib_per_s, memcpy_seconds, touched
+from kvtier.config import StoreConfig
+from kvtier.errors import KvtierError
+from kvtier.geometry import Geometry
+from kvtier.progress import progress
+from kvtier.store import Store
+
+
+def run(
+    total_bytes: int = 2**30,
+    repeats: int = 5,
+    lookup_tokens: int = 131072,
+    threads: int = 0,
+    show: bool = True,
+) -> dict[str, Any]:
+    geometry = Geometry.llama3_8b()  # 16-token blocks of 2 MiB
+    n = total_bytes // geometry.block_bytes
+    if n < 1:
+        raise KvtierError(
+            f"total_bytes is {total_bytes}; expected at least one {geometry.block_bytes}-byte object"
+        )
+    nbytes = n * geometry.block_bytes
+    steps = iter(progress(range(4), 4, "bench store", enabled=show))
+    next(steps)
+    memcpy_s = memcpy_seconds(nbytes, repeats)
+
+    next(steps)
+    # Room for two full rounds of objects, so repeated puts run in the steady state with eviction.
+    config = StoreConfig(
+        geometry=geometry, model_id="bench", dram_capacity_bytes=int(2.2 * nbytes), copy_threads=threads
+    )
+    store = Store(config)
+    objects = touched(nbytes, 7).reshape(n, geometry.block_bytes)
+    out = touched(nbytes, 0).reshape(n, geometry.block_bytes)
+    rng = np.random.default_rng(0)
+
+    def put_round() -> None:
+        tokens = rng.integers(0, 128_000, n * geometry.block_tokens)
+        keys = store.namespace.block_keys(tokens)
+        t0 = time.perf_counter()
+        report = store.put(keys, objects)
+        timings.append(time.perf_counter() - t0)
+        if report.stored != n:
+            raise KvtierError(f"bench put stored {report.stored} of {n} objects: {report}")
+        last_keys.append(keys)
+
+    timings: list[float] = []
+    last_keys: list[Any] = []
+    for _ in range(repeats + 1):  # the first round faults the arena's pages in
+        put_round()
+    put_s = min(timings[1:])
+    keys = last_keys[-1]
+
+    next(steps)
+
+    def load_all() -> None:
+        with store.lease(keys) as lease:
+            if lease.hit_blocks != n:
+                raise KvtierError(f"bench lease hit {lease.hit_blocks} of {n} blocks")
+            report = store.load(lease, out)
+            if report.loaded_blocks != n:
+                raise KvtierError(f"bench load loaded {report.loaded_blocks} of {n} blocks")
+
+    get_s = best_seconds(load_all, repeats)
+    if not np.array_equal(out[n - 1], objects[n - 1]):
+        raise KvtierError("bench load returned wrong bytes")
+
+    next(steps)
+    hash_ms, lookup_ms = _lookup_128k(lookup_tokens, repeats)
+    for _ in steps:
+        pass
+    stats = store.stats()
+    return {
+        "bench": "store",
+        "object_bytes": geometry.block_bytes,
+        "objects": n,
+        "bytes": nbytes,
+        "copy_threads": threads,
+        "repeats": repeats,
+        "memcpy_gib_per_s": gib_per_s(nbytes, memcpy_s),
+        "put_gib_per_s": gib_per_s(nbytes, put_s),
+        "get_gib_per_s": gib_per_s(nbytes, get_s),
+        "put_ratio_to_memcpy": memcpy_s / put_s,
+        "get_ratio_to_memcpy": memcpy_s / get_s,
+        "lookup_tokens": lookup_tokens,
+        "lookup_128k_tokens_ms": hash_ms + lookup_ms,
+        "lookup_hash_ms": hash_ms,
+        "lookup_index_ms": lookup_ms,
+        "evictions": stats.evictions,
+        "checksum_failures": stats.checksum_failures,
+    }
+
+
+def _lookup_128k(tokens: int, repeats: int) -> tuple[float, float]:
+    """Hash + lookup of a ``tokens``-long prompt, all blocks present.
+
+    Lookup cost does not depend on block size, so this store uses a small geometry (4 KiB blocks)
+    to hold 8192 blocks in 32 MiB instead of 16 GiB.
+    """
+    geometry = Geometry(1, 1, 64, "fp16", 16)
+    n = tokens // geometry.block_tokens
+    store = Store(
+        StoreConfig(
+            geometry=geometry, model_id="bench-lookup", dram_capacity_bytes=n * 3 * geometry.block_bytes
+        )
+    )
+    prompt = np.random.default_rng(1).integers(0, 128_000, tokens)
+    keys = store.namespace.block_keys(prompt)
+    store.put(keys, np.zeros((n, geometry.block_bytes), dtype=np.uint8))
+    hash_s = best_seconds(lambda: store.namespace.block_keys(prompt), repeats * 4)
+    lookup_s = best_seconds(lambda: store.lookup(keys), repeats * 4)
+    if store.lookup(keys).hit_blocks != n:
+        raise KvtierError("lookup bench: not every block is present")
+    return hash_s * 1e3, lookup_s * 1e3
+
+
+def summary(r: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"store bench: {r['objects']} objects of {r['object_bytes'] / 2**20:.0f} MiB "
+            f"({r['bytes'] / 2**30:.2f} GiB), DRAM tier",
+            f"  memcpy (limit)  {r['memcpy_gib_per_s']:7.2f} GiB/s",
+            f"  put             {r['put_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['put_ratio_to_memcpy']:.2f}",
+            f"  get             {r['get_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['get_ratio_to_memcpy']:.2f}",
+            f"  lookup {r['lookup_tokens']} tokens: {r['lookup_128k_tokens_ms']:.3f} ms "
+            f"(hash {r['lookup_hash_ms']:.3f} ms + index {r['lookup_index_ms']:.3f} ms)",
+        ]
+    )

@@ -1,0 +1,134 @@
+"""Store configuration: a frozen, validated dataclass, built in code, from a dict, or from YAML.
+
+Unknown keys are errors (a misspelt key silently ignored is a misconfigured cache). Sizes may be
+ints (bytes) or strings with a unit: ``"512MiB"``, ``"4GiB"``, ``"1.5GB"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvtier.errors import ConfigError
+from kvtier.geometry import Geometry
+from kvtier.keys import Namespace
+
+EVICTION_POLICIES = ("lru", "s3fifo")
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(value: object, name: str) -> int:
+    """Bytes from an int or a string such as ``"4GiB"``; raises :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"`{name}` is {value!r}; expected a size in bytes such as 4294967296 or '4GiB'")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(f"`{name}` is {value!r}; expected a size in bytes such as 4294967296 or '4GiB'")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Everything a :class:`kvtier.Store` needs. Validated at construction."""
+
+    geometry: Geometry
+    model_id: str = "unnamed-model"
+    cache_salt: str = ""
+    rank: int = 0
+    layout_version: int = 1
+    dram_capacity_bytes: int = 4 * 2**30
+    eviction: str = "lru"
+    copy_threads: int = 0
+    lease_ttl_s: float = 30.0
+    leases_max: int = 4096
+    namespace: Namespace = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.geometry, Geometry):
+            raise ConfigError(f"`geometry` is {type(self.geometry).__name__}; expected kvtier.Geometry")
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ConfigError(f"`model_id` is {self.model_id!r}; expected a non-empty string")
+        if not isinstance(self.cache_salt, str):
+            raise ConfigError(f"`cache_salt` is {self.cache_salt!r}; expected a string")
+        capacity = parse_size(self.dram_capacity_bytes, "dram_capacity_bytes")
+        if capacity < self.geometry.block_bytes:
+            raise ConfigError(
+                f"`dram_capacity_bytes` is {capacity}; expected at least one block "
+                f"({self.geometry.block_bytes} bytes)"
+            )
+        object.__setattr__(self, "dram_capacity_bytes", capacity)
+        if self.eviction not in EVICTION_POLICIES:
+            raise ConfigError(f"`eviction` is {self.eviction!r}; expected one of {list(EVICTION_POLICIES)}")
+        _int_in("copy_threads", self.copy_threads, 0, 256)
+        _int_in("leases_max", self.leases_max, 1, 2**24)
+        _int_in("rank", self.rank, 0, 2**32 - 1)
+        _int_in("layout_version", self.layout_version, 0, 2**32 - 1)
+        ttl = self.lease_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0:
+            raise ConfigError(f"`lease_ttl_s` is {ttl!r}; expected a positive number of seconds")
+        namespace = Namespace(self.model_id, self.geometry, self.cache_salt, self.rank, self.layout_version)
+        object.__setattr__(self, "namespace", namespace)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StoreConfig:
+        """From a mapping; ``geometry`` may be a mapping or a preset name such as ``"llama-3-8b"``."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"store config must be a mapping; got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown store config key(s) {unknown}; expected some of {sorted(known)}")
+        if "geometry" not in data:
+            raise ConfigError("store config has no `geometry`; expected a mapping or a preset name")
+        fields = dict(data)
+        fields["geometry"] = Geometry.from_dict(fields["geometry"])
+        return cls(**fields)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> StoreConfig:
+        """From a YAML file holding the mapping :meth:`from_dict` takes (optionally under ``store:``)."""
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read store config {str(path)!r}: {e.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"store config {str(path)!r} is not valid YAML: {e}") from None
+        if isinstance(data, Mapping) and set(data) == {"store"}:
+            data = data["store"]
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"store config {str(path)!r} must hold a mapping; got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        out["geometry"] = self.geometry.to_dict()
+        return out
+
+
+def _int_in(name: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"`{name}` is {value!r}; expected an int in [{lo}, {hi}]")

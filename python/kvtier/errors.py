@@ -1,0 +1,52 @@
+"""Exceptions raised by kvtier. Every one is a :class:`KvtierError`.
+
+A cache miss is never an exception: it is a normal result (``Lookup.hit_blocks == 0``). Errors are
+for misuse (wrong shapes, wrong geometry, bad config) and failures the caller must see. Messages
+name the wrong value and the expected one. The Rust extension raises these same classes.
+"""
+
+from __future__ import annotations
+
+
+class KvtierError(Exception):
+    """Base class of every kvtier error."""
+
+
+class ConfigError(KvtierError, ValueError):
+    """A configuration value or key is wrong."""
+
+
+class GeometryError(KvtierError, ValueError):
+    """A KV geometry cannot describe a cache (zero sizes, unknown dtype, too large)."""
+
+
+class KeyHashError(KvtierError, ValueError):
+    """Bad input to block-key hashing (token ids out of range, zero block size)."""
+
+
+class LayoutError(KvtierError, ValueError):
+    """Bad buffers or block tables given to gather/scatter."""
+
+
+class BufferError(LayoutError):
+    """A buffer has the wrong size, dtype, shape, contiguity or writability."""
+
+
+class NamespaceError(KvtierError, ValueError):
+    """Keys or objects belong to another namespace (model, geometry, tenant, rank) than the store."""
+
+
+class LeaseError(KvtierError):
+    """A lease is unknown, expired, exhausted or asked for more blocks than it holds."""
+
+
+class ObjectFormatError(KvtierError, ValueError):
+    """Bytes are not a valid kvtier object (magic, version, length or checksum)."""
+
+
+class StoreError(KvtierError):
+    """A store operation failed for a reason the caller must see."""
+
+
+class IntegrityError(KvtierError):
+    """An internal invariant does not hold (found by ``check_integrity``)."""

@@ -1,0 +1,214 @@
+"""The kvtier store: put KV objects for consecutive block keys, find the longest cached prefix,
+lease it so eviction cannot take it, and load it into your buffers.
+
+>>> store = Store(StoreConfig(geometry=Geometry.llama3_8b(), dram_capacity_bytes="1GiB"))
+>>> keys = store.namespace.block_keys(tokens)
+>>> store.put(keys, objects)                      # objects: (len(keys), block_bytes) array
+>>> with store.lease(keys) as lease:              # pins the hit prefix
+...     store.load(lease, out[: lease.hit_blocks])
+
+A miss is a normal result (``hit_blocks`` smaller than ``len(keys)``). A block whose checksum fails
+on load is counted, dropped, and ends the loaded prefix: never wrong KV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import numpy as np
+
+from kvtier import _core
+from kvtier.config import StoreConfig
+from kvtier.errors import BufferError, LeaseError, NamespaceError
+from kvtier.keys import BlockKeys, Namespace
+
+ObjectsArg = np.ndarray | Sequence[np.ndarray]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Longest consecutive prefix of keys present, and the tier holding each hit block."""
+
+    hit_blocks: int
+    tiers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PutReport:
+    stored: int
+    already_present: int
+    rejected: int
+    evicted: int
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    loaded_blocks: int
+    checksum_failures: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    lookups: int
+    hit_blocks: int
+    miss_blocks: int
+    put_blocks: int
+    put_bytes: int
+    loaded_blocks: int
+    loaded_bytes: int
+    evictions: int
+    rejected_puts: int
+    checksum_failures: int
+    leases_active: int
+    leases_expired: int
+    objects: int
+    used_bytes: int
+    capacity_bytes: int
+
+
+class Lease:
+    """Pins the hit prefix of a lookup until released (or until the store's lease TTL passes).
+
+    Use as a context manager so it is always released.
+    """
+
+    def __init__(self, store: Store, lease_id: int, hit_blocks: int, tiers: tuple[str, ...]) -> None:
+        self._store = store
+        self.id = lease_id
+        self.hit_blocks = hit_blocks
+        self.tiers = tiers
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._store._core.release(self.id)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self.id}, hit_blocks={self.hit_blocks}, released={self.released})"
+
+
+class Store:
+    """A KV-cache store over the tier hierarchy (DRAM now; SSD and remote plug in below it)."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        if not isinstance(config, StoreConfig):
+            raise TypeError(f"Store needs a kvtier.StoreConfig; got {type(config).__name__}")
+        self.config = config
+        self.namespace: Namespace = config.namespace
+        self.block_bytes = config.geometry.block_bytes
+        self._core = _core.Store(
+            config.geometry._handle,
+            config.model_id,
+            config.layout_version,
+            config.cache_salt,
+            config.rank,
+            config.dram_capacity_bytes,
+            config.eviction,
+            config.copy_threads,
+            float(config.lease_ttl_s),
+            config.leases_max,
+        )
+        assert bytes(self._core.namespace_hash) == self.namespace.hash
+
+    def _check_keys(self, keys: BlockKeys) -> None:
+        if not isinstance(keys, BlockKeys):
+            raise TypeError(f"keys must be kvtier.keys.BlockKeys; got {type(keys).__name__}")
+        if keys.namespace_hash != self.namespace.hash:
+            raise NamespaceError(
+                f"keys belong to namespace {keys.namespace_hash[::-1].hex()}; this store serves "
+                f"{self.namespace.hash[::-1].hex()} (model {self.namespace.model_id!r}, salt "
+                f"{self.namespace.cache_salt!r}, rank {self.namespace.rank}); hash keys with store.namespace"
+            )
+
+    def _check_blocks(self, arr: ObjectsArg, count: int, what: str, writable: bool) -> ObjectsArg:
+        if isinstance(arr, np.ndarray):
+            if arr.ndim == 0 or arr.shape[0] != count:
+                raise BufferError(
+                    f"{what} has shape {arr.shape}; expected {count} blocks along axis 0 "
+                    f"({count} x {self.block_bytes} bytes)"
+                )
+            if arr.nbytes != count * self.block_bytes:
+                raise BufferError(
+                    f"{what} has {arr.nbytes} bytes ({arr.shape}, {arr.dtype}); expected "
+                    f"{count} x {self.block_bytes} = {count * self.block_bytes} bytes"
+                )
+            if not arr.flags.c_contiguous:
+                raise BufferError(
+                    f"{what} is not C-contiguous; expected a contiguous array (np.ascontiguousarray)"
+                )
+            if writable and not arr.flags.writeable:
+                raise BufferError(f"{what} is read-only; expected a writable array")
+            return arr
+        if isinstance(arr, Sequence) and not isinstance(arr, str | bytes):
+            if len(arr) != count:
+                raise BufferError(f"{what} holds {len(arr)} blocks; expected {count}")
+            for i, block in enumerate(arr):
+                if not isinstance(block, np.ndarray) or block.nbytes != self.block_bytes:
+                    size = block.nbytes if isinstance(block, np.ndarray) else type(block).__name__
+                    raise BufferError(
+                        f"{what}[{i}] is {size}; expected a numpy array of {self.block_bytes} bytes"
+                    )
+            return arr
+        raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
+
+    def put(self, keys: BlockKeys, objects: ObjectsArg) -> PutReport:
+        """Stores ``objects[i]`` (BlockFirst bytes of one block) under ``keys[i]``.
+
+        Keys already present are skipped (content-addressed). When full, unleased blocks are
+        evicted; if none can be, the put is rejected and counted, never over capacity.
+        """
+        self._check_keys(keys)
+        self._check_blocks(objects, len(keys), "objects", writable=False)
+        stored, present, rejected, evicted = self._core.put(keys.namespace_hash, keys.raw, objects)
+        return PutReport(stored, present, rejected, evicted)
+
+    def lookup(self, keys: BlockKeys) -> Lookup:
+        """Longest consecutive prefix of ``keys`` present, with its tiers. Pins nothing."""
+        self._check_keys(keys)
+        hit, tiers = self._core.lookup(keys.namespace_hash, keys.raw)
+        return Lookup(hit, tuple(tiers))
+
+    def lease(self, keys: BlockKeys) -> Lease:
+        """Like :meth:`lookup`, and pins the hit prefix until the lease is released."""
+        self._check_keys(keys)
+        lease_id, hit, tiers = self._core.lease(keys.namespace_hash, keys.raw)
+        return Lease(self, lease_id, hit, tuple(tiers))
+
+    def load(self, lease: Lease, out: ObjectsArg) -> LoadReport:
+        """Copies the first ``len(out)`` leased blocks into ``out`` (at most ``lease.hit_blocks``).
+
+        ``loaded_blocks`` is smaller than asked only if a block failed its checksum: that block
+        and those after it were not loaded (their bytes in ``out`` are unspecified).
+        """
+        if not isinstance(lease, Lease) or lease._store is not self:
+            raise LeaseError("lease was not issued by this store")
+        if lease.released:
+            raise LeaseError(f"lease {lease.id} was already released; take a new lease")
+        count = out.shape[0] if isinstance(out, np.ndarray) and out.ndim > 0 else len(out)
+        if count > lease.hit_blocks:
+            raise LeaseError(f"asked to load {count} blocks; lease {lease.id} holds {lease.hit_blocks}")
+        self._check_blocks(out, count, "out", writable=True)
+        loaded, failures = self._core.load(lease.id, out, count)
+        return LoadReport(loaded, failures)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(**self._core.stats())
+
+    def check_integrity(self) -> None:
+        """Raises :class:`kvtier.errors.IntegrityError` if an internal invariant does not hold."""
+        self._core.check_integrity()
+
+    def _corrupt_for_test(self, key: int, payload_byte_offset: int) -> bool:
+        """Flips one stored bit (tests only): the next load of that block must fail its checksum."""
+        return bool(self._core.corrupt_for_test(key.to_bytes(16, "little"), payload_byte_offset))
