@@ -13,7 +13,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "pyyaml>=6" "pytest>=8" "hypothesis>=6" \
-		"ruff>=0.6" "mypy>=1.11" types-PyYAML
+		"ruff>=0.6" "mypy>=1.11" types-PyYAML xxhash
 	touch $@
 
 build: $(VENV)/.deps
@@ -25,8 +25,8 @@ demo: build
 lint: $(VENV)/.deps
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check python tests
+	$(VENV)/bin/ruff format --check python tests
 	$(VENV)/bin/mypy --strict python/kvtier
 
 # kvtier-py is a Python extension: it is tested through pytest, not linked into a Rust test binary.
