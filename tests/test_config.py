@@ -44,6 +44,7 @@ def test_from_yaml(tmp_path: Path) -> None:
         ({"geometry": "llama-3-8b", "lease_ttl_s": 0}, "positive"),
         ({"geometry": "llama-3-8b", "copy_threads": -1}, "copy_threads"),
         ({"geometry": "llama-3-8b", "model_id": ""}, "model_id"),
+        ({"geometry": "llama-3-8b", "dram_prefault": "yes"}, "dram_prefault"),
         ({"geometry": {"num_layers": 2}}, "missing"),
     ],
 )

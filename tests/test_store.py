@@ -31,6 +31,20 @@ def test_put_lease_load_round_trip(small_store: kvtier.Store) -> None:
     small_store.check_integrity()
 
 
+def test_prefaulted_store_round_trips(small_geometry: kvtier.Geometry) -> None:
+    config = kvtier.StoreConfig(
+        geometry=small_geometry, model_id="m", dram_capacity_bytes=2**20, dram_prefault=True
+    )
+    store = kvtier.Store(config)
+    keys = store.namespace.block_keys(range(8))
+    objects = blocks_for(keys, store.block_bytes)
+    store.put(keys, objects)
+    with store.lease(keys) as lease:
+        out = np.zeros_like(objects)
+        assert store.load(lease, out).loaded_blocks == 2
+    assert np.array_equal(out, objects)
+
+
 def test_lookup_is_longest_consecutive_prefix(small_store: kvtier.Store) -> None:
     keys = small_store.namespace.block_keys(range(40))
     objects = blocks_for(keys, small_store.block_bytes)

@@ -63,6 +63,7 @@ class StoreConfig:
     copy_threads: int = 0
     lease_ttl_s: float = 30.0
     leases_max: int = 4096
+    dram_prefault: bool = False
     namespace: Namespace = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +86,8 @@ class StoreConfig:
         _int_in("leases_max", self.leases_max, 1, 2**24)
         _int_in("rank", self.rank, 0, 2**32 - 1)
         _int_in("layout_version", self.layout_version, 0, 2**32 - 1)
+        if not isinstance(self.dram_prefault, bool):
+            raise ConfigError(f"`dram_prefault` is {self.dram_prefault!r}; expected true or false")
         ttl = self.lease_ttl_s
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0:
             raise ConfigError(f"`lease_ttl_s` is {ttl!r}; expected a positive number of seconds")

@@ -118,6 +118,7 @@ class Store:
             config.copy_threads,
             float(config.lease_ttl_s),
             config.leases_max,
+            config.dram_prefault,
         )
         assert bytes(self._core.namespace_hash) == self.namespace.hash
 

@@ -93,6 +93,7 @@ impl Store {
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         geometry: &CoreGeometry,
         model_id: String,
         layout_version: u32,
@@ -103,6 +104,7 @@ impl Store {
         copy_threads: usize,
         lease_ttl_s: f64,
         leases_max: usize,
+        dram_prefault: bool,
     ) -> PyResult<Self> {
         let namespace =
             Namespace { model_id, geometry: geometry.inner.clone(), layout_version, cache_salt, rank };
@@ -116,8 +118,10 @@ impl Store {
             copy_threads,
             lease_ttl: Duration::from_secs_f64(lease_ttl_s),
             leases_max,
+            dram_prefault,
         };
-        Ok(Store { inner: CoreStore::new(namespace, config).map_err(store_err)? })
+        let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;
+        Ok(Store { inner })
     }
 
     #[getter]

@@ -30,6 +30,10 @@ pub struct StoreConfig {
     pub lease_ttl: Duration,
     /// Bound on leases held at once (each pins blocks: a leak must not pin the whole cache).
     pub leases_max: usize,
+    /// Fault the whole DRAM arena in at construction (with the copy workers), so the first puts
+    /// run at memcpy speed instead of paying page faults. Costs the time and commits the memory
+    /// up front.
+    pub dram_prefault: bool,
 }
 
 impl Default for StoreConfig {
@@ -40,6 +44,7 @@ impl Default for StoreConfig {
             copy_threads: 0,
             lease_ttl: LEASE_TTL_DEFAULT,
             leases_max: LEASES_MAX_DEFAULT,
+            dram_prefault: false,
         }
     }
 }

@@ -98,6 +98,10 @@ impl Store {
         let policy = eviction_by_name(&config.eviction).map_err(|e| StoreError::Config(e.to_string()))?;
         let workers = Arc::new(WorkerPool::new(config.copy_threads));
         let dram = DramTier::new(config.dram_capacity_bytes, policy, workers)?;
+        if config.dram_prefault {
+            // A failed prefault only means pages fault in on first use, as without it.
+            let _ = dram.prefault();
+        }
         let tiers: Vec<Box<dyn Tier>> = vec![Box::new(dram)];
         let leases = Mutex::new(LeaseTable::new(config.lease_ttl, config.leases_max));
         Ok(Store {

@@ -37,7 +37,11 @@ def run(
     next(steps)
     # Room for two full rounds of objects, so repeated puts run in the steady state with eviction.
     config = StoreConfig(
-        geometry=geometry, model_id="bench", dram_capacity_bytes=int(2.2 * nbytes), copy_threads=threads
+        geometry=geometry,
+        model_id="bench",
+        dram_capacity_bytes=int(2.2 * nbytes),
+        copy_threads=threads,
+        dram_prefault=True,
     )
     store = Store(config)
     objects = touched(nbytes, 7).reshape(n, geometry.block_bytes)

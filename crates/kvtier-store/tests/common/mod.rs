@@ -29,6 +29,7 @@ pub fn store_with(blocks: u64, ttl: Duration, leases_max: usize, eviction: &str)
         copy_threads: 2,
         lease_ttl: ttl,
         leases_max,
+        dram_prefault: blocks % 2 == 0, // both paths run in the suite
     };
     Store::new(namespace("test-model", ""), config).unwrap()
 }
