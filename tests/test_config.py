@@ -74,3 +74,66 @@ def test_config_is_frozen() -> None:
     config = kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8))
     with pytest.raises(AttributeError):
         config.eviction = "s3fifo"  # type: ignore[misc]
+
+
+LEASE_TTL_MAX_S = 365 * 24 * 3600  # kvtier_store::config::LEASE_TTL_MAX
+
+
+@pytest.mark.parametrize(
+    "ttl",
+    [
+        0,
+        -1.0,
+        1e-12,
+        4e-10,
+        float("inf"),
+        float("nan"),
+        1e20,
+        pytest.param(10**400, id="10**400"),
+        LEASE_TTL_MAX_S + 1e-6,
+        "30",
+    ],
+)
+def test_lease_ttl_out_of_the_stores_bounds_is_a_config_error(ttl: object) -> None:
+    with pytest.raises(ConfigError, match="`lease_ttl_s`"):
+        kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), lease_ttl_s=ttl)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [1e-9, 6e-10, 0.5, 30, LEASE_TTL_MAX_S, float(LEASE_TTL_MAX_S)])
+def test_lease_ttl_within_bounds_builds_a_store(ttl: float) -> None:
+    config = kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), dram_capacity_bytes=2**16, lease_ttl_s=ttl)
+    kvtier.Store(config)
+
+
+@pytest.mark.parametrize("ttl", [1e20, float("inf"), float("nan"), 0.0, 1e-12, LEASE_TTL_MAX_S + 1.0])
+def test_binding_rejects_bad_lease_ttl_without_panicking(ttl: float) -> None:
+    # The Rust binding checks again (it may be called without StoreConfig): a ConfigError, not
+    # a PanicException from Duration::from_secs_f64.
+    g = kvtier.Geometry(1, 1, 8)
+    with pytest.raises(ConfigError, match="lease_ttl_s"):
+        kvtier._core.Store(g._handle, "m", 1, "", 0, 2**16, "lru", 1, ttl, 16, False)
+
+
+@pytest.mark.parametrize("capacity", [2**70, 2**64, 2**63, "20000000TiB"])
+def test_capacity_beyond_the_address_space_is_a_config_error(capacity: object) -> None:
+    with pytest.raises(ConfigError, match="`dram_capacity_bytes`"):
+        kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), dram_capacity_bytes=capacity)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("model_id", "m" * 4097),
+        ("cache_salt", "s" * 4097),
+        ("cache_salt", "é" * 2049),
+        ("model_id", "\ud800"),
+    ],
+)
+def test_namespace_fields_too_long_or_unencodable_are_config_errors(field: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), **{field: value})  # type: ignore[arg-type]
+
+
+def test_namespace_fields_of_exactly_4096_bytes_are_fine() -> None:
+    config = kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), model_id="m" * 4096, cache_salt="é" * 2048)
+    assert len(config.namespace.hash) == 16

@@ -78,6 +78,69 @@ def test_large_multithreaded_gather_matches_reference() -> None:
     assert np.array_equal(np.ascontiguousarray(kv[:, :, ids[0]]).view(np.uint8).reshape(-1), out[0])
 
 
+INLINE_BYTES_MAX = 512 * 2**10  # kvtier_core::parallel: smaller copies run on the caller's thread
+
+
+@pytest.mark.parametrize(
+    "g",
+    [
+        Geometry(4, 2, 64, "bf16", 16),  # 32 KiB blocks
+        Geometry(3, 3, 40, "fp16", 7, (ExtraGroup("state", 1001),)),  # odd sizes, an extra group
+        Geometry(1, 1, 8, "fp8_e4m3", 3, (ExtraGroup("a", 5), ExtraGroup("b", 3))),  # tiny blocks
+    ],
+)
+def test_threaded_copies_above_the_inline_threshold_match_one_thread(g: Geometry) -> None:
+    # Above INLINE_BYTES_MAX (and over two 1 MiB copy batches) Copier(2) really uses its workers;
+    # it must move exactly the bytes Copier(1) and the layout formulas do.
+    count = -(-(3 * 2**20) // g.block_bytes)  # ~3 MiB of objects
+    num_blocks = count + 5
+    assert count * g.block_bytes > 2 * max(INLINE_BYTES_MAX, 2**20)
+    rng = np.random.default_rng(g.block_bytes)
+    ids = rng.permutation(num_blocks)[:count]
+    objects = rng.integers(0, 256, (count, g.block_bytes), dtype=np.uint8)
+    before = rng.integers(0, 256, g.pool_bytes(num_blocks), dtype=np.uint8)
+    pools = {}
+    for threads in (1, 2):
+        pool = before.copy()
+        Copier(threads).scatter(g, objects, ids, pool)
+        pools[threads] = pool
+    assert np.array_equal(pools[1], pools[2]), "threaded scatter differs from one thread"
+    for b in rng.choice(count, 16, replace=False):
+        assert np.array_equal(reference_object(g, pools[2], int(ids[b]), num_blocks), objects[b])
+    for b in sorted(set(range(num_blocks)) - set(ids.tolist())):
+        ref = reference_object(g, before, b, num_blocks)
+        assert np.array_equal(reference_object(g, pools[2], b, num_blocks), ref)
+    one = Copier(1).gather(g, pools[2], ids)
+    two = Copier(2).gather(g, pools[2], ids)
+    assert np.array_equal(one, two), "threaded gather differs from one thread"
+    assert np.array_equal(two, objects)
+
+
+def test_block_ids_may_be_a_view_of_the_written_buffer(small_geometry: Geometry) -> None:
+    # The ids are copied before the copy runs: reading them from bytes being overwritten must give
+    # the same result as a separate copy of the ids.
+    g = small_geometry
+    rng = np.random.default_rng(5)
+    num_blocks = 6
+    before = rng.integers(0, 256, g.pool_bytes(num_blocks), dtype=np.uint8)
+    objects = rng.integers(0, 256, (3, g.block_bytes), dtype=np.uint8)
+    pool = before.copy()
+    ids = pool[:24].view(np.uint64)  # the first bytes of block 0, which the scatter overwrites
+    ids[:] = [0, 4, 2]
+    expected = pool.copy()
+    Copier(1).scatter(g, objects, ids.copy(), expected)
+    Copier(1).scatter(g, objects, ids, pool)
+    assert np.array_equal(pool, expected)
+
+    out = np.zeros((3, g.block_bytes), np.uint8)
+    ids = out.reshape(-1)[:24].view(np.uint64)  # the gather overwrites these bytes first
+    ids[:] = [5, 1, 3]
+    expected_out = Copier(1).gather(g, before, ids.copy())
+    Copier(1).gather(g, before, ids, out)
+    assert np.array_equal(out, expected_out)
+    assert np.array_equal(out[0], reference_object(g, before, 5, num_blocks))
+
+
 def test_module_functions_use_default_copier(small_geometry: Geometry) -> None:
     pool = alloc_pool(small_geometry, 4)
     objs = np.full((2, small_geometry.block_bytes), 7, dtype=np.uint8)

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import gc
+import time
+
 import numpy as np
 import pytest
 
 import kvtier
+import kvtier.store
 from kvtier.errors import BufferError, KvtierError, LeaseError, NamespaceError
 from kvtier.keys import BlockKeys
 
@@ -182,8 +186,13 @@ class TestBadInput:
         lease.release()
         with pytest.raises(LeaseError, match="released"):
             small_store.load(lease, np.zeros((1, small_store.block_bytes), np.uint8))
-        with pytest.raises(LeaseError):
-            small_store._core.release(lease.id)  # the Rust store knows it is gone too
+        with pytest.raises(LeaseError, match="ended"):  # the Rust store knows it is gone too
+            small_store._core.load(lease.id, np.zeros((1, small_store.block_bytes), np.uint8), 1)
+        small_store._core.release(lease.id)  # releasing is idempotent
+        lease.release()
+        with pytest.raises(LeaseError, match="never granted"):
+            small_store._core.release(lease.id + 1000)
+        assert small_store.stats().leases_active == 0
 
     def test_keys_not_block_keys(self, small_store: kvtier.Store) -> None:
         with pytest.raises(TypeError, match="BlockKeys"):
@@ -193,3 +202,126 @@ class TestBadInput:
         keys = small_store.namespace.block_keys(range(4))
         with pytest.raises(KvtierError):
             small_store.put(keys, np.zeros(3, np.uint8))
+
+    def test_zero_dim_array_is_a_buffer_error(self, small_store: kvtier.Store) -> None:
+        keys = small_store.namespace.block_keys(range(4))
+        small_store.put(keys, np.zeros((1, small_store.block_bytes), np.uint8))
+        with pytest.raises(BufferError, match="out"), small_store.lease(keys) as lease:
+            small_store.load(lease, np.zeros((), np.uint8))
+        with pytest.raises(BufferError, match="objects"):
+            small_store.put(keys, np.zeros((), np.uint8))
+
+    def test_not_an_array_or_sequence_is_a_buffer_error(self, small_store: kvtier.Store) -> None:
+        keys = small_store.namespace.block_keys(range(4))
+        small_store.put(keys, np.zeros((1, small_store.block_bytes), np.uint8))
+        with pytest.raises(BufferError, match="out"), small_store.lease(keys) as lease:
+            small_store.load(lease, 7)  # type: ignore[arg-type]
+
+
+def test_tuple_and_other_sequences_of_blocks(small_store: kvtier.Store) -> None:
+    keys = small_store.namespace.block_keys(range(12))
+    objects = blocks_for(keys, small_store.block_bytes)
+    assert small_store.put(keys, tuple(objects)).stored == 3
+    with small_store.lease(keys) as lease:
+        out = tuple(np.zeros(small_store.block_bytes, np.uint8) for _ in range(3))
+        assert small_store.load(lease, out).loaded_blocks == 3
+        assert all(np.array_equal(a, b) for a, b in zip(out, objects, strict=True))
+        assert small_store.load(lease, []).loaded_blocks == 0  # an empty list loads nothing
+
+
+def test_expired_lease_releases_after_more_than_leases_max_expiries(small_geometry: kvtier.Geometry) -> None:
+    config = kvtier.StoreConfig(
+        geometry=small_geometry, model_id="m", dram_capacity_bytes=2**16, lease_ttl_s=0.02, leases_max=2
+    )
+    store = kvtier.Store(config)
+    keys = store.namespace.block_keys(range(8))
+    store.put(keys, blocks_for(keys, store.block_bytes))
+    first = store.lease(keys)
+    later = []
+    for _ in range(4):  # each expires before the next is granted: 5 expiries > leases_max
+        time.sleep(0.05)
+        later.append(store.lease(keys))
+    time.sleep(0.05)
+    assert store.stats().leases_expired == 5
+    first.release()  # was LeaseError (unknown) once the expired-id memory was trimmed
+    with first:  # leaving the block releases again: harmless
+        pass
+    for lease in later:
+        lease.release()
+    assert store.stats().leases_active == 0
+    store.check_integrity()
+
+
+def test_lease_exit_never_masks_the_body_exception(small_store: kvtier.Store) -> None:
+    keys = small_store.namespace.block_keys(range(4))
+
+    def failing_release() -> None:
+        raise LeaseError("release failed")
+
+    with pytest.raises(ValueError, match="body") as info, small_store.lease(keys) as lease:
+        lease.release = failing_release  # type: ignore[method-assign]
+        raise ValueError("body")
+    assert any("release failed" in note for note in getattr(info.value, "__notes__", []))
+    with pytest.raises(LeaseError, match="release failed"), small_store.lease(keys) as lease:
+        lease.release = failing_release  # type: ignore[method-assign]
+    small_store._core.release(lease.id)
+
+
+def test_garbage_collected_lease_is_released(small_store: kvtier.Store) -> None:
+    keys = small_store.namespace.block_keys(range(8))
+    small_store.put(keys, blocks_for(keys, small_store.block_bytes))
+    lease = small_store.lease(keys)
+    assert small_store.stats().leases_active == 1
+    del lease
+    gc.collect()
+    assert small_store.stats().leases_active == 0
+    small_store.check_integrity()
+    # A lease in a reference cycle is released when the cycle is collected.
+    cyclic = small_store.lease(keys)
+    cyclic.cycle = cyclic  # type: ignore[attr-defined]
+    del cyclic
+    gc.collect()
+    assert small_store.stats().leases_active == 0
+    # An explicitly released lease is not released again when collected.
+    lease = small_store.lease(keys)
+    lease.release()
+    del lease
+    gc.collect()
+    small_store.check_integrity()
+
+
+def test_lease_finalizer_swallows_errors() -> None:
+    class GoneStore:
+        def release(self, lease_id: int) -> None:
+            raise LeaseError(f"store gone; cannot release {lease_id}")
+
+    kvtier.store._release_quietly(GoneStore(), 7)  # type: ignore[arg-type]
+
+
+def test_corrupt_block_is_counted_once_across_loads(small_store: kvtier.Store) -> None:
+    keys = small_store.namespace.block_keys(range(20))
+    objects = blocks_for(keys, small_store.block_bytes)
+    small_store.put(keys, objects)
+    assert small_store._corrupt_for_test(keys[2], 5)
+    with small_store.lease(keys) as lease, small_store.lease(keys) as other:
+        for held in (lease, lease, other):
+            out = np.zeros_like(objects)
+            # Every load of the corrupt copy stops there and says why ...
+            assert small_store.load(held, out) == kvtier.LoadReport(loaded_blocks=2, checksum_failures=1)
+            assert np.array_equal(out[:2], objects[:2])
+    # ... but the store counts the one corrupt copy once.
+    assert small_store.stats().checksum_failures == 1
+    small_store.check_integrity()
+
+
+def test_corrupting_a_leased_block_is_refused(small_store: kvtier.Store) -> None:
+    # Flipping a bit of a block a lease may be loading would race with the load's read.
+    keys = small_store.namespace.block_keys(range(8))
+    objects = blocks_for(keys, small_store.block_bytes)
+    small_store.put(keys, objects)
+    with small_store.lease(keys) as lease:
+        assert not small_store._corrupt_for_test(keys[0], 0)
+        out = np.zeros_like(objects)
+        assert small_store.load(lease, out) == kvtier.LoadReport(2, 0)
+    assert np.array_equal(out, objects)
+    assert small_store._corrupt_for_test(keys[0], 0)

@@ -7,10 +7,11 @@ ints (bytes) or strings with a unit: ``"512MiB"``, ``"4GiB"``, ``"1.5GB"``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,15 @@ from kvtier.geometry import Geometry
 from kvtier.keys import Namespace
 
 EVICTION_POLICIES = ("lru", "s3fifo")
+
+# Bounds the Rust store enforces (crates/kvtier-store/src/config.rs), checked here first so a bad
+# value is a ConfigError naming the field before any Rust code runs.
+#: Longest lease TTL: ``LEASE_TTL_MAX``, 365 days.
+LEASE_TTL_MAX_S = 365 * 24 * 3600
+#: Largest DRAM tier: ``DRAM_CAPACITY_BYTES_MAX``, ``isize::MAX`` (what one mapping may span).
+DRAM_CAPACITY_BYTES_MAX = sys.maxsize
+#: Longest ``model_id`` / ``cache_salt`` in UTF-8 bytes: ``NAMESPACE_FIELD_BYTES_MAX`` (kvtier-core).
+NAMESPACE_FIELD_BYTES_MAX = 4096
 
 _UNITS = {
     "": 1,
@@ -73,11 +83,18 @@ class StoreConfig:
             raise ConfigError(f"`model_id` is {self.model_id!r}; expected a non-empty string")
         if not isinstance(self.cache_salt, str):
             raise ConfigError(f"`cache_salt` is {self.cache_salt!r}; expected a string")
+        _namespace_field("model_id", self.model_id)
+        _namespace_field("cache_salt", self.cache_salt)
         capacity = parse_size(self.dram_capacity_bytes, "dram_capacity_bytes")
         if capacity < self.geometry.block_bytes:
             raise ConfigError(
                 f"`dram_capacity_bytes` is {capacity}; expected at least one block "
                 f"({self.geometry.block_bytes} bytes)"
+            )
+        if capacity > DRAM_CAPACITY_BYTES_MAX:
+            raise ConfigError(
+                f"`dram_capacity_bytes` is {capacity}; expected at most {DRAM_CAPACITY_BYTES_MAX} "
+                f"(the largest memory this machine can map)"
             )
         object.__setattr__(self, "dram_capacity_bytes", capacity)
         if self.eviction not in EVICTION_POLICIES:
@@ -88,9 +105,7 @@ class StoreConfig:
         _int_in("layout_version", self.layout_version, 0, 2**32 - 1)
         if not isinstance(self.dram_prefault, bool):
             raise ConfigError(f"`dram_prefault` is {self.dram_prefault!r}; expected true or false")
-        ttl = self.lease_ttl_s
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0:
-            raise ConfigError(f"`lease_ttl_s` is {ttl!r}; expected a positive number of seconds")
+        _check_lease_ttl(self.lease_ttl_s)
         namespace = Namespace(self.model_id, self.geometry, self.cache_salt, self.rank, self.layout_version)
         object.__setattr__(self, "namespace", namespace)
 
@@ -130,6 +145,35 @@ class StoreConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         out["geometry"] = self.geometry.to_dict()
         return out
+
+
+def _check_lease_ttl(ttl: object) -> None:
+    """The Rust store's bounds: more than 0 once rounded to whole nanoseconds (as Rust's
+    ``Duration::try_from_secs_f64`` rounds), at most :data:`LEASE_TTL_MAX_S`. Rejects NaN, infinities
+    and ints too large for a float without converting them."""
+    ok = (
+        not isinstance(ttl, bool)
+        and isinstance(ttl, int | float)
+        and 0 < ttl <= LEASE_TTL_MAX_S  # False for NaN; no float conversion of huge ints
+        and Fraction(ttl) * 10**9 >= Fraction(1, 2)  # rounds to at least 1 ns (ties cannot occur)
+    )
+    if not ok:
+        raise ConfigError(
+            f"`lease_ttl_s` is {ttl!r}; expected a positive number of seconds (at least 1 ns once "
+            f"rounded to nanoseconds) and at most {LEASE_TTL_MAX_S} ({LEASE_TTL_MAX_S // 86400} days)"
+        )
+
+
+def _namespace_field(name: str, value: str) -> None:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"`{name}` cannot be encoded as UTF-8 ({e.reason}); expected text") from None
+    if size > NAMESPACE_FIELD_BYTES_MAX:
+        raise ConfigError(
+            f"`{name}` is {size} bytes in UTF-8 ({value[:32]!r}...); expected at most "
+            f"{NAMESPACE_FIELD_BYTES_MAX} bytes"
+        )
 
 
 def _int_in(name: str, value: object, lo: int, hi: int) -> None:

@@ -50,3 +50,11 @@ class StoreError(KvtierError):
 
 class IntegrityError(KvtierError):
     """An internal invariant does not hold (found by ``check_integrity``)."""
+
+
+class SimError(KvtierError, ValueError):
+    """A simulation cannot run as configured (e.g. a tier too small to hold one request)."""
+
+
+class TraceError(KvtierError, ValueError):
+    """A trace file is missing or malformed; the message names the file and line."""

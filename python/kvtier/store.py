@@ -13,6 +13,8 @@ on load is counted, dropped, and ends the loaded prefix: never wrong KV.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -68,10 +70,21 @@ class StoreStats:
     capacity_bytes: int
 
 
+def _release_quietly(core: _core.Store, lease_id: int) -> None:
+    """Releases a lease from a finalizer: errors are swallowed (nobody could handle them there)."""
+    # A finalizer must not raise (e.g. a store being torn down); the TTL reclaims the lease anyway.
+    with contextlib.suppress(Exception):
+        core.release(lease_id)
+
+
 class Lease:
     """Pins the hit prefix of a lookup until released (or until the store's lease TTL passes).
 
-    Use as a context manager so it is always released.
+    Use as a context manager so it is always released. Releasing is idempotent, and also fine
+    after the TTL passed. A lease that is garbage-collected without being released is released
+    then (by a ``weakref.finalize``), so a forgotten lease pins its blocks until it is collected,
+    not for the whole TTL; do not rely on that for timing (collection may be late, e.g. in a
+    reference cycle).
     """
 
     def __init__(self, store: Store, lease_id: int, hit_blocks: int, tiers: tuple[str, ...]) -> None:
@@ -80,10 +93,15 @@ class Lease:
         self.hit_blocks = hit_blocks
         self.tiers = tiers
         self.released = False
+        # Holds the core store, not this Lease, so it can run once this Lease is unreachable.
+        self._finalizer = weakref.finalize(self, _release_quietly, store._core, lease_id)
+        self._finalizer.atexit = False  # at exit the whole store goes; nothing to unpin
 
     def release(self) -> None:
+        """Unpins the lease's blocks. Calling it again (or after the TTL passed) does nothing."""
         if not self.released:
             self.released = True
+            self._finalizer.detach()
             self._store._core.release(self.id)
 
     def __enter__(self) -> Lease:
@@ -92,7 +110,14 @@ class Lease:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.release()
+        if exc is None:
+            self.release()
+            return
+        # Never mask the body's exception with a failure to release (the TTL reclaims the lease).
+        try:
+            self.release()
+        except Exception as release_error:
+            exc.add_note(f"kvtier: releasing lease {self.id} also failed: {release_error!r}")
 
     def __repr__(self) -> str:
         return f"Lease(id={self.id}, hit_blocks={self.hit_blocks}, released={self.released})"
@@ -132,7 +157,20 @@ class Store:
                 f"{self.namespace.cache_salt!r}, rank {self.namespace.rank}); hash keys with store.namespace"
             )
 
+    def _block_count(self, arr: object, what: str) -> int:
+        """Blocks in ``arr`` (rows of an array, or items of a sequence); BufferError for anything else."""
+        if isinstance(arr, np.ndarray):
+            if arr.ndim == 0:
+                raise BufferError(
+                    f"{what} is a 0-d array; expected blocks along axis 0 (n x {self.block_bytes} bytes)"
+                )
+            return int(arr.shape[0])
+        if isinstance(arr, Sequence) and not isinstance(arr, str | bytes):
+            return len(arr)
+        raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
+
     def _check_blocks(self, arr: ObjectsArg, count: int, what: str, writable: bool) -> ObjectsArg:
+        """Validates ``count`` blocks; returns what the Rust store takes (an array, or a list)."""
         if isinstance(arr, np.ndarray):
             if arr.ndim == 0 or arr.shape[0] != count:
                 raise BufferError(
@@ -154,13 +192,18 @@ class Store:
         if isinstance(arr, Sequence) and not isinstance(arr, str | bytes):
             if len(arr) != count:
                 raise BufferError(f"{what} holds {len(arr)} blocks; expected {count}")
-            for i, block in enumerate(arr):
+            blocks = list(arr)  # the binding takes lists (and tuples), not any sequence
+            for i, block in enumerate(blocks):
                 if not isinstance(block, np.ndarray) or block.nbytes != self.block_bytes:
                     size = block.nbytes if isinstance(block, np.ndarray) else type(block).__name__
                     raise BufferError(
                         f"{what}[{i}] is {size}; expected a numpy array of {self.block_bytes} bytes"
                     )
-            return arr
+                if not block.flags.c_contiguous:
+                    raise BufferError(f"{what}[{i}] is not C-contiguous; expected a contiguous array")
+                if writable and not block.flags.writeable:
+                    raise BufferError(f"{what}[{i}] is read-only; expected a writable array")
+            return blocks
         raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
 
     def put(self, keys: BlockKeys, objects: ObjectsArg) -> PutReport:
@@ -170,7 +213,7 @@ class Store:
         evicted; if none can be, the put is rejected and counted, never over capacity.
         """
         self._check_keys(keys)
-        self._check_blocks(objects, len(keys), "objects", writable=False)
+        objects = self._check_blocks(objects, len(keys), "objects", writable=False)
         stored, present, rejected, evicted = self._core.put(keys.namespace_hash, keys.raw, objects)
         return PutReport(stored, present, rejected, evicted)
 
@@ -189,17 +232,20 @@ class Store:
     def load(self, lease: Lease, out: ObjectsArg) -> LoadReport:
         """Copies the first ``len(out)`` leased blocks into ``out`` (at most ``lease.hit_blocks``).
 
+        ``out`` is an ``(n, block_bytes)`` array or a sequence of ``n`` arrays of ``block_bytes``.
         ``loaded_blocks`` is smaller than asked only if a block failed its checksum: that block
-        and those after it were not loaded (their bytes in ``out`` are unspecified).
+        and those after it were not loaded (their bytes in ``out`` are unspecified). Loading the
+        same corrupt copy again fails there again (``checksum_failures`` says so each time), but
+        :attr:`StoreStats.checksum_failures` counts each corrupt copy once.
         """
         if not isinstance(lease, Lease) or lease._store is not self:
             raise LeaseError("lease was not issued by this store")
         if lease.released:
             raise LeaseError(f"lease {lease.id} was already released; take a new lease")
-        count = out.shape[0] if isinstance(out, np.ndarray) and out.ndim > 0 else len(out)
+        count = self._block_count(out, "out")
         if count > lease.hit_blocks:
             raise LeaseError(f"asked to load {count} blocks; lease {lease.id} holds {lease.hit_blocks}")
-        self._check_blocks(out, count, "out", writable=True)
+        out = self._check_blocks(out, count, "out", writable=True)
         loaded, failures = self._core.load(lease.id, out, count)
         return LoadReport(loaded, failures)
 
@@ -211,5 +257,8 @@ class Store:
         self._core.check_integrity()
 
     def _corrupt_for_test(self, key: int, payload_byte_offset: int) -> bool:
-        """Flips one stored bit (tests only): the next load of that block must fail its checksum."""
+        """Flips one stored bit (tests only): the next load of that block must fail its checksum.
+
+        False, changing nothing, if the block is absent or leased (a load may be reading it).
+        """
         return bool(self._core.corrupt_for_test(key.to_bytes(16, "little"), payload_byte_offset))

@@ -4,9 +4,9 @@
 
 use kvtier_core::layout::{
     gather, gather_contiguous, gather_contiguous_per_segment, gather_per_segment, pool_bytes, scatter,
-    scatter_contiguous, scatter_contiguous_per_segment,
+    scatter_contiguous, scatter_contiguous_per_segment, COPY_CHUNK_BYTES,
 };
-use kvtier_core::parallel::WorkerPool;
+use kvtier_core::parallel::{WorkerPool, INLINE_BYTES_MAX};
 use kvtier_core::{Dtype, ExtraGroup, Geometry};
 use proptest::prelude::*;
 
@@ -143,7 +143,9 @@ proptest! {
     }
 }
 
-/// Geometries big enough that copies run on the workers and merged runs are cut into chunks.
+/// Geometries with large blocks, so merged runs are cut into chunks. Whether a copy runs on the
+/// workers also depends on how many blocks it moves: many of these cases stay under
+/// `INLINE_BYTES_MAX` and run inline, so [`threaded_case`] sizes tables to force the threaded path.
 fn large_geometry() -> impl Strategy<Value = Geometry> {
     (1u32..4, 1u32..9, prop::sample::select(vec![64u32, 128]), prop::collection::vec(1u32..4096, 0..=2))
         .prop_map(|(layers, heads, dim, extra)| {
@@ -167,6 +169,61 @@ proptest! {
         scatter_contiguous_per_segment(&g, &objects, n, &ids, &mut naive).unwrap();
         prop_assert!(pool == naive, "threaded scatter differs from the per-segment baseline");
         prop_assert_eq!(gather_all_ways(&g, &pool, n, &ids), objects);
+    }
+}
+
+/// Bytes of objects that make a copy run on the worker threads: above [`INLINE_BYTES_MAX`], and
+/// at least two copy batches (a batch closes once it holds `COPY_CHUNK_BYTES`, and runs are cut
+/// to at most that, so a batch is under `2 * COPY_CHUNK_BYTES`).
+const THREADED_BYTES_MIN: usize = {
+    let batches = 2 * COPY_CHUNK_BYTES;
+    if batches > INLINE_BYTES_MAX {
+        batches + 1
+    } else {
+        INLINE_BYTES_MAX + 1
+    }
+};
+
+/// A geometry (any block size from 4 KiB to ~330 KiB) with a pool and a distinct block table
+/// whose objects total at least [`THREADED_BYTES_MIN`], so `WorkerPool::new(4)` does not run
+/// them inline and the threaded path is what gets compared with one thread.
+fn threaded_case() -> impl Strategy<Value = (Geometry, u64, Vec<u64>)> {
+    large_geometry().prop_flat_map(|g| {
+        let count = THREADED_BYTES_MIN.div_ceil(g.block_bytes() as usize) as u64;
+        (count..count + 6).prop_flat_map(move |n| {
+            let all: Vec<u64> = (0..n).collect();
+            let table = prop::sample::subsequence(all, count as usize..=n as usize).prop_shuffle();
+            (Just(g.clone()), Just(n), table)
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn threaded_copies_above_the_inline_threshold_match_one_thread(
+        (g, n, ids) in threaded_case(),
+        seed: u64,
+    ) {
+        let object_bytes = ids.len() * g.block_bytes() as usize;
+        prop_assert!(object_bytes >= THREADED_BYTES_MIN, "{} bytes would run inline", object_bytes);
+        let objects = bytes(seed, object_bytes);
+        let before = bytes(!seed, pool_bytes(&g, n) as usize);
+        let mut one = before.clone();
+        let mut four = before.clone();
+        scatter_contiguous(&g, &objects, n, &ids, &mut one, &WorkerPool::new(1)).unwrap();
+        scatter_contiguous(&g, &objects, n, &ids, &mut four, &WorkerPool::new(4)).unwrap();
+        prop_assert!(one == four, "threaded scatter differs from one thread");
+        // gather_all_ways compares threads=1 with threads=4 and the per-segment baseline.
+        let got = gather_all_ways(&g, &four, n, &ids);
+        prop_assert!(got == objects, "gather after threaded scatter is not the identity");
+        // Spot-check against the element-wise reference (first, last and one middle block).
+        let block_bytes = g.block_bytes() as usize;
+        for i in [0, ids.len() / 2, ids.len() - 1] {
+            let reference = reference_gather(&g, &four, n as usize, &ids[i..=i]);
+            prop_assert!(reference[..] == objects[i * block_bytes..(i + 1) * block_bytes]);
+        }
     }
 }
 

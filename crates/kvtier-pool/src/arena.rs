@@ -10,7 +10,6 @@
 //! or written by anyone else, which is what makes the `unsafe` accessors sound.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::error::PoolError;
 use crate::extent::PAGE_BYTES;
@@ -110,13 +109,15 @@ impl Arena {
         rc == 0
     }
 
-    /// Flips bit `bit` of the byte at `offset` atomically (fault injection for tests: a
-    /// concurrent reader sees the old or the new byte, never anything else).
-    pub fn flip_bit(&self, offset: usize, bit: u32) {
-        self.check_range(offset, 1);
-        // SAFETY: in bounds and u8-aligned; the byte lives as long as the arena.
-        let byte = unsafe { AtomicU8::from_ptr(self.base.as_ptr().add(offset)) };
-        byte.fetch_xor(1 << (bit % 8), Ordering::Relaxed);
+    /// Flips bit `bit` of the byte at `offset` (fault injection for tests).
+    ///
+    /// # Safety
+    /// No one else may read or write that byte during the call (a plain write: a concurrent
+    /// reader copying the range would be a data race).
+    pub unsafe fn flip_bit(&self, offset: usize, bit: u32) {
+        // SAFETY: exclusivity is the caller's promise; `bytes_mut` checks the bounds.
+        let byte = unsafe { self.bytes_mut(offset, 1) };
+        byte[0] ^= 1 << (bit % 8);
     }
 }
 
@@ -147,7 +148,8 @@ mod tests {
             assert!(arena.bytes(0, arena.len_bytes()).iter().all(|&b| b == 0));
             arena.bytes_mut(PAGE_BYTES as usize, 3).copy_from_slice(&[1, 2, 3]);
         }
-        arena.flip_bit(PAGE_BYTES as usize, 7);
+        // SAFETY: as above.
+        unsafe { arena.flip_bit(PAGE_BYTES as usize, 7) };
         arena.prefault(0, arena.len_bytes());
         // SAFETY: as above.
         assert_eq!(unsafe { arena.bytes(PAGE_BYTES as usize, 3) }, &[0x81, 2, 3]);

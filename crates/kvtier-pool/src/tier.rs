@@ -74,9 +74,12 @@ pub struct TierPutReport {
 pub enum ReadOutcome {
     /// The destination holds the exact stored payload (checksum verified).
     Loaded,
-    /// Header or payload failed verification; the block is doomed and the destination's bytes
-    /// must not be used.
+    /// Header or payload failed verification in this read; the block is doomed (and counted,
+    /// once, by this read) and the destination's bytes must not be used.
     Corrupt,
+    /// This stored copy already failed verification in an earlier read (counted then); it was
+    /// not read again, and the destination's bytes must not be used.
+    CorruptKnown,
     /// The entry was not pinned in this tier (a caller bug; nothing was copied).
     NotPinned,
 }
@@ -124,7 +127,8 @@ pub trait Tier: Send + Sync {
 
     /// Copies pinned entries into `dst` (`dst[i]` exactly the payload length of `entries[i]`),
     /// verifying each object's header and payload checksum; `outcomes[i]` says how each went.
-    /// A corrupt entry is doomed (lookups miss it from now on) and counted.
+    /// A corrupt entry is doomed (lookups miss it from now on) and counted once, by the read that
+    /// found it; later reads of that copy report [`ReadOutcome::CorruptKnown`].
     fn read_pinned(
         &self,
         namespace: u128,
@@ -152,8 +156,9 @@ pub trait Tier: Send + Sync {
     /// every ready object's header.
     fn check_integrity(&self) -> Result<(), PoolError>;
 
-    /// Flips one bit of the stored payload of `key` (fault injection for tests). False if the
-    /// key is not here or the offset is past the payload.
+    /// Flips one bit of the stored payload of `key` (fault injection for tests). False, changing
+    /// nothing, if the key is not here, is pinned (a read may be copying it: flipping then would
+    /// be a data race), or the offset is past the payload.
     #[doc(hidden)]
     fn corrupt_for_test(&self, _key: BlockKey, _payload_byte_offset: usize) -> bool {
         false

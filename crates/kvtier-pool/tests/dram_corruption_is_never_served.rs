@@ -71,3 +71,50 @@ fn unpinned_entries_are_not_read() {
     assert_eq!(outcomes[0], ReadOutcome::NotPinned);
     assert!(buf.iter().all(|&b| b == 0));
 }
+
+#[test]
+fn a_corrupt_copy_is_counted_once_and_fails_every_later_read() {
+    let (t, payloads) = setup();
+    assert!(t.corrupt_for_test(1, 0));
+    let read = |entries: &[kvtier_pool::EntryRef]| {
+        let mut bufs = vec![vec![0u8; 9000]; entries.len()];
+        let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let mut outcomes = vec![ReadOutcome::NotPinned; entries.len()];
+        t.read_pinned(NS, entries, &mut dst, &mut outcomes);
+        (outcomes, bufs)
+    };
+    let mut first = vec![None; 2];
+    t.locate(&[0, 1], &mut first, true, true);
+    let first: Vec<_> = first.iter().map(|l| l.unwrap().entry).collect();
+    let mut second = vec![None; 2];
+    t.locate(&[0, 1], &mut second, true, true);
+    let second: Vec<_> = second.iter().map(|l| l.unwrap().entry).collect();
+    assert_eq!(read(&first).0, [ReadOutcome::Loaded, ReadOutcome::Corrupt]);
+    assert_eq!(t.stats().checksum_failures, 1);
+    for entries in [&first, &second, &first] {
+        let (outcomes, bufs) = read(entries);
+        assert_eq!(outcomes, [ReadOutcome::Loaded, ReadOutcome::CorruptKnown], "the doomed copy fails again");
+        assert_eq!(bufs[0], payloads[0]);
+        assert_eq!(t.stats().checksum_failures, 1, "but is not counted again");
+        t.check_integrity().unwrap();
+    }
+    t.unpin(&first);
+    t.unpin(&second);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn pinned_blocks_are_not_corrupted() {
+    // A pinned block may be being read; flipping a bit then would race with the read.
+    let (t, payloads) = setup();
+    let mut located = vec![None];
+    t.locate(&[3], &mut located, true, true);
+    let entry = located[0].unwrap().entry;
+    assert!(!t.corrupt_for_test(3, 0));
+    let mut buf = vec![0u8; 9000];
+    let mut outcomes = [ReadOutcome::NotPinned];
+    t.read_pinned(NS, &[entry], &mut [&mut buf[..]], &mut outcomes);
+    assert_eq!((outcomes[0], &buf), (ReadOutcome::Loaded, &payloads[3]));
+    t.unpin(&[entry]);
+    assert!(t.corrupt_for_test(3, 0), "unpinned again: flipped");
+}

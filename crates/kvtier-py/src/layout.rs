@@ -16,15 +16,20 @@ pub struct Copier {
     workers: WorkerPool,
 }
 
-fn block_ids_of(buf: &Buffer) -> PyResult<&[u64]> {
+/// The block ids of `block_ids`, copied out while the GIL is held. A copy, not a view: the ids
+/// may live in the very buffer the copy writes (a view of the pool or of `out`), and reading
+/// them while workers write there would be a data race. They are few (8 bytes per block).
+fn block_ids_of(block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let buf = Buffer::get(block_ids, "block_ids", false)?;
     if !buf.len().is_multiple_of(8) || !(buf.ptr() as usize).is_multiple_of(8) {
         return Err(buffer_error(format!(
             "block_ids buffer has {} bytes; expected aligned uint64 ids",
             buf.len()
         )));
     }
-    // SAFETY: aligned, a multiple of 8 bytes, read-only, alive as long as `buf`.
-    Ok(unsafe { std::slice::from_raw_parts(buf.ptr().cast::<u64>(), buf.len() / 8) })
+    // SAFETY: aligned, a multiple of 8 bytes, alive while `buf` is; read with the GIL held and
+    // before any copy starts, so no kvtier thread writes it meanwhile.
+    Ok(unsafe { std::slice::from_raw_parts(buf.ptr().cast::<u64>(), buf.len() / 8) }.to_vec())
 }
 
 #[pymethods]
@@ -53,17 +58,17 @@ impl Copier {
     ) -> PyResult<(u64, u64, u64)> {
         let pool = Buffer::get(pool, "pool", false)?;
         let out = Buffer::get(out, "out", true)?;
-        let ids = Buffer::get(block_ids, "block_ids", false)?;
         ensure_disjoint(&pool, &out)?;
-        let ids = block_ids_of(&ids)?;
+        let ids = block_ids_of(block_ids)?;
         let g = &geometry.inner;
         let stats = py.allow_threads(|| {
-            // SAFETY: pool and out are live, disjoint buffers; out was acquired writable.
+            // SAFETY: pool and out are live, disjoint buffers; out was acquired writable; the ids
+            // are our own copy.
             let (src, dst) = unsafe { (pool.as_slice(), out.as_mut_slice()) };
             if per_segment {
-                layout::gather_contiguous_per_segment(g, src, num_blocks, ids, dst)
+                layout::gather_contiguous_per_segment(g, src, num_blocks, &ids, dst)
             } else {
-                layout::gather_contiguous(g, src, num_blocks, ids, dst, &self.workers)
+                layout::gather_contiguous(g, src, num_blocks, &ids, dst, &self.workers)
             }
         });
         let s = stats.map_err(layout_err)?;
@@ -84,17 +89,17 @@ impl Copier {
     ) -> PyResult<(u64, u64, u64)> {
         let objects = Buffer::get(objects, "objects", false)?;
         let pool = Buffer::get(pool, "pool", true)?;
-        let ids = Buffer::get(block_ids, "block_ids", false)?;
         ensure_disjoint(&pool, &objects)?;
-        let ids = block_ids_of(&ids)?;
+        let ids = block_ids_of(block_ids)?;
         let g = &geometry.inner;
         let stats = py.allow_threads(|| {
-            // SAFETY: pool and objects are live, disjoint buffers; pool was acquired writable.
+            // SAFETY: pool and objects are live, disjoint buffers; pool was acquired writable;
+            // the ids are our own copy.
             let (src, dst) = unsafe { (objects.as_slice(), pool.as_mut_slice()) };
             if per_segment {
-                layout::scatter_contiguous_per_segment(g, src, num_blocks, ids, dst)
+                layout::scatter_contiguous_per_segment(g, src, num_blocks, &ids, dst)
             } else {
-                layout::scatter_contiguous(g, src, num_blocks, ids, dst, &self.workers)
+                layout::scatter_contiguous(g, src, num_blocks, &ids, dst, &self.workers)
             }
         });
         let s = stats.map_err(layout_err)?;

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use kvtier_core::Namespace;
+use kvtier_store::config::LEASE_TTL_MAX;
 use kvtier_store::{Store as CoreStore, StoreConfig, StoreError};
 
 use crate::buffer::{ensure_disjoint, Buffer};
@@ -20,6 +21,7 @@ fn store_err(e: StoreError) -> PyErr {
         StoreError::ObjectSize { .. } | StoreError::CountMismatch { .. } => "BufferError",
         StoreError::LeaseUnknown { .. }
         | StoreError::LeaseExpired { .. }
+        | StoreError::LeaseEnded { .. }
         | StoreError::LeaseLimit { .. }
         | StoreError::LoadTooMany { .. } => "LeaseError",
         StoreError::Config(_) => "ConfigError",
@@ -34,12 +36,32 @@ pub struct Store {
     inner: CoreStore,
 }
 
-/// Caller buffers holding `count` blocks: one contiguous buffer, or a list of one buffer per block.
+/// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
+/// per block. (Other sequences are not taken apart here: a numpy array is a sequence too. The
+/// Python wrapper turns any sequence of blocks into a list.)
 fn block_buffers(obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Vec<Buffer>> {
     if let Ok(list) = obj.downcast::<PyList>() {
         return list.iter().map(|item| Buffer::get(&item, what, writable)).collect();
     }
+    if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        return tuple.iter().map(|item| Buffer::get(&item, what, writable)).collect();
+    }
     Ok(vec![Buffer::get(obj, what, writable)?])
+}
+
+/// `lease_ttl_s` as a `Duration`, within the bounds the store enforces: more than 0 once rounded
+/// to nanoseconds, at most [`LEASE_TTL_MAX`]. NaN, infinities and values past `u64` seconds are
+/// errors here, not panics.
+fn lease_ttl(lease_ttl_s: f64) -> PyResult<Duration> {
+    match Duration::try_from_secs_f64(lease_ttl_s) {
+        Ok(ttl) if !ttl.is_zero() && ttl <= LEASE_TTL_MAX => Ok(ttl),
+        _ => Err(config_error(format!(
+            "lease_ttl_s is {lease_ttl_s}; expected a positive number of seconds (at least 1 ns \
+             once rounded to nanoseconds) and at most {} ({} days)",
+            LEASE_TTL_MAX.as_secs(),
+            LEASE_TTL_MAX.as_secs() / 86_400
+        ))),
+    }
 }
 
 fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {
@@ -109,14 +131,11 @@ impl Store {
         let namespace =
             Namespace { model_id, geometry: geometry.inner.clone(), layout_version, cache_salt, rank };
         namespace.hash().map_err(key_err)?;
-        if !(lease_ttl_s.is_finite() && lease_ttl_s > 0.0) {
-            return Err(config_error(format!("lease_ttl_s is {lease_ttl_s}; expected a positive number")));
-        }
         let config = StoreConfig {
             dram_capacity_bytes,
             eviction,
             copy_threads,
-            lease_ttl: Duration::from_secs_f64(lease_ttl_s),
+            lease_ttl: lease_ttl(lease_ttl_s)?,
             leases_max,
             dram_prefault,
         };

@@ -6,9 +6,15 @@ use crate::error::StoreError;
 
 /// Default DRAM tier size: 1 GiB.
 pub const DRAM_CAPACITY_BYTES_DEFAULT: u64 = 1 << 30;
+/// Largest DRAM tier size accepted: `isize::MAX`, the most one mapping (and one Rust slice) may
+/// span on this machine. (The kernel may still refuse less, which [`Store::new`] reports.)
+///
+/// [`Store::new`]: crate::Store::new
+pub const DRAM_CAPACITY_BYTES_MAX: u64 = isize::MAX as u64;
 /// Default lease time-to-live.
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(30);
-/// Longest lease TTL accepted (one year: keeps deadlines far from `Instant` overflow).
+/// Longest lease TTL accepted (one year: keeps deadlines far from `Instant` overflow). A TTL
+/// must also be more than 0 (at nanosecond resolution).
 pub const LEASE_TTL_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Default bound on leases held at once.
 pub const LEASES_MAX_DEFAULT: usize = 4096;
@@ -55,6 +61,12 @@ impl StoreConfig {
         let bad = |msg: String| Err(StoreError::Config(msg));
         if self.dram_capacity_bytes == 0 {
             return bad("dram_capacity_bytes is 0; expected at least one block's worth of bytes".into());
+        }
+        if self.dram_capacity_bytes > DRAM_CAPACITY_BYTES_MAX {
+            return bad(format!(
+                "dram_capacity_bytes is {}; expected at most {DRAM_CAPACITY_BYTES_MAX} (the address space)",
+                self.dram_capacity_bytes
+            ));
         }
         if self.copy_threads > COPY_THREADS_MAX {
             return bad(format!(

@@ -14,10 +14,12 @@ pub enum StoreError {
     ObjectSize { index: usize, actual: usize, expected: usize },
     #[error("{keys} keys but {objects} objects; expected one object per key")]
     CountMismatch { keys: usize, objects: usize },
-    #[error("lease {id} is unknown (never granted, or already released); expected an active lease id")]
+    #[error("lease {id} was never granted by this store; expected an id that `lease` returned")]
     LeaseUnknown { id: u64 },
     #[error("lease {id} expired (its TTL passed and its blocks were unpinned); expected a live lease")]
     LeaseExpired { id: u64 },
+    #[error("lease {id} has ended (released, or expired and reclaimed); expected a live lease")]
+    LeaseEnded { id: u64 },
     #[error("{max} leases are active; expected fewer than leases_max = {max} (release leases when done)")]
     LeaseLimit { max: usize },
     #[error("load of {requested} blocks; expected at most the {leased} blocks the lease holds")]

@@ -8,6 +8,14 @@
 //! Ids grow by one per grant and every lease gets the same TTL, so deadlines are nondecreasing
 //! in id order: expiry scans from the oldest id and stops at the first live deadline, O(expired).
 //!
+//! An id is *granted* iff `1 <= id < next_id`; a granted id not live in the table has *ended*
+//! (released, or expired). That needs no per-id memory, so:
+//! - `release` is idempotent: it is `Ok` for every granted id, live, expired (however long
+//!   ago) or already released; only a never-granted id is [`StoreError::LeaseUnknown`].
+//! - a load from an ended lease is [`StoreError::LeaseExpired`] while the table still holds it
+//!   or it is among the last `leases_max` expiries remembered for the message, else
+//!   [`StoreError::LeaseEnded`]. Only the wording depends on that bounded memory.
+//!
 //! Invariants: `leases.len() <= leases_max`; a lease's blocks stay pinned exactly as long as
 //! it is in the table; a released lease stays only while loads are in flight.
 
@@ -36,7 +44,8 @@ struct LeaseEntry {
 #[derive(Debug)]
 pub(crate) struct LeaseTable {
     leases: BTreeMap<u64, LeaseEntry>,
-    /// Recently expired ids (at most `leases_max`), so their use says "expired", not "unknown".
+    /// Recently expired ids (at most `leases_max`), so a load from one says "expired" rather
+    /// than "ended". Error wording only: whether an id was granted is `id < next_id`.
     expired_ids: BTreeSet<u64>,
     next_id: u64,
     ttl: Duration,
@@ -63,9 +72,17 @@ impl LeaseTable {
         self.leases.len() - self.released_in_flight
     }
 
-    fn missing(&self, id: u64) -> StoreError {
+    /// Whether `id` was ever returned by [`grant`](Self::grant).
+    fn granted(&self, id: u64) -> bool {
+        (1..self.next_id).contains(&id)
+    }
+
+    /// The error for a load from `id`, which is not live (not in the table, or released).
+    fn not_live(&self, id: u64) -> StoreError {
         if self.expired_ids.contains(&id) {
             StoreError::LeaseExpired { id }
+        } else if self.granted(id) {
+            StoreError::LeaseEnded { id }
         } else {
             StoreError::LeaseUnknown { id }
         }
@@ -118,11 +135,14 @@ impl LeaseTable {
     }
 
     fn live(&mut self, id: u64, now: Instant) -> Result<&mut LeaseEntry, StoreError> {
-        let missing = self.missing(id);
-        match self.leases.get_mut(&id) {
-            Some(lease) if !lease.released && lease.deadline > now => Ok(lease),
-            Some(lease) if !lease.released => Err(StoreError::LeaseExpired { id }),
-            _ => Err(missing),
+        let error = match self.leases.get(&id) {
+            Some(lease) if !lease.released && lease.deadline > now => None,
+            Some(lease) if !lease.released => Some(StoreError::LeaseExpired { id }),
+            _ => Some(self.not_live(id)),
+        };
+        match error {
+            None => Ok(self.leases.get_mut(&id).expect("a live lease is in the table")),
+            Some(error) => Err(error),
         }
     }
 
@@ -153,10 +173,12 @@ impl LeaseTable {
         None
     }
 
-    /// Ends a lease. Returns the blocks to unpin now, or `None` when loads are in flight (the
-    /// last one unpins). Releasing an expired lease is not an error: its pins are already gone.
+    /// Ends a lease. Returns the blocks to unpin now, or `None` when there is nothing to unpin
+    /// now: loads are in flight (the last one unpins), or the lease had already ended. Idempotent:
+    /// releasing an expired (however long ago) or already released lease is `Ok`, since its pins
+    /// are gone or going; only an id never granted is an error.
     pub fn release(&mut self, id: u64) -> Result<Option<Vec<LeasedBlock>>, StoreError> {
-        let missing = self.missing(id);
+        let granted = self.granted(id);
         match self.leases.get_mut(&id) {
             Some(lease) if !lease.released => {
                 if lease.loads_in_flight > 0 {
@@ -166,8 +188,8 @@ impl LeaseTable {
                 }
                 Ok(self.leases.remove(&id).map(|lease| lease.blocks))
             }
-            _ if matches!(missing, StoreError::LeaseExpired { .. }) => Ok(Some(Vec::new())),
-            _ => Err(missing),
+            _ if granted => Ok(None),
+            _ => Err(StoreError::LeaseUnknown { id }),
         }
     }
 
@@ -219,11 +241,50 @@ mod tests {
         assert!(t.reclaim_expired(t0 + Duration::from_secs(9)).is_empty());
         assert_eq!(t.reclaim_expired(t0 + Duration::from_secs(10)), vec![block(1)]);
         assert_eq!(t.begin_load(a, 1, t0), Err(StoreError::LeaseExpired { id: a }));
-        assert_eq!(t.release(a), Ok(Some(vec![])), "releasing an expired lease is harmless");
+        assert_eq!(t.release(a), Ok(None), "releasing an expired lease is harmless");
         assert_eq!(t.release(b), Ok(Some(vec![block(2)])));
-        assert_eq!(t.release(b), Err(StoreError::LeaseUnknown { id: b }));
+        assert_eq!(t.release(b), Ok(None), "releasing twice is harmless");
+        assert_eq!(t.begin_load(b, 1, t0), Err(StoreError::LeaseEnded { id: b }));
         assert_eq!(t.release(99), Err(StoreError::LeaseUnknown { id: 99 }));
+        assert_eq!(t.release(0), Err(StoreError::LeaseUnknown { id: 0 }));
         assert_eq!(t.expired_total, 1);
+    }
+
+    #[test]
+    fn expired_ids_release_after_the_expiry_memory_is_trimmed() {
+        let mut t = LeaseTable::new(Duration::from_secs(1), 2);
+        let t0 = Instant::now();
+        let ids: Vec<u64> = (0..6u32)
+            .map(|i| {
+                let now = t0 + Duration::from_secs(2 * u64::from(i));
+                t.reclaim_expired(now);
+                t.grant(vec![block(u128::from(i))], now)
+            })
+            .collect();
+        assert_eq!(t.reclaim_expired(t0 + Duration::from_secs(100)), vec![block(5)]);
+        assert_eq!(t.expired_total, 6);
+        for &id in &ids {
+            assert_eq!(t.release(id), Ok(None), "lease {id} expired; releasing it is harmless");
+        }
+        let (oldest, newest) = (ids[0], ids[5]);
+        assert_eq!(t.begin_load(oldest, 0, t0), Err(StoreError::LeaseEnded { id: oldest }));
+        assert_eq!(t.begin_load(newest, 0, t0), Err(StoreError::LeaseExpired { id: newest }));
+        assert_eq!(t.active(), 0);
+        t.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn releasing_again_while_a_load_is_in_flight_is_harmless() {
+        let mut t = LeaseTable::new(Duration::from_secs(1), 8);
+        let t0 = Instant::now();
+        let id = t.grant(vec![block(1)], t0);
+        t.begin_load(id, 1, t0).unwrap();
+        assert_eq!(t.release(id), Ok(None));
+        assert_eq!(t.release(id), Ok(None));
+        assert_eq!(t.begin_load(id, 1, t0), Err(StoreError::LeaseEnded { id }));
+        t.check_integrity().unwrap();
+        assert_eq!(t.end_load(id), Some(vec![block(1)]));
+        t.check_integrity().unwrap();
     }
 
     #[test]

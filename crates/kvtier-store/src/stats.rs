@@ -21,7 +21,8 @@ pub struct StoreStats {
     pub evictions: u64,
     /// Blocks `put` refused because no space could be freed.
     pub rejected_puts: u64,
-    /// Blocks that failed verification on load (each then dropped).
+    /// Stored copies that failed verification on load (each then dropped), each counted once
+    /// however many loads hit it.
     pub checksum_failures: u64,
     /// Leases granted and not yet released or expired.
     pub leases_active: u64,

@@ -49,7 +49,9 @@ pub struct PutReport {
 pub struct LoadReport {
     /// Destinations `0..loaded_blocks` hold verified bytes; later ones must not be used.
     pub loaded_blocks: usize,
-    /// Blocks that failed verification in this load (each dropped from its tier).
+    /// Blocks of this load that failed verification (each dropped from its tier). A stored copy
+    /// found corrupt by an earlier load is reported again here, but counted only once in
+    /// [`StoreStats::checksum_failures`](crate::StoreStats).
     pub checksum_failures: usize,
 }
 
@@ -238,8 +240,9 @@ impl Store {
     }
 
     /// Copies leased blocks `0..dst.len()` into `dst` (each exactly `block_bytes`), verifying
-    /// every checksum. If block `i` fails, it is counted and dropped from its tier, and
-    /// `loaded_blocks = i`: the loaded prefix is consecutive and correct.
+    /// every checksum. If block `i` fails (here, or in an earlier load of the same stored copy),
+    /// it is dropped from its tier and counted once, and `loaded_blocks = i`: the loaded prefix
+    /// is consecutive and correct.
     pub fn load(&self, lease_id: u64, dst: &mut [&mut [u8]]) -> Result<LoadReport, StoreError> {
         let blocks = {
             let mut table = self.leases.lock();
@@ -250,11 +253,14 @@ impl Store {
         self.check_sizes(dst.iter().map(|d| d.len()))?;
         let outcomes = self.read(&blocks, dst);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
-        let checksum_failures = outcomes.iter().filter(|&&o| o == ReadOutcome::Corrupt).count();
+        let found_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::Corrupt).count();
+        let known_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::CorruptKnown).count();
         assert!(!outcomes.contains(&ReadOutcome::NotPinned), "a leased block was not pinned");
         bump(&self.counters.loaded_blocks, loaded_blocks);
         bump(&self.counters.loaded_bytes, loaded_blocks * self.block_bytes);
-        bump(&self.counters.checksum_failures, checksum_failures);
+        // Each corrupt stored copy is counted once, by the load that found it.
+        bump(&self.counters.checksum_failures, found_corrupt);
+        let checksum_failures = found_corrupt + known_corrupt;
         Ok(LoadReport { loaded_blocks, checksum_failures })
     }
 
@@ -279,7 +285,8 @@ impl Store {
     }
 
     /// Ends a lease, unpinning its blocks (after any load in flight on it finishes).
-    /// Releasing an expired lease is not an error; an unknown or twice-released id is.
+    /// Idempotent: releasing a lease that already ended (released, or expired however long
+    /// ago) is `Ok`; only an id this store never granted is [`StoreError::LeaseUnknown`].
     pub fn release(&self, lease_id: u64) -> Result<(), StoreError> {
         let mut table = self.leases.lock();
         if let Some(blocks) = table.release(lease_id)? {
@@ -372,8 +379,9 @@ impl Store {
         Ok(())
     }
 
-    /// Flips one bit of a stored payload (fault injection). False if no tier holds `key` or
-    /// the offset is past the payload.
+    /// Flips one bit of a stored payload (fault injection). False, changing nothing, if no tier
+    /// holds `key` unleased (a leased block may be being loaded: flipping then would race with
+    /// the load) or the offset is past the payload.
     #[doc(hidden)]
     pub fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         self.tiers.iter().any(|t| t.corrupt_for_test(key, payload_byte_offset))

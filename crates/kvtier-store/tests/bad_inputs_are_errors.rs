@@ -74,6 +74,17 @@ fn zero_or_too_small_capacity() {
 }
 
 #[test]
+fn capacity_beyond_the_address_space() {
+    for capacity in [u64::MAX, 1 << 63] {
+        let err = Store::new(namespace("m", ""), config(capacity)).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Config(m) if m.contains("dram_capacity_bytes") && m.contains(&capacity.to_string())),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn unknown_eviction_name_lists_the_known_ones() {
     let config = StoreConfig { eviction: "random".into(), ..config(1 << 20) };
     let err = Store::new(namespace("m", ""), config).unwrap_err();

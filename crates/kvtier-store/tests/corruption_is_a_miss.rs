@@ -47,3 +47,41 @@ fn corrupt_first_block_loads_nothing() {
     s.release(lease.id).unwrap();
     assert_eq!(s.lookup(s.namespace_hash(), &k).unwrap().hit_blocks, 0);
 }
+
+#[test]
+fn a_corrupt_copy_is_counted_once_however_often_it_is_loaded() {
+    let s = store(16);
+    let k = keys(&s, 3, 4);
+    put_keys(&s, &k);
+    assert!(s.corrupt_for_test(k[1], 77));
+    let a = s.lease(s.namespace_hash(), &k).unwrap();
+    let b = s.lease(s.namespace_hash(), &k).unwrap();
+    for id in [a.id, a.id, b.id, a.id] {
+        let (report, bufs) = load(&s, id, 4);
+        // Every load stops at the corrupt copy and says why ...
+        assert_eq!((report.loaded_blocks, report.checksum_failures), (1, 1));
+        assert!(bufs[0] == payload(k[0]));
+        s.check_integrity().unwrap();
+    }
+    // ... but the store found one corrupt copy, once.
+    assert_eq!(s.stats().checksum_failures, 1);
+    s.release(a.id).unwrap();
+    s.release(b.id).unwrap();
+    s.check_integrity().unwrap();
+}
+
+#[test]
+fn corrupting_a_leased_block_is_refused() {
+    // A leased block may be being loaded: flipping a bit then would race with the load's read.
+    let s = store(8);
+    let k = keys(&s, 5, 2);
+    put_keys(&s, &k);
+    let lease = s.lease(s.namespace_hash(), &k[..1]).unwrap();
+    assert!(!s.corrupt_for_test(k[0], 0), "leased: refused");
+    assert!(s.corrupt_for_test(k[1], 0), "not leased: flipped");
+    let (report, bufs) = load(&s, lease.id, 1);
+    assert_eq!((report.loaded_blocks, report.checksum_failures), (1, 0));
+    assert!(bufs[0] == payload(k[0]));
+    s.release(lease.id).unwrap();
+    assert!(s.corrupt_for_test(k[0], 0), "released: flipped");
+}

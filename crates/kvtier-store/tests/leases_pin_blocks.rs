@@ -90,7 +90,7 @@ fn expired_but_unreclaimed_lease_cannot_load() {
 }
 
 #[test]
-fn leases_are_bounded_and_released_ids_are_unknown() {
+fn leases_are_bounded_and_release_is_idempotent() {
     let s = store_with(4, Duration::from_secs(30), 3, "lru");
     let k = keys(&s, 0, 1);
     put_keys(&s, &k);
@@ -98,8 +98,38 @@ fn leases_are_bounded_and_released_ids_are_unknown() {
     assert_eq!(s.lease(s.namespace_hash(), &k), Err(StoreError::LeaseLimit { max: 3 }));
     s.check_integrity().unwrap();
     s.release(ids[0]).unwrap();
-    assert_eq!(s.release(ids[0]), Err(StoreError::LeaseUnknown { id: ids[0] }));
+    assert_eq!(s.release(ids[0]), Ok(()), "releasing twice is harmless");
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    assert_eq!(s.load(ids[0], &mut [&mut buf[..]]), Err(StoreError::LeaseEnded { id: ids[0] }));
+    let never = ids[2] + 100;
+    assert_eq!(s.release(never), Err(StoreError::LeaseUnknown { id: never }));
     assert!(s.lease(s.namespace_hash(), &k).is_ok());
     assert_eq!(s.stats().leases_active, 3);
+    s.check_integrity().unwrap();
+}
+
+#[test]
+fn expired_lease_releases_after_more_than_leases_max_later_expiries() {
+    let s = store_with(4, Duration::from_millis(20), 2, "lru");
+    let k = keys(&s, 0, 1);
+    put_keys(&s, &k);
+    let first = s.lease(s.namespace_hash(), &k).unwrap().id;
+    let mut later = Vec::new();
+    for _ in 0..4 {
+        // Each lease expires before the next is granted: 5 expiries, more than leases_max = 2.
+        std::thread::sleep(Duration::from_millis(40));
+        later.push(s.lease(s.namespace_hash(), &k).unwrap().id);
+    }
+    std::thread::sleep(Duration::from_millis(40));
+    assert_eq!(s.stats().leases_expired, 5);
+    assert_eq!(s.release(first), Ok(()), "an expired lease releases however long ago it expired");
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    assert_eq!(s.load(first, &mut [&mut buf[..]]), Err(StoreError::LeaseEnded { id: first }));
+    let last = *later.last().unwrap();
+    assert_eq!(s.load(last, &mut [&mut buf[..]]), Err(StoreError::LeaseExpired { id: last }));
+    for id in later {
+        assert_eq!(s.release(id), Ok(()));
+    }
+    assert_eq!(s.stats().leases_active, 0);
     s.check_integrity().unwrap();
 }

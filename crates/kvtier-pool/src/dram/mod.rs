@@ -11,7 +11,8 @@
 //! - a *writing* extent is reachable only from the batch that reserved it (invisible to lookups,
 //!   never a victim), so its writer has it to itself;
 //! - a *pinned* extent is never freed or reused, so readers of a pinned entry see bytes no one
-//!   writes (except [`Tier::corrupt_for_test`], which flips a bit atomically).
+//!   writes. ([`Tier::corrupt_for_test`] writes only an *unpinned* ready entry, under the lock:
+//!   reads need a pin, taken under that lock, so none can be in flight on it.)
 //!
 //! Invariants (asserted on the way, verified by [`Tier::check_integrity`]): used ≤ capacity;
 //! allocator extents = index extents + doomed extents, without overlap; the policy tracks
@@ -250,7 +251,14 @@ impl Tier for DramTier {
             let st = self.state.lock();
             for (item, (entry, d)) in entries.iter().zip(dst.iter_mut()).enumerate() {
                 let (extent, payload_len) = match st.find_pinned(entry) {
-                    Some(PinnedAt::Ready(extent, len) | PinnedAt::Doomed(extent, len)) => (extent, len),
+                    Some(PinnedAt::Ready(extent, len) | PinnedAt::Doomed(extent, len, false)) => {
+                        (extent, len)
+                    }
+                    Some(PinnedAt::Doomed(_, _, true)) => {
+                        // Found corrupt by an earlier read, and counted then: fails again, unread.
+                        outcomes[item] = ReadOutcome::CorruptKnown;
+                        continue;
+                    }
                     None => {
                         outcomes[item] = ReadOutcome::NotPinned;
                         continue;
@@ -273,19 +281,27 @@ impl Tier for DramTier {
             let bad = job.corrupt.load(Ordering::Relaxed);
             outcomes[job.item] = if bad { ReadOutcome::Corrupt } else { ReadOutcome::Loaded };
             if bad {
-                corrupt.push(entries[job.item]);
+                corrupt.push(job.item);
             }
         }
         if corrupt.is_empty() {
             return;
         }
+        // Each stored copy is counted once, by the read that dooms it as corrupt; a concurrent
+        // read that found the same copy corrupt reports it as already known.
         let mut st = self.state.lock();
-        for entry in corrupt {
-            st.counters.checksum_failures += 1;
-            let indexed = st.index.get(&entry.key).is_some_and(|e| e.id == entry.entry_id);
-            if indexed {
-                st.retire(entry.key);
+        for item in corrupt {
+            let entry = entries[item];
+            if st.index.get(&entry.key).is_some_and(|e| e.id == entry.entry_id) {
+                st.retire(entry.key, true);
+            } else if let Some(doomed) = st.doomed.get_mut(&entry.entry_id).filter(|d| d.key == entry.key) {
+                if doomed.corrupt {
+                    outcomes[item] = ReadOutcome::CorruptKnown;
+                    continue;
+                }
+                doomed.corrupt = true;
             }
+            st.counters.checksum_failures += 1;
         }
     }
 
@@ -305,7 +321,7 @@ impl Tier for DramTier {
         let mut removed = 0;
         for &key in keys {
             if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready) {
-                st.retire(key);
+                st.retire(key, false);
                 removed += 1;
             }
         }
@@ -345,10 +361,14 @@ impl Tier for DramTier {
     fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         let st = self.state.lock();
         let Some(entry) = st.index.get(&key).filter(|e| e.state == EntryState::Ready) else { return false };
-        if payload_byte_offset as u64 >= entry.payload_len {
+        if entry.pins > 0 || payload_byte_offset as u64 >= entry.payload_len {
             return false;
         }
-        self.arena.flip_bit(entry.extent.offset as usize + HEADER + payload_byte_offset, 0);
+        let offset = usize::try_from(entry.extent.offset).expect("arena offsets fit usize");
+        // SAFETY: the entry is ready and unpinned, and the lock is held for the write. Reads of
+        // payloads need a pin, taken under this lock, so none is in flight; writers only write
+        // extents of entries still being written; and an indexed extent is not freed or reused.
+        unsafe { self.arena.flip_bit(offset + HEADER + payload_byte_offset, 0) };
         true
     }
 }

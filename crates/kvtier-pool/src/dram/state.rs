@@ -36,6 +36,8 @@ pub(super) struct Doomed {
     pub(super) extent: Extent,
     pub(super) payload_len: u64,
     pub(super) pins: u32,
+    /// Failed verification (and was counted): later reads fail without reading or counting.
+    pub(super) corrupt: bool,
 }
 
 #[derive(Default, Debug)]
@@ -60,7 +62,8 @@ pub(super) struct DramState {
 /// Where a pinned entry lives, found under the lock.
 pub(super) enum PinnedAt {
     Ready(Extent, u64),
-    Doomed(Extent, u64),
+    /// Doomed; `true` if it already failed verification.
+    Doomed(Extent, u64, bool),
 }
 
 impl DramState {
@@ -83,7 +86,7 @@ impl DramState {
                 .then_some(PinnedAt::Ready(e.extent, e.payload_len));
         }
         let d = self.doomed.get(&entry.entry_id).filter(|d| d.key == entry.key && d.pins > 0)?;
-        Some(PinnedAt::Doomed(d.extent, d.payload_len))
+        Some(PinnedAt::Doomed(d.extent, d.payload_len, d.corrupt))
     }
 
     /// Allocates `bytes`, evicting unpinned ready blocks while that can help. Once the policy
@@ -121,7 +124,8 @@ impl DramState {
     }
 
     /// Takes a ready entry out of the index: freed now if unpinned, else doomed until unpinned.
-    pub(super) fn retire(&mut self, key: BlockKey) {
+    /// `corrupt` marks it as having failed verification.
+    pub(super) fn retire(&mut self, key: BlockKey, corrupt: bool) {
         let entry = self.index.remove(&key).expect("retiring an indexed key");
         assert_eq!(entry.state, EntryState::Ready, "retiring an entry still being written");
         self.policy.on_remove(key);
@@ -129,8 +133,13 @@ impl DramState {
             self.allocator.free(entry.extent);
         } else {
             self.pinned_ready -= 1;
-            let doomed =
-                Doomed { key, extent: entry.extent, payload_len: entry.payload_len, pins: entry.pins };
+            let doomed = Doomed {
+                key,
+                extent: entry.extent,
+                payload_len: entry.payload_len,
+                pins: entry.pins,
+                corrupt,
+            };
             assert!(self.doomed.insert(entry.id, doomed).is_none(), "entry id reused");
         }
     }
