@@ -12,7 +12,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "pyyaml>=6" "pytest>=8" "hypothesis>=6" \
+	$(PY) -m pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "pytest>=8" "hypothesis>=6" \
 		"ruff>=0.6" "mypy>=1.11" types-PyYAML xxhash
 	touch $@
 

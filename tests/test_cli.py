@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,49 @@ def test_bad_size_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_command_exits_nonzero() -> None:
     with pytest.raises(SystemExit):
         cli.main(["frobnicate"])
+
+
+def test_sim_run_and_sweep_write_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "sim.yaml"
+    config.write_text(
+        "name: tiny\n"
+        "hardware: h100-sxm\n"
+        "model: llama-3.1-8b\n"
+        "policy: {name: hicache}\n"
+        "block_tokens: 16\n"
+        "host_capacity_bytes: 10GiB\n"
+        "workload: {name: multiturn, num_sessions: 10, rate_per_s: 1.0}\n"
+        "slo: {ttft_s: 1.0, tpot_s: 0.05}\n"
+    )
+    out = tmp_path / "result.json"
+    assert cli.main(["sim", "run", str(config), "--json", "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["requests"] > 10 and result["unfinished_requests"] == 0
+    assert json.loads(out.read_text())["requests"] == result["requests"]
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "sim",
+        "sweep",
+        str(config),
+        "--rates",
+        "0.5,2",
+        "--policies",
+        "fcfs,hicache",
+        "--out-dir",
+        str(sweep_dir),
+    ]
+    assert cli.main([*args, "--json"]) == 0
+    sweep = json.loads(capsys.readouterr().out)
+    assert set(sweep["series"]) == {"fcfs", "hicache"}
+    for png in sweep["plots"]:
+        data = Path(png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_sim_bad_config_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("policy: {name: nonsense}\n")
+    assert cli.main(["sim", "run", str(config)]) == 2
+    assert "unknown policy 'nonsense'" in capsys.readouterr().err
+    assert cli.main(["sim", "run", str(tmp_path / "nope.yaml")]) == 2
+    assert cli.main(["sim", "sweep", str(config), "--rates", "0,-1"]) == 2

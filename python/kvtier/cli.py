@@ -52,6 +52,93 @@ def _bench_store(args: argparse.Namespace) -> None:
     _emit(result, args.json, store.summary)
 
 
+def _sim_run(args: argparse.Namespace) -> None:
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.run import run
+
+    config = SimConfig.from_yaml(args.config)
+    result = run(config, show_progress=not args.json)
+    _write(args.out, result)
+    _emit(result, args.json, _sim_summary)
+
+
+def _sim_sweep(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from kvtier.sim import plots
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.run import sweep
+
+    config = SimConfig.from_yaml(args.config)
+    rates = _floats(args.rates, "--rates")
+    policies = args.policies.split(",") if args.policies else [str(config.policy["name"])]
+    series = {}
+    for name in policies:
+        policy = {**config.policy, "name": name} if name == config.policy["name"] else {"name": name}
+        series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=not args.json)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = [
+        str(plots.latency_vs_rate(series, out_dir / "latency_vs_rate.png")),
+        str(plots.throughput_vs_ttft(series, out_dir / "throughput_vs_ttft.png")),
+    ]
+    result = {"config": config.name, "rates_per_s": rates, "series": series, "plots": figures}
+    _write(str(out_dir / "sweep.json"), result)
+    _emit(result, args.json, _sweep_summary)
+
+
+def _bench_sim(args: argparse.Namespace) -> None:
+    from kvtier.bench import sim
+
+    result = sim.run(max_requests=args.max_requests, show=not args.json)
+    _emit(result, args.json, sim.summary)
+
+
+def _write(path: str | None, result: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise KvtierError(f"{what} is {text!r}; expected comma-separated numbers such as 0.5,1,2") from None
+    if not values or any(not v > 0 for v in values):
+        raise KvtierError(f"{what} is {text!r}; expected positive request rates")
+    return values
+
+
+def _sim_summary(r: dict[str, Any]) -> str:
+    t, p, h = r["ttft_s"], r["tpot_s"], r["hit_rate_tokens"]
+    lines = [
+        f"sim {r['config']}: {r['requests']} requests, {r['model']} on {r['hardware']}, policy {r['policy']['name']}",
+        f"  TTFT s   mean {t['mean']:.3f}  p50 {t['p50']:.3f}  p99 {t['p99']:.3f}",
+        f"  TPOT ms  mean {p['mean'] * 1e3:.2f}  p50 {p['p50'] * 1e3:.2f}  p99 {p['p99'] * 1e3:.2f}",
+        f"  throughput {r['throughput_requests_per_s']:.2f} req/s, {r['throughput_total_tokens_per_s']:.0f} tokens/s",
+        f"  hit rate (tokens) device {h['device']:.1%} host {h['host']:.1%} ssd {h['ssd']:.1%} "
+        f"total {h['total']:.1%}; blocks {r['hit_rate_blocks']:.1%}",
+        f"  blocked I/O {r['blocked_io_s']:.2f} s ({r['blocked_io_fraction_of_busy']:.1%} of busy time), "
+        f"{r['preemptions']} preemptions, SLO attainment {r['slo']['attainment']:.1%}",
+        f"  {r['events']} events in {r['wall_s']:.1f} s wall for {r['sim_time_s']:.0f} s simulated",
+    ]
+    return "\n".join(lines)
+
+
+def _sweep_summary(r: dict[str, Any]) -> str:
+    lines = [f"sweep {r['config']} over rates {r['rates_per_s']}"]
+    for name, results in r["series"].items():
+        for res in results:
+            lines.append(
+                f"  {name:10s} rate {res['rate_per_s']:7.3f}  TTFT p50 {res['ttft_s']['p50']:8.3f} s  "
+                f"p99 {res['ttft_s']['p99']:8.3f} s  TPOT p50 {res['tpot_s']['p50'] * 1e3:7.2f} ms  "
+                f"{res['throughput_total_tokens_per_s']:9.0f} tok/s"
+            )
+    lines.append(f"  plots: {', '.join(r['plots'])}")
+    return "\n".join(lines)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -90,6 +177,29 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--threads", type=int, default=0, help="copy workers (0 = one per core)")
     store.add_argument("--json", action="store_true")
     store.set_defaults(func=_bench_store)
+    bsim = bench_sub.add_parser(
+        "sim", help="simulator speed: Mooncake trace replay wall time; hit-rate check"
+    )
+    bsim.add_argument("--max-requests", type=_positive, default=None, help="replay only the first N requests")
+    bsim.add_argument("--json", action="store_true")
+    bsim.set_defaults(func=_bench_sim)
+
+    sim = sub.add_parser("sim", help="discrete-event serving simulator")
+    sim_sub = sim.add_subparsers(dest="sim", required=True)
+    sim_run = sim_sub.add_parser("run", help="run one simulation config (YAML)")
+    sim_run.add_argument("config", help="path to a sim config YAML (see experiments/)")
+    sim_run.add_argument("--out", default=None, help="write the result JSON here")
+    sim_run.add_argument("--json", action="store_true")
+    sim_run.set_defaults(func=_sim_run)
+    sim_sweep = sim_sub.add_parser("sweep", help="run a config over request rates and policies; plot")
+    sim_sweep.add_argument("config")
+    sim_sweep.add_argument("--rates", required=True, help="comma-separated request rates, e.g. 0.5,1,2")
+    sim_sweep.add_argument(
+        "--policies", default=None, help="comma-separated policy names (default: the config's)"
+    )
+    sim_sweep.add_argument("--out-dir", default="sim-out", help="where plots and sweep.json go")
+    sim_sweep.add_argument("--json", action="store_true")
+    sim_sweep.set_defaults(func=_sim_sweep)
     return parser
 
 

@@ -1,0 +1,32 @@
+"""Scheduling policies behind one interface (:mod:`kvtier.sched.base`), usable by the simulator
+and the reference engine. Importing this package registers the built-in policies."""
+
+from kvtier.sched import fcfs, hicache, lmcache
+from kvtier.sched.base import (
+    LoadMode,
+    LoadOrder,
+    Phase,
+    Policy,
+    RequestView,
+    SchedulerDecision,
+    SchedulerView,
+    make_policy,
+    policy_names,
+    register,
+)
+
+__all__ = [
+    "LoadMode",
+    "LoadOrder",
+    "Phase",
+    "Policy",
+    "RequestView",
+    "SchedulerDecision",
+    "SchedulerView",
+    "fcfs",
+    "hicache",
+    "lmcache",
+    "make_policy",
+    "policy_names",
+    "register",
+]

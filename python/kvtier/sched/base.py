@@ -1,0 +1,150 @@
+"""The scheduler interface shared by the simulator and the reference engine (DESIGN §5).
+
+A policy reads a :class:`SchedulerView` — queues, free blocks, prefix hits per tier, cost
+estimates — and returns a :class:`SchedulerDecision`. Nothing in the view is a simulator object, so
+the same policy instance can drive the CPU reference engine. Policies are registered by name
+(:func:`register`, :func:`make_policy`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol
+
+from kvtier.errors import ConfigError
+
+TIERS = ("device", "host", "ssd", "remote")
+
+
+class Phase(StrEnum):
+    WAITING = "waiting"
+    FETCHING = "fetching"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+
+
+class LoadMode(StrEnum):
+    """How a cached prefix reaches the device (see docs/simulator.md)."""
+
+    SYNC = "sync"  # compute waits for the whole load (LMCache)
+    LAYERWISE = "layerwise"  # layer l computes once its KV arrived (HiCache, Unified pool)
+    ASYNC = "async"  # the request waits in the fetching queue; the step does not (ShadowServe, Strata)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request as a policy sees it. Output length is unknown, as in a real engine."""
+
+    req_id: int
+    arrival_s: float
+    phase: Phase
+    prompt_tokens: int
+    computed_tokens: int  # prompt tokens whose KV is on the device (computed or loaded)
+    generated_tokens: int
+    # Consecutive cached prefix of the prompt, by the fastest tier holding each part, in tokens:
+    # device first, then host, ssd, remote. Blocks already computed are in `computed_tokens`.
+    cached_tokens: tuple[int, int, int, int] = (0, 0, 0, 0)
+    in_queue_tokens: int = 0  # right after the cached prefix, being brought by a queued request
+    in_flight_tokens: int = 0  # right after the cached prefix, being loaded or computed now
+
+    @property
+    def loadable_tokens(self) -> int:
+        """Cached tokens not on the device: what a load could bring."""
+        return sum(self.cached_tokens[1:])
+
+    @property
+    def remaining_prefill_tokens(self) -> int:
+        return self.prompt_tokens - self.computed_tokens
+
+
+class CostEstimates(Protocol):
+    """Estimates a policy may use to weigh loading against computing."""
+
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float: ...
+
+    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    now_s: float
+    waiting: tuple[RequestView, ...]
+    running: tuple[RequestView, ...]
+    fetching: tuple[RequestView, ...]
+    swapped: tuple[RequestView, ...]
+    free_device_blocks: int
+    free_host_blocks: int | None  # None: no host tier, or unbounded
+    block_tokens: int
+    max_batch_tokens: int
+    max_running: int
+    num_layers: int
+    cost: CostEstimates
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOrder:
+    """Bring ``tokens`` of a request's cached prefix (beyond its device part) to the device."""
+
+    req_id: int
+    tokens: int
+    mode: LoadMode
+    segment_tokens: int | None = None  # copy granularity per layer; None = whole objects
+    priority: int = 1  # link priority class (0 is most urgent)
+
+
+@dataclass(slots=True)
+class SchedulerDecision:
+    prefill: list[tuple[int, int]] = field(default_factory=list)  # (req_id, new tokens this step)
+    decode: list[int] = field(default_factory=list)
+    loads: list[LoadOrder] = field(default_factory=list)
+    preempt: list[int] = field(default_factory=list)  # drop device KV, recompute later
+    swap_out: list[int] = field(default_factory=list)
+    swap_in: list[int] = field(default_factory=list)
+
+
+class Policy(ABC):
+    """A scheduling policy. Subclasses set ``name`` and implement :meth:`schedule`.
+
+    ``offload`` tells the engine what to keep below the device: ``"none"`` (a GPU-only prefix
+    cache) or ``"write_through"`` (computed prompt blocks are copied to host after prefill).
+    """
+
+    name: ClassVar[str]
+    offload: ClassVar[str] = "none"
+
+    @abstractmethod
+    def schedule(self, view: SchedulerView) -> SchedulerDecision: ...
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: makes a policy constructible by name; duplicate names raise."""
+    name = cls.name
+    if name in _REGISTRY:
+        raise ConfigError(f"policy name {name!r} registered twice")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """A new policy instance; unknown names raise :class:`ConfigError` listing the known ones."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; expected one of {policy_names()}") from None
+    try:
+        return factory(**params)
+    except TypeError as e:
+        raise ConfigError(f"bad parameters for policy {name!r}: {e}") from None

@@ -1,0 +1,138 @@
+"""Simulation config: a frozen dataclass from YAML or a dict; unknown keys and bad values raise
+:class:`ConfigError` naming the key and what was expected.
+
+```yaml
+name: mooncake-hicache
+seed: 0
+hardware: h100-sxm          # a profile name (kvtier.sim.hardware.hardware_names()) or a YAML path
+model: llama-3.1-8b         # a profile name (kvtier.sim.models.model_names()) or a YAML path
+tp: 1
+policy: {name: hicache, page_tokens: 32}
+engines: 1                  # colocated engines; or prefill_engines + decode_engines for P/D
+block_tokens: 512
+host_capacity_bytes: auto   # auto = 80% of the node's DRAM, split among engines; 0 = no host tier
+ssd_capacity_bytes: 0
+workload: {name: mooncake}
+slo: {ttft_s: 5.0, tpot_s: 0.1}
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvtier.config import parse_size
+from kvtier.errors import ConfigError
+
+_INF_WORDS = ("inf", "unbounded", "infinite")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    name: str = "sim"
+    seed: int = 0
+    hardware: str = "h100-sxm"
+    model: str = "llama-3.1-8b"
+    tp: int = 1
+    policy: Mapping[str, Any] = field(default_factory=lambda: {"name": "fcfs"})
+    engines: int = 1
+    prefill_engines: int = 0
+    decode_engines: int = 0
+    router: str = "least_loaded"
+    block_tokens: int = 16
+    max_batch_tokens: int = 8192
+    max_running: int = 256
+    gpu_memory_utilization: float = 0.9
+    device_blocks: int | None = None  # override the HBM-derived device capacity
+    host_capacity_bytes: int | str = "auto"
+    ssd_capacity_bytes: int | str = 0
+    workload: Mapping[str, Any] = field(default_factory=lambda: {"name": "longdoc"})
+    slo: Mapping[str, float] = field(default_factory=dict)
+    cost: Mapping[str, Any] = field(default_factory=dict)  # {kind: roofline|fixed, ...params}
+    max_sim_s: float | None = None  # stop the clock here (None: run the workload to the end)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
+            _positive_int(name, getattr(self, name))
+        for name in ("prefill_engines", "decode_engines", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"sim `{name}` is {value!r}; expected an int >= 0")
+        if (self.prefill_engines > 0) != (self.decode_engines > 0):
+            raise ConfigError("P/D needs both `prefill_engines` and `decode_engines` >= 1 (or neither)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"`gpu_memory_utilization` is {self.gpu_memory_utilization}; expected in (0, 1]"
+            )
+        if self.device_blocks is not None:
+            _positive_int("device_blocks", self.device_blocks)
+        for name in ("policy", "workload"):
+            spec = getattr(self, name)
+            if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+                raise ConfigError(f"sim `{name}` is {spec!r}; expected a mapping with a `name`")
+        unknown = sorted(set(self.slo) - {"ttft_s", "tpot_s"})
+        if unknown:
+            raise ConfigError(f"unknown slo key(s) {unknown}; expected some of ['tpot_s', 'ttft_s']")
+        for key, value in self.slo.items():
+            if not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"slo `{key}` is {value!r}; expected a positive number of seconds")
+        if self.max_sim_s is not None and self.max_sim_s <= 0:
+            raise ConfigError(f"`max_sim_s` is {self.max_sim_s}; expected a positive number of seconds")
+        self.capacity_bytes("host_capacity_bytes", 0)  # validates the value
+        self.capacity_bytes("ssd_capacity_bytes", 0)
+
+    def capacity_bytes(self, name: str, auto_bytes: int) -> int | None:
+        """Bytes of a tier: ``auto`` → ``auto_bytes``; ``inf`` → None (unbounded); 0 → no tier."""
+        value = getattr(self, name)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return auto_bytes
+        if isinstance(value, str) and value.strip().lower() in _INF_WORDS:
+            return None
+        size = parse_size(value, name)
+        if size < 0:
+            raise ConfigError(f"`{name}` is {value!r}; expected a size >= 0")
+        return size
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_engines > 0
+
+    def with_overrides(self, **changes: Any) -> SimConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"sim config must be a mapping; got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown sim config key(s) {unknown}; expected some of {sorted(known)}")
+        fields = dict(data)
+        for name in ("policy", "workload"):
+            if isinstance(fields.get(name), str):
+                fields[name] = {"name": fields[name]}
+        return cls(**fields)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SimConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read sim config {str(path)!r}: {e.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"sim config {str(path)!r} is not valid YAML: {e}") from None
+        return cls.from_dict(data if data is not None else {})
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"sim `{name}` is {value!r}; expected an int >= 1")

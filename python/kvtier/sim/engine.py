@@ -1,0 +1,570 @@
+"""One simulated serving engine: continuous batching over a paged device KV pool, with a prefix
+index (:class:`HiRadixTree`) whose blocks live on device, host, SSD or remote tiers.
+
+Each step the engine shows its policy a :class:`SchedulerView`, applies the decision (admissions,
+chunked prefills, decodes, loads, preemptions), asks the cost model how long the batch computes,
+and ends the step when both compute and any step-bound loads are done (docs/simulator.md, load
+modes). Capacity is managed here, not in the tree: before a block is placed on a tier, room is
+made by evicting that tier's least-recently-used unlocked blocks; evicted host blocks are written
+down to SSD when there is one. A request that cannot get a device block preempts the most recently
+admitted running request (vLLM's passive preemption by recompute).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvtier.errors import SimError
+from kvtier.radix import HiRadixTree, Tier
+from kvtier.sched.base import (
+    LoadMode,
+    LoadOrder,
+    Phase,
+    Policy,
+    RequestView,
+    SchedulerView,
+)
+from kvtier.sim.core import EventKind, EventLoop
+from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
+from kvtier.sim.events.step_end import Step, finish_step
+from kvtier.sim.metrics import Metrics
+from kvtier.sim.request import Request
+from kvtier.sim.resources import Direction, Link, Transfer
+from kvtier.sim.state import SimRequest
+
+_LOWER_TIERS = (Tier.HOST, Tier.SSD, Tier.REMOTE)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_tokens: int
+    device_blocks: int
+    host_blocks: int = 0  # 0 = no host tier
+    ssd_blocks: int = 0  # 0 = no SSD tier
+    max_batch_tokens: int = 8192
+    max_running: int = 256
+    view_waiting_max: int = 64  # waiting requests shown to the policy (the queue's head)
+    offload_priority: int = 2  # link class of write-backs: below loads (1)
+
+    def __post_init__(self) -> None:
+        for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
+            if getattr(self, name) < 1:
+                raise SimError(f"engine `{name}` is {getattr(self, name)}; expected >= 1")
+        if self.host_blocks < 0 or self.ssd_blocks < 0:
+            raise SimError("engine host_blocks and ssd_blocks must be >= 0 (0 disables the tier)")
+
+
+class Engine:
+    """A single engine (one GPU or one TP group)."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        config: EngineConfig,
+        cost: CostModel,
+        policy: Policy,
+        metrics: Metrics,
+        host_link: Link,
+        ssd_link: Link | None = None,
+        on_finish: Callable[[SimRequest], None] | None = None,
+        on_prefill_done: Callable[[SimRequest], None] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.name = name
+        self.config = config
+        self.cost = cost
+        self.policy = policy
+        self.metrics = metrics
+        self.host_link = host_link
+        self.ssd_link = ssd_link
+        self.on_finish = on_finish
+        self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
+        self.block_bytes = config.block_tokens * cost.kv_bytes_per_token
+        self.tree = HiRadixTree({Tier.DEVICE: None, Tier.HOST: None, Tier.SSD: None, Tier.REMOTE: None})
+        self.requests: dict[int, SimRequest] = {}
+        self.waiting: list[tuple[float, int]] = []  # (arrival_s, req_id), kept sorted
+        self.running: list[SimRequest] = []
+        self.fetching: dict[int, SimRequest] = {}
+        self.private_blocks = 0
+        self.reserved_blocks = 0
+        self.stepping = False
+        self._kick_pending = False
+        self.incoming: deque[SimRequest] = deque()  # P/D decode engines: KV arrived, awaiting blocks
+        if config.host_blocks == 0 and policy.offload != "none":
+            raise SimError(
+                f"policy {policy.name!r} writes KV through to host, but the engine has no host tier"
+            )
+
+    # ----------------------------------------------------------------------------------------
+    # Arrivals and the step loop
+
+    def submit(self, req: Request) -> None:
+        need = math.ceil((req.prompt_tokens + req.output_tokens) / self.config.block_tokens)
+        if need > self.config.device_blocks:
+            raise SimError(
+                f"request {req.req_id} needs {need} device blocks ({req.prompt_tokens}+{req.output_tokens} "
+                f"tokens); engine {self.name!r} has {self.config.device_blocks}: capacity too small"
+            )
+        r = SimRequest(req)
+        self.requests[req.req_id] = r
+        bisect.insort(self.waiting, (req.arrival_s, req.req_id))
+        self.kick()
+
+    def kick(self) -> None:
+        """Starts a step at the current instant unless one is running (arrivals at one instant batch)."""
+        if self.stepping or self._kick_pending:
+            return
+        self._kick_pending = True
+        self.loop.after(0.0, EventKind.WAKE, self._wake)
+
+    def _wake(self) -> None:
+        self._kick_pending = False
+        if not self.stepping:
+            self._start_step()
+
+    def free_device_blocks(self) -> int:
+        """Device blocks not holding anything (cached blocks excluded)."""
+        used = self.tree.used_blocks(Tier.DEVICE) + self.private_blocks + self.reserved_blocks
+        return self.config.device_blocks - used
+
+    def available_device_blocks(self) -> int:
+        """Blocks a new allocation can get: free ones plus unlocked cached ones (evicted on demand)."""
+        return self.free_device_blocks() + self.tree.evictable_blocks(Tier.DEVICE)
+
+    def _start_step(self) -> None:
+        if self.incoming:
+            self._admit_incoming()
+        decision = self.policy.schedule(self._view())
+        step = Step(self, start_s=self.loop.now_s)
+        for rid in decision.preempt:
+            self._preempt(self._get(rid, "preempt"))
+        loads = {lo.req_id: lo for lo in decision.loads}
+        epochs = {rid: self._get(rid, "prefill").epoch for rid, _ in decision.prefill}
+        epochs.update((rid, self._get(rid, "decode").epoch) for rid in decision.decode)
+        for rid, n in decision.prefill:
+            r = self.requests[rid]
+            if r.epoch == epochs[rid]:  # else preempted while this step was planned
+                self._plan_prefill(step, r, n, loads.pop(rid, None))
+        for rid in decision.decode:
+            r = self.requests[rid]
+            if r.epoch == epochs[rid]:
+                self._plan_decode(step, r)
+        for lo in loads.values():  # loads for requests not prefilled this step: asynchronous fetches
+            self._start_fetch(self._get(lo.req_id, "load"), lo)
+        if step.empty():
+            self.stepping = False
+            if not self.running and not self.fetching and self.waiting:
+                self._check_not_stuck()
+            return
+        self.stepping = True
+        shape = BatchShape(tuple(step.prefill_chunks), tuple(step.decode_contexts))
+        step.compute_s = self.cost.step_time_s(shape)
+        step.begin()
+
+    def _check_not_stuck(self) -> None:
+        head = self.requests[self.waiting[0][1]]
+        raise SimError(
+            f"engine {self.name!r} cannot admit request {head.req_id} ({head.req.prompt_tokens} prompt tokens) "
+            f"with {self.available_device_blocks()} available of {self.config.device_blocks} device blocks and nothing "
+            f"running: capacity or max_batch_tokens too small for one request, or the policy never admits it"
+        )
+
+    def _get(self, rid: int, what: str) -> SimRequest:
+        r = self.requests.get(rid)
+        if r is None:
+            raise SimError(f"policy {self.policy.name!r} asked to {what} unknown request {rid}")
+        return r
+
+    # ----------------------------------------------------------------------------------------
+    # The view
+
+    def _view(self) -> SchedulerView:
+        waiting = tuple(
+            self._request_view(self.requests[rid]) for _, rid in self.waiting[: self.config.view_waiting_max]
+        )
+        return SchedulerView(
+            now_s=self.loop.now_s,
+            waiting=waiting,
+            running=tuple(self._request_view(r) for r in self.running),
+            fetching=tuple(self._request_view(r) for r in self.fetching.values()),
+            swapped=(),
+            free_device_blocks=self.available_device_blocks(),
+            free_host_blocks=(self.config.host_blocks - self.tree.used_blocks(Tier.HOST))
+            if self.config.host_blocks
+            else None,
+            block_tokens=self.config.block_tokens,
+            max_batch_tokens=self.config.max_batch_tokens,
+            max_running=self.config.max_running,
+            num_layers=self.cost.num_layers,
+            cost=_Estimates(self),
+        )
+
+    def _request_view(self, r: SimRequest) -> RequestView:
+        cached = (0, 0, 0, 0)
+        in_queue = in_flight = 0
+        if not r.admitted:
+            m = self.tree.match(r.keys)
+            bt = self.config.block_tokens
+            per_tier = [0, 0, 0, 0]
+            for tier in m.tiers:
+                per_tier[tier] += bt
+            cached = _cap_prefix(per_tier, r.req.prompt_tokens, bt)
+            in_queue, in_flight = m.in_queue_blocks * bt, m.in_flight_blocks * bt
+        return RequestView(
+            req_id=r.req_id,
+            arrival_s=r.req.arrival_s,
+            phase=r.phase,
+            prompt_tokens=r.req.prompt_tokens,
+            computed_tokens=r.computed_tokens,
+            generated_tokens=r.generated_tokens,
+            cached_tokens=cached,
+            in_queue_tokens=in_queue,
+            in_flight_tokens=in_flight,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Planning a step
+
+    def _admit(self, r: SimRequest) -> None:
+        """Takes the device part of the cached prefix (free) and locks it."""
+        m = self.tree.match(r.keys, now_s=self.loop.now_s)
+        bt = self.config.block_tokens
+        per_tier = [0, 0, 0, 0]
+        for tier in m.tiers:
+            per_tier[tier] += bt
+        cached = _cap_prefix(per_tier, r.req.prompt_tokens, bt)
+        if r.matched_blocks is None:
+            r.matched_blocks = m.keys_matched
+        device_blocks = cached[0] // bt
+        device_tokens = cached[0]
+        self.tree.lock(r.keys[:device_blocks])
+        r.locked_blocks = device_blocks
+        r.computed_tokens = device_tokens
+        r.hit_tokens[0] = device_tokens
+        r.admitted = True
+        del self.waiting[self._waiting_index(r)]
+        r.phase = Phase.RUNNING
+        self.running.append(r)
+
+    def _waiting_index(self, r: SimRequest) -> int:
+        i = bisect.bisect_left(self.waiting, (r.req.arrival_s, r.req_id))
+        if i >= len(self.waiting) or self.waiting[i][1] != r.req_id:
+            raise SimError(f"request {r.req_id} is not waiting")
+        return i
+
+    def _plan_prefill(self, step: Step, r: SimRequest, n: int, load: LoadOrder | None) -> None:
+        if r.phase is Phase.FETCHING:
+            raise SimError(f"policy {self.policy.name!r} scheduled fetching request {r.req_id}")
+        if not r.admitted:
+            self._admit(r)
+            if load is not None and load.mode is LoadMode.ASYNC:
+                self._start_fetch(r, load)
+                return
+        loaded = 0
+        if load is not None:
+            loaded = self._plan_step_load(step, r, load)
+        n = min(n, r.req.prompt_tokens - r.computed_tokens - loaded)
+        if n <= 0 and loaded == 0:
+            return
+        if not self._allocate(r, r.computed_tokens + loaded + n, exclude=r):
+            return
+        step.add_prefill(r, n, PrefillChunk(n, r.computed_tokens + loaded))
+
+    def _plan_decode(self, step: Step, r: SimRequest) -> None:
+        if not r.prefill_done or r.phase is not Phase.RUNNING:
+            raise SimError(
+                f"policy {self.policy.name!r} asked to decode request {r.req_id} before its prefill"
+            )
+        if not self._allocate(r, r.req.prompt_tokens + r.generated_tokens + 1, exclude=r):
+            return
+        step.add_decode(r, r.req.prompt_tokens + r.generated_tokens)
+
+    def _allocate(self, r: SimRequest, tokens_on_device: int, exclude: SimRequest) -> bool:
+        """Grows ``r``'s private blocks to cover ``tokens_on_device``; preempts others if needed."""
+        need = math.ceil(tokens_on_device / self.config.block_tokens) - r.locked_blocks - r.private_blocks
+        need -= r.reserved_blocks
+        if need <= 0:
+            return True
+        while not self._make_room(need):
+            victim = next((v for v in reversed(self.running) if v is not exclude), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        r.private_blocks += need
+        self.private_blocks += need
+        return True
+
+    def _make_room(self, blocks: int) -> bool:
+        short = blocks - self.free_device_blocks()
+        if short > 0:
+            self.tree.evict(Tier.DEVICE, short)
+        return self.free_device_blocks() >= blocks
+
+    # ----------------------------------------------------------------------------------------
+    # Loads
+
+    def _loadable_blocks(self, r: SimRequest, tokens: int) -> list[tuple[int, Tier]]:
+        """The blocks right after the device prefix that hold ``tokens`` cached tokens, with tiers."""
+        m = self.tree.match(r.keys)
+        start = r.locked_blocks
+        blocks = math.ceil(tokens / self.config.block_tokens)
+        picked = [(r.keys[i], m.tiers[i]) for i in range(start, min(start + blocks, len(m.tiers)))]
+        return [(k, t) for k, t in picked if t is not Tier.DEVICE] if picked else []
+
+    def _plan_step_load(self, step: Step, r: SimRequest, load: LoadOrder) -> int:
+        tokens = min(load.tokens, r.req.prompt_tokens - 1 - r.computed_tokens)
+        blocks = self._loadable_blocks(r, tokens)
+        if not blocks:
+            return 0
+        tokens = min(tokens, len(blocks) * self.config.block_tokens)
+        if not self._reserve(r, len(blocks)):
+            return 0
+        start = r.locked_blocks
+        self.tree.mark_in_flight(r.keys[: start + len(blocks)], True, start=start)
+        step.add_load(r, load, blocks, tokens)
+        return tokens
+
+    def _reserve(self, r: SimRequest, blocks: int) -> bool:
+        if not self._make_room(blocks):
+            return False
+        r.reserved_blocks += blocks
+        self.reserved_blocks += blocks
+        return True
+
+    def start_load_transfers(
+        self, load: LoadOrder, blocks: list[tuple[int, Tier]], done: Callable[[], None]
+    ) -> None:
+        """Moves ``blocks`` to the device, each from its tier; ``done`` runs when all have landed.
+
+        SSD blocks cross two links, SSD → host memory and host → device, modelled as a pipeline
+        (both legs run concurrently, chunk by chunk, as in Unified KV pooling §IV): the slower leg
+        sets the time.
+        """
+        by_tier: dict[Tier, int] = {}
+        for _, tier in blocks:
+            by_tier[tier] = by_tier.get(tier, 0) + 1
+        segment = self._segment_bytes(load)
+        legs: list[tuple[Link, int, int]] = []
+        for tier, count in by_tier.items():
+            nbytes = count * self.block_bytes
+            legs.append((self.host_link, nbytes, segment))
+            if tier is Tier.SSD and self.ssd_link is not None:
+                legs.append((self.ssd_link, nbytes, self.block_bytes))
+        pending = [len(legs)]
+
+        def leg_done(_t: Transfer) -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                done()
+
+        for link, nbytes, seg in legs:
+            link.submit(nbytes, Direction.IN, leg_done, seg, load.priority)
+
+    def _segment_bytes(self, load: LoadOrder) -> int:
+        per_token_layer = self.cost.kv_bytes_per_token / self.cost.num_layers
+        if load.segment_tokens is not None:  # per page, per layer, K and V separately
+            return max(1, int(load.segment_tokens * per_token_layer / 2))
+        if load.mode is LoadMode.LAYERWISE:  # one layer of one block
+            return max(1, int(self.config.block_tokens * per_token_layer))
+        return self.block_bytes
+
+    def land_load(self, r: SimRequest, start_block: int, blocks: list[tuple[int, Tier]], epoch: int) -> bool:
+        """Loaded blocks become device-resident, locked for ``r``; their reservation is released.
+
+        Returns False if ``r`` was preempted meanwhile: the blocks are then cached, unlocked.
+        """
+        end = start_block + len(blocks)
+        path = r.keys[:end]
+        self.tree.mark_in_flight(path, False, start=start_block)
+        if epoch != r.epoch:  # preempted meanwhile: its reservation is gone; the bytes are dropped
+            return False
+        assert r.locked_blocks == start_block, "a request's lock grew while its load was in flight"
+        self.tree.insert(path, Tier.DEVICE, self.loop.now_s)
+        self.tree.lock(path, start=start_block)
+        r.locked_blocks = end
+        r.reserved_blocks -= len(blocks)
+        self.reserved_blocks -= len(blocks)
+        for _, tier in blocks:
+            r.hit_tokens[tier] += self.config.block_tokens
+        return True
+
+    def _start_fetch(self, r: SimRequest, load: LoadOrder) -> None:
+        """An asynchronous fetch: the request leaves the batch until its prefix has landed."""
+        if not r.admitted:
+            self._admit(r)
+        tokens = min(load.tokens, r.req.prompt_tokens - 1 - r.computed_tokens)
+        blocks = self._loadable_blocks(r, tokens)
+        if not blocks or not self._reserve(r, len(blocks)):
+            return
+        self.running.remove(r)
+        r.phase = Phase.FETCHING
+        self.fetching[r.req_id] = r
+        start, epoch = r.locked_blocks, r.epoch
+        self.tree.mark_in_flight(r.keys[: start + len(blocks)], True, start=start)
+        tokens = min(tokens, len(blocks) * self.config.block_tokens)
+
+        def landed() -> None:
+            if not self.land_load(r, start, blocks, epoch):
+                return
+            r.computed_tokens = min(r.computed_tokens + tokens, r.req.prompt_tokens - 1)
+            del self.fetching[r.req_id]
+            r.phase = Phase.RUNNING
+            self.running.append(r)
+            self.kick()
+
+        self.start_load_transfers(load, blocks, landed)
+
+    # ----------------------------------------------------------------------------------------
+    # Completion, offload, preemption
+
+    def commit_prefix(self, r: SimRequest) -> None:
+        """Puts ``r``'s newly computed prompt blocks in the prefix index (device), locked."""
+        bt = self.config.block_tokens
+        full = len(r.keys) if r.prefill_done else r.computed_tokens // bt
+        start = r.locked_blocks
+        if full <= start:
+            return
+        path = r.keys[:full]
+        self.tree.insert(path, Tier.DEVICE, self.loop.now_s)
+        self.tree.lock(path, start=start)
+        r.locked_blocks = full
+        moved = min(full - start, r.private_blocks)
+        r.private_blocks -= moved
+        self.private_blocks -= moved
+        if self.policy.offload == "write_through":
+            self._write_through(path, full - start)
+
+    def _write_through(self, path: tuple[int, ...], new_blocks: int) -> None:
+        """Copies the ``new_blocks`` last blocks of ``path`` to host; they are host-resident once there."""
+
+        def stored(_t: Transfer) -> None:
+            self._place_host(path)
+
+        nbytes = new_blocks * self.block_bytes
+        self.host_link.submit(nbytes, Direction.OUT, stored, self.block_bytes, self.config.offload_priority)
+
+    def _place_host(self, path: tuple[int, ...]) -> None:
+        """Makes ``path`` host-resident, demoting the host's LRU blocks to SSD (or dropping them)."""
+        capacity = self.config.host_blocks
+        path = path[:capacity]
+        short = len(path) - (capacity - self.tree.used_blocks(Tier.HOST))
+        if short > 0:
+            ssd = self.config.ssd_blocks if self.ssd_link is not None else 0
+            if ssd:
+                ssd_short = short - (ssd - self.tree.used_blocks(Tier.SSD))
+                if ssd_short > 0:
+                    self.tree.evict(Tier.SSD, ssd_short)
+                demoted = self.tree.evict(Tier.HOST, short, demote_to=Tier.SSD)
+                if demoted and self.ssd_link is not None:
+                    nbytes = len(demoted) * self.block_bytes
+                    self.ssd_link.submit(
+                        nbytes, Direction.OUT, _ignore, self.block_bytes, self.config.offload_priority
+                    )
+            else:
+                self.tree.evict(Tier.HOST, short)
+        room = capacity - self.tree.used_blocks(Tier.HOST)
+        if room >= len(path):
+            self.tree.insert(path, Tier.HOST, self.loop.now_s)
+
+    def release(self, r: SimRequest) -> None:
+        """Drops ``r``'s hold on device blocks (its prefix stays cached, unlocked)."""
+        self.tree.unlock(r.keys[: r.locked_blocks])
+        r.locked_blocks = 0
+        self.private_blocks -= r.private_blocks
+        r.private_blocks = 0
+        self.reserved_blocks -= r.reserved_blocks
+        r.reserved_blocks = 0
+
+    def _preempt(self, r: SimRequest) -> None:
+        if r.phase is not Phase.RUNNING:
+            raise SimError(f"cannot preempt request {r.req_id} in phase {r.phase.value}")
+        self.release(r)
+        self.running.remove(r)
+        r.phase = Phase.WAITING
+        r.admitted = False
+        r.preempted = True
+        r.epoch += 1
+        r.hit_tokens = [0, 0, 0, 0]  # counted again when it is admitted again
+        r.computed_tokens = 0
+        r.pending_load_tokens = 0
+        bisect.insort(self.waiting, (r.req.arrival_s, r.req_id))
+        self.metrics.preemptions += 1
+
+    def finish(self, r: SimRequest) -> None:
+        self.release(r)
+        self.running.remove(r)
+        del self.requests[r.req_id]
+        if self.on_finish is not None:
+            self.on_finish(r)
+
+    def hand_off(self, r: SimRequest) -> None:
+        """P/D: the request leaves this (prefill) engine; its prompt stays cached here."""
+        self.release(r)
+        self.running.remove(r)
+        del self.requests[r.req_id]
+
+    def accept_decode(self, r: SimRequest) -> None:
+        """P/D: a request whose KV just arrived joins the decode queue of this engine."""
+        r.locked_blocks = r.private_blocks = r.reserved_blocks = 0
+        r.computed_tokens = r.req.prompt_tokens
+        self.requests[r.req_id] = r
+        self.incoming.append(r)
+        self.kick()
+
+    def _admit_incoming(self) -> None:
+        while self.incoming:
+            r = self.incoming[0]
+            need = math.ceil((r.req.prompt_tokens + r.generated_tokens) / self.config.block_tokens)
+            if not self._make_room(need):  # never preempts: running decodes keep their blocks
+                return
+            r.private_blocks = need
+            self.private_blocks += need
+            self.incoming.popleft()
+            r.phase = Phase.RUNNING
+            self.running.append(r)
+
+    def end_step(self, step: Step) -> None:
+        finish_step(self, step)
+        self.stepping = False
+        self._start_step()
+
+
+def _ignore(_t: Transfer) -> None:
+    return None
+
+
+def _cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> tuple[int, int, int, int]:
+    """Caps a cached prefix (tokens per tier, fastest first) at the whole blocks before the last
+    prompt token: at least one token is computed, and KV is reused in whole blocks."""
+    left = (prompt_tokens - 1) // block_tokens * block_tokens
+    out = []
+    for t in per_tier:
+        take = min(t, max(left, 0))
+        out.append(take)
+        left -= take
+    return (out[0], out[1], out[2], out[3])
+
+
+class _Estimates:
+    """Cost estimates offered to policies (no simulator objects leak through)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
+        return self._engine.cost.prefill_time_s(new_tokens, context_tokens)
+
+    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+        e = self._engine
+        blocks = math.ceil(tokens / e.config.block_tokens)
+        nbytes = blocks * e.block_bytes
+        order = LoadOrder(-1, tokens, mode, segment_tokens)
+        seconds = e.host_link.work_s(nbytes, e._segment_bytes(order), Direction.IN)
+        if tier == "ssd" and e.ssd_link is not None:
+            seconds = max(seconds, e.ssd_link.work_s(nbytes, e.block_bytes, Direction.IN))
+        return seconds

@@ -1,0 +1,167 @@
+"""Streaming metrics: bounded memory however long the trace.
+
+Latencies go into :class:`LogHistogram` (log-spaced buckets, 1% relative resolution), so p50/p99
+need no per-request list. Finished requests are folded in and forgotten.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+_TIERS = ("device", "host", "ssd", "remote")
+
+
+class LogHistogram:
+    """Counts of positive values in buckets of ratio ``1 + resolution``; exact count/sum/min/max."""
+
+    def __init__(self, resolution: float = 0.01, floor: float = 1e-7) -> None:
+        self._log_base = math.log1p(resolution)
+        self._floor = floor
+        self._buckets: dict[int, int] = {}
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+        index = int(math.log(max(value, self._floor) / self._floor) / self._log_base)
+        self._buckets[index] = self._buckets.get(index, 0) + 1
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+    def quantile(self, q: float) -> float:
+        """Value at quantile ``q`` (bucket midpoint, clamped to the exact min/max)."""
+        if not self.count:
+            return math.nan
+        rank = q * (self.count - 1)
+        seen = 0
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            if seen > rank:
+                mid = self._floor * math.exp((index + 0.5) * self._log_base)
+                return min(max(mid, self.min), self.max)
+        return self.max
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "mean": self.mean(),
+            "p50": self.quantile(0.5),
+            "p90": self.quantile(0.9),
+            "p99": self.quantile(0.99),
+            "max": self.max if self.count else math.nan,
+        }
+
+
+@dataclass
+class RequestRecord:
+    """What one finished request contributes."""
+
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: int
+    hit_tokens: tuple[int, int, int, int]
+    max_tbt_s: float
+    matched_blocks: int = 0
+    prompt_blocks: int = 0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (0 for single-token outputs)."""
+        if self.output_tokens <= 1:
+            return 0.0
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+@dataclass
+class Metrics:
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    ttft_s: LogHistogram = field(default_factory=LogHistogram)
+    tpot_s: LogHistogram = field(default_factory=LogHistogram)
+    tbt_s: LogHistogram = field(default_factory=LogHistogram)
+    jct_s: LogHistogram = field(default_factory=LogHistogram)
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    hit_tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    slo_ttft_met: int = 0
+    slo_tpot_met: int = 0
+    slo_both_met: int = 0
+    first_arrival_s: float = math.inf
+    last_finish_s: float = 0.0
+    blocked_io_s: float = 0.0
+    busy_s: float = 0.0
+    steps: int = 0
+    preemptions: int = 0
+    matched_blocks: int = 0
+    prompt_blocks: int = 0
+
+    def add_request(self, r: RequestRecord) -> None:
+        self.requests += 1
+        self.prompt_tokens += r.prompt_tokens
+        self.matched_blocks += r.matched_blocks
+        self.prompt_blocks += r.prompt_blocks
+        self.output_tokens += r.output_tokens
+        for i, t in enumerate(r.hit_tokens):
+            self.hit_tokens[i] += t
+        self.ttft_s.add(r.ttft_s)
+        if r.output_tokens > 1:
+            self.tpot_s.add(r.tpot_s)
+        self.jct_s.add(r.finish_s - r.arrival_s)
+        ttft_ok = self.slo_ttft_s is None or r.ttft_s <= self.slo_ttft_s
+        tpot_ok = self.slo_tpot_s is None or r.tpot_s <= self.slo_tpot_s
+        self.slo_ttft_met += ttft_ok
+        self.slo_tpot_met += tpot_ok
+        self.slo_both_met += ttft_ok and tpot_ok
+        self.first_arrival_s = min(self.first_arrival_s, r.arrival_s)
+        self.last_finish_s = max(self.last_finish_s, r.finish_s)
+
+    def add_tbt(self, gap_s: float) -> None:
+        self.tbt_s.add(gap_s)
+
+    def result(self, links: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        makespan = max(self.last_finish_s - min(self.first_arrival_s, self.last_finish_s), 1e-12)
+        n = max(self.requests, 1)
+        hits = {tier: self.hit_tokens[i] / max(self.prompt_tokens, 1) for i, tier in enumerate(_TIERS)}
+        hits["total"] = sum(self.hit_tokens) / max(self.prompt_tokens, 1)
+        return {
+            "requests": self.requests,
+            "makespan_s": makespan,
+            "ttft_s": self.ttft_s.summary(),
+            "tpot_s": self.tpot_s.summary(),
+            "tbt_s": self.tbt_s.summary(),
+            "jct_s": self.jct_s.summary(),
+            "throughput_requests_per_s": self.requests / makespan,
+            "throughput_output_tokens_per_s": self.output_tokens / makespan,
+            "throughput_total_tokens_per_s": (self.prompt_tokens + self.output_tokens) / makespan,
+            "slo": {
+                "ttft_s": self.slo_ttft_s,
+                "tpot_s": self.slo_tpot_s,
+                "ttft_attainment": self.slo_ttft_met / n,
+                "tpot_attainment": self.slo_tpot_met / n,
+                "attainment": self.slo_both_met / n,
+            },
+            "hit_rate_tokens": hits,
+            # Prefix blocks found in any tier when each request was first admitted, over all blocks.
+            "hit_rate_blocks": self.matched_blocks / max(self.prompt_blocks, 1),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "blocked_io_s": self.blocked_io_s,
+            "blocked_io_fraction_of_busy": self.blocked_io_s / max(self.busy_s, 1e-12),
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+            "links": links or {},
+        }

@@ -1,0 +1,169 @@
+"""Links: bandwidth shared among concurrent transfers, with priority classes, per direction.
+
+A transfer is *work*: the seconds it would take alone on an idle link (bytes / bandwidth of its
+direction, plus a fixed cost per segment: small segments are slow, Strata Fig. 3, SuperInfer
+Fig. 5). Active transfers progress as a fluid (processor sharing): within one *pool* the
+transfers of the most urgent active priority class share the capacity equally and lower classes
+wait (strict priority: DualPath §5's traffic isolation, where KV traffic yields to the model's own
+collectives). A duplex link (PCIe, NVLink-C2C) has one pool per direction; a half-duplex one (an
+SSD: reads and writes share the flash) has a single pool for both.
+
+Every change of the active set recomputes rates and reschedules completions: O(active) per
+change, exact for piecewise-constant rates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from kvtier.errors import SimError
+from kvtier.sim.core import Event, EventKind, EventLoop
+from kvtier.sim.cost import transfer_work_s
+
+_EPS_S = 1e-12
+
+
+class Direction(IntEnum):
+    """Toward the GPU (loads, SSD reads) or away from it (offloads, SSD writes)."""
+
+    IN = 0
+    OUT = 1
+
+
+@dataclass(eq=False, slots=True)
+class Transfer:
+    nbytes: int
+    work_s: float
+    direction: Direction
+    priority: int
+    on_done: Callable[[Transfer], None]
+    submitted_s: float
+    remaining_s: float = 0.0
+    rate: float = 0.0
+    finished_s: float | None = None
+    _event: Event | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class _Pool:
+    active: list[Transfer] = field(default_factory=list)
+    busy_s: float = 0.0
+
+
+class Link:
+    """One link (PCIe, C2C, NIC, SSD) with per-direction bandwidth and per-segment overhead."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        in_bytes_per_s: float,
+        out_bytes_per_s: float,
+        duplex: bool = True,
+        per_segment_overhead_s: float = 0.0,
+    ) -> None:
+        for what, bw in (("in_bytes_per_s", in_bytes_per_s), ("out_bytes_per_s", out_bytes_per_s)):
+            if not (bw > 0 and math.isfinite(bw)):
+                raise SimError(f"link {name!r}: {what} is {bw}; expected a positive bandwidth")
+        if per_segment_overhead_s < 0:
+            raise SimError(
+                f"link {name!r}: per_segment_overhead_s is {per_segment_overhead_s}; expected >= 0"
+            )
+        self.loop = loop
+        self.name = name
+        self.bandwidth_bytes_per_s = (in_bytes_per_s, out_bytes_per_s)
+        self.duplex = duplex
+        self.per_segment_overhead_s = per_segment_overhead_s
+        self._pools = (_Pool(), _Pool()) if duplex else (_Pool(),)
+        self._last_update_s = 0.0
+        self.bytes_moved = [0, 0]
+        self.transfers_done = 0
+
+    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
+        """Seconds ``nbytes`` in segments of ``segment_bytes`` take alone on this link."""
+        bandwidth = self.bandwidth_bytes_per_s[direction]
+        return transfer_work_s(max(nbytes, 0), max(1, segment_bytes), bandwidth, self.per_segment_overhead_s)
+
+    def submit(
+        self,
+        nbytes: int,
+        direction: Direction,
+        on_done: Callable[[Transfer], None],
+        segment_bytes: int | None = None,
+        priority: int = 1,
+    ) -> Transfer:
+        """Starts a transfer now; ``on_done`` runs when its last byte lands."""
+        if nbytes < 0:
+            raise SimError(f"link {self.name!r}: transfer of {nbytes} bytes")
+        work = self.work_s(nbytes, segment_bytes or max(nbytes, 1), direction)
+        t = Transfer(nbytes, work, direction, priority, on_done, self.loop.now_s, remaining_s=work)
+        self._advance()
+        if work <= _EPS_S:
+            t.finished_s = self.loop.now_s
+            self.loop.after(0.0, EventKind.TRANSFER_DONE, lambda: self._finish(t))
+            return t
+        self._pool(direction).active.append(t)
+        self._reschedule()
+        return t
+
+    def _pool(self, direction: Direction) -> _Pool:
+        return self._pools[direction if self.duplex else 0]
+
+    def _advance(self) -> None:
+        """Charges progress since the last change to every active transfer."""
+        now = self.loop.now_s
+        dt = now - self._last_update_s
+        if dt > 0:
+            for pool in self._pools:
+                if pool.active:
+                    pool.busy_s += dt
+                for t in pool.active:
+                    t.remaining_s -= t.rate * dt
+        self._last_update_s = now
+
+    def _reschedule(self) -> None:
+        for pool in self._pools:
+            if not pool.active:
+                continue
+            top = min(t.priority for t in pool.active)
+            share = 1.0 / sum(1 for t in pool.active if t.priority == top)
+            for t in pool.active:
+                rate = share if t.priority == top else 0.0
+                if t._event is not None and rate == t.rate:
+                    continue  # unchanged: keep its completion event
+                t.rate = rate
+                if t._event is not None:
+                    t._event.cancel()
+                    t._event = None
+                if rate > 0:
+                    done_in = max(t.remaining_s, 0.0) / rate
+                    t._event = self.loop.after(done_in, EventKind.TRANSFER_DONE, self._completion(t))
+
+    def _completion(self, t: Transfer) -> Callable[[], None]:
+        def fire() -> None:
+            self._advance()
+            t._event = None
+            self._pool(t.direction).active.remove(t)
+            t.remaining_s = 0.0
+            t.finished_s = self.loop.now_s
+            self._reschedule()
+            self._finish(t)
+
+        return fire
+
+    def _finish(self, t: Transfer) -> None:
+        t.finished_s = self.loop.now_s
+        self.bytes_moved[t.direction] += t.nbytes
+        self.transfers_done += 1
+        t.on_done(t)
+
+    def active(self) -> int:
+        return sum(len(p.active) for p in self._pools)
+
+    def busy_s(self) -> tuple[float, ...]:
+        """Seconds each pool had at least one active transfer (per direction when duplex)."""
+        self._advance()
+        return tuple(p.busy_s for p in self._pools)

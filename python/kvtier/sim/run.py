@@ -1,0 +1,194 @@
+"""Builds a simulated cluster from a :class:`SimConfig`, replays its workload, returns JSON-ready
+results. ``sweep`` repeats a run over request rates."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.errors import ConfigError, SimError
+from kvtier.progress import progress
+from kvtier.sched import make_policy
+from kvtier.sim.cluster import Cluster
+from kvtier.sim.config import SimConfig
+from kvtier.sim.core import EventLoop
+from kvtier.sim.cost import CostModel, make_cost_model
+from kvtier.sim.engine import Engine, EngineConfig
+from kvtier.sim.hardware import HardwareProfile, load_hardware
+from kvtier.sim.metrics import Metrics
+from kvtier.sim.models import ModelProfile, load_model
+from kvtier.sim.request import Request
+from kvtier.sim.resources import Link
+from kvtier.sim.workload import make_workload
+
+# Bytes of HBM kept for activations and the CUDA context beyond the weights (vLLM-like).
+ACTIVATION_RESERVE_BYTES = 4 * 2**30
+
+
+@dataclass
+class Simulation:
+    config: SimConfig
+    loop: EventLoop
+    cluster: Cluster
+    metrics: Metrics
+    links: dict[str, Link]
+    hardware: HardwareProfile
+    model: ModelProfile
+
+
+def device_blocks(config: SimConfig, hw: HardwareProfile, model: ModelProfile, cost: CostModel) -> int:
+    if config.device_blocks is not None:
+        return config.device_blocks
+    per_gpu = hw.hbm_capacity_bytes * config.gpu_memory_utilization
+    free = per_gpu - model.weight_bytes() / config.tp - ACTIVATION_RESERVE_BYTES
+    blocks = int(free // (config.block_tokens * cost.kv_bytes_per_token))
+    if blocks < 1:
+        raise SimError(
+            f"model {model.name!r} (tp={config.tp}) leaves no HBM for KV on {hw.name!r}: "
+            f"{model.weight_bytes() / config.tp / 2**30:.1f} GiB of weights per GPU vs "
+            f"{per_gpu / 2**30:.1f} GiB usable; raise tp or pick a larger GPU"
+        )
+    return blocks
+
+
+def build(config: SimConfig) -> Simulation:
+    hw = load_hardware(config.hardware)
+    model = load_model(config.model)
+    cost_spec = dict(config.cost)
+    cost = make_cost_model(str(cost_spec.pop("kind", "roofline")), hw, model, tp=config.tp, **cost_spec)
+    loop = EventLoop()
+    metrics = Metrics(slo_ttft_s=config.slo.get("ttft_s"), slo_tpot_s=config.slo.get("tpot_s"))
+    block_bytes = config.block_tokens * cost.kv_bytes_per_token
+    host_auto = int(0.8 * hw.dram_capacity_bytes * config.tp)
+    host_bytes = config.capacity_bytes("host_capacity_bytes", host_auto)
+    ssd_bytes = config.capacity_bytes("ssd_capacity_bytes", 0)
+    unbounded = 2**62 // max(block_bytes, 1)
+    host_blocks = unbounded if host_bytes is None else host_bytes // block_bytes
+    ssd_blocks = unbounded if ssd_bytes is None else ssd_bytes // block_bytes
+    links: dict[str, Link] = {}
+    ssd_link = None
+    if ssd_blocks > 0:
+        if hw.ssd_count == 0:
+            raise ConfigError(f"`ssd_capacity_bytes` is set but hardware {hw.name!r} has no SSDs")
+        # The node's SSDs striped as one half-duplex device shared by every engine.
+        ssd_link = Link(
+            loop,
+            "ssd",
+            hw.ssd_count * hw.ssd_read_bytes_per_s * config.tp,
+            hw.ssd_count * hw.ssd_write_bytes_per_s * config.tp,
+            duplex=False,
+        )
+        links["ssd"] = ssd_link
+    engine_config = EngineConfig(
+        block_tokens=config.block_tokens,
+        device_blocks=device_blocks(config, hw, model, cost),
+        host_blocks=host_blocks,
+        ssd_blocks=ssd_blocks,
+        max_batch_tokens=config.max_batch_tokens,
+        max_running=config.max_running,
+    )
+    policy_spec = dict(config.policy)
+    policy_name = policy_spec.pop("name")
+
+    def engine(name: str) -> Engine:
+        spec = hw.host_link
+        link = Link(
+            loop,
+            f"{name}.host",
+            spec.h2d_bytes_per_s * config.tp,
+            spec.d2h_bytes_per_s * config.tp,
+            duplex=spec.duplex,
+            per_segment_overhead_s=spec.per_segment_overhead_s,
+        )
+        links[link.name] = link
+        policy = make_policy(policy_name, **policy_spec)
+        return Engine(loop, name, engine_config, cost, policy, metrics, link, ssd_link)
+
+    if config.disaggregated:
+        prefill = [engine(f"p{i}") for i in range(config.prefill_engines)]
+        decode = [engine(f"d{i}") for i in range(config.decode_engines)]
+        pd_bw = hw.compute_nic_bytes_per_s * config.tp
+        if pd_bw <= 0:
+            raise ConfigError(f"P/D needs a compute NIC; hardware {hw.name!r} has none")
+        pd_link = Link(loop, "pd", pd_bw, pd_bw)
+        links["pd"] = pd_link
+        cluster = Cluster(loop, metrics, prefill, decode, pd_link, router=config.router)
+    else:
+        engines = [engine(f"e{i}") for i in range(config.engines)]
+        cluster = Cluster(loop, metrics, engines, router=config.router)
+    return Simulation(config, loop, cluster, metrics, links, hw, model)
+
+
+def workload(config: SimConfig) -> Iterator[Request]:
+    spec = dict(config.workload)
+    name = spec.pop("name")
+    spec.setdefault("block_tokens", config.block_tokens)
+    spec.setdefault("seed", config.seed)
+    return make_workload(name, **spec)
+
+
+def run(
+    config: SimConfig, show_progress: bool = False, expected_requests: int | None = None
+) -> dict[str, Any]:
+    """Runs ``config`` to completion (or ``max_sim_s``) and returns its results."""
+    wall_start = time.perf_counter()
+    sim = build(config)
+    requests = workload(config)
+    if show_progress:
+        requests = _counting(requests, expected_requests)
+    sim.cluster.feed(requests)
+    sim.loop.run(until_s=config.max_sim_s)
+    result = sim.metrics.result(_link_stats(sim))
+    result.update(
+        {
+            "config": config.name,
+            "policy": dict(config.policy),
+            "hardware": sim.hardware.name,
+            "model": sim.model.name,
+            "events": sim.loop.events_run,
+            "sim_time_s": sim.loop.now_s,
+            "wall_s": time.perf_counter() - wall_start,
+            "unfinished_requests": sum(len(e.requests) for e in _all_engines(sim.cluster)),
+        }
+    )
+    return result
+
+
+def _counting(requests: Iterator[Request], total: int | None) -> Iterator[Request]:
+    yield from progress(requests, total or 0, "sim", enabled=total is not None)
+
+
+def _all_engines(cluster: Cluster) -> list[Engine]:
+    return cluster.engines + cluster.decode_engines
+
+
+def _link_stats(sim: Simulation) -> dict[str, dict[str, float]]:
+    span = max(sim.loop.now_s, 1e-12)
+    out = {}
+    for name, link in sim.links.items():
+        busy = link.busy_s()
+        out[name] = {
+            "utilisation_in": busy[0] / span,
+            "utilisation_out": (busy[1] if len(busy) > 1 else busy[0]) / span,
+            "bytes_in": float(link.bytes_moved[0]),
+            "bytes_out": float(link.bytes_moved[1]),
+        }
+    return out
+
+
+def sweep(
+    config: SimConfig, rates_per_s: Sequence[float], show_progress: bool = False
+) -> list[dict[str, Any]]:
+    """Runs ``config`` once per request rate (the workload's ``rate_per_s``)."""
+    results = []
+    for rate in progress(rates_per_s, len(rates_per_s), "sweep", enabled=show_progress):
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ConfigError(f"sweep rate {rate!r}; expected positive request rates")
+        workload_spec = {**config.workload, "rate_per_s": rate}
+        result = run(config.with_overrides(workload=workload_spec))
+        result["rate_per_s"] = rate
+        results.append(result)
+    return results

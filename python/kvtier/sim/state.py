@@ -1,0 +1,40 @@
+"""Per-request state inside a simulated engine (never shown to policies: they get RequestViews)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtier.sched.base import Phase
+from kvtier.sim.request import Request
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    req: Request
+    phase: Phase = Phase.WAITING
+    computed_tokens: int = 0  # prompt tokens whose KV is on the device
+    generated_tokens: int = 0
+    locked_blocks: int = 0  # leading prompt blocks resident on device and locked for this request
+    private_blocks: int = 0  # device blocks outside the prefix index (partial tails, decode tokens)
+    reserved_blocks: int = 0  # device blocks set aside for a load or fetch in flight
+    hit_tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    matched_blocks: int | None = None  # prefix blocks present in any tier at first admission
+    admitted: bool = False
+    preempted: bool = False
+    first_token_s: float | None = None
+    last_token_s: float = 0.0
+    max_tbt_s: float = 0.0
+    pending_load_tokens: int = 0  # loaded this step (sync/layerwise), counted at step end
+    epoch: int = 0  # bumped on preemption: work planned before it no longer applies
+
+    @property
+    def req_id(self) -> int:
+        return self.req.req_id
+
+    @property
+    def keys(self) -> tuple[int, ...]:
+        return self.req.block_keys
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.computed_tokens >= self.req.prompt_tokens

@@ -1,0 +1,289 @@
+"""The engine model against closed-form expectations, and the simulator's bad-input handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtier.errors import ConfigError, SimError, TraceError
+from kvtier.sched import make_policy
+from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView, policy_names, register
+from kvtier.sim.cluster import Cluster
+from kvtier.sim.config import SimConfig
+from kvtier.sim.core import EventLoop
+from kvtier.sim.cost import BatchShape, PrefillChunk, RooflineCostModel
+from kvtier.sim.engine import Engine, EngineConfig
+from kvtier.sim.hardware import load_hardware
+from kvtier.sim.metrics import Metrics
+from kvtier.sim.models import load_model
+from kvtier.sim.request import Request
+from kvtier.sim.resources import Direction, Link
+from kvtier.sim.run import run
+from kvtier.sim.workload import mooncake_block_hit_rate
+
+BT = 16  # block tokens
+
+
+def cost() -> RooflineCostModel:
+    return RooflineCostModel(load_hardware("h100-sxm"), load_model("llama-3.1-8b"))
+
+
+def make_engine(
+    policy: str = "fcfs", device_blocks: int = 10_000, host_blocks: int = 0, **kw: Any
+) -> tuple[EventLoop, Engine, Metrics, Cluster]:
+    loop = EventLoop()
+    metrics = Metrics()
+    hw = load_hardware("h100-sxm")
+    link = Link(
+        loop,
+        "host",
+        hw.host_link.h2d_bytes_per_s,
+        hw.host_link.d2h_bytes_per_s,
+        True,
+        hw.host_link.per_segment_overhead_s,
+    )
+    config = EngineConfig(block_tokens=BT, device_blocks=device_blocks, host_blocks=host_blocks, **kw)
+    engine = Engine(loop, "e0", config, cost(), make_policy(policy), metrics, link)
+    return loop, engine, metrics, Cluster(loop, metrics, [engine])
+
+
+def req(
+    rid: int, arrival_s: float, keys: tuple[int, ...], prompt: int | None = None, output: int = 1
+) -> Request:
+    return Request(rid, arrival_s, prompt if prompt is not None else len(keys) * BT, output, keys)
+
+
+def run_requests(cluster: Cluster, loop: EventLoop, requests: list[Request]) -> None:
+    cluster.feed(iter(requests))
+    loop.run()
+
+
+def test_one_request_alone_has_the_cost_models_prefill_time() -> None:
+    loop, _, metrics, cluster = make_engine()
+    run_requests(cluster, loop, [req(0, 1.0, tuple(range(100)))])  # 1600 tokens, one chunk
+    assert metrics.requests == 1
+    assert metrics.ttft_s.total == pytest.approx(cost().prefill_time_s(1600))
+
+
+def test_chunked_prefill_sums_its_chunks() -> None:
+    loop, _, metrics, cluster = make_engine(max_batch_tokens=1024)
+    run_requests(cluster, loop, [req(0, 0.0, tuple(range(100)))])
+    c = cost()
+    expected = sum(c.prefill_time_s(n, ctx) for n, ctx in ((1024, 0), (576, 1024)))
+    assert metrics.ttft_s.total == pytest.approx(expected)
+
+
+def test_decode_steps_cost_one_token_each() -> None:
+    loop, _, metrics, cluster = make_engine()
+    run_requests(cluster, loop, [req(0, 0.0, tuple(range(10)), output=4)])
+    c = cost()
+    steps = [c.step_time_s(BatchShape((), (160 + i,))) for i in range(1, 4)]
+    assert metrics.tpot_s.total == pytest.approx(sum(steps) / 3)
+    assert metrics.tbt_s.count == 3
+
+
+def test_device_prefix_hit_skips_the_cached_blocks() -> None:
+    loop, _, metrics, cluster = make_engine()
+    keys = tuple(range(100))
+    run_requests(cluster, loop, [req(0, 0.0, keys), req(1, 100.0, keys)])
+    c = cost()
+    # Whole blocks are reused, and at least one prompt token is computed: 99 of 100 blocks hit.
+    second = c.prefill_time_s(16, 1584)
+    assert metrics.ttft_s.min == pytest.approx(second)
+    assert metrics.hit_tokens[0] == 1584
+
+
+def _host_hit_scenario(policy: str) -> tuple[Metrics, Engine, float]:
+    """A's prompt is computed and written through to host, B's evicts it from device, A again hits host."""
+    loop, engine, metrics, cluster = make_engine(policy, device_blocks=120, host_blocks=1000)
+    a = tuple(range(100))
+    b = tuple(range(1000, 1110))
+    run_requests(cluster, loop, [req(0, 0.0, a), req(1, 50.0, b), req(2, 100.0, a, prompt=1600)])
+    return metrics, engine, loop.now_s
+
+
+def test_lmcache_loads_host_prefix_synchronously() -> None:
+    metrics, engine, _ = _host_hit_scenario("lmcache")
+    assert metrics.hit_tokens[1] > 0, "the third request must hit host"
+    c = cost()
+    loaded_blocks = metrics.hit_tokens[1] // BT
+    device_tokens = metrics.hit_tokens[0]
+    load_s = engine.host_link.work_s(loaded_blocks * engine.block_bytes, engine.block_bytes, Direction.IN)
+    compute_s = c.step_time_s(
+        BatchShape(
+            (PrefillChunk(1600 - device_tokens - loaded_blocks * BT, device_tokens + loaded_blocks * BT),)
+        )
+    )
+    assert metrics.blocked_io_s == pytest.approx(load_s)
+    assert metrics.ttft_s.max >= compute_s + load_s - 1e-9
+
+
+def test_hicache_overlaps_the_load_layer_by_layer() -> None:
+    metrics, engine, _ = _host_hit_scenario("hicache")
+    assert metrics.hit_tokens[1] > 0
+    c = cost()
+    loaded_blocks = metrics.hit_tokens[1] // BT
+    reused = metrics.hit_tokens[0] + metrics.hit_tokens[1]
+    # Per-page, per-layer copies: 32-token pages, K and V separately (Strata §3.1).
+    segment = 32 * engine.block_bytes // BT // c.num_layers // 2
+    load_s = engine.host_link.work_s(loaded_blocks * engine.block_bytes, segment, Direction.IN)
+    compute_s = c.step_time_s(BatchShape((PrefillChunk(1600 - reused, reused),)))
+    # Layer l computes once its KV is in: the step ends at max(compute, load + compute / layers).
+    expected_blocked = max(0.0, load_s + compute_s / c.num_layers - compute_s)
+    assert metrics.blocked_io_s == pytest.approx(expected_blocked)
+    lm, _, _ = _host_hit_scenario("lmcache")
+    assert lm.hit_tokens[1] == metrics.hit_tokens[1]
+
+
+def test_layerwise_overlap_hides_a_load_shorter_than_compute() -> None:
+    """A long prompt whose small cached prefix loads faster than the rest computes: no blocking."""
+    loop, _, metrics, cluster = make_engine("hicache", device_blocks=400, host_blocks=1000)
+    a = tuple(range(20))
+    b = tuple(range(1000, 1390))
+    long_a = a + tuple(range(5000, 5300))  # same 20-block prefix, then 300 new blocks
+    run_requests(cluster, loop, [req(0, 0.0, a), req(1, 50.0, b), req(2, 100.0, long_a)])
+    assert metrics.hit_tokens[1] > 0
+    assert metrics.blocked_io_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fcfs_has_no_host_tier_and_recomputes() -> None:
+    loop, _, metrics, cluster = make_engine("fcfs", device_blocks=120)
+    a = tuple(range(100))
+    run_requests(cluster, loop, [req(0, 0.0, a), req(1, 50.0, tuple(range(1000, 1110))), req(2, 100.0, a)])
+    assert metrics.hit_tokens[1] == 0 and metrics.hit_tokens[0] < 1584
+
+
+def test_preemption_under_pressure_still_finishes_everything() -> None:
+    loop, engine, metrics, cluster = make_engine("fcfs", device_blocks=40, max_batch_tokens=256)
+    requests = [req(i, 0.01 * i, tuple(range(1000 * i, 1000 * i + 10)), output=200) for i in range(12)]
+    run_requests(cluster, loop, requests)
+    assert metrics.requests == 12
+    assert metrics.preemptions > 0
+    assert engine.private_blocks == 0 and engine.reserved_blocks == 0
+    engine.tree.check_integrity()
+
+
+def test_closed_loop_child_arrives_after_parent_plus_think_time() -> None:
+    loop, _, metrics, cluster = make_engine()
+    parent = req(0, 0.0, tuple(range(10)), output=2)
+    child = Request(1, 0.0, 200, 1, tuple(range(12)), parent_id=0, think_time_s=5.0)
+    run_requests(cluster, loop, [parent, child])
+    assert metrics.requests == 2
+    assert metrics.first_arrival_s == 0.0
+    assert metrics.hit_tokens[0] == 160  # the child reuses its parent's prompt
+
+
+def test_runs_are_deterministic() -> None:
+    config = SimConfig(
+        name="det",
+        model="llama-3.1-8b",
+        policy={"name": "hicache"},
+        block_tokens=16,
+        workload={"name": "multiturn", "num_sessions": 30, "rate_per_s": 2.0},
+        host_capacity_bytes="20GiB",
+    )
+    a, b = run(config), run(config)
+    for key in ("ttft_s", "tpot_s", "hit_rate_tokens", "events", "sim_time_s"):
+        assert a[key] == b[key]
+
+
+def test_pd_disaggregation_runs_and_transfers_kv() -> None:
+    config = SimConfig(
+        name="pd",
+        policy={"name": "fcfs"},
+        prefill_engines=1,
+        decode_engines=2,
+        block_tokens=16,
+        host_capacity_bytes=0,
+        workload={"name": "multiturn", "num_sessions": 20, "rate_per_s": 2.0},
+    )
+    result = run(config)
+    assert result["unfinished_requests"] == 0
+    assert result["requests"] > 20
+    assert result["links"]["pd"]["bytes_out"] > 0
+
+
+def test_infinite_capacity_reproduces_the_traces_block_hit_rate() -> None:
+    config = SimConfig(
+        name="inf",
+        policy={"name": "fcfs"},
+        block_tokens=512,
+        device_blocks=10**7,
+        host_capacity_bytes=0,
+        workload={"name": "mooncake", "max_requests": 600, "time_scale": 1000.0},
+    )
+    assert run(config)["hit_rate_blocks"] == pytest.approx(
+        mooncake_block_hit_rate(max_requests=600), abs=1e-12
+    )
+
+
+class _Echo(Policy):
+    name = "test-bad-decoder"
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        return SchedulerDecision(decode=[r.req_id for r in view.waiting])
+
+
+def test_a_policy_that_decodes_before_prefill_is_caught() -> None:
+    if "test-bad-decoder" not in policy_names():
+        register(_Echo)
+    loop, engine, _, cluster = make_engine()
+    engine.policy = make_policy("test-bad-decoder")
+    with pytest.raises(SimError, match="before its prefill"):
+        run_requests(cluster, loop, [req(0, 0.0, tuple(range(4)))])
+
+
+def test_duplicate_policy_name_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        register(type("Again", (_Echo,), {"name": "fcfs"}))
+
+
+class TestBadInput:
+    def test_request_larger_than_the_device(self) -> None:
+        loop, _, _, cluster = make_engine(device_blocks=5)
+        with pytest.raises(SimError, match="capacity too small"):
+            run_requests(cluster, loop, [req(0, 0.0, tuple(range(10)))])
+
+    def test_unknown_names_list_the_known_ones(self) -> None:
+        with pytest.raises(ConfigError, match="expected one of"):
+            run(SimConfig(policy={"name": "magic"}, workload={"name": "longdoc", "num_requests": 2}))
+        with pytest.raises(ConfigError, match="known"):
+            run(SimConfig(hardware="tpu-v9"))
+        with pytest.raises(ConfigError, match="known"):
+            run(SimConfig(model="gpt-9"))
+        with pytest.raises(ConfigError, match="known"):
+            run(SimConfig(workload={"name": "nope"}))
+
+    def test_bad_rates_and_keys(self) -> None:
+        with pytest.raises(ConfigError, match="rate_per_s"):
+            run(SimConfig(workload={"name": "longdoc", "rate_per_s": 0}))
+        with pytest.raises(ConfigError, match="rate_per_s"):
+            run(SimConfig(workload={"name": "longdoc", "rate_per_s": -1.0}))
+        with pytest.raises(ConfigError, match="unknown sim config key"):
+            SimConfig.from_dict({"enginez": 2})
+        with pytest.raises(ConfigError, match="P/D"):
+            SimConfig(prefill_engines=1)
+
+    def test_missing_and_malformed_traces(self, tmp_path: Path) -> None:
+        with pytest.raises(TraceError, match=r"missing\.jsonl"):
+            run(
+                SimConfig(
+                    block_tokens=512, workload={"name": "mooncake", "path": str(tmp_path / "missing.jsonl")}
+                )
+            )
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(
+            '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n{oops\n'
+        )
+        with pytest.raises(TraceError, match=r":2"):
+            run(SimConfig(block_tokens=512, workload={"name": "mooncake", "path": str(bad)}))
+
+    def test_model_too_big_for_the_gpu(self) -> None:
+        with pytest.raises(SimError, match="no HBM"):
+            run(
+                SimConfig(
+                    hardware="l40s", model="llama-3.1-70b", workload={"name": "longdoc", "num_requests": 2}
+                )
+            )
