@@ -6,7 +6,7 @@ import pytest
 
 from kvtier.errors import SimError
 from kvtier.sim.core import EventKind, EventLoop
-from kvtier.sim.resources import Direction, Link, Transfer
+from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 
 GB = 1e9
 
@@ -115,3 +115,15 @@ def test_bad_link_parameters() -> None:
         Link(EventLoop(), "x", 0.0, 1.0)
     with pytest.raises(SimError, match="overhead"):
         Link(EventLoop(), "x", 1.0, 1.0, per_segment_overhead_s=-1)
+
+
+def test_striped_devices_split_a_transfer_and_keep_their_own_queues() -> None:
+    loop = EventLoop()
+    devices = [Link(loop, f"ssd{i}", 1 * GB, 1 * GB, duplex=False) for i in range(2)]
+    striped = StripedLink("ssd", devices)
+    done: list[float] = []
+    striped.submit(10**9, Direction.IN, lambda t: done.append(loop.now_s))
+    loop.run()
+    assert done == pytest.approx([0.5])  # two devices, half each
+    assert [d.bytes_moved[Direction.IN] for d in devices] == [5 * 10**8, 5 * 10**8]
+    assert striped.work_s(10**9, 10**9, Direction.IN) == pytest.approx(0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,8 @@ import pytest
 
 from kvtier.errors import ConfigError, SimError, TraceError
 from kvtier.sched import make_policy
-from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView, policy_names, register
+from kvtier.sched.base import LoadMode, Policy, SchedulerDecision, SchedulerView, policy_names, register
+from kvtier.sched.batching import admit_fcfs, schedule_running
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventLoop
@@ -287,3 +289,101 @@ class TestBadInput:
                     hardware="l40s", model="llama-3.1-70b", workload={"name": "longdoc", "num_requests": 2}
                 )
             )
+
+
+class _SwapOnce(Policy):
+    """FCFS, but swaps the newest decoding request out once, and back in when it can."""
+
+    name = "test-swap-once"
+    offload = "none"
+
+    def __init__(self) -> None:
+        self.swapped_out = False
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        decoding = [r for r in view.running if r.computed_tokens >= r.prompt_tokens]
+        if not self.swapped_out and len(decoding) >= 2:
+            self.swapped_out = True
+            decision.swap_out.append(decoding[-1].req_id)
+            decision.decode = [r.req_id for r in decoding[:-1]]
+            return decision
+        decision.swap_in = [r.req_id for r in view.swapped]
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=None)
+        return decision
+
+
+class _WriteBack(Policy):
+    name = "test-write-back"
+    offload = "write_back"
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=LoadMode.SYNC)
+        return decision
+
+
+def _register(cls: type[Policy]) -> None:
+    if cls.name not in policy_names():
+        register(cls)
+
+
+def test_swap_out_and_in_keeps_the_request_and_moves_its_kv() -> None:
+    _register(_SwapOnce)
+    loop, engine, metrics, cluster = make_engine(host_blocks=1000)
+    engine.policy = make_policy("test-swap-once")
+    requests = [req(i, 0.0, tuple(range(100 * i, 100 * i + 8)), output=20) for i in range(3)]
+    run_requests(cluster, loop, requests)
+    assert metrics.requests == 3 and metrics.preemptions == 0
+    swapped_bytes = math.ceil((128 + 2) / BT) * engine.block_bytes  # prompt + tokens at swap time
+    assert engine.host_link.bytes_moved[Direction.OUT] >= swapped_bytes
+    assert engine.host_link.bytes_moved[Direction.IN] == engine.host_link.bytes_moved[Direction.OUT]
+    assert engine.swap_host_blocks == 0 and not engine.swapped
+    assert engine.private_blocks == 0
+
+
+def test_write_back_offloads_evicted_blocks_and_they_hit_later() -> None:
+    _register(_WriteBack)
+    loop, engine, metrics, cluster = make_engine(device_blocks=120, host_blocks=1000)
+    engine.policy = make_policy("test-write-back")
+    a = tuple(range(100))
+    run_requests(cluster, loop, [req(0, 0.0, a), req(1, 50.0, tuple(range(1000, 1110))), req(2, 100.0, a)])
+    assert engine.host_link.bytes_moved[Direction.OUT] > 0, "evicted blocks were written back"
+    assert metrics.hit_tokens[1] > 0, "and the third request loads them from host"
+
+
+def test_remote_tier_serves_what_host_and_ssd_dropped() -> None:
+    config = SimConfig(
+        name="remote",
+        policy={"name": "lmcache"},
+        block_tokens=16,
+        device_blocks=4000,  # ~3 documents
+        host_capacity_bytes="300MiB",  # a fraction of one document
+        remote_capacity_bytes="inf",
+        workload={"name": "longdoc", "num_requests": 40, "rate_per_s": 0.5, "num_documents": 8},
+    )
+    result = run(config)
+    assert result["hit_rate_tokens"]["remote"] > 0
+    assert result["links"]["remote"]["bytes_out"] > 0 and result["links"]["remote"]["bytes_in"] > 0
+    assert result["unfinished_requests"] == 0
+
+
+def test_ssd_tier_is_striped_over_the_nodes_ssds() -> None:
+    config = SimConfig(
+        name="ssd",
+        tp=2,  # two GPUs' share of the node: two SSDs
+        policy={"name": "lmcache"},
+        block_tokens=16,
+        device_blocks=4000,
+        host_capacity_bytes="300MiB",
+        ssd_capacity_bytes="2TiB",
+        workload={"name": "longdoc", "num_requests": 40, "rate_per_s": 0.5, "num_documents": 8},
+    )
+    result = run(config)
+    assert result["hit_rate_tokens"]["ssd"] > 0
+    ssd_links = [v for k, v in result["links"].items() if k.startswith("ssd")]
+    assert len(ssd_links) >= 2
+    reads = [link["bytes_in"] for link in ssd_links]
+    assert max(reads) - min(reads) <= len(ssd_links)  # even split, to the byte

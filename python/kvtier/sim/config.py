@@ -12,6 +12,7 @@ engines: 1                  # colocated engines; or prefill_engines + decode_eng
 block_tokens: 512
 host_capacity_bytes: auto   # auto = 80% of the node's DRAM, split among engines; 0 = no host tier
 ssd_capacity_bytes: 0
+remote_capacity_bytes: 0    # a Redis-like store behind the storage NIC; inf = unbounded
 workload: {name: mooncake}
 slo: {ttft_s: 5.0, tpot_s: 0.1}
 ```
@@ -52,6 +53,7 @@ class SimConfig:
     device_blocks: int | None = None  # override the HBM-derived device capacity
     host_capacity_bytes: int | str = "auto"
     ssd_capacity_bytes: int | str = 0
+    remote_capacity_bytes: int | str = 0  # a remote store behind the storage NIC; "inf" = unbounded
     workload: Mapping[str, Any] = field(default_factory=lambda: {"name": "longdoc"})
     slo: Mapping[str, float] = field(default_factory=dict)
     cost: Mapping[str, Any] = field(default_factory=dict)  # {kind: roofline|fixed, ...params}
@@ -86,6 +88,7 @@ class SimConfig:
             raise ConfigError(f"`max_sim_s` is {self.max_sim_s}; expected a positive number of seconds")
         self.capacity_bytes("host_capacity_bytes", 0)  # validates the value
         self.capacity_bytes("ssd_capacity_bytes", 0)
+        self.capacity_bytes("remote_capacity_bytes", 0)
 
     def capacity_bytes(self, name: str, auto_bytes: int) -> int | None:
         """Bytes of a tier: ``auto`` → ``auto_bytes``; ``inf`` → None (unbounded); 0 → no tier."""

@@ -33,7 +33,7 @@ from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
 from kvtier.sim.events.step_end import Step, finish_step
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.request import Request
-from kvtier.sim.resources import Direction, Link, Transfer
+from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.sim.state import SimRequest
 
 _LOWER_TIERS = (Tier.HOST, Tier.SSD, Tier.REMOTE)
@@ -45,6 +45,7 @@ class EngineConfig:
     device_blocks: int
     host_blocks: int = 0  # 0 = no host tier
     ssd_blocks: int = 0  # 0 = no SSD tier
+    remote_blocks: int = 0  # 0 = no remote tier
     max_batch_tokens: int = 8192
     max_running: int = 256
     view_waiting_max: int = 64  # waiting requests shown to the policy (the queue's head)
@@ -54,8 +55,8 @@ class EngineConfig:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
             if getattr(self, name) < 1:
                 raise SimError(f"engine `{name}` is {getattr(self, name)}; expected >= 1")
-        if self.host_blocks < 0 or self.ssd_blocks < 0:
-            raise SimError("engine host_blocks and ssd_blocks must be >= 0 (0 disables the tier)")
+        if self.host_blocks < 0 or self.ssd_blocks < 0 or self.remote_blocks < 0:
+            raise SimError("engine host/ssd/remote blocks must be >= 0 (0 disables the tier)")
 
 
 class Engine:
@@ -70,7 +71,8 @@ class Engine:
         policy: Policy,
         metrics: Metrics,
         host_link: Link,
-        ssd_link: Link | None = None,
+        ssd_link: Link | StripedLink | None = None,
+        remote_link: Link | None = None,
         on_finish: Callable[[SimRequest], None] | None = None,
         on_prefill_done: Callable[[SimRequest], None] | None = None,
     ) -> None:
@@ -82,6 +84,19 @@ class Engine:
         self.metrics = metrics
         self.host_link = host_link
         self.ssd_link = ssd_link
+        self.remote_link = remote_link
+        # Lower tiers in order, each with its capacity and the link that reaches it from host memory.
+        self.lower_tiers: dict[Tier, tuple[int, Link | StripedLink]] = {
+            Tier.HOST: (config.host_blocks, host_link)
+        }
+        if config.ssd_blocks and ssd_link is not None:
+            self.lower_tiers[Tier.SSD] = (config.ssd_blocks, ssd_link)
+        if config.remote_blocks and remote_link is not None:
+            self.lower_tiers[Tier.REMOTE] = (config.remote_blocks, remote_link)
+        if not config.host_blocks:
+            del self.lower_tiers[Tier.HOST]
+        self.swapped: dict[int, SimRequest] = {}
+        self.swap_host_blocks = 0  # host blocks holding swapped-out requests' KV
         self.on_finish = on_finish
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
         self.block_bytes = config.block_tokens * cost.kv_bytes_per_token
@@ -141,11 +156,16 @@ class Engine:
             self._admit_incoming()
         decision = self.policy.schedule(self._view())
         step = Step(self, start_s=self.loop.now_s)
-        for rid in decision.preempt:
-            self._preempt(self._get(rid, "preempt"))
-        loads = {lo.req_id: lo for lo in decision.loads}
+        # Epochs before any preemption or swap: work planned for a request that leaves is dropped.
         epochs = {rid: self._get(rid, "prefill").epoch for rid, _ in decision.prefill}
         epochs.update((rid, self._get(rid, "decode").epoch) for rid in decision.decode)
+        for rid in decision.preempt:
+            self._preempt(self._get(rid, "preempt"))
+        for rid in decision.swap_out:
+            self._swap_out(self._get(rid, "swap out"))
+        for rid in decision.swap_in:
+            self._swap_in(self._get(rid, "swap in"))
+        loads = {lo.req_id: lo for lo in decision.loads}
         for rid, n in decision.prefill:
             r = self.requests[rid]
             if r.epoch == epochs[rid]:  # else preempted while this step was planned
@@ -158,7 +178,8 @@ class Engine:
             self._start_fetch(self._get(lo.req_id, "load"), lo)
         if step.empty():
             self.stepping = False
-            if not self.running and not self.fetching and self.waiting:
+            busy = self.running or self.fetching or any(r.swap_pending for r in self.swapped.values())
+            if not busy and self.waiting:
                 self._check_not_stuck()
             return
         self.stepping = True
@@ -192,7 +213,7 @@ class Engine:
             waiting=waiting,
             running=tuple(self._request_view(r) for r in self.running),
             fetching=tuple(self._request_view(r) for r in self.fetching.values()),
-            swapped=(),
+            swapped=tuple(self._request_view(r) for r in self.swapped.values() if not r.swap_pending),
             free_device_blocks=self.available_device_blocks(),
             free_host_blocks=(self.config.host_blocks - self.tree.used_blocks(Tier.HOST))
             if self.config.host_blocks
@@ -302,8 +323,42 @@ class Engine:
     def _make_room(self, blocks: int) -> bool:
         short = blocks - self.free_device_blocks()
         if short > 0:
-            self.tree.evict(Tier.DEVICE, short)
+            if self.policy.offload == "write_back" and Tier.HOST in self.lower_tiers:
+                # Evicted device blocks are copied down to host (their KV lives on below).
+                self._make_room_below(Tier.HOST, short)
+                demoted = self.tree.evict(Tier.DEVICE, short, demote_to=Tier.HOST)
+                self._offload_bytes(Tier.HOST, len(demoted))
+            else:
+                self.tree.evict(Tier.DEVICE, short)
         return self.free_device_blocks() >= blocks
+
+    def _tier_capacity(self, tier: Tier) -> int:
+        capacity = self.lower_tiers[tier][0]
+        return capacity - self.swap_host_blocks if tier is Tier.HOST else capacity
+
+    def _next_lower(self, tier: Tier) -> Tier | None:
+        return next((t for t in self.lower_tiers if t > tier), None)
+
+    def _make_room_below(self, tier: Tier, blocks: int) -> None:
+        """Frees ``blocks`` in a lower tier. Write-back demotes its LRU blocks to the next tier
+        down; under write-through the lower tiers already hold copies, so they are dropped."""
+        short = blocks - (self._tier_capacity(tier) - self.tree.used_blocks(tier))
+        if short <= 0:
+            return
+        lower = self._next_lower(tier) if self.policy.offload == "write_back" else None
+        if lower is None:
+            self.tree.evict(tier, short)
+            return
+        self._make_room_below(lower, short)
+        demoted = self.tree.evict(tier, short, demote_to=lower)
+        self._offload_bytes(lower, len(demoted))
+
+    def _offload_bytes(self, tier: Tier, blocks: int) -> None:
+        """Charges the write of ``blocks`` into ``tier`` to the link that reaches it."""
+        if blocks:
+            link = self.lower_tiers[tier][1]
+            nbytes = blocks * self.block_bytes
+            link.submit(nbytes, Direction.OUT, _ignore, self.block_bytes, self.config.offload_priority)
 
     # ----------------------------------------------------------------------------------------
     # Loads
@@ -349,12 +404,12 @@ class Engine:
         for _, tier in blocks:
             by_tier[tier] = by_tier.get(tier, 0) + 1
         segment = self._segment_bytes(load)
-        legs: list[tuple[Link, int, int]] = []
+        legs: list[tuple[Link | StripedLink, int, int]] = []
         for tier, count in by_tier.items():
             nbytes = count * self.block_bytes
             legs.append((self.host_link, nbytes, segment))
-            if tier is Tier.SSD and self.ssd_link is not None:
-                legs.append((self.ssd_link, nbytes, self.block_bytes))
+            if tier in (Tier.SSD, Tier.REMOTE) and tier in self.lower_tiers:
+                legs.append((self.lower_tiers[tier][1], nbytes, self.block_bytes))
         pending = [len(legs)]
 
         def leg_done(_t: Transfer) -> None:
@@ -440,36 +495,24 @@ class Engine:
             self._write_through(path, full - start)
 
     def _write_through(self, path: tuple[int, ...], new_blocks: int) -> None:
-        """Copies the ``new_blocks`` last blocks of ``path`` to host; they are host-resident once there."""
-
-        def stored(_t: Transfer) -> None:
-            self._place_host(path)
-
+        """Copies the ``new_blocks`` last blocks of ``path`` to every lower tier (LMCache stores to
+        all its backends; HiCache backs up to host and storage); each tier holds them once landed."""
         nbytes = new_blocks * self.block_bytes
-        self.host_link.submit(nbytes, Direction.OUT, stored, self.block_bytes, self.config.offload_priority)
+        for tier, (_, link) in self.lower_tiers.items():
 
-    def _place_host(self, path: tuple[int, ...]) -> None:
-        """Makes ``path`` host-resident, demoting the host's LRU blocks to SSD (or dropping them)."""
-        capacity = self.config.host_blocks
-        path = path[:capacity]
-        short = len(path) - (capacity - self.tree.used_blocks(Tier.HOST))
-        if short > 0:
-            ssd = self.config.ssd_blocks if self.ssd_link is not None else 0
-            if ssd:
-                ssd_short = short - (ssd - self.tree.used_blocks(Tier.SSD))
-                if ssd_short > 0:
-                    self.tree.evict(Tier.SSD, ssd_short)
-                demoted = self.tree.evict(Tier.HOST, short, demote_to=Tier.SSD)
-                if demoted and self.ssd_link is not None:
-                    nbytes = len(demoted) * self.block_bytes
-                    self.ssd_link.submit(
-                        nbytes, Direction.OUT, _ignore, self.block_bytes, self.config.offload_priority
-                    )
-            else:
-                self.tree.evict(Tier.HOST, short)
-        room = capacity - self.tree.used_blocks(Tier.HOST)
-        if room >= len(path):
-            self.tree.insert(path, Tier.HOST, self.loop.now_s)
+            def stored(_t: Transfer, tier: Tier = tier) -> None:
+                self._place(path, tier)
+
+            link.submit(nbytes, Direction.OUT, stored, self.block_bytes, self.config.offload_priority)
+
+    def _place(self, path: tuple[int, ...], tier: Tier) -> None:
+        """Makes the longest prefix of ``path`` that the tier can hold resident there."""
+        keep = min(len(path), self._tier_capacity(tier))
+        if keep <= 0:
+            return
+        self._make_room_below(tier, keep)
+        if self._tier_capacity(tier) - self.tree.used_blocks(tier) >= keep:  # else all of it is locked
+            self.tree.insert(path[:keep], tier, self.loop.now_s)
 
     def release(self, r: SimRequest) -> None:
         """Drops ``r``'s hold on device blocks (its prefix stays cached, unlocked)."""
@@ -501,6 +544,63 @@ class Engine:
         del self.requests[r.req_id]
         if self.on_finish is not None:
             self.on_finish(r)
+
+    # ----------------------------------------------------------------------------------------
+    # Swap (preemption that keeps the KV, in host memory)
+
+    def _swap_out(self, r: SimRequest) -> None:
+        """Moves a running request's KV to host; its device blocks free when the copy has landed."""
+        if r.phase is not Phase.RUNNING:
+            raise SimError(
+                f"policy {self.policy.name!r} swaps out request {r.req_id} in phase {r.phase.value}"
+            )
+        if Tier.HOST not in self.lower_tiers:
+            raise SimError(
+                f"policy {self.policy.name!r} swaps out, but engine {self.name!r} has no host tier"
+            )
+        blocks = math.ceil((r.computed_tokens + r.generated_tokens) / self.config.block_tokens)
+        self._make_room_below(Tier.HOST, blocks)
+        if self._tier_capacity(Tier.HOST) - self.tree.used_blocks(Tier.HOST) < blocks:
+            self._preempt(r)  # host cannot hold it: fall back to recompute
+            return
+        self.swap_host_blocks += blocks
+        r.swapped_blocks = blocks
+        self.running.remove(r)
+        r.phase = Phase.SWAPPED
+        r.epoch += 1
+        r.swap_pending = True
+        self.swapped[r.req_id] = r
+
+        def landed(_t: Transfer) -> None:
+            self.release(r)
+            r.swap_pending = False
+            self.kick()
+
+        nbytes = blocks * self.block_bytes
+        self.host_link.submit(nbytes, Direction.OUT, landed, self.block_bytes, priority=1)
+
+    def _swap_in(self, r: SimRequest) -> None:
+        if r.phase is not Phase.SWAPPED or r.swap_pending:
+            raise SimError(
+                f"policy {self.policy.name!r} swaps in request {r.req_id}, which is not swapped out"
+            )
+        blocks = r.swapped_blocks
+        if not self._make_room(blocks):
+            return  # not now: the policy will ask again
+        r.private_blocks += blocks
+        self.private_blocks += blocks
+        r.swap_pending = True
+
+        def landed(_t: Transfer) -> None:
+            self.swap_host_blocks -= r.swapped_blocks
+            r.swapped_blocks = 0
+            r.swap_pending = False
+            del self.swapped[r.req_id]
+            r.phase = Phase.RUNNING
+            self.running.append(r)
+            self.kick()
+
+        self.host_link.submit(blocks * self.block_bytes, Direction.IN, landed, self.block_bytes, priority=1)
 
     def hand_off(self, r: SimRequest) -> None:
         """P/D: the request leaves this (prefill) engine; its prompt stays cached here."""
@@ -565,6 +665,7 @@ class _Estimates:
         nbytes = blocks * e.block_bytes
         order = LoadOrder(-1, tokens, mode, segment_tokens)
         seconds = e.host_link.work_s(nbytes, e._segment_bytes(order), Direction.IN)
-        if tier == "ssd" and e.ssd_link is not None:
-            seconds = max(seconds, e.ssd_link.work_s(nbytes, e.block_bytes, Direction.IN))
+        lower = {"ssd": Tier.SSD, "remote": Tier.REMOTE}.get(tier)
+        if lower is not None and lower in e.lower_tiers:
+            seconds = max(seconds, e.lower_tiers[lower][1].work_s(nbytes, e.block_bytes, Direction.IN))
         return seconds

@@ -18,10 +18,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import partial
 
 from kvtier.errors import SimError
 from kvtier.sim.core import Event, EventKind, EventLoop
 from kvtier.sim.cost import transfer_work_s
+from kvtier.sim.events.transfer_done import complete
 
 _EPS_S = 1e-12
 
@@ -44,7 +46,7 @@ class Transfer:
     remaining_s: float = 0.0
     rate: float = 0.0
     finished_s: float | None = None
-    _event: Event | None = field(default=None, repr=False)
+    event: Event | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -100,19 +102,22 @@ class Link:
             raise SimError(f"link {self.name!r}: transfer of {nbytes} bytes")
         work = self.work_s(nbytes, segment_bytes or max(nbytes, 1), direction)
         t = Transfer(nbytes, work, direction, priority, on_done, self.loop.now_s, remaining_s=work)
-        self._advance()
+        self.advance()
         if work <= _EPS_S:
             t.finished_s = self.loop.now_s
-            self.loop.after(0.0, EventKind.TRANSFER_DONE, lambda: self._finish(t))
+            self.loop.after(0.0, EventKind.TRANSFER_DONE, partial(self.finish, t))
             return t
-        self._pool(direction).active.append(t)
-        self._reschedule()
+        self.pool_of_direction(direction).active.append(t)
+        self.reschedule()
         return t
 
-    def _pool(self, direction: Direction) -> _Pool:
+    def pool_of_direction(self, direction: Direction) -> _Pool:
         return self._pools[direction if self.duplex else 0]
 
-    def _advance(self) -> None:
+    def pool_of(self, t: Transfer) -> _Pool:
+        return self.pool_of_direction(t.direction)
+
+    def advance(self) -> None:
         """Charges progress since the last change to every active transfer."""
         now = self.loop.now_s
         dt = now - self._last_update_s
@@ -124,7 +129,7 @@ class Link:
                     t.remaining_s -= t.rate * dt
         self._last_update_s = now
 
-    def _reschedule(self) -> None:
+    def reschedule(self) -> None:
         for pool in self._pools:
             if not pool.active:
                 continue
@@ -132,29 +137,17 @@ class Link:
             share = 1.0 / sum(1 for t in pool.active if t.priority == top)
             for t in pool.active:
                 rate = share if t.priority == top else 0.0
-                if t._event is not None and rate == t.rate:
+                if t.event is not None and rate == t.rate:
                     continue  # unchanged: keep its completion event
                 t.rate = rate
-                if t._event is not None:
-                    t._event.cancel()
-                    t._event = None
+                if t.event is not None:
+                    t.event.cancel()
+                    t.event = None
                 if rate > 0:
                     done_in = max(t.remaining_s, 0.0) / rate
-                    t._event = self.loop.after(done_in, EventKind.TRANSFER_DONE, self._completion(t))
+                    t.event = self.loop.after(done_in, EventKind.TRANSFER_DONE, partial(complete, self, t))
 
-    def _completion(self, t: Transfer) -> Callable[[], None]:
-        def fire() -> None:
-            self._advance()
-            t._event = None
-            self._pool(t.direction).active.remove(t)
-            t.remaining_s = 0.0
-            t.finished_s = self.loop.now_s
-            self._reschedule()
-            self._finish(t)
-
-        return fire
-
-    def _finish(self, t: Transfer) -> None:
+    def finish(self, t: Transfer) -> None:
         t.finished_s = self.loop.now_s
         self.bytes_moved[t.direction] += t.nbytes
         self.transfers_done += 1
@@ -165,5 +158,45 @@ class Link:
 
     def busy_s(self) -> tuple[float, ...]:
         """Seconds each pool had at least one active transfer (per direction when duplex)."""
-        self._advance()
+        self.advance()
         return tuple(p.busy_s for p in self._pools)
+
+
+class StripedLink:
+    """Several devices (SSDs) striped as one: a transfer is split evenly across them and done when
+    every part is; each device keeps its own queue (its own :class:`Link`)."""
+
+    def __init__(self, name: str, devices: list[Link]) -> None:
+        if not devices:
+            raise SimError(f"striped link {name!r} needs at least one device")
+        self.name = name
+        self.devices = devices
+        self.loop = devices[0].loop
+
+    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
+        n = len(self.devices)
+        part = -(-nbytes // n)
+        return max(d.work_s(part, segment_bytes, direction) for d in self.devices)
+
+    def submit(
+        self,
+        nbytes: int,
+        direction: Direction,
+        on_done: Callable[[Transfer], None],
+        segment_bytes: int | None = None,
+        priority: int = 1,
+    ) -> Transfer:
+        n = len(self.devices)
+        parts = [nbytes // n + (1 if i < nbytes % n else 0) for i in range(n)]
+        whole = Transfer(nbytes, 0.0, direction, priority, on_done, self.loop.now_s)
+        pending = [n]
+
+        def part_done(_t: Transfer) -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                whole.finished_s = self.loop.now_s
+                on_done(whole)
+
+        for device, part in zip(self.devices, parts, strict=True):
+            device.submit(part, direction, part_done, segment_bytes, priority)
+        return whole

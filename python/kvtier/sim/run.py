@@ -21,7 +21,7 @@ from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.models import ModelProfile, load_model
 from kvtier.sim.request import Request
-from kvtier.sim.resources import Link
+from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.workload import make_workload
 
 # Bytes of HBM kept for activations and the CUDA context beyond the weights (vLLM-like).
@@ -65,28 +65,38 @@ def build(config: SimConfig) -> Simulation:
     host_auto = int(0.8 * hw.dram_capacity_bytes * config.tp)
     host_bytes = config.capacity_bytes("host_capacity_bytes", host_auto)
     ssd_bytes = config.capacity_bytes("ssd_capacity_bytes", 0)
+    remote_bytes = config.capacity_bytes("remote_capacity_bytes", 0)
     unbounded = 2**62 // max(block_bytes, 1)
     host_blocks = unbounded if host_bytes is None else host_bytes // block_bytes
     ssd_blocks = unbounded if ssd_bytes is None else ssd_bytes // block_bytes
+    remote_blocks = unbounded if remote_bytes is None else remote_bytes // block_bytes
     links: dict[str, Link] = {}
     ssd_link = None
     if ssd_blocks > 0:
         if hw.ssd_count == 0:
             raise ConfigError(f"`ssd_capacity_bytes` is set but hardware {hw.name!r} has no SSDs")
-        # The node's SSDs striped as one half-duplex device shared by every engine.
-        ssd_link = Link(
-            loop,
-            "ssd",
-            hw.ssd_count * hw.ssd_read_bytes_per_s * config.tp,
-            hw.ssd_count * hw.ssd_write_bytes_per_s * config.tp,
-            duplex=False,
-        )
-        links["ssd"] = ssd_link
+        # The node's SSDs (this GPU group's share), each a half-duplex device with its own queue,
+        # striped: every SSD read or write is split evenly across them.
+        devices = [
+            Link(loop, f"ssd{i}", hw.ssd_read_bytes_per_s, hw.ssd_write_bytes_per_s, duplex=False)
+            for i in range(hw.ssd_count * config.tp)
+        ]
+        ssd_link = StripedLink("ssd", devices)
+        links.update((d.name, d) for d in devices)
+    remote_link = None
+    if remote_blocks > 0:
+        nic = hw.storage_nic_bytes_per_s * config.tp
+        if nic <= 0:
+            raise ConfigError(f"`remote_capacity_bytes` is set but hardware {hw.name!r} has no storage NIC")
+        # One shared remote store; every engine reaches it through the node's storage NICs.
+        remote_link = Link(loop, "remote", nic, nic)
+        links["remote"] = remote_link
     engine_config = EngineConfig(
         block_tokens=config.block_tokens,
         device_blocks=device_blocks(config, hw, model, cost),
         host_blocks=host_blocks,
         ssd_blocks=ssd_blocks,
+        remote_blocks=remote_blocks,
         max_batch_tokens=config.max_batch_tokens,
         max_running=config.max_running,
     )
@@ -105,7 +115,7 @@ def build(config: SimConfig) -> Simulation:
         )
         links[link.name] = link
         policy = make_policy(policy_name, **policy_spec)
-        return Engine(loop, name, engine_config, cost, policy, metrics, link, ssd_link)
+        return Engine(loop, name, engine_config, cost, policy, metrics, link, ssd_link, remote_link)
 
     if config.disaggregated:
         prefill = [engine(f"p{i}") for i in range(config.prefill_engines)]
@@ -137,7 +147,7 @@ def run(
     wall_start = time.perf_counter()
     sim = build(config)
     requests = workload(config)
-    if show_progress:
+    if show_progress:  # counts requests as they are pulled in (arrivals), total when known
         requests = _counting(requests, expected_requests)
     sim.cluster.feed(requests)
     sim.loop.run(until_s=config.max_sim_s)
@@ -158,7 +168,7 @@ def run(
 
 
 def _counting(requests: Iterator[Request], total: int | None) -> Iterator[Request]:
-    yield from progress(requests, total or 0, "sim", enabled=total is not None)
+    yield from progress(requests, total, "sim")
 
 
 def _all_engines(cluster: Cluster) -> list[Engine]:

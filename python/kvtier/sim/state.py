@@ -25,7 +25,9 @@ class SimRequest:
     last_token_s: float = 0.0
     max_tbt_s: float = 0.0
     pending_load_tokens: int = 0  # loaded this step (sync/layerwise), counted at step end
-    epoch: int = 0  # bumped on preemption: work planned before it no longer applies
+    epoch: int = 0  # bumped on preemption or swap-out: work planned before it no longer applies
+    swap_pending: bool = False  # a swap-out or swap-in transfer is in flight
+    swapped_blocks: int = 0  # host blocks holding this request's swapped-out KV
 
     @property
     def req_id(self) -> int:
