@@ -165,6 +165,8 @@ def test_preemption_under_pressure_still_finishes_everything() -> None:
     assert metrics.preemptions > 0
     assert engine.private_blocks == 0 and engine.reserved_blocks == 0
     engine.tree.check_integrity()
+    # Every transient mark was cleared: nothing is queued or in flight any more.
+    assert all(engine.tree.match(r.block_keys).transient_blocks == 0 for r in requests)
 
 
 def test_closed_loop_child_arrives_after_parent_plus_think_time() -> None:

@@ -87,6 +87,34 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     _emit(result, args.json, _sweep_summary)
 
 
+def _sim_reproduce(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from kvtier.sim import reproduce
+
+    names = reproduce.papers() if args.all else [args.paper]
+    if not args.all and not args.paper:
+        raise KvtierError(f"name a paper or pass --all; papers: {reproduce.papers()}")
+    rows = []
+    for name in names:
+        rows.extend(row.to_dict() for row in reproduce.run(name, Path(args.out_dir) / name, quick=args.quick))
+    if args.json:
+        print(json.dumps(rows, sort_keys=True))
+        return
+    print(f"{'paper':14s} {'metric':58s} {'paper':>13s} {'kvtier':>8s}  within 30%")
+    for r in rows:
+        paper_value = (
+            f"{r['paper_ratio']:.2f}"
+            if r["paper_ratio"] is not None
+            else (f"{r['paper_range'][0]:.2f}-{r['paper_range'][1]:.2f}" if r["paper_range"] else "-")
+        )
+        print(
+            f"{r['paper']:14s} {r['metric']:58s} {paper_value:>13s} {r['kvtier_ratio']:8.2f}  {r['within_30_percent']}"
+        )
+        if r["note"]:
+            print(f"{'':14s}   note: {r['note']}")
+
+
 def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
@@ -200,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim_sweep.add_argument("--out-dir", default="sim-out", help="where plots and sweep.json go")
     sim_sweep.add_argument("--json", action="store_true")
     sim_sweep.set_defaults(func=_sim_sweep)
+    sim_rep = sim_sub.add_parser("reproduce", help="reproduce the papers' headline experiments")
+    sim_rep.add_argument("paper", nargs="?", default=None, help="paper name (see --all)")
+    sim_rep.add_argument("--all", action="store_true", help="every paper")
+    sim_rep.add_argument("--quick", action="store_true", help="smaller workloads (tests)")
+    sim_rep.add_argument("--out-dir", default="sim-out/reproduce", help="plots go here")
+    sim_rep.add_argument("--json", action="store_true")
+    sim_rep.set_defaults(func=_sim_reproduce)
     return parser
 
 

@@ -180,8 +180,12 @@ class HiRadixTree:
         cap = self._capacity[tier]
         return cap is None or cap - self._used[tier] + len(self._lru[tier]) >= n_blocks
 
-    def match(self, keys: Sequence[int], now_s: float | None = None) -> Match:
-        """Find what the tiers hold of ``keys``; with ``now_s``, the matched blocks count as used."""
+    def match(self, keys: Sequence[int], now_s: float | None = None, own_queue_marks: int = 0) -> Match:
+        """Find what the tiers hold of ``keys``; with ``now_s``, the matched blocks count as used.
+
+        ``own_queue_marks``: in-queue marks the caller itself holds on these keys (a waiting request
+        marks its own blocks); only marks beyond them count as another request's delay hit.
+        """
         path = self._walk(keys)
         tiers: list[Tier] = []
         device_prefix = 0
@@ -194,10 +198,11 @@ class HiRadixTree:
             tiers.append(fastest)
         in_queue = in_flight = transient = 0
         for node in path[device_prefix:]:
-            if not (node.in_queue or node.in_flight):
+            queued = node.in_queue > own_queue_marks
+            if not (queued or node.in_flight):
                 break
             transient += 1
-            in_queue += node.in_queue > 0
+            in_queue += queued
             in_flight += node.in_flight > 0
         if now_s is not None:
             self._advance_clock(now_s)

@@ -93,6 +93,15 @@ class LoadOrder:
     mode: LoadMode
     segment_tokens: int | None = None  # copy granularity per layer; None = whole objects
     priority: int = 1  # link priority class (0 is most urgent)
+    target: str = "device"  # "host": prefetch SSD/remote blocks into host memory only (Strata §4.3.3)
+    # Fractional slowdown of model compute while this load runs: GPU copy kernels (Strata Fig. 5:
+    # < 5%) or GPU-side decompression (CacheGen-Async, ShadowServe §2.2).
+    interference: float = 0.0
+    # Compressed fetch (ShadowServe): bytes on the SSD/remote link are raw / compression_ratio; the
+    # decompress+dequantize stages run at decode_bytes_per_s (raw bytes), pipelined with the link.
+    compression_ratio: float = 1.0
+    decode_bytes_per_s: float | None = None
+    decode_on_device: bool = False  # compressed bytes cross the host link and decode on the GPU
 
 
 @dataclass(slots=True)

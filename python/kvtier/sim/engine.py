@@ -96,6 +96,8 @@ class Engine:
         if not config.host_blocks:
             del self.lower_tiers[Tier.HOST]
         self.swapped: dict[int, SimRequest] = {}
+        self.interference: list[float] = []  # slowdowns of the loads running now
+        self.decoders: dict[float, Link] = {}
         self.swap_host_blocks = 0  # host blocks holding swapped-out requests' KV
         self.on_finish = on_finish
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
@@ -127,8 +129,14 @@ class Engine:
             )
         r = SimRequest(req)
         self.requests[req.req_id] = r
-        bisect.insort(self.waiting, (req.arrival_s, req.req_id))
+        self._enqueue(r)
         self.kick()
+
+    def _enqueue(self, r: SimRequest) -> None:
+        """Waiting: its blocks are marked in-queue (Strata §4.3.1 transient nodes)."""
+        bisect.insort(self.waiting, (r.req.arrival_s, r.req_id))
+        self.tree.mark_in_queue(r.keys, True)
+        r.queue_marked = True
 
     def kick(self) -> None:
         """Starts a step at the current instant unless one is running (arrivals at one instant batch)."""
@@ -174,8 +182,16 @@ class Engine:
             r = self.requests[rid]
             if r.epoch == epochs[rid]:
                 self._plan_decode(step, r)
-        for lo in loads.values():  # loads for requests not prefilled this step: asynchronous fetches
-            self._start_fetch(self._get(lo.req_id, "load"), lo)
+        for lo in loads.values():  # loads for requests not prefilled this step
+            r = self._get(lo.req_id, "load")
+            if lo.target == "host":
+                self._prefetch(r, lo)
+            elif lo.target == "device":
+                self._start_fetch(r, lo)
+            else:
+                raise SimError(
+                    f"policy {self.policy.name!r}: load target {lo.target!r}; expected device or host"
+                )
         if step.empty():
             self.stepping = False
             busy = self.running or self.fetching or any(r.swap_pending for r in self.swapped.values())
@@ -184,7 +200,8 @@ class Engine:
             return
         self.stepping = True
         shape = BatchShape(tuple(step.prefill_chunks), tuple(step.decode_contexts))
-        step.compute_s = self.cost.step_time_s(shape)
+        slowdown = max([*self.interference, *(load.order.interference for load in step.loads)], default=0.0)
+        step.compute_s = self.cost.step_time_s(shape) * (1.0 + slowdown)
         step.begin()
 
     def _check_not_stuck(self) -> None:
@@ -229,7 +246,7 @@ class Engine:
         cached = (0, 0, 0, 0)
         in_queue = in_flight = 0
         if not r.admitted:
-            m = self.tree.match(r.keys)
+            m = self.tree.match(r.keys, own_queue_marks=int(r.queue_marked))
             bt = self.config.block_tokens
             per_tier = [0, 0, 0, 0]
             for tier in m.tiers:
@@ -265,6 +282,12 @@ class Engine:
         device_tokens = cached[0]
         self.tree.lock(r.keys[:device_blocks])
         r.locked_blocks = device_blocks
+        if r.queue_marked:
+            self.tree.mark_in_queue(r.keys, False)
+            r.queue_marked = False
+        if device_blocks < len(r.keys):  # the rest is in flight: loaded or computed from now on
+            self.tree.mark_in_flight(r.keys, True, start=device_blocks)
+            r.flight_marked = True
         r.computed_tokens = device_tokens
         r.hit_tokens[0] = device_tokens
         r.admitted = True
@@ -379,8 +402,6 @@ class Engine:
         tokens = min(tokens, len(blocks) * self.config.block_tokens)
         if not self._reserve(r, len(blocks)):
             return 0
-        start = r.locked_blocks
-        self.tree.mark_in_flight(r.keys[: start + len(blocks)], True, start=start)
         step.add_load(r, load, blocks, tokens)
         return tokens
 
@@ -394,31 +415,74 @@ class Engine:
     def start_load_transfers(
         self, load: LoadOrder, blocks: list[tuple[int, Tier]], done: Callable[[], None]
     ) -> None:
-        """Moves ``blocks`` to the device, each from its tier; ``done`` runs when all have landed.
+        """Moves ``blocks`` to the device (or host, for a prefetch), each from its tier; ``done``
+        runs when all have landed.
 
-        SSD blocks cross two links, SSD → host memory and host → device, modelled as a pipeline
-        (both legs run concurrently, chunk by chunk, as in Unified KV pooling §IV): the slower leg
-        sets the time.
+        Blocks below host cross two or more stages — the SSD or remote link, the decoder of a
+        compressed fetch, the host link — modelled as a pipeline (Unified KV pooling §IV,
+        ShadowServe §4.2): every stage runs concurrently on its own resource, so the slowest sets
+        the time, and concurrent fetches share each stage.
         """
         by_tier: dict[Tier, int] = {}
         for _, tier in blocks:
             by_tier[tier] = by_tier.get(tier, 0) + 1
         segment = self._segment_bytes(load)
+        to_device = load.target == "device"
         legs: list[tuple[Link | StripedLink, int, int]] = []
         for tier, count in by_tier.items():
-            nbytes = count * self.block_bytes
-            legs.append((self.host_link, nbytes, segment))
+            raw = count * self.block_bytes
+            packed = max(1, int(raw / load.compression_ratio))
             if tier in (Tier.SSD, Tier.REMOTE) and tier in self.lower_tiers:
-                legs.append((self.lower_tiers[tier][1], nbytes, self.block_bytes))
+                legs.append((self.lower_tiers[tier][1], packed, self.block_bytes))
+                if load.decode_bytes_per_s is not None:
+                    legs.append((self._decoder(load.decode_bytes_per_s), raw, self.block_bytes))
+            if to_device:
+                host_bytes = packed if load.decode_on_device else raw
+                legs.append((self.host_link, host_bytes, segment))
+        if not legs:
+            self.loop.after(0.0, EventKind.TRANSFER_DONE, done)
+            return
         pending = [len(legs)]
+        if load.interference > 0:
+            self.interference.append(load.interference)
 
         def leg_done(_t: Transfer) -> None:
             pending[0] -= 1
             if pending[0] == 0:
+                if load.interference > 0:
+                    self.interference.remove(load.interference)
                 done()
 
         for link, nbytes, seg in legs:
             link.submit(nbytes, Direction.IN, leg_done, seg, load.priority)
+
+    def _decoder(self, bytes_per_s: float) -> Link:
+        """The engine's decompression stage (SmartNIC or host cores), one per throughput setting."""
+        link = self.decoders.get(bytes_per_s)
+        if link is None:
+            link = Link(self.loop, f"{self.name}.decoder", bytes_per_s, bytes_per_s)
+            self.decoders[bytes_per_s] = link
+        return link
+
+    def _prefetch(self, r: SimRequest, load: LoadOrder) -> None:
+        """Brings a waiting request's SSD/remote blocks up into host memory (no device blocks)."""
+        if r.admitted or r.prefetching:
+            return
+        m = self.tree.match(r.keys)
+        bt = self.config.block_tokens
+        limit = min(len(m.tiers), math.ceil(load.tokens / bt) + m.prefix_in(Tier.HOST))
+        blocks = [(r.keys[i], m.tiers[i]) for i in range(limit) if m.tiers[i] in (Tier.SSD, Tier.REMOTE)]
+        if not blocks or Tier.HOST not in self.lower_tiers:
+            return
+        r.prefetching = True
+        path = r.keys[:limit]
+
+        def landed() -> None:
+            r.prefetching = False
+            self._place(path, Tier.HOST)
+            self.kick()
+
+        self.start_load_transfers(load, blocks, landed)
 
     def _segment_bytes(self, load: LoadOrder) -> int:
         per_token_layer = self.cost.kv_bytes_per_token / self.cost.num_layers
@@ -435,13 +499,11 @@ class Engine:
         """
         end = start_block + len(blocks)
         path = r.keys[:end]
-        self.tree.mark_in_flight(path, False, start=start_block)
         if epoch != r.epoch:  # preempted meanwhile: its reservation is gone; the bytes are dropped
             return False
         assert r.locked_blocks == start_block, "a request's lock grew while its load was in flight"
         self.tree.insert(path, Tier.DEVICE, self.loop.now_s)
-        self.tree.lock(path, start=start_block)
-        r.locked_blocks = end
+        self._extend_lock(r, end)
         r.reserved_blocks -= len(blocks)
         self.reserved_blocks -= len(blocks)
         for _, tier in blocks:
@@ -460,7 +522,6 @@ class Engine:
         r.phase = Phase.FETCHING
         self.fetching[r.req_id] = r
         start, epoch = r.locked_blocks, r.epoch
-        self.tree.mark_in_flight(r.keys[: start + len(blocks)], True, start=start)
         tokens = min(tokens, len(blocks) * self.config.block_tokens)
 
         def landed() -> None:
@@ -486,8 +547,7 @@ class Engine:
             return
         path = r.keys[:full]
         self.tree.insert(path, Tier.DEVICE, self.loop.now_s)
-        self.tree.lock(path, start=start)
-        r.locked_blocks = full
+        self._extend_lock(r, full)
         moved = min(full - start, r.private_blocks)
         r.private_blocks -= moved
         self.private_blocks -= moved
@@ -514,8 +574,21 @@ class Engine:
         if self._tier_capacity(tier) - self.tree.used_blocks(tier) >= keep:  # else all of it is locked
             self.tree.insert(path[:keep], tier, self.loop.now_s)
 
+    def _extend_lock(self, r: SimRequest, end: int) -> None:
+        """``r`` now holds ``keys[:end]`` on device: lock the new blocks, clear their in-flight mark."""
+        start = r.locked_blocks
+        path = r.keys[:end]
+        self.tree.lock(path, start=start)
+        if r.flight_marked:
+            self.tree.mark_in_flight(path, False, start=start)
+            r.flight_marked = end < len(r.keys)
+        r.locked_blocks = end
+
     def release(self, r: SimRequest) -> None:
         """Drops ``r``'s hold on device blocks (its prefix stays cached, unlocked)."""
+        if r.flight_marked:
+            self.tree.mark_in_flight(r.keys, False, start=r.locked_blocks)
+            r.flight_marked = False
         self.tree.unlock(r.keys[: r.locked_blocks])
         r.locked_blocks = 0
         self.private_blocks -= r.private_blocks
@@ -535,7 +608,7 @@ class Engine:
         r.hit_tokens = [0, 0, 0, 0]  # counted again when it is admitted again
         r.computed_tokens = 0
         r.pending_load_tokens = 0
-        bisect.insort(self.waiting, (r.req.arrival_s, r.req_id))
+        self._enqueue(r)
         self.metrics.preemptions += 1
 
     def finish(self, r: SimRequest) -> None:

@@ -26,6 +26,9 @@ class SimRequest:
     max_tbt_s: float = 0.0
     pending_load_tokens: int = 0  # loaded this step (sync/layerwise), counted at step end
     epoch: int = 0  # bumped on preemption or swap-out: work planned before it no longer applies
+    queue_marked: bool = False  # its blocks carry an in-queue mark (waiting)
+    flight_marked: bool = False  # blocks [locked_blocks:] carry an in-flight mark (being computed/loaded)
+    prefetching: bool = False  # an SSD/remote → host prefetch is in flight
     swap_pending: bool = False  # a swap-out or swap-in transfer is in flight
     swapped_blocks: int = 0  # host blocks holding this request's swapped-out KV
 

@@ -1,0 +1,93 @@
+"""Reproductions of the five papers' headline experiments (``kvtier sim reproduce``).
+
+Each paper module registers one function with :func:`reproduction`. It runs its experiments from the
+YAML files in ``experiments/<paper>/`` (hardware and model numbers come from the shared profiles;
+no constant is tuned per experiment), draws a plot in the style of the paper's figure into
+``out_dir``, and returns :class:`Row` s: the paper's ratio next to kvtier's, with a note where they
+differ and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Row:
+    paper: str
+    metric: str
+    paper_ratio: float | None  # None where the paper gives a range: see paper_range
+    kvtier_ratio: float
+    paper_range: tuple[float, float] | None = None
+    note: str = ""
+
+    @property
+    def within_30_percent(self) -> bool | None:
+        """Whether kvtier's ratio is within ±30% of the paper's (of the range's nearest end)."""
+        if self.paper_range is not None:
+            lo, hi = self.paper_range
+            return lo * 0.7 <= self.kvtier_ratio <= hi * 1.3
+        if self.paper_ratio is None:
+            return None
+        return abs(self.kvtier_ratio - self.paper_ratio) <= 0.3 * abs(self.paper_ratio)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["within_30_percent"] = self.within_30_percent
+        return out
+
+
+Reproduction = Callable[[Path, bool], list[Row]]  # (out_dir, quick) -> rows
+_REGISTRY: dict[str, Reproduction] = {}
+
+
+def reproduction(paper: str) -> Callable[[Reproduction], Reproduction]:
+    def register(fn: Reproduction) -> Reproduction:
+        if paper in _REGISTRY:
+            raise ConfigError(f"reproduction {paper!r} registered twice")
+        _REGISTRY[paper] = fn
+        return fn
+
+    return register
+
+
+def papers() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def run(paper: str, out_dir: Path, quick: bool = False) -> list[Row]:
+    """Runs one paper's reproduction; ``quick`` shrinks workloads (for tests), never the model."""
+    _load_all()
+    if paper not in _REGISTRY:
+        raise ConfigError(f"unknown paper {paper!r}; expected one of {sorted(_REGISTRY)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _REGISTRY[paper](out_dir, quick)
+
+
+def experiments_dir() -> Path:
+    """``experiments/`` at the repository root (walking up from this file), or $KVTIER_EXPERIMENTS."""
+    import os
+
+    env = os.environ.get("KVTIER_EXPERIMENTS")
+    if env:
+        return Path(env)
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "experiments"
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError("cannot find the experiments/ directory; set KVTIER_EXPERIMENTS")
+
+
+def _load_all() -> None:
+    """Imports every paper module in this package so they register."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
