@@ -95,7 +95,7 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
     names = reproduce.papers() if args.all else [args.paper]
     if not args.all and not args.paper:
         raise KvtierError(f"name a paper or pass --all; papers: {reproduce.papers()}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         rows.extend(row.to_dict() for row in reproduce.run(name, Path(args.out_dir) / name, quick=args.quick))
     if args.json:

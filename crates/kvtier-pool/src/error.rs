@@ -13,6 +13,13 @@ pub enum PoolError {
     CapacityTooSmall { bytes: u64, page: u64 },
     #[error("could not reserve a {bytes}-byte host arena: {reason}")]
     ArenaReserve { bytes: u64, reason: String },
+    /// A setting or the state of the SSD pool's files a user must fix (missing directory, a
+    /// device too small, not enough free space, a pool directory in use, devices of another pool).
+    #[error("ssd pool: {0}")]
+    SsdConfig(String),
+    /// An I/O failure of the SSD pool the caller must see (opening or recovering it).
+    #[error("ssd pool: {what} {path:?} failed: {reason}")]
+    SsdIo { what: &'static str, path: String, reason: String },
     #[error("{tier} tier integrity check failed: {detail}")]
     Integrity { tier: &'static str, detail: String },
 }

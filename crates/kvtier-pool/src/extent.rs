@@ -101,6 +101,40 @@ impl ExtentAllocator {
         Some(Extent { offset, len })
     }
 
+    /// Allocates exactly `extent` (page-aligned, inside the capacity) if every byte of it is
+    /// free: how a pool rebuilds its allocator from an index on restart. False, changing nothing,
+    /// if any byte of it is already allocated.
+    pub fn allocate_at(&mut self, extent: Extent) -> bool {
+        assert!(
+            extent.len > 0 && extent.offset % PAGE_BYTES == 0 && extent.len % PAGE_BYTES == 0,
+            "allocating a malformed extent {extent:?}"
+        );
+        if extent.end() > self.capacity_bytes {
+            return false;
+        }
+        let Some((&free_offset, &free_len)) = self.free_by_offset.range(..=extent.offset).next_back() else {
+            return false;
+        };
+        if free_offset + free_len < extent.end() {
+            return false;
+        }
+        self.remove_free(free_offset, free_len);
+        if free_offset < extent.offset {
+            self.insert_free(free_offset, extent.offset - free_offset);
+        }
+        if extent.end() < free_offset + free_len {
+            self.insert_free(extent.end(), free_offset + free_len - extent.end());
+        }
+        self.used_bytes += extent.len;
+        self.live_extents += 1;
+        true
+    }
+
+    /// The largest free extent's length in bytes (0 when full).
+    pub fn largest_free_bytes(&self) -> u64 {
+        self.free_by_len.last().map_or(0, |&(len, _)| len)
+    }
+
     /// Returns `extent` (exactly as allocated) to the free space, merging it with its neighbours.
     pub fn free(&mut self, extent: Extent) {
         assert!(
@@ -245,6 +279,21 @@ mod tests {
         assert_eq!(a.free_extents(), 1);
         assert_eq!(a.used_bytes(), 0);
         a.check_allocated(&mut []).unwrap();
+    }
+
+    #[test]
+    fn allocate_at_takes_exactly_free_bytes() {
+        let mut a = ExtentAllocator::new(8 * PAGE_BYTES);
+        let mid = Extent { offset: 2 * PAGE_BYTES, len: 3 * PAGE_BYTES };
+        assert!(a.allocate_at(mid));
+        assert!(!a.allocate_at(Extent { offset: 4 * PAGE_BYTES, len: PAGE_BYTES }), "overlaps mid");
+        assert!(!a.allocate_at(Extent { offset: 7 * PAGE_BYTES, len: 2 * PAGE_BYTES }), "past the end");
+        assert!(a.allocate_at(Extent { offset: 0, len: PAGE_BYTES }));
+        assert_eq!((a.used_bytes(), a.free_extents()), (4 * PAGE_BYTES, 2));
+        assert_eq!(a.largest_free_bytes(), 3 * PAGE_BYTES);
+        a.check_allocated(&mut [mid, Extent { offset: 0, len: PAGE_BYTES }]).unwrap();
+        a.free(mid);
+        assert_eq!(a.largest_free_bytes(), 6 * PAGE_BYTES, "freed mid merges with its free neighbours");
     }
 
     #[test]
