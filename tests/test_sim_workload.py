@@ -81,8 +81,10 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 def test_registry_names_and_errors() -> None:
-    assert workload_names() == ("agentic", "azure", "longdoc", "mooncake", "multiturn")
-    with pytest.raises(ConfigError, match="unknown workload 'chat'; known: agentic, azure, longdoc"):
+    assert workload_names() == ("agentic", "azure", "long_doc_qa", "longdoc", "mooncake", "multiturn")
+    with pytest.raises(
+        ConfigError, match="unknown workload 'chat'; known: agentic, azure, long_doc_qa, longdoc"
+    ):
         make_workload("chat", block_tokens=16)
     with pytest.raises(ConfigError, match=r"no parameter.*num_sessions.*accepted: block_tokens"):
         make_workload("longdoc", block_tokens=16, num_sessions=3)

@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``demo`` and ``bench layout|store``. ``--json`` prints one JSON object."""
+"""The ``kvtier`` command: ``demo``, ``bench layout|store|ssd|sim|codec`` and ``sim``. ``--json`` prints one JSON object."""
 
 from __future__ import annotations
 
@@ -115,11 +115,36 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
             print(f"{'':14s}   note: {r['note']}")
 
 
+def _bench_ssd(args: argparse.Namespace) -> None:
+    from kvtier.bench import ssd
+
+    result = ssd.run(
+        directory=args.directory,
+        total_bytes=parse_size(args.total, "--total"),
+        small_count=args.small_count,
+        large_count=args.large_count,
+        stripe_count=args.stripe_count,
+        recovery_objects=args.recovery_objects,
+        repeats=args.repeats,
+        io_depth=args.io_depth,
+        io_engine=args.io_engine,
+        show=not args.json,
+    )
+    _emit(result, args.json, ssd.summary)
+
+
 def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
     result = sim.run(max_requests=args.max_requests, show=not args.json)
     _emit(result, args.json, sim.summary)
+
+
+def _bench_codec(args: argparse.Namespace) -> None:
+    from kvtier.bench import codec
+
+    result = codec.run(repeats=args.repeats, threads=args.threads, show=not args.json)
+    _emit(result, args.json, codec.summary)
 
 
 def _write(path: str | None, result: dict[str, Any]) -> None:
@@ -205,12 +230,39 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--threads", type=int, default=0, help="copy workers (0 = one per core)")
     store.add_argument("--json", action="store_true")
     store.set_defaults(func=_bench_store)
+    bssd = bench_sub.add_parser(
+        "ssd", help="SSD pool vs raw O_DIRECT device loop and file-per-object; striping; recovery"
+    )
+    bssd.add_argument(
+        "--directory", default=None, help="where pool and baseline files go (default: temp dir)"
+    )
+    bssd.add_argument("--total", default="1GiB", help="bytes of 2 MiB objects for the raw-device ratios")
+    bssd.add_argument(
+        "--small-count", type=_positive, default=2048, help="256 KiB objects vs file per object"
+    )
+    bssd.add_argument("--large-count", type=_positive, default=256, help="2 MiB objects vs file per object")
+    bssd.add_argument("--stripe-count", type=_positive, default=128, help="2 MiB objects for striping")
+    bssd.add_argument("--recovery-objects", type=_positive, default=100_000)
+    bssd.add_argument("--repeats", type=_positive, default=3)
+    bssd.add_argument("--io-depth", type=_positive, default=8)
+    bssd.add_argument("--io-engine", choices=["auto", "io_uring", "pread"], default="auto")
+    bssd.add_argument("--json", action="store_true")
+    bssd.set_defaults(func=_bench_ssd)
     bsim = bench_sub.add_parser(
         "sim", help="simulator speed: Mooncake trace replay wall time; hit-rate check"
     )
     bsim.add_argument("--max-requests", type=_positive, default=None, help="replay only the first N requests")
     bsim.add_argument("--json", action="store_true")
     bsim.set_defaults(func=_bench_sim)
+    bcodec = bench_sub.add_parser(
+        "codec", help="codec ratios, per-core decode/encode Gbit/s and quant error on the real KV fixture"
+    )
+    bcodec.add_argument("--repeats", type=_positive, default=3)
+    bcodec.add_argument(
+        "--threads", type=int, default=0, help="threads for the all-cores figure (0 = one per core)"
+    )
+    bcodec.add_argument("--json", action="store_true")
+    bcodec.set_defaults(func=_bench_codec)
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
     sim_sub = sim.add_subparsers(dest="sim", required=True)

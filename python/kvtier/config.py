@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
@@ -22,6 +22,9 @@ from kvtier.geometry import Geometry
 from kvtier.keys import Namespace
 
 EVICTION_POLICIES = ("lru", "s3fifo")
+SSD_DURABILITY = ("none", "fsync")
+SSD_PLACEMENTS = ("bandwidth", "round_robin")
+SSD_IO_ENGINES = ("auto", "io_uring", "pread")
 
 # Bounds the Rust store enforces (crates/kvtier-store/src/config.rs), checked here first so a bad
 # value is a ConfigError naming the field before any Rust code runs.
@@ -31,6 +34,14 @@ LEASE_TTL_MAX_S = 365 * 24 * 3600
 DRAM_CAPACITY_BYTES_MAX = sys.maxsize
 #: Longest ``model_id`` / ``cache_salt`` in UTF-8 bytes: ``NAMESPACE_FIELD_BYTES_MAX`` (kvtier-core).
 NAMESPACE_FIELD_BYTES_MAX = 4096
+#: SSD pool bounds (crates/kvtier-pool/src/ssd/config.rs, kvtier-store/src/config.rs).
+SSD_DEVICES_MAX = 64
+SSD_IO_DEPTH_MAX = 256
+SSD_PROBE_BYTES_MAX = 4 * 2**30
+SSD_ADMISSION_K_MAX = 2**20
+#: Bytes of a stored object's header; objects take whole 4 KiB pages (docs/formats.md).
+OBJECT_HEADER_BYTES = 64
+PAGE_BYTES = 4096
 
 _UNITS = {
     "": 1,
@@ -74,6 +85,32 @@ class StoreConfig:
     lease_ttl_s: float = 30.0
     leases_max: int = 4096
     dram_prefault: bool = False
+    #: The SSD tier below DRAM: a directory holding its index log, bandwidth cache and lock (and
+    #: its one device file when ``ssd_devices`` is empty). ``None``: DRAM only.
+    ssd_directory: str | None = None
+    #: Device paths (raw block devices, or files created and pre-allocated there).
+    ssd_devices: tuple[str, ...] = ()
+    #: Object space over all devices, split equally (used when the pool is created).
+    ssd_capacity_bytes: int = 8 * 2**30
+    #: When ``put`` returns for SSD writes: ``"none"`` (written, logged in the page cache) or
+    #: ``"fsync"`` (data and index on stable storage).
+    ssd_durability: str = "none"
+    #: A block is written to SSD only after this many accesses (its put is one, each lease one more).
+    ssd_admission_k: int = 1
+    #: ``"bandwidth"`` (Unified KV pooling, Algorithm 1) or ``"round_robin"``.
+    ssd_placement: str = "bandwidth"
+    #: Bytes/s per device, instead of the start-up probe.
+    ssd_bandwidth_bytes_per_s: tuple[float, ...] | None = None
+    ssd_io_engine: str = "auto"
+    ssd_io_depth: int = 8
+    #: Bytes the bandwidth probe writes and reads per device (0: no probe, equal shares).
+    ssd_probe_bytes: int = 64 * 2**20
+    #: Also write blocks to SSD when they are put (default: when DRAM evicts them).
+    ssd_write_through: bool = False
+    #: Copy blocks loaded from SSD into DRAM.
+    ssd_promote_on_hit: bool = True
+    #: O_DIRECT (falls back to buffered I/O, with a warning, where a file system rejects it).
+    ssd_direct_io: bool = True
     namespace: Namespace = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +143,7 @@ class StoreConfig:
         if not isinstance(self.dram_prefault, bool):
             raise ConfigError(f"`dram_prefault` is {self.dram_prefault!r}; expected true or false")
         _check_lease_ttl(self.lease_ttl_s)
+        self._check_ssd()
         namespace = Namespace(self.model_id, self.geometry, self.cache_salt, self.rank, self.layout_version)
         object.__setattr__(self, "namespace", namespace)
 
@@ -144,7 +182,106 @@ class StoreConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         out["geometry"] = self.geometry.to_dict()
+        out["ssd_devices"] = list(self.ssd_devices)
+        if self.ssd_bandwidth_bytes_per_s is not None:
+            out["ssd_bandwidth_bytes_per_s"] = list(self.ssd_bandwidth_bytes_per_s)
         return out
+
+    @property
+    def object_bytes(self) -> int:
+        """Bytes one block takes in DRAM: payload + 64-byte header, rounded up to whole pages."""
+        return -(-(OBJECT_HEADER_BYTES + self.geometry.block_bytes) // PAGE_BYTES) * PAGE_BYTES
+
+    @property
+    def ssd_object_bytes(self) -> int:
+        """Bytes one block takes on an SSD device: the payload rounded up to whole pages."""
+        return max(1, -(-self.geometry.block_bytes // PAGE_BYTES)) * PAGE_BYTES
+
+    def ssd_options(self) -> dict[str, Any] | None:
+        """The SSD settings as the extension takes them, or ``None`` without an SSD tier."""
+        if self.ssd_directory is None:
+            return None
+        return {
+            "directory": self.ssd_directory,
+            "devices": list(self.ssd_devices),
+            "capacity_bytes": self.ssd_capacity_bytes,
+            "durability": self.ssd_durability,
+            "placement": self.ssd_placement,
+            "bandwidth_bytes_per_s": None
+            if self.ssd_bandwidth_bytes_per_s is None
+            else [float(b) for b in self.ssd_bandwidth_bytes_per_s],
+            "io_engine": self.ssd_io_engine,
+            "io_depth": self.ssd_io_depth,
+            "probe_bytes": self.ssd_probe_bytes,
+            "direct_io": self.ssd_direct_io,
+            "admission_k": self.ssd_admission_k,
+            "write_through": self.ssd_write_through,
+            "promote_on_hit": self.ssd_promote_on_hit,
+        }
+
+    def _check_ssd(self) -> None:
+        """Validates (and normalises) the ``ssd_*`` fields."""
+        directory = self.ssd_directory
+        if directory is not None:
+            if isinstance(directory, PurePath):
+                directory = str(directory)
+            if not isinstance(directory, str) or not directory:
+                raise ConfigError(f"`ssd_directory` is {directory!r}; expected a directory path or None")
+            object.__setattr__(self, "ssd_directory", directory)
+        devices = self.ssd_devices
+        if isinstance(devices, str | bytes) or not isinstance(devices, Sequence):
+            raise ConfigError(f"`ssd_devices` is {devices!r}; expected a list of device or file paths")
+        devices = tuple(str(d) if isinstance(d, PurePath) else d for d in devices)
+        for d in devices:
+            if not isinstance(d, str) or not d:
+                raise ConfigError(f"`ssd_devices` holds {d!r}; expected non-empty paths")
+        if len(set(devices)) != len(devices):
+            raise ConfigError(
+                f"`ssd_devices` lists a device twice ({list(devices)}); expected distinct devices"
+            )
+        if len(devices) > SSD_DEVICES_MAX:
+            raise ConfigError(f"`ssd_devices` has {len(devices)} devices; expected at most {SSD_DEVICES_MAX}")
+        object.__setattr__(self, "ssd_devices", devices)
+        if devices and directory is None:
+            raise ConfigError(
+                "`ssd_devices` is set but `ssd_directory` is None; expected a directory for the index log "
+                "(or drop ssd_devices)"
+            )
+        n = max(1, len(devices))
+        capacity = parse_size(self.ssd_capacity_bytes, "ssd_capacity_bytes")
+        size = self.ssd_object_bytes
+        if capacity < n * size:
+            raise ConfigError(
+                f"`ssd_capacity_bytes` is {capacity}; expected at least one {size}-byte object "
+                f"per device ({n} x {size} = {n * size} bytes)"
+            )
+        object.__setattr__(self, "ssd_capacity_bytes", capacity)
+        _choice("ssd_durability", self.ssd_durability, SSD_DURABILITY)
+        _choice("ssd_placement", self.ssd_placement, SSD_PLACEMENTS)
+        _choice("ssd_io_engine", self.ssd_io_engine, SSD_IO_ENGINES)
+        _int_in("ssd_admission_k", self.ssd_admission_k, 1, SSD_ADMISSION_K_MAX)
+        _int_in("ssd_io_depth", self.ssd_io_depth, 1, SSD_IO_DEPTH_MAX)
+        probe = parse_size(self.ssd_probe_bytes, "ssd_probe_bytes")
+        _int_in("ssd_probe_bytes", probe, 0, SSD_PROBE_BYTES_MAX)
+        object.__setattr__(self, "ssd_probe_bytes", probe)
+        for name in ("ssd_write_through", "ssd_promote_on_hit", "ssd_direct_io"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"`{name}` is {getattr(self, name)!r}; expected true or false")
+        bandwidths = self.ssd_bandwidth_bytes_per_s
+        if bandwidths is not None:
+            ok = isinstance(bandwidths, Sequence) and not isinstance(bandwidths, str | bytes)
+            values = tuple(bandwidths) if ok else ()
+            if not ok or len(values) != n:
+                raise ConfigError(
+                    f"`ssd_bandwidth_bytes_per_s` is {bandwidths!r}; expected one number of bytes/s per "
+                    f"device ({n})"
+                )
+            for i, b in enumerate(values):
+                if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b < float("inf"):
+                    raise ConfigError(
+                        f"`ssd_bandwidth_bytes_per_s[{i}]` is {b!r}; expected a positive number of bytes/s"
+                    )
+            object.__setattr__(self, "ssd_bandwidth_bytes_per_s", values)
 
 
 def _check_lease_ttl(ttl: object) -> None:
@@ -174,6 +311,11 @@ def _namespace_field(name: str, value: str) -> None:
             f"`{name}` is {size} bytes in UTF-8 ({value[:32]!r}...); expected at most "
             f"{NAMESPACE_FIELD_BYTES_MAX} bytes"
         )
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"`{name}` is {value!r}; expected one of {list(choices)}")
 
 
 def _int_in(name: str, value: object, lo: int, hi: int) -> None:

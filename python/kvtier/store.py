@@ -14,10 +14,12 @@ on load is counted, dropped, and ends the loaded prefix: never wrong KV.
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +29,8 @@ from kvtier.errors import BufferError, LeaseError, NamespaceError
 from kvtier.keys import BlockKeys, Namespace
 
 ObjectsArg = np.ndarray | Sequence[np.ndarray]
+
+log = logging.getLogger("kvtier")
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,37 @@ class StoreStats:
     checksum_failures: int
     leases_active: int
     leases_expired: int
+    #: Blocks DRAM gave up that are now in the SSD tier (written there, or already there).
+    demoted_blocks: int
+    #: Blocks DRAM gave up without writing them to SSD (fewer accesses than ``ssd_admission_k``).
+    admission_skipped: int
+    #: Blocks DRAM gave up that the SSD tier refused (full of leased blocks, or an I/O error).
+    demotion_failed: int
+    #: Blocks loaded from SSD and copied into DRAM.
+    promoted_blocks: int
+    #: Blocks written to SSD at put time (``ssd_write_through``).
+    written_through: int
+    #: Blocks DRAM evicted without trying SSD (after a put's bounded demotion rounds).
+    dropped_evictions: int
+    #: Summed over tiers (a block in DRAM and in SSD counts in both); see :meth:`Store.tier_stats`.
     objects: int
     used_bytes: int
     capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """Counters and gauges of one tier."""
+
+    objects: int
+    pinned_objects: int
+    doomed_objects: int
+    used_bytes: int
+    capacity_bytes: int
+    stored: int
+    evictions: int
+    rejected: int
+    checksum_failures: int
 
 
 def _release_quietly(core: _core.Store, lease_id: int) -> None:
@@ -124,7 +156,13 @@ class Lease:
 
 
 class Store:
-    """A KV-cache store over the tier hierarchy (DRAM now; SSD and remote plug in below it)."""
+    """A KV-cache store over the tier hierarchy: DRAM, then (with ``ssd_directory``) an SSD pool.
+
+    With an SSD tier, blocks DRAM gives up are written to SSD first (write-back; after
+    ``ssd_admission_k`` accesses), lookups report ``"ssd"`` for blocks found there, loads from SSD
+    verify every checksum and copy the blocks back into DRAM, and a restarted store finds what
+    the pool kept (its index log is replayed when the store opens).
+    """
 
     def __init__(self, config: StoreConfig) -> None:
         if not isinstance(config, StoreConfig):
@@ -144,8 +182,13 @@ class Store:
             float(config.lease_ttl_s),
             config.leases_max,
             config.dram_prefault,
+            config.ssd_options(),
         )
         assert bytes(self._core.namespace_hash) == self.namespace.hash
+        metrics = self._core.ssd_metrics()
+        if metrics is not None:
+            for warning in metrics["warnings"]:
+                log.warning("kvtier ssd: %s", warning)
 
     def _check_keys(self, keys: BlockKeys) -> None:
         if not isinstance(keys, BlockKeys):
@@ -251,6 +294,25 @@ class Store:
 
     def stats(self) -> StoreStats:
         return StoreStats(**self._core.stats())
+
+    def tier_stats(self) -> dict[str, TierStats]:
+        """Each tier's counters, by tier name (``"dram"``, ``"ssd"``), fastest first."""
+        return {name: TierStats(**values) for name, values in self._core.tier_stats().items()}
+
+    def ssd_metrics(self) -> dict[str, Any] | None:
+        """The SSD pool's metrics (JSON-ready), or ``None`` without an SSD tier.
+
+        Per device: bytes and operations read/written, I/O errors, queue depth (now and max),
+        read/write latency p50/p99 (seconds), bandwidth and placement share, objects and bytes
+        used. Pool: lookup hits/misses, evictions, checksum failures, index-log records,
+        compactions, ``recovery`` (objects recovered, records dropped, seconds), ``warnings``.
+        """
+        return self._core.ssd_metrics()
+
+    def flush(self) -> None:
+        """Makes every block the SSD tier holds durable now (``ssd_durability="none"`` otherwise
+        leaves the index log's tail to the page cache until the store closes)."""
+        self._core.flush()
 
     def check_integrity(self) -> None:
         """Raises :class:`kvtier.errors.IntegrityError` if an internal invariant does not hold."""

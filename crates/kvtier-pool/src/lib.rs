@@ -5,6 +5,9 @@
 //! - [`tier`]: the batched [`Tier`] trait every tier implements, and [`TierKind`].
 //! - [`dram`]: host memory — a page-aligned [`arena`] + an [`extent`] allocator + an
 //!   [`eviction`] policy + an index.
+//! - [`ssd`]: the unified SSD pool — devices opened with O_DIRECT, an extent allocator per
+//!   device, a global lookup table, bandwidth-aware placement, an I/O worker per device
+//!   (io_uring or pread/pwrite) and a crash-safe index log.
 //! - [`noop`]: stores nothing (tests, overhead measurement).
 //! - [`eviction`]: LRU and S3-FIFO behind [`EvictionPolicy`], with a name registry.
 //!
@@ -23,11 +26,13 @@ pub mod eviction;
 pub mod extent;
 pub mod hash;
 pub mod noop;
+pub mod ssd;
 pub mod tier;
 
-pub use dram::{object_extent_bytes, DramTier};
+pub use dram::{object_extent_bytes, Demotion, DramTier, Victim};
 pub use error::PoolError;
 pub use eviction::{by_name as eviction_by_name, EvictionPolicy, POLICY_NAMES};
 pub use extent::{Extent, ExtentAllocator, PAGE_BYTES};
 pub use noop::NoopTier;
+pub use ssd::{Durability, IoEngineKind, Placement, SsdConfig, SsdTier};
 pub use tier::{EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};

@@ -5,9 +5,11 @@
 //! classes of `kvtier.errors`.
 
 mod buffer;
+mod codec;
 mod errors;
 mod geometry;
 mod layout;
+mod ssd;
 mod store;
 
 use pyo3::prelude::*;
@@ -125,6 +127,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<geometry::CoreGeometry>()?;
     m.add_class::<layout::Copier>()?;
     m.add_class::<store::Store>()?;
+    codec::register(m)?;
+    m.add_class::<ssd::SsdPool>()?;
+    m.add_function(wrap_pyfunction!(ssd::ssd_placement_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd::ssd_raw_sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd::ssd_file_per_object_write, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd::ssd_file_per_object_read, m)?)?;
     m.add_function(wrap_pyfunction!(block_keys, m)?)?;
     m.add_function(wrap_pyfunction!(encode_object, m)?)?;
     m.add_function(wrap_pyfunction!(decode_object, m)?)?;

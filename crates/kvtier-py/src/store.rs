@@ -13,6 +13,7 @@ use kvtier_store::{Store as CoreStore, StoreConfig, StoreError};
 use crate::buffer::{ensure_disjoint, Buffer};
 use crate::errors::{buffer_error, config_error, key_err, kvtier_error};
 use crate::geometry::CoreGeometry;
+use crate::ssd::{metrics_dict, store_ssd_config};
 use crate::{keys_from, u128_from};
 
 fn store_err(e: StoreError) -> PyErr {
@@ -39,7 +40,11 @@ pub struct Store {
 /// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
 /// per block. (Other sequences are not taken apart here: a numpy array is a sequence too. The
 /// Python wrapper turns any sequence of blocks into a list.)
-fn block_buffers(obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Vec<Buffer>> {
+pub(crate) fn block_buffers(
+    obj: &Bound<'_, PyAny>,
+    what: &'static str,
+    writable: bool,
+) -> PyResult<Vec<Buffer>> {
     if let Ok(list) = obj.downcast::<PyList>() {
         return list.iter().map(|item| Buffer::get(&item, what, writable)).collect();
     }
@@ -81,7 +86,7 @@ fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -
 ///
 /// # Safety
 /// The buffers must be live and not written while the slices are alive.
-unsafe fn split_ref<'a>(
+pub(crate) unsafe fn split_ref<'a>(
     bufs: &'a [Buffer],
     count: usize,
     block_bytes: usize,
@@ -96,7 +101,7 @@ unsafe fn split_ref<'a>(
 /// # Safety
 /// The buffers must be live, acquired writable, pairwise disjoint and not otherwise viewed.
 #[allow(clippy::mut_from_ref)]
-unsafe fn split_mut<'a>(
+pub(crate) unsafe fn split_mut<'a>(
     bufs: &'a [Buffer],
     count: usize,
     block_bytes: usize,
@@ -113,6 +118,7 @@ unsafe fn split_mut<'a>(
 #[pymethods]
 impl Store {
     #[new]
+    #[pyo3(signature = (geometry, model_id, layout_version, cache_salt, rank, dram_capacity_bytes, eviction, copy_threads, lease_ttl_s, leases_max, dram_prefault, ssd=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -127,6 +133,7 @@ impl Store {
         lease_ttl_s: f64,
         leases_max: usize,
         dram_prefault: bool,
+        ssd: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let namespace =
             Namespace { model_id, geometry: geometry.inner.clone(), layout_version, cache_salt, rank };
@@ -138,6 +145,7 @@ impl Store {
             lease_ttl: lease_ttl(lease_ttl_s)?,
             leases_max,
             dram_prefault,
+            ssd: ssd.map(store_ssd_config).transpose()?,
         };
         let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;
         Ok(Store { inner })
@@ -238,6 +246,12 @@ impl Store {
             ("checksum_failures", s.checksum_failures),
             ("leases_active", s.leases_active),
             ("leases_expired", s.leases_expired),
+            ("demoted_blocks", s.demoted_blocks),
+            ("admission_skipped", s.admission_skipped),
+            ("demotion_failed", s.demotion_failed),
+            ("promoted_blocks", s.promoted_blocks),
+            ("written_through", s.written_through),
+            ("dropped_evictions", s.dropped_evictions),
             ("objects", s.objects),
             ("used_bytes", s.used_bytes),
             ("capacity_bytes", s.capacity_bytes),
@@ -245,6 +259,41 @@ impl Store {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+
+    /// Per tier (name → counters), fastest first.
+    fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (kind, t) in self.inner.tier_stats() {
+            let d = PyDict::new(py);
+            for (k, v) in [
+                ("objects", t.objects),
+                ("pinned_objects", t.pinned_objects),
+                ("doomed_objects", t.doomed_objects),
+                ("used_bytes", t.used_bytes),
+                ("capacity_bytes", t.capacity_bytes),
+                ("stored", t.stored),
+                ("evictions", t.evictions),
+                ("rejected", t.rejected),
+                ("checksum_failures", t.checksum_failures),
+            ] {
+                d.set_item(k, v)?;
+            }
+            out.set_item(kind.name(), d)?;
+        }
+        Ok(out)
+    }
+
+    /// The SSD pool's metrics, or None without an SSD tier.
+    fn ssd_metrics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match py.allow_threads(|| self.inner.ssd_metrics()) {
+            Some(m) => Ok(Some(metrics_dict(py, &m)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.flush()).map_err(store_err)
     }
 
     fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {

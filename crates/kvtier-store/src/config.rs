@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use kvtier_pool::SsdConfig;
+
 use crate::error::StoreError;
 
 /// Default DRAM tier size: 1 GiB.
@@ -22,8 +24,32 @@ pub const LEASES_MAX_DEFAULT: usize = 4096;
 pub const LEASES_MAX_LIMIT: usize = 1 << 24;
 /// Largest `copy_threads` accepted.
 pub const COPY_THREADS_MAX: usize = 256;
+/// Largest SSD admission threshold accepted.
+pub const ADMISSION_K_MAX: u32 = 1 << 20;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The SSD tier below DRAM, and how blocks move between the two.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsdStoreConfig {
+    /// The pool itself. Its `min_object_bytes` and `eviction` are set by the store.
+    pub pool: SsdConfig,
+    /// A block goes to SSD only once it has had this many accesses (its put counts as one, each
+    /// lease of it in DRAM as one more): 1 = every block.
+    pub admission_k: u32,
+    /// Also write every admitted block to SSD when it is put (default: only when DRAM evicts
+    /// it, i.e. write-back).
+    pub write_through: bool,
+    /// Copy blocks loaded from SSD into DRAM.
+    pub promote_on_hit: bool,
+}
+
+impl SsdStoreConfig {
+    /// Write-back, admission after 1 access, promotion on hit.
+    pub fn new(pool: SsdConfig) -> Self {
+        SsdStoreConfig { pool, admission_k: 1, write_through: false, promote_on_hit: true }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
     /// Bytes of host memory for the DRAM tier (rounded down to 4 KiB pages). Each block takes
     /// a 64-byte header plus `block_bytes`, rounded up to whole pages.
@@ -40,6 +66,8 @@ pub struct StoreConfig {
     /// run at memcpy speed instead of paying page faults. Costs the time and commits the memory
     /// up front.
     pub dram_prefault: bool,
+    /// An SSD tier below DRAM (`None`: DRAM only).
+    pub ssd: Option<SsdStoreConfig>,
 }
 
 impl Default for StoreConfig {
@@ -51,6 +79,7 @@ impl Default for StoreConfig {
             lease_ttl: LEASE_TTL_DEFAULT,
             leases_max: LEASES_MAX_DEFAULT,
             dram_prefault: false,
+            ssd: None,
         }
     }
 }
@@ -82,6 +111,15 @@ impl StoreConfig {
         }
         if self.leases_max == 0 || self.leases_max > LEASES_MAX_LIMIT {
             return bad(format!("leases_max is {}; expected 1 to {LEASES_MAX_LIMIT}", self.leases_max));
+        }
+        if let Some(ssd) = &self.ssd {
+            if ssd.admission_k == 0 || ssd.admission_k > ADMISSION_K_MAX {
+                return bad(format!(
+                    "ssd admission_k is {}; expected 1 (every block) to {ADMISSION_K_MAX} accesses",
+                    ssd.admission_k
+                ));
+            }
+            ssd.pool.validate().map_err(|e| StoreError::Config(e.to_string()))?;
         }
         Ok(())
     }

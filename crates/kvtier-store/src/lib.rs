@@ -1,5 +1,5 @@
-//! kvtier-store: the public store API — a hierarchy of tiers (DRAM now; SSD and remote later)
-//! behind one namespace, answering "which prefix of these blocks is cached, and where", and
+//! kvtier-store: the public store API — a hierarchy of tiers (DRAM, then an optional SSD pool;
+//! remote later) behind one namespace, answering "which prefix of these blocks is cached, and where", and
 //! moving verified bytes in and out. The Python bindings (`kvtier._core`) call exactly this.
 //!
 //! ```
@@ -35,19 +35,24 @@
 //! - **Bounded**: no tier exceeds its capacity; a full tier evicts unpinned blocks or rejects.
 //! - **Prefixes**: lookups report the longest *consecutive* prefix present, because a block's KV
 //!   is only usable with every block before it.
+//! - **Hierarchy** (with [`StoreConfig::ssd`]): blocks DRAM gives up are written to SSD before
+//!   they leave DRAM (write-back, after `admission_k` accesses); blocks loaded from SSD are
+//!   copied into DRAM; the SSD pool recovers what its index log names when the store opens.
 //!
 //! [`Store::check_integrity`] verifies all of this (allocator accounting, index and extents,
 //! object headers, and that pin counts equal what active leases hold).
 
 pub mod config;
 pub mod error;
+mod hierarchy;
 mod lease;
 pub mod stats;
 mod store;
 
-pub use config::StoreConfig;
+pub use config::{SsdStoreConfig, StoreConfig};
 pub use error::StoreError;
 pub use kvtier_core::{BlockKey, Namespace};
-pub use kvtier_pool::{PoolError, TierKind};
+pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};
+pub use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig, TierKind, TierStats};
 pub use stats::StoreStats;
 pub use store::{Lease, LoadReport, Lookup, PutReport, Store};

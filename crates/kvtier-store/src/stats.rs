@@ -28,7 +28,20 @@ pub struct StoreStats {
     pub leases_active: u64,
     /// Leases reclaimed because their TTL passed.
     pub leases_expired: u64,
-    /// Blocks stored now, bytes they occupy (headers and page padding included), and the bound.
+    /// Blocks DRAM gave up that are now in the SSD tier (written there, or already there).
+    pub demoted_blocks: u64,
+    /// Blocks DRAM gave up without writing them to SSD: fewer accesses than `admission_k`.
+    pub admission_skipped: u64,
+    /// Blocks DRAM gave up that the SSD tier refused (full of leased blocks, or an I/O error).
+    pub demotion_failed: u64,
+    /// Blocks loaded from SSD and copied into DRAM.
+    pub promoted_blocks: u64,
+    /// Blocks written to SSD at put time (write-through).
+    pub written_through: u64,
+    /// Blocks DRAM evicted without trying SSD (after the bounded demotion rounds of a put).
+    pub dropped_evictions: u64,
+    /// Blocks stored now, bytes they occupy (headers and page padding included), and the bound,
+    /// summed over tiers (a block in DRAM and in SSD counts in both).
     pub objects: u64,
     pub used_bytes: u64,
     pub capacity_bytes: u64,
@@ -47,6 +60,12 @@ pub(crate) struct Counters {
     pub evictions: AtomicU64,
     pub rejected_puts: AtomicU64,
     pub checksum_failures: AtomicU64,
+    pub demoted_blocks: AtomicU64,
+    pub admission_skipped: AtomicU64,
+    pub demotion_failed: AtomicU64,
+    pub promoted_blocks: AtomicU64,
+    pub written_through: AtomicU64,
+    pub dropped_evictions: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64, by: usize) {

@@ -5,9 +5,10 @@ use std::time::Instant;
 
 use kvtier_core::parallel::WorkerPool;
 use kvtier_core::{BlockKey, Namespace};
+use kvtier_pool::ssd::SsdMetrics;
 use kvtier_pool::{
-    eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, ReadOutcome, Tier, TierKind,
-    PAGE_BYTES,
+    eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, PoolError, ReadOutcome, SsdTier,
+    Tier, TierKind, TierStats, PAGE_BYTES,
 };
 use parking_lot::Mutex;
 
@@ -63,10 +64,13 @@ pub struct Store {
     block_bytes: usize,
     config: StoreConfig,
     /// The hierarchy, fastest first; at most one tier of each kind.
-    tiers: Vec<Box<dyn Tier>>,
+    tiers: Vec<Arc<dyn Tier>>,
+    /// The same tiers, typed, for moving blocks between them.
+    pub(crate) dram: Arc<DramTier>,
+    pub(crate) ssd: Option<Arc<SsdTier>>,
     /// Lock order: `leases`, then a tier's lock. Pins change only under `leases`.
     leases: Mutex<LeaseTable>,
-    counters: Counters,
+    pub(crate) counters: Counters,
 }
 
 impl std::fmt::Debug for Store {
@@ -82,7 +86,8 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// A store with a DRAM tier of `config.dram_capacity_bytes`.
+    /// A store with a DRAM tier of `config.dram_capacity_bytes` and, with `config.ssd`, an SSD
+    /// pool below it (opened, and recovered from its index log, here).
     pub fn new(namespace: Namespace, config: StoreConfig) -> Result<Store, StoreError> {
         config.validate()?;
         let namespace_hash = namespace.hash().map_err(|e| StoreError::Config(format!("namespace: {e}")))?;
@@ -104,7 +109,22 @@ impl Store {
             // A failed prefault only means pages fault in on first use, as without it.
             let _ = dram.prefault();
         }
-        let tiers: Vec<Box<dyn Tier>> = vec![Box::new(dram)];
+        let dram = Arc::new(dram);
+        let mut tiers: Vec<Arc<dyn Tier>> = vec![dram.clone()];
+        let ssd = match &config.ssd {
+            None => None,
+            Some(ssd_config) => {
+                let mut pool = ssd_config.pool.clone();
+                pool.min_object_bytes = (block_bytes as u64).div_ceil(PAGE_BYTES).max(1) * PAGE_BYTES;
+                pool.eviction = config.eviction.clone();
+                let ssd = Arc::new(SsdTier::open(pool).map_err(|e| match e {
+                    PoolError::SsdConfig(message) => StoreError::Config(format!("ssd: {message}")),
+                    other => StoreError::Tier(other),
+                })?);
+                tiers.push(ssd.clone());
+                Some(ssd)
+            }
+        };
         let leases = Mutex::new(LeaseTable::new(config.lease_ttl, config.leases_max));
         Ok(Store {
             namespace,
@@ -112,6 +132,8 @@ impl Store {
             block_bytes,
             config,
             tiers,
+            dram,
+            ssd,
             leases,
             counters: Counters::default(),
         })
@@ -154,13 +176,14 @@ impl Store {
         Ok(())
     }
 
-    fn tier_index(&self, kind: TierKind) -> usize {
+    pub(crate) fn tier_index(&self, kind: TierKind) -> usize {
         self.tiers.iter().position(|t| t.kind() == kind).expect("located in a tier of this store")
     }
 
     /// Stores `objects[i]` (the BlockFirst payload of `keys[i]`, exactly `block_bytes`) in the
     /// fastest tier. Keys already present are skipped; when every block that could make room
-    /// is leased, the rest are rejected (capacity is never exceeded).
+    /// is leased, the rest are rejected (capacity is never exceeded). With an SSD tier, blocks
+    /// DRAM gives up for room are first written to SSD (write-back, after the admission filter).
     pub fn put(
         &self,
         namespace_hash: u128,
@@ -174,7 +197,7 @@ impl Store {
         self.check_sizes(objects.iter().map(|o| o.len()))?;
         // Expired leases pin space a put may need; reclaiming is O(1) when none expired.
         self.reclaim_expired(&mut self.leases.lock());
-        let report = self.tiers[0].put(self.namespace_hash, keys, objects);
+        let report = self.put_hierarchy(keys, objects);
         assert_eq!(report.stored + report.already_present + report.rejected, keys.len(), "put lost keys");
         bump(&self.counters.put_blocks, report.stored);
         bump(&self.counters.put_bytes, report.stored * self.block_bytes);
@@ -261,6 +284,7 @@ impl Store {
         // Each corrupt stored copy is counted once, by the load that found it.
         bump(&self.counters.checksum_failures, found_corrupt);
         let checksum_failures = found_corrupt + known_corrupt;
+        self.promote(&blocks[..loaded_blocks], dst);
         Ok(LoadReport { loaded_blocks, checksum_failures })
     }
 
@@ -333,6 +357,12 @@ impl Store {
             checksum_failures: read(&c.checksum_failures),
             leases_active,
             leases_expired,
+            demoted_blocks: read(&c.demoted_blocks),
+            admission_skipped: read(&c.admission_skipped),
+            demotion_failed: read(&c.demotion_failed),
+            promoted_blocks: read(&c.promoted_blocks),
+            written_through: read(&c.written_through),
+            dropped_evictions: read(&c.dropped_evictions),
             ..StoreStats::default()
         };
         for tier in &self.tiers {
@@ -342,6 +372,31 @@ impl Store {
             stats.capacity_bytes += t.capacity_bytes;
         }
         stats
+    }
+
+    /// Each tier's own counters and gauges, fastest tier first.
+    pub fn tier_stats(&self) -> Vec<(TierKind, TierStats)> {
+        self.tiers.iter().map(|t| (t.kind(), t.stats())).collect()
+    }
+
+    /// The SSD pool's metrics (per device bytes, queue depth, latency percentiles; recovery),
+    /// or `None` without an SSD tier.
+    pub fn ssd_metrics(&self) -> Option<SsdMetrics> {
+        self.ssd.as_ref().map(|s| s.metrics())
+    }
+
+    /// Makes every block the SSD tier holds durable now (no-op without one).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        match &self.ssd {
+            Some(ssd) => ssd.flush().map_err(|e| {
+                StoreError::Tier(PoolError::SsdIo {
+                    what: "flushing",
+                    path: ssd.config().directory.display().to_string(),
+                    reason: e.to_string(),
+                })
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Verifies every tier (allocator accounting, index/extents, object headers, policy) and

@@ -49,6 +49,10 @@ class RequestView:
     cached_tokens: tuple[int, int, int, int] = (0, 0, 0, 0)
     in_queue_tokens: int = 0  # right after the cached prefix, being brought by a queued request
     in_flight_tokens: int = 0  # right after the cached prefix, being loaded or computed now
+    # The prompt's block keys (prefix-tree path, one per `block_tokens` tokens; what a real engine
+    # hashes its pages into). Lets a policy tell which requests share a context: Strata's in-queue
+    # delay hits and bundle hits (§4.3.1-4.3.2). Empty where the engine does not expose them.
+    block_keys: tuple[int, ...] = ()
 
     @property
     def loadable_tokens(self) -> int:
@@ -82,6 +86,7 @@ class SchedulerView:
     max_running: int
     num_layers: int
     cost: CostEstimates
+    kv_bytes_per_token: int = 0  # raw KV bytes per token on one GPU, for sizing transfers (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,40 @@ class LoadOrder:
     decode_on_device: bool = False  # compressed bytes cross the host link and decode on the GPU
 
 
+@dataclass(frozen=True, slots=True)
+class SwapCopy:
+    """How the engine copies a swapped request's KV over the host link (SuperInfer §4.3, Table 1).
+
+    The defaults are the engine's plain swap: one copy per block, both directions at once, all
+    blocks moved at swap-out and freed when the copy lands, no step ever waits for a swap.
+
+    ``sync``: ``"none"`` (swaps are independent transfers); ``"step"`` (vLLM: a step's swaps run
+    before its forward pass, so its compute waits for them and swapped-out blocks are reusable at
+    once); ``"next_step"`` (cross-iteration pipeline, §4.3.2 Fig. 15: a step's swaps overlap its
+    compute and the next step starts once both are done). Under ``step``/``next_step`` a step's
+    swaps leave as one copy per direction.
+    """
+
+    layer_first: bool = False  # one copy per layer per block (PagedAttention's segment, §4.3.1)
+    batched: bool = False  # one copy launch per swap (cudaMemcpyBatchAsync, §4.3.2 "MK")
+    duplex: bool = True  # False: copies run one at a time, FIFO (HBM block data race, Fig. 13)
+    eager: bool = False  # eager block rotation: full blocks copied out in the background (§4.3.2)
+    sync: str = "none"  # none | step | next_step
+
+    def __post_init__(self) -> None:
+        if self.sync not in ("none", "step", "next_step"):
+            raise ConfigError(f"SwapCopy sync is {self.sync!r}; expected none, step or next_step")
+
+    def segment_bytes(self, nbytes: int, block_bytes: int, num_layers: int) -> int:
+        """Bytes per copy launch of a ``nbytes`` swap (§4.3.1): the whole swap (batched), one layer
+        of a block (layer-first paged KV: 64 KB for Qwen2.5-32B), or one block (4 MB)."""
+        if self.batched:
+            return max(nbytes, 1)
+        if self.layer_first:
+            return max(1, block_bytes // num_layers)
+        return block_bytes
+
+
 @dataclass(slots=True)
 class SchedulerDecision:
     prefill: list[tuple[int, int]] = field(default_factory=list)  # (req_id, new tokens this step)
@@ -123,6 +162,17 @@ class Policy(ABC):
 
     name: ClassVar[str]
     offload: ClassVar[str] = "none"
+    swap_copy: SwapCopy = SwapCopy()  # how swap_out/swap_in move KV; a policy may set its own
+    # The KV store below the device when the run configures a device pool (SimConfig.pool; Unified
+    # KV pooling §III, §IV): "serial" = LMCache's path, the host tier behind one memory module and
+    # the SSD tier behind one SSD; "pooled" = one tier over every pool device, split by place().
+    pool_layout: ClassVar[str] = "serial"
+    pool_passthrough: ClassVar[bool] = False  # SSD access skips the filesystem (KV-passthrough §IV-B)
+
+    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
+        """Items (a layer of a block each) of an offload set that each pool device gets, in device
+        order; only asked when ``pool_layout`` is ``"pooled"``."""
+        raise ConfigError(f"policy {self.name!r} has no pooled KV placement")
 
     @abstractmethod
     def schedule(self, view: SchedulerView) -> SchedulerDecision: ...

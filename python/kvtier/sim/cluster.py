@@ -10,6 +10,7 @@ the compute network to a decode engine, which decodes it to the end (DualPath §
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from functools import partial
 
@@ -35,6 +36,7 @@ class Cluster:
         decode_engines: list[Engine] | None = None,
         pd_link: Link | None = None,
         router: str = "least_loaded",
+        max_outstanding: int | None = None,
     ) -> None:
         if router not in ROUTERS:
             raise ConfigError(f"unknown router {router!r}; expected one of {list(ROUTERS)}")
@@ -47,6 +49,14 @@ class Cluster:
         self.pd_link = pd_link
         self.router = router
         self._rr = 0
+        # A benchmark client's concurrency cap (Strata §5.1: at most 128 in-flight queries): an
+        # arrival beyond it waits at the client and is sent, its TTFT clock starting then, when a
+        # request finishes. None: open loop, every arrival is sent at once.
+        if max_outstanding is not None and max_outstanding < 1:
+            raise ConfigError(f"max_outstanding is {max_outstanding}; expected >= 1 or None")
+        self.max_outstanding = max_outstanding
+        self.outstanding = 0
+        self.held: deque[Request] = deque()
         self._children: dict[int, list[Request]] = {}
         self._source: Iterator[Request] | None = None
         self.finished = 0
@@ -74,7 +84,11 @@ class Cluster:
             return
 
     def _arrive(self, req: Request) -> None:
-        deliver(self, req)
+        if self.max_outstanding is not None and self.outstanding >= self.max_outstanding:
+            self.held.append(req)
+        else:
+            self.outstanding += 1
+            deliver(self, req)
         if req.parent_id is None:
             self._pull()
 
@@ -110,6 +124,12 @@ class Cluster:
             )
         )
         self.finished += 1
+        self.outstanding -= 1
+        if self.held:  # the client sends its oldest held request now
+            sent = self.held.popleft()
+            sent.arrival_s = now
+            self.outstanding += 1
+            deliver(self, sent)
         for child in self._children.pop(r.req_id, []):
             child.arrival_s = now + child.think_time_s
             self.loop.schedule(child.arrival_s, EventKind.ARRIVAL, partial(self._arrive, child))

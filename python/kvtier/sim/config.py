@@ -54,10 +54,16 @@ class SimConfig:
     host_capacity_bytes: int | str = "auto"
     ssd_capacity_bytes: int | str = 0
     remote_capacity_bytes: int | str = 0  # a remote store behind the storage NIC; "inf" = unbounded
+    preload_tier: str | None = None  # host|ssd|remote: holds every prompt's KV before it arrives
     workload: Mapping[str, Any] = field(default_factory=lambda: {"name": "longdoc"})
     slo: Mapping[str, float] = field(default_factory=dict)
     cost: Mapping[str, Any] = field(default_factory=dict)  # {kind: roofline|fixed, ...params}
+    max_outstanding_requests: int | None = None  # client concurrency cap (Strata §5.1: 128); None: open loop
     max_sim_s: float | None = None  # stop the clock here (None: run the workload to the end)
+    # Host-memory modules and SSDs as separate devices (kvtier.sim.pool; Unified KV pooling §IV):
+    # {dram_modules, filesystem_object_overhead_s}. None: the plain host link and striped SSDs.
+    pool: Mapping[str, Any] | None = None
+    device_prefix_cache: bool = True  # False: finished requests' KV leaves the GPU (vLLM without APC)
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -84,11 +90,23 @@ class SimConfig:
         for key, value in self.slo.items():
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"slo `{key}` is {value!r}; expected a positive number of seconds")
+        if self.max_outstanding_requests is not None:
+            _positive_int("max_outstanding_requests", self.max_outstanding_requests)
         if self.max_sim_s is not None and self.max_sim_s <= 0:
             raise ConfigError(f"`max_sim_s` is {self.max_sim_s}; expected a positive number of seconds")
         self.capacity_bytes("host_capacity_bytes", 0)  # validates the value
         self.capacity_bytes("ssd_capacity_bytes", 0)
         self.capacity_bytes("remote_capacity_bytes", 0)
+        if self.preload_tier is not None and self.preload_tier not in ("host", "ssd", "remote"):
+            raise ConfigError(f"`preload_tier` is {self.preload_tier!r}; expected host, ssd or remote")
+        if self.pool is not None:
+            from kvtier.sim.pool import PoolSpec
+
+            PoolSpec.from_mapping(self.pool)  # validates the section
+        if not isinstance(self.device_prefix_cache, bool):
+            raise ConfigError(
+                f"`device_prefix_cache` is {self.device_prefix_cache!r}; expected true or false"
+            )
 
     def capacity_bytes(self, name: str, auto_bytes: int) -> int | None:
         """Bytes of a tier: ``auto`` → ``auto_bytes``; ``inf`` → None (unbounded); 0 → no tier."""

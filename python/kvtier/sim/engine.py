@@ -27,6 +27,7 @@ from kvtier.sched.base import (
     Policy,
     RequestView,
     SchedulerView,
+    SwapCopy,
 )
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
@@ -50,6 +51,12 @@ class EngineConfig:
     max_running: int = 256
     view_waiting_max: int = 64  # waiting requests shown to the policy (the queue's head)
     offload_priority: int = 2  # link class of write-backs: below loads (1)
+    # A lower tier already holding every arriving prompt's blocks: a store filled before the run
+    # (ShadowServe §6.1 pre-loads all KV into the storage server). None: tiers start empty.
+    preload_tier: Tier | None = None
+    # False: a finished request's blocks leave the device (vLLM with prefix caching off, as in
+    # LMCache's benchmarks), so every later hit is served from the lower tiers.
+    device_prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -75,8 +82,13 @@ class Engine:
         remote_link: Link | None = None,
         on_finish: Callable[[SimRequest], None] | None = None,
         on_prefill_done: Callable[[SimRequest], None] | None = None,
+        host_store_link: Link | StripedLink | None = None,
     ) -> None:
         self.loop = loop
+        # The device(s) holding the host tier (kvtier.sim.pool: one memory module, or a pool of
+        # modules and SSDs): loads from host and below cross it too, and host writes go to it.
+        self.host_store_link = host_store_link
+        self.fetch_stall_since_s: float | None = None  # idle with async fetches in flight since
         self.name = name
         self.config = config
         self.cost = cost
@@ -87,7 +99,7 @@ class Engine:
         self.remote_link = remote_link
         # Lower tiers in order, each with its capacity and the link that reaches it from host memory.
         self.lower_tiers: dict[Tier, tuple[int, Link | StripedLink]] = {
-            Tier.HOST: (config.host_blocks, host_link)
+            Tier.HOST: (config.host_blocks, host_link if host_store_link is None else host_store_link)
         }
         if config.ssd_blocks and ssd_link is not None:
             self.lower_tiers[Tier.SSD] = (config.ssd_blocks, ssd_link)
@@ -99,6 +111,17 @@ class Engine:
         self.interference: list[float] = []  # slowdowns of the loads running now
         self.decoders: dict[float, Link] = {}
         self.swap_host_blocks = 0  # host blocks holding swapped-out requests' KV
+        # Swap copies per Policy.swap_copy (SuperInfer §4.3): the FIFO of copies that run one at a
+        # time (not duplex), step-synced swaps in flight, and the step (or step start) they hold.
+        self.serial_swaps: deque[Callable[[], None]] = deque()
+        self.serial_busy = False
+        self.swap_batches: dict[Direction, list[tuple[int, Callable[[Transfer], None]]]] = {
+            Direction.IN: [],
+            Direction.OUT: [],
+        }
+        self.swap_barrier = 0
+        self.held_step: Step | None = None
+        self.held_start_s: float | None = None
         self.on_finish = on_finish
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
         self.block_bytes = config.block_tokens * cost.kv_bytes_per_token
@@ -112,6 +135,10 @@ class Engine:
         self.stepping = False
         self._kick_pending = False
         self.incoming: deque[SimRequest] = deque()  # P/D decode engines: KV arrived, awaiting blocks
+        if config.preload_tier is not None and config.preload_tier not in self.lower_tiers:
+            raise SimError(
+                f"engine {name!r} preloads tier {config.preload_tier.label!r}, which it does not have"
+            )
         if config.host_blocks == 0 and policy.offload != "none":
             raise SimError(
                 f"policy {policy.name!r} writes KV through to host, but the engine has no host tier"
@@ -129,6 +156,8 @@ class Engine:
             )
         r = SimRequest(req)
         self.requests[req.req_id] = r
+        if self.config.preload_tier is not None:  # the store held this prompt before it arrived
+            self._place(r.keys, self.config.preload_tier)
         self._enqueue(r)
         self.kick()
 
@@ -160,8 +189,16 @@ class Engine:
         return self.free_device_blocks() + self.tree.evictable_blocks(Tier.DEVICE)
 
     def _start_step(self) -> None:
+        if self.fetch_stall_since_s is not None:  # the GPU sat idle while async fetches ran
+            self.metrics.fetch_stall_s += self.loop.now_s - self.fetch_stall_since_s
+            self.fetch_stall_since_s = None
+        if self.swap_barrier and self.policy.swap_copy.sync == "next_step":
+            self.stepping, self.held_start_s = True, self.loop.now_s  # the last step's swaps land first
+            return
         if self.incoming:
             self._admit_incoming()
+        if self.policy.swap_copy.eager:
+            self._rotate_synced_blocks()
         decision = self.policy.schedule(self._view())
         step = Step(self, start_s=self.loop.now_s)
         # Epochs before any preemption or swap: work planned for a request that leaves is dropped.
@@ -173,6 +210,7 @@ class Engine:
             self._swap_out(self._get(rid, "swap out"))
         for rid in decision.swap_in:
             self._swap_in(self._get(rid, "swap in"))
+        self._flush_swaps()
         loads = {lo.req_id: lo for lo in decision.loads}
         for rid, n in decision.prefill:
             r = self.requests[rid]
@@ -194,6 +232,8 @@ class Engine:
                 )
         if step.empty():
             self.stepping = False
+            if self.fetching:
+                self.fetch_stall_since_s = self.loop.now_s
             busy = self.running or self.fetching or any(r.swap_pending for r in self.swapped.values())
             if not busy and self.waiting:
                 self._check_not_stuck()
@@ -202,6 +242,9 @@ class Engine:
         shape = BatchShape(tuple(step.prefill_chunks), tuple(step.decode_contexts))
         slowdown = max([*self.interference, *(load.order.interference for load in step.loads)], default=0.0)
         step.compute_s = self.cost.step_time_s(shape) * (1.0 + slowdown)
+        if self.swap_barrier and self.policy.swap_copy.sync == "step":  # compute after its swaps land
+            self.held_step = step
+            return
         step.begin()
 
     def _check_not_stuck(self) -> None:
@@ -240,6 +283,7 @@ class Engine:
             max_running=self.config.max_running,
             num_layers=self.cost.num_layers,
             cost=_Estimates(self),
+            kv_bytes_per_token=self.cost.kv_bytes_per_token,
         )
 
     def _request_view(self, r: SimRequest) -> RequestView:
@@ -263,6 +307,7 @@ class Engine:
             cached_tokens=cached,
             in_queue_tokens=in_queue,
             in_flight_tokens=in_flight,
+            block_keys=r.keys,
         )
 
     # ----------------------------------------------------------------------------------------
@@ -439,6 +484,9 @@ class Engine:
             if to_device:
                 host_bytes = packed if load.decode_on_device else raw
                 legs.append((self.host_link, host_bytes, segment))
+        if self.host_store_link is not None and blocks:  # read from, or staged through, host memory
+            staged = max(1, int(len(blocks) * self.block_bytes / load.compression_ratio))
+            legs.append((self.host_store_link, staged, self.block_bytes))
         if not legs:
             self.loop.after(0.0, EventKind.TRANSFER_DONE, done)
             return
@@ -613,6 +661,8 @@ class Engine:
 
     def finish(self, r: SimRequest) -> None:
         self.release(r)
+        if not self.config.device_prefix_cache:  # no GPU prefix cache: unlocked blocks leave
+            self.tree.evict(Tier.DEVICE, self.tree.evictable_blocks(Tier.DEVICE))
         self.running.remove(r)
         del self.requests[r.req_id]
         if self.on_finish is not None:
@@ -643,14 +693,28 @@ class Engine:
         r.epoch += 1
         r.swap_pending = True
         self.swapped[r.req_id] = r
+        copy = self.policy.swap_copy
+        moved = blocks - r.host_synced_blocks if copy.eager else blocks
+        if copy.eager or copy.sync == "step":
+            # Eager rotation: synced blocks have a host copy, so only the dirty tail stays held until
+            # it lands (SuperInfer §4.3.2). sync "step": the copy runs before the step writes HBM.
+            self.release(r)
+            hold = 0 if copy.sync == "step" else moved
+            r.private_blocks = hold
+            self.private_blocks += hold
+        if copy.sync != "none":
+            self.swap_barrier += 1
 
         def landed(_t: Transfer) -> None:
             self.release(r)
             r.swap_pending = False
+            r.host_copied_blocks = r.host_synced_blocks = (
+                r.computed_tokens + r.generated_tokens
+            ) // self.config.block_tokens
+            self._swap_landed(copy)
             self.kick()
 
-        nbytes = blocks * self.block_bytes
-        self.host_link.submit(nbytes, Direction.OUT, landed, self.block_bytes, priority=1)
+        self._submit_swap(moved * self.block_bytes, Direction.OUT, landed)
 
     def _swap_in(self, r: SimRequest) -> None:
         if r.phase is not Phase.SWAPPED or r.swap_pending:
@@ -663,6 +727,9 @@ class Engine:
         r.private_blocks += blocks
         self.private_blocks += blocks
         r.swap_pending = True
+        copy = self.policy.swap_copy
+        if copy.sync != "none":
+            self.swap_barrier += 1
 
         def landed(_t: Transfer) -> None:
             self.swap_host_blocks -= r.swapped_blocks
@@ -671,9 +738,99 @@ class Engine:
             del self.swapped[r.req_id]
             r.phase = Phase.RUNNING
             self.running.append(r)
+            self._swap_landed(copy)
             self.kick()
 
-        self.host_link.submit(blocks * self.block_bytes, Direction.IN, landed, self.block_bytes, priority=1)
+        self._submit_swap(blocks * self.block_bytes, Direction.IN, landed)
+
+    def _submit_swap(self, nbytes: int, direction: Direction, landed: Callable[[Transfer], None]) -> None:
+        """Batched or step-synced swaps leave as one copy per direction per step (cudaMemcpyBatchAsync;
+        vLLM's swap_blocks), see :meth:`_flush_swaps`; others one per request."""
+        copy = self.policy.swap_copy
+        if copy.batched or copy.sync != "none":
+            self.swap_batches[direction].append((nbytes, landed))
+        else:
+            self._send_swap(nbytes, direction, landed)
+
+    def _flush_swaps(self) -> None:
+        for direction in (Direction.OUT, Direction.IN):
+            batch, self.swap_batches[direction] = self.swap_batches[direction], []
+            if batch:
+
+                def landed(t: Transfer, batch: list[tuple[int, Callable[[Transfer], None]]] = batch) -> None:
+                    for _, done in batch:
+                        done(t)
+
+                self._send_swap(sum(n for n, _ in batch), direction, landed)
+
+    def _send_swap(self, nbytes: int, direction: Direction, landed: Callable[[Transfer], None]) -> None:
+        segment = self._swap_segment_bytes(nbytes)
+        if self.policy.swap_copy.duplex:
+            self.host_link.submit(nbytes, direction, landed, segment, priority=1)
+            return
+
+        def start() -> None:  # one copy at a time, FIFO: a swap-in may reuse blocks a swap-out frees
+            def done(t: Transfer) -> None:
+                landed(t)
+                self._next_serial_swap()
+
+            self.host_link.submit(nbytes, direction, done, segment, priority=1)
+
+        self.serial_swaps.append(start)
+        if not self.serial_busy:
+            self._next_serial_swap()
+
+    def _next_serial_swap(self) -> None:
+        """Starts the next queued swap copy (SwapCopy.duplex False: SuperInfer §4.3.2, Fig. 13 left)."""
+        self.serial_busy = bool(self.serial_swaps)
+        if self.serial_swaps:
+            self.serial_swaps.popleft()()
+
+    def _swap_segment_bytes(self, nbytes: int) -> int:
+        """Bytes per copy launch of a swap (SuperInfer §4.3.1, :meth:`SwapCopy.segment_bytes`)."""
+        return self.policy.swap_copy.segment_bytes(nbytes, self.block_bytes, self.cost.num_layers)
+
+    def _swap_landed(self, copy: SwapCopy) -> None:
+        """A step-synced swap landed: once all have, the held step computes (sync "step") or the
+        held next step starts (sync "next_step"); the wait is blocked I/O."""
+        if copy.sync == "none":
+            return
+        self.swap_barrier -= 1
+        if self.swap_barrier:
+            return
+        now = self.loop.now_s
+        if self.held_step is not None:
+            step, self.held_step = self.held_step, None
+            self.metrics.blocked_io_s += now - step.start_s
+            step.begin()
+        elif self.held_start_s is not None:
+            self.metrics.blocked_io_s += now - self.held_start_s
+            self.held_start_s, self.stepping = None, False
+            self._start_step()
+
+    def _rotate_synced_blocks(self) -> None:
+        """Eager block rotation (SuperInfer §4.3.2): blocks filled since the last step take no more
+        writes, so their host copy starts now, in the background (below swaps on the link). Their
+        host space is not charged (at most the device's KV); a swap-out then moves the dirty tail."""
+        bt = self.config.block_tokens
+        newly: list[tuple[SimRequest, int]] = []
+        blocks = 0
+        for r in self.running:
+            full = (r.computed_tokens + r.generated_tokens) // bt
+            if full > r.host_copied_blocks:
+                blocks += full - r.host_copied_blocks
+                r.host_copied_blocks = full
+                newly.append((r, full))
+        if not newly:
+            return
+
+        def synced(_t: Transfer) -> None:
+            for r, full in newly:
+                r.host_synced_blocks = max(r.host_synced_blocks, full)
+
+        nbytes = blocks * self.block_bytes
+        segment = self._swap_segment_bytes(nbytes)
+        self.host_link.submit(nbytes, Direction.OUT, synced, segment, self.config.offload_priority)
 
     def hand_off(self, r: SimRequest) -> None:
         """P/D: the request leaves this (prefill) engine; its prompt stays cached here."""
@@ -741,4 +898,6 @@ class _Estimates:
         lower = {"ssd": Tier.SSD, "remote": Tier.REMOTE}.get(tier)
         if lower is not None and lower in e.lower_tiers:
             seconds = max(seconds, e.lower_tiers[lower][1].work_s(nbytes, e.block_bytes, Direction.IN))
+        if e.host_store_link is not None and tier != "device":
+            seconds = max(seconds, e.host_store_link.work_s(nbytes, e.block_bytes, Direction.IN))
         return seconds

@@ -103,6 +103,7 @@ class Metrics:
     first_arrival_s: float = math.inf
     last_finish_s: float = 0.0
     blocked_io_s: float = 0.0
+    fetch_stall_s: float = 0.0  # GPU idle, nothing to compute, while async fetches are in flight
     busy_s: float = 0.0
     steps: int = 0
     preemptions: int = 0
@@ -160,6 +161,7 @@ class Metrics:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "blocked_io_s": self.blocked_io_s,
+            "fetch_stall_s": self.fetch_stall_s,
             "blocked_io_fraction_of_busy": self.blocked_io_s / max(self.busy_s, 1e-12),
             "steps": self.steps,
             "preemptions": self.preemptions,

@@ -200,3 +200,64 @@ class StripedLink:
         for device, part in zip(self.devices, parts, strict=True):
             device.submit(part, direction, part_done, segment_bytes, priority)
         return whole
+
+
+class WeightedStripedLink(StripedLink):
+    """Devices of unequal speed (DRAM modules, SSDs) pooled as one (Unified KV pooling §IV-A): a
+    transfer of ``n`` items of ``item_bytes`` (one layer of one cache block) is split by
+    ``split(n)`` — per-device item counts, e.g. the bandwidth-aware allocator's Algorithm 1 — and
+    the parts run in parallel, each in its device's own queue; done when every part is. The last
+    item may be partial: the bytes past ``nbytes`` come off the last device that got items."""
+
+    def __init__(
+        self, name: str, devices: list[Link], split: Callable[[int], list[int]], item_bytes: int
+    ) -> None:
+        super().__init__(name, devices)
+        if item_bytes < 1:
+            raise SimError(f"pooled link {name!r}: item_bytes is {item_bytes}; expected >= 1")
+        self.split = split
+        self.item_bytes = item_bytes
+
+    def parts(self, nbytes: int) -> list[int]:
+        """Bytes each device carries of an ``nbytes`` transfer."""
+        items = -(-max(nbytes, 0) // self.item_bytes)
+        counts = self.split(items)
+        if len(counts) != len(self.devices) or sum(counts) != items or min(counts, default=0) < 0:
+            raise SimError(
+                f"pooled link {self.name!r}: split({items}) gave {counts}; expected "
+                f"{len(self.devices)} counts >= 0 summing to {items}"
+            )
+        parts = [c * self.item_bytes for c in counts]
+        excess = items * self.item_bytes - max(nbytes, 0)
+        if excess:
+            last = max(i for i, c in enumerate(counts) if c > 0)
+            parts[last] -= excess
+        return parts
+
+    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
+        pairs = zip(self.devices, self.parts(nbytes), strict=True)
+        return max((d.work_s(p, segment_bytes, direction) for d, p in pairs if p > 0), default=0.0)
+
+    def submit(
+        self,
+        nbytes: int,
+        direction: Direction,
+        on_done: Callable[[Transfer], None],
+        segment_bytes: int | None = None,
+        priority: int = 1,
+    ) -> Transfer:
+        used = [(d, p) for d, p in zip(self.devices, self.parts(nbytes), strict=True) if p > 0]
+        if not used:  # nothing to move: complete through the first device's queue, at once
+            used = [(self.devices[0], 0)]
+        whole = Transfer(nbytes, 0.0, direction, priority, on_done, self.loop.now_s)
+        pending = [len(used)]
+
+        def part_done(_t: Transfer) -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                whole.finished_s = self.loop.now_s
+                on_done(whole)
+
+        for device, part in used:
+            device.submit(part, direction, part_done, segment_bytes, priority)
+        return whole

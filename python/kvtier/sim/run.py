@@ -3,6 +3,7 @@ results. ``sweep`` repeats a run over request rates."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 
 from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
+from kvtier.radix import Tier
 from kvtier.sched import make_policy
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
@@ -20,6 +22,7 @@ from kvtier.sim.engine import Engine, EngineConfig
 from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.models import ModelProfile, load_model
+from kvtier.sim.pool import PoolSpec, build_pool
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.workload import make_workload
@@ -71,8 +74,8 @@ def build(config: SimConfig) -> Simulation:
     ssd_blocks = unbounded if ssd_bytes is None else ssd_bytes // block_bytes
     remote_blocks = unbounded if remote_bytes is None else remote_bytes // block_bytes
     links: dict[str, Link] = {}
-    ssd_link = None
-    if ssd_blocks > 0:
+    ssd_link: Link | StripedLink | None = None
+    if ssd_blocks > 0 and config.pool is None:
         if hw.ssd_count == 0:
             raise ConfigError(f"`ssd_capacity_bytes` is set but hardware {hw.name!r} has no SSDs")
         # The node's SSDs (this GPU group's share), each a half-duplex device with its own queue,
@@ -99,7 +102,29 @@ def build(config: SimConfig) -> Simulation:
         remote_blocks=remote_blocks,
         max_batch_tokens=config.max_batch_tokens,
         max_running=config.max_running,
+        preload_tier=Tier.parse(config.preload_tier) if config.preload_tier is not None else None,
+        device_prefix_cache=config.device_prefix_cache,
     )
+    host_store_link: Link | StripedLink | None = None
+    if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
+        probe = make_policy(
+            str(config.policy["name"]), **{k: v for k, v in config.policy.items() if k != "name"}
+        )
+        pool = build_pool(
+            PoolSpec.from_mapping(config.pool),
+            probe,
+            hw,
+            loop,
+            block_bytes,
+            cost.num_layers,
+            engine_config.host_blocks,
+            engine_config.ssd_blocks,
+        )
+        host_store_link, ssd_link = pool.host_store, pool.ssd
+        engine_config = dataclasses.replace(
+            engine_config, host_blocks=pool.host_blocks, ssd_blocks=pool.ssd_blocks
+        )
+        links.update((d.name, d) for d in pool.devices)
     policy_spec = dict(config.policy)
     policy_name = policy_spec.pop("name")
 
@@ -115,7 +140,18 @@ def build(config: SimConfig) -> Simulation:
         )
         links[link.name] = link
         policy = make_policy(policy_name, **policy_spec)
-        return Engine(loop, name, engine_config, cost, policy, metrics, link, ssd_link, remote_link)
+        return Engine(
+            loop,
+            name,
+            engine_config,
+            cost,
+            policy,
+            metrics,
+            link,
+            ssd_link,
+            remote_link,
+            host_store_link=host_store_link,
+        )
 
     if config.disaggregated:
         prefill = [engine(f"p{i}") for i in range(config.prefill_engines)]
@@ -129,6 +165,7 @@ def build(config: SimConfig) -> Simulation:
     else:
         engines = [engine(f"e{i}") for i in range(config.engines)]
         cluster = Cluster(loop, metrics, engines, router=config.router)
+    cluster.max_outstanding = config.max_outstanding_requests  # checked >= 1 by SimConfig
     return Simulation(config, loop, cluster, metrics, links, hw, model)
 
 

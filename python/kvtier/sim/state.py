@@ -31,6 +31,9 @@ class SimRequest:
     prefetching: bool = False  # an SSD/remote → host prefetch is in flight
     swap_pending: bool = False  # a swap-out or swap-in transfer is in flight
     swapped_blocks: int = 0  # host blocks holding this request's swapped-out KV
+    # Eager block rotation (SwapCopy.eager): full blocks whose host copy was issued / has landed.
+    host_copied_blocks: int = 0
+    host_synced_blocks: int = 0
 
     @property
     def req_id(self) -> int:

@@ -1,9 +1,10 @@
 //! The DRAM tier: a bounded host [`Arena`], an [`ExtentAllocator`] over it, an
 //! [`EvictionPolicy`] and an index `key → entry`.
 //!
-//! Each object is stored whole, as later tiers will write it: the 64-byte [`ObjectHeader`],
-//! then the payload, then zero padding to the end of its extent (header + payload rounded up
-//! to 4 KiB pages).
+//! Each object is stored whole in one extent: the payload first (so it starts on a 4 KiB page,
+//! and a lower tier can write it with O_DIRECT straight from the arena, without a copy), then
+//! the 64-byte [`ObjectHeader`], then zero padding to the end of the extent (payload + header
+//! rounded up to 4 KiB pages; `docs/formats.md` §2).
 //!
 //! Concurrency: one mutex guards the allocator, policy and index; it is taken a bounded number
 //! of times per *batch* (put: reserve, publish; read: find, settle failures). Payload copies run
@@ -28,7 +29,10 @@ use kvtier_core::parallel::WorkerPool;
 use kvtier_core::{BlockKey, ObjectHeader, OBJECT_HEADER_BYTES};
 use parking_lot::Mutex;
 
+mod demote;
 mod state;
+
+pub use demote::{Demotion, Victim};
 
 use state::{DramState, Entry, EntryState, PinnedAt};
 
@@ -105,13 +109,22 @@ impl DramTier {
         self.state.lock().policy.name()
     }
 
-    /// Reserves space for every new key of the batch; returns the copy jobs.
-    fn reserve(&self, keys: &[BlockKey], payloads: &[&[u8]], report: &mut TierPutReport) -> Vec<WriteJob> {
+    /// Reserves space for every new key of the batch (evicting only with `evict`); returns the
+    /// copy jobs. Items refused for lack of space go to `refused`.
+    fn reserve(
+        &self,
+        keys: &[BlockKey],
+        payloads: &[&[u8]],
+        evict: bool,
+        report: &mut TierPutReport,
+        refused: &mut Vec<usize>,
+    ) -> Vec<WriteJob> {
         let mut jobs = Vec::with_capacity(keys.len());
         let mut st = self.state.lock();
-        let mut victims_left = true;
+        let mut victims_left = evict;
         for (item, (&key, payload)) in keys.iter().zip(payloads).enumerate() {
-            if st.index.contains_key(&key) {
+            if let Some(entry) = st.index.get_mut(&key) {
+                entry.accesses = entry.accesses.saturating_add(1); // produced again: a use
                 report.already_present += 1;
                 continue;
             }
@@ -119,18 +132,22 @@ impl DramTier {
             let need = object_extent_bytes(payload_len);
             let Some(extent) = st.allocate_evicting(need, &mut victims_left, &mut report.evicted) else {
                 report.rejected += 1;
+                refused.push(item);
                 continue;
             };
             let id = st.next_entry_id;
             st.next_entry_id += 1;
-            let entry = Entry { id, extent, payload_len, pins: 0, state: EntryState::Writing };
+            let entry = Entry { id, extent, payload_len, pins: 0, state: EntryState::Writing, accesses: 1 };
             st.index.insert(key, entry);
             st.writing += 1;
             let offset = usize::try_from(extent.offset).expect("arena offsets fit usize");
             let extent_len = usize::try_from(extent.len).expect("extent lengths fit usize");
             jobs.push(WriteJob { item, offset, extent_len });
         }
-        st.counters.rejected += report.rejected as u64;
+        if evict {
+            // Without eviction, refusals are the caller's to retry (after demoting), not rejections.
+            st.counters.rejected += report.rejected as u64;
+        }
         assert!(st.allocator.used_bytes() <= st.allocator.capacity_bytes());
         jobs
     }
@@ -139,47 +156,29 @@ impl DramTier {
         let arena = &self.arena;
         // SAFETY: the extent belongs to a writing entry reserved by this batch; nothing else
         // reads or writes it until the entry is published under the lock.
-        let body = unsafe { arena.bytes_mut(job.offset + HEADER, job.extent_len - HEADER) };
-        let (dst, padding) = body.split_at_mut(payload.len());
+        let extent = unsafe { arena.bytes_mut(job.offset, job.extent_len) };
+        let (dst, rest) = extent.split_at_mut(payload.len());
         let sum = copy_with_checksum(dst, payload);
-        padding.fill(0);
+        let (head, padding) = rest.split_at_mut(HEADER);
         let header = ObjectHeader::with_checksum(namespace, key, CODEC_RAW, payload.len() as u64, sum);
-        // SAFETY: as above.
-        unsafe { arena.bytes_mut(job.offset, HEADER) }.copy_from_slice(&header.encode());
+        head.copy_from_slice(&header.encode());
+        padding.fill(0);
     }
 
-    /// Verifies the stored header and copies the payload out; false if anything mismatches.
-    fn read_object(&self, namespace: u128, job: &ReadJob<'_>) -> bool {
-        let mut dst = job.dst.lock();
-        // SAFETY: the entry is pinned, so its extent is neither freed nor rewritten meanwhile.
-        let header_bytes = unsafe { self.arena.bytes(job.offset, HEADER) };
-        let Ok(header) = ObjectHeader::decode(header_bytes) else { return false };
-        if header.expect_identity(namespace, job.key).is_err() || header.payload_len != dst.len() as u64 {
-            return false;
-        }
-        // SAFETY: as above.
-        let src = unsafe { self.arena.bytes(job.offset + HEADER, dst.len()) };
-        copy_with_checksum(&mut dst, src) == header.payload_checksum
-    }
-}
-
-impl Tier for DramTier {
-    fn kind(&self) -> TierKind {
-        TierKind::Dram
-    }
-
-    fn capacity_bytes(&self) -> u64 {
-        self.state.lock().allocator.capacity_bytes()
-    }
-
-    fn used_bytes(&self) -> u64 {
-        self.state.lock().allocator.used_bytes()
-    }
-
-    fn put(&self, namespace: u128, keys: &[BlockKey], payloads: &[&[u8]]) -> TierPutReport {
+    /// Stores a batch like [`Tier::put`], evicting only with `evict`; without it, items that do
+    /// not fit in free space are refused and their indexes pushed to `refused` (so the caller
+    /// can demote victims to a lower tier first and retry).
+    pub fn put_with(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        payloads: &[&[u8]],
+        evict: bool,
+        refused: &mut Vec<usize>,
+    ) -> TierPutReport {
         assert_eq!(keys.len(), payloads.len(), "one payload per key");
         let mut report = TierPutReport::default();
-        let jobs = self.reserve(keys, payloads, &mut report);
+        let jobs = self.reserve(keys, payloads, evict, &mut report, refused);
         let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
         let total_bytes = jobs.iter().map(|j| payloads[j.item].len()).sum();
         self.workers.for_each(&jobs, total_bytes, |job| {
@@ -201,6 +200,38 @@ impl Tier for DramTier {
         report
     }
 
+    /// Verifies the stored header and copies the payload out; false if anything mismatches.
+    fn read_object(&self, namespace: u128, job: &ReadJob<'_>) -> bool {
+        let mut dst = job.dst.lock();
+        // SAFETY: the entry is pinned, so its extent is neither freed nor rewritten meanwhile.
+        let header_bytes = unsafe { self.arena.bytes(job.offset + dst.len(), HEADER) };
+        let Ok(header) = ObjectHeader::decode(header_bytes) else { return false };
+        if header.expect_identity(namespace, job.key).is_err() || header.payload_len != dst.len() as u64 {
+            return false;
+        }
+        // SAFETY: as above.
+        let src = unsafe { self.arena.bytes(job.offset, dst.len()) };
+        copy_with_checksum(&mut dst, src) == header.payload_checksum
+    }
+}
+
+impl Tier for DramTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Dram
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.state.lock().allocator.capacity_bytes()
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.state.lock().allocator.used_bytes()
+    }
+
+    fn put(&self, namespace: u128, keys: &[BlockKey], payloads: &[&[u8]]) -> TierPutReport {
+        self.put_with(namespace, keys, payloads, true, &mut Vec::new())
+    }
+
     fn locate(
         &self,
         keys: &[BlockKey],
@@ -217,13 +248,16 @@ impl Tier for DramTier {
                 continue;
             }
             match st.index.get_mut(key) {
-                Some(entry) if entry.state == EntryState::Ready => {
+                Some(entry) if entry.visible() => {
                     if pin {
                         if entry.pins == 0 {
                             st.pinned_ready += 1;
                         }
                         entry.pins = entry.pins.checked_add(1).expect("pin count overflow");
-                        st.policy.on_access(*key);
+                        entry.accesses = entry.accesses.saturating_add(1);
+                        if entry.state == EntryState::Ready {
+                            st.policy.on_access(*key);
+                        }
                     }
                     *slot = Some(Located {
                         tier: TierKind::Dram,
@@ -313,7 +347,7 @@ impl Tier for DramTier {
     }
 
     fn contains(&self, key: BlockKey) -> bool {
-        self.state.lock().index.get(&key).is_some_and(|e| e.state == EntryState::Ready)
+        self.state.lock().index.get(&key).is_some_and(|e| e.visible())
     }
 
     fn remove(&self, keys: &[BlockKey]) -> usize {
@@ -368,7 +402,7 @@ impl Tier for DramTier {
         // SAFETY: the entry is ready and unpinned, and the lock is held for the write. Reads of
         // payloads need a pin, taken under this lock, so none is in flight; writers only write
         // extents of entries still being written; and an indexed extent is not freed or reused.
-        unsafe { self.arena.flip_bit(offset + HEADER + payload_byte_offset, 0) };
+        unsafe { self.arena.flip_bit(offset + payload_byte_offset, 0) };
         true
     }
 }

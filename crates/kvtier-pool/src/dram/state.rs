@@ -18,6 +18,10 @@ pub(super) enum EntryState {
     Writing,
     /// Visible; evictable when `pins == 0`.
     Ready,
+    /// Chosen for demotion to a lower tier: still visible and readable (leases may pin it), not
+    /// tracked by the policy, and its extent is neither freed nor written until the demotion
+    /// finishes and retires it.
+    Demoting,
 }
 
 #[derive(Debug)]
@@ -27,6 +31,15 @@ pub(super) struct Entry {
     pub(super) payload_len: u64,
     pub(super) pins: u32,
     pub(super) state: EntryState,
+    /// Puts of this key and leases of this copy (for the lower tier's admission filter).
+    pub(super) accesses: u32,
+}
+
+impl Entry {
+    /// Visible to lookups and readable under a pin.
+    pub(super) fn visible(&self) -> bool {
+        matches!(self.state, EntryState::Ready | EntryState::Demoting)
+    }
 }
 
 /// A generation that left the index while pinned; freed on its last unpin.
@@ -55,6 +68,7 @@ pub(super) struct DramState {
     pub(super) doomed: HashMap<u64, Doomed>,
     pub(super) next_entry_id: u64,
     pub(super) writing: u64,
+    pub(super) demoting: u64,
     pub(super) pinned_ready: u64,
     pub(super) counters: Counters,
 }
@@ -75,6 +89,7 @@ impl DramState {
             doomed: HashMap::new(),
             next_entry_id: 1,
             writing: 0,
+            demoting: 0,
             pinned_ready: 0,
             counters: Counters::default(),
         }
@@ -82,8 +97,7 @@ impl DramState {
 
     pub(super) fn find_pinned(&self, entry: &EntryRef) -> Option<PinnedAt> {
         if let Some(e) = self.index.get(&entry.key).filter(|e| e.id == entry.entry_id) {
-            return (e.pins > 0 && e.state == EntryState::Ready)
-                .then_some(PinnedAt::Ready(e.extent, e.payload_len));
+            return (e.pins > 0 && e.visible()).then_some(PinnedAt::Ready(e.extent, e.payload_len));
         }
         let d = self.doomed.get(&entry.entry_id).filter(|d| d.key == entry.key && d.pins > 0)?;
         Some(PinnedAt::Doomed(d.extent, d.payload_len, d.corrupt))
@@ -127,8 +141,12 @@ impl DramState {
     /// `corrupt` marks it as having failed verification.
     pub(super) fn retire(&mut self, key: BlockKey, corrupt: bool) {
         let entry = self.index.remove(&key).expect("retiring an indexed key");
-        assert_eq!(entry.state, EntryState::Ready, "retiring an entry still being written");
-        self.policy.on_remove(key);
+        assert!(entry.visible(), "retiring an entry still being written");
+        if entry.state == EntryState::Demoting {
+            self.demoting -= 1; // the policy forgot it when it was chosen
+        } else {
+            self.policy.on_remove(key);
+        }
         if entry.pins == 0 {
             self.allocator.free(entry.extent);
         } else {
@@ -170,7 +188,7 @@ impl DramState {
         self.allocator.check_integrity()?;
         self.policy.check_integrity().map_err(|d| format!("eviction policy: {d}"))?;
         let mut extents = Vec::with_capacity(self.index.len() + self.doomed.len());
-        let (mut writing, mut ready, mut pinned) = (0u64, 0usize, 0u64);
+        let (mut writing, mut demoting, mut ready, mut pinned) = (0u64, 0u64, 0usize, 0u64);
         for (&key, entry) in &self.index {
             extents.push(entry.extent);
             if entry.extent.len != object_extent_bytes(entry.payload_len) {
@@ -186,13 +204,21 @@ impl DramState {
                 }
                 continue;
             }
-            ready += 1;
             pinned += u64::from(entry.pins > 0);
-            if !self.policy.contains(key) {
-                return Err(format!("ready key {key:#x} is unknown to the eviction policy"));
+            if entry.state == EntryState::Demoting {
+                demoting += 1;
+                if self.policy.contains(key) {
+                    return Err(format!("demoting key {key:#x} is still evictable"));
+                }
+            } else {
+                ready += 1;
+                if !self.policy.contains(key) {
+                    return Err(format!("ready key {key:#x} is unknown to the eviction policy"));
+                }
             }
             // SAFETY: ready headers are written once, before publication, and never again.
-            let header_bytes = unsafe { arena.bytes(entry.extent.offset as usize, HEADER) };
+            let at = (entry.extent.offset + entry.payload_len) as usize;
+            let header_bytes = unsafe { arena.bytes(at, HEADER) };
             let header = ObjectHeader::decode(header_bytes).map_err(|e| format!("key {key:#x}: {e}"))?;
             if header.key != key || header.payload_len != entry.payload_len {
                 return Err(format!(
@@ -207,10 +233,16 @@ impl DramState {
                 return Err(format!("doomed entry {id} holds no pin but was not freed"));
             }
         }
-        if writing != self.writing || pinned != self.pinned_ready || ready != self.policy.len() {
+        if writing != self.writing
+            || demoting != self.demoting
+            || pinned != self.pinned_ready
+            || ready != self.policy.len()
+        {
             return Err(format!(
-                "counts disagree: writing {writing} vs {}, pinned {pinned} vs {}, ready {ready} vs policy {}",
+                "counts disagree: writing {writing} vs {}, demoting {demoting} vs {}, pinned {pinned} vs {}, \
+                 ready {ready} vs policy {}",
                 self.writing,
+                self.demoting,
                 self.pinned_ready,
                 self.policy.len()
             ));

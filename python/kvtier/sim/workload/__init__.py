@@ -39,6 +39,7 @@ from kvtier.sim.workload.arrivals import (
     poisson_arrivals,
 )
 from kvtier.sim.workload.azure import azure_workload
+from kvtier.sim.workload.long_doc_qa import long_doc_qa_workload
 from kvtier.sim.workload.longdoc import LONGDOC_DATASETS, longdoc_workload
 from kvtier.sim.workload.mooncake import MOONCAKE_BLOCK_TOKENS, mooncake_block_hit_rate, mooncake_workload
 from kvtier.sim.workload.multiturn import multiturn_workload
@@ -49,6 +50,7 @@ _WORKLOADS: dict[str, WorkloadFactory] = {
     "agentic": agentic_workload,
     "azure": azure_workload,
     "longdoc": longdoc_workload,
+    "long_doc_qa": long_doc_qa_workload,  # LMCache's benchmark: warm-up round, then query round
     "mooncake": mooncake_workload,
     "multiturn": multiturn_workload,
 }

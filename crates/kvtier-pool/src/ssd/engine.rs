@@ -1,0 +1,173 @@
+//! I/O engines behind the device workers: io_uring (many operations in flight from one
+//! thread) or pread/pwrite (one at a time). [`probe_io_uring`] decides at start which the
+//! kernel allows (a seccomp filter or `kernel.io_uring_disabled` makes `io_uring_setup` fail).
+
+use std::collections::VecDeque;
+
+use io_uring::{opcode, types, IoUring};
+
+/// One submitted transfer's completion: its tag and the syscall-style result (bytes moved, or a
+/// negative errno).
+pub type Completion = (u64, i64);
+
+/// Submits transfers and reaps their completions, in any order.
+pub trait Engine: Send {
+    fn name(&self) -> &'static str;
+    /// Queues one transfer of `len` bytes between `ptr` and `fd` at `offset`. The memory must stay
+    /// valid and untouched until its completion is reaped.
+    fn submit(&mut self, fd: i32, write: bool, ptr: *mut u8, len: usize, offset: u64, tag: u64);
+    /// Blocks until one completion is available and returns it. Only called with transfers queued.
+    fn wait(&mut self) -> Completion;
+    /// Hands queued transfers to the kernel now, without waiting (so CPU work can overlap them).
+    fn flush(&mut self) {}
+}
+
+/// Whether io_uring works here: sets up (and drops) a small ring.
+pub fn probe_io_uring() -> Result<(), String> {
+    IoUring::new(2).map(drop).map_err(|e| e.to_string())
+}
+
+/// pread/pwrite, performed at submission.
+#[derive(Default)]
+pub struct SyncEngine {
+    done: VecDeque<Completion>,
+}
+
+impl Engine for SyncEngine {
+    fn name(&self) -> &'static str {
+        "pread"
+    }
+
+    fn submit(&mut self, fd: i32, write: bool, ptr: *mut u8, len: usize, offset: u64, tag: u64) {
+        let result = loop {
+            // SAFETY: the caller guarantees `ptr..ptr + len` is valid for this transfer.
+            let n = unsafe {
+                if write {
+                    libc::pwrite(fd, ptr.cast(), len, offset as libc::off_t)
+                } else {
+                    libc::pread(fd, ptr.cast(), len, offset as libc::off_t)
+                }
+            };
+            if n >= 0 {
+                break n as i64;
+            }
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            if errno != libc::EINTR {
+                break -i64::from(errno);
+            }
+        };
+        self.done.push_back((tag, result));
+    }
+
+    fn wait(&mut self) -> Completion {
+        self.done.pop_front().expect("wait with nothing submitted")
+    }
+}
+
+/// io_uring with a fixed queue depth; submissions are flushed when the caller waits.
+pub struct UringEngine {
+    ring: IoUring,
+    pending: usize,
+}
+
+impl UringEngine {
+    pub fn new(depth: usize) -> std::io::Result<Self> {
+        let entries = u32::try_from(depth.next_power_of_two().max(2)).unwrap_or(4096);
+        Ok(UringEngine { ring: IoUring::new(entries)?, pending: 0 })
+    }
+}
+
+impl Engine for UringEngine {
+    fn name(&self) -> &'static str {
+        "io_uring"
+    }
+
+    fn submit(&mut self, fd: i32, write: bool, ptr: *mut u8, len: usize, offset: u64, tag: u64) {
+        let len = u32::try_from(len).expect("one transfer is under 4 GiB");
+        let entry = if write {
+            opcode::Write::new(types::Fd(fd), ptr, len).offset(offset).build()
+        } else {
+            opcode::Read::new(types::Fd(fd), ptr, len).offset(offset).build()
+        }
+        .user_data(tag);
+        loop {
+            // SAFETY: the caller keeps the buffer valid until the completion is reaped.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                break;
+            }
+            // Submission queue full: hand what is queued to the kernel and retry.
+            if let Err(e) = self.ring.submit() {
+                assert!(
+                    e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY),
+                    "io_uring submit: {e}"
+                );
+            }
+        }
+        self.pending += 1;
+    }
+
+    fn flush(&mut self) {
+        // A failure here is retried by the next `wait`, which submits too.
+        let _ = self.ring.submit();
+    }
+
+    fn wait(&mut self) -> Completion {
+        assert!(self.pending > 0, "wait with nothing submitted");
+        loop {
+            if let Some(cqe) = self.ring.completion().next() {
+                self.pending -= 1;
+                return (cqe.user_data(), i64::from(cqe.result()));
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+                    ) => {}
+                Err(e) => panic!("io_uring_enter failed: {e}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ssd::buffer::AlignedBuf;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    fn round_trip(engine: &mut dyn Engine) {
+        let path =
+            std::env::temp_dir().join(format!("kvtier-engine-{}-{}", engine.name(), std::process::id()));
+        let mut file =
+            std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        file.write_all(&[0u8; 8192]).unwrap();
+        let mut out = AlignedBuf::new(8192).unwrap();
+        out.as_mut_slice().fill(7);
+        let mut back = AlignedBuf::new(8192).unwrap();
+        engine.submit(file.as_raw_fd(), true, out.as_mut_ptr(), 8192, 0, 1);
+        assert_eq!(engine.wait(), (1, 8192));
+        engine.submit(file.as_raw_fd(), false, back.as_mut_ptr(), 4096, 4096, 2);
+        engine.submit(file.as_raw_fd(), false, back.as_mut_ptr(), 4096, 1 << 20, 3);
+        let mut got = [engine.wait(), engine.wait()];
+        got.sort();
+        assert_eq!(got, [(2, 4096), (3, 0)], "a read past the end returns 0 bytes");
+        assert!(back.as_slice()[..4096].iter().all(|&b| b == 7));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn sync_engine_round_trip() {
+        round_trip(&mut SyncEngine::default());
+    }
+
+    #[test]
+    fn uring_engine_round_trip_where_allowed() {
+        match UringEngine::new(4) {
+            Ok(mut engine) => round_trip(&mut engine),
+            Err(e) => eprintln!("io_uring unavailable here ({e}); the pread engine is used instead"),
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Every bad input to the SSD pool is an error whose message names the problem — or, for a
+//! failed bandwidth probe, a working pool with equal shares and a warning saying so.
+
+mod common;
+
+use common::{assert_all_load, config, put, TempDir};
+use kvtier_pool::{PoolError, SsdTier, Tier};
+
+fn open_error(c: kvtier_pool::SsdConfig) -> String {
+    match SsdTier::open(c) {
+        Err(PoolError::SsdConfig(message)) => message,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+#[test]
+fn missing_directory() {
+    let dir = TempDir::new("ssd-missing");
+    let message = open_error(config(&dir.path().join("no/such/dir"), 1, 1 << 20));
+    assert!(message.contains("does not exist") || message.contains("No such file"), "{message}");
+    assert!(message.contains("expected an existing, writable directory"), "{message}");
+}
+
+#[test]
+fn unwritable_directory() {
+    // Root ignores permission bits; /sys refuses file creation even to root.
+    let dir = TempDir::new("ssd-unwritable");
+    let target = if unsafe { libc::geteuid() } == 0 {
+        std::path::PathBuf::from("/sys")
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o500)).unwrap();
+        dir.path().to_path_buf()
+    };
+    let mut c = config(&target, 1, 1 << 20);
+    c.devices = vec![dir.path().join("dev.kvtd")];
+    let message = open_error(c);
+    assert!(message.contains("is not writable"), "{message}");
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755));
+}
+
+#[test]
+fn device_smaller_than_one_object() {
+    let dir = TempDir::new("ssd-small-device");
+    let mut c = config(dir.path(), 2, 8192);
+    c.min_object_bytes = 3 * 4096;
+    let message = open_error(c);
+    assert!(message.contains("expected at least one object (12288 bytes"), "{message}");
+}
+
+#[test]
+fn a_directory_in_use_by_another_pool() {
+    let dir = TempDir::new("ssd-in-use");
+    let c = config(dir.path(), 1, 1 << 20);
+    let _first = SsdTier::open(c.clone()).unwrap();
+    let message = open_error(c);
+    assert!(message.contains("in use by another store"), "{message}");
+}
+
+#[test]
+fn devices_listed_differently_from_creation() {
+    let dir = TempDir::new("ssd-reordered");
+    let c = config(dir.path(), 2, 1 << 20);
+    drop(SsdTier::open(c.clone()).unwrap());
+    let mut swapped = c.clone();
+    swapped.devices.reverse();
+    let message = open_error(swapped);
+    assert!(message.contains("is device 1 of 2") && message.contains("expected device 0 of 2"), "{message}");
+    let mut fewer = c.clone();
+    fewer.devices.pop();
+    let message = open_error(fewer);
+    assert!(message.contains("has 2 devices; the config lists 1"), "{message}");
+    std::fs::write(&c.devices[1], vec![0xAB; 8192]).unwrap();
+    let message = open_error(c);
+    assert!(message.contains("no kvtier device superblock"), "{message}");
+}
+
+#[test]
+fn a_failed_bandwidth_probe_means_equal_shares_and_a_warning() {
+    let dir = TempDir::new("ssd-probe-fail");
+    let mut c = config(dir.path(), 2, 1 << 20); // 1 MiB per device: no room for a 2 MiB probe
+    c.probe_bytes = 8 << 20;
+    let pool = SsdTier::open(c).unwrap();
+    assert!(pool.bandwidth_source().starts_with("equal (probe failed"), "{}", pool.bandwidth_source());
+    assert!(
+        pool.warnings().iter().any(|w| w.contains("placing objects in equal shares")),
+        "{:?}",
+        pool.warnings()
+    );
+    let keys: Vec<u128> = (1..=10).collect();
+    assert_eq!(put(&pool, &keys, 5000).stored, 10);
+    assert_eq!(pool.metrics().devices.iter().map(|d| d.objects).collect::<Vec<_>>(), vec![5, 5]);
+    assert_all_load(&pool, &keys, 5000);
+}
+
+#[test]
+fn a_successful_probe_is_cached_in_the_pool_directory() {
+    let dir = TempDir::new("ssd-probe");
+    let mut c = config(dir.path(), 1, 8 << 20);
+    c.probe_bytes = 4 << 20;
+    let first = SsdTier::open(c.clone()).unwrap();
+    assert_eq!(first.bandwidth_source(), "probe");
+    assert!(first.read_bandwidths()[0] > 1e6, "{:?}", first.read_bandwidths());
+    drop(first);
+    assert!(dir.path().join("bandwidth.cache").exists());
+    let second = SsdTier::open(c).unwrap();
+    assert_eq!(second.bandwidth_source(), "cache");
+}
+
+#[test]
+fn invalid_values() {
+    let dir = TempDir::new("ssd-invalid");
+    let mut c = config(dir.path(), 2, 1 << 20);
+    c.bandwidth_bytes_per_s = Some(vec![1e9]);
+    assert!(open_error(c).contains("expected one per device (2)"));
+}
+
+#[test]
+fn reopening_with_another_capacity_keeps_the_pool_and_says_so() {
+    let dir = TempDir::new("ssd-resize");
+    let c = config(dir.path(), 1, 1 << 20);
+    put(&SsdTier::open(c.clone()).unwrap(), &[1, 2], 5000);
+    let mut bigger = c;
+    bigger.capacity_bytes = 4 << 20;
+    let pool = SsdTier::open(bigger).unwrap();
+    assert!(
+        pool.warnings().iter().any(|w| w.contains("was created with 1048576 bytes")),
+        "{:?}",
+        pool.warnings()
+    );
+    assert_eq!(pool.capacity_bytes(), 1 << 20);
+    assert_all_load(&pool, &[1, 2], 5000);
+}

@@ -1,0 +1,110 @@
+//! The pool never exceeds its capacity (evicting per device, never a pinned object), and a
+//! full disk — at creation, on a data write, or on a log append — refuses the put, never
+//! crashes, and leaves the pool consistent.
+
+mod common;
+
+use common::{assert_all_load, config, get, put, TempDir};
+use kvtier_pool::{EntryRef, ReadOutcome, SsdTier, Tier};
+
+const LEN: usize = 12_000; // 3 pages with the header
+const OBJECT: u64 = 3 * 4096;
+
+#[test]
+fn eviction_keeps_the_pool_within_capacity_and_spares_pinned_objects() {
+    let dir = TempDir::new("ssd-capacity");
+    let pool = SsdTier::open(config(dir.path(), 2, 10 * OBJECT)).unwrap(); // 10 objects per device
+    let capacity = pool.capacity_bytes();
+    assert_eq!(capacity, 20 * OBJECT);
+    let first: Vec<u128> = (1..=20).collect();
+    assert_eq!(put(&pool, &first, LEN).stored, 20);
+    // Pin four of them (as a lease would).
+    let mut located = vec![None; 4];
+    assert_eq!(pool.locate(&first[..4], &mut located, true, false), 4);
+    let pinned: Vec<EntryRef> = located.iter().map(|l| l.unwrap().entry).collect();
+    for round in 0..5u128 {
+        let keys: Vec<u128> = (100 + 20 * round..120 + 20 * round).collect();
+        let report = put(&pool, &keys, LEN);
+        assert_eq!(report.stored + report.rejected, 20);
+        assert!(pool.used_bytes() <= capacity, "over capacity: {} > {capacity}", pool.used_bytes());
+        pool.check_integrity().unwrap();
+    }
+    assert!(pool.stats().evictions >= 80);
+    assert!(first[..4].iter().all(|&k| pool.contains(k)), "a pinned object was evicted");
+    pool.unpin(&pinned);
+    // Everything unpinned but full: the next put evicts the old pinned ones too.
+    put(&pool, &(1000..1020).collect::<Vec<u128>>(), LEN);
+    assert!(first[..4].iter().all(|&k| !pool.contains(k)));
+}
+
+#[test]
+fn all_pinned_means_rejected_not_grown() {
+    let dir = TempDir::new("ssd-all-pinned");
+    let pool = SsdTier::open(config(dir.path(), 1, 4 * OBJECT)).unwrap();
+    put(&pool, &[1, 2, 3, 4], LEN);
+    let mut located = vec![None; 4];
+    pool.locate(&[1, 2, 3, 4], &mut located, true, false);
+    let report = put(&pool, &[5, 6], LEN);
+    assert_eq!((report.stored, report.rejected, report.evicted), (0, 2, 0));
+    assert_eq!(pool.used_bytes(), pool.capacity_bytes());
+    pool.unpin(&located.iter().map(|l| l.unwrap().entry).collect::<Vec<_>>());
+    pool.check_integrity().unwrap();
+}
+
+#[test]
+fn a_device_file_larger_than_the_free_space_is_refused_at_creation() {
+    let dir = TempDir::new("ssd-too-big");
+    let mut c = config(dir.path(), 1, 0);
+    c.capacity_bytes = 1 << 50; // 1 PiB
+    let message = SsdTier::open(c).unwrap_err().to_string();
+    assert!(message.contains("no space left on device") && message.contains("free"), "{message}");
+}
+
+#[test]
+fn enospc_on_data_writes_refuses_the_put_and_the_pool_recovers() {
+    let dir = TempDir::new("ssd-enospc-data");
+    let c = config(dir.path(), 2, 8 * OBJECT);
+    let pool = SsdTier::open(c.clone()).unwrap();
+    put(&pool, &[1, 2], LEN);
+    pool.inject_device_error_for_test(1, true, libc::ENOSPC);
+    let report = put(&pool, &[3, 4, 5, 6], LEN);
+    assert_eq!(report.stored + report.rejected, 4);
+    assert!(report.rejected >= 1, "{report:?}");
+    assert!(pool.metrics().devices[1].io.io_errors >= 1);
+    pool.check_integrity().unwrap();
+    pool.inject_device_error_for_test(1, true, 0);
+    let missing: Vec<u128> = [3u128, 4, 5, 6].into_iter().filter(|&k| !pool.contains(k)).collect();
+    assert_eq!(put(&pool, &missing, LEN).stored, missing.len());
+    assert_all_load(&pool, &[1, 2, 3, 4, 5, 6], LEN);
+    drop(pool);
+    assert_all_load(&SsdTier::open(c).unwrap(), &[1, 2, 3, 4, 5, 6], LEN);
+}
+
+#[test]
+fn enospc_on_the_log_refuses_the_put_and_puts_evicted_objects_back() {
+    let dir = TempDir::new("ssd-enospc-log");
+    let c = config(dir.path(), 1, 4 * OBJECT);
+    let pool = SsdTier::open(c.clone()).unwrap();
+    assert_eq!(put(&pool, &[1, 2, 3, 4], LEN).stored, 4);
+    pool.inject_log_error_for_test(libc::ENOSPC);
+    // Needs evictions, whose Delete records cannot be logged: refused, victims restored.
+    let report = put(&pool, &[5, 6], LEN);
+    assert_eq!((report.stored, report.rejected, report.evicted), (0, 2, 0));
+    assert_all_load(&pool, &[1, 2, 3, 4], LEN);
+    pool.check_integrity().unwrap();
+    pool.remove(&[4]); // room without eviction; the Put record cannot be logged either
+    assert_eq!(put(&pool, &[7], LEN).rejected, 1);
+    assert_eq!(get(&pool, &[7], LEN)[0].0, None);
+    assert!(pool.metrics().log_failures >= 2);
+    pool.check_integrity().unwrap();
+    pool.inject_log_error_for_test(0);
+    assert_eq!(put(&pool, &[7], LEN).stored, 1);
+    drop(pool);
+    let pool = SsdTier::open(c).unwrap();
+    assert_all_load(&pool, &[1, 2, 3, 7], LEN);
+    assert_eq!(
+        get(&pool, &[5, 6], LEN).iter().map(|r| r.0).collect::<Vec<Option<ReadOutcome>>>(),
+        vec![None, None]
+    );
+    pool.check_integrity().unwrap();
+}

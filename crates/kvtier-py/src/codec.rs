@@ -1,0 +1,132 @@
+//! `kvtier-codec` for Python (`kvtier.codec` wraps these). Encode/decode release the GIL, so
+//! Python threads run codecs on all cores. Errors raise `kvtier.codec.CodecError` (a
+//! `KvtierError`), or its subclass `NonFiniteError` for NaN/inf given to `quant`.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyType};
+
+use kvtier_codec::lossless::LosslessCodec;
+use kvtier_codec::quant::{QuantCodec, QuantConfig};
+use kvtier_codec::streams::{Backend, Stage};
+use kvtier_codec::{Codec, CodecError};
+
+use crate::buffer::{ensure_disjoint, Buffer};
+
+fn codec_err(e: CodecError) -> PyErr {
+    let class = match e {
+        CodecError::NonFinite { .. } => "NonFiniteError",
+        _ => "CodecError",
+    };
+    Python::with_gil(|py| {
+        let cls = py
+            .import("kvtier.codec")
+            .and_then(|m| m.getattr(class))
+            .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
+        match cls {
+            Ok(cls) => PyErr::from_type(cls, e.to_string()),
+            Err(err) => err,
+        }
+    })
+}
+
+fn stage(backend: &str, level: Option<i8>) -> PyResult<Stage> {
+    let backend = Backend::from_name(backend).ok_or_else(|| {
+        codec_err(CodecError::InvalidParam { what: "backend name (none, zstd, lz4, deflate)", value: 0 })
+    })?;
+    Stage::new(backend, level.unwrap_or(backend.default_level())).map_err(codec_err)
+}
+
+fn encode_with<'py>(
+    py: Python<'py>,
+    codec: &dyn Codec,
+    data: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let buf = Buffer::get(data, "data", false)?;
+    let mut out = vec![0u8; codec.max_encoded_len(buf.len())];
+    // SAFETY: read-only view of a live buffer; `out` is ours.
+    let n = py.allow_threads(|| codec.encode(unsafe { buf.as_slice() }, &mut out)).map_err(codec_err)?;
+    Ok(PyBytes::new(py, &out[..n]))
+}
+
+/// `lossless` payload of `data`: byte planes of `element_bytes`-byte values, then `backend`.
+#[pyfunction]
+#[pyo3(signature = (data, backend, level=None, element_bytes=2))]
+pub fn codec_encode_lossless<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    backend: &str,
+    level: Option<i8>,
+    element_bytes: u8,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let stage = stage(backend, level)?;
+    let codec =
+        LosslessCodec::with_element_bytes(stage.backend, stage.level, element_bytes).map_err(codec_err)?;
+    encode_with(py, &codec, data)
+}
+
+/// `quant` payload of an fp16 `BlockFirst` chunk of `len(key_bins)` layers.
+#[pyfunction]
+#[pyo3(signature = (data, first_layer, block_tokens, num_kv_heads, head_dim, key_bins, value_bins, backend, level=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn codec_encode_quant<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    first_layer: u16,
+    block_tokens: u32,
+    num_kv_heads: u16,
+    head_dim: u16,
+    key_bins: Vec<u8>,
+    value_bins: Vec<u8>,
+    backend: &str,
+    level: Option<i8>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let num_layers = u16::try_from(key_bins.len()).map_err(|_| {
+        codec_err(CodecError::InvalidParam { what: "number of layers", value: key_bins.len() as u64 })
+    })?;
+    let config = QuantConfig {
+        first_layer,
+        num_layers,
+        block_tokens,
+        num_kv_heads,
+        head_dim,
+        key_bins,
+        value_bins,
+        stage: stage(backend, level)?,
+    };
+    let codec = QuantCodec::new(config).map_err(codec_err)?;
+    encode_with(py, &codec, data)
+}
+
+/// Decoded size of a payload of codec `codec_id`.
+#[pyfunction]
+pub fn codec_decoded_len(codec_id: u16, payload: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let buf = Buffer::get(payload, "payload", false)?;
+    // SAFETY: read-only view of a live buffer.
+    kvtier_codec::decoded_len(codec_id, unsafe { buf.as_slice() }).map_err(codec_err)
+}
+
+/// Decodes a payload of codec `codec_id` into the writable buffer `out`; returns bytes written.
+#[pyfunction]
+pub fn codec_decode(
+    py: Python<'_>,
+    codec_id: u16,
+    payload: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<usize> {
+    let src = Buffer::get(payload, "payload", false)?;
+    let dst = Buffer::get(out, "out", true)?;
+    ensure_disjoint(&dst, &src)?;
+    // SAFETY: disjoint live buffers; `out` acquired writable.
+    py.allow_threads(|| {
+        kvtier_codec::decode(codec_id, unsafe { src.as_slice() }, unsafe { dst.as_mut_slice() })
+    })
+    .map_err(codec_err)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(codec_encode_lossless, m)?)?;
+    m.add_function(wrap_pyfunction!(codec_encode_quant, m)?)?;
+    m.add_function(wrap_pyfunction!(codec_decoded_len, m)?)?;
+    m.add_function(wrap_pyfunction!(codec_decode, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! The SSD pool for Python: its config (a dict from `kvtier.config`), its metrics as dicts, the
+//! pool-level `SsdPool` (benchmarks and tests; users go through `Store`), Algorithm 1's counts,
+//! and the raw-device and file-per-object baselines of `kvtier bench ssd`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use kvtier_pool::ssd::{baseline, placement, SsdMetrics};
+use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, SsdConfig, SsdTier, Tier};
+use kvtier_store::SsdStoreConfig;
+
+use crate::errors::{config_error, kvtier_error};
+use crate::store::{block_buffers, split_mut, split_ref};
+use crate::{keys_from, u128_from};
+
+fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
+    match d.get_item(key)? {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => v.extract().map(Some).map_err(|e| config_error(format!("ssd `{key}`: {e}"))),
+    }
+}
+
+fn pool_err(e: PoolError) -> PyErr {
+    match e {
+        PoolError::SsdConfig(m) => config_error(format!("ssd: {m}")),
+        other => kvtier_error("StoreError", other.to_string()),
+    }
+}
+
+fn parse<T>(value: Option<String>, parse: fn(&str) -> Result<T, PoolError>, default: T) -> PyResult<T> {
+    value.map_or(Ok(default), |v| parse(&v).map_err(pool_err))
+}
+
+/// The pool part of an ssd config dict (keys as in `kvtier.config.StoreConfig`, without `ssd_`).
+pub fn pool_config(d: &Bound<'_, PyDict>) -> PyResult<SsdConfig> {
+    let directory: String =
+        get(d, "directory")?.ok_or_else(|| config_error("ssd config has no `directory`".into()))?;
+    let mut c = SsdConfig::new(directory);
+    if let Some(devices) = get::<Vec<String>>(d, "devices")? {
+        c.devices = devices.into_iter().map(PathBuf::from).collect();
+    }
+    if let Some(v) = get(d, "capacity_bytes")? {
+        c.capacity_bytes = v;
+    }
+    c.durability = parse(get(d, "durability")?, Durability::parse, c.durability)?;
+    c.placement = parse(get(d, "placement")?, Placement::parse, c.placement)?;
+    c.io_engine = parse(get(d, "io_engine")?, IoEngineKind::parse, c.io_engine)?;
+    c.bandwidth_bytes_per_s = get(d, "bandwidth_bytes_per_s")?;
+    c.throttle_bytes_per_s = get(d, "throttle_bytes_per_s")?;
+    if let Some(v) = get(d, "io_depth")? {
+        c.io_depth = v;
+    }
+    if let Some(v) = get(d, "probe_bytes")? {
+        c.probe_bytes = v;
+    }
+    if let Some(v) = get(d, "direct_io")? {
+        c.direct_io = v;
+    }
+    if let Some(v) = get(d, "min_object_bytes")? {
+        c.min_object_bytes = v;
+    }
+    if let Some(v) = get(d, "compact_min_records")? {
+        c.compact_min_records = v;
+    }
+    Ok(c)
+}
+
+/// The store's SSD config from the dict `kvtier.Store` passes.
+pub fn store_ssd_config(d: &Bound<'_, PyDict>) -> PyResult<SsdStoreConfig> {
+    let mut c = SsdStoreConfig::new(pool_config(d)?);
+    if let Some(v) = get(d, "admission_k")? {
+        c.admission_k = v;
+    }
+    if let Some(v) = get(d, "write_through")? {
+        c.write_through = v;
+    }
+    if let Some(v) = get(d, "promote_on_hit")? {
+        c.promote_on_hit = v;
+    }
+    Ok(c)
+}
+
+/// The pool's metrics as nested dicts (JSON-ready).
+pub fn metrics_dict<'py>(py: Python<'py>, m: &SsdMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("engine", m.engine)?;
+    d.set_item("durability", m.durability)?;
+    d.set_item("placement", m.placement)?;
+    d.set_item("bandwidth_source", &m.bandwidth_source)?;
+    for (k, v) in [
+        ("lookup_hits", m.lookup_hits),
+        ("lookup_misses", m.lookup_misses),
+        ("write_failures", m.write_failures),
+        ("read_io_errors", m.read_io_errors),
+        ("log_failures", m.log_failures),
+        ("log_records", m.log_records),
+        ("log_bytes", m.log_bytes),
+        ("log_generation", m.log_generation),
+        ("compactions", m.compactions),
+        ("objects", m.tier.objects),
+        ("pinned_objects", m.tier.pinned_objects),
+        ("used_bytes", m.tier.used_bytes),
+        ("capacity_bytes", m.tier.capacity_bytes),
+        ("stored", m.tier.stored),
+        ("evictions", m.tier.evictions),
+        ("rejected", m.tier.rejected),
+        ("checksum_failures", m.tier.checksum_failures),
+    ] {
+        d.set_item(k, v)?;
+    }
+    let r = PyDict::new(py);
+    r.set_item("records", m.recovery.records)?;
+    r.set_item("recovered_objects", m.recovery.recovered_objects)?;
+    r.set_item("invalid_records", m.recovery.invalid_records)?;
+    r.set_item("overwritten_entries", m.recovery.overwritten_entries)?;
+    r.set_item("dropped_tail_bytes", m.recovery.dropped_tail_bytes)?;
+    r.set_item("seconds", m.recovery.seconds)?;
+    d.set_item("recovery", r)?;
+    let devices = PyList::empty(py);
+    for dev in &m.devices {
+        let x = PyDict::new(py);
+        x.set_item("path", &dev.path)?;
+        x.set_item("direct_io", dev.direct_io)?;
+        x.set_item("block_device", dev.block_device)?;
+        x.set_item("read_bytes_per_s", dev.read_bytes_per_s)?;
+        x.set_item("write_bytes_per_s", dev.write_bytes_per_s)?;
+        x.set_item("placement_share", dev.placement_share)?;
+        x.set_item("throttle_bytes_per_s", dev.throttle_bytes_per_s)?;
+        x.set_item("objects", dev.objects)?;
+        x.set_item("used_bytes", dev.used_bytes)?;
+        x.set_item("capacity_bytes", dev.capacity_bytes)?;
+        let io = &dev.io;
+        for (k, v) in [
+            ("bytes_read", io.bytes_read),
+            ("bytes_written", io.bytes_written),
+            ("read_ops", io.read_ops),
+            ("write_ops", io.write_ops),
+            ("io_errors", io.io_errors),
+            ("queue_depth", io.queue_depth),
+            ("queue_depth_max", io.queue_depth_max),
+        ] {
+            x.set_item(k, v)?;
+        }
+        for (k, v) in [
+            ("read_p50_s", io.read_p50_s),
+            ("read_p99_s", io.read_p99_s),
+            ("write_p50_s", io.write_p50_s),
+            ("write_p99_s", io.write_p99_s),
+        ] {
+            x.set_item(k, v)?;
+        }
+        devices.append(x)?;
+    }
+    d.set_item("devices", devices)?;
+    d.set_item("warnings", m.warnings.clone())?;
+    Ok(d)
+}
+
+/// The SSD pool on its own (no DRAM tier, no leases): for benchmarks and tests.
+#[pyclass(frozen, name = "SsdPool", module = "kvtier._core")]
+pub struct SsdPool {
+    inner: Mutex<Option<Arc<SsdTier>>>,
+}
+
+impl SsdPool {
+    fn tier(&self) -> PyResult<Arc<SsdTier>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| kvtier_error("StoreError", "the ssd pool is closed".into()))
+    }
+}
+
+fn outcome_name(o: Option<ReadOutcome>) -> &'static str {
+    match o {
+        None => "miss",
+        Some(ReadOutcome::Loaded) => "loaded",
+        Some(ReadOutcome::Corrupt) => "corrupt",
+        Some(ReadOutcome::CorruptKnown) => "corrupt_known",
+        Some(ReadOutcome::NotPinned) => "not_pinned",
+    }
+}
+
+#[pymethods]
+impl SsdPool {
+    /// Opens (or creates) the pool described by `config` (the dict `pool_config` reads).
+    #[new]
+    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let c = pool_config(config)?;
+        let tier = py.allow_threads(|| SsdTier::open(c)).map_err(pool_err)?;
+        Ok(SsdPool { inner: Mutex::new(Some(Arc::new(tier))) })
+    }
+
+    /// Stores `count` objects of `object_bytes` each. Returns (stored, already_present, rejected, evicted).
+    fn put(
+        &self,
+        py: Python<'_>,
+        namespace_hash: &[u8],
+        keys: &[u8],
+        objects: &Bound<'_, PyAny>,
+        object_bytes: usize,
+    ) -> PyResult<(usize, usize, usize, usize)> {
+        let ns = u128_from(namespace_hash, "namespace_hash")?;
+        let keys = keys_from(keys)?;
+        let bufs = block_buffers(objects, "objects", false)?;
+        // SAFETY: live buffers, only read.
+        let objects = unsafe { split_ref(&bufs, keys.len(), object_bytes, "objects")? };
+        let tier = self.tier()?;
+        let r = py.allow_threads(|| tier.put(ns, &keys, &objects));
+        Ok((r.stored, r.already_present, r.rejected, r.evicted))
+    }
+
+    /// Reads `keys` into `out`; one outcome name per key ("loaded", "miss", "corrupt", ...).
+    fn get(
+        &self,
+        py: Python<'_>,
+        namespace_hash: &[u8],
+        keys: &[u8],
+        out: &Bound<'_, PyAny>,
+        object_bytes: usize,
+    ) -> PyResult<Vec<&'static str>> {
+        let ns = u128_from(namespace_hash, "namespace_hash")?;
+        let keys = keys_from(keys)?;
+        let bufs = block_buffers(out, "out", true)?;
+        for (i, a) in bufs.iter().enumerate() {
+            for b in &bufs[i + 1..] {
+                crate::buffer::ensure_disjoint(a, b)?;
+            }
+        }
+        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
+        let mut dst = unsafe { split_mut(&bufs, keys.len(), object_bytes, "out")? };
+        let tier = self.tier()?;
+        let outcomes = py.allow_threads(|| tier.get(ns, &keys, &mut dst));
+        Ok(outcomes.into_iter().map(outcome_name).collect())
+    }
+
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let tier = self.tier()?;
+        metrics_dict(py, &py.allow_threads(|| tier.metrics()))
+    }
+
+    fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
+        let tier = self.tier()?;
+        py.allow_threads(|| tier.check_integrity()).map_err(|e| kvtier_error("IntegrityError", e.to_string()))
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let tier = self.tier()?;
+        py.allow_threads(|| tier.flush())
+            .map_err(|e| kvtier_error("StoreError", format!("flushing the ssd pool: {e}")))
+    }
+
+    /// Closes the pool (its files and directory lock are released once calls in flight end).
+    fn close(&self, py: Python<'_>) {
+        let tier = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        py.allow_threads(move || drop(tier));
+    }
+}
+
+/// Algorithm 1: how many of `n` objects each device of these bandwidths gets.
+#[pyfunction]
+pub fn ssd_placement_counts(bandwidths: Vec<f64>, n: usize) -> PyResult<Vec<usize>> {
+    if bandwidths.is_empty() {
+        return Err(config_error("bandwidths is empty; expected one per device".into()));
+    }
+    Ok(placement::algorithm1_counts(&bandwidths, n))
+}
+
+/// Seconds of a raw sequential O_DIRECT loop over `path` (see `kvtier_pool::ssd::baseline`).
+#[pyfunction]
+pub fn ssd_raw_sequential(
+    py: Python<'_>,
+    path: PathBuf,
+    total_bytes: u64,
+    chunk_bytes: usize,
+    write: bool,
+    depth: usize,
+    buffer_bytes: usize,
+) -> PyResult<f64> {
+    py.allow_threads(|| baseline::raw_sequential(&path, total_bytes, chunk_bytes, write, depth, buffer_bytes))
+        .map_err(|e| kvtier_error("StoreError", format!("raw device loop on {}: {e}", path.display())))
+}
+
+/// Seconds to write `count` files of `object` into `directory`, then syncfs.
+#[pyfunction]
+pub fn ssd_file_per_object_write(
+    py: Python<'_>,
+    directory: PathBuf,
+    count: usize,
+    object: &Bound<'_, PyAny>,
+) -> PyResult<f64> {
+    let buf = crate::buffer::Buffer::get(object, "object", false)?;
+    // SAFETY: read-only view of a live buffer.
+    let bytes = unsafe { buf.as_slice() };
+    py.allow_threads(|| baseline::file_per_object_write(&directory, count, bytes)).map_err(|e| {
+        kvtier_error("StoreError", format!("file-per-object write in {}: {e}", directory.display()))
+    })
+}
+
+/// Seconds to read the `count` files back (cold: their cached pages dropped first) into `out`.
+#[pyfunction]
+pub fn ssd_file_per_object_read(
+    py: Python<'_>,
+    directory: PathBuf,
+    count: usize,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<f64> {
+    let buf = crate::buffer::Buffer::get(out, "out", true)?;
+    // SAFETY: writable, live buffer; this is its only view.
+    let bytes = unsafe { buf.as_mut_slice() };
+    py.allow_threads(|| baseline::file_per_object_read(&directory, count, bytes)).map_err(|e| {
+        kvtier_error("StoreError", format!("file-per-object read in {}: {e}", directory.display()))
+    })
+}

@@ -1,0 +1,186 @@
+//! DRAM → SSD: blocks DRAM gives up are written back to SSD (after the admission filter),
+//! lookups report where each block is, loads from SSD verify and promote, leases pin SSD
+//! blocks, capacities hold, and a restarted store finds what the SSD pool kept.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{keys, load, namespace, payload, put_keys, OBJECT_BYTES};
+use kvtier_store::{Durability, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierKind};
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ssd_store(
+    dir: &TempDir,
+    dram_blocks: u64,
+    ssd_blocks_per_device: u64,
+    tweak: impl FnOnce(&mut SsdStoreConfig),
+) -> Store {
+    let mut pool = SsdConfig::new(&dir.0);
+    pool.devices = vec![dir.0.join("a.kvtd"), dir.0.join("b.kvtd")];
+    pool.capacity_bytes = 2 * ssd_blocks_per_device * OBJECT_BYTES;
+    pool.probe_bytes = 0;
+    let mut ssd = SsdStoreConfig::new(pool);
+    tweak(&mut ssd);
+    let config = StoreConfig {
+        dram_capacity_bytes: dram_blocks * OBJECT_BYTES,
+        copy_threads: 2,
+        lease_ttl: Duration::from_secs(30),
+        leases_max: 64,
+        ssd: Some(ssd),
+        ..StoreConfig::default()
+    };
+    Store::new(namespace("test-model", ""), config).unwrap()
+}
+
+fn tiers(store: &Store, ks: &[u128]) -> Vec<TierKind> {
+    store.lookup(store.namespace_hash(), ks).unwrap().tiers
+}
+
+fn assert_loads(store: &Store, ks: &[u128]) {
+    let lease = store.lease(store.namespace_hash(), ks).unwrap();
+    assert_eq!(lease.hit_blocks, ks.len());
+    let (report, bufs) = load(store, lease.id, ks.len());
+    assert_eq!(report.loaded_blocks, ks.len());
+    for (k, b) in ks.iter().zip(&bufs) {
+        assert_eq!(*b, payload(*k), "wrong bytes for {k:#x}");
+    }
+    store.release(lease.id).unwrap();
+}
+
+#[test]
+fn evicted_blocks_are_written_back_and_promoted_on_hit() {
+    let dir = TempDir::new("store-ssd-writeback");
+    let store = ssd_store(&dir, 4, 32, |_| {});
+    assert_eq!(store.tier_kinds(), vec![TierKind::Dram, TierKind::Ssd]);
+    let ks = keys(&store, 0, 12);
+    assert_eq!(put_keys(&store, &ks).stored, 12);
+    let where_ = tiers(&store, &ks);
+    assert_eq!(where_[..8], [TierKind::Ssd; 8], "the 8 oldest left DRAM for SSD");
+    assert_eq!(where_[8..], [TierKind::Dram; 4]);
+    let stats = store.stats();
+    assert_eq!((stats.demoted_blocks, stats.admission_skipped, stats.dropped_evictions), (8, 0, 0));
+    // All 12 leased at once: DRAM's 4 are pinned, so nothing can be promoted.
+    assert_loads(&store, &ks);
+    assert_eq!(store.stats().promoted_blocks, 0);
+    // Two SSD blocks alone: promoted into DRAM (whose unleased blocks go to SSD, already there).
+    assert_loads(&store, &ks[..2]);
+    assert_eq!(store.stats().promoted_blocks, 2);
+    assert_eq!(tiers(&store, &ks[..2]), vec![TierKind::Dram; 2]);
+    assert_eq!(store.stats().dropped_evictions, 0);
+    assert_loads(&store, &ks);
+    store.check_integrity().unwrap();
+    let ssd = store.ssd_metrics().unwrap();
+    assert!(
+        ssd.devices.iter().all(|d| d.objects > 0),
+        "both devices used: {:?}",
+        ssd.devices.iter().map(|d| d.objects).collect::<Vec<_>>()
+    );
+    for (kind, t) in store.tier_stats() {
+        assert!(t.used_bytes <= t.capacity_bytes, "{kind} over capacity");
+    }
+}
+
+#[test]
+fn admission_filter_needs_k_accesses() {
+    let dir = TempDir::new("store-ssd-admission");
+    let store = ssd_store(&dir, 4, 32, |s| s.admission_k = 2);
+    let a = keys(&store, 0, 4);
+    let b = keys(&store, 1000, 4);
+    let c = keys(&store, 2000, 4);
+    put_keys(&store, &a);
+    let lease = store.lease(store.namespace_hash(), &a).unwrap(); // second access of each of a
+    store.release(lease.id).unwrap();
+    put_keys(&store, &b); // a leaves DRAM: 2 accesses, admitted
+    put_keys(&store, &c); // b leaves DRAM: 1 access, not admitted
+    assert_eq!(tiers(&store, &a), vec![TierKind::Ssd; 4]);
+    assert_eq!(store.lookup(store.namespace_hash(), &b).unwrap().hit_blocks, 0);
+    let stats = store.stats();
+    assert_eq!((stats.demoted_blocks, stats.admission_skipped), (4, 4));
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn leased_ssd_blocks_are_never_evicted_and_capacity_holds() {
+    let dir = TempDir::new("store-ssd-leases");
+    let store = ssd_store(&dir, 2, 2, |s| s.promote_on_hit = false); // SSD: 4 blocks
+    let first = keys(&store, 0, 6);
+    put_keys(&store, &first);
+    assert_eq!(tiers(&store, &first[..4]), vec![TierKind::Ssd; 4]);
+    let lease = store.lease(store.namespace_hash(), &first[..4]).unwrap();
+    for round in 1..6u32 {
+        put_keys(&store, &keys(&store, round * 1000, 4));
+        for (kind, t) in store.tier_stats() {
+            assert!(t.used_bytes <= t.capacity_bytes, "{kind} over capacity");
+        }
+        store.check_integrity().unwrap();
+    }
+    assert!(store.stats().demotion_failed > 0, "SSD was full of leased blocks");
+    let (report, bufs) = load(&store, lease.id, 4);
+    assert_eq!(report.loaded_blocks, 4);
+    assert!(first[..4].iter().zip(&bufs).all(|(k, b)| *b == payload(*k)));
+    store.release(lease.id).unwrap();
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn a_restarted_store_finds_ssd_blocks() {
+    let dir = TempDir::new("store-ssd-restart");
+    let tweak = |s: &mut SsdStoreConfig| {
+        s.write_through = true;
+        s.pool.durability = Durability::Fsync;
+    };
+    let ks = {
+        let store = ssd_store(&dir, 4, 32, tweak);
+        let ks = keys(&store, 7, 10);
+        put_keys(&store, &ks);
+        let stats = store.stats();
+        assert_eq!(stats.written_through + stats.demoted_blocks, 10, "{stats:?}");
+        assert!(stats.written_through > 0);
+        ks
+    };
+    let store = ssd_store(&dir, 4, 32, tweak);
+    assert_eq!(store.ssd_metrics().unwrap().recovery.recovered_objects, 10);
+    assert_eq!(tiers(&store, &ks), vec![TierKind::Ssd; 10]);
+    assert_loads(&store, &ks);
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn bad_ssd_settings_are_config_errors() {
+    let dir = TempDir::new("store-ssd-bad");
+    let mut ssd = SsdStoreConfig::new(SsdConfig::new(dir.0.join("missing")));
+    let config = |ssd: SsdStoreConfig| StoreConfig {
+        dram_capacity_bytes: 1 << 20,
+        ssd: Some(ssd),
+        ..StoreConfig::default()
+    };
+    let err = Store::new(namespace("m", ""), config(ssd.clone())).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Config(m) if m.contains("ssd: ssd directory") && m.contains("create it first")),
+        "{err}"
+    );
+    ssd.admission_k = 0;
+    let err = Store::new(namespace("m", ""), config(ssd)).unwrap_err();
+    assert!(err.to_string().contains("admission_k is 0"), "{err}");
+    let mut pool = SsdConfig::new(&dir.0);
+    pool.capacity_bytes = 4096; // smaller than one 16 KiB block
+    pool.probe_bytes = 0;
+    let err = Store::new(namespace("m", ""), config(SsdStoreConfig::new(pool))).unwrap_err();
+    assert!(err.to_string().contains("expected at least one object (16384 bytes"), "{err}");
+}

@@ -1,0 +1,375 @@
+"""``rotasched``: SuperInfer's RotaSched (§4.2), an SLO-aware rotary scheduler, with DuplexKV's
+transfer model (§4.3) as the way its swaps move.
+
+RotaSched preempts *proactively*: requests rotate between HBM (running) and host DRAM (the
+*rotary* state, kvtier's ``Phase.SWAPPED``) by their **Virtual Lag Time** (§4.2.2)::
+
+    VLT = alpha * ReLU(now - t_last - beta_B * S_B)   rotary  (t_last: its last token)
+          ReLU(now - t_arr - beta_F * S_F)            waiting (t_arr: its arrival)
+          -(now - t_run)                              running (t_run: when it began running)
+
+S_B is the TBT SLO and S_F the TTFT SLO. (§4.2.2's sentence says the reverse, but its own
+naming, the ablations of §5.3 — beta_F delays *new* requests, Fig. 19; beta_B delays *rotary*
+ones, Fig. 20 — and the evaluation's beta_F = 0.5 only make sense this way: a waiting request
+is tolerated for beta_F x 5 s, a rotary one for beta_B x 100 ms.)
+
+Each iteration runs **Largest-VLT-First** exactly as Algorithm 1 (:func:`lvf`): (1) if the free
+blocks B_HBM hold every waiting and rotary request, fall back to FCFS; (2) sort all requests by VLT,
+descending; (3) from the head, prioritise waiting/rotary requests with VLT >= 0 that fit in
+B_HBM + B_xfer blocks left; (4) from the tail, swap out running requests with VLT < 0 until the
+B_swap = B_xfer - B_left extra blocks are found. B_xfer, the transfer budget, bounds the blocks
+rotated per iteration (§4.2.3: 2400 in §5.1).
+
+Policy state (kvtier adaptation): the view carries arrival, phase and token counts but not t_last or
+t_run, so the policy records them from successive views: t_last is the first view in which a
+request's ``generated_tokens`` grew (the engine shows a view right when a step ends, so that is the
+token's time); t_run is the first view showing it running. A swap-in lands between iterations, so
+a request selected in iteration t first runs in t+1 (in vLLM it runs in t itself); t_run is taken
+from then, so its VLT is 0 and it decodes at least once before it can be preempted again (taking
+t_run at selection made requests rotate back out before their first decode: a livelock).
+
+B_HBM: the view's free device blocks less what the running batch already claims — the rest of a
+chunked prompt being prefilled and the new block a decode crossing a block boundary needs — so
+admissions never push the engine into its passive recompute preemption; plus the blocks of earlier
+swap-outs whose copy is still in flight (already rotated out; counting them as used would preempt
+twice for one need).
+
+DuplexKV (§4.3) is the policy's ``swap_copy`` (:class:`~kvtier.sched.base.SwapCopy`), chosen by
+``transfer`` among Table 1's ladder (:data:`TRANSFER_ENGINES`): Naive (vLLM's copies: one per 64 KB
+layer segment), MS (block-first layout: one copy per 4 MB block), MS+MK (one batched launch per
+direction), DuplexKV (MS+MK with eager block rotation, so full duplex). All four run in the
+cross-iteration pipeline (Fig. 15: an iteration's swaps overlap its compute; the next iteration
+starts once both are done). The first three run their copies one at a time (a swap-in may reuse the
+blocks a swap-out frees: data race, Fig. 13 left) and free a victim's blocks only when its copy
+lands; under DuplexKV a swap-out moves only the dirty tail block, so the victims' synced blocks
+serve this very iteration's prioritised requests. ``vllm`` is vLLM's own swap (Naive copies run
+before the forward pass), the path of the §3.1 static policies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.sched.base import (
+    Phase,
+    Policy,
+    RequestView,
+    SchedulerDecision,
+    SchedulerView,
+    SwapCopy,
+    register,
+)
+from kvtier.sched.batching import blocks_for, reusable_tokens
+
+# Table 1's transfer engines (§5.3 "How much bandwidth can DuplexKV achieve?") as swap settings,
+# inside SuperInfer's cross-iteration pipeline (§5.3's "w/o DuplexKV" keeps the overlap: "slow
+# transfers ... preventing full overlap"), plus vLLM's own swap path for the §3.1 baselines.
+TRANSFER_ENGINES: dict[str, SwapCopy] = {
+    # vLLM's swap: 64 KB per-layer copies, directions serial, run before the forward pass (§3.1).
+    "vllm": SwapCopy(layer_first=True, batched=False, duplex=False, eager=False, sync="step"),
+    # Naive: a cudaMemcpyAsync per 64 KB layer segment (layer-first paged KV, §4.3.1).
+    "naive": SwapCopy(layer_first=True, batched=False, duplex=False, eager=False, sync="next_step"),
+    # MS: block-first layout merges a block's layers into one 4 MB copy, still one launch each.
+    "ms": SwapCopy(layer_first=False, batched=False, duplex=False, eager=False, sync="next_step"),
+    # MS+MK: one cudaMemcpyBatchAsync launch per direction; data races still serialise directions.
+    "ms_mk": SwapCopy(layer_first=False, batched=True, duplex=False, eager=False, sync="next_step"),
+    # DuplexKV: MS+MK + eager block rotation, so both directions run at once without data races.
+    "duplexkv": SwapCopy(layer_first=False, batched=True, duplex=True, eager=True, sync="next_step"),
+}
+TABLE1_LADDER = ("naive", "ms", "ms_mk", "duplexkv")
+
+
+def transfer_engine(name: str) -> SwapCopy:
+    """The :class:`SwapCopy` of one of Table 1's transfer engines; unknown names raise."""
+    try:
+        return TRANSFER_ENGINES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown transfer engine {name!r}; expected one of {sorted(TRANSFER_ENGINES)}"
+        ) from None
+
+
+def kv_blocks(r: RequestView, block_tokens: int) -> int:
+    """blk(r) of Algorithm 1: the device blocks a request holds (running, rotary) or needs for its
+    whole prompt (waiting; its device-cached prefix is already there)."""
+    if r.phase is Phase.WAITING:
+        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[0] // block_tokens
+    return blocks_for(r.computed_tokens + r.generated_tokens, block_tokens)
+
+
+def step_need(r: RequestView, tokens: int, block_tokens: int) -> int:
+    """New device blocks a running request needs to compute ``tokens`` more this step.
+
+    A prefill chunk needs slots for ``computed + tokens``; a decode step slots for prompt + generated
+    + 1 (the engine's convention). A request holds slots for computed + generated tokens, except
+    right after its prefill (one token generated, none of it stored yet).
+    """
+    if r.computed_tokens < r.prompt_tokens:
+        held = r.computed_tokens
+        return blocks_for(held + tokens, block_tokens) - blocks_for(held, block_tokens)
+    held = r.computed_tokens + r.generated_tokens - (1 if r.generated_tokens == 1 else 0)
+    return blocks_for(r.computed_tokens + r.generated_tokens + tokens, block_tokens) - blocks_for(
+        held, block_tokens
+    )
+
+
+def step_tokens(r: RequestView, budget: int) -> int:
+    """Tokens a running request computes this step: a decode token or a prefill chunk."""
+    if r.computed_tokens < r.prompt_tokens:
+        return min(r.remaining_prefill_tokens, budget)
+    return 1
+
+
+def prompt_reserve(r: RequestView, block_tokens: int) -> int:
+    """Blocks a running request still needs to finish its prompt (chunked prefill in progress)."""
+    if r.computed_tokens >= r.prompt_tokens:
+        return 0
+    return blocks_for(r.prompt_tokens, block_tokens) - blocks_for(r.computed_tokens, block_tokens)
+
+
+class StepPlan:
+    """One iteration's decision with its token budget, running slots and device blocks free now.
+
+    Requests are added in priority order; each takes what it needs or is skipped (it waits).
+    ``free_blocks`` already counts what the swap-outs release at once (see :func:`released_now`).
+    """
+
+    def __init__(self, view: SchedulerView, free_blocks: int, swapped_out: Sequence[RequestView]) -> None:
+        self.view = view
+        self.decision = SchedulerDecision(swap_out=[r.req_id for r in swapped_out])
+        self.budget = view.max_batch_tokens
+        self.free_blocks = free_blocks
+        self.slots = view.max_running - len(view.running) + len(swapped_out)
+
+    def run(self, running: Iterable[RequestView]) -> None:
+        """Decodes and prefill chunks of the running requests that stay, in the view's order."""
+        bt = self.view.block_tokens
+        for r in running:
+            prefilling = r.computed_tokens < r.prompt_tokens
+            n = step_tokens(r, self.budget) if self.budget > 0 else 0
+            # A request that cannot get its block now stalls one iteration (no recompute preemption).
+            if n > 0 and step_need(r, n, bt) <= self.free_blocks:
+                self.budget -= n
+                if prefilling:
+                    self.decision.prefill.append((r.req_id, n))
+                else:
+                    self.decision.decode.append(r.req_id)
+            self.free_blocks -= claim(r, bt)  # set aside even when it waits: it claims them next iteration
+
+    def swap_in(self, r: RequestView) -> bool:
+        need = kv_blocks(r, self.view.block_tokens)
+        if need > self.free_blocks or self.slots <= 0:
+            return False
+        self.decision.swap_in.append(r.req_id)
+        self.free_blocks -= need
+        self.slots -= 1
+        return True
+
+    def admit(self, r: RequestView) -> bool:
+        """Starts a waiting request's prefill; its whole prompt's blocks are set aside."""
+        need = kv_blocks(r, self.view.block_tokens)
+        if self.budget <= 0 or self.slots <= 0 or need > self.free_blocks:
+            return False
+        n = min(r.prompt_tokens - reusable_tokens(r, with_lower_tiers=False), self.budget)
+        self.decision.prefill.append((r.req_id, n))
+        self.budget -= n
+        self.free_blocks -= need
+        self.slots -= 1
+        return True
+
+
+def claim(r: RequestView, block_tokens: int) -> int:
+    """Blocks a running request claims beyond what it holds: the rest of an unfinished prompt, or
+    the new block a decode whose next token starts one needs."""
+    if r.computed_tokens < r.prompt_tokens:
+        return prompt_reserve(r, block_tokens)
+    return step_need(r, 1, block_tokens)
+
+
+def running_claims(view: SchedulerView) -> int:
+    """What the whole running batch claims (:func:`claim`)."""
+    return sum(claim(r, view.block_tokens) for r in view.running)
+
+
+def released_now(r: RequestView, copy: SwapCopy, synced_blocks: int, block_tokens: int) -> int:
+    """Device blocks a swap-out frees for this very iteration: all of them if the copy runs before
+    the step writes HBM (sync "step"); with eager rotation its synced blocks (a host copy exists,
+    §4.3.2); otherwise none until the copy lands."""
+    held = kv_blocks(r, block_tokens)
+    if copy.sync == "step":
+        return held
+    if copy.eager:
+        return min(synced_blocks, held)
+    return 0
+
+
+_FORGET_S = 30.0  # a request unseen this long has left (finished); its records go
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What the policy remembers of a request between views."""
+
+    phase: Phase
+    generated: int
+    tokens: int  # computed + generated at the last view
+    prev_tokens: int  # ... at the view before (its full blocks have a host copy under eager rotation)
+    last_token_s: float
+    run_start_s: float
+    seen_s: float
+
+
+def lvf(
+    candidates: Sequence[tuple[float, RequestView]],
+    blocks: dict[int, int],
+    free_blocks: int,
+    xfer_blocks: int,
+) -> tuple[list[RequestView], list[RequestView]]:
+    """Algorithm 1 (LVF scheduling): returns (preempted P, prioritised R).
+
+    ``candidates`` are (VLT, request) for every running, waiting and rotary request; ``blocks`` maps
+    a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer.
+    """
+    left = free_blocks + xfer_blocks  # line 1: B_left
+    waiting_rotary = [r for _, r in candidates if r.phase is not Phase.RUNNING]
+    if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
+        return [], sorted(waiting_rotary, key=_fcfs_key)  # fall back to FCFS
+    ordered = sorted(candidates, key=lambda c: (-c[0], c[1].arrival_s, c[1].req_id))  # step 2
+    prioritised: list[RequestView] = []
+    for vlt, r in ordered:  # step 3
+        if r.phase is not Phase.RUNNING and vlt >= 0 and blocks[r.req_id] <= left:
+            prioritised.append(r)
+            left -= blocks[r.req_id]
+    swap = xfer_blocks - left  # step 4: B_swap
+    preempted: list[RequestView] = []
+    for vlt, r in reversed(ordered):
+        if r.phase is Phase.RUNNING and vlt < 0 and swap > 0:
+            preempted.append(r)
+            swap -= blocks[r.req_id]
+    return preempted, prioritised
+
+
+def _fcfs_key(r: RequestView) -> tuple[int, float, int]:
+    """FCFS with vLLM's order: swapped (rotary) requests resume before waiting ones are admitted."""
+    return (0 if r.phase is Phase.SWAPPED else 1, r.arrival_s, r.req_id)
+
+
+@register
+class RotaSched(Policy):
+    """RotaSched + DuplexKV. SLOs and the §4.2.2 coefficients are parameters (§5.1's defaults)."""
+
+    name = "rotasched"
+    offload = "none"  # the host tier holds rotary requests' KV only
+
+    def __init__(
+        self,
+        ttft_slo_s: float = 5.0,
+        tbt_slo_s: float = 0.1,
+        alpha: float = 3.0,
+        beta_b: float = 0.0,
+        beta_f: float = 0.5,
+        xfer_blocks: int = 2400,
+        transfer: str = "duplexkv",
+    ) -> None:
+        if not (ttft_slo_s > 0 and tbt_slo_s > 0):
+            raise ConfigError(f"rotasched SLOs must be > 0; got ttft {ttft_slo_s}, tbt {tbt_slo_s}")
+        if not (alpha >= 0 and math.isfinite(beta_b) and math.isfinite(beta_f)):
+            raise ConfigError(f"rotasched needs alpha >= 0 and finite betas; got {alpha}, {beta_b}, {beta_f}")
+        if xfer_blocks < 0:
+            raise ConfigError(f"rotasched xfer_blocks is {xfer_blocks}; expected >= 0")
+        self.ttft_slo_s = ttft_slo_s
+        self.tbt_slo_s = tbt_slo_s
+        self.alpha = alpha
+        self.beta_b = beta_b
+        self.beta_f = beta_f
+        self.xfer_blocks = xfer_blocks
+        self.transfer = transfer
+        self.swap_copy = transfer_engine(transfer)
+        self._seen: dict[int, _Seen] = {}
+        # Swapped out, copy not landed yet: (device blocks still held, when) per request.
+        self._pending_out: dict[int, tuple[int, float]] = {}
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "ttft_slo_s": self.ttft_slo_s,
+            "tbt_slo_s": self.tbt_slo_s,
+            "alpha": self.alpha,
+            "beta_b": self.beta_b,
+            "beta_f": self.beta_f,
+            "xfer_blocks": self.xfer_blocks,
+            "transfer": self.transfer,
+        }
+
+    # ------------------------------------------------------------------------------------------
+    # VLT (§4.2.2)
+
+    def vlt(self, r: RequestView, now_s: float) -> float:
+        seen = self._seen.get(r.req_id)
+        if r.phase is Phase.SWAPPED:
+            last_s = seen.last_token_s if seen is not None else r.arrival_s
+            return self.alpha * max(0.0, now_s - last_s - self.beta_b * self.tbt_slo_s)
+        if r.phase is Phase.RUNNING:
+            start_s = seen.run_start_s if seen is not None else now_s
+            return -(now_s - start_s)
+        return max(0.0, now_s - r.arrival_s - self.beta_f * self.ttft_slo_s)
+
+    def observe(self, view: SchedulerView) -> None:
+        """Updates t_last and t_run from this view; forgets requests unseen for a while."""
+        now = view.now_s
+        for r in (*view.running, *view.swapped, *view.waiting, *view.fetching):
+            self._pending_out.pop(r.req_id, None)  # visible again: its swap-out copy has landed
+            tokens = r.computed_tokens + r.generated_tokens
+            seen = self._seen.get(r.req_id)
+            if seen is None:
+                last_s = now if r.generated_tokens else r.arrival_s
+                self._seen[r.req_id] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now)
+                continue
+            if r.generated_tokens > seen.generated:
+                seen.last_token_s = now
+            if r.phase is Phase.RUNNING and seen.phase is not Phase.RUNNING:
+                seen.run_start_s = now
+            seen.phase, seen.generated, seen.seen_s = r.phase, r.generated_tokens, now
+            seen.prev_tokens, seen.tokens = seen.tokens, tokens
+        for rid in [rid for rid, s in self._seen.items() if now - s.seen_s > _FORGET_S]:
+            del self._seen[rid]
+        for rid in [rid for rid, (_, t) in self._pending_out.items() if now - t > _FORGET_S]:
+            del self._pending_out[rid]
+
+    def synced_blocks(self, r: RequestView, block_tokens: int) -> int:
+        """Blocks full at the previous view: their eager host copy started then (§4.3.2)."""
+        seen = self._seen.get(r.req_id)
+        return seen.prev_tokens // block_tokens if seen is not None else 0
+
+    # ------------------------------------------------------------------------------------------
+    # One iteration
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        self.observe(view)
+        now, bt = view.now_s, view.block_tokens
+        requests = (*view.running, *view.waiting, *view.swapped)
+        blocks = {r.req_id: kv_blocks(r, bt) for r in requests}
+        # B_HBM: free blocks less the running batch's claims, plus those of earlier swap-outs still
+        # copying (already rotated out: counting them again would preempt twice for one need).
+        pending = sum(held for held, _ in self._pending_out.values())
+        free_hbm = view.free_device_blocks - running_claims(view) + pending
+        candidates = [(self.vlt(r, now), r) for r in requests]
+        preempted, prioritised = lvf(candidates, blocks, free_hbm, self.xfer_blocks)
+
+        out = {r.req_id for r in preempted}
+        released = 0
+        for r in preempted:
+            now_free = released_now(r, self.swap_copy, self.synced_blocks(r, bt), bt)
+            released += now_free
+            self._pending_out[r.req_id] = (blocks[r.req_id] - now_free, now)
+        plan = StepPlan(view, view.free_device_blocks + released, preempted)
+        plan.run(r for r in view.running if r.req_id not in out)
+        for r in prioritised:
+            if r.phase is Phase.SWAPPED:
+                plan.swap_in(r)
+            else:
+                plan.admit(r)
+        return plan.decision

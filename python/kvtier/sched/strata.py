@@ -1,0 +1,429 @@
+"""``strata``: Strata's cache-aware scheduler and GPU-assisted KV I/O (Strata §4.2-4.3, Algorithm 1).
+
+Each step, after the running requests (decodes and unfinished prefill chunks, as in every kvtier
+policy), Strata forms the next prefill batch in three stages (§4.3):
+
+1. **Deferral on delay hit** (§4.3.1). A waiting request whose missing context is being brought by
+   another request is skipped this round (it keeps its place at the front of the queue, so its TTFT
+   barely moves) unless the transient match is at most ``defer_threshold_tokens`` (100 in the paper).
+   *In flight*: the engine's transient marks (``RequestView.in_flight_tokens``: blocks right after
+   the request's device prefix that an admitted request is loading or computing now). *In queue*:
+   walking the queue in order, each request marks its uncached blocks in-queue; a later request
+   matching those marks is a delay hit (the engine's ``in_queue_tokens`` pre-filters, the block keys
+   tell who came first).
+2. **Balanced batch formation**, exactly Algorithm 1 (§4.3.2): the batch always starts with the
+   queue's first request and pulls in its bundle hits (requests sharing the host context it loads);
+   a request that would push the batch's load/compute ratio over ``load_compute_ratio`` (100 tokens
+   loaded per new prompt token: Fig. 1's x-axis, where stalls begin) goes to a deprioritised list;
+   if the batch is not full at the end of the queue the deprioritised requests fill it, in their
+   original order (no starvation).
+3. **Bubble filling** (§4.3.3): when the batch's estimated load (``cost.load_s``) exceeds its
+   estimated compute (``cost.prefill_s``), its loads go asynchronous: the requests wait in the
+   fetching queue while the engine keeps running decode steps (and prefills that need no load), and
+   they prefill once their KV has landed. Otherwise loads overlap the step layer by layer.
+
+I/O (§4.2): GPU-assisted gather/scatter kernels with a page-first host layout move large
+contiguous segments, so they reach ~50 GB/s on the H200's PCIe 5.0 link (Fig. 5) where per-page
+``cudaMemcpyAsync`` reaches ~22% of it (Fig. 3): an asynchronous load moves whole page-first objects
+(``segment_tokens=None``), a layerwise one moves each layer's K and V of the request in one kernel
+(``segment_tokens`` = the loaded tokens). The kernels run on two CUDA blocks and slow concurrent
+compute by < 5% for prefill and ~10% for decode (Fig. 5): ``interference`` 0.05 for a layerwise
+load (it runs beside the prefill), 0.10 for an asynchronous one (it runs beside decode batches).
+Loads of one engine go through one I/O queue: successive asynchronous batches get successive link
+priority classes, so they land in issue order (FIFO) rather than sharing the link; at most
+``max_loading_batches`` are queued (double buffering: the next batch loads while the current one
+computes).
+
+Storage (§4.2.1): waiting requests whose prefix lies on SSD/remote are prefetched into host memory
+while they queue (``LoadOrder(target="host")``); at dispatch Strata uses only what is on the device
+or in host memory and computes the rest (the prefetch is best effort).
+
+Mapping to the simulator's engine (what differs from Strata's SGLang implementation): the engine
+mixes decodes into prefill steps (vLLM-style) where SGLang alternates prefill and decode batches;
+a bundle hit's follower cannot share another request's load within one step, so a batch whose
+loads have followers loads asynchronously and its followers are dispatched (as device hits, in the
+same prefill step as their leader) when the shared load has landed.
+
+Ablations (Strata Fig. 9): ``strata_io`` is GPU-assisted I/O under SGLang-HiCache's FCFS scheduler;
+``strata_sched`` is Strata's scheduling with HiCache's per-page ``cudaMemcpyAsync`` I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.sched.base import (
+    LoadMode,
+    LoadOrder,
+    Policy,
+    RequestView,
+    SchedulerDecision,
+    SchedulerView,
+    register,
+)
+from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
+
+DEFER_THRESHOLD_TOKENS = 100  # §4.3.1: "a default threshold of 100 active token matches"
+LOAD_COMPUTE_RATIO = 100.0  # §4.3.2 / Fig. 1: tokens loaded per new input token
+PREFILL_INTERFERENCE = 0.05  # Fig. 5: < 5% prefill slowdown with two 1024-thread I/O blocks
+DECODE_INTERFERENCE = 0.10  # Fig. 5: 10% decode slowdown with the same quota
+HICACHE_PAGE_TOKENS = 32  # §5.1: SGLang-HiCache page size (per-page cudaMemcpyAsync)
+IO_KINDS = ("gpu", "page")
+RATIO_UNITS = ("tokens", "seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class IoModel:
+    """How a policy's loads cross the host link (Strata §4.2 vs HiCache-style per-page copies)."""
+
+    kind: str = "gpu"
+    page_tokens: int = HICACHE_PAGE_TOKENS
+
+    def order(self, req_id: int, tokens: int, mode: LoadMode, priority: int) -> LoadOrder:
+        if self.kind == "page":  # one cudaMemcpyAsync per page, layer, K and V: DMA, no SM use
+            return LoadOrder(req_id, tokens, mode, self.page_tokens, priority)
+        if mode is LoadMode.LAYERWISE:  # one gather kernel per layer (K and V) for the request
+            return LoadOrder(
+                req_id, tokens, mode, max(tokens, 1), priority, interference=PREFILL_INTERFERENCE
+            )
+        # Whole page-first objects (all layers of a block contiguous on host, §4.2.1, Fig. 6).
+        return LoadOrder(req_id, tokens, mode, None, priority, interference=DECODE_INTERFERENCE)
+
+    def load_s(self, view: SchedulerView, tokens: int, mode: LoadMode) -> float:
+        if tokens <= 0:
+            return 0.0
+        o = self.order(-1, tokens, mode, 1)
+        return view.cost.load_s(tokens, "host", mode, o.segment_tokens)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A waiting request as batch formation sees it (§4.3.2: load and compute requirements)."""
+
+    view: RequestView
+    load_tokens: int  # host-resident tokens beyond the device prefix
+    new_tokens: int  # prompt tokens to compute
+    need_blocks: int  # device blocks its whole prompt takes beyond its device prefix
+    load_keys: tuple[int, ...] = ()  # block keys of the host part
+
+    @classmethod
+    def of(cls, r: RequestView, block_tokens: int) -> Candidate:
+        device, host = r.cached_tokens[0], r.cached_tokens[1]
+        # §4.2.1: at dispatch only device and host copies are used; storage parts are recomputed.
+        reusable = min(device + host, r.prompt_tokens - 1)
+        load = max(reusable - device, 0)
+        first = device // block_tokens
+        keys = r.block_keys[first : first + blocks_for(load, block_tokens)] if load else ()
+        need = blocks_for(r.prompt_tokens, block_tokens) - blocks_for(device, block_tokens)
+        return cls(r, load, r.prompt_tokens - reusable, need, keys)
+
+
+@dataclass(slots=True)
+class Member:
+    candidate: Candidate
+    chunk_tokens: int  # prompt tokens computed in this batch
+    own_load_tokens: int  # what it loads itself (its load minus what a batch mate already loads)
+    follower: bool  # a bundle hit riding on a mate's load
+
+
+@dataclass
+class Batch:
+    """A prefill batch under formation (Algorithm 1's ``B``): token budget, running-request slots
+    and free device blocks bound it; load and compute tokens decide ``loading_bound``."""
+
+    view: SchedulerView
+    budget_tokens: int
+    slots: int
+    free_blocks: int
+    load_compute_ratio: float
+    ratio_unit: str
+    bundle_threshold_tokens: int
+    io: IoModel
+    members: list[Member] = field(default_factory=list)
+    load_tokens: int = 0
+    compute_tokens: int = 0
+    compute_context: int = 0  # sum of chunk x context tokens (attention work)
+    loading_keys: set[int] = field(default_factory=set)
+
+    def seed(self, chunk_tokens: int, context_tokens: int) -> None:
+        """Counts a running request's prefill chunk as compute already in the batch."""
+        self.compute_tokens += chunk_tokens
+        self.compute_context += chunk_tokens * context_tokens
+
+    def is_full(self) -> bool:
+        return self.budget_tokens <= 0 or self.slots <= 0 or self.free_blocks <= 0
+
+    def fits(self, c: Candidate) -> bool:
+        return self.budget_tokens > 0 and self.slots > 0 and c.need_blocks <= self.free_blocks
+
+    def shared_tokens(self, c: Candidate) -> int:
+        if not c.load_keys or c.load_keys[0] not in self.loading_keys:
+            return 0  # keys are prefix-tree paths: a shared context shares its first block
+        bt = self.view.block_tokens
+        return min(sum(1 for k in c.load_keys if k in self.loading_keys) * bt, c.load_tokens)
+
+    def is_bundle_hit(self, c: Candidate) -> bool:
+        """§4.3.2: ``c`` shares the context a member loads from host (loaded once, computed twice)."""
+        return self.shared_tokens(c) > self.bundle_threshold_tokens
+
+    def loading_bound(self, c: Candidate) -> bool:
+        """Whether adding ``c`` pushes the batch's load/compute ratio over the bound (§4.3.2).
+
+        A request that adds no load never does: it only lowers the ratio.
+        """
+        own = c.load_tokens - self.shared_tokens(c)
+        if own <= 0:
+            return False
+        chunk = min(c.new_tokens, self.budget_tokens)
+        load, compute = self.load_tokens + own, self.compute_tokens + chunk
+        if self.ratio_unit == "tokens":
+            return load > self.load_compute_ratio * max(compute, 1)
+        context = self.compute_context + chunk * (c.view.prompt_tokens - c.new_tokens)
+        load_s = self.io.load_s(self.view, load, LoadMode.LAYERWISE)
+        return load_s > self.load_compute_ratio * self.compute_s(compute, context)
+
+    def compute_s(self, tokens: int, context_sum: int) -> float:
+        """Estimated prefill time of ``tokens`` new tokens with the batch's mean context."""
+        if tokens <= 0:
+            return 0.0
+        return self.view.cost.prefill_s(tokens, context_sum // tokens)
+
+    def add(self, c: Candidate) -> None:
+        shared = self.shared_tokens(c)
+        chunk = min(c.new_tokens, self.budget_tokens)
+        own = c.load_tokens - shared
+        self.members.append(Member(c, chunk, own, follower=shared > 0))
+        self.budget_tokens -= chunk
+        self.slots -= 1
+        self.free_blocks -= c.need_blocks
+        self.load_tokens += own
+        self.compute_tokens += chunk
+        self.compute_context += chunk * (c.view.prompt_tokens - c.new_tokens)
+        self.loading_keys.update(c.load_keys)
+
+
+def add_bundle_hits(queue: list[Candidate], batch: Batch) -> None:
+    """Algorithm 1, AddBundleHit: every queued request that bundle-hits the batch joins it."""
+    for c in list(queue):
+        if batch.is_bundle_hit(c) and batch.fits(c):
+            batch.add(c)
+            queue.remove(c)
+
+
+def form_batch(queue: list[Candidate], batch: Batch) -> list[Candidate]:
+    """Algorithm 1, BatchFormation: returns the requests left in the queue.
+
+    "Full" is the engine's bounds: token budget, running slots, device blocks. A request that does
+    not fit them ends formation (no overtaking past it, as SGLang's PrefillAdder).
+    """
+    q = list(queue)
+    deprioritised: list[Candidate] = []
+    if not q or not batch.fits(q[0]):
+        return q
+    batch.add(q.pop(0))
+    add_bundle_hits(q, batch)
+    while q and not batch.is_full():
+        c = q[0]
+        if not batch.fits(c):
+            break
+        q.pop(0)
+        if batch.loading_bound(c):
+            deprioritised.append(c)
+        else:
+            batch.add(c)
+            add_bundle_hits(q, batch)
+    for i, c in enumerate(deprioritised):
+        if batch.is_full() or not batch.fits(c):
+            q[:0] = deprioritised[i:]
+            break
+        batch.add(c)
+    return q
+
+
+def defer_delay_hits(view: SchedulerView, threshold_tokens: int) -> tuple[list[RequestView], list[int]]:
+    """§4.3.1: splits the waiting queue into requests to schedule and delay hits to defer.
+
+    A request is deferred when more than ``threshold_tokens`` of its context right after its device
+    prefix are in flight (an admitted request loads or computes them), or when more than that many
+    of its uncached tokens were marked in-queue by a request ahead of it in the queue.
+    """
+    bt = view.block_tokens
+    claimed: set[int] = set()
+    ready: list[RequestView] = []
+    deferred: list[int] = []
+    for r in view.waiting:
+        new_keys = r.block_keys[sum(r.cached_tokens) // bt :]
+        transient = r.in_flight_tokens
+        if r.in_queue_tokens > threshold_tokens and new_keys:
+            transient = max(transient, bt * sum(1 for k in new_keys if k in claimed))
+        claimed.update(new_keys)
+        if transient > threshold_tokens:
+            deferred.append(r.req_id)
+        else:
+            ready.append(r)
+    return ready, deferred
+
+
+def fcfs_batch(queue: list[Candidate], batch: Batch) -> None:
+    """Arrival order until the batch is full (the balance-off ablation)."""
+    for c in queue:
+        if batch.is_full() or not batch.fits(c):
+            return
+        batch.add(c)
+
+
+@register
+class Strata(Policy):
+    """Strata (§4.3 scheduling + §4.2 I/O); ``io="page"`` and the ablation subclasses vary it."""
+
+    name = "strata"
+    offload = "write_through"  # §4.1: the cache controller backs new KV up to host asynchronously
+
+    def __init__(
+        self,
+        defer_threshold_tokens: int = DEFER_THRESHOLD_TOKENS,
+        load_compute_ratio: float = LOAD_COMPUTE_RATIO,
+        ratio_unit: str = "tokens",
+        io: str = "gpu",
+        page_tokens: int = HICACHE_PAGE_TOKENS,
+        max_loading_batches: int = 2,
+        defer: bool = True,
+        balance: bool = True,
+        bubble_filling: bool = True,
+        prefetch: bool = True,
+    ) -> None:
+        if io not in IO_KINDS:
+            raise ConfigError(f"strata io {io!r}; expected one of {list(IO_KINDS)}")
+        if ratio_unit not in RATIO_UNITS:
+            raise ConfigError(f"strata ratio_unit {ratio_unit!r}; expected one of {list(RATIO_UNITS)}")
+        if defer_threshold_tokens < 0 or not load_compute_ratio > 0 or max_loading_batches < 1:
+            raise ConfigError(
+                "strata needs defer_threshold_tokens >= 0, load_compute_ratio > 0, max_loading_batches >= 1"
+            )
+        self.defer_threshold_tokens = defer_threshold_tokens
+        self.load_compute_ratio = load_compute_ratio
+        self.ratio_unit = ratio_unit
+        self.io = IoModel(io, page_tokens)
+        self.max_loading_batches = max_loading_batches
+        self.defer = defer
+        self.balance = balance
+        self.bubble_filling = bubble_filling
+        self.prefetch = prefetch
+        self.load_priority: dict[int, int] = {}  # fetching request -> link class of its batch
+        self.deferred_total = 0  # delay hits deferred (a request counts once per round)
+        self.bubble_batches = 0  # prefill batches whose loads went asynchronous
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        budget = schedule_running(view, decision)
+        batch = Batch(
+            view,
+            budget,
+            view.max_running - len(view.running) - len(view.fetching),
+            view.free_device_blocks,
+            self.load_compute_ratio,
+            self.ratio_unit,
+            self.defer_threshold_tokens,
+            self.io,
+        )
+        running = {r.req_id: r for r in view.running}
+        for rid, n in decision.prefill:
+            batch.seed(n, running[rid].computed_tokens)
+        ready = list(view.waiting)
+        if self.defer:
+            ready, deferred = defer_delay_hits(view, self.defer_threshold_tokens)
+            self.deferred_total += len(deferred)
+        fetching = {r.req_id for r in view.fetching}
+        self.load_priority = {rid: p for rid, p in self.load_priority.items() if rid in fetching}
+        queued_batches = set(self.load_priority.values())
+        candidates = [Candidate.of(r, view.block_tokens) for r in ready]
+        if len(queued_batches) >= self.max_loading_batches:  # I/O queue full: no new loads
+            candidates = [c for c in candidates if c.load_tokens == 0]
+        if self.balance:
+            form_batch(candidates, batch)
+        else:
+            fcfs_batch(candidates, batch)
+        self._dispatch(view, batch, decision, max(queued_batches, default=0) + 1)
+        if self.prefetch:
+            self._prefetch(view, decision)
+        return decision
+
+    def _dispatch(
+        self, view: SchedulerView, batch: Batch, decision: SchedulerDecision, async_priority: int
+    ) -> None:
+        """§4.3.3: layerwise loads, or asynchronous ones with decode steps filling the bubble."""
+        leaders = [m for m in batch.members if m.own_load_tokens > 0 and not m.follower]
+        load_s = sum(self.io.load_s(view, m.own_load_tokens, LoadMode.LAYERWISE) for m in leaders)
+        compute_s = batch.compute_s(batch.compute_tokens, batch.compute_context)
+        bubble = self.bubble_filling and load_s > compute_s
+        if bubble and leaders:
+            self.bubble_batches += 1
+        # A leader whose load a follower shares loads asynchronously: both prefill once it landed.
+        shared = {k for m in batch.members if m.follower for k in m.candidate.load_keys}
+        for m in batch.members:
+            if m.follower:
+                continue
+            rid = m.candidate.view.req_id
+            if m.own_load_tokens > 0:
+                if bubble or not shared.isdisjoint(m.candidate.load_keys):
+                    decision.loads.append(
+                        self.io.order(rid, m.own_load_tokens, LoadMode.ASYNC, async_priority)
+                    )
+                    self.load_priority[rid] = async_priority
+                else:  # on the step's critical path: ahead of queued asynchronous batches
+                    decision.loads.append(self.io.order(rid, m.own_load_tokens, LoadMode.LAYERWISE, 0))
+            decision.prefill.append((rid, max(m.chunk_tokens, 1)))
+
+    def _prefetch(self, view: SchedulerView, decision: SchedulerDecision) -> None:
+        """§4.2.1: storage-resident prefixes of queued requests move to host while they wait."""
+        dispatched = {rid for rid, _ in decision.prefill}
+        for r in view.waiting:
+            stored = r.cached_tokens[2] + r.cached_tokens[3]
+            if stored > 0 and r.req_id not in dispatched:
+                decision.loads.append(LoadOrder(r.req_id, stored, LoadMode.ASYNC, None, 2, "host"))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "defer_threshold_tokens": self.defer_threshold_tokens,
+            "load_compute_ratio": self.load_compute_ratio,
+            "ratio_unit": self.ratio_unit,
+            "io": self.io.kind,
+            "page_tokens": self.io.page_tokens,
+            "max_loading_batches": self.max_loading_batches,
+            "defer": self.defer,
+            "balance": self.balance,
+            "bubble_filling": self.bubble_filling,
+            "prefetch": self.prefetch,
+        }
+
+
+@register
+class StrataSched(Strata):
+    """Strata-Schedule-Only (Fig. 9): Strata's scheduling over HiCache's per-page copies."""
+
+    name = "strata_sched"
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("io", "page")
+        super().__init__(**params)
+
+
+@register
+class StrataIo(Policy):
+    """Strata-IO (Fig. 9): GPU-assisted I/O under SGLang-HiCache's FCFS, layerwise-overlapped
+    scheduling (no deferral, balancing or bubble filling)."""
+
+    name = "strata_io"
+    offload = "write_through"
+
+    def __init__(self) -> None:
+        self.io = IoModel("gpu")
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, LoadMode.LAYERWISE, reserve_full_prompt=True)
+        decision.loads = [self.io.order(o.req_id, o.tokens, o.mode, o.priority) for o in decision.loads]
+        return decision

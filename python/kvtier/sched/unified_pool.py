@@ -1,0 +1,180 @@
+"""Unified KV pooling (paper 003, "Unified KV Pooling to Accelerate Long-Context LLM Serving") and
+the LMCache baselines of its evaluation (§V-A): ``lmcache_lp`` (LMCache + layerwise pipelining),
+``lmcache_lp_async`` (+ asynchronous KV loading), ``unified_pool`` (+ the KV orchestrator and
+KV-passthrough), and the two halves of its ablation (§V-C): ``unified_pool_orchestrator`` and
+``unified_pool_passthrough``. Plain ``lmcache`` (:mod:`kvtier.sched.lmcache`) is the first baseline.
+
+What each part of the paper is here:
+
+- Layerwise pipelining (§II-B1): loads are :attr:`LoadMode.LAYERWISE`: layer l computes once its
+  KV landed, so only the uncovered part of the load is blocked I/O (Fig. 2(b)).
+- Asynchronous KV loading (§II-B2): a waiting request whose prefix sits below the device is
+  fetched at once, with no compute budget (:attr:`LoadMode.ASYNC`: it waits in the fetching queue,
+  the GPU keeps serving the others), so the retrieval overlaps the queueing before its prefill.
+- KV orchestrator (§IV-A): :attr:`Policy.pool_layout` ``"pooled"`` makes the host-memory modules
+  and SSDs one logical tier; :meth:`UnifiedPool.place` is the bandwidth-aware allocator, exactly
+  Algorithm 1 (:func:`bandwidth_aware_counts`, :func:`bandwidth_aware_partition`); the simulator
+  splits every transfer by it and runs the parts in parallel (kvtier.sim.pool). The baselines keep
+  the ``"serial"`` layout: one memory module and one SSD (§III-B, Fig. 5).
+- KV-passthrough (§IV-B): :attr:`Policy.pool_passthrough` drops the kernel filesystem's cost per
+  object on SSD access (SPDK direct NVMe); the baselines pay it (§III-C: 84% of SSD retrieval time).
+- GLT (§IV-A1): not materialised; a load's per-device counts are Algorithm 1's counts of its items.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any, TypeVar
+
+from kvtier.errors import ConfigError
+from kvtier.sched.base import LoadMode, LoadOrder, Policy, SchedulerDecision, SchedulerView, register
+from kvtier.sched.batching import admit_fcfs, blocks_for, reusable_tokens, schedule_running
+
+T = TypeVar("T")
+
+
+def placement_ratios(bandwidths_bytes_per_s: Sequence[float]) -> list[Fraction]:
+    """Eq. 1: ``p_i = b_i / sum_j b_j`` (exact fractions of the binary floats, so floors are exact)."""
+    if not bandwidths_bytes_per_s or any(not (b > 0 and math.isfinite(b)) for b in bandwidths_bytes_per_s):
+        raise ConfigError(f"pool bandwidths {list(bandwidths_bytes_per_s)}; expected one or more > 0")
+    exact = [Fraction(b) for b in bandwidths_bytes_per_s]
+    total = sum(exact, Fraction(0))
+    return [b / total for b in exact]
+
+
+def bandwidth_aware_counts(num_items: int, bandwidths_bytes_per_s: Sequence[float]) -> list[int]:
+    """Algorithm 1 lines 4-12 (Eq. 2): each device's target count of an offload set of ``num_items``.
+
+    First ``floor(p_i * |K|)`` each; then the remaining ``|K| - sum floors`` (fewer than N) go one
+    each to the devices with the largest ``p_i`` ("distributes the remainder to the devices with
+    larger p_i", §IV-A3), ties to the lower device index. (Line 10 read literally would give every
+    remaining item to the single largest device; the prose, which says devices, is followed.)
+    """
+    if isinstance(num_items, bool) or num_items < 0:
+        raise ConfigError(f"offload set of {num_items} items; expected >= 0")
+    ratios = placement_ratios(bandwidths_bytes_per_s)
+    counts = [math.floor(p * num_items) for p in ratios]
+    remaining = num_items - sum(counts)
+    by_share = sorted(range(len(ratios)), key=lambda i: (-ratios[i], i))
+    for j in range(remaining):
+        counts[by_share[j % len(by_share)]] += 1
+    return counts
+
+
+def bandwidth_aware_partition(items: Sequence[T], bandwidths_bytes_per_s: Sequence[float]) -> list[list[T]]:
+    """Algorithm 1 lines 13-16: ``items`` (in layerwise order) go, in that order, to the first
+    device whose offload set is below its target count: device 1 takes the first items."""
+    counts = bandwidth_aware_counts(len(items), bandwidths_bytes_per_s)
+    sets: list[list[T]] = []
+    start = 0
+    for count in counts:
+        sets.append(list(items[start : start + count]))
+        start += count
+    return sets
+
+
+def layerwise_items(num_blocks: int, num_layers: int) -> list[tuple[int, int]]:
+    """An offload set of ``num_blocks`` blocks enumerated in layerwise order: ``(layer, block)``,
+    all blocks of layer 0 first (§IV-A3)."""
+    return [(layer, block) for layer in range(num_layers) for block in range(num_blocks)]
+
+
+def admit_async(view: SchedulerView, decision: SchedulerDecision, budget: int) -> None:
+    """Asynchronous KV loading (§II-B2), FCFS: a waiting request with a prefix below the device is
+    fetched now (blocks permitting, no token budget: its prefill waits until the KV has landed); one
+    with nothing to load is admitted by the token budget, as in :func:`admit_fcfs`. The first
+    request that does not fit stops admission."""
+    free_blocks = view.free_device_blocks
+    running = len(view.running) + len(view.fetching)
+    for r in view.waiting:
+        if running >= view.max_running:
+            break
+        reused = reusable_tokens(r, True)
+        device_blocks = blocks_for(r.cached_tokens[0], view.block_tokens)
+        if reused > r.cached_tokens[0]:
+            need = blocks_for(reused, view.block_tokens) - device_blocks
+            if need > free_blocks:
+                break
+            decision.loads.append(LoadOrder(r.req_id, reused - r.cached_tokens[0], LoadMode.ASYNC))
+        else:
+            n = min(r.prompt_tokens - reused, budget)
+            need = blocks_for(reused + n, view.block_tokens) - device_blocks
+            if budget <= 0 or need > free_blocks:
+                break
+            decision.prefill.append((r.req_id, n))
+            budget -= n
+        free_blocks -= need
+        running += 1
+
+
+class _LmCacheBase(Policy):
+    """LMCache (§II-A, Fig. 1): computed prompt KV written through to host and SSD."""
+
+    offload = "write_through"
+
+    def __init__(self, chunk_tokens: int = 256) -> None:
+        self.chunk_tokens = chunk_tokens  # LMCache's chunk: one object (file) per 256 tokens
+
+    def params(self) -> dict[str, Any]:
+        return {"chunk_tokens": self.chunk_tokens}
+
+
+@register
+class LmCacheLp(_LmCacheBase):
+    """LMCache + layerwise pipelining (§II-B1): the hit prefix loads layer by layer (a layer of one
+    chunk per copy) while the step computes; FCFS admission as vLLM."""
+
+    name = "lmcache_lp"
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=LoadMode.LAYERWISE)
+        return decision
+
+
+@register
+class LmCacheLpAsync(_LmCacheBase):
+    """LMCache + layerwise pipelining + asynchronous KV loading (§II-B2): hits are fetched as soon
+    as the request is seen, while it would queue; layerwise loads remain for step-bound loads."""
+
+    name = "lmcache_lp_async"
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        budget = schedule_running(view, decision)
+        admit_async(view, decision, budget)
+        return decision
+
+
+@register
+class UnifiedPool(LmCacheLpAsync):
+    """Unified KV pooling (§IV): LMCache+LP+AsyncKV's scheduling over the unified KV pool — the KV
+    orchestrator's bandwidth-aware placement across every host-memory module and SSD — with
+    KV-passthrough to the SSDs."""
+
+    name = "unified_pool"
+    pool_layout = "pooled"
+    pool_passthrough = True
+
+    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
+        return bandwidth_aware_counts(num_items, bandwidths_bytes_per_s)
+
+
+@register
+class UnifiedPoolOrchestrator(UnifiedPool):
+    """Ablation (§V-C) "KV orchestrator only": the pool's placement, SSDs through the filesystem."""
+
+    name = "unified_pool_orchestrator"
+    pool_passthrough = False
+
+
+@register
+class UnifiedPoolPassthrough(UnifiedPool):
+    """Ablation (§V-C) "passthrough-only": LMCache's serial path (one module, one SSD), SSDs
+    accessed without the filesystem."""
+
+    name = "unified_pool_passthrough"
+    pool_layout = "serial"
