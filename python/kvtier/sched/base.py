@@ -124,7 +124,7 @@ class SwapCopy:
     """
 
     layer_first: bool = False  # one copy per layer per block (PagedAttention's segment, §4.3.1)
-    batched: bool = False  # one copy launch per swap (cudaMemcpyBatchAsync, §4.3.2 "MK")
+    batched: bool = False  # one copy launch per direction per step (cudaMemcpyBatchAsync, §4.3.2 "MK")
     duplex: bool = True  # False: copies run one at a time, FIFO (HBM block data race, Fig. 13)
     eager: bool = False  # eager block rotation: full blocks copied out in the background (§4.3.2)
     sync: str = "none"  # none | step | next_step
