@@ -163,8 +163,8 @@ class Link:
 
 
 class StripedLink:
-    """Several devices (SSDs) striped as one: a transfer is split evenly across them and done when
-    every part is; each device keeps its own queue (its own :class:`Link`)."""
+    """Several devices (SSDs) striped as one: a transfer is split across them (evenly here; by
+    :meth:`parts` in subclasses) and done when every part is; each device keeps its own queue."""
 
     def __init__(self, name: str, devices: list[Link]) -> None:
         if not devices:
@@ -173,10 +173,15 @@ class StripedLink:
         self.devices = devices
         self.loop = devices[0].loop
 
-    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
+    def parts(self, nbytes: int) -> list[int]:
+        """Bytes each device carries of an ``nbytes`` transfer: an even split."""
         n = len(self.devices)
-        part = -(-nbytes // n)
-        return max(d.work_s(part, segment_bytes, direction) for d in self.devices)
+        nbytes = max(nbytes, 0)
+        return [nbytes // n + (1 if i < nbytes % n else 0) for i in range(n)]
+
+    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
+        pairs = zip(self.devices, self.parts(nbytes), strict=True)
+        return max((d.work_s(p, segment_bytes, direction) for d, p in pairs if p > 0), default=0.0)
 
     def submit(
         self,
@@ -186,10 +191,11 @@ class StripedLink:
         segment_bytes: int | None = None,
         priority: int = 1,
     ) -> Transfer:
-        n = len(self.devices)
-        parts = [nbytes // n + (1 if i < nbytes % n else 0) for i in range(n)]
+        used = [(d, p) for d, p in zip(self.devices, self.parts(nbytes), strict=True) if p > 0]
+        if not used:  # nothing to move: complete through the first device's queue, at once
+            used = [(self.devices[0], 0)]
         whole = Transfer(nbytes, 0.0, direction, priority, on_done, self.loop.now_s)
-        pending = [n]
+        pending = [len(used)]
 
         def part_done(_t: Transfer) -> None:
             pending[0] -= 1
@@ -197,7 +203,7 @@ class StripedLink:
                 whole.finished_s = self.loop.now_s
                 on_done(whole)
 
-        for device, part in zip(self.devices, parts, strict=True):
+        for device, part in used:
             device.submit(part, direction, part_done, segment_bytes, priority)
         return whole
 
@@ -233,31 +239,3 @@ class WeightedStripedLink(StripedLink):
             last = max(i for i, c in enumerate(counts) if c > 0)
             parts[last] -= excess
         return parts
-
-    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
-        pairs = zip(self.devices, self.parts(nbytes), strict=True)
-        return max((d.work_s(p, segment_bytes, direction) for d, p in pairs if p > 0), default=0.0)
-
-    def submit(
-        self,
-        nbytes: int,
-        direction: Direction,
-        on_done: Callable[[Transfer], None],
-        segment_bytes: int | None = None,
-        priority: int = 1,
-    ) -> Transfer:
-        used = [(d, p) for d, p in zip(self.devices, self.parts(nbytes), strict=True) if p > 0]
-        if not used:  # nothing to move: complete through the first device's queue, at once
-            used = [(self.devices[0], 0)]
-        whole = Transfer(nbytes, 0.0, direction, priority, on_done, self.loop.now_s)
-        pending = [len(used)]
-
-        def part_done(_t: Transfer) -> None:
-            pending[0] -= 1
-            if pending[0] == 0:
-                whole.finished_s = self.loop.now_s
-                on_done(whole)
-
-        for device, part in used:
-            device.submit(part, direction, part_done, segment_bytes, priority)
-        return whole
