@@ -57,6 +57,19 @@ _UNITS = {
 }
 
 
+def read_yaml(path: str | Path, what: str) -> Any:
+    """The parsed contents of a YAML file; unreadable or invalid files raise :class:`ConfigError`
+    naming ``what`` and the path."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {e}") from None
+
+
 def parse_size(value: object, name: str) -> int:
     """Bytes from an int or a string such as ``"4GiB"``; raises :class:`ConfigError` naming ``name``."""
     if isinstance(value, bool):
@@ -165,14 +178,7 @@ class StoreConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> StoreConfig:
         """From a YAML file holding the mapping :meth:`from_dict` takes (optionally under ``store:``)."""
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError(f"cannot read store config {str(path)!r}: {e.strerror}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"store config {str(path)!r} is not valid YAML: {e}") from None
+        data = read_yaml(path, "store config")
         if isinstance(data, Mapping) and set(data) == {"store"}:
             data = data["store"]
         if not isinstance(data, Mapping):

@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kvtier.config import parse_size
+from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 
 _INF_WORDS = ("inf", "unbounded", "infinite")
@@ -143,14 +141,7 @@ class SimConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimConfig:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError(f"cannot read sim config {str(path)!r}: {e.strerror}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"sim config {str(path)!r} is not valid YAML: {e}") from None
+        data = read_yaml(path, "sim config")
         return cls.from_dict(data if data is not None else {})
 
 
