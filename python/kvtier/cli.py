@@ -143,7 +143,9 @@ def _bench_sim(args: argparse.Namespace) -> None:
 def _bench_codec(args: argparse.Namespace) -> None:
     from kvtier.bench import codec
 
-    result = codec.run(repeats=args.repeats, threads=args.threads, show=not args.json)
+    result = codec.run(
+        repeats=args.repeats, threads=args.threads, show=not args.json, agreement=not args.no_agreement
+    )
     _emit(result, args.json, codec.summary)
 
 
@@ -260,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     bcodec.add_argument("--repeats", type=_positive, default=3)
     bcodec.add_argument(
         "--threads", type=int, default=0, help="threads for the all-cores figure (0 = one per core)"
+    )
+    bcodec.add_argument(
+        "--no-agreement", action="store_true", help="skip the next-token agreement run on the real model"
     )
     bcodec.add_argument("--json", action="store_true")
     bcodec.set_defaults(func=_bench_codec)

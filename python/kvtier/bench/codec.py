@@ -90,7 +90,7 @@ def _quant_curve(blocks: np.ndarray) -> list[dict[str, Any]]:
     return rows
 
 
-def run(repeats: int = 3, threads: int = 0, show: bool = True) -> dict[str, Any]:
+def run(repeats: int = 3, threads: int = 0, show: bool = True, agreement: bool = True) -> dict[str, Any]:
     blocks = load_blocks()
     result: dict[str, Any] = {
         "fixture": str(FIXTURE.name),
@@ -126,7 +126,19 @@ def run(repeats: int = 3, threads: int = 0, show: bool = True) -> dict[str, Any]
     if show:
         print("bench codec: quant curve", flush=True)
     result["quant_curve"] = _quant_curve(blocks)
+    if agreement:
+        if show:
+            print("bench codec: next-token agreement on SmolLM2-135M (about 20 s)", flush=True)
+        result["next_token_agreement"] = _agreement()
     return result
+
+
+def _agreement() -> dict[str, Any]:
+    from kvtier.bench.agreement import PROMPTS, next_token_agreement
+    from kvtier.engine import load
+
+    model, tokenizer = load()
+    return next_token_agreement(model, [tokenizer.encode_instruct(p) for p in PROMPTS])
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -159,4 +171,14 @@ def summary(result: dict[str, Any]) -> str:
                 f"  {row['setting']:24s} {row['ratio']:.2f}x  max|e| {row['max_abs_error']:.4f}  "
                 f"mean|e| {row['mean_abs_error']:.5f}  worst layer rel {row['relative_error_max']:.4f}"
             )
+    if "next_token_agreement" in result:
+        a = result["next_token_agreement"]
+        lines.append(
+            f"next-token agreement vs exact fp16 KV ({a['prompts']} prompts x {a['steps']} steps, teacher-forced):"
+        )
+        for name, row in a.items():
+            if isinstance(row, dict):
+                lines.append(
+                    f"  {name:24s} {row['agreement']:.3f}  (first token {row['first_token_agreement']:.2f})"
+                )
     return "\n".join(lines)
