@@ -56,6 +56,35 @@ pub struct Located {
     pub entry: EntryRef,
 }
 
+/// The walk every tier's [`Tier::locate`] makes: for each empty slot of `located`, in key order,
+/// `probe(key)` returns the tier's entry id (having pinned it when asked), or `None` on a miss;
+/// with `stop_at_miss` the walk ends at the first key located neither before nor by `probe`.
+/// Returns how many keys `probe` located.
+pub fn locate_each(
+    tier: TierKind,
+    keys: &[BlockKey],
+    located: &mut [Option<Located>],
+    stop_at_miss: bool,
+    mut probe: impl FnMut(&BlockKey) -> Option<u64>,
+) -> usize {
+    assert_eq!(keys.len(), located.len(), "one slot per key");
+    let mut found = 0;
+    for (key, slot) in keys.iter().zip(located.iter_mut()) {
+        if slot.is_some() {
+            continue;
+        }
+        match probe(key) {
+            Some(entry_id) => {
+                *slot = Some(Located { tier, entry: EntryRef { key: *key, entry_id } });
+                found += 1;
+            }
+            None if stop_at_miss => break,
+            None => {}
+        }
+    }
+    found
+}
+
 /// Outcome of one batched put.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierPutReport {

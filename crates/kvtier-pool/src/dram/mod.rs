@@ -40,7 +40,7 @@ use crate::arena::Arena;
 use crate::error::{integrity, PoolError};
 use crate::eviction::EvictionPolicy;
 use crate::extent::{round_up_to_pages, ExtentAllocator, PAGE_BYTES};
-use crate::tier::{EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 
 const HEADER: usize = OBJECT_HEADER_BYTES;
 /// Unit of parallel prefaulting, in bytes.
@@ -239,37 +239,22 @@ impl Tier for DramTier {
         pin: bool,
         stop_at_miss: bool,
     ) -> usize {
-        assert_eq!(keys.len(), located.len(), "one slot per key");
-        let mut found = 0;
         let mut st = self.state.lock();
         let st = &mut *st;
-        for (key, slot) in keys.iter().zip(located.iter_mut()) {
-            if slot.is_some() {
-                continue;
-            }
-            match st.index.get_mut(key) {
-                Some(entry) if entry.visible() => {
-                    if pin {
-                        if entry.pins == 0 {
-                            st.pinned_ready += 1;
-                        }
-                        entry.pins = entry.pins.checked_add(1).expect("pin count overflow");
-                        entry.accesses = entry.accesses.saturating_add(1);
-                        if entry.state == EntryState::Ready {
-                            st.policy.on_access(*key);
-                        }
-                    }
-                    *slot = Some(Located {
-                        tier: TierKind::Dram,
-                        entry: EntryRef { key: *key, entry_id: entry.id },
-                    });
-                    found += 1;
+        locate_each(TierKind::Dram, keys, located, stop_at_miss, |key| {
+            let entry = st.index.get_mut(key).filter(|e| e.visible())?;
+            if pin {
+                if entry.pins == 0 {
+                    st.pinned_ready += 1;
                 }
-                _ if stop_at_miss => break,
-                _ => {}
+                entry.pins = entry.pins.checked_add(1).expect("pin count overflow");
+                entry.accesses = entry.accesses.saturating_add(1);
+                if entry.state == EntryState::Ready {
+                    st.policy.on_access(*key);
+                }
             }
-        }
-        found
+            Some(entry.id)
+        })
     }
 
     fn read_pinned(

@@ -12,7 +12,7 @@ use super::writes::Source;
 use super::SsdTier;
 use crate::error::{integrity, PoolError};
 use crate::extent::PAGE_BYTES;
-use crate::tier::{EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 use kvtier_core::checksum::checksum;
 
 /// One device of the pool, as reported.
@@ -225,39 +225,23 @@ impl Tier for SsdTier {
         pin: bool,
         stop_at_miss: bool,
     ) -> usize {
-        assert_eq!(keys.len(), located.len(), "one slot per key");
-        let mut found = 0;
         let mut st = self.state.lock();
         let st = &mut *st;
-        for (key, slot) in keys.iter().zip(located.iter_mut()) {
-            if slot.is_some() {
-                continue;
-            }
-            match st.index.get_mut(key) {
-                Some(entry) if entry.state == EntryState::Ready => {
-                    if pin {
-                        if entry.pins == 0 {
-                            st.pinned_ready += 1;
-                        }
-                        entry.pins = entry.pins.checked_add(1).expect("pin count overflow");
-                        st.spaces[usize::from(entry.device)].policy.on_access(*key);
-                    }
-                    *slot = Some(Located {
-                        tier: TierKind::Ssd,
-                        entry: EntryRef { key: *key, entry_id: entry.id },
-                    });
-                    st.counters.lookup_hits += 1;
-                    found += 1;
+        locate_each(TierKind::Ssd, keys, located, stop_at_miss, |key| {
+            let Some(entry) = st.index.get_mut(key).filter(|e| e.state == EntryState::Ready) else {
+                st.counters.lookup_misses += 1;
+                return None;
+            };
+            if pin {
+                if entry.pins == 0 {
+                    st.pinned_ready += 1;
                 }
-                _ => {
-                    st.counters.lookup_misses += 1;
-                    if stop_at_miss {
-                        break;
-                    }
-                }
+                entry.pins = entry.pins.checked_add(1).expect("pin count overflow");
+                st.spaces[usize::from(entry.device)].policy.on_access(*key);
             }
-        }
-        found
+            st.counters.lookup_hits += 1;
+            Some(entry.id)
+        })
     }
 
     fn read_pinned(
