@@ -87,6 +87,23 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     _emit(result, args.json, _sweep_summary)
 
 
+def _sim_calibrate(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from kvtier.sim import calibrate
+
+    def show(done: int, total: int) -> None:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\rcalibrate: measured {done}/{total} engine step shapes")
+            sys.stderr.write("\n" if done == total else "")
+            sys.stderr.flush()
+
+    result = calibrate.calibrate(quick=args.quick, repeats=args.repeats, threads=args.threads, progress=show)
+    calibrate.write(result, Path(args.out))
+    result["written_to"] = args.out
+    _emit(result, args.json, calibrate.summary)
+
+
 def _sim_reproduce(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -285,6 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
     sim_sweep.add_argument("--out-dir", default="sim-out", help="where plots and sweep.json go")
     sim_sweep.add_argument("--json", action="store_true")
     sim_sweep.set_defaults(func=_sim_sweep)
+    sim_cal = sim_sub.add_parser(
+        "calibrate", help="fit the simulator's step-time model to the CPU reference engine's measured steps"
+    )
+    sim_cal.add_argument("--quick", action="store_true", help="small shapes only (tests)")
+    sim_cal.add_argument("--repeats", type=_positive, default=3, help="best of N runs per shape")
+    sim_cal.add_argument("--threads", type=_positive, default=1, help="BLAS threads of the engine")
+    sim_cal.add_argument(
+        "--out", default="sim-out/calibration/cpu-smollm2-135m.yaml", help="calibration YAML to write"
+    )
+    sim_cal.add_argument("--json", action="store_true")
+    sim_cal.set_defaults(func=_sim_calibrate)
     sim_rep = sim_sub.add_parser("reproduce", help="reproduce the papers' headline experiments")
     sim_rep.add_argument("paper", nargs="?", default=None, help="paper name (see --all)")
     sim_rep.add_argument("--all", action="store_true", help="every paper")

@@ -4,7 +4,8 @@ The engine only sees the :class:`CostModel` protocol, so the analytical
 :class:`RooflineCostModel` here can be swapped for a profile-fitted predictor (Vidur-style: fit
 per-operator times measured on a GPU) without touching the engine: implement the protocol and
 register a factory in :data:`COST_MODELS` (``make_cost_model`` builds one by name, as the config
-does; the factories returning ``CostModel`` are where mypy checks the protocol). ``fixed`` is a
+does; the factories returning ``CostModel`` are where mypy checks the protocol). ``fitted`` is that
+kind of predictor for the CPU reference engine (:mod:`kvtier.sim.calibrate`). ``fixed`` is a
 trivial model for tests.
 
 Roofline per step (one engine of ``tp`` GPUs)::
@@ -255,6 +256,60 @@ class FixedCostModel:
         return transfer_work_s(nbytes, segment_bytes, bandwidth_bytes_per_s, per_segment_overhead_s)
 
 
+@dataclass(frozen=True)
+class FittedCostModel:
+    """Step times fitted to an engine's measured steps (``kvtier sim calibrate``, Vidur-style)::
+
+        step_s = base_s + token_s x new tokens + pair_s x prefill attention pairs
+                 + decode_pair_s x decode attention pairs + seq_s x sequences
+
+    where attention pairs are the (query, key) pairs the step's attention scores: ``new x context +
+    new (new + 1) / 2`` per prefill chunk, ``context + 1`` per decode (a decode reads its whole
+    context for one query: memory bound, unlike a prefill's GEMMs, hence its own rate). Empty: 0.
+    """
+
+    kv_bytes_per_token: int
+    num_layers: int
+    base_s: float
+    token_s: float
+    pair_s: float
+    seq_s: float
+    decode_pair_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        coefficients = (self.base_s, self.token_s, self.pair_s, self.seq_s, self.decode_pair_s)
+        if self.kv_bytes_per_token < 1 or self.num_layers < 1 or min(coefficients) < 0:
+            raise ConfigError(f"bad FittedCostModel {self}: sizes >= 1 and coefficients >= 0 expected")
+
+    @staticmethod
+    def features(batch: BatchShape) -> tuple[float, float, float, float, float]:
+        """``(1, tokens, prefill pairs, sequences, decode pairs)``: what the coefficients multiply,
+        in the order of :data:`kvtier.sim.calibrate.COEFFICIENTS`."""
+        pairs = sum(
+            c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2 for c in batch.prefills
+        )
+        decode_pairs = sum(ctx + 1 for ctx in batch.decode_context_tokens)
+        seqs = len(batch.prefills) + len(batch.decode_context_tokens)
+        return (1.0, float(batch.num_tokens), float(pairs), float(seqs), float(decode_pairs))
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        if batch.is_empty:
+            return 0.0
+        _, tokens, pairs, seqs, decode_pairs = self.features(batch)
+        return (
+            self.base_s + self.token_s * tokens + self.pair_s * pairs + self.seq_s * seqs
+            + self.decode_pair_s * decode_pairs
+        )  # fmt: skip
+
+    def prefill_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
+        return self.step_time_s(BatchShape((PrefillChunk(new_tokens, context_tokens),)))
+
+    def transfer_work_s(
+        self, nbytes: int, segment_bytes: int, bandwidth_bytes_per_s: float, per_segment_overhead_s: float
+    ) -> float:
+        return transfer_work_s(nbytes, segment_bytes, bandwidth_bytes_per_s, per_segment_overhead_s)
+
+
 def _make_roofline(hardware: HardwareProfile, model: ModelProfile, **params: Any) -> CostModel:
     return RooflineCostModel(hardware, model, **params)
 
@@ -264,7 +319,22 @@ def _make_fixed(hardware: HardwareProfile, model: ModelProfile, **params: Any) -
     return FixedCostModel(model.kv_bytes_per_token_per_gpu(tp), model.num_layers, **params)
 
 
-COST_MODELS: Mapping[str, Callable[..., CostModel]] = {"roofline": _make_roofline, "fixed": _make_fixed}
+def _make_fitted(hardware: HardwareProfile, model: ModelProfile, **params: Any) -> CostModel:
+    tp = params.pop("tp", 1)
+    if tp != 1:
+        raise ConfigError(f"a fitted cost model describes one calibrated engine; tp is {tp}, expected 1")
+    if "calibration" in params:  # a file written by `kvtier sim calibrate`, or a packaged one's name
+        from kvtier.sim.calibrate import load_calibration
+
+        params = {**load_calibration(str(params.pop("calibration"))), **params}
+    return FittedCostModel(model.kv_bytes_per_token_per_gpu(1), model.num_layers, **params)
+
+
+COST_MODELS: Mapping[str, Callable[..., CostModel]] = {
+    "roofline": _make_roofline,
+    "fixed": _make_fixed,
+    "fitted": _make_fitted,
+}
 
 
 def make_cost_model(kind: str, hardware: HardwareProfile, model: ModelProfile, **params: Any) -> CostModel:

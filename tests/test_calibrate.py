@@ -1,0 +1,98 @@
+"""``kvtier sim calibrate``: the fitted step-time model, its fit, its files and the real measurement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvtier.errors import ConfigError
+from kvtier.sim.calibrate import (
+    COEFFICIENTS,
+    QUICK_SHAPES,
+    Sample,
+    fit,
+    load_calibration,
+    measure_engine_steps,
+    relative_errors,
+    write,
+)
+from kvtier.sim.cost import BatchShape, FittedCostModel, PrefillChunk, make_cost_model
+from kvtier.sim.hardware import load_hardware
+from kvtier.sim.models import load_model
+
+TRUE = FittedCostModel(1024, 30, base_s=0.02, token_s=0.002, pair_s=3e-6, seq_s=0.004, decode_pair_s=1e-6)
+
+
+def test_features_and_step_time() -> None:
+    batch = BatchShape((PrefillChunk(4, 10),), (7, 9))
+    assert FittedCostModel.features(batch) == (1.0, 6.0, 4 * 10 + 4 * 5 / 2, 3.0, 8.0 + 10.0)
+    expected = 0.02 + 0.002 * 6 + 3e-6 * 50 + 0.004 * 3 + 1e-6 * 18
+    assert TRUE.step_time_s(batch) == pytest.approx(expected)
+    assert TRUE.step_time_s(BatchShape()) == 0.0
+    assert TRUE.prefill_time_s(8, 0) == pytest.approx(0.02 + 0.016 + 3e-6 * 36 + 0.004)
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    samples = [Sample(shape, TRUE.step_time_s(shape)) for shape in QUICK_SHAPES]
+    fitted = fit(samples, 1024, 30)
+    for name in COEFFICIENTS:
+        assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    assert max(relative_errors(fitted, samples)) < 1e-9
+
+
+def test_fit_keeps_coefficients_non_negative() -> None:
+    # Times that fall with more tokens would need a negative token_s: the fit refuses it.
+    samples = [Sample(BatchShape((PrefillChunk(n, 0),)), 1.0 / n) for n in (8, 16, 32, 64, 128)]
+    fitted = fit(samples, 1024, 30)
+    assert all(getattr(fitted, name) >= 0 for name in COEFFICIENTS)
+
+
+def test_fit_rejects_bad_samples() -> None:
+    with pytest.raises(ConfigError, match="cannot fit"):
+        fit([Sample(QUICK_SHAPES[0], 0.1)], 1024, 30)
+    with pytest.raises(ConfigError, match="positive time"):
+        fit([Sample(s, 0.0) for s in QUICK_SHAPES], 1024, 30)
+
+
+def test_calibration_file_round_trip_and_cost_model(tmp_path: Path) -> None:
+    path = tmp_path / "cal.yaml"
+    write({"kind": "fitted", **{k: getattr(TRUE, k) for k in COEFFICIENTS}}, path)
+    assert load_calibration(str(path)) == {k: getattr(TRUE, k) for k in COEFFICIENTS}
+    hw, model = load_hardware("cpu"), load_model("smollm2-135m")
+    cost = make_cost_model("fitted", hw, model, calibration=str(path))
+    batch = BatchShape((PrefillChunk(64, 128),), (300,))
+    assert cost.step_time_s(batch) == pytest.approx(TRUE.step_time_s(batch))
+    with pytest.raises(ConfigError, match="tp is 2"):
+        make_cost_model("fitted", hw, model, tp=2, calibration=str(path))
+
+
+def test_calibration_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="neither a file nor one of"):
+        load_calibration(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"base_s": 0.1, "token_s": "fast"}))
+    with pytest.raises(ConfigError, match="lacks numeric"):
+        load_calibration(str(bad))
+
+
+def test_packaged_calibration_drives_a_simulation() -> None:
+    hw, model = load_hardware("cpu"), load_model("smollm2-135m")
+    cost = make_cost_model("fitted", hw, model, calibration="cpu-smollm2-135m")
+    assert cost.prefill_time_s(512) > cost.prefill_time_s(64) > cost.step_time_s(BatchShape((), (64,))) > 0
+
+
+def test_measures_the_real_engine() -> None:
+    from threadpoolctl import threadpool_limits
+
+    from kvtier.engine import load_model as load_engine
+
+    engine = load_engine()
+    shapes = [BatchShape((PrefillChunk(16, 0),)), BatchShape((PrefillChunk(8, 16),), (20, 33))]
+    with threadpool_limits(limits=1, user_api="blas"):
+        samples = measure_engine_steps(engine, shapes, repeats=1)
+    assert [s.shape for s in samples] == shapes
+    assert all(s.seconds > 0 for s in samples)
+    with pytest.raises(ConfigError, match="repeats"):
+        measure_engine_steps(engine, shapes, repeats=0)
