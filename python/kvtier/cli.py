@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``demo``, ``bench layout|store|ssd|sim|codec`` and ``sim``. ``--json`` prints one JSON object."""
+"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer`` and ``sim``. ``--json`` prints one JSON object."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, An
 def _demo(args: argparse.Namespace) -> None:
     from kvtier import demo
 
+    if args.engine:
+        from kvtier.engine import replay
+
+        engine_result = replay.run(
+            conversations=args.conversations, turns=args.turns, ssd_directory=args.ssd_dir, show=not args.json
+        )
+        _emit(engine_result, args.json, replay.summary)
+        return
     result = demo.run(
         conversations=args.conversations,
         turns=args.turns,
@@ -125,9 +133,8 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
             if r["paper_ratio"] is not None
             else (f"{r['paper_range'][0]:.2f}-{r['paper_range'][1]:.2f}" if r["paper_range"] else "-")
         )
-        print(
-            f"{r['paper']:14s} {r['metric']:58s} {paper_value:>13s} {r['kvtier_ratio']:8.2f}  {r['within_30_percent']}"
-        )
+        within = "n/a" if r["within_30_percent"] is None else r["within_30_percent"]  # no paper number
+        print(f"{r['paper']:14s} {r['metric']:58s} {paper_value:>13s} {r['kvtier_ratio']:8.2f}  {within}")
         if r["note"]:
             print(f"{'':14s}   note: {r['note']}")
 
@@ -150,11 +157,40 @@ def _bench_ssd(args: argparse.Namespace) -> None:
     _emit(result, args.json, ssd.summary)
 
 
+def _bench_remote(args: argparse.Namespace) -> None:
+    from kvtier.bench import remote
+
+    result = remote.run(
+        url=args.url,
+        cluster_urls=args.cluster_url or None,
+        cluster=not args.no_cluster,
+        object_bytes=parse_size(args.object_bytes, "--object-bytes"),
+        objects=args.objects,
+        batch=args.batch,
+        repeats=args.repeats,
+    )
+    _emit(result, args.json, remote.summary)
+
+
 def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
     result = sim.run(max_requests=args.max_requests, show=not args.json)
     _emit(result, args.json, sim.summary)
+
+
+def _bench_transfer(args: argparse.Namespace) -> None:
+    from kvtier.bench import transfer
+
+    result = transfer.run(
+        total_bytes=parse_size(args.total, "--total"),
+        repeats=args.repeats,
+        threads=args.threads,
+        swap_blocks=args.swap_blocks,
+        directory=args.directory,
+        show=not args.json,
+    )
+    _emit(result, args.json, transfer.summary)
 
 
 def _bench_codec(args: argparse.Namespace) -> None:
@@ -164,6 +200,20 @@ def _bench_codec(args: argparse.Namespace) -> None:
         repeats=args.repeats, threads=args.threads, show=not args.json, agreement=not args.no_agreement
     )
     _emit(result, args.json, codec.summary)
+
+
+def _bench_engine(args: argparse.Namespace) -> None:
+    from kvtier.bench import engine
+
+    result = engine.run(
+        prefix_tokens=args.prefix_tokens,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+        directory=args.directory,
+        show=not args.json,
+    )
+    _emit(result, args.json, engine.summary)
 
 
 def _write(path: str | None, result: dict[str, Any]) -> None:
@@ -229,8 +279,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=_positive, default=6)
     demo.add_argument("--dram-capacity", default="2GiB", help="DRAM tier capacity (default 2GiB)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--engine",
+        action="store_true",
+        help="replay the chats on the SmolLM2 reference engine: TTFT per tier (recompute, DRAM, SSD)",
+    )
+    demo.add_argument("--ssd-dir", default=None, help="--engine: SSD tier directory (default: a temp dir)")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=_demo)
+
+    from kvtier.engine.cli import add_commands as add_engine_commands
+
+    add_engine_commands(sub, _positive)  # generate, chat
 
     bench = sub.add_parser(
         "bench", help="benchmarks; each reports ratios to a limit measured in the same run"
@@ -267,6 +327,28 @@ def build_parser() -> argparse.ArgumentParser:
     bssd.add_argument("--io-engine", choices=["auto", "io_uring", "pread"], default="auto")
     bssd.add_argument("--json", action="store_true")
     bssd.set_defaults(func=_bench_ssd)
+    bremote = bench_sub.add_parser(
+        "remote", help="remote tier (Redis/Valkey) vs a raw Redis client; single server and 3-master cluster"
+    )
+    bremote.add_argument("--url", help="server URL (default: start a loopback redis-server)")
+    bremote.add_argument("--cluster-url", action="append", help="cluster seed URL (default: start 3 masters)")
+    bremote.add_argument("--no-cluster", action="store_true", help="skip the cluster figures")
+    bremote.add_argument("--object-bytes", default="4MiB")
+    bremote.add_argument("--objects", type=int, default=32)
+    bremote.add_argument("--batch", type=int, default=16)
+    bremote.add_argument("--repeats", type=int, default=7)
+    bremote.add_argument("--json", action="store_true")
+    bremote.set_defaults(func=_bench_remote)
+    bengine = bench_sub.add_parser(
+        "engine", help="reference engine: prefill/decode tokens/s; TTFT of a cached 2K prefix per tier"
+    )
+    bengine.add_argument("--prefix-tokens", type=_positive, default=2048)
+    bengine.add_argument("--new-tokens", type=_positive, default=32)
+    bengine.add_argument("--repeats", type=_positive, default=2)
+    bengine.add_argument("--threads", type=_positive, default=1, help="BLAS threads (default 1)")
+    bengine.add_argument("--directory", default=None, help="SSD tier directory (default: a temp dir)")
+    bengine.add_argument("--json", action="store_true")
+    bengine.set_defaults(func=_bench_engine)
     bsim = bench_sub.add_parser(
         "sim", help="simulator speed: Mooncake trace replay wall time; hit-rate check"
     )
@@ -285,6 +367,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bcodec.add_argument("--json", action="store_true")
     bcodec.set_defaults(func=_bench_codec)
+    btransfer = bench_sub.add_parser(
+        "transfer",
+        help="transfer engine: pipelined vs sequential SSD load, per-chunk allocation, batched and duplex swaps",
+    )
+    btransfer.add_argument("--total", default="64MiB", help="bytes the pipelined load moves (default 64MiB)")
+    btransfer.add_argument("--repeats", type=_positive, default=5)
+    btransfer.add_argument(
+        "--threads", type=int, default=0, help="threads split among stages (0 = one per core)"
+    )
+    btransfer.add_argument(
+        "--swap-blocks", type=_positive, default=16, help="4 MiB blocks per swap direction"
+    )
+    btransfer.add_argument("--directory", default=None, help="where the SSD tier's temp dir goes")
+    btransfer.add_argument("--json", action="store_true")
+    btransfer.set_defaults(func=_bench_transfer)
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
     sim_sub = sim.add_subparsers(dest="sim", required=True)

@@ -1,0 +1,192 @@
+"""``kvtier bench engine``: the CPU reference engine's speed, and TTFT with the KV cache per tier.
+
+- ``prefill_tokens_per_s``: one 512-token prompt prefilled in one step (fresh engine).
+- ``decode_tokens_per_s_batch_1`` / ``_batch_8``: new tokens per second of decode steps over
+  64-token prompts (wall time of ``Engine.step``, scheduling included).
+- TTFT of a 2K-token shared prefix + 32 new tokens (issue 9): ``ttft_recompute_s`` (no cache: the
+  whole prompt is prefilled), ``ttft_dram_hit_s`` (the prefix was saved by an earlier request and
+  comes back from the store's DRAM tier into a cold device pool), ``ttft_ssd_hit_s`` (the same from
+  the SSD tier: DRAM holds two blocks, promotion off, O_DIRECT reads), and each hit's ratio to
+  recompute (``*_ratio``: hit / recompute, lower is better; ``*_speedup``: its inverse). The limit
+  measured in the same run is recompute itself. ``ttft_remote_hit_s`` is null until the remote tier
+  lands. The first token of every hit run must equal the recompute run's (checked).
+
+Every request's TTFT is measured from when it is added to a fresh engine to its first token (one
+BLAS thread by default: the figure of a shared machine; see docs/engine.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, llm_store_config
+from kvtier.errors import KvtierError
+from kvtier.store import Store
+
+BLOCK_TOKENS = 16
+OBJECT_BYTES = 741_376  # one 16-token fp32 SmolLM2 block in the store (payload + header, whole pages)
+
+
+def _tokens(rng: np.random.Generator, n: int) -> list[int]:
+    return [int(t) for t in rng.integers(100, 49_000, size=n)]
+
+
+def _llm(model: Model, tokenizer: Tokenizer, num_blocks: int, store: Store | None, batch_tokens: int) -> LLM:
+    config = EngineConfig(num_blocks=num_blocks, max_batch_tokens=batch_tokens, max_running=16)
+    return LLM(model=model, tokenizer=tokenizer, config=config, store=store)
+
+
+def prefill_tokens_per_s(model: Model, tokenizer: Tokenizer, tokens: int, repeats: int) -> float:
+    prompt = _tokens(np.random.default_rng(1), tokens)
+    best = float("inf")
+    for _ in range(repeats):
+        llm = _llm(model, tokenizer, tokens // BLOCK_TOKENS + 4, None, tokens)
+        llm.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+        best = min(best, llm.engine.stats.forward_s)
+    return tokens / best
+
+
+def decode_tokens_per_s(model: Model, tokenizer: Tokenizer, batch: int, steps: int, repeats: int) -> float:
+    rng = np.random.default_rng(2)
+    prompts = [_tokens(rng, 64) for _ in range(batch)]
+    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    best = float("inf")
+    for _ in range(repeats):
+        engine = _llm(model, tokenizer, batch * 8 + 8, None, 64 * batch).engine
+        for p in prompts:
+            engine.add_request(p, params)
+        engine.step()  # every prompt in one prefill step
+        if engine.stats.decode_tokens or not all(r.output for r in engine.running):
+            raise KvtierError("decode bench: the prompts did not prefill in one step")
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        best = min(best, time.perf_counter() - start)
+        if engine.stats.decode_tokens != batch * steps:
+            raise KvtierError(
+                f"decode bench: {engine.stats.decode_tokens} decode tokens, expected {batch * steps}"
+            )
+    return batch * steps / best
+
+
+def ttft(
+    model: Model,
+    tokenizer: Tokenizer,
+    prefix_tokens: int,
+    new_tokens: int,
+    repeats: int,
+    directory: str | None,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(3)
+    prefix = _tokens(rng, prefix_tokens)
+    # Each run gets its own new tokens: a run must not hit blocks an earlier run saved.
+    warm = prefix + _tokens(rng, new_tokens)
+    probes = [prefix + _tokens(rng, new_tokens) for _ in range(repeats)]
+    num_blocks = (prefix_tokens + new_tokens) // BLOCK_TOKENS + 8
+    batch_tokens = prefix_tokens + new_tokens
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    result: dict[str, Any] = {}
+
+    recompute = [_llm(model, tokenizer, num_blocks, None, batch_tokens).generate([p], one)[0] for p in probes]
+    base = min(o.ttft_s for o in recompute)
+    result["ttft_recompute_s"] = base
+
+    stores = {
+        "dram": llm_store_config(dram_capacity_bytes=(num_blocks + 8) * OBJECT_BYTES),
+        "ssd": llm_store_config(
+            dram_capacity_bytes=2 * OBJECT_BYTES,
+            ssd_directory=directory or tempfile.mkdtemp(prefix="kvtier-bench-engine-"),
+            ssd_capacity_bytes=(num_blocks + 8) * OBJECT_BYTES * 2,
+            ssd_probe_bytes=0,
+            ssd_write_through=True,
+            ssd_promote_on_hit=False,
+        ),
+    }
+    for tier, config in stores.items():
+        store = Store(config)
+        _llm(model, tokenizer, num_blocks, store, batch_tokens).generate([warm], one)  # saves the prefix
+        best, load_s, tiers = float("inf"), float("inf"), {}
+        for probe, reference in zip(probes, recompute, strict=True):
+            llm = _llm(model, tokenizer, num_blocks, store, batch_tokens)  # a cold device pool
+            [out] = llm.generate([probe], one)
+            if out.token_ids != reference.token_ids:
+                raise KvtierError(
+                    f"{tier} hit gave token {out.token_ids}, recompute {reference.token_ids}: wrong KV"
+                )
+            best, load_s = min(best, out.ttft_s), min(load_s, llm.engine.stats.load_s)
+            tiers = out.cached_tokens
+        expected_tier = "host" if tier == "dram" else "ssd"
+        if (
+            sum(tiers.values()) != prefix_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+            or tiers[expected_tier] < prefix_tokens // 2
+        ):
+            raise KvtierError(
+                f"{tier} bench: reused tokens per tier {tiers}; expected the prefix from {tier}"
+            )
+        result[f"ttft_{tier}_hit_s"] = best
+        result[f"ttft_{tier}_hit_ratio"] = best / base
+        result[f"ttft_{tier}_hit_speedup"] = base / best
+        result[f"{tier}_load_s"] = load_s
+        result[f"{tier}_reused_tokens"] = tiers
+        del store
+        gc.collect()
+    result["ttft_remote_hit_s"] = None
+    result["ttft_remote_hit_ratio"] = None
+    return result
+
+
+def run(
+    prefix_tokens: int = 2048,
+    new_tokens: int = 32,
+    decode_steps: int = 16,
+    prefill_tokens: int = 512,
+    repeats: int = 2,
+    threads: int = 1,
+    directory: str | None = None,
+    show: bool = True,
+    model: Model | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> dict[str, Any]:
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+    if model is None or tokenizer is None:
+        from kvtier.engine import load
+
+        model, tokenizer = load()
+    with threadpool_limits(limits=threads, user_api="blas"):
+        result: dict[str, Any] = {
+            "model": "SmolLM2-135M-Instruct (fp32, numpy)",
+            "blas_threads": threads,
+            "repeats": repeats,
+            "prefix_tokens": prefix_tokens,
+            "new_tokens": new_tokens,
+            "prefill_prompt_tokens": prefill_tokens,
+            "prefill_tokens_per_s": prefill_tokens_per_s(model, tokenizer, prefill_tokens, repeats),
+            "decode_tokens_per_s_batch_1": decode_tokens_per_s(model, tokenizer, 1, decode_steps, repeats),
+            "decode_tokens_per_s_batch_8": decode_tokens_per_s(model, tokenizer, 8, decode_steps, repeats),
+        }
+        result.update(ttft(model, tokenizer, prefix_tokens, new_tokens, repeats, directory))
+    return result
+
+
+def summary(r: dict[str, Any]) -> str:
+    lines = [
+        f"engine bench: {r['model']}, {r['blas_threads']} BLAS thread(s), best of {r['repeats']}",
+        f"  prefill ({r['prefill_prompt_tokens']} tokens)   {r['prefill_tokens_per_s']:8.0f} tokens/s",
+        f"  decode batch 1 / 8     {r['decode_tokens_per_s_batch_1']:8.1f} / {r['decode_tokens_per_s_batch_8']:.1f} tokens/s",
+        f"  TTFT, {r['prefix_tokens']}-token cached prefix + {r['new_tokens']} new tokens:",
+        f"    recompute            {r['ttft_recompute_s']:8.3f} s",
+    ]
+    for tier in ("dram", "ssd"):
+        lines.append(
+            f"    {tier + ' hit':20s} {r[f'ttft_{tier}_hit_s']:8.3f} s  "
+            f"{r[f'ttft_{tier}_hit_ratio']:.3f}x recompute ({r[f'ttft_{tier}_hit_speedup']:.1f}x faster; "
+            f"load {r[f'{tier}_load_s']:.3f} s)"
+        )
+    lines.append("    remote hit           n/a (remote tier not wired into the engine yet)")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""The engine's KV hierarchy below the device pool: where full blocks go and come back from.
+
+The engine talks to one small interface, :class:`KvTransfer` — *save* pool blocks under their keys,
+*lookup* how much of a key chain the lower tiers hold (and in which tier), *load* the longest held
+prefix into pool blocks — so that an asynchronous transfer engine (``kvtier.TransferEngine``, with
+layerwise waits) can replace the synchronous implementation here without touching the loop.
+
+:class:`StoreKvTransfer` is that synchronous implementation over a :class:`kvtier.Store` (DRAM, then
+SSD as the store is configured): ``save`` gathers ``LayerFirst`` pool blocks into ``BlockFirst``
+objects (:func:`kvtier.layout.gather`) and puts them; ``load`` leases the prefix, loads it into a
+staging array and scatters it into the pool (:func:`kvtier.layout.scatter`). The store verifies
+every block's checksum on load, so a corrupt block ends the loaded prefix: the engine then computes
+the rest, never uses wrong KV.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtier import layout
+from kvtier.engine.errors import EngineInputError
+from kvtier.engine.kv import PagedKvPool
+from kvtier.keys import BlockKeys
+from kvtier.store import Store
+
+#: The store's tier names in the order of the scheduler's tier tuple (device, host, ssd, remote).
+STORE_TIER_INDEX = {"dram": 1, "host": 1, "ssd": 2, "remote": 3}
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    blocks: int  # loaded into the first ``blocks`` pool block ids given
+    tiers: tuple[str, ...]  # the tier each loaded block came from
+
+
+class KvTransfer(ABC):
+    """Moves whole blocks between the engine's paged pool and the tiers below it."""
+
+    @abstractmethod
+    def save(self, keys: BlockKeys, block_ids: Sequence[int]) -> int:
+        """Stores pool blocks ``block_ids[i]`` under ``keys[i]``; returns the blocks newly stored."""
+
+    @abstractmethod
+    def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
+        """The tier holding each block of the longest consecutive held prefix of ``keys``."""
+
+    @abstractmethod
+    def load(self, keys: BlockKeys, block_ids: Sequence[int]) -> LoadResult:
+        """Loads the longest held prefix of ``keys`` (at most ``len(block_ids)`` blocks) into pool
+        blocks ``block_ids``, in order; a miss or a failed checksum ends it."""
+
+
+class StoreKvTransfer(KvTransfer):
+    """Synchronous save/lookup/load through a :class:`Store`, with ``layout.gather``/``scatter``."""
+
+    def __init__(self, store: Store, pool: PagedKvPool, copier: layout.Copier | None = None) -> None:
+        if store.config.geometry != pool.geometry:
+            raise EngineInputError(
+                f"the store's geometry {store.config.geometry} differs from the engine pool's {pool.geometry}; "
+                f"build the StoreConfig with kvtier.engine.pool_geometry(model.config, block_tokens)"
+            )
+        self.store = store
+        self.pool = pool
+        self.copier = copier or layout.Copier(threads=1)
+
+    def save(self, keys: BlockKeys, block_ids: Sequence[int]) -> int:
+        if len(keys) != len(block_ids):
+            raise EngineInputError(f"{len(keys)} keys for {len(block_ids)} blocks")
+        if not len(keys):
+            return 0
+        held = self.store.lookup(keys).hit_blocks  # a chain's held part is a prefix: skip it
+        if held == len(keys):
+            return 0
+        geometry = self.pool.geometry
+        objects = self.copier.gather(geometry, self.pool.pool, list(block_ids[held:]))
+        return self.store.put(keys[held:], objects).stored
+
+    def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
+        return self.store.lookup(keys).tiers if len(keys) else ()
+
+    def load(self, keys: BlockKeys, block_ids: Sequence[int]) -> LoadResult:
+        keys = keys[: len(block_ids)]
+        if not len(keys):
+            return LoadResult(0, ())
+        with self.store.lease(keys) as lease:
+            if not lease.hit_blocks:
+                return LoadResult(0, ())
+            staging = np.empty((lease.hit_blocks, self.store.block_bytes), dtype=np.uint8)
+            report = self.store.load(lease, staging)
+            tiers = lease.tiers[: report.loaded_blocks]
+        if report.loaded_blocks:
+            ids = list(block_ids[: report.loaded_blocks])
+            self.copier.scatter(self.pool.geometry, staging[: report.loaded_blocks], ids, self.pool.pool)
+        return LoadResult(report.loaded_blocks, tiers)

@@ -1,0 +1,159 @@
+"""A multi-turn chat workload replayed on the reference engine, once per KV tier (``kvtier demo --engine``).
+
+Each conversation re-sends its whole history every turn (system prompt, earlier questions and the
+model's own earlier replies), so from the second turn on most of each prompt was computed before.
+The same workload runs under several set-ups, each on a fresh engine:
+
+- ``recompute`` — no store and no device prefix cache: every prompt is prefilled in full;
+- ``dram`` — no device prefix cache, a store with a DRAM tier: history comes back from DRAM;
+- ``ssd`` — no device prefix cache, a store whose DRAM holds one block and whose SSD tier holds
+  everything (written through): history comes back from SSD;
+- ``device`` — the device prefix cache alone (no store), for reference.
+
+Replies are greedy, so every set-up must produce the same conversations token for token (checked;
+a mismatch raises). Reported per set-up: mean TTFT of turns 2.., prompt tokens prefilled, tokens
+reused per tier.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.engine.errors import EngineError
+from kvtier.engine.llm import LLM, llm_store_config
+from kvtier.engine.model import Model
+from kvtier.engine.sampling import SamplingParams
+from kvtier.engine.scheduler import EngineConfig
+from kvtier.engine.tokenizer import Tokenizer
+from kvtier.store import Store
+
+QUESTIONS = (
+    ("What is the capital of France?", "What is it famous for?", "Name a river there.", "And a museum?"),
+    ("Give me a word that rhymes with cat.", "Another one?", "Use it in a sentence.", "Make it shorter."),
+    ("What is 12 times 12?", "And 13 times 13?", "Which is larger?", "By how much?"),
+    ("Name a planet.", "Is it larger than Earth?", "How far is it from the Sun?", "Does it have moons?"),
+)
+SETUPS = ("recompute", "dram", "ssd", "device")
+
+
+@dataclass
+class SetupResult:
+    name: str
+    ttft_s: list[float]  # per turn, mean over conversations
+    prefill_tokens: int
+    reused_tokens: dict[str, int]
+    replies: list[list[list[int]]]  # [conversation][turn] -> tokens
+    wall_s: float
+
+
+def replay(
+    model: Model,
+    tokenizer: Tokenizer,
+    setup: str,
+    conversations: int,
+    turns: int,
+    max_tokens: int,
+    ssd_directory: str | None = None,
+) -> SetupResult:
+    """Runs the workload once under ``setup`` (see the module doc)."""
+    store: Store | None = None
+    if setup == "dram":
+        store = Store(llm_store_config(dram_capacity_bytes="512MiB"))
+    elif setup == "ssd":
+        directory = ssd_directory or tempfile.mkdtemp(prefix="kvtier-demo-ssd-")
+        store = Store(
+            llm_store_config(
+                dram_capacity_bytes=741_376,  # one object: everything else is read from SSD
+                ssd_directory=directory,
+                ssd_capacity_bytes="1GiB",
+                ssd_probe_bytes=0,
+                ssd_write_through=True,
+                ssd_promote_on_hit=False,
+            )
+        )
+    elif setup not in SETUPS:
+        raise EngineError(f"unknown set-up {setup!r}; expected one of {SETUPS}")
+    config = EngineConfig(num_blocks=256, device_prefix_cache=setup == "device")
+    llm = LLM(model=model, tokenizer=tokenizer, config=config, store=store)
+    params = SamplingParams(max_tokens=max_tokens)
+    histories: list[list[dict[str, str]]] = [[] for _ in range(conversations)]
+    replies: list[list[list[int]]] = [[] for _ in range(conversations)]
+    ttft: list[float] = []
+    reused = {"device": 0, "host": 0, "ssd": 0, "remote": 0}
+    start = time.perf_counter()
+    for turn in range(turns):
+        for c, history in enumerate(histories):
+            history.append({"role": "user", "content": QUESTIONS[c % len(QUESTIONS)][turn % 4]})
+        outputs = llm.chat(histories, params)
+        ttft.append(sum(o.ttft_s for o in outputs) / len(outputs))
+        for c, out in enumerate(outputs):
+            histories[c].append({"role": "assistant", "content": out.text})
+            replies[c].append(out.token_ids)
+            for tier, tokens in out.cached_tokens.items():
+                reused[tier] += tokens
+    return SetupResult(
+        setup, ttft, llm.engine.stats.prefill_tokens, reused, replies, time.perf_counter() - start
+    )
+
+
+def run(
+    conversations: int = 2,
+    turns: int = 4,
+    max_tokens: int = 16,
+    setups: tuple[str, ...] = SETUPS,
+    ssd_directory: str | None = None,
+    show: bool = True,
+    model: Model | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> dict[str, Any]:
+    if model is None or tokenizer is None:
+        from kvtier.engine import load
+
+        model, tokenizer = load()
+    results = [replay(model, tokenizer, s, conversations, turns, max_tokens, ssd_directory) for s in setups]
+    for r in results[1:]:
+        if r.replies != results[0].replies:
+            raise EngineError(f"set-up {r.name!r} generated different tokens than {results[0].name!r}")
+    base = next((r for r in results if r.name == "recompute"), results[0])
+    later = slice(1, None) if turns > 1 else slice(None)
+    base_ttft = _mean(base.ttft_s[later])
+    out: dict[str, Any] = {
+        "conversations": conversations,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "identical_outputs": True,
+        "setups": {},
+    }
+    for r in results:
+        mean = _mean(r.ttft_s[later])
+        out["setups"][r.name] = {
+            "ttft_s_per_turn": r.ttft_s,
+            "ttft_s_mean_later_turns": mean,
+            "speedup_vs_recompute": base_ttft / mean if mean > 0 else None,
+            "prefill_tokens": r.prefill_tokens,
+            "reused_tokens": r.reused_tokens,
+            "wall_s": r.wall_s,
+        }
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = [
+        f"engine replay: {result['conversations']} conversations x {result['turns']} turns, "
+        f"{result['max_tokens']} new tokens per reply (SmolLM2-135M, CPU); outputs identical in every set-up",
+        f"  {'set-up':10s} {'TTFT turns 2+':>14s} {'vs recompute':>13s} {'prefilled':>10s}  reused tokens",
+    ]
+    for name, s in result["setups"].items():
+        reused = ", ".join(f"{k} {v}" for k, v in s["reused_tokens"].items() if v) or "none"
+        speedup = s["speedup_vs_recompute"]
+        lines.append(
+            f"  {name:10s} {s['ttft_s_mean_later_turns']:12.3f} s {speedup:12.2f}x {s['prefill_tokens']:10d}  {reused}"
+        )
+    return "\n".join(lines)

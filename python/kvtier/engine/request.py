@@ -1,0 +1,120 @@
+"""One request inside the engine loop, and what the caller gets back when it finishes.
+
+A request's tokens are its prompt followed by its output. ``num_computed`` of them have KV in the
+pool; the *prefill* is its first ``prefill_len`` tokens (the prompt, or after a preemption by
+recompute the prompt plus the output so far, as in vLLM): when the pool holds all of them the last
+position's logits give the next token. From then on each decode step computes the KV of the last
+token and samples one more. So ``num_computed == len(tokens)`` right after a step means "sample".
+
+Block table: ``table[i]`` is the pool block of tokens ``i*bt .. i*bt+bt-1``. The first ``locked``
+entries are full blocks the request holds a lock on in the device prefix cache; each is the cached
+block of its key, except the indices in ``duplicates`` (another request cached that key first: this
+request's copy stays private). Entries from ``locked`` on are private.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvtier.engine.sampling import SamplingParams
+from kvtier.keys import BlockKeys, Namespace
+from kvtier.sched.base import Phase
+
+TIER_NAMES = ("device", "host", "ssd", "remote")
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A finished request. ``cached_tokens`` counts the prompt tokens reused from each tier at its
+    (last) admission, ``ttft_s``/``latency_s`` are from when it was added."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str  # "stop" (a stop token) or "length" (max_tokens, or the model's context)
+    text: str = ""
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    preemptions: int = 0
+    swaps: int = 0
+
+
+class EngineRequest:
+    """Mutable state of one request in the engine loop (see the module doc)."""
+
+    def __init__(
+        self,
+        req_id: int,
+        prompt: list[int],
+        params: SamplingParams,
+        stop_token_ids: frozenset[int],
+        rng: np.random.Generator,
+        arrival_s: float,
+        namespace: Namespace,
+    ) -> None:
+        self.req_id = req_id
+        self.prompt = prompt
+        self.params = params
+        self.stop_token_ids = stop_token_ids
+        self.rng = rng
+        self.arrival_s = arrival_s
+        self.namespace = namespace
+        self.output: list[int] = []
+        self.prefill_len = len(prompt)
+        self.num_computed = 0
+        self.table: list[int] = []
+        self.locked = 0
+        self.duplicates: set[int] = set()
+        self.phase = Phase.WAITING
+        self.epoch = 0  # bumped when it leaves the device (preempted, swapped out)
+        self.hit_tokens = [0, 0, 0, 0]  # reused prompt tokens per tier, at the last admission
+        self.preemptions = 0
+        self.swaps = 0
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.finish_reason: str | None = None
+        self._keys = namespace.block_keys(np.zeros(0, dtype=np.uint32))
+        self._key_ints: list[int] = []
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def block_keys(self, num_blocks: int) -> BlockKeys:
+        """Keys of the first ``num_blocks`` full blocks of its tokens."""
+        if num_blocks > len(self._keys):
+            bt = self.namespace.geometry.block_tokens
+            self._keys = self.namespace.block_keys(self.tokens[: self.num_tokens // bt * bt])
+            self._key_ints = list(self._keys)
+        if num_blocks > len(self._keys):
+            raise AssertionError(f"request {self.req_id} has {len(self._keys)} full blocks, not {num_blocks}")
+        return self._keys[:num_blocks]
+
+    def key_ints(self, num_blocks: int) -> list[int]:
+        self.block_keys(num_blocks)
+        return self._key_ints[:num_blocks]
+
+    def private_blocks(self) -> list[int]:
+        return [self.table[i] for i in sorted(self.duplicates)] + self.table[self.locked :]
+
+    def to_output(self, now_s: float, text: str = "") -> RequestOutput:
+        now_s = self.finish_s if self.finish_s is not None else now_s
+        return RequestOutput(
+            request_id=self.req_id,
+            prompt_token_ids=list(self.prompt),
+            token_ids=list(self.output),
+            finish_reason=self.finish_reason or "length",
+            text=text,
+            ttft_s=(self.first_token_s or now_s) - self.arrival_s,
+            latency_s=now_s - self.arrival_s,
+            cached_tokens=dict(zip(TIER_NAMES, self.hit_tokens, strict=True)),
+            preemptions=self.preemptions,
+            swaps=self.swaps,
+        )

@@ -1,0 +1,83 @@
+"""The :class:`~kvtier.sched.SchedulerView` the engine shows its policy, built from engine state.
+
+Nothing engine-specific leaks: requests become :class:`~kvtier.sched.RequestView` (``prompt_tokens``
+is the request's prefill — the prompt, or prompt + output after a preemption by recompute — so
+``computed_tokens + generated_tokens`` is the KV it holds, as the simulator's policies assume), and
+cost estimates come from :class:`CpuEstimates`. A waiting request's cached prefix per tier is the
+device prefix cache's hit, then what the store below holds, capped at the whole blocks before its
+last prompt token (at least one token is computed: it yields the first new token's logits).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from kvtier.engine.hierarchy import STORE_TIER_INDEX
+from kvtier.engine.request import EngineRequest
+from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+
+if TYPE_CHECKING:
+    from kvtier.engine.scheduler import Engine, EngineConfig
+
+
+def build_view(engine: Engine) -> SchedulerView:
+    config = engine.config
+    waiting = engine.waiting[: config.view_waiting_max]
+    return SchedulerView(
+        now_s=engine.now_s(),
+        waiting=tuple(request_view(engine, r, lookup=True) for r in waiting),
+        running=tuple(request_view(engine, r) for r in engine.running),
+        fetching=(),
+        swapped=tuple(request_view(engine, engine.requests[rid]) for rid in engine.swapped),
+        free_device_blocks=engine.blocks.available(),
+        free_host_blocks=(config.swap_blocks - engine.swap_used_blocks()) if config.swap_blocks else None,
+        block_tokens=config.block_tokens,
+        max_batch_tokens=config.max_batch_tokens,
+        max_running=config.max_running,
+        num_layers=engine.model.config.num_layers,
+        cost=CpuEstimates(config, engine.pool.geometry.block_bytes),
+        kv_bytes_per_token=engine.pool.geometry.block_bytes // config.block_tokens,
+    )
+
+
+def request_view(engine: Engine, r: EngineRequest, lookup: bool = False) -> RequestView:
+    """``r`` as a policy sees it; with ``lookup``, its cached prefix per tier (waiting requests)."""
+    bt = engine.config.block_tokens
+    cached = (0, 0, 0, 0)
+    if lookup:
+        cap = (r.prefill_len - 1) // bt
+        device = engine.blocks.cached_prefix(r.key_ints(cap))
+        per_tier = [device * bt, 0, 0, 0]
+        if engine.transfer is not None and device < cap:
+            for tier in engine.transfer.lookup(r.block_keys(cap)[device:]):
+                per_tier[STORE_TIER_INDEX[tier]] += bt
+        cached = (per_tier[0], per_tier[1], per_tier[2], per_tier[3])
+    return RequestView(
+        req_id=r.req_id,
+        arrival_s=r.arrival_s,
+        phase=r.phase,
+        prompt_tokens=r.prefill_len,
+        computed_tokens=min(r.num_computed, r.prefill_len),
+        generated_tokens=r.num_tokens - r.prefill_len,
+        cached_tokens=cached,
+        block_keys=tuple(r.key_ints(r.prefill_len // bt)),
+    )
+
+
+class CpuEstimates:
+    """Rough CPU cost estimates for policies, from :class:`EngineConfig`'s figures."""
+
+    def __init__(self, config: EngineConfig, block_bytes: int) -> None:
+        self._config = config
+        self._block_bytes = block_bytes
+
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
+        return new_tokens / self._config.prefill_tokens_per_s
+
+    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+        c = self._config
+        rate = {"ssd": c.ssd_load_bytes_per_s, "remote": c.remote_load_bytes_per_s}.get(
+            tier, c.host_load_bytes_per_s
+        )
+        return math.ceil(tokens / c.block_tokens) * self._block_bytes / rate

@@ -1,0 +1,299 @@
+"""The engine loop (kvtier.engine.scheduler): continuous batching, chunked prefill, the device prefix
+cache, preemption by recompute and by swap, all driven by kvtier.sched policies.
+
+The reference for every output is ``greedy_generate`` on a contiguous cache, one prompt at a time:
+an independent path (no paged pool, no scheduler). Outputs must be token-identical. Batched and
+chunked steps compute the same math in a different order (BLAS blocks differently for different
+batch shapes; ~1e-4 on logits of ~30), far below the top-1/top-2 gaps of these prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from threadpoolctl import threadpool_limits
+
+from kvtier.engine import (
+    LLM,
+    Engine,
+    EngineConfig,
+    EngineInputError,
+    Model,
+    SamplingParams,
+    Tokenizer,
+    greedy_generate,
+    llm_store_config,
+    load,
+)
+from kvtier.engine.blocks import BlockManager
+from kvtier.engine.errors import EngineError
+from kvtier.engine.scheduler import STALLED_STEPS_MAX
+from kvtier.sched import Policy, SchedulerDecision, SchedulerView, make_policy, policy_names
+from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.store import Store
+
+QUESTIONS = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def engine_parts() -> tuple[Model, Tokenizer]:
+    return load()
+
+
+@pytest.fixture(scope="module")
+def prompts(engine_parts: tuple[Model, Tokenizer]) -> list[list[int]]:
+    _, tokenizer = engine_parts
+    return [tokenizer.encode_instruct(q) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def reference(engine_parts: tuple[Model, Tokenizer], prompts: list[list[int]]) -> list[list[int]]:
+    model, tokenizer = engine_parts
+    outs = []
+    for p in prompts:
+        [tokens], _ = greedy_generate(model, [p], MAX_TOKENS, stop_token_ids=tokenizer.stop_token_ids)
+        outs.append(tokens)
+    return outs
+
+
+def run(
+    parts: tuple[Model, Tokenizer],
+    prompts: list[list[int]],
+    policy: str | Policy = "fcfs",
+    *,
+    stagger_steps: int = 0,
+    **config: int,
+) -> tuple[Engine, dict[int, list[int]]]:
+    """Runs the prompts (each ``stagger_steps`` steps after the previous one); outputs by prompt index."""
+    model, tokenizer = parts
+    engine = Engine(model, make_policy(policy) if isinstance(policy, str) else policy, EngineConfig(**config))
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    outputs: dict[int, list[int]] = {}
+    ids: dict[int, int] = {}
+    for i, p in enumerate(prompts):
+        ids[engine.add_request(p, params, tokenizer.stop_token_ids)] = i
+        for _ in range(stagger_steps):
+            engine.step()
+            engine.check_integrity()
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        for out in engine.pop_finished():
+            outputs[ids[out.request_id]] = out.token_ids
+    for out in engine.pop_finished():
+        outputs[ids[out.request_id]] = out.token_ids
+    engine.check_integrity()
+    assert engine.blocks.private == 0, "finished requests left private blocks behind"
+    return engine, outputs
+
+
+def test_concurrent_requests_match_each_run_alone(engine_parts, prompts, reference) -> None:
+    engine, outputs = run(engine_parts, prompts, num_blocks=64)
+    assert [outputs[i] for i in range(len(prompts))] == reference
+    # All three were batched: one prefill step for all of them, then shared decode steps.
+    assert engine.stats.steps <= MAX_TOKENS + 1
+
+
+def test_requests_joining_mid_flight_match_each_run_alone(engine_parts, prompts, reference) -> None:
+    """Continuous batching: a request arriving while others decode joins the next step (a prefill
+    chunk next to decode tokens in one forward pass)."""
+    engine, outputs = run(engine_parts, prompts, stagger_steps=2, num_blocks=64, max_batch_tokens=24)
+    assert [outputs[i] for i in range(len(prompts))] == reference
+    assert engine.stats.steps < 3 * (MAX_TOKENS + 2), "requests ran one after another, not batched"
+
+
+def test_chunked_prefill_matches_whole_prefill(engine_parts, prompts, reference) -> None:
+    engine, outputs = run(engine_parts, prompts[:1], num_blocks=64, max_batch_tokens=8)
+    assert outputs[0] == reference[0]
+    # 37 prompt tokens in chunks of 8: five prefill steps, then one decode step per further token.
+    assert engine.stats.steps == -(-len(prompts[0]) // 8) + len(reference[0]) - 1
+
+
+def test_device_prefix_cache_serves_a_repeated_prompt(engine_parts, prompts, reference) -> None:
+    model, tokenizer = engine_parts
+    engine = Engine(model, make_policy("fcfs"), EngineConfig(num_blocks=64, block_tokens=8))
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    engine.add_request(prompts[0], params, tokenizer.stop_token_ids)
+    [first] = engine.run()
+    prefilled = engine.stats.prefill_tokens
+    engine.add_request(prompts[0], params, tokenizer.stop_token_ids)
+    [second] = engine.run()
+    assert first.token_ids == second.token_ids == reference[0]
+    assert first.cached_tokens["device"] == 0
+    # Prompt and output blocks were cached; at least one prompt token is always computed.
+    assert second.cached_tokens["device"] == (len(prompts[0]) - 1) // 8 * 8
+    assert engine.stats.prefill_tokens - prefilled == len(prompts[0]) - second.cached_tokens["device"]
+    engine.check_integrity()
+
+
+def test_preemption_by_recompute_keeps_outputs(engine_parts, prompts, reference) -> None:
+    """A pool that holds two prompts but not their outputs: running requests preempt each other
+    (vLLM's passive preemption, most recently admitted first) and recompute prompt + output later."""
+    engine, outputs = run(engine_parts, prompts, num_blocks=11, block_tokens=8, swap_blocks=0)
+    assert [outputs[i] for i in range(len(prompts))] == reference
+    assert engine.stats.preemptions > 0
+    assert engine.stats.swap_outs == 0
+
+
+@pytest.mark.parametrize("policy", ["swapped_first", "waiting_first"])
+def test_preemption_by_swap_keeps_outputs(engine_parts, prompts, reference, policy: str) -> None:
+    engine, outputs = run(engine_parts, prompts, policy, num_blocks=9, block_tokens=8, max_batch_tokens=64)
+    assert [outputs[i] for i in range(len(prompts))] == reference
+    assert engine.stats.swap_outs > 0
+    assert engine.stats.swap_ins == engine.stats.swap_outs
+
+
+class _Scripted(Policy):
+    """FCFS, plus a scripted swap-out / preemption of request 0 after it decoded ``after`` tokens,
+    and its swap-in ``hold`` steps later."""
+
+    name = "test_scripted"
+
+    def __init__(self, action: str, after: int = 3, hold: int = 2) -> None:
+        self.action, self.after, self.hold = action, after, hold
+        self.done = False
+        self.held = 0
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        target = next((r for r in view.running if r.req_id == 0 and r.generated_tokens >= self.after), None)
+        if target is not None and not self.done:
+            self.done = True
+            (decision.swap_out if self.action == "swap" else decision.preempt).append(0)
+            view = _without(view, 0)
+        elif view.swapped:
+            self.held += 1
+            if self.held > self.hold:
+                decision.swap_in.extend(r.req_id for r in view.swapped)
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=None)
+        return decision
+
+
+def _without(view: SchedulerView, req_id: int) -> SchedulerView:
+    from dataclasses import replace
+
+    return replace(view, running=tuple(r for r in view.running if r.req_id != req_id))
+
+
+@pytest.mark.parametrize("action", ["swap", "recompute"])
+def test_scripted_swap_and_recompute_keep_outputs(engine_parts, prompts, reference, action: str) -> None:
+    policy = _Scripted(action)
+    engine, outputs = run(engine_parts, prompts[:2], policy, num_blocks=64)
+    assert policy.done
+    assert [outputs[0], outputs[1]] == reference[:2]
+    if action == "swap":
+        assert (engine.stats.swap_outs, engine.stats.swap_ins, engine.stats.preemptions) == (1, 1, 0)
+    else:
+        assert (engine.stats.swap_outs, engine.stats.preemptions) == (0, 1)
+
+
+def test_swap_out_without_host_room_falls_back_to_recompute(engine_parts, prompts, reference) -> None:
+    engine, outputs = run(engine_parts, prompts[:2], _Scripted("swap"), num_blocks=64, swap_blocks=1)
+    assert [outputs[0], outputs[1]] == reference[:2]
+    assert (engine.stats.swap_outs, engine.stats.preemptions) == (0, 1)
+
+
+class _Never(Policy):
+    name = "test_never"
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        return SchedulerDecision()
+
+
+def test_an_engine_that_cannot_progress_raises_instead_of_hanging(engine_parts, prompts) -> None:
+    model, tokenizer = engine_parts
+    engine = Engine(model, _Never(), EngineConfig(num_blocks=16))
+    engine.add_request(prompts[0], SamplingParams(max_tokens=2), tokenizer.stop_token_ids)
+    with pytest.raises(EngineError, match=r"no progress for \d+ steps"):
+        engine.run()
+    assert engine.stats.steps == 0
+    assert STALLED_STEPS_MAX >= 1
+
+
+def test_bad_requests_are_refused_when_added(engine_parts, prompts) -> None:
+    model, _ = engine_parts
+    engine = Engine(model, make_policy("fcfs"), EngineConfig(num_blocks=4, block_tokens=16))
+    params = SamplingParams(max_tokens=8)
+    with pytest.raises(EngineInputError, match="prompt is empty"):
+        engine.add_request([], params)
+    with pytest.raises(EngineInputError, match=r"context is 8192 tokens"):
+        engine.add_request([1] * 8192, params)
+    with pytest.raises(EngineInputError, match=r"token ids must be in 0\.\.49151"):
+        engine.add_request([49152], params)
+    with pytest.raises(EngineInputError, match=r"KV pool has 4 blocks of 16 tokens .* needs 5"):
+        engine.add_request([1] * 60, params)
+    with pytest.raises(EngineInputError, match="writes KV through"):
+        Engine(model, make_policy("lmcache"), EngineConfig())
+    assert not engine.has_unfinished()
+
+
+@pytest.fixture(scope="module")
+def warm_store(engine_parts, prompts) -> Store:
+    """A store already holding the prompts' blocks (8-token blocks), from an earlier engine."""
+    model, tokenizer = engine_parts
+    store = Store(llm_store_config(8, dram_capacity_bytes="64MiB"))
+    llm = LLM(
+        model=model, tokenizer=tokenizer, config=EngineConfig(num_blocks=64, block_tokens=8), store=store
+    )
+    llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    return store
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_every_registered_policy_drives_the_engine(
+    engine_parts, prompts, reference, warm_store, policy: str
+) -> None:
+    """The simulator's policy objects, unchanged, on real KV: a small pool (chunked prefills,
+    admission limits), a warm store below it; outputs identical to the reference."""
+    model, tokenizer = engine_parts
+    config = EngineConfig(num_blocks=12, block_tokens=8, max_batch_tokens=32)
+    llm = LLM(model=model, tokenizer=tokenizer, config=config, store=warm_store, policy=policy)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outputs] == reference
+    llm.engine.check_integrity()
+    if make_policy(policy).offload != "none":
+        assert llm.engine.stats.loaded_blocks > 0, (
+            "a policy with a lower tier never loaded from the warm store"
+        )
+
+
+def test_block_manager_caches_shares_and_evicts_lru() -> None:
+    blocks = BlockManager(6)
+    a = blocks.allocate(3)
+    assert a == [0, 1, 2]
+    assert blocks.commit([11, 12], a, 0) == [True, True]  # blocks 0, 1 cached under keys 11, 12
+    b = blocks.allocate(2)
+    assert b is not None
+    assert blocks.commit([11, 21], [b[0], b[1]], 0) == [False, True]  # 11 was cached first
+    assert blocks.match([11, 12, 13]) == [0, 1]
+    assert blocks.cached_prefix([11, 21]) == 2
+    blocks.check_integrity()
+    assert blocks.allocate(2) is None  # 1 free, everything cached is locked
+    blocks.unlock([11, 12])
+    blocks.free_private([2])
+    assert blocks.available() == 3  # free block 2 + 5, plus key 12's block (unlocked)
+    c = blocks.allocate(3)
+    assert c is not None and sorted(c) == [1, 2, 5]  # evicted key 12, kept 11 (still locked via 21)
+    assert blocks.cached_prefix([11, 12]) == 1
+    blocks.check_integrity()
+
+
+def test_without_device_prefix_cache_finished_blocks_leave(engine_parts, prompts, reference) -> None:
+    model, tokenizer = engine_parts
+    engine = Engine(model, make_policy("fcfs"), EngineConfig(num_blocks=64, device_prefix_cache=False))
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    for _ in range(2):
+        engine.add_request(prompts[0], params, tokenizer.stop_token_ids)
+        [out] = engine.run()
+        assert out.token_ids == reference[0]
+        assert out.cached_tokens["device"] == 0
+    assert engine.blocks.available() == len(engine.blocks.free) == 64
