@@ -96,3 +96,58 @@ def test_measures_the_real_engine() -> None:
     assert all(s.seconds > 0 for s in samples)
     with pytest.raises(ConfigError, match="repeats"):
         measure_engine_steps(engine, shapes, repeats=0)
+
+
+@pytest.fixture(scope="module")
+def engine_parts():  # type: ignore[no-untyped-def]
+    from kvtier.engine import load
+
+    return load()
+
+
+def test_engine_run_samples_log_every_kind_of_step(engine_parts) -> None:  # type: ignore[no-untyped-def]
+    from threadpoolctl import threadpool_limits
+
+    from kvtier.sim.calibrate import engine_run_samples
+
+    model, _ = engine_parts
+    with threadpool_limits(limits=1, user_api="blas"):
+        samples = engine_run_samples(model, quick=True)
+    assert all(s.seconds > 0 and not s.shape.is_empty for s in samples)
+    assert any(s.shape.prefills and not s.shape.decode_context_tokens for s in samples)
+    assert any(s.shape.decode_context_tokens and not s.shape.prefills for s in samples)
+    # Decode contexts grow by one token per step of a request.
+    assert max(max(s.shape.decode_context_tokens, default=0) for s in samples) > 16
+
+
+def test_validation_replays_the_engine_workload_in_the_simulator(engine_parts) -> None:  # type: ignore[no-untyped-def]
+    from threadpoolctl import threadpool_limits
+
+    from kvtier.engine.scheduler import EngineConfig
+    from kvtier.sim.validate import _block_keys, run_engine, simulate
+
+    model, tokenizer = engine_parts
+    config = EngineConfig(num_blocks=128, max_batch_tokens=64, max_running=4)
+    with threadpool_limits(limits=1, user_api="blas"):
+        turns = run_engine(model, tokenizer, conversations=2, turns=2, reply_tokens=3, engine_config=config)
+    assert len(turns) == 4 and all(t.output_tokens == 3 and t.ttft_s > 0 for t in turns)
+    by_id = {t.req_id: t for t in turns}
+    children = [t for t in turns if t.parent_id is not None]
+    assert len(children) == 2
+    for child in children:
+        parent = by_id[child.parent_id]  # type: ignore[index]
+        assert child.prompt[: len(parent.prompt)] == parent.prompt
+        full = len(parent.prompt) // 16
+        assert (
+            _block_keys(child.prompt, 16, child.req_id)[:full]
+            == _block_keys(parent.prompt, 16, parent.req_id)[:full]
+        )
+        assert (
+            _block_keys(child.prompt, 16, child.req_id)[-1]
+            != _block_keys(parent.prompt, 16, parent.req_id)[-1]
+        )
+    result = simulate(turns, config, "cpu-smollm2-135m")
+    assert result["requests"] == 4
+    assert result["ttft_s"]["mean"] > 0 and result["tpot_s"]["mean"] > 0
+    # The second turns reuse their conversation's first prompt from the device prefix cache.
+    assert result["hit_rate_tokens"]["device"] > 0

@@ -303,6 +303,8 @@ def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:
         directory=str(tmp_path),
         model=model,
         tokenizer=tokenizer,
+        validation_conversations=2,
+        validation_turns=2,
     )
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s_batch_1", "decode_tokens_per_s_batch_8"):
         assert r[key] > 0
@@ -312,7 +314,9 @@ def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:
     assert r["dram_reused_tokens"]["host"] == 64
     assert r["ssd_reused_tokens"]["ssd"] > 0 and sum(r["ssd_reused_tokens"].values()) == 64
     assert r["ttft_remote_hit_s"] is None
-    assert "recompute" in bench.summary(r)
+    assert r["sim_validation"]["sim_requests"] == r["sim_validation"]["requests"] == 4
+    assert r["sim_ttft_error"] >= 0 and r["sim_tpot_error"] >= 0
+    assert "recompute" in bench.summary(r) and "calibrated simulator" in bench.summary(r)
 
 
 def test_a_second_engine_process_hits_the_first_ones_ssd_cache(tmp_path: Path) -> None:

@@ -151,7 +151,13 @@ def run(
     show: bool = True,
     model: Model | None = None,
     tokenizer: Tokenizer | None = None,
+    validation: bool = True,
+    validation_conversations: int = 4,
+    validation_turns: int = 3,
+    calibration: str = "cpu-smollm2-135m",
 ) -> dict[str, Any]:
+    """The engine's figures; with ``validation``, also the calibrated simulator's error on a held-out
+    multi-turn workload (:mod:`kvtier.sim.validate`; ``calibration`` names the fitted cost model)."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     if model is None or tokenizer is None:
@@ -171,6 +177,24 @@ def run(
             "decode_tokens_per_s_batch_8": decode_tokens_per_s(model, tokenizer, 8, decode_steps, repeats),
         }
         result.update(ttft(model, tokenizer, prefix_tokens, new_tokens, repeats, directory))
+    if validation:
+        from kvtier.sim.validate import validate
+
+        if show:
+            print(
+                "bench engine: calibrated simulator vs engine on a held-out multi-turn workload", flush=True
+            )
+        check = validate(
+            calibration=calibration,
+            conversations=validation_conversations,
+            turns=validation_turns,
+            threads=threads,
+            model=model,
+            tokenizer=tokenizer,
+        )
+        result["sim_validation"] = check
+        result["sim_ttft_error"] = check["sim_ttft_error"]
+        result["sim_tpot_error"] = check["sim_tpot_error"]
     return result
 
 
@@ -189,4 +213,17 @@ def summary(r: dict[str, Any]) -> str:
             f"load {r[f'{tier}_load_s']:.3f} s)"
         )
     lines.append("    remote hit           n/a (remote tier not wired into the engine yet)")
+    if "sim_validation" in r:
+        v = r["sim_validation"]
+        lines.append(
+            f"  calibrated simulator vs engine ({v['requests']} chat turns, calibration {v['calibration']}):"
+        )
+        lines.append(
+            f"    mean TTFT {v['engine_mean_ttft_s']:.3f} s engine, {v['sim_mean_ttft_s']:.3f} s sim: "
+            f"error {r['sim_ttft_error']:.3f} (target <= 0.15)"
+        )
+        lines.append(
+            f"    mean TPOT {v['engine_mean_tpot_s']:.4f} s engine, {v['sim_mean_tpot_s']:.4f} s sim: "
+            f"error {r['sim_tpot_error']:.3f} (target <= 0.15)"
+        )
     return "\n".join(lines)

@@ -140,6 +140,9 @@ class Engine:
         self.swapped: dict[int, np.ndarray] = {}  # req_id -> its blocks as BlockFirst objects
         self.finished: list[EngineRequest] = []
         self.stats = EngineStats()
+        # When a list: one (prefill chunks as (new, cached) pairs, decode context lengths, wall
+        # seconds of the whole step) per computing step, for `kvtier sim calibrate`.
+        self.step_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
         self._next_id = 0
         self._rng = np.random.default_rng(seed)
         self._stalled = 0
@@ -220,6 +223,7 @@ class Engine:
 
     def step(self) -> int:
         """Runs one engine step; returns the tokens computed (0: nothing could be scheduled)."""
+        step_start = time.perf_counter()
         decision = self.policy.schedule(self.view())
         # Epochs before any preemption or swap: work planned for a request that leaves is dropped.
         epochs = {rid: self._get(rid, "prefill").epoch for rid, _ in decision.prefill}
@@ -269,7 +273,13 @@ class Engine:
                 self._raise_stuck()
             return 0
         self._stalled = 0
+        shape = (
+            [(n, r.num_computed) for r, n, _ in batch if r.num_computed < r.prefill_len],
+            [r.num_computed for r, n, _ in batch if r.num_computed >= r.prefill_len],
+        )
         self._forward([(r, n) for r, n, _ in batch])
+        if self.step_log is not None:
+            self.step_log.append((*shape, time.perf_counter() - step_start))
         return sum(n for _, n, _ in batch)
 
     def run(self) -> list[RequestOutput]:
