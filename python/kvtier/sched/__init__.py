@@ -3,6 +3,7 @@ and the reference engine. Importing this package registers the built-in policies
 
 from kvtier.sched import (  # noqa: F401  (imported to register each policy)
     cachegen_async,
+    composed,
     fcfs,
     hicache,
     lmcache,

@@ -161,13 +161,13 @@ class Policy(ABC):
     """
 
     name: ClassVar[str]
-    offload: ClassVar[str] = "none"
+    offload: str = "none"  # a class default; a configurable policy may set its own per instance
     swap_copy: SwapCopy = SwapCopy()  # how swap_out/swap_in move KV; a policy may set its own
     # The KV store below the device when the run configures a device pool (SimConfig.pool; Unified
     # KV pooling §III, §IV): "serial" = LMCache's path, the host tier behind one memory module and
     # the SSD tier behind one SSD; "pooled" = one tier over every pool device, split by place().
-    pool_layout: ClassVar[str] = "serial"
-    pool_passthrough: ClassVar[bool] = False  # SSD access skips the filesystem (KV-passthrough §IV-B)
+    pool_layout: str = "serial"
+    pool_passthrough: bool = False  # SSD access skips the filesystem (KV-passthrough §IV-B)
 
     def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
         """Items (a layer of a block each) of an offload set that each pool device gets, in device

@@ -347,7 +347,11 @@ class RotaSched(Policy):
     # ------------------------------------------------------------------------------------------
     # One iteration
 
-    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+    def rotate(self, view: SchedulerView) -> tuple[list[RequestView], list[RequestView], int]:
+        """One iteration's rotation: observes ``view``, runs LVF and records the swap-outs.
+
+        Returns (preempted P, prioritised R, device blocks the swap-outs free for this iteration).
+        """
         self.observe(view)
         now, bt = view.now_s, view.block_tokens
         requests = (*view.running, *view.waiting, *view.swapped)
@@ -358,13 +362,16 @@ class RotaSched(Policy):
         free_hbm = view.free_device_blocks - running_claims(view) + pending
         candidates = [(self.vlt(r, now), r) for r in requests]
         preempted, prioritised = lvf(candidates, blocks, free_hbm, self.xfer_blocks)
-
-        out = {r.req_id for r in preempted}
         released = 0
         for r in preempted:
             now_free = released_now(r, self.swap_copy, self.synced_blocks(r, bt), bt)
             released += now_free
             self._pending_out[r.req_id] = (blocks[r.req_id] - now_free, now)
+        return preempted, prioritised, released
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        preempted, prioritised, released = self.rotate(view)
+        out = {r.req_id for r in preempted}
         plan = StepPlan(view, view.free_device_blocks + released, preempted)
         plan.run(r for r in view.running if r.req_id not in out)
         for r in prioritised:

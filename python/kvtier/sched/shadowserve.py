@@ -49,7 +49,7 @@ blocks the step (``LoadMode.SYNC``), so running decodes wait for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import (
@@ -140,7 +140,7 @@ class BatchInterception(Policy):
     CacheGen-Async baseline (which the paper equips with this same design, §6.1). Subclasses say
     how a fetch moves its bytes (:meth:`fetch_order`)."""
 
-    offload: ClassVar[str] = "none"  # §6.1: local prefix caching disabled; KV comes from the store
+    offload: str = "none"  # §6.1: local prefix caching disabled; KV comes from the store
 
     def __init__(self, fetch_mode: str = "async", serial_fetch: bool = True) -> None:
         if fetch_mode not in FETCH_MODES:
@@ -157,9 +157,20 @@ class BatchInterception(Policy):
         self._admit_and_intercept(view, decision, budget)
         return decision
 
-    def _admit_and_intercept(self, view: SchedulerView, decision: SchedulerDecision, budget: int) -> None:
+    def forget_landed(self, view: SchedulerView) -> None:
+        """Drops the fetch classes of requests no longer fetching (their fetch has landed)."""
         fetching = {r.req_id for r in view.fetching}
         self._fetch_class = {rid: c for rid, c in self._fetch_class.items() if rid in fetching}
+
+    def intercept(self, view: SchedulerView, r: RequestView, tokens: int) -> LoadOrder:
+        """① in Fig. 6: ``r`` goes to the fetching queue, behind the fetches already queued."""
+        priority = self._next_class()
+        if self.serial_fetch:
+            self._fetch_class[r.req_id] = priority
+        return self.fetch_order(view, r, tokens, LoadMode.ASYNC, priority)
+
+    def _admit_and_intercept(self, view: SchedulerView, decision: SchedulerDecision, budget: int) -> None:
+        self.forget_landed(view)
         # Keep a block per running request free, so decodes can grow without preempting anyone
         # (vLLM keeps a watermark of free blocks when it admits; kvtier preempts by recompute).
         free_blocks = view.free_device_blocks - len(view.running)
@@ -193,11 +204,7 @@ class BatchInterception(Policy):
                 decision.prefill.append((r.req_id, r.prompt_tokens - reused))
                 running += 1
                 continue
-            # ① intercepted: off to the fetching queue, behind the fetches already queued.
-            priority = self._next_class()
-            decision.loads.append(self.fetch_order(view, r, fetched, LoadMode.ASYNC, priority))
-            if self.serial_fetch:
-                self._fetch_class[r.req_id] = priority
+            decision.loads.append(self.intercept(view, r, fetched))
 
     def _next_class(self) -> int:
         """The link priority class of the next fetch: one after every queued fetch (FIFO), so it
@@ -237,8 +244,15 @@ class ShadowServeAsync(BatchInterception):
         compression_ratio: float | None = None,
         decode_bytes_per_s: float | None = None,
         interference: float = 0.0,
+        store_writes: bool = False,
     ) -> None:
         super().__init__(fetch_mode, serial_fetch)
+        # §6.1 runs against a store that other servers filled (a preloaded tier here). In a run
+        # with no preload, ``store_writes`` lets this engine fill the store itself: computed prompt
+        # KV is written through to the lower tiers, as the cluster's other engines would.
+        self.store_writes = store_writes
+        if store_writes:
+            self.offload = "write_through"
         self.compression_ratio = (
             BLUEFIELD3.compression_ratio if compression_ratio is None else compression_ratio
         )
@@ -274,4 +288,5 @@ class ShadowServeAsync(BatchInterception):
             "compression_ratio": self.compression_ratio,
             "decode_bytes_per_s": self.decode_bytes_per_s,
             "interference": self.interference,
+            "store_writes": self.store_writes,
         }

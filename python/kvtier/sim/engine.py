@@ -656,6 +656,7 @@ class Engine:
         r.hit_tokens = [0, 0, 0, 0]  # counted again when it is admitted again
         r.computed_tokens = 0
         r.pending_load_tokens = 0
+        r.host_copied_blocks = r.host_synced_blocks = 0  # its eager host copies go with its KV
         self._enqueue(r)
         self.metrics.preemptions += 1
 
@@ -694,7 +695,8 @@ class Engine:
         r.swap_pending = True
         self.swapped[r.req_id] = r
         copy = self.policy.swap_copy
-        moved = blocks - r.host_synced_blocks if copy.eager else blocks
+        # min(): an eager copy issued before a recompute preemption may land after it.
+        moved = blocks - min(r.host_synced_blocks, blocks) if copy.eager else blocks
         if copy.eager or copy.sync == "step":
             # Eager rotation: synced blocks have a host copy, so only the dirty tail stays held until
             # it lands (SuperInfer §4.3.2). sync "step": the copy runs before the step writes HBM.

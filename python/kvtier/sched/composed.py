@@ -1,0 +1,228 @@
+"""``composed``: the four papers' scheduling pieces in one policy (what none of the papers has).
+
+Each decision comes from one paper, through that paper's own code (nothing is re-implemented here):
+
+==============  ===========================================  ======================================
+piece           decision                                      paper, code reused
+==============  ===========================================  ======================================
+``rotation``    who is swapped out / in this iteration, and  SuperInfer §4.2 (RotaSched: VLT, LVF
+                which waiting requests may be admitted, in   Algorithm 1, B_xfer) and §4.3
+                Largest-VLT-First order; the running         (DuplexKV as the swap copy):
+                batch's block claims (no recompute           :meth:`RotaSched.rotate`,
+                preemption); swaps moved by DuplexKV         :class:`StepPlan`, ``transfer_engine``
+``async_fetch`` a waiting request whose prefix sits in the   ShadowServe §4.1-4.3 (batch
+                store below host (SSD, remote) is            interception, SmartNIC chunked
+                intercepted into the fetching queue (serial  pipeline): :meth:`ShadowServeAsync.
+                FIFO) and fetched compressed through the     intercept`, ``fetch_order``
+                SmartNIC pipeline; the batch never waits
+                on the store
+``balance``     which of the remaining waiting requests      Strata §4.2-4.3: delay-hit deferral,
+                join the prefill batch: deferral on delay    Algorithm 1, bubble filling, GPU-
+                hits, Algorithm 1's load/compute balance,    assisted I/O, storage prefetch:
+                bubble filling (async loads when loading-    :class:`Strata` run on the view that
+                bound), GPU-assisted I/O, storage→host       the pieces above leave
+                prefetch while queueing
+``pool``        where host/SSD KV lives and how loads are    Unified KV pooling §IV (+ §II-B2):
+                split: one pooled tier over every DRAM       ``pool_layout="pooled"``, KV-
+                module and SSD, bandwidth-proportional       passthrough, :func:`bandwidth_aware_
+                placement (Algorithm 1), KV-passthrough;     counts`; :func:`admit_async` when
+                without ``balance``, async loading during    ``balance`` is off
+                queueing (:func:`admit_async`)
+==============  ===========================================  ======================================
+
+One iteration, in this order: (1) ``rotation`` runs LVF on the full view and plans the running
+batch and the swap-ins (without it: the running batch as every kvtier policy, FCFS queue order);
+(2) ``async_fetch`` intercepts store hits among the waiting requests rotation lets in; (3) the rest
+is admitted by ``balance`` (Strata on a *sub-view*: only the admissible waiting requests, the free
+blocks and running slots left by (1)-(2)), else by ``pool``'s async loading, else FCFS with
+layerwise loads (HiCache-like). ``pool`` also sets the storage layout whenever the run has a
+``pool`` section. With only ``balance`` on the decisions are Strata's (the sub-view is the view).
+
+KV below the device is written through to every lower tier (Strata §4.1, LMCache), so the
+host/SSD/remote tiers hold prefixes for later hits; rotary (swapped-out) requests share the host
+tier with them.
+
+Where composition does not help (measured: docs/reproduction.md, "Beyond the papers"): LVF admits
+a waiting request only once it has lagged beta_F x the TTFT SLO and only if its whole prompt fits
+B_HBM + B_xfer, which SuperInfer sized for short ShareGPT prompts; with 15K-30K-token prompts this
+holds admissions back and rotations of multi-GB requests cost TBT, so ``rotation`` lowers TTFT and
+TBT attainment on both workloads. ``async_fetch`` has nothing to do when ``pool`` is on (the pool
+is the host tier and absorbs the SSDs) or when host and SSD hold the working set (remote is never
+the nearest copy). With ample HBM no piece has anything to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.sched.base import (
+    LoadMode,
+    Phase,
+    Policy,
+    RequestView,
+    SchedulerDecision,
+    SchedulerView,
+    SwapCopy,
+    register,
+)
+from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
+from kvtier.sched.rotasched import RotaSched, StepPlan
+from kvtier.sched.shadowserve import ShadowServeAsync
+from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
+from kvtier.sched.unified_pool import admit_async, bandwidth_aware_counts
+
+PIECES = ("rotation", "async_fetch", "balance", "pool")
+
+
+@register
+class Composed(Policy):
+    """Strata + RotaSched/DuplexKV + unified pool + ShadowServe async fetch; each piece switchable."""
+
+    name = "composed"
+    offload = "write_through"
+
+    def __init__(
+        self,
+        rotation: bool = True,
+        async_fetch: bool = True,
+        balance: bool = True,
+        pool: bool = True,
+        ttft_slo_s: float = 5.0,
+        tbt_slo_s: float = 0.1,
+        xfer_blocks: int = 2400,
+        fetch_min_tokens: int = DEFER_THRESHOLD_TOKENS,
+        strata: dict[str, Any] | None = None,
+        rotasched: dict[str, Any] | None = None,
+    ) -> None:
+        if fetch_min_tokens < 0:
+            raise ConfigError(f"composed fetch_min_tokens is {fetch_min_tokens}; expected >= 0")
+        self.rotation, self.async_fetch, self.balance, self.pool = rotation, async_fetch, balance, pool
+        self.fetch_min_tokens = fetch_min_tokens
+        self.strata_params = dict(strata or {})
+        self.rotasched_params = dict(rotasched or {})
+        try:
+            self.strata = Strata(**self.strata_params)
+            self.rota = RotaSched(
+                ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, xfer_blocks=xfer_blocks, **self.rotasched_params
+            )
+        except TypeError as e:
+            raise ConfigError(f"composed: bad strata/rotasched parameters: {e}") from None
+        self.shadow = ShadowServeAsync()
+        self.swap_copy = self.rota.swap_copy if rotation else SwapCopy()
+        self.pool_layout = "pooled" if pool else "serial"
+        self.pool_passthrough = pool
+        self.intercepted_total = 0  # requests sent to the fetching queue by async_fetch
+
+    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
+        if not self.pool:
+            return super().place(num_items, bandwidths_bytes_per_s)
+        return bandwidth_aware_counts(num_items, bandwidths_bytes_per_s)  # Unified pool Algorithm 1
+
+    def pieces(self) -> tuple[str, ...]:
+        return tuple(p for p in PIECES if getattr(self, p))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            **{p: getattr(self, p) for p in PIECES},
+            "ttft_slo_s": self.rota.ttft_slo_s,
+            "tbt_slo_s": self.rota.tbt_slo_s,
+            "xfer_blocks": self.rota.xfer_blocks,
+            "fetch_min_tokens": self.fetch_min_tokens,
+            "strata": self.strata_params,
+            "rotasched": self.rotasched_params,
+        }
+
+    # ------------------------------------------------------------------------------------------
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision, sub = self._rotate(view) if self.rotation else self._plain(view)
+        if self.async_fetch:
+            sub = self._intercept(sub, decision)
+        self._admit(sub, decision)
+        return decision
+
+    def _plain(self, view: SchedulerView) -> tuple[SchedulerDecision, SchedulerView]:
+        """No rotation: the running batch first (every kvtier policy's order), queue order after."""
+        return SchedulerDecision(), view
+
+    def _rotate(self, view: SchedulerView) -> tuple[SchedulerDecision, SchedulerView]:
+        """SuperInfer §4.2: LVF picks swap-outs and the requests it prioritises; the running batch
+        and the swap-ins are planned as RotaSched plans them. Returns the decision so far and the
+        sub-view left for admission: the prioritised waiting requests in LVF order, the running
+        requests that stay, and the blocks and slots the plan leaves."""
+        preempted, prioritised, released = self.rota.rotate(view)
+        out = {r.req_id for r in preempted}
+        plan = StepPlan(view, view.free_device_blocks + released, preempted)
+        staying = tuple(r for r in view.running if r.req_id not in out)
+        plan.run(staying)
+        swapped_in = 0
+        for r in prioritised:
+            if r.phase is Phase.SWAPPED and plan.swap_in(r):
+                swapped_in += 1
+        waiting = tuple(r for r in prioritised if r.phase is Phase.WAITING)
+        sub = dataclasses.replace(
+            view,
+            waiting=waiting,
+            running=staying,
+            swapped=(),
+            # plan.free_blocks has the staying requests' claims (unfinished prompts, a decode's
+            # next block) and the swap-ins set aside: admission gets only what is left (B_HBM).
+            free_device_blocks=max(plan.free_blocks, 0),
+            max_running=max(view.max_running - swapped_in, 0),
+            max_batch_tokens=view.max_batch_tokens,
+        )
+        return plan.decision, sub
+
+    def _intercept(self, view: SchedulerView, decision: SchedulerDecision) -> SchedulerView:
+        """ShadowServe §4.1: store (SSD/remote) hits go to the fetching queue through the
+        SmartNIC pipeline (a prompt's whole blocks are held from interception on, as in the paper)."""
+        self.shadow.forget_landed(view)
+        free = view.free_device_blocks - len(view.running)  # ShadowServe's per-decode watermark
+        slots = view.max_running - len(view.running) - len(view.fetching)
+        kept: list[RequestView] = []
+        taken = 0
+        for r in view.waiting:
+            stored = r.cached_tokens[2] + r.cached_tokens[3]  # SSD and remote: the store below host
+            need = blocks_for(r.prompt_tokens, view.block_tokens) - blocks_for(
+                r.cached_tokens[0], view.block_tokens
+            )
+            if stored > self.fetch_min_tokens and slots > 0 and need <= free:
+                fetched = min(r.loadable_tokens, r.prompt_tokens - 1 - r.cached_tokens[0])
+                decision.loads.append(self.shadow.intercept(view, r, fetched))
+                free, slots, taken = free - need, slots - 1, taken + need
+                self.intercepted_total += 1
+                continue
+            kept.append(r)
+        return dataclasses.replace(
+            view,
+            waiting=tuple(kept),
+            free_device_blocks=view.free_device_blocks - taken,
+            max_running=view.max_running - (len(view.waiting) - len(kept)),
+        )
+
+    def _admit(self, view: SchedulerView, decision: SchedulerDecision) -> None:
+        """Admission of the waiting requests the pieces above left: Strata on the sub-view, else
+        the unified pool's async loading, else FCFS with layerwise loads."""
+        running = {r.req_id for r in view.running}
+        if self.balance:
+            admitted = self.strata.schedule(view)
+            if not self.rotation:  # the running batch is Strata's own (schedule_running)
+                decision.decode.extend(admitted.decode)
+            decision.prefill.extend(
+                (rid, n) for rid, n in admitted.prefill if not self.rotation or rid not in running
+            )
+            decision.loads.extend(admitted.loads)
+            return
+        if self.rotation:  # the plan holds the running batch: admit within what it leaves
+            budget = view.max_batch_tokens - sum(n for _, n in decision.prefill) - len(decision.decode)
+        else:
+            budget = schedule_running(view, decision)
+        admitted = SchedulerDecision()
+        if self.pool:  # Unified pool §II-B2: fetch hits while queueing, no compute budget
+            admit_async(view, admitted, budget)
+        else:  # HiCache-like FCFS with layerwise loads
+            admit_fcfs(view, admitted, budget, LoadMode.LAYERWISE, reserve_full_prompt=True)
+        decision.prefill.extend(admitted.prefill)
+        decision.loads.extend(admitted.loads)
