@@ -1,7 +1,7 @@
 # Two entry points that work on a fresh machine (Python >= 3.11 and cargo on PATH):
 #   make demo   build into .venv and run `kvtier demo` on embedded defaults
 #   make test   build into .venv and run every check CI runs
-.PHONY: demo test build lint rust-test py-test bench clean
+.PHONY: demo test build lint rust-test py-test bench clean redis
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -30,18 +30,28 @@ lint: $(VENV)/.deps
 	$(VENV)/bin/ruff format --check python tests
 	$(VENV)/bin/mypy --strict python/kvtier
 
+# The remote-tier tests start their own loopback servers: install the Debian package when neither
+# valkey-server nor redis-server is on PATH (a fresh CI machine has nothing).
+redis:
+	@command -v valkey-server >/dev/null 2>&1 || command -v redis-server >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+	@command -v valkey-server >/dev/null 2>&1 || command -v redis-server >/dev/null 2>&1 || \
+		{ echo "redis-server is needed for the remote-tier tests; install the redis-server package" >&2; exit 1; }
+
 # kvtier-py is a Python extension: it is tested through pytest, not linked into a Rust test binary.
-rust-test:
+rust-test: redis
 	cargo test --workspace --exclude kvtier-py
 
-py-test: build
+py-test: build redis
 	$(VENV)/bin/pytest -q tests
 
 test: lint rust-test py-test
 
-bench: build
+bench: build redis
 	$(VENV)/bin/kvtier bench layout
 	$(VENV)/bin/kvtier bench store
+	$(VENV)/bin/kvtier bench remote
 
 clean:
 	rm -rf $(VENV) target

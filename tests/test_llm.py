@@ -285,6 +285,7 @@ def test_replay_demo_reuses_each_tier_with_identical_outputs(parts, tmp_path: Pa
     assert setups["recompute"]["reused_tokens"] == {"device": 0, "host": 0, "ssd": 0, "remote": 0}
     assert setups["dram"]["reused_tokens"]["host"] > 0
     assert setups["ssd"]["reused_tokens"]["ssd"] > 0
+    assert setups["remote"]["reused_tokens"]["remote"] > 0
     assert setups["device"]["reused_tokens"]["device"] > 0
     assert setups["dram"]["prefill_tokens"] < setups["recompute"]["prefill_tokens"]
     assert "recompute" in replay.summary(result)
@@ -308,12 +309,12 @@ def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:
     )
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s_batch_1", "decode_tokens_per_s_batch_8"):
         assert r[key] > 0
-    for tier in ("dram", "ssd"):
+    for tier in ("dram", "ssd", "remote"):
         assert r[f"ttft_{tier}_hit_ratio"] == pytest.approx(r[f"ttft_{tier}_hit_s"] / r["ttft_recompute_s"])
     # The whole 64-token prefix comes back: from DRAM, or mostly from SSD (DRAM holds two blocks).
     assert r["dram_reused_tokens"]["host"] == 64
     assert r["ssd_reused_tokens"]["ssd"] > 0 and sum(r["ssd_reused_tokens"].values()) == 64
-    assert r["ttft_remote_hit_s"] is None
+    assert r["remote_reused_tokens"]["remote"] > 0 and sum(r["remote_reused_tokens"].values()) == 64
     assert r["sim_validation"]["sim_requests"] == r["sim_validation"]["requests"] == 4
     assert r["sim_ttft_error"] >= 0 and r["sim_tpot_error"] >= 0
     assert "recompute" in bench.summary(r) and "calibrated simulator" in bench.summary(r)

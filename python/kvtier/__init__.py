@@ -13,9 +13,11 @@ from kvtier.errors import KvtierError
 from kvtier.geometry import ExtraGroup, Geometry
 from kvtier.keys import BlockKeys, Namespace, block_keys
 from kvtier.store import Lease, LoadReport, Lookup, PutReport, Store, StoreStats
+from kvtier.transfer import DuplexEngine, TransferConfig, TransferEngine
 
 __all__ = [
     "BlockKeys",
+    "DuplexEngine",
     "ExtraGroup",
     "Geometry",
     "KvtierError",
@@ -27,6 +29,8 @@ __all__ = [
     "Store",
     "StoreConfig",
     "StoreStats",
+    "TransferConfig",
+    "TransferEngine",
     "__version__",
     "block_keys",
     "errors",

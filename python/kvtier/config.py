@@ -20,6 +20,7 @@ import yaml
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
 from kvtier.keys import Namespace
+from kvtier.remote import check_remote, normalize_urls, remote_options
 
 EVICTION_POLICIES = ("lru", "s3fifo")
 SSD_DURABILITY = ("none", "fsync")
@@ -124,6 +125,33 @@ class StoreConfig:
     ssd_promote_on_hit: bool = True
     #: O_DIRECT (falls back to buffered I/O, with a warning, where a file system rejects it).
     ssd_direct_io: bool = True
+    #: The remote tier below DRAM (and SSD): ``redis://[user[:password]@]host[:port][/db]``, or
+    #: seed nodes with ``remote_cluster``. Empty: no remote tier. See ``docs/remote.md``.
+    remote_urls: tuple[str, ...] = ()
+    remote_cluster: bool = False
+    remote_username: str | None = None
+    remote_password: str | None = field(default=None, repr=False)
+    #: Expiry of stored objects, from the write that created them (``None``: none).
+    remote_ttl_s: float | None = None
+    remote_connect_timeout_s: float = 1.0
+    remote_io_timeout_s: float = 5.0
+    #: A failed server is not tried again for this long, doubling up to the max; its keys miss.
+    remote_reconnect_backoff_min_s: float = 0.05
+    remote_reconnect_backoff_max_s: float = 2.0
+    #: Value bytes one pipeline may have sent and not had answered.
+    remote_inflight_bytes_max: int = 64 * 2**20
+    remote_connections_per_node_max: int = 8
+    remote_key_prefix: str = "kvtier:"
+    #: TLS (with ``rediss://`` URLs): the CA that signed the server certificate (default: the
+    #: Mozilla roots built in), a client certificate and key (mutual TLS), the name to verify.
+    remote_tls_ca_file: str | None = None
+    remote_tls_cert_file: str | None = None
+    remote_tls_key_file: str | None = None
+    remote_tls_server_name: str | None = None
+    #: Write every put to the remote tier (shared at once); false: only what DRAM evicts.
+    remote_write_through: bool = True
+    #: Copy blocks loaded from the remote tier into DRAM.
+    remote_promote_on_hit: bool = True
     namespace: Namespace = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +185,13 @@ class StoreConfig:
             raise ConfigError(f"`dram_prefault` is {self.dram_prefault!r}; expected true or false")
         _check_lease_ttl(self.lease_ttl_s)
         self._check_ssd()
+        object.__setattr__(self, "remote_urls", normalize_urls(self.remote_urls))
+        object.__setattr__(
+            self,
+            "remote_inflight_bytes_max",
+            parse_size(self.remote_inflight_bytes_max, "remote_inflight_bytes_max"),
+        )
+        check_remote(self)
         namespace = Namespace(self.model_id, self.geometry, self.cache_salt, self.rank, self.layout_version)
         object.__setattr__(self, "namespace", namespace)
 
@@ -189,6 +224,7 @@ class StoreConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         out["geometry"] = self.geometry.to_dict()
         out["ssd_devices"] = list(self.ssd_devices)
+        out["remote_urls"] = list(self.remote_urls)
         if self.ssd_bandwidth_bytes_per_s is not None:
             out["ssd_bandwidth_bytes_per_s"] = list(self.ssd_bandwidth_bytes_per_s)
         return out
@@ -224,6 +260,10 @@ class StoreConfig:
             "write_through": self.ssd_write_through,
             "promote_on_hit": self.ssd_promote_on_hit,
         }
+
+    def remote_options(self) -> dict[str, Any] | None:
+        """The remote settings as the extension takes them, or ``None`` without a remote tier."""
+        return remote_options(self)
 
     def _check_ssd(self) -> None:
         """Validates (and normalises) the ``ssd_*`` fields."""

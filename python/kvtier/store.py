@@ -81,6 +81,12 @@ class StoreStats:
     written_through: int
     #: Blocks DRAM evicted without trying SSD (after a put's bounded demotion rounds).
     dropped_evictions: int
+    #: Blocks written to the remote tier (write-through, or write-back from DRAM), or already there.
+    remote_written: int
+    #: Blocks the remote tier did not take (server down or failing); the put still succeeded.
+    remote_write_failed: int
+    #: Leased blocks gone when loaded (a remote server dropped them, or is down): misses.
+    load_missing: int
     #: Summed over tiers (a block in DRAM and in SSD counts in both); see :meth:`Store.tier_stats`.
     objects: int
     used_bytes: int
@@ -162,6 +168,12 @@ class Store:
     ``ssd_admission_k`` accesses), lookups report ``"ssd"`` for blocks found there, loads from SSD
     verify every checksum and copy the blocks back into DRAM, and a restarted store finds what
     the pool kept (its index log is replayed when the store opens).
+
+    With ``remote_urls``, a Redis/Valkey server (or cluster) is the last tier: puts are written
+    through to it (or DRAM's victims are, with ``remote_write_through=False``), lookups report
+    ``"remote"`` for blocks only it holds, and loads verify every object and copy it into DRAM.
+    Stores in other processes with the same namespace share those blocks. A server that is down
+    gives counted misses, never exceptions (``docs/remote.md``).
     """
 
     def __init__(self, config: StoreConfig) -> None:
@@ -183,6 +195,7 @@ class Store:
             config.leases_max,
             config.dram_prefault,
             config.ssd_options(),
+            config.remote_options(),
         )
         assert bytes(self._core.namespace_hash) == self.namespace.hash
         metrics = self._core.ssd_metrics()
@@ -308,6 +321,18 @@ class Store:
         compactions, ``recovery`` (objects recovered, records dropped, seconds), ``warnings``.
         """
         return self._core.ssd_metrics()
+
+    def remote_metrics(self) -> dict[str, Any] | None:
+        """The remote tier's metrics (JSON-ready), or ``None`` without a remote tier.
+
+        Per operation (``exists``, ``get``, ``set``, ``del``): batches, keys, bytes, errors,
+        latency p50/p99 (seconds). Faults: ``connects``, ``reconnects``, ``connect_failures``,
+        ``auth_failures``, ``down_misses`` (keys missed because their server was down),
+        ``down_skipped_writes``, ``missing_on_get``, and values that were not this namespace's
+        objects: ``bad_magic``, ``bad_length``, ``bad_checksum``, ``foreign_objects``. Cluster:
+        ``redirects``, ``slot_refreshes``, ``nodes``, ``nodes_down``.
+        """
+        return self._core.remote_metrics()
 
     def flush(self) -> None:
         """Makes every block the SSD tier holds durable now (``ssd_durability="none"`` otherwise

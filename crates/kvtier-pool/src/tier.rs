@@ -111,6 +111,10 @@ pub enum ReadOutcome {
     CorruptKnown,
     /// The entry was not pinned in this tier (a caller bug; nothing was copied).
     NotPinned,
+    /// The object was gone when read (a remote server dropped it after it was located: TTL,
+    /// server-side eviction, restart, or the server is down). A miss, not corruption; the
+    /// destination's bytes must not be used.
+    Missing,
 }
 
 /// Counters and gauges of one tier.

@@ -9,8 +9,10 @@ mod codec;
 mod errors;
 mod geometry;
 mod layout;
+mod remote;
 mod ssd;
 mod store;
+mod transfer;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -127,8 +129,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<geometry::CoreGeometry>()?;
     m.add_class::<layout::Copier>()?;
     m.add_class::<store::Store>()?;
+    transfer::register(m)?;
     codec::register(m)?;
     m.add_class::<ssd::SsdPool>()?;
+    m.add_class::<remote::RemotePool>()?;
     m.add_function(wrap_pyfunction!(ssd::ssd_placement_counts, m)?)?;
     m.add_function(wrap_pyfunction!(ssd::ssd_raw_sequential, m)?)?;
     m.add_function(wrap_pyfunction!(ssd::ssd_file_per_object_write, m)?)?;

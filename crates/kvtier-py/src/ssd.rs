@@ -183,6 +183,7 @@ fn outcome_name(o: Option<ReadOutcome>) -> &'static str {
         Some(ReadOutcome::Corrupt) => "corrupt",
         Some(ReadOutcome::CorruptKnown) => "corrupt_known",
         Some(ReadOutcome::NotPinned) => "not_pinned",
+        Some(ReadOutcome::Missing) => "missing",
     }
 }
 

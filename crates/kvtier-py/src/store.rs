@@ -13,6 +13,7 @@ use kvtier_store::{Store as CoreStore, StoreConfig, StoreError};
 use crate::buffer::{ensure_disjoint, Buffer};
 use crate::errors::{buffer_error, config_error, key_err, kvtier_error};
 use crate::geometry::CoreGeometry;
+use crate::remote::{metrics_dict as remote_metrics_dict, store_remote_config};
 use crate::ssd::{metrics_dict, store_ssd_config};
 use crate::{keys_from, u128_from};
 
@@ -34,7 +35,7 @@ fn store_err(e: StoreError) -> PyErr {
 
 #[pyclass(frozen, name = "Store", module = "kvtier._core")]
 pub struct Store {
-    inner: CoreStore,
+    pub(crate) inner: CoreStore,
 }
 
 /// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
@@ -118,7 +119,7 @@ pub(crate) unsafe fn split_mut<'a>(
 #[pymethods]
 impl Store {
     #[new]
-    #[pyo3(signature = (geometry, model_id, layout_version, cache_salt, rank, dram_capacity_bytes, eviction, copy_threads, lease_ttl_s, leases_max, dram_prefault, ssd=None))]
+    #[pyo3(signature = (geometry, model_id, layout_version, cache_salt, rank, dram_capacity_bytes, eviction, copy_threads, lease_ttl_s, leases_max, dram_prefault, ssd=None, remote=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -134,6 +135,7 @@ impl Store {
         leases_max: usize,
         dram_prefault: bool,
         ssd: Option<&Bound<'_, PyDict>>,
+        remote: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let namespace =
             Namespace { model_id, geometry: geometry.inner.clone(), layout_version, cache_salt, rank };
@@ -146,6 +148,7 @@ impl Store {
             leases_max,
             dram_prefault,
             ssd: ssd.map(store_ssd_config).transpose()?,
+            remote: remote.map(store_remote_config).transpose()?,
         };
         let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;
         Ok(Store { inner })
@@ -252,6 +255,9 @@ impl Store {
             ("promoted_blocks", s.promoted_blocks),
             ("written_through", s.written_through),
             ("dropped_evictions", s.dropped_evictions),
+            ("remote_written", s.remote_written),
+            ("remote_write_failed", s.remote_write_failed),
+            ("load_missing", s.load_missing),
             ("objects", s.objects),
             ("used_bytes", s.used_bytes),
             ("capacity_bytes", s.capacity_bytes),
@@ -288,6 +294,14 @@ impl Store {
     fn ssd_metrics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         match py.allow_threads(|| self.inner.ssd_metrics()) {
             Some(m) => Ok(Some(metrics_dict(py, &m)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The remote tier's metrics, or None without a remote tier.
+    fn remote_metrics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match py.allow_threads(|| self.inner.remote_metrics()) {
+            Some(m) => Ok(Some(remote_metrics_dict(py, &m)?)),
             None => Ok(None),
         }
     }

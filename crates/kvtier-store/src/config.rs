@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use kvtier_pool::SsdConfig;
+use kvtier_remote::RemoteConfig;
 
 use crate::error::StoreError;
 
@@ -49,6 +50,26 @@ impl SsdStoreConfig {
     }
 }
 
+/// The remote tier (Redis/Valkey server or cluster) at the bottom of the hierarchy, and how
+/// blocks move to and from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteStoreConfig {
+    /// Where the server is and how to talk to it.
+    pub client: RemoteConfig,
+    /// Write every block to the remote tier when it is put, so other processes see it at once
+    /// (default). `false`: write-back — a block goes remote only when DRAM gives it up.
+    pub write_through: bool,
+    /// Copy blocks loaded from the remote tier into DRAM.
+    pub promote_on_hit: bool,
+}
+
+impl RemoteStoreConfig {
+    /// Write-through, promotion on hit.
+    pub fn new(client: RemoteConfig) -> Self {
+        RemoteStoreConfig { client, write_through: true, promote_on_hit: true }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
     /// Bytes of host memory for the DRAM tier (rounded down to 4 KiB pages). Each block takes
@@ -68,6 +89,8 @@ pub struct StoreConfig {
     pub dram_prefault: bool,
     /// An SSD tier below DRAM (`None`: DRAM only).
     pub ssd: Option<SsdStoreConfig>,
+    /// A remote tier below DRAM and SSD (`None`: local tiers only).
+    pub remote: Option<RemoteStoreConfig>,
 }
 
 impl Default for StoreConfig {
@@ -80,6 +103,7 @@ impl Default for StoreConfig {
             leases_max: LEASES_MAX_DEFAULT,
             dram_prefault: false,
             ssd: None,
+            remote: None,
         }
     }
 }
@@ -120,6 +144,9 @@ impl StoreConfig {
                 ));
             }
             ssd.pool.validate().map_err(|e| StoreError::Config(e.to_string()))?;
+        }
+        if let Some(remote) = &self.remote {
+            remote.client.resolve().map_err(|e| StoreError::Config(format!("remote: {e}")))?;
         }
         Ok(())
     }

@@ -146,19 +146,33 @@ impl LeaseTable {
         }
     }
 
-    /// Starts a load of the first `count` blocks; returns them. Must be paired with `end_load`.
+    /// Starts a load of the first `count` blocks (tests; the store loads ranges).
+    #[cfg(test)]
     pub fn begin_load(
         &mut self,
         id: u64,
         count: usize,
         now: Instant,
     ) -> Result<Vec<LeasedBlock>, StoreError> {
+        self.begin_load_at(id, 0, count, now)
+    }
+
+    /// Starts a load of blocks `first..first + count`; returns them. Must be paired with
+    /// `end_load`.
+    pub fn begin_load_at(
+        &mut self,
+        id: u64,
+        first: usize,
+        count: usize,
+        now: Instant,
+    ) -> Result<Vec<LeasedBlock>, StoreError> {
         let lease = self.live(id, now)?;
-        if count > lease.blocks.len() {
-            return Err(StoreError::LoadTooMany { requested: count, leased: lease.blocks.len() });
+        let end = first.saturating_add(count);
+        if end > lease.blocks.len() {
+            return Err(StoreError::LoadTooMany { requested: end, leased: lease.blocks.len() });
         }
         lease.loads_in_flight += 1;
-        Ok(lease.blocks[..count].to_vec())
+        Ok(lease.blocks[first..end].to_vec())
     }
 
     /// Ends a load; returns the blocks to unpin if the lease was released meanwhile.

@@ -1,5 +1,6 @@
-//! kvtier-store: the public store API — a hierarchy of tiers (DRAM, then an optional SSD pool;
-//! remote later) behind one namespace, answering "which prefix of these blocks is cached, and where", and
+//! kvtier-store: the public store API — a hierarchy of tiers (DRAM, then an optional SSD pool,
+//! then an optional remote Redis/Valkey tier) behind one namespace, answering "which prefix of
+//! these blocks is cached, and where", and
 //! moving verified bytes in and out. The Python bindings (`kvtier._core`) call exactly this.
 //!
 //! ```
@@ -38,6 +39,10 @@
 //! - **Hierarchy** (with [`StoreConfig::ssd`]): blocks DRAM gives up are written to SSD before
 //!   they leave DRAM (write-back, after `admission_k` accesses); blocks loaded from SSD are
 //!   copied into DRAM; the SSD pool recovers what its index log names when the store opens.
+//! - **Remote** (with [`StoreConfig::remote`]): puts are written through to the server (or, in
+//!   write-back mode, DRAM's victims are); blocks loaded from it are verified and copied into
+//!   DRAM. The server is shared and may drop blocks at any time, so a remote block located by a
+//!   lease may be gone at load: that load ends there (a miss, counted in `load_missing`).
 //!
 //! [`Store::check_integrity`] verifies all of this (allocator accounting, index and extents,
 //! object headers, and that pin counts equal what active leases hold).
@@ -49,10 +54,11 @@ mod lease;
 pub mod stats;
 mod store;
 
-pub use config::{SsdStoreConfig, StoreConfig};
+pub use config::{RemoteStoreConfig, SsdStoreConfig, StoreConfig};
 pub use error::StoreError;
 pub use kvtier_core::{BlockKey, Namespace};
 pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};
 pub use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig, TierKind, TierStats};
+pub use kvtier_remote::{RemoteConfig, RemoteMetrics};
 pub use stats::StoreStats;
 pub use store::{Lease, LoadReport, Lookup, PutReport, Store};

@@ -40,6 +40,13 @@ pub struct StoreStats {
     pub written_through: u64,
     /// Blocks DRAM evicted without trying SSD (after the bounded demotion rounds of a put).
     pub dropped_evictions: u64,
+    /// Blocks written to the remote tier (write-through at put, or write-back from DRAM), or
+    /// found already there.
+    pub remote_written: u64,
+    /// Blocks the remote tier did not take (server down or failing; the put still succeeded).
+    pub remote_write_failed: u64,
+    /// Leased blocks that were gone when loaded (a remote server dropped them, or is down).
+    pub load_missing: u64,
     /// Blocks stored now, bytes they occupy (headers and page padding included), and the bound,
     /// summed over tiers (a block in DRAM and in SSD counts in both).
     pub objects: u64,
@@ -66,6 +73,9 @@ pub(crate) struct Counters {
     pub promoted_blocks: AtomicU64,
     pub written_through: AtomicU64,
     pub dropped_evictions: AtomicU64,
+    pub remote_written: AtomicU64,
+    pub remote_write_failed: AtomicU64,
+    pub load_missing: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64, by: usize) {

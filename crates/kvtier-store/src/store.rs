@@ -10,6 +10,7 @@ use kvtier_pool::{
     eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, PoolError, ReadOutcome, SsdTier,
     Tier, TierKind, TierStats, PAGE_BYTES,
 };
+use kvtier_remote::{RemoteMetrics, RemoteTier};
 use parking_lot::Mutex;
 
 use crate::config::StoreConfig;
@@ -68,6 +69,7 @@ pub struct Store {
     /// The same tiers, typed, for moving blocks between them.
     pub(crate) dram: Arc<DramTier>,
     pub(crate) ssd: Option<Arc<SsdTier>>,
+    pub(crate) remote: Option<Arc<RemoteTier>>,
     /// Lock order: `leases`, then a tier's lock. Pins change only under `leases`.
     leases: Mutex<LeaseTable>,
     pub(crate) counters: Counters,
@@ -125,6 +127,10 @@ impl Store {
                 Some(ssd)
             }
         };
+        let remote = crate::hierarchy::open_remote(&config, namespace_hash)?;
+        if let Some(remote) = &remote {
+            tiers.push(remote.clone());
+        }
         let leases = Mutex::new(LeaseTable::new(config.lease_ttl, config.leases_max));
         Ok(Store {
             namespace,
@@ -134,6 +140,7 @@ impl Store {
             tiers,
             dram,
             ssd,
+            remote,
             leases,
             counters: Counters::default(),
         })
@@ -267,10 +274,22 @@ impl Store {
     /// it is dropped from its tier and counted once, and `loaded_blocks = i`: the loaded prefix
     /// is consecutive and correct.
     pub fn load(&self, lease_id: u64, dst: &mut [&mut [u8]]) -> Result<LoadReport, StoreError> {
+        self.load_range(lease_id, 0, dst)
+    }
+
+    /// Like [`load`](Self::load), for leased blocks `first..first + dst.len()` (a chunk of a
+    /// lease, as the transfer engine's read stage takes them): `loaded_blocks` counts from
+    /// `first`. A range past the lease's blocks is [`StoreError::LoadTooMany`].
+    pub fn load_range(
+        &self,
+        lease_id: u64,
+        first: usize,
+        dst: &mut [&mut [u8]],
+    ) -> Result<LoadReport, StoreError> {
         let blocks = {
             let mut table = self.leases.lock();
             self.reclaim_expired(&mut table);
-            table.begin_load(lease_id, dst.len(), Instant::now())?
+            table.begin_load_at(lease_id, first, dst.len(), Instant::now())?
         };
         let _in_flight = LoadGuard { store: self, lease_id };
         self.check_sizes(dst.iter().map(|d| d.len()))?;
@@ -278,6 +297,7 @@ impl Store {
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
         let found_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::Corrupt).count();
         let known_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::CorruptKnown).count();
+        bump(&self.counters.load_missing, outcomes.iter().filter(|&&o| o == ReadOutcome::Missing).count());
         assert!(!outcomes.contains(&ReadOutcome::NotPinned), "a leased block was not pinned");
         bump(&self.counters.loaded_blocks, loaded_blocks);
         bump(&self.counters.loaded_bytes, loaded_blocks * self.block_bytes);
@@ -363,6 +383,9 @@ impl Store {
             promoted_blocks: read(&c.promoted_blocks),
             written_through: read(&c.written_through),
             dropped_evictions: read(&c.dropped_evictions),
+            remote_written: read(&c.remote_written),
+            remote_write_failed: read(&c.remote_write_failed),
+            load_missing: read(&c.load_missing),
             ..StoreStats::default()
         };
         for tier in &self.tiers {
@@ -383,6 +406,12 @@ impl Store {
     /// or `None` without an SSD tier.
     pub fn ssd_metrics(&self) -> Option<SsdMetrics> {
         self.ssd.as_ref().map(|s| s.metrics())
+    }
+
+    /// The remote tier's metrics (per-operation latency, bytes, errors; reconnects; misses while
+    /// down; bad values), or `None` without a remote tier.
+    pub fn remote_metrics(&self) -> Option<RemoteMetrics> {
+        self.remote.as_ref().map(|r| r.metrics())
     }
 
     /// Makes every block the SSD tier holds durable now (no-op without one).
@@ -440,6 +469,19 @@ impl Store {
     #[doc(hidden)]
     pub fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         self.tiers.iter().any(|t| t.corrupt_for_test(key, payload_byte_offset))
+    }
+
+    /// Fault injection (tests): fail every read (or, with `write`, write) of SSD device `device`
+    /// with `errno` (0 clears). False, changing nothing, without an SSD tier or such a device.
+    #[doc(hidden)]
+    pub fn inject_ssd_error_for_test(&self, device: usize, write: bool, errno: i32) -> bool {
+        match &self.ssd {
+            Some(ssd) if device < ssd.device_count() => {
+                ssd.inject_device_error_for_test(device, write, errno);
+                true
+            }
+            _ => false,
+        }
     }
 }
 

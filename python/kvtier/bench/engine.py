@@ -6,10 +6,12 @@
 - TTFT of a 2K-token shared prefix + 32 new tokens (issue 9): ``ttft_recompute_s`` (no cache: the
   whole prompt is prefilled), ``ttft_dram_hit_s`` (the prefix was saved by an earlier request and
   comes back from the store's DRAM tier into a cold device pool), ``ttft_ssd_hit_s`` (the same from
-  the SSD tier: DRAM holds two blocks, promotion off, O_DIRECT reads), and each hit's ratio to
-  recompute (``*_ratio``: hit / recompute, lower is better; ``*_speedup``: its inverse). The limit
-  measured in the same run is recompute itself. ``ttft_remote_hit_s`` is null until the remote tier
-  lands. The first token of every hit run must equal the recompute run's (checked).
+  the SSD tier: DRAM holds two blocks, promotion off, O_DIRECT reads), ``ttft_remote_hit_s`` (from
+  a loopback ``redis-server`` the bench starts and stops: DRAM holds two blocks, written through,
+  promotion off; null when no server is installed), and each hit's ratio to recompute
+  (``*_ratio``: hit / recompute, lower is better; ``*_speedup``: its inverse). The limit measured
+  in the same run is recompute itself. The first token of every hit run must equal the recompute
+  run's (checked).
 
 Every request's TTFT is measured from when it is added to a fresh engine to its first token (one
 BLAS thread by default: the figure of a shared machine; see docs/engine.md).
@@ -107,6 +109,64 @@ def ttft(
             ssd_promote_on_hit=False,
         ),
     }
+    server = _start_redis()
+    if server is not None:
+        stores["remote"] = llm_store_config(
+            dram_capacity_bytes=2 * OBJECT_BYTES,
+            remote_urls=(server.url,),
+            remote_write_through=True,
+            remote_promote_on_hit=False,
+        )
+    try:
+        result.update(
+            _hits(
+                model,
+                tokenizer,
+                stores,
+                prefix_tokens,
+                warm,
+                probes,
+                recompute,
+                num_blocks,
+                batch_tokens,
+                base,
+            )
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    if server is None:
+        result["ttft_remote_hit_s"] = None
+        result["ttft_remote_hit_ratio"] = None
+        result["remote_skipped"] = "no valkey-server or redis-server installed (apt-get install redis-server)"
+    return result
+
+
+def _start_redis() -> Any:
+    """A loopback ``redis-server`` for the remote figure, or None when none is installed."""
+    from kvtier.remote import LocalRedis
+
+    try:
+        return LocalRedis(tempfile.mkdtemp(prefix="kvtier-bench-engine-redis-")).start()
+    except RuntimeError:
+        return None
+
+
+def _hits(
+    model: Model,
+    tokenizer: Tokenizer,
+    stores: dict[str, Any],
+    prefix_tokens: int,
+    warm: list[int],
+    probes: list[list[int]],
+    recompute: list[Any],
+    num_blocks: int,
+    batch_tokens: int,
+    base: float,
+) -> dict[str, Any]:
+    """TTFT of a prefix hit from each store in ``stores`` (tier name -> config)."""
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    result: dict[str, Any] = {}
     for tier, config in stores.items():
         store = Store(config)
         _llm(model, tokenizer, num_blocks, store, batch_tokens).generate([warm], one)  # saves the prefix
@@ -120,7 +180,7 @@ def ttft(
                 )
             best, load_s = min(best, out.ttft_s), min(load_s, llm.engine.stats.load_s)
             tiers = out.cached_tokens
-        expected_tier = "host" if tier == "dram" else "ssd"
+        expected_tier = {"dram": "host", "ssd": "ssd", "remote": "remote"}[tier]
         if (
             sum(tiers.values()) != prefix_tokens // BLOCK_TOKENS * BLOCK_TOKENS
             or tiers[expected_tier] < prefix_tokens // 2
@@ -135,8 +195,6 @@ def ttft(
         result[f"{tier}_reused_tokens"] = tiers
         del store
         gc.collect()
-    result["ttft_remote_hit_s"] = None
-    result["ttft_remote_hit_ratio"] = None
     return result
 
 
@@ -206,13 +264,15 @@ def summary(r: dict[str, Any]) -> str:
         f"  TTFT, {r['prefix_tokens']}-token cached prefix + {r['new_tokens']} new tokens:",
         f"    recompute            {r['ttft_recompute_s']:8.3f} s",
     ]
-    for tier in ("dram", "ssd"):
+    for tier in ("dram", "ssd", "remote"):
+        if r.get(f"ttft_{tier}_hit_s") is None:
+            lines.append(f"    {tier + ' hit':20s} n/a ({r.get('remote_skipped', 'not measured')})")
+            continue
         lines.append(
             f"    {tier + ' hit':20s} {r[f'ttft_{tier}_hit_s']:8.3f} s  "
             f"{r[f'ttft_{tier}_hit_ratio']:.3f}x recompute ({r[f'ttft_{tier}_hit_speedup']:.1f}x faster; "
             f"load {r[f'{tier}_load_s']:.3f} s)"
         )
-    lines.append("    remote hit           n/a (remote tier not wired into the engine yet)")
     if "sim_validation" in r:
         v = r["sim_validation"]
         lines.append(

@@ -8,6 +8,8 @@ The same workload runs under several set-ups, each on a fresh engine:
 - ``dram`` — no device prefix cache, a store with a DRAM tier: history comes back from DRAM;
 - ``ssd`` — no device prefix cache, a store whose DRAM holds one block and whose SSD tier holds
   everything (written through): history comes back from SSD;
+- ``remote`` — the same with a loopback ``redis-server`` (started and stopped here; skipped when
+  none is installed) instead of the SSD: history comes back over the Redis protocol;
 - ``device`` — the device prefix cache alone (no store), for reference.
 
 Replies are greedy, so every set-up must produce the same conversations token for token (checked;
@@ -36,7 +38,7 @@ QUESTIONS = (
     ("What is 12 times 12?", "And 13 times 13?", "Which is larger?", "By how much?"),
     ("Name a planet.", "Is it larger than Earth?", "How far is it from the Sun?", "Does it have moons?"),
 )
-SETUPS = ("recompute", "dram", "ssd", "device")
+SETUPS = ("recompute", "dram", "ssd", "remote", "device")
 
 
 @dataclass
@@ -57,6 +59,7 @@ def replay(
     turns: int,
     max_tokens: int,
     ssd_directory: str | None = None,
+    remote_url: str | None = None,
 ) -> SetupResult:
     """Runs the workload once under ``setup`` (see the module doc)."""
     store: Store | None = None
@@ -72,6 +75,17 @@ def replay(
                 ssd_probe_bytes=0,
                 ssd_write_through=True,
                 ssd_promote_on_hit=False,
+            )
+        )
+    elif setup == "remote":
+        if remote_url is None:
+            raise EngineError("the remote set-up needs a server URL")
+        store = Store(
+            llm_store_config(
+                dram_capacity_bytes=741_376,  # one object: everything else comes from the server
+                remote_urls=(remote_url,),
+                remote_write_through=True,
+                remote_promote_on_hit=False,
             )
         )
     elif setup not in SETUPS:
@@ -113,7 +127,24 @@ def run(
         from kvtier.engine import load
 
         model, tokenizer = load()
-    results = [replay(model, tokenizer, s, conversations, turns, max_tokens, ssd_directory) for s in setups]
+    server = None
+    if "remote" in setups:  # a loopback server started and stopped here; skipped when none is installed
+        from kvtier.remote import LocalRedis
+
+        try:
+            server = LocalRedis(tempfile.mkdtemp(prefix="kvtier-demo-redis-")).start()
+        except RuntimeError as exc:
+            if show:
+                print(f"demo: remote set-up skipped: {exc}")
+            setups = tuple(s for s in setups if s != "remote")
+    try:
+        url = None if server is None else server.url
+        results = [
+            replay(model, tokenizer, s, conversations, turns, max_tokens, ssd_directory, url) for s in setups
+        ]
+    finally:
+        if server is not None:
+            server.stop()
     for r in results[1:]:
         if r.replies != results[0].replies:
             raise EngineError(f"set-up {r.name!r} generated different tokens than {results[0].name!r}")

@@ -31,6 +31,7 @@ pub fn store_with(blocks: u64, ttl: Duration, leases_max: usize, eviction: &str)
         leases_max,
         dram_prefault: blocks % 2 == 0, // both paths run in the suite
         ssd: None,
+        remote: None,
     };
     Store::new(namespace("test-model", ""), config).unwrap()
 }

@@ -1,0 +1,277 @@
+//! The remote tier for Python: the store's `remote` options dict → [`RemoteStoreConfig`],
+//! metrics as dicts, and `RemotePool` — the tier on its own (benchmarks, tests, tools), with
+//! raw GET/SET of plain values for the raw-client baseline. The GIL is released while bytes
+//! move.
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use kvtier_pool::{ReadOutcome, Tier};
+use kvtier_remote::pipeline::{GetItem, HeaderSpec, Res, SetItem};
+use kvtier_remote::{key_name, OpMetrics, RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
+use kvtier_store::RemoteStoreConfig;
+
+use crate::buffer::ensure_disjoint;
+use crate::errors::{config_error, kvtier_error};
+use crate::store::{block_buffers, split_mut, split_ref};
+use crate::{keys_from, u128_from};
+
+fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
+    match d.get_item(key)? {
+        Some(v) if !v.is_none() => Ok(Some(v.extract()?)),
+        _ => Ok(None),
+    }
+}
+
+fn seconds(name: &str, v: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| config_error(format!("remote {name} is {v}; expected a non-negative number of seconds")))
+}
+
+/// The client settings of a `remote` options dict (keys as `StoreConfig.remote_options()` writes).
+pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
+    let mut c = RemoteConfig::default();
+    if let Some(v) = get::<Vec<String>>(d, "urls")? {
+        c.urls = v;
+    }
+    if let Some(v) = get(d, "cluster")? {
+        c.cluster = v;
+    }
+    c.username = get(d, "username")?;
+    c.password = get(d, "password")?;
+    if let Some(v) = get::<f64>(d, "ttl_s")? {
+        c.ttl = Some(seconds("ttl_s", v)?);
+    }
+    for (name, field) in [
+        ("connect_timeout_s", &mut c.connect_timeout),
+        ("io_timeout_s", &mut c.io_timeout),
+        ("reconnect_backoff_min_s", &mut c.reconnect_backoff_min),
+        ("reconnect_backoff_max_s", &mut c.reconnect_backoff_max),
+    ] {
+        if let Some(v) = get::<f64>(d, name)? {
+            *field = seconds(name, v)?;
+        }
+    }
+    if let Some(v) = get(d, "inflight_bytes_max")? {
+        c.inflight_bytes_max = v;
+    }
+    if let Some(v) = get(d, "connections_per_node_max")? {
+        c.connections_per_node_max = v;
+    }
+    if let Some(v) = get(d, "key_prefix")? {
+        c.key_prefix = v;
+    }
+    if let Some(t) = d.get_item("tls")?.filter(|t| !t.is_none()) {
+        let t = t.downcast::<PyDict>()?;
+        c.tls = Some(TlsConfig {
+            ca_file: get(t, "ca_file")?,
+            cert_file: get(t, "cert_file")?,
+            key_file: get(t, "key_file")?,
+            server_name: get(t, "server_name")?,
+        });
+    }
+    Ok(c)
+}
+
+pub fn store_remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteStoreConfig> {
+    let mut c = RemoteStoreConfig::new(remote_config(d)?);
+    if let Some(v) = get(d, "write_through")? {
+        c.write_through = v;
+    }
+    if let Some(v) = get(d, "promote_on_hit")? {
+        c.promote_on_hit = v;
+    }
+    Ok(c)
+}
+
+fn op_dict<'py>(py: Python<'py>, m: &OpMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("batches", m.batches)?;
+    d.set_item("keys", m.keys)?;
+    d.set_item("bytes", m.bytes)?;
+    d.set_item("errors", m.errors)?;
+    d.set_item("latency_p50_s", m.latency_p50_s)?;
+    d.set_item("latency_p99_s", m.latency_p99_s)?;
+    Ok(d)
+}
+
+/// The remote tier's metrics as nested dicts (JSON-ready).
+pub fn metrics_dict<'py>(py: Python<'py>, m: &RemoteMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, op) in [("exists", &m.exists), ("get", &m.get), ("set", &m.set), ("del", &m.del)] {
+        d.set_item(name, op_dict(py, op)?)?;
+    }
+    for (k, v) in [
+        ("connects", m.connects),
+        ("reconnects", m.reconnects),
+        ("connect_failures", m.connect_failures),
+        ("auth_failures", m.auth_failures),
+        ("down_misses", m.down_misses),
+        ("down_skipped_writes", m.down_skipped_writes),
+        ("missing_on_get", m.missing_on_get),
+        ("bad_magic", m.bad_magic),
+        ("bad_length", m.bad_length),
+        ("bad_checksum", m.bad_checksum),
+        ("foreign_objects", m.foreign_objects),
+        ("redirects", m.redirects),
+        ("slot_refreshes", m.slot_refreshes),
+        ("nodes", m.nodes),
+        ("nodes_down", m.nodes_down),
+    ] {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+fn outcome_name(o: ReadOutcome) -> &'static str {
+    match o {
+        ReadOutcome::Loaded => "loaded",
+        ReadOutcome::Corrupt => "corrupt",
+        ReadOutcome::CorruptKnown => "corrupt_known",
+        ReadOutcome::NotPinned => "not_pinned",
+        ReadOutcome::Missing => "missing",
+    }
+}
+
+fn res_name(r: Res) -> &'static str {
+    match r {
+        Res::Failed => "failed",
+        Res::Bool(true) => "ok",
+        Res::Bool(false) => "no",
+        Res::Filled => "loaded",
+        Res::Nil => "missing",
+        Res::WrongLength => "wrong_length",
+        Res::Redirect => "redirect",
+        Res::ServerError => "server_error",
+    }
+}
+
+/// The remote tier alone, for one namespace.
+#[pyclass(frozen, name = "RemotePool", module = "kvtier._core")]
+pub struct RemotePool {
+    tier: RemoteTier,
+    namespace: u128,
+}
+
+#[pymethods]
+impl RemotePool {
+    #[new]
+    fn new(py: Python<'_>, options: &Bound<'_, PyDict>, namespace_hash: &[u8]) -> PyResult<Self> {
+        let namespace = u128_from(namespace_hash, "namespace_hash")?;
+        let config = remote_config(options)?;
+        let tier = py
+            .allow_threads(|| RemoteTier::open(config, namespace))
+            .map_err(|e| kvtier_error("ConfigError", format!("remote: {e}")))?;
+        Ok(RemotePool { tier, namespace })
+    }
+
+    /// The server key of block `key` (16 bytes).
+    fn key_name<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let key = u128_from(key, "key")?;
+        Ok(PyBytes::new(py, &key_name(&self.tier.client().config().key_prefix, self.namespace, key)))
+    }
+
+    /// Stores objects of `block_bytes` each. Returns (stored, already_present, rejected).
+    fn put(
+        &self,
+        py: Python<'_>,
+        keys: &[u8],
+        objects: &Bound<'_, PyAny>,
+        block_bytes: usize,
+    ) -> PyResult<(usize, usize, usize)> {
+        let keys = keys_from(keys)?;
+        let bufs = block_buffers(objects, "objects", false)?;
+        // SAFETY: live buffers, only read.
+        let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
+        let r = py.allow_threads(|| self.tier.put(self.namespace, &keys, &objects));
+        Ok((r.stored, r.already_present, r.rejected))
+    }
+
+    /// Loads and verifies blocks into `out`; returns one outcome name per key.
+    fn get(
+        &self,
+        py: Python<'_>,
+        keys: &[u8],
+        out: &Bound<'_, PyAny>,
+        block_bytes: usize,
+    ) -> PyResult<Vec<&'static str>> {
+        let keys = keys_from(keys)?;
+        let bufs = block_buffers(out, "out", true)?;
+        for (i, a) in bufs.iter().enumerate() {
+            for b in &bufs[i + 1..] {
+                ensure_disjoint(a, b)?;
+            }
+        }
+        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
+        let mut dst = unsafe { split_mut(&bufs, keys.len(), block_bytes, "out")? };
+        let outcomes = py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys, &mut dst));
+        Ok(outcomes.into_iter().map(outcome_name).collect())
+    }
+
+    /// Which keys exist: True, False, or None (server down).
+    fn exists(&self, py: Python<'_>, keys: &[u8]) -> PyResult<Vec<Option<bool>>> {
+        let keys = keys_from(keys)?;
+        Ok(py.allow_threads(|| self.tier.exists(self.namespace, &keys)))
+    }
+
+    /// Deletes blocks; returns how many existed.
+    fn remove(&self, py: Python<'_>, keys: &[u8]) -> PyResult<usize> {
+        let keys = keys_from(keys)?;
+        Ok(py.allow_threads(|| self.tier.remove(&keys)))
+    }
+
+    /// Plain `SET name value` of each value of `value_bytes` (the raw-client baseline; also plants
+    /// test values). Returns one result name per name.
+    fn raw_set(
+        &self,
+        py: Python<'_>,
+        names: Vec<Vec<u8>>,
+        values: &Bound<'_, PyAny>,
+        value_bytes: usize,
+    ) -> PyResult<Vec<&'static str>> {
+        let bufs = block_buffers(values, "values", false)?;
+        // SAFETY: live buffers, only read.
+        let slices = unsafe { split_ref(&bufs, names.len(), value_bytes, "values")? };
+        let items: Vec<SetItem<'_>> =
+            slices.iter().map(|v| SetItem { header: HeaderSpec::None, payload: v }).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let r = py.allow_threads(|| self.tier.client().set(&name_refs, &items, false));
+        Ok(r.into_iter().map(res_name).collect())
+    }
+
+    /// Plain `GET name` of each name into `out` (values of exactly `value_bytes`), no checks.
+    fn raw_get(
+        &self,
+        py: Python<'_>,
+        names: Vec<Vec<u8>>,
+        out: &Bound<'_, PyAny>,
+        value_bytes: usize,
+    ) -> PyResult<Vec<&'static str>> {
+        let bufs = block_buffers(out, "out", true)?;
+        for (i, a) in bufs.iter().enumerate() {
+            for b in &bufs[i + 1..] {
+                ensure_disjoint(a, b)?;
+            }
+        }
+        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
+        let dst = unsafe { split_mut(&bufs, names.len(), value_bytes, "out")? };
+        let items: Vec<GetItem<'_>> =
+            dst.into_iter().map(|d| GetItem { with_header: false, header: [0u8; 64], dst: d }).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let (r, _) = py.allow_threads(|| self.tier.client().get(&name_refs, items));
+        Ok(r.into_iter().map(res_name).collect())
+    }
+
+    /// Plain `DEL name` of each name; returns how many existed.
+    fn raw_del(&self, py: Python<'_>, names: Vec<Vec<u8>>) -> usize {
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let r = py.allow_threads(|| self.tier.client().del(&name_refs));
+        r.into_iter().filter(|r| *r == Res::Bool(true)).count()
+    }
+
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        metrics_dict(py, &self.tier.metrics())
+    }
+}

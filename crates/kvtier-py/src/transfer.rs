@@ -1,0 +1,357 @@
+//! `TransferEngine` and `DuplexEngine` for Python: jobs over numpy pools, the GIL released
+//! while waiting. A job's pool buffer is held (its Py_buffer acquired) from submission until the
+//! job is collected by `finished()` or `wait()`, so Python cannot free it under the workers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+use kvtier_store::Store as CoreStore;
+use kvtier_transfer::duplex::BlockState;
+use kvtier_transfer::{
+    Backend, DuplexConfig, DuplexEngine as CoreDuplex, FinishedJob, JobKind, PoolRef, StageWorkers,
+    StoreHandle, TransferCodec, TransferConfig, TransferEngine as CoreEngine, TransferError,
+};
+
+use crate::buffer::Buffer;
+use crate::errors::{buffer_error, config_error, kvtier_error};
+use crate::geometry::CoreGeometry;
+use crate::keys_from;
+use crate::store::Store;
+
+fn transfer_err(e: TransferError) -> PyErr {
+    let class = match &e {
+        TransferError::Config(_) => "ConfigError",
+        TransferError::PoolSize { .. } | TransferError::CountMismatch { .. } => "BufferError",
+        TransferError::Store(s) => return kvtier_error("StoreError", s.to_string()),
+        _ => return transfer_error(e.to_string()),
+    };
+    kvtier_error(class, e.to_string())
+}
+
+/// `kvtier.transfer.TransferError` (a `KvtierError`): bounds reached, unknown jobs, duplex misuse.
+fn transfer_error(msg: String) -> PyErr {
+    Python::with_gil(|py| {
+        let cls = py
+            .import("kvtier.transfer")
+            .and_then(|m| m.getattr("TransferError"))
+            .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
+        match cls {
+            Ok(cls) => PyErr::from_type(cls, msg),
+            Err(e) => e,
+        }
+    })
+}
+
+/// The Python store, as the engine's store handle.
+struct PyStore(Py<Store>);
+
+impl StoreHandle for PyStore {
+    fn store(&self) -> &CoreStore {
+        &self.0.get().inner
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A writable pool buffer of `num_blocks` (default: all it holds) blocks.
+fn pool_ref(
+    pool: &Bound<'_, PyAny>,
+    block_bytes: usize,
+    num_blocks: Option<u64>,
+) -> PyResult<(Buffer, PoolRef)> {
+    let buf = Buffer::get(pool, "pool", true)?;
+    let n = num_blocks.unwrap_or((buf.len() / block_bytes.max(1)) as u64);
+    // SAFETY: the Buffer is kept (in the engine's map) until the job is collected, so the
+    // memory stays valid; Python-side writes to blocks in flight are the caller's contract.
+    let r = unsafe { PoolRef::from_raw(buf.ptr(), buf.len(), n) };
+    Ok((buf, r))
+}
+
+/// Block ids as little-endian int64 bytes; negative ids become out of range (reported per block).
+fn ids_from(raw: &[u8]) -> PyResult<Vec<u64>> {
+    if !raw.len().is_multiple_of(8) {
+        return Err(buffer_error(format!("block_ids have {} bytes; expected int64 values", raw.len())));
+    }
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .map(|v| u64::try_from(v).unwrap_or(u64::MAX))
+        .collect())
+}
+
+fn job_tuple(j: &FinishedJob) -> (u64, &'static str, Vec<&'static str>, bool, usize) {
+    let kind = if j.kind == JobKind::Load { "load" } else { "store" };
+    (j.id, kind, j.outcomes.iter().map(|o| o.name()).collect(), j.cancelled, j.rounds)
+}
+
+type JobTuple = (u64, &'static str, Vec<&'static str>, bool, usize);
+
+#[pyclass(frozen, name = "TransferEngine", module = "kvtier._core")]
+pub struct TransferEngine {
+    // Declared first: dropped (cancelling and draining every job) before the buffers below.
+    inner: CoreEngine,
+    buffers: Mutex<HashMap<u64, Buffer>>,
+    block_bytes: usize,
+}
+
+#[pymethods]
+impl TransferEngine {
+    #[new]
+    #[pyo3(signature = (store, codec, backend, level, chunk_blocks, buffer_chunks, stage_workers, store_workers, jobs_in_flight_max, inflight_bytes_max, job_blocks_max, allocate_per_chunk=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        store: Py<Store>,
+        codec: &str,
+        backend: &str,
+        level: Option<i8>,
+        chunk_blocks: usize,
+        buffer_chunks: usize,
+        stage_workers: [usize; 4],
+        store_workers: usize,
+        jobs_in_flight_max: usize,
+        inflight_bytes_max: u64,
+        job_blocks_max: usize,
+        allocate_per_chunk: bool,
+    ) -> PyResult<Self> {
+        let backend_kind = Backend::from_name(backend).ok_or_else(|| {
+            config_error(format!("backend is {backend:?}; expected one of none, zstd, lz4, deflate"))
+        })?;
+        let level = level.unwrap_or_else(|| backend_kind.default_level());
+        let codec = match codec {
+            "raw" => TransferCodec::Raw,
+            "lossless" => TransferCodec::Lossless { backend: backend_kind, level },
+            "quant" => TransferCodec::Quant { backend: backend_kind, level },
+            other => {
+                return Err(config_error(format!("codec is {other:?}; expected raw, lossless or quant")))
+            }
+        };
+        let config = TransferConfig {
+            codec,
+            chunk_blocks,
+            buffer_chunks,
+            stage_workers: StageWorkers::from_array(stage_workers),
+            store_workers,
+            jobs_in_flight_max,
+            inflight_bytes_max,
+            job_blocks_max,
+            allocate_per_chunk,
+        };
+        let block_bytes = store.get().inner.block_bytes();
+        let handle: Arc<dyn StoreHandle> = Arc::new(PyStore(store));
+        let inner = py.allow_threads(|| CoreEngine::new(handle, config)).map_err(transfer_err)?;
+        Ok(TransferEngine { inner, buffers: Mutex::new(HashMap::new()), block_bytes })
+    }
+
+    #[pyo3(signature = (keys, pool, block_ids, num_blocks=None))]
+    fn submit_load(
+        &self,
+        py: Python<'_>,
+        keys: &[u8],
+        pool: &Bound<'_, PyAny>,
+        block_ids: &[u8],
+        num_blocks: Option<u64>,
+    ) -> PyResult<u64> {
+        self.submit(py, true, keys, pool, block_ids, num_blocks)
+    }
+
+    #[pyo3(signature = (keys, pool, block_ids, num_blocks=None))]
+    fn submit_store(
+        &self,
+        py: Python<'_>,
+        keys: &[u8],
+        pool: &Bound<'_, PyAny>,
+        block_ids: &[u8],
+        num_blocks: Option<u64>,
+    ) -> PyResult<u64> {
+        self.submit(py, false, keys, pool, block_ids, num_blocks)
+    }
+
+    fn finished(&self) -> Vec<JobTuple> {
+        let jobs = self.inner.finished();
+        self.collect(&jobs)
+    }
+
+    fn wait(&self, py: Python<'_>, ids: Vec<u64>) -> PyResult<Vec<JobTuple>> {
+        let jobs = py.allow_threads(|| self.inner.wait(&ids)).map_err(transfer_err)?;
+        Ok(self.collect(&jobs))
+    }
+
+    fn wait_layer(&self, py: Python<'_>, id: u64, layer: u32) -> PyResult<()> {
+        py.allow_threads(|| self.inner.wait_layer(id, layer)).map_err(transfer_err)
+    }
+
+    fn outcomes(&self, id: u64) -> PyResult<Vec<&'static str>> {
+        Ok(self.inner.outcomes(id).map_err(transfer_err)?.iter().map(|o| o.name()).collect())
+    }
+
+    fn cancel(&self, id: u64) -> PyResult<bool> {
+        self.inner.cancel(id).map_err(transfer_err)
+    }
+
+    fn jobs(&self) -> usize {
+        self.inner.jobs()
+    }
+
+    /// Per stage: (name, workers, busy_s, bytes, chunks).
+    fn stage_stats(&self) -> Vec<(&'static str, usize, f64, u64, u64)> {
+        self.inner.stage_stats().iter().map(|s| (s.name, s.workers, s.busy_s, s.bytes, s.chunks)).collect()
+    }
+
+    /// The sequential baseline: returns (job, seconds per stage).
+    #[pyo3(signature = (keys, pool, block_ids, num_blocks=None, per_chunk=false))]
+    fn load_sequential(
+        &self,
+        py: Python<'_>,
+        keys: &[u8],
+        pool: &Bound<'_, PyAny>,
+        block_ids: &[u8],
+        num_blocks: Option<u64>,
+        per_chunk: bool,
+    ) -> PyResult<(JobTuple, [f64; 4])> {
+        let keys = keys_from(keys)?;
+        let ids = ids_from(block_ids)?;
+        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
+        let result =
+            py.allow_threads(|| self.inner.load_sequential(&keys, r, &ids, per_chunk)).map_err(transfer_err);
+        drop(buf);
+        let (job, times) = result?;
+        Ok((job_tuple(&job), times))
+    }
+}
+
+impl TransferEngine {
+    fn submit(
+        &self,
+        py: Python<'_>,
+        load: bool,
+        keys: &[u8],
+        pool: &Bound<'_, PyAny>,
+        block_ids: &[u8],
+        num_blocks: Option<u64>,
+    ) -> PyResult<u64> {
+        let keys = keys_from(keys)?;
+        let ids = ids_from(block_ids)?;
+        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
+        // The GIL stays held (submission only leases and queues): no other Python thread can
+        // collect the job before its buffer is registered, and the buffer map's lock is only
+        // ever taken with the GIL held, so the two locks cannot deadlock.
+        let _ = py;
+        let mut buffers = lock(&self.buffers);
+        let id = if load {
+            self.inner.submit_load(&keys, r, &ids)
+        } else {
+            self.inner.submit_store(&keys, r, &ids)
+        }
+        .map_err(transfer_err)?;
+        buffers.insert(id, buf);
+        Ok(id)
+    }
+
+    /// Drops the buffers of collected jobs (the GIL is held: this runs inside a method).
+    fn collect(&self, jobs: &[FinishedJob]) -> Vec<JobTuple> {
+        let mut buffers = lock(&self.buffers);
+        jobs.iter()
+            .map(|j| {
+                buffers.remove(&j.id);
+                job_tuple(j)
+            })
+            .collect()
+    }
+}
+
+fn state_name(s: BlockState) -> (&'static str, Option<u64>) {
+    match s {
+        BlockState::Free => ("free", None),
+        BlockState::Dirty => ("dirty", None),
+        BlockState::Synced { host } => ("synced", Some(host)),
+    }
+}
+
+/// The duplex swap engine over a device pool and a host swap space, both held for its life.
+#[pyclass(frozen, name = "DuplexEngine", module = "kvtier._core")]
+pub struct DuplexEngine {
+    inner: CoreDuplex,
+    _buffers: (Buffer, Buffer),
+}
+
+fn duplex<T>(r: Result<T, TransferError>) -> PyResult<T> {
+    r.map_err(transfer_err)
+}
+
+#[pymethods]
+impl DuplexEngine {
+    #[new]
+    fn new(
+        geometry: &CoreGeometry,
+        device: &Bound<'_, PyAny>,
+        host: &Bound<'_, PyAny>,
+        queued_transfers_max: usize,
+        step_blocks_max: usize,
+    ) -> PyResult<Self> {
+        let bb = geometry.inner.block_bytes() as usize;
+        let (dbuf, dref) = pool_ref(device, bb, None)?;
+        let (hbuf, href) = pool_ref(host, bb, None)?;
+        crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
+        let config = DuplexConfig { queued_transfers_max, step_blocks_max };
+        let inner = duplex(CoreDuplex::new(&geometry.inner, dref, href, config))?;
+        Ok(DuplexEngine { inner, _buffers: (dbuf, hbuf) })
+    }
+
+    fn state(&self, dev: u64) -> PyResult<(&'static str, Option<u64>)> {
+        Ok(state_name(duplex(self.inner.state(dev))?))
+    }
+    fn write(&self, dev: u64) -> PyResult<()> {
+        duplex(self.inner.write(dev))
+    }
+    fn wait_block(&self, py: Python<'_>, dev: u64) -> PyResult<()> {
+        duplex(py.allow_threads(|| self.inner.wait_block(dev)))
+    }
+    fn rotate(&self, dev: u64, host: u64) -> PyResult<()> {
+        duplex(self.inner.rotate(dev, host))
+    }
+    fn swap_out(&self, dev: u64, host: u64) -> PyResult<bool> {
+        duplex(self.inner.swap_out(dev, host))
+    }
+    fn swap_in(&self, host: u64, dev: u64) -> PyResult<()> {
+        duplex(self.inner.swap_in(host, dev))
+    }
+    fn free(&self, dev: u64) -> PyResult<()> {
+        duplex(self.inner.free(dev))
+    }
+    fn dirty_blocks(&self, devs: Vec<u64>) -> PyResult<Vec<u64>> {
+        duplex(self.inner.dirty_blocks(&devs))
+    }
+    /// Returns (swap-out transfer id or None, swap-in transfer id or None).
+    fn submit_step(&self) -> PyResult<(Option<u64>, Option<u64>)> {
+        let t = duplex(self.inner.submit_step())?;
+        Ok((t.swap_out, t.swap_in))
+    }
+    fn swap_out_per_segment(&self, pairs: Vec<(u64, u64)>) -> PyResult<Option<u64>> {
+        duplex(self.inner.swap_out_per_segment(&pairs))
+    }
+    fn wait(&self, py: Python<'_>, seq: u64) -> PyResult<()> {
+        duplex(py.allow_threads(|| self.inner.wait(seq)))
+    }
+    fn wait_all(&self, py: Python<'_>) {
+        py.allow_threads(|| self.inner.wait_all())
+    }
+}
+
+/// Per-stage worker counts balanced from measured per-worker rates (ShadowServe §4.3).
+#[pyfunction]
+pub fn balanced_stage_workers(rates_bytes_per_s: [f64; 4], threads: usize) -> [usize; 4] {
+    StageWorkers::balanced(rates_bytes_per_s, threads).as_array()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<TransferEngine>()?;
+    m.add_class::<DuplexEngine>()?;
+    m.add_function(wrap_pyfunction!(balanced_stage_workers, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,388 @@
+//! [`RemoteClient`]: batched, pipelined EXISTS/GET/SET/DEL over one server or a Redis Cluster.
+//!
+//! A batch is split by server node (one group in single-server mode); groups run in parallel,
+//! each as one pipeline on one pooled connection. An item whose node is down, or whose
+//! connection fails mid-batch, gets [`Res::Failed`]; in cluster mode, redirected items are
+//! retried once after the slot map is refreshed. Nothing here raises while serving: results
+//! are per item, and the caller turns failures into counted misses.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::cluster::SlotMap;
+use crate::config::{Endpoint, RemoteConfig, Resolved};
+use crate::error::RemoteError;
+use crate::metrics::{bump, Counters, OpCounters, RemoteMetrics};
+use crate::node::{ConnectSettings, Node};
+use crate::pipeline::{self, GetItem, Res, SetItem};
+use crate::resp::{Conn, Reply};
+
+/// Shortest time between two slot-map refreshes.
+const SLOT_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(100);
+
+enum Topology {
+    Single(Arc<Node>),
+    Cluster(Cluster),
+}
+
+struct Cluster {
+    seeds: Vec<Endpoint>,
+    known: Mutex<HashMap<Endpoint, Arc<Node>>>,
+    map: RwLock<Arc<SlotMap>>,
+    last_refresh: Mutex<Option<Instant>>,
+}
+
+/// Which operation a batch is (for metrics).
+#[derive(Clone, Copy)]
+enum Op {
+    Exists,
+    Get,
+    Set,
+    Del,
+}
+
+/// A client of one Redis/Valkey server or cluster; `Send + Sync`.
+pub struct RemoteClient {
+    config: RemoteConfig,
+    resolved: Resolved,
+    settings: ConnectSettings,
+    counters: Counters,
+    topology: Topology,
+}
+
+impl std::fmt::Debug for RemoteClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteClient")
+            .field("seeds", &self.resolved.seeds)
+            .field("cluster", &self.config.cluster)
+            .finish()
+    }
+}
+
+/// One node's share of a batch: the node (`None`: no node serves it), item indices, names, items.
+type Group<'n, T> = (Option<Arc<Node>>, Vec<usize>, Vec<&'n [u8]>, Vec<T>);
+
+type RunFn<'f, T> = dyn Fn(&mut Conn, &[&[u8]], &mut [T], &mut [Res]) -> io::Result<()> + Sync + 'f;
+
+impl RemoteClient {
+    /// Validates the config and connects once: a bad setting or refused credentials is an
+    /// error here; an unreachable server is not (it starts in backoff and its keys miss).
+    pub fn open(config: RemoteConfig) -> Result<RemoteClient, RemoteError> {
+        let resolved = config.resolve()?;
+        let tls = crate::tls::client(resolved.tls.as_ref())?;
+        let settings = ConnectSettings::new(&config, resolved.credentials.clone(), resolved.db, tls);
+        let topology = if config.cluster {
+            Topology::Cluster(Cluster {
+                seeds: resolved.seeds.clone(),
+                known: Mutex::new(HashMap::new()),
+                map: RwLock::new(Arc::new(SlotMap::empty())),
+                last_refresh: Mutex::new(None),
+            })
+        } else {
+            Topology::Single(Arc::new(Node::new(resolved.seeds[0].clone())))
+        };
+        let client = RemoteClient { config, resolved, settings, counters: Counters::default(), topology };
+        match &client.topology {
+            Topology::Single(node) => match node.checkout(&client.settings, &client.counters) {
+                Ok(conn) => node.checkin(conn),
+                Err(
+                    e @ (RemoteError::Auth { .. } | RemoteError::Tls { .. } | RemoteError::Protocol { .. }),
+                ) => return Err(e),
+                Err(_) => {} // down at start: a miss now, a hit once it is up
+            },
+            Topology::Cluster(_) => {
+                let refreshed = client.refresh_slots(true);
+                if let Err(
+                    e @ (RemoteError::Auth { .. } | RemoteError::Tls { .. } | RemoteError::Protocol { .. }),
+                ) = refreshed
+                {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(client)
+    }
+
+    pub fn config(&self) -> &RemoteConfig {
+        &self.config
+    }
+
+    /// Asks the known nodes, then the seeds, for the slot map. `Err` only if none answered.
+    fn refresh_slots(&self, force: bool) -> Result<(), RemoteError> {
+        let Topology::Cluster(cluster) = &self.topology else { return Ok(()) };
+        {
+            let Some(mut last) = cluster.last_refresh.try_lock() else { return Ok(()) };
+            if !force && last.is_some_and(|t| t.elapsed() < SLOT_REFRESH_INTERVAL_MIN) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        bump(&self.counters.slot_refreshes, 1);
+        let mut candidates: Vec<Arc<Node>> = cluster.map.read().nodes.clone();
+        {
+            let mut known = cluster.known.lock();
+            for seed in &cluster.seeds {
+                let node = known.entry(seed.clone()).or_insert_with(|| Arc::new(Node::new(seed.clone())));
+                if !candidates.iter().any(|c| c.endpoint == *seed) {
+                    candidates.push(node.clone());
+                }
+            }
+        }
+        let mut last_error = None;
+        for node in candidates {
+            let mut conn = match node.checkout(&self.settings, &self.counters) {
+                Ok(c) => c,
+                Err(e) => {
+                    last_error = Some(e);
+                    continue;
+                }
+            };
+            let reply = conn
+                .write_command(&[b"CLUSTER", b"SLOTS"])
+                .and_then(|_| conn.flush())
+                .and_then(|_| conn.read_reply());
+            match reply {
+                Ok(reply @ Reply::Array(Some(_))) => {
+                    node.checkin(conn);
+                    let map = SlotMap::from_reply(&reply, &node.endpoint, &mut cluster.known.lock());
+                    match map {
+                        Ok(map) => {
+                            *cluster.map.write() = Arc::new(map);
+                            return Ok(());
+                        }
+                        Err(reason) => {
+                            last_error =
+                                Some(RemoteError::Protocol { endpoint: node.endpoint.to_string(), reason })
+                        }
+                    }
+                }
+                Ok(other) => {
+                    node.checkin(conn);
+                    last_error = Some(RemoteError::Protocol {
+                        endpoint: node.endpoint.to_string(),
+                        reason: format!("CLUSTER SLOTS answered {other:?}; is this server in cluster mode?"),
+                    });
+                }
+                Err(e) => {
+                    node.discard(conn, &self.settings);
+                    last_error =
+                        Some(RemoteError::Io { endpoint: node.endpoint.to_string(), reason: e.to_string() });
+                }
+            }
+        }
+        Err(last_error.unwrap_or(RemoteError::Config("no cluster seed nodes".into())))
+    }
+
+    /// Groups item indices by the node serving them; items with no known node are `None`.
+    fn route(&self, names: &[&[u8]]) -> Vec<(Option<Arc<Node>>, Vec<usize>)> {
+        match &self.topology {
+            Topology::Single(node) => vec![(Some(node.clone()), (0..names.len()).collect())],
+            Topology::Cluster(cluster) => {
+                let map = cluster.map.read().clone();
+                let mut groups: Vec<(Option<Arc<Node>>, Vec<usize>)> =
+                    map.nodes.iter().map(|n| (Some(n.clone()), Vec::new())).collect();
+                let mut unrouted = Vec::new();
+                for (i, name) in names.iter().enumerate() {
+                    match map.node_for(name) {
+                        Some((n, _)) => groups[n].1.push(i),
+                        None => unrouted.push(i),
+                    }
+                }
+                groups.retain(|g| !g.1.is_empty());
+                if !unrouted.is_empty() {
+                    groups.push((None, unrouted));
+                }
+                groups
+            }
+        }
+    }
+
+    fn op_counters(&self, op: Op) -> &OpCounters {
+        match op {
+            Op::Exists => &self.counters.exists,
+            Op::Get => &self.counters.get,
+            Op::Set => &self.counters.set,
+            Op::Del => &self.counters.del,
+        }
+    }
+
+    /// Runs one group's pipeline on one connection of its node.
+    fn run_group<T>(
+        &self,
+        op: Op,
+        node: &Node,
+        names: &[&[u8]],
+        items: &mut [T],
+        run: &RunFn<'_, T>,
+        bytes: u64,
+    ) -> Vec<Res> {
+        let mut out = vec![Res::Failed; names.len()];
+        let start = Instant::now();
+        let Ok(mut conn) = node.checkout(&self.settings, &self.counters) else { return out };
+        match run(&mut conn, names, items, &mut out) {
+            Ok(()) => node.checkin(conn),
+            Err(_) => node.discard(conn, &self.settings),
+        }
+        let c = self.op_counters(op);
+        c.record(names.len(), bytes, start.elapsed());
+        let errors =
+            out.iter().filter(|r| matches!(r, Res::ServerError | Res::Redirect | Res::Failed)).count();
+        bump(&c.errors, errors);
+        out
+    }
+
+    /// Splits a batch by node, runs the groups (in parallel when several), and, in cluster
+    /// mode, retries redirected or unrouted items once after refreshing the slot map.
+    fn execute<T: Send>(
+        &self,
+        op: Op,
+        names: &[&[u8]],
+        items: Vec<T>,
+        bytes_of: &(dyn Fn(&T) -> u64 + Sync),
+        run: &RunFn<'_, T>,
+        retry: bool,
+    ) -> (Vec<Res>, Vec<T>) {
+        let n = names.len();
+        let groups = self.route(names);
+        let mut slots: Vec<Option<T>> = items.into_iter().map(Some).collect();
+        let mut work: Vec<Group<'_, T>> = groups
+            .into_iter()
+            .map(|(node, idx)| {
+                let gnames = idx.iter().map(|&i| names[i]).collect();
+                let gitems = idx.iter().map(|&i| slots[i].take().expect("each item in one group")).collect();
+                (node, idx, gnames, gitems)
+            })
+            .collect();
+        let results: Vec<Vec<Res>> = if work.len() == 1 {
+            let (node, _, gnames, gitems) = &mut work[0];
+            let bytes = gitems.iter().map(bytes_of).sum();
+            vec![match node {
+                Some(node) => self.run_group(op, node, gnames, gitems, run, bytes),
+                None => vec![Res::Failed; gnames.len()],
+            }]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = work
+                    .iter_mut()
+                    .map(|(node, _, gnames, gitems)| {
+                        let node = node.clone();
+                        s.spawn(move || {
+                            let bytes = gitems.iter().map(bytes_of).sum();
+                            match node {
+                                Some(node) => self.run_group(op, &node, gnames, gitems, run, bytes),
+                                None => vec![Res::Failed; gnames.len()],
+                            }
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("a pipeline thread panicked")).collect()
+            })
+        };
+        let mut out = vec![Res::Failed; n];
+        for ((_, idx, _, gitems), res) in work.into_iter().zip(results) {
+            for ((i, item), r) in idx.into_iter().zip(gitems).zip(res) {
+                out[i] = r;
+                slots[i] = Some(item);
+            }
+        }
+        let mut items: Vec<T> = slots.into_iter().map(|s| s.expect("every item came back")).collect();
+        if let Topology::Cluster(_) = &self.topology {
+            let redirected: Vec<usize> = (0..n).filter(|&i| out[i] == Res::Redirect).collect();
+            bump(&self.counters.redirects, redirected.len());
+            let failed = out.contains(&Res::Failed);
+            if !redirected.is_empty() || failed {
+                let _ = self.refresh_slots(!redirected.is_empty());
+            }
+            if retry && !redirected.is_empty() {
+                let rnames: Vec<&[u8]> = redirected.iter().map(|&i| names[i]).collect();
+                let mut taken: Vec<Option<T>> = items.into_iter().map(Some).collect();
+                let ritems: Vec<T> = redirected.iter().map(|&i| taken[i].take().expect("once")).collect();
+                let (rres, ritems) = self.execute(op, &rnames, ritems, bytes_of, run, false);
+                for ((&i, r), item) in redirected.iter().zip(rres).zip(ritems) {
+                    out[i] = r;
+                    taken[i] = Some(item);
+                }
+                items = taken.into_iter().map(|s| s.expect("every item came back")).collect();
+            }
+        }
+        (out, items)
+    }
+
+    /// `EXISTS` per name.
+    pub fn exists(&self, names: &[&[u8]]) -> Vec<Res> {
+        let run = |c: &mut Conn, n: &[&[u8]], _: &mut [()], out: &mut [Res]| pipeline::exists(c, n, out);
+        self.execute(Op::Exists, names, vec![(); names.len()], &|_| 0, &run, true).0
+    }
+
+    /// `DEL` per name.
+    pub fn del(&self, names: &[&[u8]]) -> Vec<Res> {
+        let run = |c: &mut Conn, n: &[&[u8]], _: &mut [()], out: &mut [Res]| pipeline::del(c, n, out);
+        self.execute(Op::Del, names, vec![(); names.len()], &|_| 0, &run, true).0
+    }
+
+    /// `GET` per name into its item's buffers (no intermediate copy).
+    pub fn get<'a>(&self, names: &[&[u8]], items: Vec<GetItem<'a>>) -> (Vec<Res>, Vec<GetItem<'a>>) {
+        let window = self.config.inflight_bytes_max;
+        let run = move |c: &mut Conn, n: &[&[u8]], items: &mut [GetItem<'a>], out: &mut [Res]| {
+            pipeline::get(c, n, items, window, out)
+        };
+        let bytes = |g: &GetItem<'a>| (g.dst.len() + if g.with_header { g.header.len() } else { 0 }) as u64;
+        self.execute(Op::Get, names, items, &bytes, &run, true)
+    }
+
+    /// `SET name value [NX] [EX ttl]` per name (see [`SetItem`] for what a value is).
+    pub fn set(&self, names: &[&[u8]], items: &[SetItem<'_>], nx: bool) -> Vec<Res> {
+        let window = self.config.inflight_bytes_max;
+        let ttl = self.config.ttl.map(|t| t.as_secs().max(1));
+        let run = move |c: &mut Conn, n: &[&[u8]], v: &mut [SetItem<'_>], out: &mut [Res]| {
+            pipeline::set(c, n, v, nx, ttl, window, out)
+        };
+        self.execute(Op::Set, names, items.to_vec(), &SetItem::value_len, &run, true).0
+    }
+
+    /// Reads whole values into memory (tests and tools: a value is at most 64 MiB here).
+    pub fn get_values(&self, names: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
+        names
+            .iter()
+            .map(|name| {
+                let run = |c: &mut Conn, n: &[&[u8]], v: &mut [Option<Vec<u8>>], out: &mut [Res]| {
+                    c.write_command(&[b"GET", n[0]])?;
+                    c.flush()?;
+                    match c.read_reply()? {
+                        Reply::Bulk(b) => {
+                            out[0] = Res::Filled;
+                            v[0] = b;
+                        }
+                        _ => out[0] = Res::ServerError,
+                    }
+                    Ok(())
+                };
+                self.execute(Op::Get, &[name], vec![None], &|_| 0, &run, true).1.pop().flatten()
+            })
+            .collect()
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Every node known and how many are in reconnect backoff.
+    fn node_counts(&self) -> (u64, u64) {
+        match &self.topology {
+            Topology::Single(n) => (1, u64::from(n.is_down())),
+            Topology::Cluster(c) => {
+                let map = c.map.read();
+                (map.nodes.len() as u64, map.nodes.iter().filter(|n| n.is_down()).count() as u64)
+            }
+        }
+    }
+
+    pub fn metrics(&self) -> RemoteMetrics {
+        let (nodes, down) = self.node_counts();
+        self.counters.snapshot(nodes, down)
+    }
+}

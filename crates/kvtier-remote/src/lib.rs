@@ -1,0 +1,34 @@
+//! kvtier-remote: the `remote` tier — kvtier objects on a Redis/Valkey server or a Redis
+//! Cluster, so that stores in different processes and on different nodes share one cache.
+//!
+//! - [`config`]: URLs (`redis://user:password@host:port/db`), cluster mode, TTL, timeouts,
+//!   reconnect backoff, in-flight bound, key prefix; validated at start.
+//! - [`resp`]: a minimal RESP2 connection that reads GET values straight into caller buffers.
+//! - [`pipeline`]: sliding-window pipelines of EXISTS/GET/SET/DEL on one connection.
+//! - [`cluster`]: hash slots and the `CLUSTER SLOTS` map.
+//! - [`client`]: [`RemoteClient`], batches split by node, run in parallel, faults as results.
+//! - [`tier`]: [`RemoteTier`], the [`kvtier_pool::Tier`] the store stacks below DRAM and SSD.
+//! - [`metrics`]: per-operation latency/bytes/errors, reconnects, down misses, bad values.
+//! - [`tls`]: `rediss://` with rustls (feature `tls`, default).
+//!
+//! Invariants: no bytes count as loaded unless header, namespace, key, length and payload
+//! checksum verify; nothing received is ever deserialised beyond the fixed 64-byte header; a
+//! down or misbehaving server yields counted misses, never a panic or an error while serving;
+//! every buffer and window is bounded (`inflight_bytes_max`, connections per node, reply sizes).
+
+pub mod client;
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod metrics;
+mod node;
+pub mod pipeline;
+pub mod resp;
+pub mod tier;
+pub mod tls;
+
+pub use client::RemoteClient;
+pub use config::{RemoteConfig, TlsConfig};
+pub use error::RemoteError;
+pub use metrics::{OpMetrics, RemoteMetrics};
+pub use tier::{key_name, RemoteTier};

@@ -1,0 +1,363 @@
+//! A minimal RESP2 client connection: just what the remote tier sends (GET, SET, EXISTS, DEL,
+//! AUTH, SELECT, PING, CLUSTER SLOTS) and what it reads back.
+//!
+//! Why our own and not the `redis` crate: a 4 MiB GET must land in the caller's buffer with no
+//! intermediate copy (the reply's 64-byte object header goes to the stack, the payload is read
+//! from the socket straight into the destination), and a SET must send header + payload without
+//! first concatenating them. Both matter at 4 MiB; the protocol subset is ~200 lines.
+//!
+//! Untrusted input: every length read from the server is bounded before it is used; a reply
+//! that does not parse is an `InvalidData` error and the connection is dropped.
+
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_core::OBJECT_HEADER_BYTES;
+use parking_lot::Mutex;
+
+use crate::tls::{TlsClient, TlsStream};
+
+/// Longest status/error line or integer line read: 64 KiB.
+pub const LINE_BYTES_MAX: usize = 64 << 10;
+/// Largest bulk string read into memory by [`Conn::read_reply`] (not GET payloads): 64 MiB.
+pub const REPLY_BULK_BYTES_MAX: usize = 64 << 20;
+/// Most elements of one array reply (CLUSTER SLOTS of a large cluster stays far below).
+pub const REPLY_ARRAY_LEN_MAX: usize = 1 << 20;
+/// Deepest nesting of array replies.
+pub const REPLY_DEPTH_MAX: usize = 8;
+/// Socket buffer sizes of the client side (small commands coalesce; large values bypass them).
+const BUF_BYTES: usize = 256 << 10;
+
+/// A parsed reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+/// How a GET reply into a caller buffer went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkInto {
+    /// `dst` holds the value's bytes after the header (which `header` holds, when asked).
+    Filled,
+    /// The key does not exist.
+    Nil,
+    /// The value has another length than expected; it was read and discarded.
+    WrongLength(u64),
+    /// The server answered an error (e.g. `MOVED`, `CLUSTERDOWN`); see `Conn::last_error`.
+    ServerError,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// One side of a connection: a plain socket (cloned for reading and writing), or a TLS stream
+/// both sides share (one thread uses a connection at a time, so the lock is uncontended).
+enum Half {
+    Tcp(TcpStream),
+    Tls(Arc<Mutex<TlsStream>>),
+}
+
+impl Read for Half {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Half::Tcp(s) => s.read(buf),
+            Half::Tls(s) => s.lock().read(buf),
+        }
+    }
+}
+
+impl Write for Half {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Half::Tcp(s) => s.write(buf),
+            Half::Tls(s) => s.lock().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Half::Tcp(s) => s.flush(),
+            Half::Tls(s) => s.lock().flush(),
+        }
+    }
+}
+
+/// One connection to one server.
+pub struct Conn {
+    reader: BufReader<Half>,
+    writer: BufWriter<Half>,
+    line: Vec<u8>,
+    /// The text of the last error reply read by [`read_bulk_into`](Self::read_bulk_into) or
+    /// [`read_status`](Self::read_status).
+    pub last_error: String,
+}
+
+impl Conn {
+    /// Connects to `host:port` (each resolved address in turn) within `connect_timeout`, over
+    /// TLS when `tls` is given (handshake completed here).
+    pub fn connect(
+        host: &str,
+        port: u16,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+        tls: Option<&TlsClient>,
+    ) -> io::Result<Conn> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} resolves to no address"));
+        for addr in (host, port).to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, connect_timeout) {
+                Ok(stream) => {
+                    stream.set_nodelay(true)?;
+                    stream.set_read_timeout(Some(io_timeout))?;
+                    stream.set_write_timeout(Some(io_timeout))?;
+                    let (read_half, write_half) = match tls {
+                        None => (Half::Tcp(stream.try_clone()?), Half::Tcp(stream)),
+                        Some(client) => {
+                            let shared = Arc::new(Mutex::new(crate::tls::wrap(client, host, stream)?));
+                            (Half::Tls(shared.clone()), Half::Tls(shared))
+                        }
+                    };
+                    let writer = BufWriter::with_capacity(BUF_BYTES, write_half);
+                    let reader = BufReader::with_capacity(BUF_BYTES, read_half);
+                    return Ok(Conn {
+                        reader,
+                        writer,
+                        line: Vec::with_capacity(256),
+                        last_error: String::new(),
+                    });
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn write_len(&mut self, tag: u8, n: usize) -> io::Result<()> {
+        let mut buf = itoa_buf(n);
+        let digits = buf.digits();
+        self.writer.write_all(&[tag])?;
+        self.writer.write_all(digits)?;
+        self.writer.write_all(b"\r\n")?;
+        let _ = &mut buf;
+        Ok(())
+    }
+
+    /// Writes one bulk string made of `pieces` (written in order, never concatenated).
+    pub fn write_bulk(&mut self, pieces: &[&[u8]]) -> io::Result<()> {
+        let len = pieces.iter().map(|p| p.len()).sum();
+        self.write_len(b'$', len)?;
+        for p in pieces {
+            self.writer.write_all(p)?;
+        }
+        self.writer.write_all(b"\r\n")
+    }
+
+    /// Writes the array header of a command of `args` arguments.
+    pub fn write_array_len(&mut self, args: usize) -> io::Result<()> {
+        self.write_len(b'*', args)
+    }
+
+    /// Writes a command whose arguments are each one piece.
+    pub fn write_command(&mut self, args: &[&[u8]]) -> io::Result<()> {
+        self.write_array_len(args.len())?;
+        for a in args {
+            self.write_bulk(&[a])?;
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+
+    fn read_line(&mut self) -> io::Result<()> {
+        self.line.clear();
+        let n = (&mut self.reader).take(LINE_BYTES_MAX as u64).read_until(b'\n', &mut self.line)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection"));
+        }
+        if !self.line.ends_with(b"\r\n") {
+            return Err(invalid(format!(
+                "reply line longer than {LINE_BYTES_MAX} bytes or not CRLF-terminated"
+            )));
+        }
+        self.line.truncate(self.line.len() - 2);
+        Ok(())
+    }
+
+    fn line_text(&self) -> String {
+        String::from_utf8_lossy(&self.line[1..]).into_owned()
+    }
+
+    fn line_int(&self) -> io::Result<i64> {
+        std::str::from_utf8(&self.line[1..]).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| {
+            invalid(format!("bad integer in reply: {:?}", String::from_utf8_lossy(&self.line)))
+        })
+    }
+
+    fn read_crlf(&mut self) -> io::Result<()> {
+        let mut crlf = [0u8; 2];
+        self.reader.read_exact(&mut crlf)?;
+        if crlf != *b"\r\n" {
+            return Err(invalid("bulk string not followed by CRLF".into()));
+        }
+        Ok(())
+    }
+
+    /// Reads and throws away `n` bytes (a value of the wrong size).
+    fn discard(&mut self, mut n: u64) -> io::Result<()> {
+        while n > 0 {
+            let available = self.reader.fill_buf()?;
+            if available.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection"));
+            }
+            let take = available.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+            self.reader.consume(take);
+            n -= take as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads one whole reply (small replies only: bulk strings up to [`REPLY_BULK_BYTES_MAX`]).
+    pub fn read_reply(&mut self) -> io::Result<Reply> {
+        self.read_reply_depth(0)
+    }
+
+    fn read_reply_depth(&mut self, depth: usize) -> io::Result<Reply> {
+        if depth > REPLY_DEPTH_MAX {
+            return Err(invalid(format!("reply nested deeper than {REPLY_DEPTH_MAX}")));
+        }
+        self.read_line()?;
+        match self.line.first() {
+            Some(b'+') => Ok(Reply::Status(self.line_text())),
+            Some(b'-') => Ok(Reply::Error(self.line_text())),
+            Some(b':') => Ok(Reply::Int(self.line_int()?)),
+            Some(b'$') => {
+                let n = self.line_int()?;
+                if n < 0 {
+                    return Ok(Reply::Bulk(None));
+                }
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                if n > REPLY_BULK_BYTES_MAX {
+                    return Err(invalid(format!(
+                        "bulk reply of {n} bytes; at most {REPLY_BULK_BYTES_MAX} read here"
+                    )));
+                }
+                let mut v = vec![0u8; n];
+                self.reader.read_exact(&mut v)?;
+                self.read_crlf()?;
+                Ok(Reply::Bulk(Some(v)))
+            }
+            Some(b'*') => {
+                let n = self.line_int()?;
+                if n < 0 {
+                    return Ok(Reply::Array(None));
+                }
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                if n > REPLY_ARRAY_LEN_MAX {
+                    return Err(invalid(format!("array reply of {n} items; at most {REPLY_ARRAY_LEN_MAX}")));
+                }
+                let mut items = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    items.push(self.read_reply_depth(depth + 1)?);
+                }
+                Ok(Reply::Array(Some(items)))
+            }
+            _ => Err(invalid(format!("unknown reply type in {:?}", String::from_utf8_lossy(&self.line)))),
+        }
+    }
+
+    /// Reads a bulk-string reply of expected length `header.len() + dst.len()` straight into
+    /// `header` then `dst` (no intermediate buffer).
+    pub fn read_bulk_into(&mut self, header: &mut [u8], dst: &mut [u8]) -> io::Result<BulkInto> {
+        self.read_line()?;
+        match self.line.first() {
+            Some(b'$') => {}
+            Some(b'-') => {
+                self.last_error = self.line_text();
+                return Ok(BulkInto::ServerError);
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "expected a bulk string, got {:?}",
+                    String::from_utf8_lossy(&self.line[..self.line.len().min(64)])
+                )))
+            }
+        }
+        let n = self.line_int()?;
+        if n < 0 {
+            return Ok(BulkInto::Nil);
+        }
+        let n = n as u64;
+        if n != (header.len() + dst.len()) as u64 {
+            self.discard(n)?;
+            self.read_crlf()?;
+            return Ok(BulkInto::WrongLength(n));
+        }
+        self.reader.read_exact(header)?;
+        self.reader.read_exact(dst)?;
+        self.read_crlf()?;
+        Ok(BulkInto::Filled)
+    }
+
+    /// Reads a reply to SET/AUTH/SELECT/PING: `Ok(Some(true))` for a status, `Ok(Some(false))`
+    /// for nil (SET NX on an existing key), `Ok(None)` for an error reply (in `last_error`).
+    pub fn read_status(&mut self) -> io::Result<Option<bool>> {
+        match self.read_reply()? {
+            Reply::Status(_) => Ok(Some(true)),
+            Reply::Bulk(None) | Reply::Array(None) => Ok(Some(false)),
+            Reply::Error(e) => {
+                self.last_error = e;
+                Ok(None)
+            }
+            other => Err(invalid(format!("expected a status reply, got {other:?}"))),
+        }
+    }
+}
+
+/// Decimal digits of a `usize` without allocating.
+struct ItoaBuf {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl ItoaBuf {
+    fn digits(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn itoa_buf(mut n: usize) -> ItoaBuf {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    ItoaBuf { buf, start: i }
+}
+
+/// Bytes of the kvtier object header that precedes every remote value's payload.
+pub const HEADER_BYTES: usize = OBJECT_HEADER_BYTES;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn itoa() {
+        for n in [0usize, 7, 10, 4194368, usize::MAX] {
+            assert_eq!(itoa_buf(n).digits(), n.to_string().as_bytes());
+        }
+    }
+}

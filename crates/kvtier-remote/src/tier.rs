@@ -1,0 +1,371 @@
+//! [`RemoteTier`]: the [`Tier`] over a Redis/Valkey server or cluster.
+//!
+//! Objects are stored whole — the 64-byte kvtier header then the payload (`docs/formats.md`) —
+//! under `<key_prefix><namespace:032x>:<key:032x>`. Nothing from the network is ever
+//! interpreted beyond that header: every GET is checked for length, header checksum,
+//! namespace, key and payload checksum before its bytes count as loaded.
+//!
+//! The server is shared and may drop keys (TTL, `maxmemory` eviction, restart) at any time, so
+//! pins here are local bookkeeping (the store's lease cross-check), not a guarantee: a block
+//! located and then gone at load is [`ReadOutcome::Missing`], a miss. A value that fails
+//! verification is a miss too, counted by kind, and deleted so later lookups miss it at once.
+//! A down server makes lookups and loads return misses (counted) and puts skip (counted).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvtier_core::checksum::checksum;
+use kvtier_core::object::CODEC_RAW;
+use kvtier_core::{BlockKey, ObjectError, ObjectHeader, OBJECT_HEADER_BYTES};
+use kvtier_pool::{EntryRef, Located, PoolError, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use parking_lot::Mutex;
+
+use crate::client::RemoteClient;
+use crate::config::RemoteConfig;
+use crate::error::RemoteError;
+use crate::metrics::{bump, RemoteMetrics};
+use crate::pipeline::{GetItem, HeaderSpec, Res, SetItem};
+
+/// Keys in the first `EXISTS` batch of a prefix lookup (later batches double).
+pub const LOCATE_CHUNK_KEYS: usize = 512;
+
+/// The server key of a block: `<prefix><namespace:032x>:<key:032x>`.
+pub fn key_name(prefix: &str, namespace: u128, key: BlockKey) -> Vec<u8> {
+    format!("{prefix}{namespace:032x}:{key:032x}").into_bytes()
+}
+
+/// The remote tier of one namespace.
+pub struct RemoteTier {
+    client: RemoteClient,
+    namespace: u128,
+    pins: Mutex<HashMap<EntryRef, u32>>,
+    next_entry_id: AtomicU64,
+    stored: AtomicU64,
+    rejected: AtomicU64,
+    checksum_failures: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteTier")
+            .field("client", &self.client)
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl RemoteTier {
+    /// Connects (see [`RemoteClient::open`]): bad settings and refused credentials are errors.
+    pub fn open(config: RemoteConfig, namespace: u128) -> Result<RemoteTier, RemoteError> {
+        Ok(RemoteTier {
+            client: RemoteClient::open(config)?,
+            namespace,
+            pins: Mutex::new(HashMap::new()),
+            next_entry_id: AtomicU64::new(1),
+            stored: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            checksum_failures: AtomicU64::new(0),
+        })
+    }
+
+    pub fn client(&self) -> &RemoteClient {
+        &self.client
+    }
+
+    pub fn metrics(&self) -> RemoteMetrics {
+        self.client.metrics()
+    }
+
+    fn name(&self, namespace: u128, key: BlockKey) -> Vec<u8> {
+        key_name(&self.client.config().key_prefix, namespace, key)
+    }
+
+    /// Stores objects whose payload checksums are known (e.g. DRAM victims): `SET .. NX`.
+    pub fn put_with_checksums(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        payloads: &[&[u8]],
+        checksums: &[u64],
+    ) -> TierPutReport {
+        assert_eq!(keys.len(), checksums.len(), "one checksum per key");
+        let header = |i: usize| {
+            let len = payloads[i].len() as u64;
+            HeaderSpec::Known(
+                ObjectHeader::with_checksum(namespace, keys[i], CODEC_RAW, len, checksums[i]).encode(),
+            )
+        };
+        self.put_items(namespace, keys, payloads, header)
+    }
+
+    fn put_items(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        payloads: &[&[u8]],
+        header: impl Fn(usize) -> HeaderSpec,
+    ) -> TierPutReport {
+        assert_eq!(keys.len(), payloads.len(), "one payload per key");
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let items: Vec<SetItem<'_>> =
+            (0..keys.len()).map(|i| SetItem { header: header(i), payload: payloads[i] }).collect();
+        let results = self.client.set(&name_refs, &items, true);
+        let mut report = TierPutReport::default();
+        for r in results {
+            match r {
+                Res::Bool(true) => report.stored += 1,
+                Res::Bool(false) => report.already_present += 1,
+                Res::Failed => {
+                    report.rejected += 1;
+                    bump(&self.client.counters().down_skipped_writes, 1);
+                }
+                _ => report.rejected += 1,
+            }
+        }
+        self.stored.fetch_add(report.stored as u64, Ordering::Relaxed);
+        self.rejected.fetch_add(report.rejected as u64, Ordering::Relaxed);
+        report
+    }
+
+    /// Checks one GET result against the object this key must be; counts what is wrong.
+    fn verify(&self, namespace: u128, key: BlockKey, item: &GetItem<'_>) -> Result<(), ()> {
+        let c = self.client.counters();
+        let header = match ObjectHeader::decode(&item.header) {
+            Ok(h) => h,
+            Err(_) => {
+                bump(&c.bad_magic, 1);
+                return Err(());
+            }
+        };
+        if header.expect_identity(namespace, key).is_err() {
+            bump(&c.foreign_objects, 1);
+            return Err(());
+        }
+        if header.payload_len != item.dst.len() as u64 || header.codec_id != CODEC_RAW {
+            bump(&c.bad_length, 1);
+            return Err(());
+        }
+        if checksum(item.dst) != header.payload_checksum {
+            bump(&c.bad_checksum, 1);
+            return Err(());
+        }
+        Ok(())
+    }
+
+    /// GETs `keys` straight into `dst` (each exactly one payload long) and verifies them:
+    /// [`ReadOutcome::Loaded`], `Corrupt` (counted by kind, and deleted from the server) or
+    /// `Missing` (no such key, server down or failing). Needs no pins (the server has none).
+    pub fn read_blocks(&self, namespace: u128, keys: &[BlockKey], dst: &mut [&mut [u8]]) -> Vec<ReadOutcome> {
+        assert_eq!(keys.len(), dst.len(), "one destination per key");
+        let items: Vec<GetItem<'_>> = dst
+            .iter_mut()
+            .map(|d| GetItem { with_header: true, header: [0u8; OBJECT_HEADER_BYTES], dst: d })
+            .collect();
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let (results, items) = self.client.get(&name_refs, items);
+        let c = self.client.counters();
+        let mut bad: Vec<&[u8]> = Vec::new();
+        let mut outcomes = Vec::with_capacity(keys.len());
+        for (i, (r, item)) in results.into_iter().zip(&items).enumerate() {
+            let outcome = match r {
+                Res::Filled => match self.verify(namespace, keys[i], item) {
+                    Ok(()) => ReadOutcome::Loaded,
+                    Err(()) => ReadOutcome::Corrupt,
+                },
+                Res::WrongLength => {
+                    bump(&c.bad_length, 1);
+                    ReadOutcome::Corrupt
+                }
+                Res::Nil => {
+                    bump(&c.missing_on_get, 1);
+                    ReadOutcome::Missing
+                }
+                Res::Failed => {
+                    bump(&c.down_misses, 1);
+                    ReadOutcome::Missing
+                }
+                Res::Bool(_) | Res::Redirect | Res::ServerError => ReadOutcome::Missing,
+            };
+            if outcome == ReadOutcome::Corrupt {
+                bad.push(name_refs[i]);
+            }
+            outcomes.push(outcome);
+        }
+        if !bad.is_empty() {
+            self.checksum_failures.fetch_add(bad.len() as u64, Ordering::Relaxed);
+            // Doom the bad values: the next lookup misses them instead of failing again.
+            self.client.del(&bad);
+        }
+        outcomes
+    }
+
+    /// Which of `keys` the server holds (`None`: unknown, server down or failing).
+    pub fn exists(&self, namespace: u128, keys: &[BlockKey]) -> Vec<Option<bool>> {
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let results = self.client.exists(&name_refs);
+        bump(&self.client.counters().down_misses, results.iter().filter(|r| **r == Res::Failed).count());
+        results.into_iter().map(|r| if let Res::Bool(b) = r { Some(b) } else { None }).collect()
+    }
+
+    /// Decodes a whole value (tests, tools): the payload if it is this key's object.
+    pub fn decode_value(namespace: u128, key: BlockKey, value: &[u8]) -> Result<Vec<u8>, ObjectError> {
+        let (header, payload) = kvtier_core::object::decode_object(value)?;
+        header.expect_identity(namespace, key)?;
+        Ok(payload.to_vec())
+    }
+}
+
+impl Tier for RemoteTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Remote
+    }
+
+    /// The server manages its own memory: reported as 0 (unknown) here.
+    fn capacity_bytes(&self) -> u64 {
+        0
+    }
+
+    fn used_bytes(&self) -> u64 {
+        0
+    }
+
+    fn put(&self, namespace: u128, keys: &[BlockKey], payloads: &[&[u8]]) -> TierPutReport {
+        // Each header (and its payload checksum) is computed as its SET is sent.
+        self.put_items(namespace, keys, payloads, |i| HeaderSpec::Compute { namespace, key: keys[i] })
+    }
+
+    fn locate(
+        &self,
+        keys: &[BlockKey],
+        located: &mut [Option<Located>],
+        pin: bool,
+        stop_at_miss: bool,
+    ) -> usize {
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| located[i].is_none()).collect();
+        if ask.is_empty() {
+            return 0;
+        }
+        let mut present = vec![false; keys.len()];
+        // With `stop_at_miss` only the consecutive prefix matters: ask in chunks that double
+        // from LOCATE_CHUNK_KEYS and stop after the chunk holding the first miss, so a long prompt
+        // with a short cached prefix costs one small batch, not one EXISTS per block.
+        let mut chunk = if stop_at_miss { LOCATE_CHUNK_KEYS } else { ask.len() };
+        let mut start = 0;
+        while start < ask.len() {
+            let part = &ask[start..(start + chunk).min(ask.len())];
+            let names: Vec<Vec<u8>> = part.iter().map(|&i| self.name(self.namespace, keys[i])).collect();
+            let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+            let results = self.client.exists(&name_refs);
+            let down = results.iter().filter(|r| **r == Res::Failed).count();
+            bump(&self.client.counters().down_misses, down);
+            let mut missed = false;
+            for (&i, r) in part.iter().zip(&results) {
+                present[i] = *r == Res::Bool(true);
+                missed |= !present[i];
+            }
+            if stop_at_miss && missed {
+                break;
+            }
+            start += part.len();
+            chunk = chunk.saturating_mul(2);
+        }
+        let mut count = 0;
+        let mut pins = self.pins.lock();
+        for i in 0..keys.len() {
+            if located[i].is_some() {
+                continue;
+            }
+            if !present[i] {
+                if stop_at_miss {
+                    break;
+                }
+                continue;
+            }
+            let entry =
+                EntryRef { key: keys[i], entry_id: self.next_entry_id.fetch_add(1, Ordering::Relaxed) };
+            if pin {
+                *pins.entry(entry).or_insert(0) += 1;
+            }
+            located[i] = Some(Located { tier: TierKind::Remote, entry });
+            count += 1;
+        }
+        count
+    }
+
+    fn read_pinned(
+        &self,
+        namespace: u128,
+        entries: &[EntryRef],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+    ) {
+        assert_eq!(entries.len(), dst.len(), "one destination per entry");
+        assert_eq!(entries.len(), outcomes.len(), "one outcome per entry");
+        let pinned: Vec<bool> = {
+            let pins = self.pins.lock();
+            entries.iter().map(|e| pins.contains_key(e)).collect()
+        };
+        let idx: Vec<usize> = (0..entries.len()).filter(|&i| pinned[i]).collect();
+        let keys: Vec<BlockKey> = idx.iter().map(|&i| entries[i].key).collect();
+        let mut mine: Vec<&mut [u8]> =
+            dst.iter_mut().zip(&pinned).filter(|(_, &p)| p).map(|(d, _)| &mut **d).collect();
+        let got = self.read_blocks(namespace, &keys, &mut mine);
+        outcomes.fill(ReadOutcome::NotPinned);
+        for (&i, o) in idx.iter().zip(got) {
+            outcomes[i] = o;
+        }
+    }
+
+    fn unpin(&self, entries: &[EntryRef]) {
+        let mut pins = self.pins.lock();
+        for e in entries {
+            let n = pins.get_mut(e).unwrap_or_else(|| panic!("unpin of {e:?}, which holds no pin"));
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(e);
+            }
+        }
+    }
+
+    fn contains(&self, key: BlockKey) -> bool {
+        let name = self.name(self.namespace, key);
+        self.client.exists(&[&name[..]]) == [Res::Bool(true)]
+    }
+
+    fn remove(&self, keys: &[BlockKey]) -> usize {
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(self.namespace, k)).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        self.client.del(&name_refs).iter().filter(|r| **r == Res::Bool(true)).count()
+    }
+
+    fn pins(&self) -> Vec<(EntryRef, u32)> {
+        self.pins.lock().iter().map(|(e, n)| (*e, *n)).collect()
+    }
+
+    fn stats(&self) -> TierStats {
+        TierStats {
+            pinned_objects: self.pins.lock().len() as u64,
+            stored: self.stored.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            checksum_failures: self.checksum_failures.load(Ordering::Relaxed),
+            ..TierStats::default()
+        }
+    }
+
+    fn check_integrity(&self) -> Result<(), PoolError> {
+        // Only the pin table is local; the store cross-checks it against its leases.
+        Ok(())
+    }
+
+    fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
+        let name = self.name(self.namespace, key);
+        let Some(Some(mut value)) = self.client.get_values(&[&name[..]]).pop() else { return false };
+        let Some(byte) = value.get_mut(OBJECT_HEADER_BYTES + payload_byte_offset) else { return false };
+        *byte ^= 1;
+        self.client.set(&[&name[..]], &[SetItem { header: HeaderSpec::None, payload: &value }], false)
+            == [Res::Bool(true)]
+    }
+}

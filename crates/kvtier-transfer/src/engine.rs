@@ -1,0 +1,786 @@
+//! [`TransferEngine`]: asynchronous load and store jobs over a [`Store`] and caller pools, run
+//! through the chunked pipeline (docs/transfer.md).
+//!
+//! Threads: `stage_workers.read` readers take chunks from the active jobs (oldest first) as
+//! buffer regions free up; decompress, dequantize and scatter workers take chunks from bounded
+//! queues (at most `buffer_chunks` entries: one per region); `store_workers` run store jobs.
+//! Lock order: `table`, then the store's locks (a submission leases under `table`); `dispatch`,
+//! stage queues and `store_queue` are leaves.
+
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use kvtier_core::{BlockKey, Geometry};
+use kvtier_store::Store;
+
+use crate::aligned::AlignedBuf;
+use crate::codec::Encoder;
+use crate::config::{TransferCodec, TransferConfig};
+use crate::error::TransferError;
+use crate::hot_path::{self, foreign};
+use crate::job::{BlockOutcome, FinishedJob, Job, JobId, JobKind};
+use crate::pool::{PoolRef, PoolShape};
+use crate::stages::{self, SliceScratch};
+
+/// Something that holds a [`Store`] for the engine's life (an `Arc<Store>`, or the Python
+/// store object).
+pub trait StoreHandle: Send + Sync + 'static {
+    fn store(&self) -> &Store;
+}
+
+impl StoreHandle for Store {
+    fn store(&self) -> &Store {
+        self
+    }
+}
+
+/// Time and volume one stage spent, summed over its workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageStats {
+    pub name: &'static str,
+    pub workers: usize,
+    pub busy_s: f64,
+    pub bytes: u64,
+    pub chunks: u64,
+}
+
+impl StageStats {
+    /// Bytes per second one worker of this stage moves (0 when the stage never ran).
+    pub fn rate_bytes_per_s(&self) -> f64 {
+        if self.busy_s > 0.0 {
+            self.bytes as f64 / self.busy_s
+        } else {
+            0.0
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A worker panic is a bug; the state it guards is still consistent for shutdown.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Default)]
+struct StageCounter {
+    busy_ns: AtomicU64,
+    bytes: AtomicU64,
+    chunks: AtomicU64,
+}
+
+impl StageCounter {
+    fn add(&self, since: Instant, bytes: usize) {
+        self.busy_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One chunk moving through the stages, with the buffer region it occupies.
+struct Task {
+    job: Arc<Job>,
+    chunk: usize,
+    slot: usize,
+    /// `allocate_per_chunk` only: buffers allocated for this chunk, by stage buffer index.
+    owned: [Option<AlignedBuf>; 3],
+}
+
+/// A buffer region: up to three stage buffers of `chunk_blocks × block_bytes`, allocated once.
+/// A region belongs to exactly one task at a time (handed out by `dispatch.free_slots`).
+struct Slot {
+    bufs: [UnsafeCell<AlignedBuf>; 3],
+}
+
+// SAFETY: a slot's buffers are accessed only by the worker holding the task that owns the slot.
+unsafe impl Sync for Slot {}
+
+struct Dispatch {
+    active: VecDeque<Arc<Job>>,
+    free_slots: Vec<usize>,
+    shutdown: bool,
+}
+
+struct StageQueue {
+    queue: Mutex<(VecDeque<Task>, bool)>,
+    ready: Condvar,
+}
+
+struct Table {
+    jobs: HashMap<JobId, Arc<Job>>,
+    finished: VecDeque<JobId>,
+    inflight_bytes: u64,
+}
+
+struct Shared {
+    store: Arc<dyn StoreHandle>,
+    geometry: Geometry,
+    block_bytes: usize,
+    config: TransferConfig,
+    slots: Vec<Slot>,
+    dispatch: Mutex<Dispatch>,
+    dispatch_ready: Condvar,
+    /// Decompress, dequantize, scatter.
+    queues: [StageQueue; 3],
+    store_queue: Mutex<(VecDeque<Arc<Job>>, bool)>,
+    store_ready: Condvar,
+    table: Mutex<Table>,
+    table_changed: Condvar,
+    layer_waiters: AtomicUsize,
+    counters: [StageCounter; 4],
+    next_id: AtomicU64,
+}
+
+/// Asynchronous load/store jobs between a [`Store`] and `LayerFirst` pools. `Send + Sync`.
+pub struct TransferEngine {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+const DECOMPRESS: usize = 0;
+const DEQUANTIZE: usize = 1;
+const SCATTER: usize = 2;
+
+impl TransferEngine {
+    /// Starts the engine's workers and allocates every stage buffer.
+    pub fn new(store: Arc<dyn StoreHandle>, config: TransferConfig) -> Result<Self, TransferError> {
+        config.validate()?;
+        let geometry = store.store().namespace().geometry.clone();
+        let block_bytes = store.store().block_bytes();
+        Encoder::new(config.codec, &geometry)?; // the codec fits the geometry
+        let region = config
+            .chunk_blocks
+            .checked_mul(block_bytes)
+            .ok_or_else(|| TransferError::Config("chunk_blocks × block_bytes overflows".into()))?;
+        let buffers = match config.codec {
+            _ if config.allocate_per_chunk => 0,
+            TransferCodec::Raw => 1,
+            TransferCodec::Lossless { .. } => 2,
+            TransferCodec::Quant { .. } => 3,
+        };
+        let slots = (0..config.buffer_chunks)
+            .map(|_| Slot {
+                bufs: std::array::from_fn(|b| {
+                    UnsafeCell::new(AlignedBuf::prefaulted(if b < buffers { region } else { 0 }))
+                }),
+            })
+            .collect();
+        let queue = || StageQueue {
+            queue: Mutex::new((VecDeque::with_capacity(config.buffer_chunks), false)),
+            ready: Condvar::new(),
+        };
+        let shared = Arc::new(Shared {
+            store,
+            geometry,
+            block_bytes,
+            slots,
+            dispatch: Mutex::new(Dispatch {
+                active: VecDeque::with_capacity(config.jobs_in_flight_max),
+                free_slots: (0..config.buffer_chunks).rev().collect(),
+                shutdown: false,
+            }),
+            dispatch_ready: Condvar::new(),
+            queues: [queue(), queue(), queue()],
+            store_queue: Mutex::new((VecDeque::with_capacity(config.jobs_in_flight_max), false)),
+            store_ready: Condvar::new(),
+            table: Mutex::new(Table {
+                jobs: HashMap::with_capacity(config.jobs_in_flight_max),
+                finished: VecDeque::with_capacity(config.jobs_in_flight_max),
+                inflight_bytes: 0,
+            }),
+            table_changed: Condvar::new(),
+            layer_waiters: AtomicUsize::new(0),
+            counters: Default::default(),
+            next_id: AtomicU64::new(1),
+            config,
+        });
+        let mut threads = Vec::new();
+        let w = shared.config.stage_workers;
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name).spawn(f).expect("spawning transfer worker")
+        };
+        for i in 0..w.read {
+            let s = shared.clone();
+            threads.push(spawn(format!("kvtier-read-{i}"), Box::new(move || read_worker(&s))));
+        }
+        let codec = shared.config.codec;
+        let stage_threads = [
+            (DECOMPRESS, w.decompress, codec != TransferCodec::Raw, "decompress"),
+            (DEQUANTIZE, w.dequantize, matches!(codec, TransferCodec::Quant { .. }), "dequantize"),
+            (SCATTER, w.scatter, true, "scatter"),
+        ];
+        for (stage, n, needed, name) in stage_threads {
+            for i in 0..if needed { n } else { 0 } {
+                let s = shared.clone();
+                threads.push(spawn(format!("kvtier-{name}-{i}"), Box::new(move || stage_worker(&s, stage))));
+            }
+        }
+        for i in 0..shared.config.store_workers {
+            let s = shared.clone();
+            threads.push(spawn(format!("kvtier-store-{i}"), Box::new(move || store_worker(&s))));
+        }
+        Ok(TransferEngine { shared, threads })
+    }
+
+    pub fn config(&self) -> &TransferConfig {
+        &self.shared.config
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.shared.block_bytes
+    }
+
+    /// Starts loading `keys[i]` into pool block `block_ids[i]`. The hit prefix is leased now
+    /// and held until the job finishes; blocks past it finish as [`BlockOutcome::Miss`], ids
+    /// out of range as `BadBlockId`, repeated ids as `DuplicateBlock` (the first one loads).
+    /// Errors (nothing started): a pool that is not `num_blocks × block_bytes`, a count
+    /// mismatch, a bound reached, or the store refusing the lease.
+    pub fn submit_load(
+        &self,
+        keys: &[BlockKey],
+        pool: PoolRef,
+        block_ids: &[u64],
+    ) -> Result<JobId, TransferError> {
+        self.submit(JobKind::Load, keys, pool, block_ids)
+    }
+
+    /// Starts storing pool block `block_ids[i]` under `keys[i]` (gather → encode → put).
+    /// Blocks the store refuses finish as [`BlockOutcome::Rejected`]; bad ids as for loads.
+    pub fn submit_store(
+        &self,
+        keys: &[BlockKey],
+        pool: PoolRef,
+        block_ids: &[u64],
+    ) -> Result<JobId, TransferError> {
+        self.submit(JobKind::Store, keys, pool, block_ids)
+    }
+
+    fn check_submission(
+        &self,
+        keys: &[BlockKey],
+        pool: &PoolRef,
+        block_ids: &[u64],
+    ) -> Result<(), TransferError> {
+        let bb = self.shared.block_bytes as u64;
+        let expected = pool.num_blocks().saturating_mul(bb);
+        if pool.num_blocks() == 0 || pool.len() as u64 != expected {
+            return Err(TransferError::PoolSize {
+                actual: pool.len(),
+                expected,
+                num_blocks: pool.num_blocks(),
+                block_bytes: bb,
+            });
+        }
+        if keys.len() != block_ids.len() {
+            return Err(TransferError::CountMismatch { keys: keys.len(), block_ids: block_ids.len() });
+        }
+        if keys.len() > self.shared.config.job_blocks_max {
+            return Err(TransferError::JobTooLarge {
+                blocks: keys.len(),
+                max: self.shared.config.job_blocks_max,
+            });
+        }
+        Ok(())
+    }
+
+    fn submit(
+        &self,
+        kind: JobKind,
+        keys: &[BlockKey],
+        pool: PoolRef,
+        block_ids: &[u64],
+    ) -> Result<JobId, TransferError> {
+        self.check_submission(keys, &pool, block_ids)?;
+        let sh = &self.shared;
+        let job_bytes = keys.len() as u64 * sh.block_bytes as u64;
+        let job = {
+            let mut table = lock(&sh.table);
+            if table.jobs.len() >= sh.config.jobs_in_flight_max {
+                return Err(TransferError::TooManyJobs {
+                    active: table.jobs.len(),
+                    max: sh.config.jobs_in_flight_max,
+                });
+            }
+            if table.inflight_bytes + job_bytes > sh.config.inflight_bytes_max {
+                return Err(TransferError::TooManyBytes {
+                    job_bytes,
+                    inflight_bytes: table.inflight_bytes,
+                    max: sh.config.inflight_bytes_max,
+                });
+            }
+            let store = sh.store.store();
+            let (lease, work_blocks) = match kind {
+                JobKind::Load => {
+                    let lease = store.lease(store.namespace_hash(), keys)?;
+                    (Some(lease.id), lease.hit_blocks)
+                }
+                JobKind::Store => (None, keys.len()),
+            };
+            let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+            let shape = PoolShape::new(&sh.geometry, pool.num_blocks());
+            let job = Arc::new(Job::new(
+                id,
+                kind,
+                keys.to_vec(),
+                block_ids.to_vec(),
+                pool,
+                shape,
+                lease,
+                work_blocks,
+                sh.config.chunk_blocks,
+                sh.config.buffer_chunks,
+                sh.block_bytes as u64,
+            ));
+            settle_bad_ids(&job);
+            (work_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
+            table.jobs.insert(id, job.clone());
+            table.inflight_bytes += job_bytes;
+            job
+        };
+        if job.chunks_total == 0 {
+            finish_job(sh, &job);
+        } else if kind == JobKind::Load {
+            lock(&sh.dispatch).active.push_back(job.clone());
+            sh.dispatch_ready.notify_all();
+        } else {
+            lock(&sh.store_queue).0.push_back(job.clone());
+            sh.store_ready.notify_all();
+        }
+        Ok(job.id)
+    }
+
+    /// Collects every finished job (each is reported once, here or by [`wait`](Self::wait)).
+    pub fn finished(&self) -> Vec<FinishedJob> {
+        let mut table = lock(&self.shared.table);
+        let ids: Vec<JobId> = table.finished.drain(..).collect();
+        ids.iter().filter_map(|id| table.jobs.remove(id)).map(|j| j.finished_job()).collect()
+    }
+
+    /// Waits for every job in `ids` to finish and collects them, in the order given. An id
+    /// that is unknown (never submitted, or already collected) is an error, checked first.
+    pub fn wait(&self, ids: &[JobId]) -> Result<Vec<FinishedJob>, TransferError> {
+        let sh = &self.shared;
+        let mut table = lock(&sh.table);
+        if let Some(&id) = ids.iter().find(|id| !table.jobs.contains_key(id)) {
+            return Err(TransferError::UnknownJob { id });
+        }
+        let jobs: Vec<Arc<Job>> = ids.iter().map(|id| table.jobs[id].clone()).collect();
+        while !jobs.iter().all(|j| j.is_finished()) {
+            table = sh.table_changed.wait(table).unwrap_or_else(|e| e.into_inner());
+        }
+        let wanted: HashSet<JobId> = ids.iter().copied().collect();
+        table.finished.retain(|id| !wanted.contains(id));
+        for id in ids {
+            table.jobs.remove(id);
+        }
+        Ok(jobs.iter().map(|j| j.finished_job()).collect())
+    }
+
+    /// Waits until layer `layer` of every block of load job `id` is final: in place in the pool,
+    /// or failed (see the block's outcome, e.g. with [`outcomes`](Self::outcomes)). Returns at
+    /// once for a finished job; for a store job, waits for the whole job. Does not collect it.
+    pub fn wait_layer(&self, id: JobId, layer: u32) -> Result<(), TransferError> {
+        let sh = &self.shared;
+        let num_layers = sh.geometry.num_layers();
+        if layer >= num_layers {
+            return Err(TransferError::LayerOutOfRange { layer, num_layers });
+        }
+        let mut table = lock(&sh.table);
+        let job = table.jobs.get(&id).cloned().ok_or(TransferError::UnknownJob { id })?;
+        sh.layer_waiters.fetch_add(1, Ordering::SeqCst);
+        let ready = |j: &Job| match j.kind {
+            JobKind::Load => j.layer_ready(layer as usize),
+            JobKind::Store => j.is_finished(),
+        };
+        while !ready(&job) {
+            table = sh.table_changed.wait(table).unwrap_or_else(|e| e.into_inner());
+        }
+        sh.layer_waiters.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The outcome of each block of job `id` so far (`Pending` for blocks still moving).
+    pub fn outcomes(&self, id: JobId) -> Result<Vec<BlockOutcome>, TransferError> {
+        let table = lock(&self.shared.table);
+        Ok(table.jobs.get(&id).ok_or(TransferError::UnknownJob { id })?.outcomes())
+    }
+
+    /// Cancels job `id`: chunks not yet started finish as `Cancelled`, chunks in flight stop at
+    /// their next stage boundary (a chunk already scattering completes). Returns `Ok(true)` if
+    /// the job was still running, `Ok(false)` (a no-op) if it had finished; the job must still
+    /// be collected. An unknown id (never submitted, or already collected) is an error.
+    pub fn cancel(&self, id: JobId) -> Result<bool, TransferError> {
+        let sh = &self.shared;
+        let job = lock(&sh.table).jobs.get(&id).cloned().ok_or(TransferError::UnknownJob { id })?;
+        if job.is_finished() {
+            return Ok(false);
+        }
+        job.cancelled.store(true, Ordering::Release);
+        let (from, to) = match job.kind {
+            JobKind::Load => {
+                let mut d = lock(&sh.dispatch);
+                d.active.retain(|j| j.id != id);
+                take_rest(&job)
+            }
+            JobKind::Store => {
+                let mut q = lock(&sh.store_queue);
+                q.0.retain(|j| j.id != id);
+                take_rest(&job)
+            }
+        };
+        for chunk in from..to {
+            let (first, count) = job.chunk_range(chunk);
+            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
+        }
+        if to > from {
+            chunks_done(sh, &job, to - from);
+        }
+        Ok(true)
+    }
+
+    /// Jobs submitted and not yet collected.
+    pub fn jobs(&self) -> usize {
+        lock(&self.shared.table).jobs.len()
+    }
+
+    /// Per stage (read, decompress, dequantize, scatter): busy time and bytes since start.
+    pub fn stage_stats(&self) -> [StageStats; 4] {
+        let w = self.shared.config.stage_workers.as_array();
+        std::array::from_fn(|i| {
+            let c = &self.shared.counters[i];
+            StageStats {
+                name: crate::config::STAGE_NAMES[i],
+                workers: w[i],
+                busy_s: c.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                bytes: c.bytes.load(Ordering::Relaxed),
+                chunks: c.chunks.load(Ordering::Relaxed),
+            }
+        })
+    }
+
+    /// Runs a load with the same stage code, without pipelining: the baselines of
+    /// `pipeline_ratio_to_sequential`. Default: stage after stage over the whole request, each
+    /// stage with its configured workers (whole-request buffers, allocated before timing).
+    /// `per_chunk`: one thread takes each chunk through all stages before the next, in one
+    /// chunk-sized region (the pipeline's buffer locality, no overlap at all). Returns the job
+    /// and each stage's seconds.
+    pub fn load_sequential(
+        &self,
+        keys: &[BlockKey],
+        pool: PoolRef,
+        block_ids: &[u64],
+        per_chunk: bool,
+    ) -> Result<(FinishedJob, [f64; 4]), TransferError> {
+        self.check_submission(keys, &pool, block_ids)?;
+        crate::sequential::run(self, keys, pool, block_ids, per_chunk)
+    }
+
+    pub(crate) fn parts(&self) -> (&Store, &Geometry, &TransferConfig) {
+        (self.shared.store.store(), &self.shared.geometry, &self.shared.config)
+    }
+}
+
+/// Ids past the pool and repeated ids fail before any byte moves.
+pub(crate) fn settle_bad_ids(job: &Job) {
+    let mut seen = HashSet::with_capacity(job.block_ids.len());
+    for (i, &b) in job.block_ids.iter().enumerate() {
+        if b >= job.pool.num_blocks() {
+            job.settle(i, BlockOutcome::BadBlockId);
+        } else if !seen.insert(b) {
+            job.settle(i, BlockOutcome::DuplicateBlock);
+        }
+    }
+}
+
+/// Claims the chunks not yet dispatched (caller holds the dispatch or store-queue lock).
+fn take_rest(job: &Job) -> (usize, usize) {
+    let from = job.next_chunk.swap(job.chunks_total, Ordering::AcqRel).min(job.chunks_total);
+    (from, job.chunks_total)
+}
+
+/// Records `n` more chunks of `job` as done; the last one finishes the job.
+fn chunks_done(sh: &Shared, job: &Arc<Job>, n: usize) {
+    if job.chunks_done.fetch_add(n, Ordering::AcqRel) + n == job.chunks_total {
+        finish_job(sh, job);
+    }
+}
+
+/// Releases the job's lease and publishes it as finished.
+fn finish_job(sh: &Shared, job: &Arc<Job>) {
+    if let Some(lease) = job.lease {
+        // Releasing is idempotent; an error means the lease already ended (expired).
+        let _ = foreign(|| sh.store.store().release(lease));
+    }
+    let mut table = lock(&sh.table);
+    job.finished.store(true, Ordering::Release);
+    table.inflight_bytes -= job.bytes;
+    table.finished.push_back(job.id);
+    sh.table_changed.notify_all();
+}
+
+impl Shared {
+    /// Pointer to stage buffer `b` of the task's chunk.
+    fn buf(&self, task: &mut Task, b: usize) -> *mut u8 {
+        match &mut task.owned[b] {
+            Some(v) => v.as_mut_ptr(),
+            // SAFETY: the task owns its slot, so no one else touches the slot's buffers.
+            None => unsafe { (&mut *self.slots[task.slot].bufs[b].get()).as_mut_ptr() },
+        }
+    }
+
+    /// `allocate_per_chunk`: gives the task a fresh buffer `b` (the "No MM" baseline).
+    fn fresh(&self, task: &mut Task, b: usize) {
+        if self.config.allocate_per_chunk {
+            task.owned[b] = Some(AlignedBuf::fresh(self.config.chunk_blocks * self.block_bytes));
+        }
+    }
+
+    fn push(&self, stage: usize, task: Task) {
+        let q = &self.queues[stage];
+        lock(&q.queue).0.push_back(task);
+        q.ready.notify_one();
+    }
+
+    /// A chunk left the pipeline: its region goes back, and the job may finish.
+    fn chunk_left(&self, task: Task) {
+        let Task { job, slot, owned, .. } = task;
+        drop(owned);
+        lock(&self.dispatch).free_slots.push(slot);
+        self.dispatch_ready.notify_one();
+        chunks_done(self, &job, 1);
+    }
+
+    fn notify_layer(&self) {
+        if self.layer_waiters.load(Ordering::SeqCst) > 0 {
+            let _table = lock(&self.table);
+            self.table_changed.notify_all();
+        }
+    }
+}
+
+fn next_read(sh: &Shared) -> Option<Task> {
+    let mut d = lock(&sh.dispatch);
+    loop {
+        if d.shutdown {
+            return None;
+        }
+        if !d.free_slots.is_empty() {
+            if let Some(job) = d.active.front().cloned() {
+                let chunk = job.next_chunk.fetch_add(1, Ordering::AcqRel);
+                if chunk + 1 >= job.chunks_total {
+                    d.active.pop_front();
+                }
+                let slot = d.free_slots.pop().expect("a free slot");
+                return Some(Task { job, chunk, slot, owned: [None, None, None] });
+            }
+        }
+        d = sh.dispatch_ready.wait(d).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+fn read_worker(sh: &Shared) {
+    let mut scratch = SliceScratch::with_capacity(sh.config.chunk_blocks);
+    while let Some(mut task) = next_read(sh) {
+        let _hot = hot_path::enter();
+        let job = task.job.clone();
+        let (first, count) = job.chunk_range(task.chunk);
+        if job.is_cancelled() {
+            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
+            sh.chunk_left(task);
+            continue;
+        }
+        let start = Instant::now();
+        sh.fresh(&mut task, 0);
+        let buf = sh.buf(&mut task, 0);
+        // SAFETY: the region holds chunk_blocks × block_bytes bytes and belongs to this task.
+        unsafe {
+            stages::read_chunk(sh.store.store(), &job, first, count, buf, sh.block_bytes, &mut scratch)
+        };
+        sh.counters[0].add(start, count * sh.block_bytes);
+        let next = if sh.config.codec == TransferCodec::Raw { SCATTER } else { DECOMPRESS };
+        sh.push(next, task);
+    }
+}
+
+fn next_task(sh: &Shared, stage: usize) -> Option<Task> {
+    let q = &sh.queues[stage];
+    let mut guard = lock(&q.queue);
+    loop {
+        if let Some(task) = guard.0.pop_front() {
+            return Some(task);
+        }
+        if guard.1 {
+            return None;
+        }
+        guard = q.ready.wait(guard).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+fn stage_worker(sh: &Shared, stage: usize) {
+    let bb = sh.block_bytes;
+    // Allocated once, with the codec's per-thread contexts, before the first chunk arrives.
+    let mut scratch = AlignedBuf::prefaulted(if stage == DECOMPRESS { bb } else { 0 });
+    if stage == DECOMPRESS {
+        crate::codec::warm_up(sh.config.codec, &sh.geometry, scratch.as_mut_slice());
+    }
+    while let Some(mut task) = next_task(sh, stage) {
+        let _hot = hot_path::enter();
+        let job = task.job.clone();
+        let (first, count) = job.chunk_range(task.chunk);
+        if job.is_cancelled() && stage != SCATTER {
+            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
+            sh.chunk_left(task);
+            continue;
+        }
+        let start = Instant::now();
+        match stage {
+            DECOMPRESS => {
+                sh.fresh(&mut task, 1);
+                let (src, dst) = (sh.buf(&mut task, 0), sh.buf(&mut task, 1));
+                // SAFETY: both regions belong to this task and hold a whole chunk.
+                unsafe { stages::decompress_chunk(&job, first, count, src, dst, bb, scratch.as_mut_slice()) };
+                sh.counters[1].add(start, count * bb);
+                let quant = matches!(sh.config.codec, TransferCodec::Quant { .. });
+                sh.push(if quant { DEQUANTIZE } else { SCATTER }, task);
+            }
+            DEQUANTIZE => {
+                sh.fresh(&mut task, 2);
+                let (src, dst) = (sh.buf(&mut task, 1), sh.buf(&mut task, 2));
+                // SAFETY: as above.
+                unsafe { stages::dequantize_chunk(&job, first, count, src, dst, bb) };
+                sh.counters[2].add(start, count * bb);
+                sh.push(SCATTER, task);
+            }
+            _ => {
+                let b = match sh.config.codec {
+                    TransferCodec::Raw => 0,
+                    TransferCodec::Lossless { .. } => 1,
+                    TransferCodec::Quant { .. } => 2,
+                };
+                let src = sh.buf(&mut task, b);
+                if job.is_cancelled() {
+                    stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
+                } else {
+                    // SAFETY: the region belongs to this task; the job's pool is live until it is
+                    // collected and its blocks are written only by this job (caller contract).
+                    unsafe {
+                        stages::scatter_chunk(&job, &job.shape, first, count, src, |_| sh.notify_layer())
+                    };
+                }
+                sh.counters[3].add(start, count * bb);
+                sh.chunk_left(task);
+            }
+        }
+    }
+}
+
+fn next_store_chunk(sh: &Shared) -> Option<(Arc<Job>, usize)> {
+    let mut q = lock(&sh.store_queue);
+    loop {
+        if q.1 {
+            return None;
+        }
+        if let Some(job) = q.0.front().cloned() {
+            let chunk = job.next_chunk.fetch_add(1, Ordering::AcqRel);
+            if chunk + 1 >= job.chunks_total {
+                q.0.pop_front();
+            }
+            return Some((job, chunk));
+        }
+        q = sh.store_ready.wait(q).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+fn store_worker(sh: &Shared) {
+    let bb = sh.block_bytes;
+    let mut encoder = Encoder::new(sh.config.codec, &sh.geometry).expect("checked at construction");
+    let mut gathered = vec![0u8; sh.config.chunk_blocks * bb];
+    let mut objects = vec![0u8; sh.config.chunk_blocks * bb];
+    while let Some((job, chunk)) = next_store_chunk(sh) {
+        let (first, count) = job.chunk_range(chunk);
+        if job.is_cancelled() {
+            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
+        } else {
+            store_chunk(sh, &job, first, count, &mut encoder, &mut gathered, &mut objects);
+        }
+        chunks_done(sh, &job, 1);
+    }
+}
+
+/// Gathers, encodes and puts one chunk of a store job.
+fn store_chunk(
+    sh: &Shared,
+    job: &Job,
+    first: usize,
+    count: usize,
+    encoder: &mut Encoder,
+    gathered: &mut [u8],
+    objects: &mut [u8],
+) {
+    let bb = sh.block_bytes;
+    let raw = encoder.codec() == TransferCodec::Raw;
+    let mut keys = Vec::with_capacity(count);
+    let mut items = Vec::with_capacity(count);
+    for i in (0..count).filter(|&i| job.is_pending(first + i)) {
+        let g = &mut gathered[i * bb..(i + 1) * bb];
+        // SAFETY: the id was checked against the pool; the caller does not write blocks it
+        // stores while the job runs.
+        unsafe { job.shape.gather_block(job.pool.ptr(), job.block_ids[first + i] as usize, g.as_mut_ptr()) };
+        if !raw && encoder.encode(g, &mut objects[i * bb..(i + 1) * bb]).is_err() {
+            job.settle(first + i, BlockOutcome::Rejected);
+            continue;
+        }
+        keys.push(job.keys[first + i]);
+        items.push(i);
+    }
+    let source: &[u8] = if raw { gathered } else { objects };
+    let refs: Vec<&[u8]> = items.iter().map(|&i| &source[i * bb..(i + 1) * bb]).collect();
+    let store = sh.store.store();
+    let ns = store.namespace_hash();
+    match store.put(ns, &keys, &refs) {
+        Ok(report) if report.rejected == 0 => {
+            items.iter().for_each(|&i| job.settle(first + i, BlockOutcome::Done))
+        }
+        Ok(_) => {
+            for (&i, key) in items.iter().zip(&keys) {
+                let present = store.lookup(ns, std::slice::from_ref(key)).map(|l| l.hit_blocks == 1);
+                job.settle(
+                    first + i,
+                    if present == Ok(true) { BlockOutcome::Done } else { BlockOutcome::Rejected },
+                );
+            }
+        }
+        Err(_) => items.iter().for_each(|&i| job.settle(first + i, BlockOutcome::StoreFailed)),
+    }
+}
+
+impl Drop for TransferEngine {
+    /// Cancels what is still running, waits for in-flight chunks to drain (so no worker touches
+    /// a caller pool after this returns), releases every lease, and joins the workers.
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        let ids: Vec<JobId> = lock(&sh.table).jobs.keys().copied().collect();
+        for id in ids {
+            let _ = self.cancel(id);
+        }
+        {
+            let mut table = lock(&sh.table);
+            while !table.jobs.values().all(|j| j.is_finished()) {
+                table = sh.table_changed.wait(table).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        lock(&sh.dispatch).shutdown = true;
+        sh.dispatch_ready.notify_all();
+        for q in &sh.queues {
+            lock(&q.queue).1 = true;
+            q.ready.notify_all();
+        }
+        lock(&sh.store_queue).1 = true;
+        sh.store_ready.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

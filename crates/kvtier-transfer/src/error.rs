@@ -1,0 +1,35 @@
+//! Errors of the transfer engine. A block that fails inside a job (miss, checksum failure,
+//! decode failure, cancelled, bad id) is a per-block [`BlockOutcome`](crate::BlockOutcome),
+//! not an error: errors are for a submission that cannot be run at all and for misuse.
+
+use kvtier_store::StoreError;
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum TransferError {
+    #[error("invalid transfer config: {0}")]
+    Config(String),
+    #[error("pool is {actual} bytes; expected {expected} ({num_blocks} blocks of {block_bytes} bytes, LayerFirst)")]
+    PoolSize { actual: usize, expected: u64, num_blocks: u64, block_bytes: u64 },
+    #[error("{keys} keys but {block_ids} block ids; expected one pool block per key")]
+    CountMismatch { keys: usize, block_ids: usize },
+    #[error("{active} jobs are in flight or finished but not collected; expected fewer than jobs_in_flight_max = {max} (collect them with finished() or wait())")]
+    TooManyJobs { active: usize, max: usize },
+    #[error(
+        "job of {job_bytes} bytes with {inflight_bytes} bytes in flight exceeds inflight_bytes_max = {max}"
+    )]
+    TooManyBytes { job_bytes: u64, inflight_bytes: u64, max: u64 },
+    #[error("job of {blocks} blocks; expected at most job_blocks_max = {max}")]
+    JobTooLarge { blocks: usize, max: usize },
+    #[error("job {id} is unknown: never submitted here, or already collected")]
+    UnknownJob { id: u64 },
+    #[error("layer {layer} is out of range; the geometry has {num_layers} layers")]
+    LayerOutOfRange { layer: u32, num_layers: u32 },
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    #[error("duplex: {0}")]
+    Duplex(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,216 @@
+//! A job's state, shared by the submitting thread, the stage workers and waiters.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+
+use kvtier_core::BlockKey;
+
+use crate::pool::{PoolRef, PoolShape};
+
+pub type JobId = u64;
+
+/// Load (store → pool) or store (pool → store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    Load,
+    Store,
+}
+
+/// What happened to one block of a job. Every block ends in exactly one of these; only
+/// [`BlockOutcome::Done`] means its bytes are in place (loads) or stored (stores).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum BlockOutcome {
+    /// Not finished yet (only seen through [`TransferEngine::wait_layer`](crate::TransferEngine)).
+    Pending = 0,
+    Done = 1,
+    /// Not in the store (a load past the hit prefix).
+    Miss = 2,
+    /// The stored copy failed verification (checksum, namespace) or its read failed (a device
+    /// error): the store does not serve it. The rest of its chunk is still read.
+    ReadFailed = 3,
+    /// The payload did not decode under the engine's codec.
+    DecodeFailed = 4,
+    /// The job was cancelled before this block moved.
+    Cancelled = 5,
+    /// The block id is not below the pool's `num_blocks`.
+    BadBlockId = 6,
+    /// The block id appears earlier in the same job.
+    DuplicateBlock = 7,
+    /// The store refused it (full of leased blocks) or could not encode it into an object.
+    Rejected = 8,
+    /// The store call failed (e.g. the lease expired mid-job).
+    StoreFailed = 9,
+}
+
+impl BlockOutcome {
+    pub const ALL: [BlockOutcome; 10] = [
+        BlockOutcome::Pending,
+        BlockOutcome::Done,
+        BlockOutcome::Miss,
+        BlockOutcome::ReadFailed,
+        BlockOutcome::DecodeFailed,
+        BlockOutcome::Cancelled,
+        BlockOutcome::BadBlockId,
+        BlockOutcome::DuplicateBlock,
+        BlockOutcome::Rejected,
+        BlockOutcome::StoreFailed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockOutcome::Pending => "pending",
+            BlockOutcome::Done => "done",
+            BlockOutcome::Miss => "miss",
+            BlockOutcome::ReadFailed => "read_failed",
+            BlockOutcome::DecodeFailed => "decode_failed",
+            BlockOutcome::Cancelled => "cancelled",
+            BlockOutcome::BadBlockId => "bad_block_id",
+            BlockOutcome::DuplicateBlock => "duplicate_block",
+            BlockOutcome::Rejected => "rejected",
+            BlockOutcome::StoreFailed => "store_failed",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        Self::ALL[v as usize]
+    }
+}
+
+/// A collected job: its outcome per block, in the order of its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinishedJob {
+    pub id: JobId,
+    pub kind: JobKind,
+    pub outcomes: Vec<BlockOutcome>,
+    pub cancelled: bool,
+    /// Times the job's chunks wrapped around the stage buffers (1 when it fit at once).
+    pub rounds: usize,
+}
+
+impl FinishedJob {
+    /// Blocks whose bytes are in place (loads) or stored (stores).
+    pub fn done_blocks(&self) -> usize {
+        self.outcomes.iter().filter(|&&o| o == BlockOutcome::Done).count()
+    }
+    /// `(index, outcome)` of every block that did not complete.
+    pub fn failed(&self) -> Vec<(usize, BlockOutcome)> {
+        self.outcomes.iter().copied().enumerate().filter(|&(_, o)| o != BlockOutcome::Done).collect()
+    }
+}
+
+pub(crate) struct Job {
+    pub id: JobId,
+    pub kind: JobKind,
+    pub keys: Vec<BlockKey>,
+    pub block_ids: Vec<u64>,
+    pub pool: PoolRef,
+    pub shape: PoolShape,
+    pub lease: Option<u64>,
+    /// Blocks `0..work_blocks` go through the stages; later ones already have their outcome.
+    pub work_blocks: usize,
+    pub chunk_blocks: usize,
+    pub chunks_total: usize,
+    pub bytes: u64,
+    pub rounds: usize,
+    outcomes: Vec<AtomicU8>,
+    /// Chunks handed to a worker (advanced under the dispatch lock).
+    pub next_chunk: AtomicUsize,
+    pub chunks_done: AtomicUsize,
+    /// Per layer: chunks whose blocks have that layer in place (or failed).
+    pub layer_chunks_done: Vec<AtomicUsize>,
+    pub cancelled: AtomicBool,
+    pub finished: AtomicBool,
+}
+
+impl Job {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: JobId,
+        kind: JobKind,
+        keys: Vec<BlockKey>,
+        block_ids: Vec<u64>,
+        pool: PoolRef,
+        shape: PoolShape,
+        lease: Option<u64>,
+        work_blocks: usize,
+        chunk_blocks: usize,
+        buffer_chunks: usize,
+        block_bytes: u64,
+    ) -> Job {
+        let num_layers = shape.layers;
+        let chunks_total = work_blocks.div_ceil(chunk_blocks);
+        let bytes = keys.len() as u64 * block_bytes;
+        let outcomes = (0..keys.len()).map(|_| AtomicU8::new(BlockOutcome::Pending as u8)).collect();
+        Job {
+            id,
+            kind,
+            keys,
+            block_ids,
+            pool,
+            shape,
+            lease,
+            work_blocks,
+            chunk_blocks,
+            chunks_total,
+            bytes,
+            rounds: chunks_total.div_ceil(buffer_chunks).max(1),
+            outcomes,
+            next_chunk: AtomicUsize::new(0),
+            chunks_done: AtomicUsize::new(0),
+            layer_chunks_done: (0..num_layers).map(|_| AtomicUsize::new(0)).collect(),
+            cancelled: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Blocks `first..first + count` of chunk `chunk`.
+    pub fn chunk_range(&self, chunk: usize) -> (usize, usize) {
+        let first = chunk * self.chunk_blocks;
+        (first, self.chunk_blocks.min(self.work_blocks - first))
+    }
+
+    pub fn outcome(&self, i: usize) -> BlockOutcome {
+        BlockOutcome::from_u8(self.outcomes[i].load(Ordering::Acquire))
+    }
+
+    pub fn is_pending(&self, i: usize) -> bool {
+        self.outcome(i) == BlockOutcome::Pending
+    }
+
+    /// Sets block `i`'s outcome unless it already has one (the first reason wins).
+    pub fn settle(&self, i: usize, outcome: BlockOutcome) {
+        let _ = self.outcomes[i].compare_exchange(
+            BlockOutcome::Pending as u8,
+            outcome as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    pub fn outcomes(&self) -> Vec<BlockOutcome> {
+        (0..self.outcomes.len()).map(|i| self.outcome(i)).collect()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub fn layer_ready(&self, layer: usize) -> bool {
+        // SeqCst pairs with the scatter stage's increment and waiter check (see engine.rs).
+        self.is_finished() || self.layer_chunks_done[layer].load(Ordering::SeqCst) >= self.chunks_total
+    }
+
+    pub fn finished_job(&self) -> FinishedJob {
+        FinishedJob {
+            id: self.id,
+            kind: self.kind,
+            outcomes: self.outcomes(),
+            cancelled: self.is_cancelled(),
+            rounds: self.rounds,
+        }
+    }
+}

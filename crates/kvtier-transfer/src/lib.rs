@@ -1,0 +1,68 @@
+//! kvtier-transfer: the data-plane engine between the store's tiers and an engine's paged KV
+//! pool (DESIGN §4).
+//!
+//! - [`TransferEngine`]: asynchronous load and store jobs. `submit_load(keys, pool, block_ids)`
+//!   and `submit_store` return a [`JobId`]; [`finished`](TransferEngine::finished) and
+//!   [`wait`](TransferEngine::wait) collect jobs with a [`BlockOutcome`] per block;
+//!   [`wait_layer`](TransferEngine::wait_layer) lets an engine compute layer N while later
+//!   layers land; [`cancel`](TransferEngine::cancel). A load leases its hit prefix at submission
+//!   and releases it when the job finishes.
+//! - The chunked pipeline (ShadowServe §4.2–4.3): read (store) → decompress → dequantize →
+//!   scatter (into the `LayerFirst` pool), each stage on its own workers, split by
+//!   [`StageWorkers::balanced`] from measured stage rates. Stage buffers are allocated once;
+//!   each chunk in flight owns one region; a job larger than the buffers runs in rounds.
+//! - [`duplex`]: the DuplexKV swap engine (SuperInfer §4.3.2).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use kvtier_core::{block_keys, Dtype, Geometry, Namespace};
+//! use kvtier_store::{Store, StoreConfig};
+//! use kvtier_transfer::{BlockOutcome, PoolBuffer, PoolRef, TransferConfig, TransferEngine};
+//!
+//! let geometry = Geometry::new(2, 2, 64, Dtype::F16, 16, vec![]).unwrap();
+//! let namespace = Namespace { model_id: "demo".into(), geometry, layout_version: 1,
+//!                             cache_salt: String::new(), rank: 0 };
+//! let config = StoreConfig { dram_capacity_bytes: 1 << 20, ..StoreConfig::default() };
+//! let store = Arc::new(Store::new(namespace, config).unwrap());
+//! let keys = block_keys(store.namespace_hash(), &(0..64).collect::<Vec<u32>>(), 16, &[]).unwrap();
+//! let engine = TransferEngine::new(store.clone(), TransferConfig::default()).unwrap();
+//!
+//! // Store pool blocks 0..4 under the keys, then load them into blocks 4..8.
+//! let pool = PoolBuffer::new(8 * store.block_bytes());
+//! let put = engine.submit_store(&keys, PoolRef::owned(&pool, 8), &[0, 1, 2, 3]).unwrap();
+//! engine.wait(&[put]).unwrap();
+//! let job = engine.submit_load(&keys, PoolRef::owned(&pool, 8), &[4, 5, 6, 7]).unwrap();
+//! engine.wait_layer(job, 0).unwrap(); // layer 0 of every block is in place
+//! let done = engine.wait(&[job]).unwrap().remove(0);
+//! assert!(done.outcomes.iter().all(|&o| o == BlockOutcome::Done));
+//! ```
+//!
+//! Invariants:
+//! - Every block of a job ends with exactly one outcome; only `Done` blocks hold their bytes.
+//!   A failed block (miss, checksum, decode, bad id, cancel) is reported, never silent garbage.
+//! - No allocation on the load hot path (stage workers processing a chunk), outside the store's
+//!   own calls: `tests/no_allocation_on_hot_path.rs` proves it with a counting allocator.
+//! - Bounded: `jobs_in_flight_max` jobs (submitted, not collected), `inflight_bytes_max`
+//!   bytes of unfinished jobs, `job_blocks_max` blocks per job, `buffer_chunks` chunks in
+//!   flight (every stage queue holds at most that many).
+//! - A job never writes a pool block outside its `block_ids`, and writes each at most once.
+
+mod aligned;
+mod codec;
+pub mod config;
+pub mod duplex;
+mod engine;
+mod error;
+pub mod hot_path;
+mod job;
+mod pool;
+mod sequential;
+mod stages;
+
+pub use config::{StageWorkers, TransferCodec, TransferConfig, STAGE_NAMES};
+pub use duplex::{BlockState, DuplexConfig, DuplexEngine, StepTickets};
+pub use engine::{StageStats, StoreHandle, TransferEngine};
+pub use error::TransferError;
+pub use job::{BlockOutcome, FinishedJob, JobId, JobKind};
+pub use kvtier_codec::streams::Backend;
+pub use pool::{PoolBuffer, PoolRef};

@@ -1,0 +1,175 @@
+//! The sequential baseline of `pipeline_ratio_to_sequential`: the same stage code and worker
+//! counts as the pipeline, but each stage runs over the whole request before the next starts.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use kvtier_core::BlockKey;
+
+use crate::aligned::AlignedBuf;
+use crate::config::TransferCodec;
+use crate::engine::{settle_bad_ids, TransferEngine};
+use crate::error::TransferError;
+use crate::job::{BlockOutcome, FinishedJob, Job, JobKind};
+use crate::pool::{PoolRef, PoolShape};
+use crate::stages::{self, SliceScratch};
+
+/// A base pointer shared by the threads of one stage, which use disjoint chunks of it.
+#[derive(Clone, Copy)]
+struct Base(*mut u8);
+// SAFETY: each thread touches only its own chunks' bytes.
+unsafe impl Send for Base {}
+unsafe impl Sync for Base {}
+
+/// Runs `f(first, count)` for every chunk, spread over `workers` threads (chunk `c` on thread
+/// `c % workers`); returns the stage's wall time.
+fn stage(job: &Job, workers: usize, f: impl Fn(usize, usize) + Sync) -> f64 {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..workers.min(job.chunks_total.max(1)) {
+            let f = &f;
+            s.spawn(move || {
+                for chunk in (t..job.chunks_total).step_by(workers) {
+                    let (first, count) = job.chunk_range(chunk);
+                    f(first, count);
+                }
+            });
+        }
+    });
+    start.elapsed().as_secs_f64()
+}
+
+pub(crate) fn run(
+    engine: &TransferEngine,
+    keys: &[BlockKey],
+    pool: PoolRef,
+    block_ids: &[u64],
+    per_chunk: bool,
+) -> Result<(FinishedJob, [f64; 4]), TransferError> {
+    let (store, geometry, config) = engine.parts();
+    let bb = store.block_bytes();
+    let lease = store.lease(store.namespace_hash(), keys)?;
+    let shape = PoolShape::new(geometry, pool.num_blocks());
+    let job = Job::new(
+        0,
+        JobKind::Load,
+        keys.to_vec(),
+        block_ids.to_vec(),
+        pool,
+        shape,
+        Some(lease.id),
+        lease.hit_blocks,
+        config.chunk_blocks,
+        usize::MAX,
+        bb as u64,
+    );
+    settle_bad_ids(&job);
+    (lease.hit_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
+    let codec = config.codec;
+    if per_chunk {
+        let times = per_chunk_stages(store, &job, codec, config.chunk_blocks, bb);
+        let _ = store.release(lease.id);
+        job.finished.store(true, Ordering::Release);
+        return Ok((job.finished_job(), times));
+    }
+    let n = lease.hit_blocks * bb;
+    let mut bufs: Vec<AlignedBuf> = (0..3)
+        .map(|b| AlignedBuf::prefaulted(if b == 0 || codec != TransferCodec::Raw { n } else { 0 }))
+        .collect();
+    let base: Vec<Base> = bufs.iter_mut().map(|b| Base(b.as_mut_ptr())).collect();
+    let w = config.stage_workers;
+    let mut times = [0.0f64; 4];
+    times[0] = stage(&job, w.read, |first, count| {
+        let mut scratch = SliceScratch::with_capacity(config.chunk_blocks);
+        // SAFETY: chunk `first..first + count` of buffer 0 is this thread's alone.
+        unsafe { stages::read_chunk(store, &job, first, count, base[0].0.add(first * bb), bb, &mut scratch) };
+    });
+    if codec != TransferCodec::Raw {
+        times[1] = stage(&job, w.decompress, |first, count| {
+            let mut scratch = vec![0u8; bb];
+            // SAFETY: disjoint chunks of buffers 0 (read) and 1 (written).
+            unsafe {
+                stages::decompress_chunk(
+                    &job,
+                    first,
+                    count,
+                    base[0].0.add(first * bb),
+                    base[1].0.add(first * bb),
+                    bb,
+                    &mut scratch,
+                )
+            }
+        });
+    }
+    if matches!(codec, TransferCodec::Quant { .. }) {
+        times[2] = stage(&job, w.dequantize, |first, count| unsafe {
+            // SAFETY: disjoint chunks of buffers 1 (read) and 2 (written).
+            stages::dequantize_chunk(
+                &job,
+                first,
+                count,
+                base[1].0.add(first * bb),
+                base[2].0.add(first * bb),
+                bb,
+            )
+        });
+    }
+    let last = match codec {
+        TransferCodec::Raw => 0,
+        TransferCodec::Lossless { .. } => 1,
+        TransferCodec::Quant { .. } => 2,
+    };
+    times[3] = stage(&job, w.scatter, |first, count| unsafe {
+        // SAFETY: distinct pool blocks per chunk (duplicates were settled and are skipped).
+        stages::scatter_chunk(&job, &job.shape, first, count, base[last].0.add(first * bb), |_| {})
+    });
+    let _ = store.release(lease.id);
+    job.finished.store(true, Ordering::Release);
+    drop(bufs);
+    Ok((job.finished_job(), times))
+}
+
+/// One thread, one chunk-sized region: each chunk goes read → decompress → dequantize →
+/// scatter before the next starts (no overlap at all, the pipeline's buffer locality). Returns
+/// each stage's summed seconds.
+fn per_chunk_stages(
+    store: &kvtier_store::Store,
+    job: &Job,
+    codec: TransferCodec,
+    chunk_blocks: usize,
+    bb: usize,
+) -> [f64; 4] {
+    let region = chunk_blocks * bb;
+    let mut bufs: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::prefaulted(region)).collect();
+    let mut scratch = vec![0u8; bb];
+    let mut slices = SliceScratch::with_capacity(chunk_blocks);
+    let mut times = [0.0f64; 4];
+    let last = match codec {
+        TransferCodec::Raw => 0,
+        TransferCodec::Lossless { .. } => 1,
+        TransferCodec::Quant { .. } => 2,
+    };
+    for chunk in 0..job.chunks_total {
+        let (first, count) = job.chunk_range(chunk);
+        let [b0, b1, b2] = &mut bufs[..] else { unreachable!("three buffers") };
+        let (p0, p1, p2) = (b0.as_mut_ptr(), b1.as_mut_ptr(), b2.as_mut_ptr());
+        let mut timed = |i: usize, f: &mut dyn FnMut()| {
+            let start = Instant::now();
+            f();
+            times[i] += start.elapsed().as_secs_f64();
+        };
+        // SAFETY: this thread owns the three region buffers; the pool blocks are distinct.
+        unsafe {
+            timed(0, &mut || stages::read_chunk(store, job, first, count, p0, bb, &mut slices));
+            if codec != TransferCodec::Raw {
+                timed(1, &mut || stages::decompress_chunk(job, first, count, p0, p1, bb, &mut scratch));
+            }
+            if matches!(codec, TransferCodec::Quant { .. }) {
+                timed(2, &mut || stages::dequantize_chunk(job, first, count, p1, p2, bb));
+            }
+            let src = [p0, p1, p2][last];
+            timed(3, &mut || stages::scatter_chunk(job, &job.shape, first, count, src, |_| {}));
+        }
+    }
+    times
+}

@@ -1,0 +1,536 @@
+"""The remote tier (Redis/Valkey server or Redis Cluster): settings checks for
+:class:`kvtier.StoreConfig`'s ``remote_*`` fields, and :class:`RemotePool`, the tier on its own.
+
+Blocks are stored as kvtier objects (64-byte header + payload, ``docs/formats.md``) under
+``<remote_key_prefix><namespace hex>:<block key hex>``; nothing read from the server is ever
+unpickled or evaluated, and every value is checked (length, header, namespace, key, checksum)
+before it counts as loaded. A server that is down gives counted misses, never an exception;
+a wrong URL or password is a :class:`~kvtier.errors.ConfigError` when the store opens.
+
+See ``docs/remote.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvtier import _core
+from kvtier.errors import ConfigError
+
+#: Bounds the Rust client enforces (crates/kvtier-remote/src/config.rs).
+REMOTE_URLS_MAX = 64
+REMOTE_DURATION_MAX_S = 3600.0
+REMOTE_TTL_MAX_S = 10 * 365 * 24 * 3600
+REMOTE_CONNECTIONS_PER_NODE_MAX = 256
+REMOTE_KEY_PREFIX_BYTES_MAX = 256
+
+
+class _RemoteFields(Protocol):
+    """The ``remote_*`` fields of :class:`kvtier.StoreConfig` (read-only)."""
+
+    @property
+    def remote_urls(self) -> tuple[str, ...]: ...
+
+    @property
+    def remote_cluster(self) -> bool: ...
+
+    @property
+    def remote_username(self) -> str | None: ...
+
+    @property
+    def remote_password(self) -> str | None: ...
+
+    @property
+    def remote_ttl_s(self) -> float | None: ...
+
+    @property
+    def remote_connect_timeout_s(self) -> float: ...
+
+    @property
+    def remote_io_timeout_s(self) -> float: ...
+
+    @property
+    def remote_reconnect_backoff_min_s(self) -> float: ...
+
+    @property
+    def remote_reconnect_backoff_max_s(self) -> float: ...
+
+    @property
+    def remote_inflight_bytes_max(self) -> int: ...
+
+    @property
+    def remote_connections_per_node_max(self) -> int: ...
+
+    @property
+    def remote_key_prefix(self) -> str: ...
+
+    @property
+    def remote_tls_ca_file(self) -> str | None: ...
+
+    @property
+    def remote_tls_cert_file(self) -> str | None: ...
+
+    @property
+    def remote_tls_key_file(self) -> str | None: ...
+
+    @property
+    def remote_tls_server_name(self) -> str | None: ...
+
+    @property
+    def remote_write_through(self) -> bool: ...
+
+    @property
+    def remote_promote_on_hit(self) -> bool: ...
+
+
+def _seconds(name: str, value: object, lo: float, hi: float, lo_open: bool = True) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if ok:
+        v = float(value)  # type: ignore[arg-type]
+        ok = (lo < v if lo_open else lo <= v) and v <= hi
+    if not ok:
+        raise ConfigError(f"`{name}` is {value!r}; expected seconds in ({lo}, {hi}]")
+    return float(value)  # type: ignore[arg-type]
+
+
+def normalize_urls(urls: object) -> tuple[str, ...]:
+    """``remote_urls`` as a tuple (a single string is one URL); raises :class:`ConfigError`."""
+    if isinstance(urls, str):
+        urls = (urls,)
+    if not isinstance(urls, Sequence) or isinstance(urls, bytes):
+        raise ConfigError(
+            f"`remote_urls` is {urls!r}; expected a URL such as 'redis://127.0.0.1:6379' or a list"
+        )
+    out = tuple(urls)
+    for u in out:
+        if not isinstance(u, str) or not (u.startswith("redis://") or u.startswith("rediss://")):
+            raise ConfigError(
+                f"`remote_urls` holds {u!r}; expected redis://[user[:password]@]host[:port][/db] (or rediss://)"
+            )
+    if len(out) > REMOTE_URLS_MAX:
+        raise ConfigError(f"`remote_urls` has {len(out)} URLs; expected at most {REMOTE_URLS_MAX}")
+    return out
+
+
+def check_remote(c: _RemoteFields) -> None:
+    """Validates the ``remote_*`` fields of a config (the Rust client checks them again)."""
+    if not c.remote_urls:
+        return
+    if not c.remote_cluster and len(c.remote_urls) != 1:
+        raise ConfigError(
+            f"`remote_urls` has {len(c.remote_urls)} URLs but `remote_cluster` is false; expected one "
+            "server URL (or remote_cluster: true with seed nodes)"
+        )
+    for name in ("remote_cluster", "remote_write_through", "remote_promote_on_hit"):
+        if not isinstance(getattr(c, name), bool):
+            raise ConfigError(f"`{name}` is {getattr(c, name)!r}; expected true or false")
+    for name in (
+        "remote_username",
+        "remote_password",
+        "remote_tls_ca_file",
+        "remote_tls_cert_file",
+        "remote_tls_key_file",
+        "remote_tls_server_name",
+    ):
+        v = getattr(c, name)
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"`{name}` is a {type(v).__name__}; expected a string or None")
+    if c.remote_username is not None and c.remote_password is None:
+        raise ConfigError(
+            "`remote_username` is set without `remote_password`; expected both (AUTH user password)"
+        )
+    if c.remote_ttl_s is not None:
+        _seconds("remote_ttl_s", c.remote_ttl_s, 1.0, REMOTE_TTL_MAX_S, lo_open=False)
+    for name in (
+        "remote_connect_timeout_s",
+        "remote_io_timeout_s",
+        "remote_reconnect_backoff_min_s",
+        "remote_reconnect_backoff_max_s",
+    ):
+        _seconds(name, getattr(c, name), 0.0, REMOTE_DURATION_MAX_S)
+    if c.remote_reconnect_backoff_max_s < c.remote_reconnect_backoff_min_s:
+        raise ConfigError(
+            f"`remote_reconnect_backoff_max_s` ({c.remote_reconnect_backoff_max_s}) is below "
+            f"`remote_reconnect_backoff_min_s` ({c.remote_reconnect_backoff_min_s}); expected max >= min"
+        )
+    v = c.remote_inflight_bytes_max
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"`remote_inflight_bytes_max` is {v!r}; expected a positive number of bytes")
+    v = c.remote_connections_per_node_max
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= REMOTE_CONNECTIONS_PER_NODE_MAX:
+        raise ConfigError(
+            f"`remote_connections_per_node_max` is {v!r}; expected an int in [1, {REMOTE_CONNECTIONS_PER_NODE_MAX}]"
+        )
+    p = c.remote_key_prefix
+    if (
+        not isinstance(p, str)
+        or len(p.encode()) > REMOTE_KEY_PREFIX_BYTES_MAX
+        or any(ch.isspace() or ch in "{}" or ord(ch) < 32 for ch in p)
+    ):
+        raise ConfigError(
+            f"`remote_key_prefix` is {p!r}; expected at most {REMOTE_KEY_PREFIX_BYTES_MAX} bytes without "
+            "whitespace, control characters or braces"
+        )
+
+
+def remote_options(c: _RemoteFields) -> dict[str, Any] | None:
+    """The remote settings as the extension takes them, or ``None`` without a remote tier."""
+    if not c.remote_urls:
+        return None
+    return {
+        "urls": list(c.remote_urls),
+        "cluster": c.remote_cluster,
+        "username": c.remote_username,
+        "password": c.remote_password,
+        "ttl_s": None if c.remote_ttl_s is None else float(c.remote_ttl_s),
+        "connect_timeout_s": float(c.remote_connect_timeout_s),
+        "io_timeout_s": float(c.remote_io_timeout_s),
+        "reconnect_backoff_min_s": float(c.remote_reconnect_backoff_min_s),
+        "reconnect_backoff_max_s": float(c.remote_reconnect_backoff_max_s),
+        "inflight_bytes_max": c.remote_inflight_bytes_max,
+        "connections_per_node_max": c.remote_connections_per_node_max,
+        "key_prefix": c.remote_key_prefix,
+        "tls": _tls_options(c),
+        "write_through": c.remote_write_through,
+        "promote_on_hit": c.remote_promote_on_hit,
+    }
+
+
+def _tls_options(c: _RemoteFields) -> dict[str, str | None] | None:
+    """TLS settings for the extension: given when any is set or the URLs are ``rediss://``."""
+    tls = {
+        "ca_file": c.remote_tls_ca_file,
+        "cert_file": c.remote_tls_cert_file,
+        "key_file": c.remote_tls_key_file,
+        "server_name": c.remote_tls_server_name,
+    }
+    if all(v is None for v in tls.values()):
+        return None
+    return tls
+
+
+class RemotePool:
+    """The remote tier alone, for one namespace: put/get/exists of verified kvtier objects, plus
+    ``raw_set``/``raw_get`` of plain values (the raw-client baseline of ``kvtier bench remote``,
+    and a way to plant test values). ``options`` as :func:`remote_options` returns them."""
+
+    def __init__(self, options: dict[str, Any], namespace_hash: bytes) -> None:
+        self._core = _core.RemotePool(options, namespace_hash)
+
+    def key_name(self, key: int) -> bytes:
+        return bytes(self._core.key_name(key.to_bytes(16, "little")))
+
+    def put(
+        self, keys_raw: bytes, objects: np.ndarray | list[np.ndarray], block_bytes: int
+    ) -> tuple[int, int, int]:
+        """Stores blocks; returns (stored, already_present, rejected)."""
+        stored, present, rejected = self._core.put(keys_raw, objects, block_bytes)
+        return int(stored), int(present), int(rejected)
+
+    def get(self, keys_raw: bytes, out: np.ndarray | list[np.ndarray], block_bytes: int) -> list[str]:
+        """Loads and verifies blocks; one of ``loaded``/``corrupt``/``missing`` per key."""
+        return list(self._core.get(keys_raw, out, block_bytes))
+
+    def exists(self, keys_raw: bytes) -> list[bool | None]:
+        return list(self._core.exists(keys_raw))
+
+    def remove(self, keys_raw: bytes) -> int:
+        return int(self._core.remove(keys_raw))
+
+    def raw_set(
+        self, names: list[bytes], values: np.ndarray | list[np.ndarray], value_bytes: int
+    ) -> list[str]:
+        return list(self._core.raw_set(names, values, value_bytes))
+
+    def raw_get(self, names: list[bytes], out: np.ndarray | list[np.ndarray], value_bytes: int) -> list[str]:
+        return list(self._core.raw_get(names, out, value_bytes))
+
+    def raw_del(self, names: list[bytes]) -> int:
+        return int(self._core.raw_del(names))
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self._core.metrics())
+
+
+# --- Loopback servers for tests and benchmarks ----------------------------------------------------
+
+#: How long to wait for a started server to answer, and for a cluster to form (bounded loops).
+SERVER_START_TIMEOUT_S = 10.0
+CLUSTER_FORM_TIMEOUT_S = 20.0
+
+
+def server_binaries() -> tuple[str, str]:
+    """(server, cli) paths: ``valkey-server``/``valkey-cli`` when installed, else ``redis-*``.
+
+    Raises :class:`RuntimeError` naming the package to install when neither is there.
+    """
+    for server, cli in (("valkey-server", "valkey-cli"), ("redis-server", "redis-cli")):
+        s, c = shutil.which(server), shutil.which(cli)
+        if s and c:
+            return s, c
+    raise RuntimeError(
+        "neither valkey-server nor redis-server is installed; expected the Debian package "
+        "(apt-get install -y redis-server), which `make test` installs"
+    )
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago. With ``cluster``, one at most 55535
+    whose cluster bus port (+10000) is free too, as cluster mode needs."""
+    if not cluster:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random()
+    for _ in range(1000):  # bounded: a busy machine still has free ports in 20000..55535
+        port = rng.randrange(20000, 55536)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair (p, p + 10000) found on 127.0.0.1 for a cluster node")
+
+
+def command(
+    port: int,
+    *args: bytes | str,
+    password: str | None = None,
+    timeout_s: float = 2.0,
+    tls_ca_file: str | None = None,
+    tls_client: tuple[str, str] | None = None,
+) -> Any:
+    """Sends one command to a loopback server and returns its reply (str, int, bytes, list,
+    or a :class:`RuntimeError` instance for an error reply). For fixtures, not for serving."""
+    parts = [a.encode() if isinstance(a, str) else a for a in args]
+    raw = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    if tls_ca_file is not None:
+        context = ssl.create_default_context(cafile=tls_ca_file)
+        if tls_client is not None:
+            context.load_cert_chain(*tls_client)
+        raw = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    with raw as s:
+        f = s.makefile("rb")
+        if password is not None:
+            s.sendall(_encode([b"AUTH", password.encode()]))
+            _read(f)
+        s.sendall(_encode(parts))
+        return _read(f)
+
+
+def _encode(parts: list[bytes]) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for p in parts:
+        out.append(b"$%d\r\n%s\r\n" % (len(p), p))
+    return b"".join(out)
+
+
+def _read(f: Any) -> Any:
+    line: bytes = f.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("server closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        return RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data: bytes = f.read(n + 2)[:-2]
+        return data
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_read(f) for _ in range(n)]
+    raise ConnectionError(f"unexpected reply {line[:40]!r}")
+
+
+class LocalRedis:
+    """A ``redis-server`` (or ``valkey-server``) on a free 127.0.0.1 port, no persistence, stopped
+    by pid. ``password`` sets ``requirepass``; ``cluster`` enables cluster mode; ``tls`` =
+    (CA file, server certificate, server key) serves TLS only (``rediss://``) on the port;
+    ``tls_client`` = (certificate, key) makes clients present a certificate the CA signed (mutual
+    TLS); the fixture's own commands use that one."""
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        password: str | None = None,
+        cluster: bool = False,
+        tls: tuple[str, str, str] | None = None,
+        tls_client: tuple[str, str] | None = None,
+    ) -> None:
+        self.server, self.cli = server_binaries()
+        self.port = free_port(cluster)
+        self.password = password
+        self.cluster = cluster
+        self.tls = tls
+        self.tls_client = tls_client
+        self.workdir = Path(workdir) / f"redis-{self.port}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = "" if self.password is None else f":{self.password}@"
+        return f"{self._scheme}://{auth}127.0.0.1:{self.port}"
+
+    @property
+    def _scheme(self) -> str:
+        return "redis" if self.tls is None else "rediss"
+
+    @property
+    def plain_url(self) -> str:
+        """The URL without credentials."""
+        return f"{self._scheme}://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalRedis:
+        args = [
+            self.server,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        args += ["--dir", str(self.workdir), "--daemonize", "no", "--logfile", str(self.workdir / "log")]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            args[2] = "0"  # no plain-text port
+            args += ["--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key]
+            args += [
+                "--tls-ca-cert-file",
+                ca,
+                "--tls-auth-clients",
+                "no" if self.tls_client is None else "yes",
+            ]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.workdir / "nodes.conf")]
+            args += ["--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"]
+            args += ["--cluster-allow-reads-when-down", "yes"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                log = (self.workdir / "log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{self.server} on port {self.port} exited at start:\n{log}")
+            try:
+                if self.command("PING") == "PONG":
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"{self.server} on port {self.port} did not answer PING in {SERVER_START_TIMEOUT_S} s"
+        )
+
+    def command(self, *args: bytes | str) -> Any:
+        ca = None if self.tls is None else self.tls[0]
+        return command(self.port, *args, password=self.password, tls_ca_file=ca, tls_client=self.tls_client)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash): nothing is saved."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.proc = None
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalCluster:
+    """Three (or ``masters``) cluster-mode servers on loopback, formed with
+    ``redis-cli --cluster create ... --cluster-replicas 0``; stopped by pid."""
+
+    def __init__(self, workdir: str | Path, masters: int = 3) -> None:
+        self.nodes = [LocalRedis(workdir, cluster=True) for _ in range(masters)]
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def start(self) -> LocalCluster:
+        try:
+            for n in self.nodes:
+                n.start()
+            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            cli = self.nodes[0].cli
+            subprocess.run(
+                [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=CLUSTER_FORM_TIMEOUT_S,
+            )
+            deadline = time.monotonic() + CLUSTER_FORM_TIMEOUT_S
+            while time.monotonic() < deadline:
+                infos = [n.command("CLUSTER", "INFO") for n in self.nodes]
+                if all(isinstance(i, bytes) and b"cluster_state:ok" in i for i in infos):
+                    return self
+                time.sleep(0.1)
+            raise RuntimeError(
+                f"cluster on {addrs} did not reach cluster_state:ok in {CLUSTER_FORM_TIMEOUT_S} s"
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def node_for(self, name: bytes) -> LocalRedis:
+        """The master serving key ``name``."""
+        slot = self.nodes[0].command("CLUSTER", "KEYSLOT", name)
+        for n in self.nodes:
+            for start, end, master, *_ in n.command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    port = int(master[1])
+                    return next(x for x in self.nodes if x.port == port)
+        raise RuntimeError(f"no master serves slot {slot}")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,322 @@
+"""The transfer engine: asynchronous load and store jobs between a :class:`~kvtier.Store` and an
+engine's paged KV pool (a ``LayerFirst`` numpy array), run through a chunked multi-stage pipeline
+(read → decompress → dequantize → scatter, ShadowServe §4.2-4.3), and the duplex swap engine
+(SuperInfer §4.3.2). See ``docs/transfer.md``.
+
+>>> engine = TransferEngine(store, TransferConfig(chunk_blocks=4))
+>>> job = engine.submit_load(keys, pool, block_ids)   # leases the hit prefix until done
+>>> engine.wait_layer(job, 0)                         # layer 0 of every block is in place
+>>> [done] = engine.wait([job])
+>>> done.failed                                       # [(index, "miss" | "read_failed" | ...)]
+
+Every block of a job ends with one outcome; only ``"done"`` blocks hold their bytes. A block that
+failed is listed, never left as silent garbage. A job's pool array is held until the job is
+collected (by :meth:`TransferEngine.finished` or :meth:`TransferEngine.wait`); do not write the
+blocks of a job in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier import _core
+from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
+from kvtier.geometry import Geometry
+from kvtier.keys import BlockKeys
+from kvtier.layout import pool_num_blocks
+from kvtier.store import Store
+
+#: Every block outcome, in the order of the Rust enum.
+OUTCOMES = (
+    "pending",
+    "done",
+    "miss",
+    "read_failed",
+    "decode_failed",
+    "cancelled",
+    "bad_block_id",
+    "duplicate_block",
+    "rejected",
+    "store_failed",
+)
+STAGE_NAMES = ("read", "decompress", "dequantize", "scatter")
+CODECS = ("raw", "lossless", "quant")
+BACKENDS = ("none", "zstd", "lz4", "deflate")
+
+
+class TransferError(KvtierError):
+    """A job cannot be submitted (a bound is reached), is unknown, or a swap is misused."""
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} is {value!r}; expected an int >= 1")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Shape and bounds of a :class:`TransferEngine` (units in the names)."""
+
+    #: How blocks sit in their store objects: ``raw``, ``lossless`` or ``quant`` (fp16 only).
+    codec: str = "raw"
+    backend: str = "zstd"
+    level: int | None = None
+    #: Blocks per chunk (the unit each stage processes).
+    chunk_blocks: int = 4
+    #: Chunk regions per stage buffer: chunks in flight. Bigger jobs run in rounds.
+    buffer_chunks: int = 8
+    #: Workers for read, decompress, dequantize, scatter.
+    stage_workers: tuple[int, int, int, int] = (1, 1, 1, 1)
+    store_workers: int = 1
+    #: Jobs submitted and not yet collected, at most.
+    jobs_in_flight_max: int = 64
+    #: Bytes of unfinished jobs, at most.
+    inflight_bytes_max: int = 8 << 30
+    job_blocks_max: int = 1 << 16
+    #: Benchmark only (ShadowServe "No MM"): allocate stage buffers per chunk.
+    allocate_per_chunk: bool = False
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise ConfigError(f"codec is {self.codec!r}; expected one of {', '.join(CODECS)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend is {self.backend!r}; expected one of {', '.join(BACKENDS)}")
+        for name in (
+            "chunk_blocks",
+            "buffer_chunks",
+            "store_workers",
+            "jobs_in_flight_max",
+            "job_blocks_max",
+        ):
+            _positive(name, getattr(self, name))
+        _positive("inflight_bytes_max", self.inflight_bytes_max)
+        if len(self.stage_workers) != 4:
+            raise ConfigError(
+                f"stage_workers has {len(self.stage_workers)} entries; expected 4 ({STAGE_NAMES})"
+            )
+        for name, n in zip(STAGE_NAMES, self.stage_workers, strict=True):
+            _positive(f"stage_workers[{name}]", n)
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A collected job: one outcome per block, in the order of its keys."""
+
+    id: int
+    kind: str
+    outcomes: tuple[str, ...]
+    cancelled: bool
+    #: Times the job wrapped around the stage buffers (1 when it fit at once).
+    rounds: int
+
+    @property
+    def done_blocks(self) -> int:
+        return sum(1 for o in self.outcomes if o == "done")
+
+    @property
+    def ok(self) -> bool:
+        return all(o == "done" for o in self.outcomes)
+
+    @property
+    def failed(self) -> list[tuple[int, str]]:
+        return [(i, o) for i, o in enumerate(self.outcomes) if o != "done"]
+
+
+@dataclass(frozen=True)
+class StageStats:
+    name: str
+    workers: int
+    busy_s: float
+    bytes: int
+    chunks: int
+
+    @property
+    def rate_bytes_per_s(self) -> float:
+        """Bytes per second one worker of this stage moves (0 if it never ran)."""
+        return self.bytes / self.busy_s if self.busy_s > 0 else 0.0
+
+
+def _job(t: tuple[int, str, list[str], bool, int]) -> FinishedJob:
+    return FinishedJob(t[0], t[1], tuple(t[2]), t[3], t[4])
+
+
+def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
+    ids = np.asarray(block_ids)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise BufferError(
+            f"block_ids must be a 1-D sequence of ints; got shape {ids.shape}, dtype {ids.dtype}"
+        )
+    return np.ascontiguousarray(ids, dtype="<i8").tobytes()
+
+
+def balanced_stage_workers(rates_bytes_per_s: Sequence[float], threads: int) -> tuple[int, int, int, int]:
+    """Workers per stage so stage throughputs match, from per-worker rates (ShadowServe §4.3)."""
+    if len(rates_bytes_per_s) != 4:
+        raise ConfigError(f"expected 4 stage rates ({STAGE_NAMES}); got {len(rates_bytes_per_s)}")
+    r = [float(x) for x in rates_bytes_per_s]
+    w = _core.balanced_stage_workers((r[0], r[1], r[2], r[3]), threads)
+    return (w[0], w[1], w[2], w[3])
+
+
+class TransferEngine:
+    """Asynchronous load/store jobs between ``store`` and ``LayerFirst`` pools (numpy arrays)."""
+
+    def __init__(self, store: Store, config: TransferConfig | None = None) -> None:
+        if not isinstance(store, Store):
+            raise TypeError(f"TransferEngine needs a kvtier.Store; got {type(store).__name__}")
+        self.config = config or TransferConfig()
+        self.store = store
+        self.geometry: Geometry = store.config.geometry
+        c = self.config
+        self._core = _core.TransferEngine(
+            store._core,
+            c.codec,
+            c.backend,
+            c.level,
+            c.chunk_blocks,
+            c.buffer_chunks,
+            c.stage_workers,
+            c.store_workers,
+            c.jobs_in_flight_max,
+            c.inflight_bytes_max,
+            c.job_blocks_max,
+            c.allocate_per_chunk,
+        )
+
+    def _check(self, keys: BlockKeys, pool: np.ndarray) -> int:
+        if not isinstance(keys, BlockKeys):
+            raise TypeError(f"keys must be kvtier.keys.BlockKeys; got {type(keys).__name__}")
+        if keys.namespace_hash != self.store.namespace.hash:
+            raise NamespaceError("keys belong to another namespace than the engine's store")
+        return pool_num_blocks(self.geometry, pool)
+
+    def submit_load(
+        self, keys: BlockKeys, pool: np.ndarray, block_ids: Sequence[int] | npt.NDArray[np.integer]
+    ) -> int:
+        """Starts loading ``keys[i]`` into pool block ``block_ids[i]``; returns the job id.
+
+        The hit prefix is leased now and released when the job finishes. Blocks past it finish as
+        ``"miss"``, ids out of range as ``"bad_block_id"``, repeated ids as ``"duplicate_block"``.
+        """
+        n = self._check(keys, pool)
+        return int(self._core.submit_load(keys.raw, pool, _ids(block_ids), n))
+
+    def submit_store(
+        self, keys: BlockKeys, pool: np.ndarray, block_ids: Sequence[int] | npt.NDArray[np.integer]
+    ) -> int:
+        """Starts storing pool block ``block_ids[i]`` under ``keys[i]``; returns the job id."""
+        n = self._check(keys, pool)
+        return int(self._core.submit_store(keys.raw, pool, _ids(block_ids), n))
+
+    def finished(self) -> list[FinishedJob]:
+        """Collects every finished job (each job is reported once, here or by :meth:`wait`)."""
+        return [_job(t) for t in self._core.finished()]
+
+    def wait(self, ids: int | Iterable[int]) -> list[FinishedJob]:
+        """Waits for the jobs and collects them, in the order given."""
+        wanted = [ids] if isinstance(ids, int) else list(ids)
+        return [_job(t) for t in self._core.wait(wanted)]
+
+    def wait_layer(self, job: int, layer: int) -> None:
+        """Returns once layer ``layer`` of every block of ``job`` is in place (or failed)."""
+        self._core.wait_layer(job, layer)
+
+    def outcomes(self, job: int) -> tuple[str, ...]:
+        """Outcomes so far (``"pending"`` for blocks still moving); does not collect the job."""
+        return tuple(self._core.outcomes(job))
+
+    def cancel(self, job: int) -> bool:
+        """Cancels a running job (True); a finished one is a no-op (False); unknown ids raise."""
+        return bool(self._core.cancel(job))
+
+    def jobs(self) -> int:
+        """Jobs submitted and not yet collected (bounded by ``jobs_in_flight_max``)."""
+        return int(self._core.jobs())
+
+    def stage_stats(self) -> list[StageStats]:
+        """Busy time, bytes and chunks per stage since the engine started."""
+        return [StageStats(*s) for s in self._core.stage_stats()]
+
+    def balanced_stage_workers(self, threads: int) -> tuple[int, int, int, int]:
+        """A stage split for ``threads`` from this engine's measured per-worker stage rates: the
+        ``stage_workers`` of the next engine (ShadowServe §4.3)."""
+        return balanced_stage_workers([s.rate_bytes_per_s for s in self.stage_stats()], threads)
+
+    def load_sequential(
+        self,
+        keys: BlockKeys,
+        pool: np.ndarray,
+        block_ids: Sequence[int] | npt.NDArray[np.integer],
+        per_chunk: bool = False,
+    ) -> tuple[FinishedJob, dict[str, float]]:
+        """The same load without pipelining (benchmark baselines): stage after stage over the whole
+        request, each stage with its workers; or, with ``per_chunk``, one thread taking each chunk
+        through every stage before the next, in one chunk-sized region."""
+        n = self._check(keys, pool)
+        job, times = self._core.load_sequential(keys.raw, pool, _ids(block_ids), n, per_chunk)
+        return _job(job), dict(zip(STAGE_NAMES, times, strict=True))
+
+
+class DuplexEngine:
+    """Concurrent swap-out (pool → host) and swap-in (host → pool) with dirty/synced tracking.
+
+    ``device`` is a ``LayerFirst`` pool array; ``host`` holds ``BlockFirst`` objects, one per slot
+    (an ``(slots, block_bytes)`` uint8 array). Both are held for the engine's life.
+    """
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        device: np.ndarray,
+        host: np.ndarray,
+        queued_transfers_max: int = 64,
+        step_blocks_max: int = 1 << 16,
+    ) -> None:
+        pool_num_blocks(geometry, device)
+        if not isinstance(host, np.ndarray) or host.nbytes == 0 or host.nbytes % geometry.block_bytes:
+            raise BufferError(f"host must be a numpy array of whole {geometry.block_bytes}-byte slots")
+        _positive("queued_transfers_max", queued_transfers_max)
+        _positive("step_blocks_max", step_blocks_max)
+        self._core = _core.DuplexEngine(geometry._handle, device, host, queued_transfers_max, step_blocks_max)
+
+    def state(self, block: int) -> tuple[str, int | None]:
+        """``("free" | "dirty", None)`` or ``("synced", host_slot)``."""
+        return self._core.state(block)
+
+    def write(self, block: int) -> None:
+        self._core.write(block)
+
+    def wait_block(self, block: int) -> None:
+        self._core.wait_block(block)
+
+    def rotate(self, block: int, slot: int) -> None:
+        self._core.rotate(block, slot)
+
+    def swap_out(self, block: int, slot: int) -> bool:
+        return bool(self._core.swap_out(block, slot))
+
+    def swap_in(self, slot: int, block: int) -> None:
+        self._core.swap_in(slot, block)
+
+    def free(self, block: int) -> None:
+        self._core.free(block)
+
+    def dirty_blocks(self, blocks: Sequence[int]) -> list[int]:
+        return list(self._core.dirty_blocks(list(blocks)))
+
+    def submit_step(self) -> tuple[int | None, int | None]:
+        """One batched transfer per direction: (swap-out id, swap-in id), None when empty."""
+        return self._core.submit_step()
+
+    def swap_out_per_segment(self, pairs: Sequence[tuple[int, int]]) -> int | None:
+        return self._core.swap_out_per_segment(list(pairs))
+
+    def wait(self, transfer: int) -> None:
+        self._core.wait(transfer)
+
+    def wait_all(self) -> None:
+        self._core.wait_all()

@@ -1,0 +1,247 @@
+"""kvtier.TransferEngine and kvtier.DuplexEngine over numpy pools: correct bytes, per-block
+outcomes, layerwise waits, cancellation, bounds and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvtier
+from kvtier import layout
+from kvtier.errors import BufferError, ConfigError, NamespaceError
+from kvtier.keys import BlockKeys
+from kvtier.transfer import (
+    DuplexEngine,
+    TransferConfig,
+    TransferEngine,
+    TransferError,
+    balanced_stage_workers,
+)
+
+
+def fp16_blocks(keys: BlockKeys, block_bytes: int) -> np.ndarray:
+    """Deterministic finite fp16 values per key (quant accepts them; zstd compresses them)."""
+    out = np.empty((len(keys), block_bytes), dtype=np.uint8)
+    for i, k in enumerate(keys):
+        rng = np.random.default_rng(k & (2**64 - 1))
+        out[i] = rng.uniform(-2, 2, block_bytes // 2).astype(np.float16).view(np.uint8)
+    return out
+
+
+def make_store(geometry: kvtier.Geometry, blocks: int) -> kvtier.Store:
+    object_bytes = (geometry.block_bytes + 64 + 4095) // 4096 * 4096
+    config = kvtier.StoreConfig(
+        geometry=geometry, model_id="transfer", dram_capacity_bytes=blocks * object_bytes
+    )
+    return kvtier.Store(config)
+
+
+def pool_with(geometry: kvtier.Geometry, num_blocks: int, objects: np.ndarray, ids: list[int]) -> np.ndarray:
+    pool = layout.alloc_pool(geometry, num_blocks)
+    layout.scatter(geometry, objects, ids, pool)
+    return pool
+
+
+@pytest.fixture
+def geometry() -> kvtier.Geometry:
+    return kvtier.Geometry(4, 2, 64, "fp16", 16)  # 32 KiB blocks
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(1, 24),
+    chunk=st.integers(1, 5),
+    buffers=st.integers(1, 3),
+    codec=st.sampled_from(["raw", "lossless", "quant"]),
+)
+def test_store_then_load_round_trips(n: int, chunk: int, buffers: int, codec: str) -> None:
+    geometry = kvtier.Geometry(3, 2, 64, "fp16", 8)
+    store = make_store(geometry, n + 2)
+    keys = store.namespace.block_keys(range(8 * n))
+    objects = fp16_blocks(keys, geometry.block_bytes)
+    src_ids = list(range(n))[::-1]
+    src = pool_with(geometry, n + 1, objects, src_ids)
+    config = TransferConfig(
+        codec=codec, backend="deflate", level=1, chunk_blocks=chunk, buffer_chunks=buffers
+    )
+    engine = TransferEngine(store, config)
+    [stored] = engine.wait([engine.submit_store(keys, src, src_ids)])
+    assert stored.ok, stored.failed
+    dst = layout.alloc_pool(geometry, n + 3)
+    dst_ids = [n + 2 - i for i in range(n)]
+    [loaded] = engine.wait(engine.submit_load(keys, dst, dst_ids))
+    assert loaded.ok and loaded.kind == "load"
+    chunks = (n + chunk - 1) // chunk
+    assert loaded.rounds == max(1, (chunks + buffers - 1) // buffers)
+    got = layout.gather(geometry, dst, dst_ids)
+    if codec == "quant":
+        # Lossy, within the codec's bound: |x - x'| <= scale * (1/(2h) + 2^-10), h >= 7 (16 bins).
+        a = objects.view(np.float16).astype(np.float32)
+        b = got.view(np.float16).astype(np.float32)
+        assert np.max(np.abs(a - b)) <= 2.0 * (1 / 14 + 2**-10) + 1e-3
+    else:
+        assert np.array_equal(got, objects)
+    assert store.stats().leases_active == 0
+
+
+def test_failures_are_listed_per_block(geometry: kvtier.Geometry) -> None:
+    store = make_store(geometry, 16)
+    keys = store.namespace.block_keys(range(16 * 8))
+    objects = fp16_blocks(keys, geometry.block_bytes)
+    store.put(keys[:6], objects[:6])
+    assert store._core.corrupt_for_test(keys[2].to_bytes(16, "little"), 10)
+    engine = TransferEngine(store, TransferConfig(chunk_blocks=2))
+    pool = layout.alloc_pool(geometry, 8)
+    job = engine.submit_load(keys, pool, [0, 1, 2, 3, 1, 99, 6, 7])
+    [done] = engine.wait([job])
+    assert done.outcomes == (
+        "done",
+        "done",
+        "read_failed",
+        "done",
+        "duplicate_block",
+        "bad_block_id",
+        "miss",
+        "miss",
+    )
+    assert done.failed[0] == (2, "read_failed")
+    assert np.array_equal(layout.gather(geometry, pool, [3]), objects[3:4])
+    assert not layout.gather(geometry, pool, [2]).any(), "a failed block is not written"
+    # Negative ids are out of range too.
+    [neg] = engine.wait([engine.submit_load(keys[:1], pool, [-1])])
+    assert neg.outcomes == ("bad_block_id",)
+
+
+def test_bad_input_is_a_clear_error(geometry: kvtier.Geometry) -> None:
+    store = make_store(geometry, 8)
+    keys = store.namespace.block_keys(range(32))
+    engine = TransferEngine(store, TransferConfig(jobs_in_flight_max=1))
+    with pytest.raises(BufferError):
+        engine.submit_load(keys, np.zeros(geometry.block_bytes * 2 + 1, np.uint8), [0, 1])
+    with pytest.raises(BufferError):
+        engine.submit_load(keys, layout.alloc_pool(geometry, 2), [0])
+    other = kvtier.Store(kvtier.StoreConfig(geometry=geometry, model_id="other", dram_capacity_bytes=2**20))
+    with pytest.raises(NamespaceError):
+        engine.submit_load(other.namespace.block_keys(range(16)), layout.alloc_pool(geometry, 2), [0])
+    job = engine.submit_load(keys[:1], layout.alloc_pool(geometry, 2), [0])
+    with pytest.raises(TransferError, match="jobs_in_flight_max"):
+        engine.submit_load(keys[:1], layout.alloc_pool(geometry, 2), [1])
+    assert engine.finished()[0].id == job
+    with pytest.raises(TransferError, match="unknown"):
+        engine.cancel(job)
+    with pytest.raises(TransferError, match="unknown"):
+        engine.wait([job])
+    with pytest.raises(ConfigError):
+        TransferConfig(codec="zip")
+    with pytest.raises(ConfigError):
+        TransferConfig(stage_workers=(1, 0, 1, 1))
+    bf16 = kvtier.Geometry(2, 2, 64, "bf16", 16)
+    with pytest.raises(ConfigError, match="fp16"):
+        TransferEngine(make_store(bf16, 2), TransferConfig(codec="quant", backend="lz4"))
+    assert isinstance(TransferError("x"), kvtier.KvtierError)
+
+
+def test_layerwise_wait_and_cancel(geometry: kvtier.Geometry) -> None:
+    store = make_store(geometry, 40)
+    keys = store.namespace.block_keys(range(16 * 32))
+    objects = fp16_blocks(keys, geometry.block_bytes)
+    store.put(keys, objects)
+    engine = TransferEngine(store, TransferConfig(chunk_blocks=1, buffer_chunks=1))
+    pool = layout.alloc_pool(geometry, 32)
+    ids = list(range(32))
+    job = engine.submit_load(keys, pool, ids)
+    view = layout.kv_view(geometry, pool)
+    expected = layout.kv_view(geometry, pool_with(geometry, 32, objects, ids))
+    for layer in range(geometry.num_layers):
+        engine.wait_layer(job, layer)
+        assert np.array_equal(view[layer], expected[layer]), f"layer {layer}"
+    assert engine.wait([job])[0].ok
+    big = engine.submit_load(keys, layout.alloc_pool(geometry, 32), ids)
+    engine.cancel(big)
+    [done] = engine.wait([big])
+    assert done.cancelled and "cancelled" in done.outcomes
+    assert set(done.outcomes) <= {"done", "cancelled"}
+    assert store.stats().leases_active == 0
+    stats = {s.name: s for s in engine.stage_stats()}
+    assert stats["read"].chunks >= 32 and stats["scatter"].rate_bytes_per_s > 0
+    split = engine.balanced_stage_workers(6)
+    assert sum(split) == 6 and split[1] == split[2] == 1  # raw codec: no decompress/dequantize work
+
+
+def test_sequential_baseline_and_balance(geometry: kvtier.Geometry) -> None:
+    store = make_store(geometry, 12)
+    keys = store.namespace.block_keys(range(16 * 10))
+    src = pool_with(geometry, 10, fp16_blocks(keys, geometry.block_bytes), list(range(10)))
+    engine = TransferEngine(store, TransferConfig(codec="lossless", chunk_blocks=3))
+    assert engine.wait([engine.submit_store(keys, src, range(10))])[0].ok
+    dst = layout.alloc_pool(geometry, 10)
+    job, times = engine.load_sequential(keys, dst, range(10))
+    assert job.ok and set(times) == {"read", "decompress", "dequantize", "scatter"}
+    assert times["decompress"] > 0 and times["dequantize"] == 0
+    assert np.array_equal(dst, src)
+    w = balanced_stage_workers([4e9, 1e9, 4e9, 4e9], 8)
+    assert sum(w) == 8 and w[1] == max(w)
+
+
+def test_duplex_preempt_and_swap_in(geometry: kvtier.Geometry) -> None:
+    device = layout.alloc_pool(geometry, 4)
+    host = np.zeros((4, geometry.block_bytes), np.uint8)
+    engine = DuplexEngine(geometry, device, host)
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (2, geometry.block_bytes), dtype=np.uint8)
+    for b in (0, 1):
+        engine.write(b)
+        layout.scatter(geometry, blocks[b : b + 1], [b], device)
+    engine.rotate(0, 0)  # block 0 is full: eager rotation
+    out_id, in_id = engine.submit_step()
+    assert out_id is not None and in_id is None
+    engine.wait(out_id)
+    assert engine.state(0) == ("synced", 0)
+    assert engine.dirty_blocks([0, 1]) == [1]
+    assert engine.swap_out(0, 0) is False  # synced: preemption moves nothing
+    assert engine.swap_out(1, 1) is True  # the dirty tail moves
+    engine.free(0)
+    engine.free(1)
+    engine.swap_in(1, 1)  # reuses the block whose swap-out was queued this very step
+    engine.swap_in(0, 2)
+    engine.submit_step()
+    engine.wait_all()
+    assert np.array_equal(host[:2], blocks)
+    assert np.array_equal(layout.gather(geometry, device, [1, 2]), blocks[::-1])
+    with pytest.raises(TransferError):
+        engine.swap_in(9, 0)
+    with pytest.raises(BufferError):
+        DuplexEngine(geometry, device, np.zeros(10, np.uint8))
+
+
+def test_threads_submit_and_collect_concurrently(geometry: kvtier.Geometry) -> None:
+    import threading
+
+    store = make_store(geometry, 16)
+    keys = store.namespace.block_keys(range(16 * 8))
+    store.put(keys, fp16_blocks(keys, geometry.block_bytes))
+    engine = TransferEngine(store, TransferConfig(chunk_blocks=2, jobs_in_flight_max=256))
+    submitted: list[int] = []
+    collected: list[int] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(20):
+            job = engine.submit_load(keys, layout.alloc_pool(geometry, 8), range(8))
+            done = engine.finished()  # collects any thread's finished jobs
+            with lock:
+                submitted.append(job)
+                collected.extend(j.id for j in done if j.ok)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "submit/collect deadlocked"
+    while engine.jobs():  # jobs not yet collected
+        collected.extend(j.id for j in engine.finished() if j.ok)
+    assert sorted(collected) == sorted(submitted)
+    assert store.stats().leases_active == 0

@@ -1,0 +1,55 @@
+"""`kvtier bench transfer` runs end to end on a small size and reports every figure (values are
+machine-dependent; only their presence and consistency are checked)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from kvtier.bench import transfer
+
+
+def test_bench_reports_every_ratio() -> None:
+    r = transfer.run(total_bytes=4 * 2**20, repeats=1, threads=4, swap_blocks=2, show=False)
+    for key in (
+        "pipeline_ratio_to_sequential",
+        "pipeline_ratio_to_slowest_stage",
+        "preallocated_speedup",
+        "batched_speedup_vs_per_segment",
+        "duplex_ratio_to_serial",
+    ):
+        assert math.isfinite(r[key]) and r[key] > 0, key
+    assert r["pipeline_blocks"] == 2 and r["pipeline_ssd_fraction"] == 1.0
+    assert set(r["stage_seconds"]) == set(transfer.STAGE_NAMES)
+    assert math.isclose(r["whole_request_sequential_s"], sum(r["whole_request_stage_seconds"].values()))
+    assert math.isclose(r["chunk_sequential_s"], sum(r["chunk_stage_seconds"].values()))
+    assert r["sequential_s"] == min(r["whole_request_sequential_s"], r["chunk_sequential_s"])
+    assert max(r["stage_seconds"].values()) <= r["sequential_s"]
+    assert sum(r["stage_workers"].values()) == 4
+    assert r["segments_per_block"] == 128
+    assert "pipelined" in transfer.summary(r)
+
+
+def test_cli_json() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtier.cli",
+            "bench",
+            "transfer",
+            "--total",
+            "2MiB",
+            "--repeats",
+            "1",
+            "--swap-blocks",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)["pipeline_blocks"] == 1
