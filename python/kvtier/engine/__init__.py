@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kvtier.engine.capture import capture_geometry, capture_kv
 from kvtier.engine.errors import EngineError, EngineInputError, ModelFormatError, ModelNotInstalledError
-from kvtier.engine.hierarchy import KvTransfer, LoadResult, StoreKvTransfer
+from kvtier.engine.hierarchy import KvTransfer, LoadResult, StoreKvTransfer, TransferEngineKvTransfer
 from kvtier.engine.kv import ContiguousKvCache, KvAccess, PagedKvPool, pool_geometry
 from kvtier.engine.llm import LLM, MODEL_ID, llm_store_config
 from kvtier.engine.model import Model, greedy_generate, load_model
@@ -64,6 +64,7 @@ __all__ = [
     "SamplingParams",
     "StoreKvTransfer",
     "Tokenizer",
+    "TransferEngineKvTransfer",
     "capture_geometry",
     "capture_kv",
     "default_gguf_path",

@@ -6,7 +6,8 @@ prefix into pool blocks — so that an asynchronous transfer engine (``kvtier.Tr
 layerwise waits) can replace the synchronous implementation here without touching the loop.
 
 :class:`StoreKvTransfer` is that synchronous implementation over a :class:`kvtier.Store` (DRAM, then
-SSD as the store is configured): ``save`` gathers ``LayerFirst`` pool blocks into ``BlockFirst``
+SSD, then remote as the store is configured); :class:`TransferEngineKvTransfer` runs the same calls as
+jobs of :class:`kvtier.TransferEngine`: ``save`` gathers ``LayerFirst`` pool blocks into ``BlockFirst``
 objects (:func:`kvtier.layout.gather`) and puts them; ``load`` leases the prefix, loads it into a
 staging array and scatters it into the pool (:func:`kvtier.layout.scatter`). The store verifies
 every block's checksum on load, so a corrupt block ends the loaded prefix: the engine then computes
@@ -18,6 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +28,9 @@ from kvtier.engine.errors import EngineInputError
 from kvtier.engine.kv import PagedKvPool
 from kvtier.keys import BlockKeys
 from kvtier.store import Store
+
+if TYPE_CHECKING:
+    from kvtier.transfer import TransferEngine
 
 #: The store's tier names in the order of the scheduler's tier tuple (device, host, ssd, remote).
 STORE_TIER_INDEX = {"dram": 1, "host": 1, "ssd": 2, "remote": 3}
@@ -96,3 +101,46 @@ class StoreKvTransfer(KvTransfer):
             ids = list(block_ids[: report.loaded_blocks])
             self.copier.scatter(self.pool.geometry, staging[: report.loaded_blocks], ids, self.pool.pool)
         return LoadResult(report.loaded_blocks, tiers)
+
+
+class TransferEngineKvTransfer(KvTransfer):
+    """Save and load through :class:`kvtier.TransferEngine` (the chunked read → decompress →
+    dequantize → scatter pipeline, ``crates/kvtier-transfer``) instead of gather/put and
+    lease/load/scatter here. Jobs are waited for before returning, so the loop sees the same
+    contract as :class:`StoreKvTransfer`: a block whose job outcome is not ``"done"`` (a miss, a
+    failed checksum, a failed decode) ends the loaded prefix, and the engine computes the rest."""
+
+    def __init__(self, store: Store, pool: PagedKvPool, engine: TransferEngine | None = None) -> None:
+        from kvtier.transfer import TransferConfig, TransferEngine
+
+        if store.config.geometry != pool.geometry:
+            raise EngineInputError(
+                f"the store's geometry {store.config.geometry} differs from the engine pool's {pool.geometry}"
+            )
+        self.store = store
+        self.pool = pool
+        self.engine = engine or TransferEngine(store, TransferConfig())
+
+    def save(self, keys: BlockKeys, block_ids: Sequence[int]) -> int:
+        if len(keys) != len(block_ids):
+            raise EngineInputError(f"{len(keys)} keys for {len(block_ids)} blocks")
+        held = self.store.lookup(keys).hit_blocks if len(keys) else 0
+        if held == len(keys):
+            return 0
+        [job] = self.engine.wait(
+            self.engine.submit_store(keys[held:], self.pool.pool, list(block_ids[held:]))
+        )
+        return job.done_blocks
+
+    def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
+        return self.store.lookup(keys).tiers if len(keys) else ()
+
+    def load(self, keys: BlockKeys, block_ids: Sequence[int]) -> LoadResult:
+        keys = keys[: len(block_ids)]
+        tiers = self.lookup(keys)
+        if not tiers:
+            return LoadResult(0, ())
+        n = len(tiers)
+        [job] = self.engine.wait(self.engine.submit_load(keys[:n], self.pool.pool, list(block_ids[:n])))
+        loaded = next((i for i, outcome in enumerate(job.outcomes) if outcome != "done"), n)
+        return LoadResult(loaded, tiers[:loaded])

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvtier.config import StoreConfig
 from kvtier.engine.errors import EngineInputError
-from kvtier.engine.hierarchy import StoreKvTransfer
+from kvtier.engine.hierarchy import StoreKvTransfer, TransferEngineKvTransfer
 from kvtier.engine.kv import PagedKvPool, pool_geometry
 from kvtier.engine.model import Model
 from kvtier.engine.request import RequestOutput
@@ -73,6 +73,7 @@ class LLM:
         policy_params: Mapping[str, Any] | None = None,
         store: Store | StoreConfig | None = None,
         seed: int = 0,
+        transfer_engine: bool = False,
     ) -> None:
         if (model is None) != (tokenizer is None):
             raise EngineInputError("pass both model and tokenizer, or neither")
@@ -97,7 +98,10 @@ class LLM:
                     f"the store's geometry {store.config.geometry} is not the engine's {geometry}; "
                     f"build its config with kvtier.engine.llm_store_config(block_tokens={config.block_tokens})"
                 )
-            transfer = StoreKvTransfer(store, pool)
+            # transfer_engine: loads and saves run as kvtier.TransferEngine jobs (its pipeline).
+            transfer = (
+                TransferEngineKvTransfer(store, pool) if transfer_engine else StoreKvTransfer(store, pool)
+            )
         namespace = None if store is None else store.namespace
         self.engine = Engine(
             model, self.policy, config, transfer=transfer, pool=pool, namespace=namespace, seed=seed

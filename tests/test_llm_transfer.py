@@ -1,0 +1,121 @@
+"""The engine's KV hierarchy through ``kvtier.TransferEngine`` jobs (``LLM(transfer_engine=True)``):
+a prefix hit from each tier (DRAM, SSD, a real loopback Redis) is token-identical to recompute, and a
+corrupt stored block ends the loaded prefix (the engine recomputes from there, never uses it)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from threadpoolctl import threadpool_limits
+
+from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, llm_store_config, load
+from kvtier.engine.hierarchy import TransferEngineKvTransfer
+from kvtier.remote import LocalRedis
+from kvtier.store import Store
+
+BLOCK_BYTES = 30 * 2 * 16 * 3 * 64 * 4
+OBJECT_BYTES = -(-(64 + BLOCK_BYTES) // 4096) * 4096
+PARAMS = SamplingParams(max_tokens=6)
+PROMPT = "Name three rivers in Europe and say which country each one flows through, in one sentence each."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def parts() -> tuple[Model, Tokenizer]:
+    return load()
+
+
+@pytest.fixture(scope="module")
+def prompt(parts: tuple[Model, Tokenizer]) -> list[int]:
+    return parts[1].encode_instruct(PROMPT)
+
+
+@pytest.fixture(scope="module")
+def recompute(parts: tuple[Model, Tokenizer], prompt: list[int]) -> list[int]:
+    model, tokenizer = parts
+    [out] = LLM(model=model, tokenizer=tokenizer, config=EngineConfig(num_blocks=32)).generate(
+        [prompt], PARAMS
+    )
+    return out.token_ids
+
+
+def _llm(parts: tuple[Model, Tokenizer], store: Store) -> LLM:
+    model, tokenizer = parts
+    llm = LLM(
+        model=model,
+        tokenizer=tokenizer,
+        config=EngineConfig(num_blocks=32),
+        store=store,
+        transfer_engine=True,
+    )
+    assert isinstance(llm.engine.transfer, TransferEngineKvTransfer)
+    return llm
+
+
+def _hit(parts: tuple[Model, Tokenizer], store: Store, prompt: list[int], tier: str) -> LLM:
+    llm = _llm(parts, store)  # a fresh device pool: the prefix can only come from the store
+    [out] = llm.generate([prompt], PARAMS)
+    cap = (len(prompt) - 1) // 16 * 16
+    assert out.cached_tokens[tier] == cap, out.cached_tokens
+    assert llm.engine.stats.prefill_tokens == len(prompt) - cap
+    return llm
+
+
+def test_dram_hit_through_the_transfer_engine(parts, prompt, recompute) -> None:
+    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    [first] = _llm(parts, store).generate([prompt], PARAMS)
+    assert first.token_ids == recompute
+    assert store.stats().put_blocks >= len(prompt) // 16  # saved by a store job
+    llm = _hit(parts, store, prompt, "host")
+    assert llm.engine.stats.loaded_blocks == (len(prompt) - 1) // 16
+    [out] = _llm(parts, store).generate([prompt], PARAMS)
+    assert out.token_ids == recompute
+
+
+def test_ssd_hit_through_the_transfer_engine(parts, prompt, recompute, tmp_path: Path) -> None:
+    ssd = {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "128MiB", "ssd_probe_bytes": 0}
+    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, ssd_write_through=True, **ssd))
+    _llm(parts, store).generate([prompt], PARAMS)
+    store.flush()
+    del store
+    gc.collect()
+    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **ssd))
+    llm = _llm(parts, store)
+    [out] = llm.generate([prompt], PARAMS)
+    assert out.token_ids == recompute
+    assert out.cached_tokens["ssd"] == (len(prompt) - 1) // 16 * 16
+
+
+def test_remote_hit_through_the_transfer_engine(parts, prompt, recompute, tmp_path: Path) -> None:
+    server = LocalRedis(tmp_path).start()
+    try:
+        config = {"remote_urls": (server.url,), "remote_write_through": True, "remote_promote_on_hit": False}
+        _llm(parts, Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **config))).generate(
+            [prompt], PARAMS
+        )
+        gc.collect()
+        # A second store (another process would do the same) with DRAM for one object only.
+        store = Store(llm_store_config(dram_capacity_bytes=OBJECT_BYTES, **config))
+        [out] = _llm(parts, store).generate([prompt], PARAMS)
+        assert out.token_ids == recompute
+        assert out.cached_tokens["remote"] == (len(prompt) - 1) // 16 * 16
+    finally:
+        server.stop()
+
+
+def test_a_corrupt_block_ends_the_transfer_engine_load(parts, prompt, recompute) -> None:
+    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    _llm(parts, store).generate([prompt], PARAMS)
+    keys = store.namespace.block_keys(prompt)
+    assert store._corrupt_for_test(keys[2], 1000)
+    [out] = _llm(parts, store).generate([prompt], PARAMS)
+    assert out.token_ids == recompute
+    assert out.cached_tokens["host"] == 2 * 16
