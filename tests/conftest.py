@@ -1,8 +1,28 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
+from threadpoolctl import threadpool_limits
 
 import kvtier
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    """One BLAS thread for the whole session: OpenBLAS's spinning threads slow down 10x or more when
+    other processes share the cores; one thread costs little on the engine's small batches."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> tuple[Any, Any]:
+    """The real SmolLM2-135M-Instruct and its tokenizer (``kvtier.engine.load``), loaded once."""
+    from kvtier.engine import load
+
+    return load()
 
 
 @pytest.fixture

@@ -99,10 +99,8 @@ def test_measures_the_real_engine() -> None:
 
 
 @pytest.fixture(scope="module")
-def engine_parts():  # type: ignore[no-untyped-def]
-    from kvtier.engine import load
-
-    return load()
+def engine_parts(smollm2):  # type: ignore[no-untyped-def]
+    return smollm2
 
 
 def test_engine_run_samples_log_every_kind_of_step(engine_parts) -> None:  # type: ignore[no-untyped-def]

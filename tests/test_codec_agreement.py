@@ -8,25 +8,16 @@ a wide margin (the measurement sees the error it is meant to see).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from threadpoolctl import threadpool_limits
 
 from kvtier import codec
 from kvtier.bench.agreement import PROMPTS, Variant, _decode_over_prefix, next_token_agreement
-from kvtier.engine import EngineInputError, Model, Tokenizer, greedy_generate, load
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+from kvtier.engine import EngineInputError, Model, Tokenizer, greedy_generate
 
 
 @pytest.fixture(scope="module")
-def engine() -> tuple[Model, Tokenizer]:
-    return load()
+def engine(smollm2: tuple[Model, Tokenizer]) -> tuple[Model, Tokenizer]:
+    return smollm2
 
 
 def test_replay_without_prefix_equals_greedy_generate(engine: tuple[Model, Tokenizer]) -> None:

@@ -9,10 +9,7 @@ batch shapes; ~1e-4 on logits of ~30), far below the top-1/top-2 gaps of these p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from threadpoolctl import threadpool_limits
 
 from kvtier.engine import (
     LLM,
@@ -24,7 +21,6 @@ from kvtier.engine import (
     Tokenizer,
     greedy_generate,
     llm_store_config,
-    load,
 )
 from kvtier.engine.blocks import BlockManager
 from kvtier.engine.errors import EngineError
@@ -37,15 +33,9 @@ QUESTIONS = ("What is the capital of France?", "Name three colors.", "Write a ha
 MAX_TOKENS = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 @pytest.fixture(scope="module")
-def engine_parts() -> tuple[Model, Tokenizer]:
-    return load()
+def engine_parts(smollm2: tuple[Model, Tokenizer]) -> tuple[Model, Tokenizer]:
+    return smollm2
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from kvtier import layout
 from kvtier.engine import (
@@ -41,17 +39,9 @@ GOLDEN_LOGIT_ATOL = 1e-3
 REORDER_LOGIT_ATOL = 1e-3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    """One BLAS thread: OpenBLAS's spinning threads slow down 10x or more when other processes share
-    the cores; one thread costs little on these small batches."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 @pytest.fixture(scope="module")
-def engine() -> tuple[Model, Tokenizer]:
-    return load()
+def engine(smollm2: tuple[Model, Tokenizer]) -> tuple[Model, Tokenizer]:
+    return smollm2
 
 
 @pytest.fixture(scope="module")

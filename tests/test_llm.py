@@ -14,12 +14,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from kvtier import cli
 from kvtier.engine import (
@@ -32,7 +30,6 @@ from kvtier.engine import (
     SamplingParams,
     Tokenizer,
     llm_store_config,
-    load,
 )
 from kvtier.engine import weights as engine_weights
 from kvtier.engine.sampling import sample
@@ -44,15 +41,9 @@ BLOCK_BYTES = 16 * 46080  # SmolLM2-135M fp32, 16-token blocks
 OBJECT_BYTES = -(-(64 + BLOCK_BYTES) // 4096) * 4096
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 @pytest.fixture(scope="module")
-def parts() -> tuple[Model, Tokenizer]:
-    return load()
+def parts(smollm2: tuple[Model, Tokenizer]) -> tuple[Model, Tokenizer]:
+    return smollm2
 
 
 @pytest.fixture(scope="module")

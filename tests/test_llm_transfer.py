@@ -5,13 +5,11 @@ corrupt stored block ends the loaded prefix (the engine recomputes from there, n
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from threadpoolctl import threadpool_limits
 
-from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, llm_store_config, load
+from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, llm_store_config
 from kvtier.engine.hierarchy import TransferEngineKvTransfer
 from kvtier.remote import LocalRedis
 from kvtier.store import Store
@@ -22,15 +20,9 @@ PARAMS = SamplingParams(max_tokens=6)
 PROMPT = "Name three rivers in Europe and say which country each one flows through, in one sentence each."
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 @pytest.fixture(scope="module")
-def parts() -> tuple[Model, Tokenizer]:
-    return load()
+def parts(smollm2: tuple[Model, Tokenizer]) -> tuple[Model, Tokenizer]:
+    return smollm2
 
 
 @pytest.fixture(scope="module")
