@@ -172,7 +172,7 @@ def test_registry() -> None:
     fixed = make_cost_model("fixed", H100, LLAMA8, step_s=0.01, per_token_s=0.0)
     assert isinstance(fixed, FixedCostModel) and fixed.prefill_time_s(100) == 0.01
     assert fixed.step_time_s(BatchShape()) == 0.0
-    with pytest.raises(ConfigError, match=r"unknown cost model 'magic'; known: fixed, roofline"):
+    with pytest.raises(ConfigError, match=r"unknown cost model 'magic'; known: fitted, fixed, roofline"):
         make_cost_model("magic", H100, LLAMA8)
     with pytest.raises(ConfigError, match="bad parameters"):
         make_cost_model("roofline", H100, LLAMA8, mfu=0.3)
