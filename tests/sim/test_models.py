@@ -13,6 +13,7 @@ from kvtier.sim.models import MODELS_DIR, load_model, model_from_hf_config, mode
 
 SHIPPED = [
     "deepseek-v3",
+    "deepseek-v3.2",
     "llama-3.1-70b",
     "llama-3.1-8b",
     "mistral-7b",
@@ -31,6 +32,7 @@ PUBLISHED = {
     "qwen2.5-32b": (32.8e9, 32.8e9, 0.02),
     "qwen3-30b-a3b": (30.5e9, 3.3e9, 0.03),
     "deepseek-v3": (671e9, 37e9, 0.03),
+    "deepseek-v3.2": (671e9, 37e9, 0.03),  # V3 plus the lightning indexer (~0.9B, not counted)
     "smollm2-135m": (135e6, 135e6, 0.02),
 }
 

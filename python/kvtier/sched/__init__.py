@@ -4,6 +4,7 @@ and the reference engine. Importing this package registers the built-in policies
 from kvtier.sched import (  # noqa: F401  (imported to register each policy)
     cachegen_async,
     composed,
+    dualpath,
     fcfs,
     hicache,
     lmcache,

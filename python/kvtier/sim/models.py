@@ -63,6 +63,12 @@ class ModelProfile:
     num_routed_experts: int = 0
     num_experts_per_tok: int = 0
     routed_expert_params: int = 0  # all routed experts of all MoE layers
+    # DeepSeek Sparse Attention (DeepSeek-V3.2 ``index_topk``): each query attends to at most
+    # ``index_topk`` keys, picked by a lightning indexer that scores every (query, key) pair with
+    # ``index_n_heads`` heads of ``index_head_dim``. 0: dense attention.
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
@@ -93,6 +99,10 @@ class ModelProfile:
             return 0.0
         pairs = new_tokens * context_tokens + new_tokens * (new_tokens + 1) / 2
         per_pair = 2.0 * self.num_attention_heads * (self.qk_head_dim + self.v_head_dim)
+        if self.index_topk:  # sparse: top-k keys per query, plus the indexer over every pair
+            attended = min(pairs, new_tokens * float(self.index_topk))
+            indexer = 2.0 * self.index_n_heads * self.index_head_dim * pairs
+            return self.num_layers * (per_pair * attended + indexer)
         return self.num_layers * per_pair * pairs
 
     def weight_bytes(self) -> int:
@@ -192,6 +202,13 @@ def model_from_hf_config(name: str, config: Mapping[str, Any], source: str = "<c
 
     if is_mla:
         attn_params, kv_bytes, qk_dim, v_dim = _mla_shape(f, hidden, heads, layers, dtype_bytes)
+        if config.get("kv_cache_dtype") == "fp8_ds_mla":
+            # FlashMLA's FP8 KV cache (DeepSeek-V3.2): the latent in FP8 with one fp32 scale per
+            # 128 values, the RoPE part in bf16: 512 + 16 + 128 = 656 bytes per layer.
+            rank, rope = f.positive("kv_lora_rank"), f.positive("qk_rope_head_dim")
+            kv_bytes = (rank + 4 * (rank // 128) + 2 * rope) * layers
+        if config.get("index_topk") is not None:  # the indexer's FP8 keys and an fp32 scale
+            kv_bytes += (f.positive("index_head_dim") + 4) * layers
     else:
         qk_dim = v_dim = head_dim
         kv_bytes = 2 * layers * kv_heads * head_dim * dtype_bytes
@@ -234,6 +251,9 @@ def model_from_hf_config(name: str, config: Mapping[str, Any], source: str = "<c
         num_routed_experts=moe.num_experts,
         num_experts_per_tok=moe.top_k,
         routed_expert_params=moe.num_layers * moe.num_experts * moe.expert_params,
+        index_topk=f.integer("index_topk", 0),
+        index_n_heads=f.integer("index_n_heads", 0),
+        index_head_dim=f.integer("index_head_dim", 0),
     )
 
 

@@ -181,7 +181,12 @@ def run(
     config: SimConfig, show_progress: bool = False, expected_requests: int | None = None
 ) -> dict[str, Any]:
     """Runs ``config`` to completion (or ``max_sim_s``) and returns its results."""
+    from kvtier.sim.dualpath import is_dualpath, run_dualpath
+
     wall_start = time.perf_counter()
+    if is_dualpath(config):  # PE/DE groups with two read paths: its own cluster (kvtier.sim.dualpath)
+        requests = workload(config)
+        return run_dualpath(config, _counting(requests, expected_requests) if show_progress else requests)
     sim = build(config)
     requests = workload(config)
     if show_progress:  # counts requests as they are pulled in (arrivals), total when known

@@ -1,0 +1,165 @@
+"""The DualPath cluster (kvtier.sim.dualpath): link priority isolation, read paths, end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtier.errors import ConfigError
+from kvtier.sched import make_policy
+from kvtier.sched.dualpath import DualPath
+from kvtier.sim.config import SimConfig
+from kvtier.sim.core import EventLoop
+from kvtier.sim.dualpath import KV_PRIORITY, MODEL_PRIORITY, DualPathCluster, is_dualpath
+from kvtier.sim.models import load_model
+from kvtier.sim.resources import Direction, Link, Transfer
+from kvtier.sim.run import run
+
+
+def test_low_priority_kv_traffic_yields_to_model_traffic() -> None:
+    """§5.1: with isolation a KV transfer waits while a collective runs; without, they share."""
+    for kv_priority, model_done, kv_done in ((1, 1.0, 2.0), (0, 2.0, 2.0)):
+        loop = EventLoop()
+        link = Link(loop, "cnic", 100.0, 100.0)
+        done: dict[str, float] = {}
+
+        def mark(name: str, loop: EventLoop = loop, done: dict[str, float] = done) -> Any:
+            def landed(t: Transfer) -> None:
+                done[name] = loop.now_s
+
+            return landed
+
+        link.submit(100, Direction.IN, mark("kv"), priority=kv_priority)
+        link.submit(100, Direction.IN, mark("model"), priority=0)
+        loop.run()
+        assert done == pytest.approx({"model": model_done, "kv": kv_done})
+
+
+def test_deepseek_v32_profile_has_sparse_attention_and_fp8_kv() -> None:
+    v32, v3 = load_model("deepseek-v3.2"), load_model("deepseek-v3")
+    assert v32.kv_bytes_per_token == (656 + 132) * 61  # FlashMLA FP8 latent + indexer keys, 61 layers
+    assert v3.kv_bytes_per_token == 576 * 2 * 61 and v3.index_topk == 0  # unchanged
+    long, short = (429, 60_000), (429, 1_000)
+    assert v32.attention_flops(*long) < 0.3 * v3.attention_flops(*long)  # top-2048 keys per query
+    assert v32.attention_flops(*short) > v3.attention_flops(*short)  # the indexer costs extra when short
+
+
+def config(policy: str | dict[str, Any], agents: int = 12, turns: float = 6.0, **changes: Any) -> SimConfig:
+    spec = policy if isinstance(policy, dict) else {"name": policy}
+    base = SimConfig(
+        name="dualpath-test",
+        hardware="h100-sxm",
+        model="deepseek-v3.2",
+        policy=spec,
+        prefill_engines=8,
+        decode_engines=16,
+        block_tokens=64,
+        workload={
+            "name": "agentic",
+            "dataset": "64k",
+            "arrival": "batch",
+            "num_trajectories": agents,
+            "turns_mean": turns,
+        },
+    )
+    return base.with_overrides(**changes)
+
+
+def workload_requests(cfg: SimConfig) -> int:
+    from kvtier.sim.run import workload
+
+    return sum(1 for _ in workload(cfg))
+
+
+def test_dualpath_configs_run_on_the_dualpath_cluster_and_others_do_not() -> None:
+    assert is_dualpath(config("dualpath")) and is_dualpath(config("dualpath_basic"))
+    assert not is_dualpath(config("fcfs"))
+
+
+def test_end_to_end_every_turn_finishes_and_hits_its_previous_turn() -> None:
+    cfg = config("dualpath", agents=48)  # enough that read queues form: some reads go to DE nodes
+    result = run(cfg)
+    assert result["requests"] == workload_requests(cfg)
+    assert result["unfinished_requests"] == 0
+    assert result["hit_rate_tokens"]["remote"] > 0.5  # agentic: most of each prompt is reused
+    snics = result["links"]
+    assert (
+        snics["p0.snic"]["bytes_in"] > 0 and snics["d0.snic"]["bytes_in"] + snics["d1.snic"]["bytes_in"] > 0
+    )
+    assert result["ttft_s"]["mean"] > 0 and result["ttst_s"]["mean"] > 0
+    assert result["bytes_written"] > 0
+
+
+def test_basic_reads_only_on_prefill_nodes_and_oracle_reads_nothing() -> None:
+    basic = run(config("dualpath_basic"))["links"]
+    assert basic["p0.snic"]["bytes_in"] > 0
+    assert basic["d0.snic"]["bytes_in"] == basic["d1.snic"]["bytes_in"] == 0
+    oracle = run(config("dualpath_oracle"))["links"]
+    assert all(link["bytes_in"] == 0 for link in oracle.values())
+
+
+def slow_storage_hardware(tmp_path: Path) -> str:
+    """h100-sxm with a storage NIC 100x slower, so short test trajectories are I/O bound (§3)."""
+    import yaml
+
+    from kvtier.sim.hardware import HARDWARE_DIR
+
+    data = yaml.safe_load((HARDWARE_DIR / "h100-sxm.yaml").read_text())
+    data["name"] = "H100-slow-storage"
+    data["storage_nic_bytes_per_s"] = data["storage_nic_bytes_per_s"] / 100
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_dualpath_beats_basic_when_prefill_storage_nics_are_the_bottleneck(tmp_path: Path) -> None:
+    """1P2D where the prefill node's storage NIC bounds Basic: DualPath reads through all three
+    nodes' NICs (§3, §7.3), and each ablation step helps (Fig. 12's order)."""
+    hw = slow_storage_hardware(tmp_path)
+    steps = {
+        "basic": "dualpath_basic",
+        "dual_path": {"name": "dualpath", "read_paths": "dual", "scheduler": "round_robin"},
+        "dualpath": "dualpath",
+    }
+    jct = {k: run(config(p, agents=200, hardware=hw))["makespan_s"] for k, p in steps.items()}
+    assert jct["dualpath"] < 0.8 * jct["basic"]
+    assert jct["dual_path"] < jct["basic"]
+
+
+def test_pe_step_traffic_classes_are_isolated_unless_switched_off() -> None:
+    for isolation, kv_class in ((True, KV_PRIORITY), (False, MODEL_PRIORITY)):
+        policy = make_policy("dualpath", traffic_isolation=isolation)
+        assert isinstance(policy, DualPath)
+        cluster = DualPathCluster(config("dualpath", prefill_engines=16), policy)
+        r = _ready_request(cluster)
+        io = cluster._pe_step_io([(cluster.pes[0], [(r, 100)])])
+        classes = {kind: {prio for *_, prio, k in io if k == kind} for kind in ("a2a", "load")}
+        assert classes == {"a2a": {MODEL_PRIORITY}, "load": {kv_class}}
+
+
+def _ready_request(cluster: DualPathCluster) -> Any:
+    from kvtier.sim.dualpath import _Req
+    from kvtier.sim.request import Request
+
+    req = Request(1, 0.0, 10_000, 10, tuple(range(157)))
+    r = _Req(req, hit_tokens=9_600, computed_tokens=9_600, pe=cluster.pes[0].engine_id)
+    r.de, r.side = cluster.des[0].engine_id, "de"
+    return r
+
+
+def test_engine_counts_must_fill_whole_nodes() -> None:
+    with pytest.raises(ConfigError):
+        run(config("dualpath", prefill_engines=12))
+
+
+def test_quick_reproduction_gives_the_paper_rows(tmp_path: Path) -> None:
+    from kvtier.sim import reproduce
+
+    rows = reproduce.run("dualpath", tmp_path, quick=True)
+    metrics = [row.metric for row in rows]
+    assert any("JCT Basic / DualPath" in m for m in metrics)
+    assert any("APS at TTFT <= 4 s" in m for m in metrics)
+    assert all(row.paper == "dualpath" and row.kvtier_ratio > 0 for row in rows)
+    assert (tmp_path / "dualpath_ds660b.png").exists()
