@@ -226,6 +226,7 @@ pub fn decode_stream(backend: Backend, stream: &Stream<'_>, dst: &mut [u8]) -> R
 }
 
 thread_local! {
+    static LZ4_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static ZSTD_DECODER: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         RefCell::new(zstd::bulk::Decompressor::new().ok());
     static DEFLATE_DECODER: RefCell<libdeflater::Decompressor> = RefCell::new(libdeflater::Decompressor::new());
@@ -238,7 +239,17 @@ fn compress(stage: Stage, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, C
     Ok(match stage.backend {
         Backend::None => None,
         Backend::Zstd => zstd::bulk::compress_to_buffer(src, dst, stage.level as i32).ok(),
-        Backend::Lz4 => lz4_flex::block::compress_into(src, dst).ok(),
+        // lz4_flex refuses an output shorter than its worst-case bound (a little over the input),
+        // so compress into a scratch buffer of that size and keep the result only if it fits.
+        Backend::Lz4 => LZ4_SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            scratch.resize(lz4_flex::block::get_maximum_output_size(src.len()), 0);
+            let n = lz4_flex::block::compress_into(src, &mut scratch).ok()?;
+            (n <= dst.len()).then(|| {
+                dst[..n].copy_from_slice(&scratch[..n]);
+                n
+            })
+        }),
         Backend::Deflate => {
             let level = libdeflater::CompressionLvl::new(stage.level as i32)
                 .map_err(|_| CodecError::CompressFailed { backend: "deflate" })?;
