@@ -125,6 +125,13 @@ class StoreConfig:
     ssd_promote_on_hit: bool = True
     #: O_DIRECT (falls back to buffered I/O, with a warning, where a file system rejects it).
     ssd_direct_io: bool = True
+    #: Codec blocks are encoded with as they are written to SSD: ``"raw"``, ``"lossless"`` (with
+    #: ``ssd_codec_backend`` zstd|lz4|deflate, optional ``ssd_codec_level``) or ``"quant"`` (CacheGen's
+    #: bins; fp16 geometry without extra groups). Each stored object records its codec, so reads
+    #: never depend on this setting. DRAM always holds raw blocks.
+    ssd_codec: str = "raw"
+    ssd_codec_backend: str | None = None
+    ssd_codec_level: int | None = None
     #: The remote tier below DRAM (and SSD): ``redis://[user[:password]@]host[:port][/db]``, or
     #: seed nodes with ``remote_cluster``. Empty: no remote tier. See ``docs/remote.md``.
     remote_urls: tuple[str, ...] = ()
@@ -152,6 +159,10 @@ class StoreConfig:
     remote_write_through: bool = True
     #: Copy blocks loaded from the remote tier into DRAM.
     remote_promote_on_hit: bool = True
+    #: Codec of blocks written to the remote tier (as ``ssd_codec``).
+    remote_codec: str = "raw"
+    remote_codec_backend: str | None = None
+    remote_codec_level: int | None = None
     namespace: Namespace = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +203,8 @@ class StoreConfig:
             parse_size(self.remote_inflight_bytes_max, "remote_inflight_bytes_max"),
         )
         check_remote(self)
+        for tier in ("ssd", "remote"):
+            _check_codec(self, tier)
         namespace = Namespace(self.model_id, self.geometry, self.cache_salt, self.rank, self.layout_version)
         object.__setattr__(self, "namespace", namespace)
 
@@ -259,11 +272,22 @@ class StoreConfig:
             "admission_k": self.ssd_admission_k,
             "write_through": self.ssd_write_through,
             "promote_on_hit": self.ssd_promote_on_hit,
+            **self._codec_options("ssd"),
         }
 
     def remote_options(self) -> dict[str, Any] | None:
         """The remote settings as the extension takes them, or ``None`` without a remote tier."""
-        return remote_options(self)
+        options = remote_options(self)
+        if options is not None:
+            options.update(self._codec_options("remote"))
+        return options
+
+    def _codec_options(self, tier: str) -> dict[str, Any]:
+        return {
+            "codec": getattr(self, f"{tier}_codec"),
+            "codec_backend": getattr(self, f"{tier}_codec_backend"),
+            "codec_level": getattr(self, f"{tier}_codec_level"),
+        }
 
     def _check_ssd(self) -> None:
         """Validates (and normalises) the ``ssd_*`` fields."""
@@ -328,6 +352,41 @@ class StoreConfig:
                         f"`ssd_bandwidth_bytes_per_s[{i}]` is {b!r}; expected a positive number of bytes/s"
                     )
             object.__setattr__(self, "ssd_bandwidth_bytes_per_s", values)
+
+
+#: Codecs a lower tier may encode with, lossless backends, and each backend's levels
+#: (crates/kvtier-codec/src/streams.rs).
+TIER_CODECS: tuple[str, ...] = ("raw", "lossless", "quant")
+CODEC_BACKEND_LEVELS: dict[str, tuple[int, int]] = {"zstd": (-7, 22), "lz4": (0, 0), "deflate": (1, 12)}
+
+
+def _check_codec(c: StoreConfig, tier: str) -> None:
+    """Validates ``<tier>_codec``, ``<tier>_codec_backend`` and ``<tier>_codec_level``."""
+    codec = getattr(c, f"{tier}_codec")
+    backend = getattr(c, f"{tier}_codec_backend")
+    level = getattr(c, f"{tier}_codec_level")
+    _choice(f"{tier}_codec", codec, TIER_CODECS)
+    if codec != "lossless":
+        if backend is not None or level is not None:
+            raise ConfigError(
+                f"`{tier}_codec_backend`/`{tier}_codec_level` are set but `{tier}_codec` is {codec!r}; "
+                f"they apply to 'lossless' only"
+            )
+    else:
+        if backend is None:
+            backend = "zstd"
+            object.__setattr__(c, f"{tier}_codec_backend", backend)
+        _choice(f"{tier}_codec_backend", backend, tuple(CODEC_BACKEND_LEVELS))
+        if level is not None:
+            lo, hi = CODEC_BACKEND_LEVELS[backend]
+            _int_in(f"{tier}_codec_level", level, lo, hi)
+    if codec == "quant":
+        g = c.geometry
+        if g.dtype != "fp16" or g.extra_groups:
+            raise ConfigError(
+                f"`{tier}_codec` is 'quant', which needs fp16 KV with no extra groups; the geometry is "
+                f"{g.dtype} with {len(g.extra_groups)} extra group(s) (use 'lossless' or 'raw')"
+            )
 
 
 def _check_lease_ttl(ttl: object) -> None:

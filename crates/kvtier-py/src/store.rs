@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use kvtier_core::Namespace;
 use kvtier_store::config::LEASE_TTL_MAX;
-use kvtier_store::{Store as CoreStore, StoreConfig, StoreError};
+use kvtier_store::{Store as CoreStore, StoreConfig, StoreError, TierCodec};
 
 use crate::buffer::{ensure_disjoint, Buffer};
 use crate::errors::{buffer_error, config_error, key_err, kvtier_error};
@@ -16,6 +16,21 @@ use crate::geometry::CoreGeometry;
 use crate::remote::{metrics_dict as remote_metrics_dict, store_remote_config};
 use crate::ssd::{metrics_dict, store_ssd_config};
 use crate::{keys_from, u128_from};
+
+/// The `codec`, `codec_backend` and `codec_level` entries of a tier's options dict (absent:
+/// raw); errors name the `<tier>_codec*` config keys.
+fn tier_codec(d: &Bound<'_, PyDict>, tier: &str) -> PyResult<TierCodec> {
+    fn item<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
+        match d.get_item(key)? {
+            Some(v) if !v.is_none() => Ok(Some(v.extract()?)),
+            _ => Ok(None),
+        }
+    }
+    let name: String = item(d, "codec")?.unwrap_or_else(|| "raw".to_string());
+    let backend: Option<String> = item(d, "codec_backend")?;
+    let level: Option<i64> = item(d, "codec_level")?;
+    TierCodec::parse(tier, &name, backend.as_deref(), level).map_err(store_err)
+}
 
 fn store_err(e: StoreError) -> PyErr {
     let class = match &e {
@@ -147,8 +162,20 @@ impl Store {
             lease_ttl: lease_ttl(lease_ttl_s)?,
             leases_max,
             dram_prefault,
-            ssd: ssd.map(store_ssd_config).transpose()?,
-            remote: remote.map(store_remote_config).transpose()?,
+            ssd: ssd
+                .map(|d| {
+                    let mut c = store_ssd_config(d)?;
+                    c.codec = tier_codec(d, "ssd")?;
+                    Ok::<_, PyErr>(c)
+                })
+                .transpose()?,
+            remote: remote
+                .map(|d| {
+                    let mut c = store_remote_config(d)?;
+                    c.codec = tier_codec(d, "remote")?;
+                    Ok::<_, PyErr>(c)
+                })
+                .transpose()?,
         };
         let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;
         Ok(Store { inner })
@@ -258,6 +285,15 @@ impl Store {
             ("remote_written", s.remote_written),
             ("remote_write_failed", s.remote_write_failed),
             ("load_missing", s.load_missing),
+            ("ssd_encoded_blocks", s.ssd_encoded_blocks),
+            ("ssd_encoded_bytes_before", s.ssd_encoded_bytes_before),
+            ("ssd_encoded_bytes_after", s.ssd_encoded_bytes_after),
+            ("ssd_encode_fallbacks", s.ssd_encode_fallbacks),
+            ("remote_encoded_blocks", s.remote_encoded_blocks),
+            ("remote_encoded_bytes_before", s.remote_encoded_bytes_before),
+            ("remote_encoded_bytes_after", s.remote_encoded_bytes_after),
+            ("remote_encode_fallbacks", s.remote_encode_fallbacks),
+            ("decode_failures", s.decode_failures),
             ("objects", s.objects),
             ("used_bytes", s.used_bytes),
             ("capacity_bytes", s.capacity_bytes),

@@ -98,6 +98,12 @@ impl RemoteTier {
         self.put_items(namespace, keys, payloads, header)
     }
 
+    /// Stores values that are whole objects already, header included (e.g. the store's codec
+    /// objects, whose header records their codec): `SET .. NX`.
+    pub fn put_objects(&self, namespace: u128, keys: &[BlockKey], objects: &[&[u8]]) -> TierPutReport {
+        self.put_items(namespace, keys, objects, |_| HeaderSpec::None)
+    }
+
     fn put_items(
         &self,
         namespace: u128,
@@ -157,6 +163,31 @@ impl RemoteTier {
     /// [`ReadOutcome::Loaded`], `Corrupt` (counted by kind, and deleted from the server) or
     /// `Missing` (no such key, server down or failing). Needs no pins (the server has none).
     pub fn read_blocks(&self, namespace: u128, keys: &[BlockKey], dst: &mut [&mut [u8]]) -> Vec<ReadOutcome> {
+        self.read_blocks_inner(namespace, keys, dst, false)
+            .into_iter()
+            .map(|o| o.expect("wrong lengths are outcomes here"))
+            .collect()
+    }
+
+    /// Like [`read_blocks`](Self::read_blocks), except that a value whose length is not
+    /// header + `dst[i].len()` is `None` (neither counted nor deleted): an object stored under
+    /// another codec, which the caller reads whole (e.g. with [`RemoteClient::get_values`]).
+    pub fn read_blocks_sized(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        dst: &mut [&mut [u8]],
+    ) -> Vec<Option<ReadOutcome>> {
+        self.read_blocks_inner(namespace, keys, dst, true)
+    }
+
+    fn read_blocks_inner(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        dst: &mut [&mut [u8]],
+        other_lengths_ok: bool,
+    ) -> Vec<Option<ReadOutcome>> {
         assert_eq!(keys.len(), dst.len(), "one destination per key");
         let items: Vec<GetItem<'_>> = dst
             .iter_mut()
@@ -169,6 +200,10 @@ impl RemoteTier {
         let mut bad: Vec<&[u8]> = Vec::new();
         let mut outcomes = Vec::with_capacity(keys.len());
         for (i, (r, item)) in results.into_iter().zip(&items).enumerate() {
+            if other_lengths_ok && r == Res::WrongLength {
+                outcomes.push(None);
+                continue;
+            }
             let outcome = match r {
                 Res::Filled => match self.verify(namespace, keys[i], item) {
                     Ok(()) => ReadOutcome::Loaded,
@@ -191,7 +226,7 @@ impl RemoteTier {
             if outcome == ReadOutcome::Corrupt {
                 bad.push(name_refs[i]);
             }
-            outcomes.push(outcome);
+            outcomes.push(Some(outcome));
         }
         if !bad.is_empty() {
             self.checksum_failures.fetch_add(bad.len() as u64, Ordering::Relaxed);
@@ -199,6 +234,50 @@ impl RemoteTier {
             self.client.del(&bad);
         }
         outcomes
+    }
+
+    /// GETs whole values of any length (objects stored under a codec, whose payload is shorter
+    /// than a block) and verifies each as the object of its key: `Ok(value)` (header, identity,
+    /// length and payload checksum verified; the payload starts at byte 64), or the outcome of
+    /// a miss — `Missing` (no such key, server down), `Corrupt` (counted by kind as
+    /// [`read_blocks`](Self::read_blocks) counts, and deleted). Values are fetched one GET at a
+    /// time, not pipelined.
+    pub fn read_objects(&self, namespace: u128, keys: &[BlockKey]) -> Vec<Result<Vec<u8>, ReadOutcome>> {
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let values = self.client.get_values(&name_refs);
+        let c = self.client.counters();
+        let mut bad: Vec<&[u8]> = Vec::new();
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, value) in values.into_iter().enumerate() {
+            let Some(value) = value else {
+                bump(&c.missing_on_get, 1);
+                out.push(Err(ReadOutcome::Missing));
+                continue;
+            };
+            let verdict = kvtier_core::object::decode_object(&value)
+                .and_then(|(header, _)| header.expect_identity(namespace, keys[i]));
+            let counter = match verdict {
+                Ok(()) => {
+                    out.push(Ok(value));
+                    continue;
+                }
+                Err(ObjectError::TooShort { .. } | ObjectError::LengthMismatch { .. }) => &c.bad_length,
+                Err(ObjectError::PayloadChecksum { .. }) => &c.bad_checksum,
+                Err(ObjectError::ForeignNamespace { .. } | ObjectError::WrongKey { .. }) => {
+                    &c.foreign_objects
+                }
+                Err(_) => &c.bad_magic,
+            };
+            bump(counter, 1);
+            bad.push(name_refs[i]);
+            out.push(Err(ReadOutcome::Corrupt));
+        }
+        if !bad.is_empty() {
+            self.checksum_failures.fetch_add(bad.len() as u64, Ordering::Relaxed);
+            self.client.del(&bad);
+        }
+        out
     }
 
     /// Which of `keys` the server holds (`None`: unknown, server down or failing).

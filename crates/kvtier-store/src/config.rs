@@ -7,6 +7,90 @@ use kvtier_remote::RemoteConfig;
 
 use crate::error::StoreError;
 
+/// The codec a lower tier encodes blocks with as they are written to it (`docs/formats.md` §2,
+/// §5). Reading never depends on it: each stored object's header names its codec, so a store
+/// reads objects written under any codec setting. DRAM, the hot tier, always holds raw blocks
+/// (loads from it are plain copies, and leases hand out its bytes as they are).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum TierCodec {
+    /// Stored as given (codec id 0).
+    #[default]
+    Raw,
+    /// Byte-plane shuffle of 16-bit values, then `backend` (`"zstd"`, `"lz4"` or `"deflate"`)
+    /// at `level` (`None`: the backend's default). Exact.
+    Lossless { backend: String, level: Option<i8> },
+    /// CacheGen/ShadowServe vector-wise binning with CacheGen's default bins, then deflate 6.
+    /// Lossy (error bound in `kvtier-codec`); needs fp16 KV with no extra groups.
+    Quant,
+}
+
+impl TierCodec {
+    /// `"raw"`, `"lossless"` or `"quant"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TierCodec::Raw => "raw",
+            TierCodec::Lossless { .. } => "lossless",
+            TierCodec::Quant => "quant",
+        }
+    }
+
+    /// Parses the `<tier>_codec`, `<tier>_codec_backend` and `<tier>_codec_level` settings;
+    /// `tier` (`"ssd"`, `"remote"`) names the keys in errors.
+    pub fn parse(
+        tier: &str,
+        name: &str,
+        backend: Option<&str>,
+        level: Option<i64>,
+    ) -> Result<Self, StoreError> {
+        let bad = |msg: String| Err(StoreError::Config(msg));
+        let codec = match name {
+            "raw" => TierCodec::Raw,
+            "lossless" => {
+                let level = match level {
+                    None => None,
+                    Some(l) => match i8::try_from(l) {
+                        Ok(l) => Some(l),
+                        Err(_) => {
+                            return bad(format!("{tier}_codec_level is {l}; out of range for any backend"))
+                        }
+                    },
+                };
+                TierCodec::Lossless { backend: backend.unwrap_or("zstd").to_string(), level }
+            }
+            "quant" => TierCodec::Quant,
+            other => {
+                return bad(format!("{tier}_codec is {other:?}; expected \"raw\", \"lossless\" or \"quant\""))
+            }
+        };
+        if !matches!(codec, TierCodec::Lossless { .. }) && (backend.is_some() || level.is_some()) {
+            return bad(format!(
+                "{tier}_codec_backend/{tier}_codec_level are set but {tier}_codec is {name:?}; they apply to \"lossless\" only"
+            ));
+        }
+        codec.validate(tier)?;
+        Ok(codec)
+    }
+
+    /// Checks backend and level (geometry-dependent checks happen in [`Store::new`]).
+    ///
+    /// [`Store::new`]: crate::Store::new
+    pub(crate) fn validate(&self, tier: &str) -> Result<(), StoreError> {
+        if let TierCodec::Lossless { backend, level } = self {
+            let Some(b) = kvtier_codec::streams::Backend::from_name(backend).filter(|b| b.name() != "none")
+            else {
+                return Err(StoreError::Config(format!(
+                    "{tier}_codec_backend is {backend:?}; expected \"zstd\", \"lz4\" or \"deflate\""
+                )));
+            };
+            if let Some(l) = level {
+                b.check_level(*l)
+                    .map_err(|e| StoreError::Config(format!("{tier}_codec_level is {l}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Default DRAM tier size: 1 GiB.
 pub const DRAM_CAPACITY_BYTES_DEFAULT: u64 = 1 << 30;
 /// Largest DRAM tier size accepted: `isize::MAX`, the most one mapping (and one Rust slice) may
@@ -41,12 +125,20 @@ pub struct SsdStoreConfig {
     pub write_through: bool,
     /// Copy blocks loaded from SSD into DRAM.
     pub promote_on_hit: bool,
+    /// Codec blocks are encoded with as they are written to SSD (default raw).
+    pub codec: TierCodec,
 }
 
 impl SsdStoreConfig {
-    /// Write-back, admission after 1 access, promotion on hit.
+    /// Write-back, admission after 1 access, promotion on hit, raw.
     pub fn new(pool: SsdConfig) -> Self {
-        SsdStoreConfig { pool, admission_k: 1, write_through: false, promote_on_hit: true }
+        SsdStoreConfig {
+            pool,
+            admission_k: 1,
+            write_through: false,
+            promote_on_hit: true,
+            codec: TierCodec::Raw,
+        }
     }
 }
 
@@ -61,12 +153,14 @@ pub struct RemoteStoreConfig {
     pub write_through: bool,
     /// Copy blocks loaded from the remote tier into DRAM.
     pub promote_on_hit: bool,
+    /// Codec blocks are encoded with as they are written to the server (default raw).
+    pub codec: TierCodec,
 }
 
 impl RemoteStoreConfig {
-    /// Write-through, promotion on hit.
+    /// Write-through, promotion on hit, raw.
     pub fn new(client: RemoteConfig) -> Self {
-        RemoteStoreConfig { client, write_through: true, promote_on_hit: true }
+        RemoteStoreConfig { client, write_through: true, promote_on_hit: true, codec: TierCodec::Raw }
     }
 }
 
@@ -144,8 +238,10 @@ impl StoreConfig {
                 ));
             }
             ssd.pool.validate().map_err(|e| StoreError::Config(e.to_string()))?;
+            ssd.codec.validate("ssd")?;
         }
         if let Some(remote) = &self.remote {
+            remote.codec.validate("remote")?;
             remote.client.resolve().map_err(|e| StoreError::Config(format!("remote: {e}")))?;
         }
         Ok(())

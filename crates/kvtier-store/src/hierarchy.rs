@@ -20,17 +20,26 @@
 //! **Promotion.** Blocks a load read from SSD or remote are put into DRAM (with demotion as
 //! above, but never written back to remote: they came from there, or were written through
 //! when first put), so the next hit is a DRAM hit; the lower copy stays (inclusive).
+//!
+//! **Codecs** (`ssd.codec`, `remote.codec`; [`crate::codec_stage`]): every write to a lower tier
+//! (write-through, demotion) stores the block encoded by that tier's codec as a codec object
+//! whose header records the codec id; every read from a lower tier decodes by that header into
+//! the caller's buffer, whatever this store's codec settings are. Promotion puts the decoded
+//! block into DRAM, which holds raw blocks only.
 
 use std::sync::Arc;
 
+use kvtier_core::checksum::checksum;
 use kvtier_core::BlockKey;
-use kvtier_pool::{object_extent_bytes, Demotion, Tier, TierKind, TierPutReport};
-use kvtier_remote::RemoteTier;
+use kvtier_pool::{object_extent_bytes, Demotion, EntryRef, ReadOutcome, Tier, TierKind, TierPutReport};
+use kvtier_remote::{key_name, RemoteTier};
+
+use crate::codec_stage::{decode_stored, par_each, Encoded};
 
 use crate::config::StoreConfig;
 use crate::error::StoreError;
 use crate::lease::LeasedBlock;
-use crate::stats::bump;
+use crate::stats::{bump, Counters};
 use crate::store::Store;
 
 /// Demote-and-retry rounds per put before DRAM evicts without demoting.
@@ -76,9 +85,7 @@ impl Store {
         if let Some(remote) = through {
             if !fresh.is_empty() {
                 let (fk, fo) = select(keys, objects, &fresh);
-                let r = remote.put(self.namespace_hash(), &fk, &fo);
-                bump(&self.counters.remote_written, r.stored + r.already_present);
-                bump(&self.counters.remote_write_failed, r.rejected);
+                self.put_remote(remote, &fk, &fo, None);
             }
         }
         report
@@ -141,7 +148,14 @@ impl Store {
         }
         if let (Some(ssd), Some(ssd_config)) = (&self.ssd, &self.config().ssd) {
             if ssd_config.write_through && ssd_config.admission_k <= 1 {
-                let r = ssd.put(ns, keys, objects);
+                let r = if self.ssd_encoder.is_raw() {
+                    ssd.put(ns, keys, objects)
+                } else {
+                    let encoded = Encoded::new(&self.ssd_encoder, ns, keys, objects);
+                    count_encoded(&self.counters, TierKind::Ssd, &encoded);
+                    let stored: Vec<&[u8]> = (0..keys.len()).map(|i| encoded.stored(i, objects[i])).collect();
+                    ssd.put(ns, keys, &stored)
+                };
                 bump(&self.counters.written_through, r.stored);
             }
         }
@@ -172,9 +186,190 @@ impl Store {
         if keys.is_empty() {
             return;
         }
-        let r = ssd.put_pages(self.namespace_hash(), &keys, &objects);
+        let r = if self.ssd_encoder.is_raw() {
+            ssd.put_pages(self.namespace_hash(), &keys, &objects)
+        } else {
+            self.demote_encoded(ssd, &keys, &objects)
+        };
         bump(&self.counters.demoted_blocks, r.stored + r.already_present);
         bump(&self.counters.demotion_failed, r.rejected);
+    }
+
+    /// Demotes DRAM victims to SSD through the SSD codec. Each payload is checked against the
+    /// checksum DRAM recorded before it is encoded (the encoded form gets a checksum of its own,
+    /// so a DRAM bit flip must be caught here, not baked in).
+    fn demote_encoded(
+        &self,
+        ssd: &kvtier_pool::SsdTier,
+        keys: &[BlockKey],
+        objects: &[(&[u8], u64, u64)],
+    ) -> TierPutReport {
+        let ns = self.namespace_hash();
+        let mut ok_keys = Vec::with_capacity(keys.len());
+        let mut raw = Vec::with_capacity(keys.len());
+        for (&key, &(pages, len, sum)) in keys.iter().zip(objects) {
+            let payload = &pages[..len as usize];
+            if checksum(payload) == sum {
+                ok_keys.push(key);
+                raw.push(payload);
+            } else {
+                bump(&self.counters.demotion_failed, 1);
+            }
+        }
+        let encoded = Encoded::new(&self.ssd_encoder, ns, &ok_keys, &raw);
+        count_encoded(&self.counters, TierKind::Ssd, &encoded);
+        let stored: Vec<&[u8]> = (0..ok_keys.len()).map(|i| encoded.stored(i, raw[i])).collect();
+        ssd.put(ns, &ok_keys, &stored)
+    }
+
+    /// Writes blocks to the remote tier (`SET NX`), encoded by the remote codec: a codec object
+    /// is the whole value; a raw block gets its codec-0 header (from `checksums` when known).
+    fn put_remote(
+        &self,
+        remote: &RemoteTier,
+        keys: &[BlockKey],
+        blocks: &[&[u8]],
+        checksums: Option<&[u64]>,
+    ) {
+        let ns = self.namespace_hash();
+        if self.remote_encoder.is_raw() {
+            let r = match checksums {
+                Some(sums) => remote.put_with_checksums(ns, keys, blocks, sums),
+                None => remote.put(ns, keys, blocks),
+            };
+            bump(&self.counters.remote_written, r.stored + r.already_present);
+            bump(&self.counters.remote_write_failed, r.rejected);
+            return;
+        }
+        let encoded = Encoded::new(&self.remote_encoder, ns, keys, blocks);
+        count_encoded(&self.counters, TierKind::Remote, &encoded);
+        let (coded, raw): (Vec<usize>, Vec<usize>) =
+            (0..keys.len()).partition(|&i| encoded.objects[i].is_some());
+        let mut reports = Vec::with_capacity(2);
+        if !coded.is_empty() {
+            let ck: Vec<BlockKey> = coded.iter().map(|&i| keys[i]).collect();
+            let co: Vec<&[u8]> = coded.iter().map(|&i| encoded.stored(i, blocks[i])).collect();
+            reports.push(remote.put_objects(ns, &ck, &co));
+        }
+        if !raw.is_empty() {
+            let (rk, rb) = select(keys, blocks, &raw);
+            reports.push(remote.put(ns, &rk, &rb));
+        }
+        for r in reports {
+            bump(&self.counters.remote_written, r.stored + r.already_present);
+            bump(&self.counters.remote_write_failed, r.rejected);
+        }
+    }
+
+    /// Reads pinned SSD entries into `dst`: raw blocks (payload of exactly `block_bytes`)
+    /// straight from the device, codec objects through a buffer of their size, then decoded by
+    /// the codec id in their header. A codec object that fails to decode is `Corrupt`, counted
+    /// in `decode_failures`, and dropped from SSD.
+    pub(crate) fn read_ssd(&self, entries: &[EntryRef], dst: &mut [&mut [u8]], outcomes: &mut [ReadOutcome]) {
+        let ssd = self.ssd.as_ref().expect("an SSD entry implies an SSD tier");
+        let ns = self.namespace_hash();
+        let lens: Vec<Option<u64>> = entries.iter().map(|e| ssd.pinned_payload_len(e)).collect();
+        let is_object = |i: usize| lens[i].is_some_and(|l| l != self.block_bytes() as u64);
+        let direct: Vec<usize> = (0..entries.len()).filter(|&i| !is_object(i)).collect();
+        let coded: Vec<usize> = (0..entries.len()).filter(|&i| is_object(i)).collect();
+        if !direct.is_empty() {
+            let de: Vec<EntryRef> = direct.iter().map(|&i| entries[i]).collect();
+            let mut dd: Vec<&mut [u8]> =
+                dst.iter_mut().enumerate().filter(|(i, _)| !is_object(*i)).map(|(_, d)| &mut **d).collect();
+            let mut dout = vec![ReadOutcome::NotPinned; direct.len()];
+            ssd.read_pinned(ns, &de, &mut dd, &mut dout);
+            for (&i, o) in direct.iter().zip(dout) {
+                outcomes[i] = o;
+            }
+        }
+        if coded.is_empty() {
+            return;
+        }
+        let ce: Vec<EntryRef> = coded.iter().map(|&i| entries[i]).collect();
+        let mut bufs: Vec<Vec<u8>> =
+            coded.iter().map(|&i| vec![0u8; lens[i].expect("sized") as usize]).collect();
+        let mut cout = vec![ReadOutcome::NotPinned; coded.len()];
+        {
+            let mut cd: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            ssd.read_pinned(ns, &ce, &mut cd, &mut cout);
+        }
+        // Decode what the pool verified, in parallel: (item, stored bytes, destination, outcome,
+        // whether decoding failed).
+        let mut slots: Vec<Option<&mut [u8]>> = dst.iter_mut().map(|d| Some(&mut **d)).collect();
+        let mut work: Vec<DecodeItem<'_>> = coded
+            .iter()
+            .zip(cout)
+            .zip(&bufs)
+            .map(|((&i, o), buf)| (i, &buf[..], slots[i].take().expect("each item once"), o, false))
+            .collect();
+        let bytes = work.len() * self.block_bytes();
+        par_each(&mut work, bytes, |(i, buf, d, o, failed)| {
+            if *o == ReadOutcome::Loaded && decode_stored(ns, entries[*i].key, buf, d).is_err() {
+                *o = ReadOutcome::Corrupt;
+                *failed = true;
+            }
+        });
+        let mut undecodable = Vec::new();
+        for (i, _, _, o, failed) in work {
+            outcomes[i] = o;
+            if failed {
+                undecodable.push(entries[i].key);
+            }
+        }
+        if !undecodable.is_empty() {
+            bump(&self.counters.decode_failures, undecodable.len());
+            ssd.remove(&undecodable);
+        }
+    }
+
+    /// Reads remote blocks into `dst`. Values of exactly header + `block_bytes` (raw) are read
+    /// straight into `dst`; others (codec objects) are read whole and decoded by their header's
+    /// codec id. With a remote codec configured, values are expected encoded and read whole
+    /// at once. A value that fails to decode is `Corrupt`, counted, and deleted.
+    pub(crate) fn read_remote(
+        &self,
+        entries: &[EntryRef],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+    ) {
+        let remote = self.remote.as_ref().expect("a remote entry implies a remote tier");
+        let ns = self.namespace_hash();
+        let keys: Vec<BlockKey> = entries.iter().map(|e| e.key).collect();
+        let whole: Vec<usize> = if self.remote_encoder.is_raw() {
+            let got = remote.read_blocks_sized(ns, &keys, dst);
+            let mut whole = Vec::new();
+            for (i, o) in got.into_iter().enumerate() {
+                match o {
+                    Some(o) => outcomes[i] = o,
+                    None => whole.push(i),
+                }
+            }
+            whole
+        } else {
+            (0..keys.len()).collect()
+        };
+        if whole.is_empty() {
+            return;
+        }
+        let whole_keys: Vec<BlockKey> = whole.iter().map(|&i| keys[i]).collect();
+        let mut undecodable = Vec::new();
+        for (&i, got) in whole.iter().zip(remote.read_objects(ns, &whole_keys)) {
+            outcomes[i] = match got {
+                Err(outcome) => outcome,
+                Ok(value) => match decode_stored(ns, keys[i], &value, dst[i]) {
+                    Ok(()) => ReadOutcome::Loaded,
+                    Err(()) => {
+                        undecodable.push(key_name(&remote.client().config().key_prefix, ns, keys[i]));
+                        ReadOutcome::Corrupt
+                    }
+                },
+            };
+        }
+        if !undecodable.is_empty() {
+            bump(&self.counters.decode_failures, undecodable.len());
+            let names: Vec<&[u8]> = undecodable.iter().map(|n| &n[..]).collect();
+            remote.client().del(&names);
+        }
     }
 
     fn demote_remote(&self, demotion: &Demotion<'_>) {
@@ -190,9 +385,15 @@ impl Store {
         if keys.is_empty() {
             return;
         }
-        let r = remote.put_with_checksums(self.namespace_hash(), &keys, &payloads, &checksums);
-        bump(&self.counters.remote_written, r.stored + r.already_present);
-        bump(&self.counters.remote_write_failed, r.rejected);
+        if !self.remote_encoder.is_raw() {
+            // Verified against DRAM's checksum before encoding (see `demote_encoded`).
+            let ok: Vec<usize> = (0..keys.len()).filter(|&i| checksum(payloads[i]) == checksums[i]).collect();
+            bump(&self.counters.remote_write_failed, keys.len() - ok.len());
+            let (keys, payloads) = select(&keys, &payloads, &ok);
+            self.put_remote(remote, &keys, &payloads, None);
+            return;
+        }
+        self.put_remote(remote, &keys, &payloads, Some(&checksums));
     }
 
     /// Copies the blocks of a load that came from SSD or remote into DRAM.
@@ -219,6 +420,32 @@ impl Store {
         let r = self.put_local(&keys, &objects);
         bump(&self.counters.promoted_blocks, r.stored);
     }
+}
+
+/// One SSD codec object to decode: item, stored bytes, destination, outcome, whether decoding
+/// failed.
+type DecodeItem<'a> = (usize, &'a [u8], &'a mut [u8], ReadOutcome, bool);
+
+/// Adds one encoded batch to the tier's codec counters.
+fn count_encoded(c: &Counters, tier: TierKind, e: &Encoded) {
+    let (blocks, before, after, fallbacks) = match tier {
+        TierKind::Ssd => (
+            &c.ssd_encoded_blocks,
+            &c.ssd_encoded_bytes_before,
+            &c.ssd_encoded_bytes_after,
+            &c.ssd_encode_fallbacks,
+        ),
+        _ => (
+            &c.remote_encoded_blocks,
+            &c.remote_encoded_bytes_before,
+            &c.remote_encoded_bytes_after,
+            &c.remote_encode_fallbacks,
+        ),
+    };
+    bump(blocks, e.objects.len() - e.fallbacks);
+    bump(before, e.bytes_before);
+    bump(after, e.bytes_after);
+    bump(fallbacks, e.fallbacks);
 }
 
 fn select<'a>(keys: &[BlockKey], objects: &[&'a [u8]], items: &[usize]) -> (Vec<BlockKey>, Vec<&'a [u8]>) {

@@ -47,6 +47,7 @@
 //! [`Store::check_integrity`] verifies all of this (allocator accounting, index and extents,
 //! object headers, and that pin counts equal what active leases hold).
 
+mod codec_stage;
 pub mod config;
 pub mod error;
 mod hierarchy;
@@ -54,7 +55,7 @@ mod lease;
 pub mod stats;
 mod store;
 
-pub use config::{RemoteStoreConfig, SsdStoreConfig, StoreConfig};
+pub use config::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
 pub use error::StoreError;
 pub use kvtier_core::{BlockKey, Namespace};
 pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};

@@ -47,6 +47,24 @@ pub struct StoreStats {
     pub remote_write_failed: u64,
     /// Leased blocks that were gone when loaded (a remote server dropped them, or is down).
     pub load_missing: u64,
+    /// Blocks the SSD codec encoded as they were written, their raw bytes, and the bytes of
+    /// their codec objects (header + codec payload) as stored.
+    pub ssd_encoded_blocks: u64,
+    pub ssd_encoded_bytes_before: u64,
+    pub ssd_encoded_bytes_after: u64,
+    /// Blocks written to SSD raw although a codec is configured (it refused them, e.g. NaN/inf
+    /// for `quant`, or they would not shrink).
+    pub ssd_encode_fallbacks: u64,
+    /// The same for the remote tier.
+    pub remote_encoded_blocks: u64,
+    pub remote_encoded_bytes_before: u64,
+    pub remote_encoded_bytes_after: u64,
+    pub remote_encode_fallbacks: u64,
+    /// Stored codec objects (SSD or remote) that passed their tier's checksum but failed to
+    /// decode (unknown codec id, corrupt codec payload, wrong decoded size; on SSD also a codec
+    /// object header that fails): each a miss, dropped from its tier, and also counted in
+    /// `checksum_failures`.
+    pub decode_failures: u64,
     /// Blocks stored now, bytes they occupy (headers and page padding included), and the bound,
     /// summed over tiers (a block in DRAM and in SSD counts in both).
     pub objects: u64,
@@ -76,6 +94,15 @@ pub(crate) struct Counters {
     pub remote_written: AtomicU64,
     pub remote_write_failed: AtomicU64,
     pub load_missing: AtomicU64,
+    pub ssd_encoded_blocks: AtomicU64,
+    pub ssd_encoded_bytes_before: AtomicU64,
+    pub ssd_encoded_bytes_after: AtomicU64,
+    pub ssd_encode_fallbacks: AtomicU64,
+    pub remote_encoded_blocks: AtomicU64,
+    pub remote_encoded_bytes_before: AtomicU64,
+    pub remote_encoded_bytes_after: AtomicU64,
+    pub remote_encode_fallbacks: AtomicU64,
+    pub decode_failures: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64, by: usize) {

@@ -13,7 +13,8 @@ use kvtier_pool::{
 use kvtier_remote::{RemoteMetrics, RemoteTier};
 use parking_lot::Mutex;
 
-use crate::config::StoreConfig;
+use crate::codec_stage::TierEncoder;
+use crate::config::{StoreConfig, TierCodec};
 use crate::error::StoreError;
 use crate::lease::{LeaseTable, LeasedBlock};
 use crate::stats::{bump, read, Counters, StoreStats};
@@ -70,6 +71,9 @@ pub struct Store {
     pub(crate) dram: Arc<DramTier>,
     pub(crate) ssd: Option<Arc<SsdTier>>,
     pub(crate) remote: Option<Arc<RemoteTier>>,
+    /// Encoders for blocks written to SSD and remote (raw without a codec configured).
+    pub(crate) ssd_encoder: TierEncoder,
+    pub(crate) remote_encoder: TierEncoder,
     /// Lock order: `leases`, then a tier's lock. Pins change only under `leases`.
     leases: Mutex<LeaseTable>,
     pub(crate) counters: Counters,
@@ -104,6 +108,11 @@ impl Store {
                 config.dram_capacity_bytes
             )));
         }
+        let geometry = &namespace.geometry;
+        let ssd_codec = config.ssd.as_ref().map_or(TierCodec::Raw, |s| s.codec.clone());
+        let remote_codec = config.remote.as_ref().map_or(TierCodec::Raw, |r| r.codec.clone());
+        let ssd_encoder = TierEncoder::new(&ssd_codec, "ssd", geometry)?;
+        let remote_encoder = TierEncoder::new(&remote_codec, "remote", geometry)?;
         let policy = eviction_by_name(&config.eviction).map_err(|e| StoreError::Config(e.to_string()))?;
         let workers = Arc::new(WorkerPool::new(config.copy_threads));
         let dram = DramTier::new(config.dram_capacity_bytes, policy, workers)?;
@@ -141,6 +150,8 @@ impl Store {
             dram,
             ssd,
             remote,
+            ssd_encoder,
+            remote_encoder,
             leases,
             counters: Counters::default(),
         })
@@ -320,7 +331,12 @@ impl Store {
             let mut tier_dst: Vec<&mut [u8]> =
                 dst.iter_mut().zip(blocks).filter(|(_, b)| b.tier == t).map(|(d, _)| &mut **d).collect();
             let mut tier_outcomes = vec![ReadOutcome::NotPinned; mine.len()];
-            tier.read_pinned(self.namespace_hash, &entries, &mut tier_dst, &mut tier_outcomes);
+            // Lower tiers may hold codec objects: decoded by their headers (`hierarchy.rs`).
+            match tier.kind() {
+                TierKind::Ssd => self.read_ssd(&entries, &mut tier_dst, &mut tier_outcomes),
+                TierKind::Remote => self.read_remote(&entries, &mut tier_dst, &mut tier_outcomes),
+                _ => tier.read_pinned(self.namespace_hash, &entries, &mut tier_dst, &mut tier_outcomes),
+            }
             for (&i, outcome) in mine.iter().zip(tier_outcomes) {
                 outcomes[i] = outcome;
             }
@@ -386,6 +402,15 @@ impl Store {
             remote_written: read(&c.remote_written),
             remote_write_failed: read(&c.remote_write_failed),
             load_missing: read(&c.load_missing),
+            ssd_encoded_blocks: read(&c.ssd_encoded_blocks),
+            ssd_encoded_bytes_before: read(&c.ssd_encoded_bytes_before),
+            ssd_encoded_bytes_after: read(&c.ssd_encoded_bytes_after),
+            ssd_encode_fallbacks: read(&c.ssd_encode_fallbacks),
+            remote_encoded_blocks: read(&c.remote_encoded_blocks),
+            remote_encoded_bytes_before: read(&c.remote_encoded_bytes_before),
+            remote_encoded_bytes_after: read(&c.remote_encoded_bytes_after),
+            remote_encode_fallbacks: read(&c.remote_encode_fallbacks),
+            decode_failures: read(&c.decode_failures),
             ..StoreStats::default()
         };
         for tier in &self.tiers {

@@ -94,6 +94,16 @@ impl SsdTier {
         out
     }
 
+    /// The stored payload length of a pinned entry (so a reader can size its buffer for
+    /// [`Tier::read_pinned`] when payloads vary, e.g. encoded blocks); `None` if the entry is
+    /// not pinned or is known corrupt.
+    pub fn pinned_payload_len(&self, entry: &EntryRef) -> Option<u64> {
+        match self.state.lock().find_pinned(entry) {
+            Some(PinnedAt::Readable(e)) => Some(e.payload_len),
+            _ => None,
+        }
+    }
+
     pub fn metrics(&self) -> SsdMetrics {
         let (tier, counters, per_device) = {
             let st = self.state.lock();

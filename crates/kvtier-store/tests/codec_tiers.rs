@@ -1,0 +1,474 @@
+//! Codecs per lower tier: blocks written to SSD or remote are encoded by that tier's codec and
+//! the object records the codec id; loads decode by that id whatever the reader's config says;
+//! corrupt or undecodable codec objects are counted misses. `quant` is checked against its
+//! documented bound, the others for exact bytes.
+//!
+//! The remote tests need `redis-server` (or `valkey-server`) on PATH; without it they print why
+//! and pass vacuously, as `kvtier-remote`'s do.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::keys;
+use kvtier_core::checksum::checksum;
+use kvtier_core::{BlockKey, Dtype, Geometry, Namespace, ObjectHeader};
+use kvtier_remote::pipeline::{HeaderSpec, SetItem};
+use kvtier_remote::{key_name, RemoteClient};
+use kvtier_store::{
+    RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierCodec,
+    TierKind,
+};
+
+/// 4 layers × 2 heads × 64 dims × 16 tokens × fp16 × K,V = 32 KiB per block. (`quant` with
+/// CacheGen's bins needs at least 3 layers to fit in half the fp16 size: layers 0–1 take 32
+/// bins, 8-bit codes, for keys and values.)
+fn namespace(model_id: &str, cache_salt: &str) -> Namespace {
+    let geometry = Geometry::new(4, 2, 64, Dtype::F16, 16, vec![]).unwrap();
+    Namespace {
+        model_id: model_id.into(),
+        geometry,
+        layout_version: 1,
+        cache_salt: cache_salt.into(),
+        rank: 0,
+    }
+}
+const BLOCK_BYTES: usize = 32 << 10;
+/// DRAM bytes per block: 64-byte header + 32 KiB, rounded up to 4 KiB pages.
+const OBJECT_BYTES: u64 = 9 * 4096;
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("codec-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn lossless(backend: &str) -> TierCodec {
+    TierCodec::Lossless { backend: backend.into(), level: None }
+}
+
+/// Whether `codec` shrinks `kv_block`s. kvtier-codec's lz4 stage currently stores every stream
+/// (even all-zero ones: `lz4_flex::block::compress_into` refuses an output buffer smaller than
+/// its worst-case bound, and the stage passes one of the input's size), so `lossless` + lz4
+/// blocks fall back to raw, counted in `*_encode_fallbacks`.
+/// Every codec but raw shrinks this test data (a codec that did not would be stored raw, counted
+/// as a fallback).
+fn shrinks(codec: &TierCodec) -> bool {
+    !matches!(codec, TierCodec::Raw)
+}
+
+fn all_codecs() -> Vec<TierCodec> {
+    vec![TierCodec::Raw, lossless("zstd"), lossless("lz4"), lossless("deflate"), TierCodec::Quant]
+}
+
+fn ssd_config(dir: &TempDir, codec: TierCodec, write_through: bool) -> SsdStoreConfig {
+    let mut pool = SsdConfig::new(&dir.0);
+    pool.devices = vec![dir.0.join("a.kvtd")];
+    pool.capacity_bytes = 64 * OBJECT_BYTES;
+    pool.probe_bytes = 0;
+    let mut ssd = SsdStoreConfig::new(pool);
+    ssd.write_through = write_through;
+    ssd.codec = codec;
+    ssd
+}
+
+fn ssd_store(dir: &TempDir, codec: TierCodec, write_through: bool) -> Store {
+    let config = StoreConfig {
+        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        copy_threads: 2,
+        ssd: Some(ssd_config(dir, codec, write_through)),
+        ..StoreConfig::default()
+    };
+    Store::new(namespace("test-model", ""), config).unwrap()
+}
+
+/// fp16 KV-like values derived from the key: |x| < 1, smooth enough to compress, distinct per
+/// key so a block loaded for the wrong key is caught.
+fn kv_block(key: BlockKey) -> Vec<u8> {
+    let mut state = xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes());
+    let mut out = Vec::with_capacity(BLOCK_BYTES);
+    while out.len() < BLOCK_BYTES {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let r = (state >> 33) as u16;
+        // sign, exponent 11..=14 (|x| in [2^-4, 1)), the top 2 bits of the mantissa: the low
+        // byte plane is all zeros, so even lz4 (no entropy coder) shrinks it
+        let bits = ((r & 1) << 15) | ((11 + ((r >> 1) & 3)) << 10) | ((r >> 3) & 0x300);
+        out.extend_from_slice(&bits.to_le_bytes());
+    }
+    out
+}
+
+fn f16_to_f32(b: u16) -> f32 {
+    let sign = if b >> 15 == 1 { -1.0 } else { 1.0 };
+    let exp = i32::from((b >> 10) & 0x1f);
+    let man = f32::from(b & 0x3ff);
+    match exp {
+        0 => sign * man / 1024.0 * 2f32.powi(-14),
+        31 => f32::NAN,
+        e => sign * (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// `quant`'s documented bound (kvtier-codec, python/kvtier/codec.py): per element
+/// `scale × (1/(2h) + 2⁻¹⁰)`, `h = ⌊(bins − 1)/2⌋`; bins ≥ 16 (h ≥ 7) and scale < 1 here.
+const QUANT_BOUND: f32 = 1.0 / 14.0 + 1.0 / 1024.0;
+
+fn assert_block(codec_written: &TierCodec, key: BlockKey, got: &[u8]) {
+    let want = kv_block(key);
+    if *codec_written != TierCodec::Quant {
+        assert!(got == want, "block {key:#x} differs ({})", codec_written.name());
+        return;
+    }
+    let mut worst = 0f32;
+    for (g, w) in got.chunks_exact(2).zip(want.chunks_exact(2)) {
+        let g = f16_to_f32(u16::from_le_bytes([g[0], g[1]]));
+        let w = f16_to_f32(u16::from_le_bytes([w[0], w[1]]));
+        worst = worst.max((g - w).abs());
+    }
+    assert!(worst <= QUANT_BOUND, "quant error {worst} over the bound {QUANT_BOUND}");
+    assert!(got != vec![0u8; got.len()], "quant decoded to zeros");
+}
+
+fn put(store: &Store, ks: &[BlockKey]) {
+    let blocks: Vec<Vec<u8>> = ks.iter().map(|&k| kv_block(k)).collect();
+    let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+    // One block per put: a write-through remote store without demotion cannot take a batch
+    // larger than DRAM.
+    for (k, b) in ks.iter().zip(&refs) {
+        let r = store.put(store.namespace_hash(), &[*k], &[b]).unwrap();
+        assert_eq!(r.rejected, 0);
+    }
+}
+
+/// Leases and loads `ks`; returns the tiers they came from and the loaded blocks.
+fn load_all(store: &Store, ks: &[BlockKey]) -> (Vec<TierKind>, usize, Vec<Vec<u8>>) {
+    let lease = store.lease(store.namespace_hash(), ks).unwrap();
+    let mut bufs = vec![vec![0u8; BLOCK_BYTES]; lease.hit_blocks];
+    let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let report = store.load(lease.id, &mut dst).unwrap();
+    store.release(lease.id).unwrap();
+    (lease.tiers, report.loaded_blocks, bufs)
+}
+
+#[test]
+fn ssd_round_trip_per_codec_write_back_and_write_through() {
+    for write_through in [false, true] {
+        for codec in all_codecs() {
+            let dir = TempDir::new(&format!("rt-{}-{write_through}", codec.name()));
+            let store = ssd_store(&dir, codec.clone(), write_through);
+            let ks = keys(&store, 1, 8);
+            put(&store, &ks); // DRAM holds 2: the rest are demoted (or were written through)
+            let (tiers, loaded, bufs) = load_all(&store, &ks);
+            assert_eq!(loaded, ks.len(), "{}", codec.name());
+            assert!(tiers.contains(&TierKind::Ssd));
+            for (k, b) in ks.iter().zip(&bufs) {
+                assert_block(&codec, *k, b);
+            }
+            // Promoted blocks are decoded in DRAM: load them again from there.
+            let (_, loaded, bufs) = load_all(&store, &ks[..1]);
+            assert_eq!(loaded, 1);
+            assert_block(&codec, ks[0], &bufs[0]);
+            let s = store.stats();
+            if codec == TierCodec::Raw {
+                assert_eq!(s.ssd_encoded_blocks + s.ssd_encode_fallbacks, 0);
+            } else if !shrinks(&codec) {
+                assert!(s.ssd_encode_fallbacks >= 6 && s.ssd_encoded_blocks == 0, "{s:?}");
+            } else {
+                assert!(s.ssd_encoded_blocks >= 6, "{codec:?} encoded {}: {s:?}", s.ssd_encoded_blocks);
+                assert!(s.ssd_encoded_bytes_after < s.ssd_encoded_bytes_before, "{s:?}");
+                assert_eq!(s.ssd_encoded_bytes_before, s.ssd_encoded_blocks * BLOCK_BYTES as u64);
+                // The SSD pool holds the smaller codec objects.
+                let ssd = store.tier_stats().into_iter().find(|(k, _)| *k == TierKind::Ssd).unwrap().1;
+                assert!(ssd.used_bytes < ssd.objects * BLOCK_BYTES as u64, "{ssd:?}");
+            }
+            assert_eq!(s.checksum_failures, 0);
+            assert_eq!(s.decode_failures, 0);
+            store.check_integrity().unwrap();
+        }
+    }
+}
+
+#[test]
+fn ssd_reader_follows_the_header_not_its_config() {
+    for (writer, reader) in [
+        (lossless("deflate"), TierCodec::Raw),
+        (TierCodec::Raw, lossless("zstd")),
+        (TierCodec::Quant, lossless("lz4")),
+        (lossless("lz4"), TierCodec::Quant),
+    ] {
+        let dir = TempDir::new(&format!("mixed-{}-{}", writer.name(), reader.name()));
+        let ks = {
+            let store = ssd_store(&dir, writer.clone(), true);
+            let ks = keys(&store, 7, 6);
+            put(&store, &ks);
+            store.flush().unwrap();
+            ks
+        };
+        let store = ssd_store(&dir, reader.clone(), false);
+        let (tiers, loaded, bufs) = load_all(&store, &ks);
+        assert_eq!(loaded, ks.len(), "{} read by {}", writer.name(), reader.name());
+        assert!(tiers.iter().all(|t| *t == TierKind::Ssd));
+        for (k, b) in ks.iter().zip(&bufs) {
+            assert_block(&writer, *k, b);
+        }
+        assert_eq!(store.stats().decode_failures, 0);
+    }
+}
+
+#[test]
+fn corrupt_encoded_ssd_object_is_a_counted_miss() {
+    let dir = TempDir::new("corrupt");
+    let store = ssd_store(&dir, lossless("zstd"), true);
+    let ks = keys(&store, 3, 6);
+    put(&store, &ks);
+    // ks[0..4] are only on SSD (DRAM kept the last two); flip a byte inside the codec payload.
+    assert!(store.corrupt_for_test(ks[1], 100));
+    let (_, loaded, bufs) = load_all(&store, &ks);
+    assert_eq!(loaded, 1, "the loaded prefix ends at the corrupt block");
+    assert_block(&lossless("zstd"), ks[0], &bufs[0]);
+    assert_eq!(store.stats().checksum_failures, 1);
+    assert_eq!(store.lookup(store.namespace_hash(), &ks).unwrap().hit_blocks, 1, "dropped from SSD");
+}
+
+#[test]
+fn undecodable_ssd_objects_are_counted_misses() {
+    let dir = TempDir::new("undecodable");
+    let ns_hash;
+    let ks;
+    {
+        let store = ssd_store(&dir, lossless("zstd"), true);
+        ns_hash = store.namespace_hash();
+        ks = keys(&store, 11, 3);
+        put(&store, &ks);
+        store.flush().unwrap();
+    }
+    // Replace two objects, through the pool itself, with codec objects whose headers verify
+    // but which do not decode: an unknown codec id, and a lossless payload of garbage.
+    {
+        let mut pool = ssd_config(&dir, TierCodec::Raw, false).pool;
+        pool.min_object_bytes = BLOCK_BYTES as u64;
+        let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
+        assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[1..]), 2);
+        let bad: Vec<Vec<u8>> = [(ks[1], 7u16), (ks[2], 1u16)]
+            .iter()
+            .map(|&(k, id)| kvtier_core::object::encode_object(ns_hash, k, id, &[0x5a; 900]))
+            .collect();
+        let refs: Vec<&[u8]> = bad.iter().map(|b| &b[..]).collect();
+        assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[1..], &refs).stored, 2);
+        ssd.flush().unwrap();
+    }
+    let store = ssd_store(&dir, TierCodec::Raw, false);
+    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 3);
+    let (_, loaded, _) = load_all(&store, &ks);
+    assert_eq!(loaded, 1);
+    let (_, loaded, _) = load_all(&store, &ks[2..]);
+    assert_eq!(loaded, 0);
+    let s = store.stats();
+    assert_eq!(s.decode_failures, 2);
+    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 1, "both dropped from SSD");
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn bad_codec_config_is_a_clear_error() {
+    let dir = TempDir::new("badconfig");
+    let e = TierCodec::parse("ssd", "gzip", None, None).unwrap_err().to_string();
+    assert!(e.contains("ssd_codec") && e.contains("gzip"), "{e}");
+    let e = TierCodec::parse("remote", "lossless", Some("brotli"), None).unwrap_err().to_string();
+    assert!(e.contains("remote_codec_backend") && e.contains("brotli"), "{e}");
+    let e = TierCodec::parse("ssd", "lossless", Some("deflate"), Some(40)).unwrap_err().to_string();
+    assert!(e.contains("ssd_codec_level"), "{e}");
+    let e = TierCodec::parse("ssd", "raw", Some("zstd"), None).unwrap_err().to_string();
+    assert!(e.contains("ssd_codec_backend"), "{e}");
+    assert_eq!(TierCodec::parse("ssd", "lossless", None, None).unwrap(), lossless("zstd"));
+
+    // Backend checked by Store::new too (a config built in Rust, not parsed).
+    let config = StoreConfig {
+        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        ssd: Some(ssd_config(&dir, lossless("snappy"), false)),
+        ..StoreConfig::default()
+    };
+    let e = Store::new(namespace("m", ""), config).unwrap_err();
+    assert!(matches!(&e, StoreError::Config(m) if m.contains("ssd_codec_backend")), "{e}");
+
+    // quant needs fp16 and no extra groups.
+    let geometry = Geometry::new(2, 2, 64, Dtype::Bf16, 16, vec![]).unwrap();
+    let ns =
+        Namespace { model_id: "m".into(), geometry, layout_version: 1, cache_salt: String::new(), rank: 0 };
+    let config = StoreConfig {
+        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        ssd: Some(ssd_config(&dir, TierCodec::Quant, false)),
+        ..StoreConfig::default()
+    };
+    let e = Store::new(ns, config).unwrap_err();
+    assert!(matches!(&e, StoreError::Config(m) if m.contains("ssd_codec") && m.contains("fp16")), "{e}");
+}
+
+// ---- remote ----
+
+fn server_binary() -> Option<String> {
+    ["valkey-server", "redis-server"].into_iter().map(String::from).find(|b| {
+        Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    })
+}
+
+/// A loopback server, killed by pid on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Option<Server> {
+        let Some(binary) = server_binary() else {
+            eprintln!("no redis-server/valkey-server on PATH: remote codec tests skipped");
+            return None;
+        };
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(binary)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Server { child, port })
+    }
+
+    fn config(&self, prefix: &str) -> RemoteConfig {
+        RemoteConfig {
+            key_prefix: prefix.into(),
+            ..RemoteConfig::single(&format!("redis://127.0.0.1:{}", self.port))
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn remote_store(server: &Server, prefix: &str, codec: TierCodec, write_through: bool) -> Store {
+    let mut remote = RemoteStoreConfig::new(server.config(prefix));
+    remote.codec = codec;
+    remote.write_through = write_through;
+    let config = StoreConfig {
+        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        copy_threads: 2,
+        remote: Some(remote),
+        ..StoreConfig::default()
+    };
+    Store::new(namespace("test-model", ""), config).unwrap()
+}
+
+#[test]
+fn remote_round_trip_and_mixed_readers() {
+    let Some(server) = Server::start() else { return };
+    for (n, writer) in all_codecs().into_iter().enumerate() {
+        for write_through in [true, false] {
+            let prefix = format!("w{n}{write_through}:");
+            let ks = {
+                let store = remote_store(&server, &prefix, writer.clone(), write_through);
+                let ks = keys(&store, 5, 6);
+                put(&store, &ks); // write-back: DRAM's 4 victims go remote
+                let s = store.stats();
+                if shrinks(&writer) {
+                    assert!(s.remote_encoded_blocks >= 4, "{s:?}");
+                    assert!(s.remote_encoded_bytes_after < s.remote_encoded_bytes_before, "{s:?}");
+                }
+                // Every value on the server records its codec in its header.
+                let client = RemoteClient::open(server.config(&prefix)).unwrap();
+                let name = key_name(&prefix, store.namespace_hash(), ks[0]);
+                let value = client.get_values(&[&name[..]]).pop().unwrap().expect("written");
+                let header = ObjectHeader::decode(&value).unwrap();
+                let want = if shrinks(&writer) { kvtier_codec::codec_id(writer.name()).unwrap() } else { 0 };
+                assert_eq!(header.codec_id, want, "{}", writer.name());
+                let stored_on_server = if write_through { 6 } else { 4 };
+                ks[..stored_on_server].to_vec()
+            };
+            // Fresh stores (empty DRAM), each with another codec setting, read every value.
+            for reader in [TierCodec::Raw, lossless("lz4"), TierCodec::Quant] {
+                let store = remote_store(&server, &prefix, reader.clone(), true);
+                let (tiers, loaded, bufs) = load_all(&store, &ks);
+                assert_eq!(loaded, ks.len(), "{} read by {}", writer.name(), reader.name());
+                assert!(tiers.iter().all(|t| *t == TierKind::Remote));
+                for (k, b) in ks.iter().zip(&bufs) {
+                    assert_block(&writer, *k, b);
+                }
+                assert_eq!(store.stats().decode_failures, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn undecodable_remote_values_are_counted_misses() {
+    let Some(server) = Server::start() else { return };
+    for reader in [TierCodec::Raw, lossless("zstd")] {
+        let prefix = format!("bad-{}:", reader.name());
+        let store = remote_store(&server, &prefix, reader, true);
+        let ns = store.namespace_hash();
+        let ks = keys(&store, 9, 4);
+        let client = RemoteClient::open(server.config(&prefix)).unwrap();
+        // ks[0]: a good lossless value; ks[1]: unknown codec id; ks[2]: garbage lossless
+        // payload; ks[3]: a codec payload whose checksum fails. All headers name the right key.
+        let good = {
+            let w = remote_store(&server, &prefix, lossless("deflate"), true);
+            put(&w, &ks[..1]);
+            w.stats().remote_encoded_blocks
+        };
+        assert_eq!(good, 1);
+        let garbage = vec![0x5au8; 700];
+        let unknown = kvtier_core::object::encode_object(ns, ks[1], 9, &garbage);
+        let undecodable = kvtier_core::object::encode_object(ns, ks[2], 1, &garbage);
+        let mut bad_sum =
+            ObjectHeader::with_checksum(ns, ks[3], 1, 700, checksum(&garbage) ^ 1).encode().to_vec();
+        bad_sum.extend_from_slice(&garbage);
+        let names: Vec<Vec<u8>> = ks[1..].iter().map(|&k| key_name(&prefix, ns, k)).collect();
+        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let items: Vec<SetItem<'_>> = [&unknown, &undecodable, &bad_sum]
+            .iter()
+            .map(|v| SetItem { header: HeaderSpec::None, payload: v })
+            .collect();
+        client.set(&name_refs, &items, false);
+        let (_, loaded, bufs) = load_all(&store, &ks);
+        assert_eq!(loaded, 1);
+        assert_block(&lossless("deflate"), ks[0], &bufs[0]);
+        for k in &ks[1..] {
+            let (_, loaded, _) = load_all(&store, &[*k]);
+            assert_eq!(loaded, 0, "key {k:#x}");
+        }
+        // ks[1], ks[2]: headers verify, payloads do not decode. ks[3]: the remote tier's own
+        // verification fails it (counted there as a bad checksum).
+        assert_eq!(store.stats().decode_failures, 2);
+        assert_eq!(store.stats().checksum_failures, 3);
+        assert_eq!(store.remote_metrics().unwrap().bad_checksum, 1);
+        // Deleted from the server: later lookups miss at once.
+        assert_eq!(
+            client
+                .exists(&name_refs)
+                .iter()
+                .filter(|r| **r == kvtier_remote::pipeline::Res::Bool(false))
+                .count(),
+            3
+        );
+    }
+}
