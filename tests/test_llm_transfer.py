@@ -111,3 +111,60 @@ def test_a_corrupt_block_ends_the_transfer_engine_load(parts, prompt, recompute)
     [out] = _llm(parts, store).generate([prompt], PARAMS)
     assert out.token_ids == recompute
     assert out.cached_tokens["host"] == 2 * 16
+
+
+@pytest.mark.parametrize("backend", ["zstd", "lz4", "deflate"])
+def test_lossless_ssd_and_remote_hits_are_token_identical(
+    parts, prompt, recompute, tmp_path: Path, backend
+) -> None:
+    """Lower tiers storing the engine's fp32 KV through the lossless codec give the same tokens."""
+    server = LocalRedis(tmp_path).start()
+    (tmp_path / "ssd").mkdir()
+    try:
+        tiers = {
+            "ssd_directory": str(tmp_path / "ssd"),
+            "ssd_capacity_bytes": "128MiB",
+            "ssd_probe_bytes": 0,
+            "ssd_write_through": True,
+            "ssd_codec": "lossless",
+            "ssd_codec_backend": backend,
+            "remote_urls": (server.url,),
+            "remote_write_through": True,
+            "remote_codec": "lossless",
+            "remote_codec_backend": backend,
+        }
+        writer = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **tiers))
+        _llm(parts, writer).generate([prompt], PARAMS)
+        writer.flush()
+        stats = writer.stats()
+        # zstd and deflate shrink fp32 KV (its exponent bytes); lz4's gain is too small on it, so
+        # those blocks are stored raw and counted as fallbacks: either way the codec ran.
+        encoded = stats.ssd_encoded_blocks, stats.remote_encoded_blocks
+        ran = (
+            stats.ssd_encoded_blocks + stats.ssd_encode_fallbacks,
+            encoded[1] + stats.remote_encode_fallbacks,
+        )
+        assert min(ran) > 0 and (min(encoded) > 0 or backend == "lz4"), stats
+        del writer
+        gc.collect()
+        # From SSD: a store on the same directory, its DRAM one object, promotion off.
+        ssd_only = {k: v for k, v in tiers.items() if not k.startswith("remote")}
+        store = Store(
+            llm_store_config(dram_capacity_bytes=OBJECT_BYTES, ssd_promote_on_hit=False, **ssd_only)
+        )
+        [out] = _llm(parts, store).generate([prompt], PARAMS)
+        assert out.token_ids == recompute
+        assert out.cached_tokens["ssd"] == (len(prompt) - 1) // 16 * 16
+        del store
+        gc.collect()
+        # From the server: a store with no SSD, configured raw (the header says lossless).
+        store = Store(
+            llm_store_config(
+                dram_capacity_bytes=OBJECT_BYTES, remote_urls=(server.url,), remote_promote_on_hit=False
+            )
+        )
+        [out] = _llm(parts, store).generate([prompt], PARAMS)
+        assert out.token_ids == recompute
+        assert out.cached_tokens["remote"] == (len(prompt) - 1) // 16 * 16
+    finally:
+        server.stop()
