@@ -56,8 +56,8 @@ pub struct Located {
     pub entry: EntryRef,
 }
 
-/// The walk every tier's [`Tier::locate`] makes: for each empty slot of `located`, in key order,
-/// `probe(key)` returns the tier's entry id (having pinned it when asked), or `None` on a miss;
+/// The walk every tier's [`Tier::locate`] makes: for each empty slot `i` of `located`, in key
+/// order, `probe(i, &keys[i])` returns the tier's entry id (having pinned it when asked), or `None`;
 /// with `stop_at_miss` the walk ends at the first key located neither before nor by `probe`.
 /// Returns how many keys `probe` located.
 pub fn locate_each(
@@ -65,15 +65,15 @@ pub fn locate_each(
     keys: &[BlockKey],
     located: &mut [Option<Located>],
     stop_at_miss: bool,
-    mut probe: impl FnMut(&BlockKey) -> Option<u64>,
+    mut probe: impl FnMut(usize, &BlockKey) -> Option<u64>,
 ) -> usize {
     assert_eq!(keys.len(), located.len(), "one slot per key");
     let mut found = 0;
-    for (key, slot) in keys.iter().zip(located.iter_mut()) {
+    for (i, (key, slot)) in keys.iter().zip(located.iter_mut()).enumerate() {
         if slot.is_some() {
             continue;
         }
-        match probe(key) {
+        match probe(i, key) {
             Some(entry_id) => {
                 *slot = Some(Located { tier, entry: EntryRef { key: *key, entry_id } });
                 found += 1;

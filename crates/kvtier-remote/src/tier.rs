@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvtier_core::checksum::checksum;
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::{BlockKey, ObjectError, ObjectHeader, OBJECT_HEADER_BYTES};
+use kvtier_pool::tier::locate_each;
 use kvtier_pool::{EntryRef, Located, PoolError, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 use parking_lot::Mutex;
 
@@ -351,27 +352,17 @@ impl Tier for RemoteTier {
             start += part.len();
             chunk = chunk.saturating_mul(2);
         }
-        let mut count = 0;
         let mut pins = self.pins.lock();
-        for i in 0..keys.len() {
-            if located[i].is_some() {
-                continue;
-            }
+        locate_each(TierKind::Remote, keys, located, stop_at_miss, |i, key| {
             if !present[i] {
-                if stop_at_miss {
-                    break;
-                }
-                continue;
+                return None;
             }
-            let entry =
-                EntryRef { key: keys[i], entry_id: self.next_entry_id.fetch_add(1, Ordering::Relaxed) };
+            let entry = EntryRef { key: *key, entry_id: self.next_entry_id.fetch_add(1, Ordering::Relaxed) };
             if pin {
                 *pins.entry(entry).or_insert(0) += 1;
             }
-            located[i] = Some(Located { tier: TierKind::Remote, entry });
-            count += 1;
-        }
-        count
+            Some(entry.entry_id)
+        })
     }
 
     fn read_pinned(

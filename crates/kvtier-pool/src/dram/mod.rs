@@ -241,7 +241,7 @@ impl Tier for DramTier {
     ) -> usize {
         let mut st = self.state.lock();
         let st = &mut *st;
-        locate_each(TierKind::Dram, keys, located, stop_at_miss, |key| {
+        locate_each(TierKind::Dram, keys, located, stop_at_miss, |_, key| {
             let entry = st.index.get_mut(key).filter(|e| e.visible())?;
             if pin {
                 if entry.pins == 0 {

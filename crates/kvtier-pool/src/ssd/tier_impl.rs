@@ -237,7 +237,7 @@ impl Tier for SsdTier {
     ) -> usize {
         let mut st = self.state.lock();
         let st = &mut *st;
-        locate_each(TierKind::Ssd, keys, located, stop_at_miss, |key| {
+        locate_each(TierKind::Ssd, keys, located, stop_at_miss, |_, key| {
             let Some(entry) = st.index.get_mut(key).filter(|e| e.state == EntryState::Ready) else {
                 st.counters.lookup_misses += 1;
                 return None;
