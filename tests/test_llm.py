@@ -328,3 +328,38 @@ def test_a_second_engine_process_hits_the_first_ones_ssd_cache(tmp_path: Path) -
     assert runs[0]["cached_tokens"]["ssd"] == 0
     assert runs[1]["cached_tokens"]["ssd"] == (runs[1]["prompt_tokens"] - 1) // 16 * 16
     assert runs[1]["token_ids"] == runs[0]["token_ids"]
+
+
+def test_a_second_engine_process_hits_the_first_ones_remote_cache(tmp_path: Path) -> None:
+    """Two `kvtier generate` processes sharing one loopback Redis (no shared disk): the second loads
+    the first one's prompt KV from the server (its DRAM is empty) and answers with the same tokens."""
+    from kvtier.remote import LocalRedis
+
+    server = LocalRedis(tmp_path).start()
+    try:
+        command = [
+            sys.executable, "-m", "kvtier.cli", "generate", f"{SYSTEM} {QUESTION}", "--max-tokens", "4",
+            "--dram-capacity", "64MiB", "--remote-url", server.url, "--json",
+        ]  # fmt: skip
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+        runs = []
+        for _ in range(2):
+            done = subprocess.run(command, capture_output=True, timeout=300, env=env, text=True)
+            assert done.returncode == 0, done.stderr
+            [out] = json.loads(done.stdout)["outputs"]
+            runs.append(out)
+    finally:
+        server.stop()
+    assert runs[0]["cached_tokens"]["remote"] == 0
+    assert runs[1]["cached_tokens"]["remote"] == (runs[1]["prompt_tokens"] - 1) // 16 * 16
+    assert runs[1]["token_ids"] == runs[0]["token_ids"]
+
+
+def test_remote_url_needs_a_dram_tier() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtier.cli", "generate", "hi", "--remote-url", "redis://127.0.0.1:1"],
+        capture_output=True,
+        timeout=120,
+        text=True,
+    )
+    assert done.returncode == 2 and "--remote-url need --dram-capacity" in done.stderr

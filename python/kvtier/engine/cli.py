@@ -53,6 +53,11 @@ def _engine_args(parser: argparse.ArgumentParser, positive: Callable[[str], int]
         "--ssd-dir", default=None, help="SSD tier directory, written through (needs --dram-capacity)"
     )
     parser.add_argument("--ssd-capacity", default="1GiB")
+    parser.add_argument(
+        "--remote-url",
+        default=None,
+        help="remote tier: a Redis/Valkey server URL, e.g. redis://127.0.0.1:6379 (needs --dram-capacity)",
+    )
     parser.add_argument("--threads", type=positive, default=1, help="BLAS threads (default 1)")
 
 
@@ -82,9 +87,12 @@ def _llm(args: argparse.Namespace) -> LLM:
                 ssd_probe_bytes=0,
                 ssd_write_through=True,  # a later process finds the KV even if DRAM never evicted it
             )
+        if args.remote_url:
+            # Written through, so another process (or node) finds the KV on the server at once.
+            fields.update(remote_urls=(args.remote_url,), remote_write_through=True)
         store = llm_store_config(args.block_tokens, **fields)
-    elif args.ssd_dir is not None:
-        raise EngineInputError("--ssd-dir needs --dram-capacity (the SSD tier sits below DRAM)")
+    elif args.ssd_dir is not None or args.remote_url:
+        raise EngineInputError("--ssd-dir and --remote-url need --dram-capacity (those tiers sit below DRAM)")
     config = EngineConfig(num_blocks=args.num_blocks, block_tokens=args.block_tokens)
     return LLM(config=config, policy=args.policy, store=store)
 
