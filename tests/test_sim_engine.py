@@ -97,6 +97,19 @@ def test_device_prefix_hit_skips_the_cached_blocks() -> None:
     assert metrics.hit_tokens[0] == 1584
 
 
+@pytest.mark.parametrize("with_finish_keys", [False, True])
+def test_finish_keys_keep_the_reply_blocks_cached(with_finish_keys: bool) -> None:
+    """A first turn of 10 blocks + 40 output tokens; the second turn re-sends prompt + reply + 8 new
+    blocks. With ``finish_keys`` the reply's two full blocks stay cached: 12 blocks hit, not 10."""
+    loop, _, metrics, cluster = make_engine()
+    prompt = tuple(range(10))
+    sequence = (*prompt, 500, 501)  # prompt + reply: 12 full blocks (the reply's last 8 tokens partial)
+    first = Request(0, 0.0, 10 * BT, 40, prompt, finish_keys=sequence if with_finish_keys else ())
+    second_keys = (*sequence, *range(600, 608))
+    run_requests(cluster, loop, [first, req(1, 100.0, second_keys)])
+    assert metrics.hit_tokens[0] == (12 if with_finish_keys else 10) * BT
+
+
 def _host_hit_scenario(policy: str) -> tuple[Metrics, Engine, float]:
     """A's prompt is computed and written through to host, B's evicts it from device, A again hits host."""
     loop, engine, metrics, cluster = make_engine(policy, device_blocks=120, host_blocks=1000)

@@ -170,7 +170,12 @@ class PagedKvPool:
                 f"pool geometry is {geometry}; expected dtype fp32 and no extra groups (the engine computes in fp32)"
             )
         self.geometry = geometry
-        self.pool = alloc_pool(geometry, num_blocks) if pool is None else pool
+        if pool is None:
+            pool = alloc_pool(geometry, num_blocks)
+            # Touch every page now, as an engine reserves its KV memory up front: otherwise the
+            # first steps that write fresh blocks also pay the page faults, which skews step times.
+            pool.fill(0)
+        self.pool = pool
         self.num_blocks = pool_num_blocks(geometry, self.pool)
         if self.num_blocks != num_blocks:
             raise EngineInputError(f"pool holds {self.num_blocks} blocks; expected {num_blocks}")

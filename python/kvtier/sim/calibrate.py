@@ -149,8 +149,10 @@ def engine_run_samples(
 
     warm_up(model)
     rng = np.random.default_rng(seed)
-    count, longest = (4, 96) if quick else (12, 900)
-    lengths = rng.integers(16, longest, size=count)
+    count, longest = (4, 96) if quick else (16, 900)
+    # Log-uniform prompt lengths: decode steps then run at short and long contexts alike, so the
+    # per-sequence and per-context costs can be told apart.
+    lengths = np.exp(rng.uniform(np.log(16), np.log(longest), size=count)).astype(int)
     replies = rng.integers(4, 12 if quick else 64, size=count)
     config = engine_config or EngineConfig(num_blocks=1024, max_batch_tokens=256, max_running=16)
     engine = Engine(model, make_policy("fcfs"), config)

@@ -661,9 +661,17 @@ class Engine:
         self.metrics.preemptions += 1
 
     def finish(self, r: SimRequest) -> None:
+        freed = r.private_blocks
         self.release(r)
         if not self.config.device_prefix_cache:  # no GPU prefix cache: unlocked blocks leave
             self.tree.evict(Tier.DEVICE, self.tree.evictable_blocks(Tier.DEVICE))
+        elif r.req.finish_keys:
+            # The reply's full blocks were private (decode tokens, the prompt's partial tail); like a
+            # real engine's prefix cache, keep them cached under the whole sequence's keys.
+            prompt_full = r.req.prompt_tokens // self.config.block_tokens
+            keep = min(len(r.req.finish_keys), prompt_full + freed)
+            if keep > prompt_full and self.free_device_blocks() >= keep - prompt_full:
+                self.tree.insert(r.req.finish_keys[:keep], Tier.DEVICE, self.loop.now_s)
         self.running.remove(r)
         del self.requests[r.req_id]
         if self.on_finish is not None:

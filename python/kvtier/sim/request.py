@@ -6,6 +6,8 @@ cache block size); equal leading keys mean an equal prefix, so equal KV. They co
 partial tail a key of its own unless it is shared by construction (the Mooncake trace's
 ``hash_ids`` follow the same rule).
 
+``finish_keys`` (optional) key every full block of the prompt followed by the output.
+
 Open-loop requests arrive at ``arrival_s``. A closed-loop request (the next turn of a chat, the next
 step of an agent) names ``parent_id``: it arrives ``think_time_s`` after its parent finishes, and
 ``arrival_s`` is ignored until then.
@@ -28,6 +30,10 @@ class Request:
     session_id: int = -1
     parent_id: int | None = None
     think_time_s: float = 0.0
+    # Keys of every full block of prompt + output, when the workload knows its outputs' tokens (a
+    # replay of a real run): the finished request leaves them in the device prefix cache, as a real
+    # engine does, so a next turn that re-sends the reply hits it. Empty: only prompt blocks are.
+    finish_keys: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

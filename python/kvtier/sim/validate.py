@@ -9,10 +9,9 @@ real token ids (so prefix hits match), closed-loop parents — then run in the s
 ``fitted`` cost model and the engine's sizes. The errors are ``|sim - engine| / engine`` of the mean
 TTFT and the mean TPOT.
 
-Known modelling gap: the simulator adds only prompt blocks to its prefix index, while the engine
-also caches the blocks of a reply; the next turn's prompt contains that reply, so the engine hits
-up to one or two more blocks per turn. Replies are kept short (``reply_tokens``) so the gap stays a
-block or so.
+The engine also caches the blocks of each reply, and the next turn's prompt contains that reply:
+each simulated request therefore carries ``finish_keys`` (the keys of its prompt + reply blocks,
+from the real tokens), which the simulator leaves in its device prefix cache at finish.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ class Turn:
     req_id: int
     parent_id: int | None
     prompt: list[int]
+    output: list[int]
     output_tokens: int
     ttft_s: float
     tpot_s: float
@@ -107,6 +107,7 @@ def run_engine(
                     out.request_id,
                     parent,
                     list(out.prompt_token_ids),
+                    list(out.token_ids),
                     n,
                     out.ttft_s,
                     (out.latency_s - out.ttft_s) / (n - 1),
@@ -147,6 +148,9 @@ def simulate(turns: Sequence[Turn], engine_config: Any, calibration: str) -> dic
             _block_keys(t.prompt, engine_config.block_tokens, t.req_id),
             session_id=t.req_id if t.parent_id is None else -1,
             parent_id=t.parent_id,
+            finish_keys=_block_keys(t.prompt + t.output, engine_config.block_tokens, t.req_id)[
+                : (len(t.prompt) + t.output_tokens) // engine_config.block_tokens
+            ],
         )
         for t in turns
     ]
