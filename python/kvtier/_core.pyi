@@ -118,9 +118,6 @@ class TransferEngine:
     def __init__(
         self,
         store: Store,
-        codec: str,
-        backend: str,
-        level: int | None,
         chunk_blocks: int,
         buffer_chunks: int,
         stage_workers: tuple[int, int, int, int],
@@ -140,7 +137,7 @@ class TransferEngine:
     def outcomes(self, id: int) -> list[str]: ...
     def cancel(self, id: int) -> bool: ...
     def jobs(self) -> int: ...
-    def stage_stats(self) -> list[tuple[str, int, float, int, int]]: ...
+    def stage_stats(self) -> list[tuple[str, int, float, int, int, int]]: ...
     def load_sequential(
         self,
         keys: bytes,

@@ -44,8 +44,6 @@ OUTCOMES = (
     "store_failed",
 )
 STAGE_NAMES = ("read", "decompress", "dequantize", "scatter")
-CODECS = ("raw", "lossless", "quant")
-BACKENDS = ("none", "zstd", "lz4", "deflate")
 
 
 class TransferError(KvtierError):
@@ -59,12 +57,13 @@ def _positive(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class TransferConfig:
-    """Shape and bounds of a :class:`TransferEngine` (units in the names)."""
+    """Shape and bounds of a :class:`TransferEngine` (units in the names).
 
-    #: How blocks sit in their store objects: ``raw``, ``lossless`` or ``quant`` (fp16 only).
-    codec: str = "raw"
-    backend: str = "zstd"
-    level: int | None = None
+    How blocks are stored is the store's configuration (``ssd_codec``, ``remote_codec``): a load
+    moves each block's bytes as its tier stores them and decodes them by the codec the stored
+    object records; a store job puts raw blocks and the store encodes them per tier.
+    """
+
     #: Blocks per chunk (the unit each stage processes).
     chunk_blocks: int = 4
     #: Chunk regions per stage buffer: chunks in flight. Bigger jobs run in rounds.
@@ -81,10 +80,6 @@ class TransferConfig:
     allocate_per_chunk: bool = False
 
     def __post_init__(self) -> None:
-        if self.codec not in CODECS:
-            raise ConfigError(f"codec is {self.codec!r}; expected one of {', '.join(CODECS)}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend is {self.backend!r}; expected one of {', '.join(BACKENDS)}")
         for name in (
             "chunk_blocks",
             "buffer_chunks",
@@ -131,8 +126,11 @@ class StageStats:
     name: str
     workers: int
     busy_s: float
+    #: Block bytes processed (decoded size).
     bytes: int
     chunks: int
+    #: Read stage: bytes as the tiers store them (encoded), i.e. what was read; 0 for the others.
+    stored_bytes: int = 0
 
     @property
     def rate_bytes_per_s(self) -> float:
@@ -174,9 +172,6 @@ class TransferEngine:
         c = self.config
         self._core = _core.TransferEngine(
             store._core,
-            c.codec,
-            c.backend,
-            c.level,
             c.chunk_blocks,
             c.buffer_chunks,
             c.stage_workers,

@@ -11,12 +11,12 @@ use pyo3::types::PyType;
 use kvtier_store::Store as CoreStore;
 use kvtier_transfer::duplex::BlockState;
 use kvtier_transfer::{
-    Backend, DuplexConfig, DuplexEngine as CoreDuplex, FinishedJob, JobKind, PoolRef, StageWorkers,
-    StoreHandle, TransferCodec, TransferConfig, TransferEngine as CoreEngine, TransferError,
+    DuplexConfig, DuplexEngine as CoreDuplex, FinishedJob, JobKind, PoolRef, StageWorkers, StoreHandle,
+    TransferConfig, TransferEngine as CoreEngine, TransferError,
 };
 
 use crate::buffer::Buffer;
-use crate::errors::{buffer_error, config_error, kvtier_error};
+use crate::errors::{buffer_error, kvtier_error};
 use crate::geometry::CoreGeometry;
 use crate::keys_from;
 use crate::store::Store;
@@ -102,14 +102,11 @@ pub struct TransferEngine {
 #[pymethods]
 impl TransferEngine {
     #[new]
-    #[pyo3(signature = (store, codec, backend, level, chunk_blocks, buffer_chunks, stage_workers, store_workers, jobs_in_flight_max, inflight_bytes_max, job_blocks_max, allocate_per_chunk=false))]
+    #[pyo3(signature = (store, chunk_blocks, buffer_chunks, stage_workers, store_workers, jobs_in_flight_max, inflight_bytes_max, job_blocks_max, allocate_per_chunk=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store: Py<Store>,
-        codec: &str,
-        backend: &str,
-        level: Option<i8>,
         chunk_blocks: usize,
         buffer_chunks: usize,
         stage_workers: [usize; 4],
@@ -119,20 +116,7 @@ impl TransferEngine {
         job_blocks_max: usize,
         allocate_per_chunk: bool,
     ) -> PyResult<Self> {
-        let backend_kind = Backend::from_name(backend).ok_or_else(|| {
-            config_error(format!("backend is {backend:?}; expected one of none, zstd, lz4, deflate"))
-        })?;
-        let level = level.unwrap_or_else(|| backend_kind.default_level());
-        let codec = match codec {
-            "raw" => TransferCodec::Raw,
-            "lossless" => TransferCodec::Lossless { backend: backend_kind, level },
-            "quant" => TransferCodec::Quant { backend: backend_kind, level },
-            other => {
-                return Err(config_error(format!("codec is {other:?}; expected raw, lossless or quant")))
-            }
-        };
         let config = TransferConfig {
-            codec,
             chunk_blocks,
             buffer_chunks,
             stage_workers: StageWorkers::from_array(stage_workers),
@@ -199,8 +183,12 @@ impl TransferEngine {
     }
 
     /// Per stage: (name, workers, busy_s, bytes, chunks).
-    fn stage_stats(&self) -> Vec<(&'static str, usize, f64, u64, u64)> {
-        self.inner.stage_stats().iter().map(|s| (s.name, s.workers, s.busy_s, s.bytes, s.chunks)).collect()
+    fn stage_stats(&self) -> Vec<(&'static str, usize, f64, u64, u64, u64)> {
+        self.inner
+            .stage_stats()
+            .iter()
+            .map(|s| (s.name, s.workers, s.busy_s, s.bytes, s.chunks, s.stored_bytes))
+            .collect()
     }
 
     /// The sequential baseline: returns (job, seconds per stage).

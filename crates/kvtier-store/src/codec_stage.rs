@@ -170,12 +170,35 @@ pub(crate) fn par_each<T: Send>(items: &mut [T], bytes: usize, f: impl Fn(&mut T
     });
 }
 
+/// Verifies the codec object `stored`: its header (magic, version, checksum, length), identity
+/// (namespace, key) and payload checksum. Returns the codec id and the payload.
+fn verified(namespace: u128, key: BlockKey, stored: &[u8]) -> Result<(u16, &[u8]), ()> {
+    let (header, payload) = decode_object(stored).map_err(|_| ())?;
+    header.expect_identity(namespace, key).map_err(|_| ())?;
+    Ok((header.codec_id, payload))
+}
+
+/// Verifies the codec object `stored` as [`decode_stored`] does, without decoding it: also its
+/// codec id must be known and its payload header must declare `block_bytes` decoded bytes.
+/// Returns the codec id and where the payload starts in `stored` and its length.
+pub(crate) fn verify_stored(
+    namespace: u128,
+    key: BlockKey,
+    stored: &[u8],
+    block_bytes: usize,
+) -> Result<(u16, usize, usize), ()> {
+    let (codec_id, payload) = verified(namespace, key, stored)?;
+    match kvtier_codec::decoded_len(codec_id, payload) {
+        Ok(n) if n == block_bytes => Ok((codec_id, OBJECT_HEADER_BYTES, payload.len())),
+        _ => Err(()),
+    }
+}
+
 /// Verifies the codec object `stored` (header, identity, payload checksum) and decodes it, by
 /// the codec id its header names, into `dst` (exactly `dst.len()` bytes must come out).
 pub(crate) fn decode_stored(namespace: u128, key: BlockKey, stored: &[u8], dst: &mut [u8]) -> Result<(), ()> {
-    let (header, payload) = decode_object(stored).map_err(|_| ())?;
-    header.expect_identity(namespace, key).map_err(|_| ())?;
-    match kvtier_codec::decode(header.codec_id, payload, dst) {
+    let (codec_id, payload) = verified(namespace, key, stored)?;
+    match kvtier_codec::decode(codec_id, payload, dst) {
         Ok(n) if n == dst.len() => Ok(()),
         _ => Err(()),
     }

@@ -34,13 +34,13 @@ use kvtier_core::BlockKey;
 use kvtier_pool::{object_extent_bytes, Demotion, EntryRef, ReadOutcome, Tier, TierKind, TierPutReport};
 use kvtier_remote::{key_name, RemoteTier};
 
-use crate::codec_stage::{decode_stored, par_each, Encoded};
+use crate::codec_stage::{decode_stored, par_each, verify_stored, Encoded};
 
 use crate::config::StoreConfig;
 use crate::error::StoreError;
 use crate::lease::LeasedBlock;
 use crate::stats::{bump, Counters};
-use crate::store::Store;
+use crate::store::{Store, StoredBlock};
 
 /// Demote-and-retry rounds per put before DRAM evicts without demoting.
 pub const DEMOTION_ROUNDS_MAX: usize = 4;
@@ -265,7 +265,16 @@ impl Store {
     /// straight from the device, codec objects through a buffer of their size, then decoded by
     /// the codec id in their header. A codec object that fails to decode is `Corrupt`, counted
     /// in `decode_failures`, and dropped from SSD.
-    pub(crate) fn read_ssd(&self, entries: &[EntryRef], dst: &mut [&mut [u8]], outcomes: &mut [ReadOutcome]) {
+    ///
+    /// With `forms` ([`Store::load_range_stored`]), codec objects are read straight into the
+    /// front of their destinations, verified and left encoded; `forms[i]` locates the payload.
+    pub(crate) fn read_ssd(
+        &self,
+        entries: &[EntryRef],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+        forms: Option<&mut [StoredBlock]>,
+    ) {
         let ssd = self.ssd.as_ref().expect("an SSD entry implies an SSD tier");
         let ns = self.namespace_hash();
         let lens: Vec<Option<u64>> = entries.iter().map(|e| ssd.pinned_payload_len(e)).collect();
@@ -284,6 +293,9 @@ impl Store {
         }
         if coded.is_empty() {
             return;
+        }
+        if let Some(forms) = forms {
+            return self.read_ssd_stored(entries, &coded, &lens, dst, outcomes, forms);
         }
         let ce: Vec<EntryRef> = coded.iter().map(|&i| entries[i]).collect();
         let mut bufs: Vec<Vec<u8>> =
@@ -322,15 +334,70 @@ impl Store {
         }
     }
 
+    /// The codec objects (`coded`, of SSD payload lengths `lens`) of [`read_ssd`](Self::read_ssd)
+    /// with `forms`: each read into the front of its destination and verified in place
+    /// ([`verify_stored`]), never decoded. One that does not fit its destination or fails
+    /// verification is `Corrupt`, counted in `decode_failures`, and dropped from SSD.
+    fn read_ssd_stored(
+        &self,
+        entries: &[EntryRef],
+        coded: &[usize],
+        lens: &[Option<u64>],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+        forms: &mut [StoredBlock],
+    ) {
+        let ssd = self.ssd.as_ref().expect("an SSD entry implies an SSD tier");
+        let ns = self.namespace_hash();
+        let len = |i: usize| lens[i].map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+        let mut undecodable = Vec::new();
+        let mut fit = vec![false; entries.len()];
+        for &i in coded {
+            if len(i) <= dst[i].len() {
+                fit[i] = true;
+            } else {
+                outcomes[i] = ReadOutcome::Corrupt;
+                undecodable.push(entries[i].key);
+            }
+        }
+        let items: Vec<usize> = coded.iter().copied().filter(|&i| fit[i]).collect();
+        let ce: Vec<EntryRef> = items.iter().map(|&i| entries[i]).collect();
+        let mut cout = vec![ReadOutcome::NotPinned; items.len()];
+        {
+            let mut cd: Vec<&mut [u8]> =
+                dst.iter_mut().enumerate().filter(|(i, _)| fit[*i]).map(|(i, d)| &mut d[..len(i)]).collect();
+            ssd.read_pinned(ns, &ce, &mut cd, &mut cout);
+        }
+        for (&i, mut o) in items.iter().zip(cout) {
+            if o == ReadOutcome::Loaded {
+                match verify_stored(ns, entries[i].key, &dst[i][..len(i)], self.block_bytes()) {
+                    Ok((codec_id, offset, len)) => forms[i] = StoredBlock { codec_id, offset, len },
+                    Err(()) => {
+                        o = ReadOutcome::Corrupt;
+                        undecodable.push(entries[i].key);
+                    }
+                }
+            }
+            outcomes[i] = o;
+        }
+        if !undecodable.is_empty() {
+            bump(&self.counters.decode_failures, undecodable.len());
+            ssd.remove(&undecodable);
+        }
+    }
+
     /// Reads remote blocks into `dst`. Values of exactly header + `block_bytes` (raw) are read
     /// straight into `dst`; others (codec objects) are read whole and decoded by their header's
     /// codec id. With a remote codec configured, values are expected encoded and read whole
-    /// at once. A value that fails to decode is `Corrupt`, counted, and deleted.
+    /// at once. A value that fails to decode is `Corrupt`, counted, and deleted. With `forms`
+    /// ([`Store::load_range_stored`]), a codec object is verified and its payload copied to the
+    /// front of its destination undecoded (`forms[i]` locates it).
     pub(crate) fn read_remote(
         &self,
         entries: &[EntryRef],
         dst: &mut [&mut [u8]],
         outcomes: &mut [ReadOutcome],
+        mut forms: Option<&mut [StoredBlock]>,
     ) {
         let remote = self.remote.as_ref().expect("a remote entry implies a remote tier");
         let ns = self.namespace_hash();
@@ -354,9 +421,20 @@ impl Store {
         let whole_keys: Vec<BlockKey> = whole.iter().map(|&i| keys[i]).collect();
         let mut undecodable = Vec::new();
         for (&i, got) in whole.iter().zip(remote.read_objects(ns, &whole_keys)) {
+            let bb = self.block_bytes();
+            let decoded = |value: &[u8], d: &mut [u8], forms: Option<&mut [StoredBlock]>| match forms {
+                None => decode_stored(ns, keys[i], value, d),
+                Some(forms) => {
+                    let (codec_id, offset, len) = verify_stored(ns, keys[i], value, bb)?;
+                    let payload = &value[offset..offset + len];
+                    d.get_mut(..len).ok_or(())?.copy_from_slice(payload);
+                    forms[i] = StoredBlock { codec_id, offset: 0, len };
+                    Ok(())
+                }
+            };
             outcomes[i] = match got {
                 Err(outcome) => outcome,
-                Ok(value) => match decode_stored(ns, keys[i], &value, dst[i]) {
+                Ok(value) => match decoded(&value, dst[i], forms.as_deref_mut()) {
                     Ok(()) => ReadOutcome::Loaded,
                     Err(()) => {
                         undecodable.push(key_name(&remote.client().config().key_prefix, ns, keys[i]));

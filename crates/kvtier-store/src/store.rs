@@ -58,6 +58,35 @@ pub struct LoadReport {
     pub checksum_failures: usize,
 }
 
+/// Where one block read undecoded by [`Store::load_range_stored`] sits in its destination:
+/// `dst[offset..offset + len]` is the verified payload of codec `codec_id` (0: raw, the block
+/// itself, `offset` 0 and `len` = `block_bytes`; 1 `lossless`, 2 `quant`: a `KVCP` payload
+/// whose header declares `block_bytes` decoded bytes). Bytes of `dst` outside it are unspecified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBlock {
+    pub codec_id: u16,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl StoredBlock {
+    /// A raw block of `block_bytes`.
+    pub fn raw(block_bytes: usize) -> Self {
+        StoredBlock { codec_id: 0, offset: 0, len: block_bytes }
+    }
+}
+
+/// Result of [`Store::load_range_stored`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredLoadReport {
+    /// Per block of the range: where its verified stored bytes are, or `None` if it failed
+    /// verification or its read failed (dropped from its tier and counted, as in
+    /// [`Store::load`]); its destination bytes must not be used then.
+    pub blocks: Vec<Option<StoredBlock>>,
+    /// Blocks of this load that failed verification (as [`LoadReport::checksum_failures`]).
+    pub checksum_failures: usize,
+}
+
 /// A hierarchical KV-cache store for one [`Namespace`]. `Send + Sync`; share it by reference
 /// or `Arc` between threads.
 pub struct Store {
@@ -304,23 +333,65 @@ impl Store {
         };
         let _in_flight = LoadGuard { store: self, lease_id };
         self.check_sizes(dst.iter().map(|d| d.len()))?;
-        let outcomes = self.read(&blocks, dst);
+        let outcomes = self.read(&blocks, dst, None);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
-        let found_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::Corrupt).count();
-        let known_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::CorruptKnown).count();
-        bump(&self.counters.load_missing, outcomes.iter().filter(|&&o| o == ReadOutcome::Missing).count());
-        assert!(!outcomes.contains(&ReadOutcome::NotPinned), "a leased block was not pinned");
-        bump(&self.counters.loaded_blocks, loaded_blocks);
-        bump(&self.counters.loaded_bytes, loaded_blocks * self.block_bytes);
-        // Each corrupt stored copy is counted once, by the load that found it.
-        bump(&self.counters.checksum_failures, found_corrupt);
-        let checksum_failures = found_corrupt + known_corrupt;
+        let checksum_failures = self.count_load(&outcomes, loaded_blocks);
         self.promote(&blocks[..loaded_blocks], dst);
         Ok(LoadReport { loaded_blocks, checksum_failures })
     }
 
-    /// Reads `blocks` into `dst`, one batch per tier.
-    fn read(&self, blocks: &[LeasedBlock], dst: &mut [&mut [u8]]) -> Vec<ReadOutcome> {
+    /// Like [`load_range`](Self::load_range), but each block is copied into its destination
+    /// (`block_bytes` each) *as its tier stores it*, verified and not decoded: a DRAM block or a
+    /// raw lower-tier block is the block; an SSD or remote codec object (`ssd_codec`,
+    /// `remote_codec`) is its codec payload, read in place, so a reader moves the encoded bytes
+    /// only and decodes them itself by the codec id reported per block ([`StoredBlock`]). The
+    /// same checks as a load run first (pool checksum; object header, namespace, key, payload
+    /// checksum; a known codec id declaring `block_bytes`); a block failing them is `None`,
+    /// dropped from its tier and counted, and the other blocks are still read. Blocks read
+    /// from lower tiers are not promoted (the store never sees them decoded).
+    pub fn load_range_stored(
+        &self,
+        lease_id: u64,
+        first: usize,
+        dst: &mut [&mut [u8]],
+    ) -> Result<StoredLoadReport, StoreError> {
+        let blocks = {
+            let mut table = self.leases.lock();
+            self.reclaim_expired(&mut table);
+            table.begin_load_at(lease_id, first, dst.len(), Instant::now())?
+        };
+        let _in_flight = LoadGuard { store: self, lease_id };
+        self.check_sizes(dst.iter().map(|d| d.len()))?;
+        let mut forms = vec![StoredBlock::raw(self.block_bytes); dst.len()];
+        let outcomes = self.read(&blocks, dst, Some(&mut forms));
+        let loaded = outcomes.iter().filter(|&&o| o == ReadOutcome::Loaded).count();
+        let checksum_failures = self.count_load(&outcomes, loaded);
+        let blocks =
+            outcomes.iter().zip(forms).map(|(&o, f)| (o == ReadOutcome::Loaded).then_some(f)).collect();
+        Ok(StoredLoadReport { blocks, checksum_failures })
+    }
+
+    /// Counts a load's outcomes (`loaded` blocks served); returns its checksum failures.
+    fn count_load(&self, outcomes: &[ReadOutcome], loaded: usize) -> usize {
+        let found_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::Corrupt).count();
+        let known_corrupt = outcomes.iter().filter(|&&o| o == ReadOutcome::CorruptKnown).count();
+        bump(&self.counters.load_missing, outcomes.iter().filter(|&&o| o == ReadOutcome::Missing).count());
+        assert!(!outcomes.contains(&ReadOutcome::NotPinned), "a leased block was not pinned");
+        bump(&self.counters.loaded_blocks, loaded);
+        bump(&self.counters.loaded_bytes, loaded * self.block_bytes);
+        // Each corrupt stored copy is counted once, by the load that found it.
+        bump(&self.counters.checksum_failures, found_corrupt);
+        found_corrupt + known_corrupt
+    }
+
+    /// Reads `blocks` into `dst`, one batch per tier; with `forms`, lower-tier codec objects
+    /// are verified and left encoded, `forms[i]` saying where block `i`'s payload is.
+    fn read(
+        &self,
+        blocks: &[LeasedBlock],
+        dst: &mut [&mut [u8]],
+        mut forms: Option<&mut [StoredBlock]>,
+    ) -> Vec<ReadOutcome> {
         let mut outcomes = vec![ReadOutcome::NotPinned; blocks.len()];
         for (t, tier) in self.tiers.iter().enumerate() {
             let mine: Vec<usize> = (0..blocks.len()).filter(|&i| blocks[i].tier == t).collect();
@@ -331,14 +402,19 @@ impl Store {
             let mut tier_dst: Vec<&mut [u8]> =
                 dst.iter_mut().zip(blocks).filter(|(_, b)| b.tier == t).map(|(d, _)| &mut **d).collect();
             let mut tier_outcomes = vec![ReadOutcome::NotPinned; mine.len()];
+            let mut tier_forms = vec![StoredBlock::raw(self.block_bytes); mine.len()];
+            let f = forms.is_some().then_some(&mut tier_forms[..]);
             // Lower tiers may hold codec objects: decoded by their headers (`hierarchy.rs`).
             match tier.kind() {
-                TierKind::Ssd => self.read_ssd(&entries, &mut tier_dst, &mut tier_outcomes),
-                TierKind::Remote => self.read_remote(&entries, &mut tier_dst, &mut tier_outcomes),
+                TierKind::Ssd => self.read_ssd(&entries, &mut tier_dst, &mut tier_outcomes, f),
+                TierKind::Remote => self.read_remote(&entries, &mut tier_dst, &mut tier_outcomes, f),
                 _ => tier.read_pinned(self.namespace_hash, &entries, &mut tier_dst, &mut tier_outcomes),
             }
-            for (&i, outcome) in mine.iter().zip(tier_outcomes) {
+            for ((&i, outcome), form) in mine.iter().zip(tier_outcomes).zip(tier_forms) {
                 outcomes[i] = outcome;
+                if let Some(forms) = forms.as_deref_mut() {
+                    forms[i] = form;
+                }
             }
         }
         outcomes

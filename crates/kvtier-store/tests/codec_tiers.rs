@@ -59,12 +59,8 @@ fn lossless(backend: &str) -> TierCodec {
     TierCodec::Lossless { backend: backend.into(), level: None }
 }
 
-/// Whether `codec` shrinks `kv_block`s. kvtier-codec's lz4 stage currently stores every stream
-/// (even all-zero ones: `lz4_flex::block::compress_into` refuses an output buffer smaller than
-/// its worst-case bound, and the stage passes one of the input's size), so `lossless` + lz4
-/// blocks fall back to raw, counted in `*_encode_fallbacks`.
-/// Every codec but raw shrinks this test data (a codec that did not would be stored raw, counted
-/// as a fallback).
+/// Whether `codec` shrinks `kv_block`s: every codec but raw shrinks this test data (a codec that
+/// did not would be stored raw, counted in `*_encode_fallbacks`).
 fn shrinks(codec: &TierCodec) -> bool {
     !matches!(codec, TierCodec::Raw)
 }
@@ -471,4 +467,100 @@ fn undecodable_remote_values_are_counted_misses() {
             3
         );
     }
+}
+
+/// Leases `ks` and reads them undecoded with `load_range_stored`, in two ranges; returns the
+/// tiers, each block's stored form, and the destinations.
+fn load_all_stored(
+    store: &Store,
+    ks: &[BlockKey],
+) -> (Vec<TierKind>, Vec<Option<kvtier_store::StoredBlock>>, Vec<Vec<u8>>) {
+    let lease = store.lease(store.namespace_hash(), ks).unwrap();
+    let mut bufs = vec![vec![0u8; BLOCK_BYTES]; lease.hit_blocks];
+    let split = lease.hit_blocks / 2;
+    let mut forms = Vec::new();
+    let (a, b) = bufs.split_at_mut(split);
+    for (first, part) in [(0, a), (split, b)] {
+        let mut dst: Vec<&mut [u8]> = part.iter_mut().map(|b| &mut b[..]).collect();
+        forms.extend(store.load_range_stored(lease.id, first, &mut dst).unwrap().blocks);
+    }
+    store.release(lease.id).unwrap();
+    (lease.tiers, forms, bufs)
+}
+
+#[test]
+fn stored_loads_hand_out_verified_encoded_payloads() {
+    for codec in all_codecs() {
+        let dir = TempDir::new(&format!("stored-{}", codec.name()));
+        let store = ssd_store(&dir, codec.clone(), true);
+        let ks = keys(&store, 21, 8);
+        put(&store, &ks);
+        let (tiers, forms, bufs) = load_all_stored(&store, &ks);
+        assert_eq!(forms.len(), ks.len());
+        for ((k, tier), (form, buf)) in ks.iter().zip(&tiers).zip(forms.iter().zip(&bufs)) {
+            let form = form.expect("verified");
+            let payload = &buf[form.offset..form.offset + form.len];
+            let encoded = *tier == TierKind::Ssd && shrinks(&codec);
+            let want_id = if encoded { kvtier_codec::codec_id(codec.name()).unwrap() } else { 0 };
+            assert_eq!(form.codec_id, want_id, "{} from {tier:?}", codec.name());
+            if encoded {
+                assert!(form.len < BLOCK_BYTES / 2 + 1024, "{} payload of {} bytes", codec.name(), form.len);
+            } else {
+                assert_eq!((form.offset, form.len), (0, BLOCK_BYTES));
+            }
+            let mut out = vec![0u8; BLOCK_BYTES];
+            assert_eq!(kvtier_codec::decode(form.codec_id, payload, &mut out).unwrap(), BLOCK_BYTES);
+            assert_block(&codec, *k, &out);
+        }
+        let s = store.stats();
+        assert_eq!((s.checksum_failures, s.decode_failures), (0, 0));
+        // Nothing was promoted: the SSD blocks are still read from SSD.
+        assert_eq!(store.lookup(store.namespace_hash(), &ks).unwrap().tiers, tiers);
+        store.check_integrity().unwrap();
+    }
+}
+
+#[test]
+fn stored_loads_never_hand_out_unverified_bytes() {
+    // A flipped payload byte: the pool checksum fails the block; the others are still read.
+    let dir = TempDir::new("stored-corrupt");
+    let store = ssd_store(&dir, TierCodec::Quant, true);
+    let ks = keys(&store, 3, 6);
+    put(&store, &ks);
+    assert!(store.corrupt_for_test(ks[1], 100));
+    let (_, forms, _) = load_all_stored(&store, &ks);
+    assert!(forms[1].is_none());
+    assert!(forms.iter().enumerate().all(|(i, f)| i == 1 || f.is_some()), "{forms:?}");
+    assert_eq!(store.stats().checksum_failures, 1);
+    // Objects whose pool checksum holds but whose codec header does not: an unknown codec id,
+    // and a lossless payload of garbage. Counted as decode failures and dropped.
+    let dir = TempDir::new("stored-undecodable");
+    let ns_hash;
+    let ks;
+    {
+        let store = ssd_store(&dir, lossless("zstd"), true);
+        ns_hash = store.namespace_hash();
+        ks = keys(&store, 11, 3);
+        put(&store, &ks);
+        store.flush().unwrap();
+    }
+    {
+        let mut pool = ssd_config(&dir, TierCodec::Raw, false).pool;
+        pool.min_object_bytes = BLOCK_BYTES as u64;
+        let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
+        assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[1..]), 2);
+        let bad: Vec<Vec<u8>> = [(ks[1], 7u16), (ks[2], 1u16)]
+            .iter()
+            .map(|&(k, id)| kvtier_core::object::encode_object(ns_hash, k, id, &[0x5a; 900]))
+            .collect();
+        let refs: Vec<&[u8]> = bad.iter().map(|b| &b[..]).collect();
+        assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[1..], &refs).stored, 2);
+        ssd.flush().unwrap();
+    }
+    let store = ssd_store(&dir, TierCodec::Raw, false);
+    let (_, forms, _) = load_all_stored(&store, &ks);
+    assert!(forms[0].is_some() && forms[1].is_none() && forms[2].is_none(), "{forms:?}");
+    assert_eq!(store.stats().decode_failures, 2);
+    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 1, "both dropped from SSD");
+    store.check_integrity().unwrap();
 }

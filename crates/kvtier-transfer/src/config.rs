@@ -1,33 +1,9 @@
 //! [`TransferConfig`]: the engine's shape and every bound, with its unit in its name.
 
-use kvtier_codec::streams::Backend;
-
 use crate::error::TransferError;
 
 /// Stages of a load, in order. A store job runs gather → encode → write on store workers.
 pub const STAGE_NAMES: [&str; 4] = ["read", "decompress", "dequantize", "scatter"];
-
-/// How blocks are encoded inside their store objects (see `docs/transfer.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TransferCodec {
-    /// The object is the `BlockFirst` block; decompress and dequantize pass through.
-    Raw,
-    /// `lossless` (byte-plane shuffle + backend) payload, zero-padded to `block_bytes`.
-    Lossless { backend: Backend, level: i8 },
-    /// `quant` (CacheGen bins, streams stored) wrapped in a `lossless` payload (no shuffle):
-    /// decompress undoes the lossless stage, dequantize the binning. fp16 geometries only.
-    Quant { backend: Backend, level: i8 },
-}
-
-impl TransferCodec {
-    pub fn name(&self) -> &'static str {
-        match self {
-            TransferCodec::Raw => "raw",
-            TransferCodec::Lossless { .. } => "lossless",
-            TransferCodec::Quant { .. } => "quant",
-        }
-    }
-}
 
 /// Worker threads per load stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +26,7 @@ impl StageWorkers {
     /// ShadowServe §4.3: splits `threads` among the stages so their throughputs match. A stage
     /// measured at `rates_bytes_per_s[i]` per worker needs workers in proportion to its time per
     /// byte `1 / rate`. Every stage keeps at least one worker; a stage with rate 0 or non-finite
-    /// (not run, e.g. decompress under the raw codec) gets exactly one. The total is
+    /// (not run, e.g. decompress when every block is stored raw) gets exactly one. The total is
     /// `max(threads, 4)`, remainders going to the largest fractional shares.
     pub fn balanced(rates_bytes_per_s: [f64; 4], threads: usize) -> Self {
         let threads = threads.max(4);
@@ -100,8 +76,10 @@ impl Default for StageWorkers {
 
 /// Shape and bounds of a [`TransferEngine`](crate::TransferEngine).
 #[derive(Clone, Debug, PartialEq)]
+///
+/// How blocks are stored is the store's business (`ssd_codec`, `remote_codec`): loads decode each
+/// block by the codec its stored object records, stores put raw blocks (docs/transfer.md §2).
 pub struct TransferConfig {
-    pub codec: TransferCodec,
     /// Blocks per chunk: the unit a stage processes at once.
     pub chunk_blocks: usize,
     /// Chunk regions in each stage buffer: chunks in flight at once. A job of more chunks runs
@@ -125,7 +103,6 @@ pub struct TransferConfig {
 impl Default for TransferConfig {
     fn default() -> Self {
         TransferConfig {
-            codec: TransferCodec::Raw,
             chunk_blocks: 4,
             buffer_chunks: 8,
             stage_workers: StageWorkers::default(),

@@ -15,16 +15,15 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use kvtier_core::{BlockKey, Geometry};
-use kvtier_store::Store;
+use kvtier_store::{Store, StoredBlock};
 
 use crate::aligned::AlignedBuf;
-use crate::codec::Encoder;
-use crate::config::{TransferCodec, TransferConfig};
+use crate::config::TransferConfig;
 use crate::error::TransferError;
 use crate::hot_path::{self, foreign};
 use crate::job::{BlockOutcome, FinishedJob, Job, JobId, JobKind};
 use crate::pool::{PoolRef, PoolShape};
-use crate::stages::{self, SliceScratch};
+use crate::stages::{self, Needs, SliceScratch};
 
 /// Something that holds a [`Store`] for the engine's life (an `Arc<Store>`, or the Python
 /// store object).
@@ -44,8 +43,13 @@ pub struct StageStats {
     pub name: &'static str,
     pub workers: usize,
     pub busy_s: f64,
+    /// Block bytes the stage processed (decoded size: `blocks × block_bytes`).
     pub bytes: u64,
     pub chunks: u64,
+    /// Read stage: bytes of the blocks as their tiers store them (encoded payloads), i.e. what
+    /// was read; `stored_bytes / bytes` is the fraction of the decoded size moved. 0 for the
+    /// other stages.
+    pub stored_bytes: u64,
 }
 
 impl StageStats {
@@ -69,6 +73,7 @@ struct StageCounter {
     busy_ns: AtomicU64,
     bytes: AtomicU64,
     chunks: AtomicU64,
+    stored_bytes: AtomicU64,
 }
 
 impl StageCounter {
@@ -84,14 +89,18 @@ struct Task {
     job: Arc<Job>,
     chunk: usize,
     slot: usize,
+    /// Decode stages the chunk's blocks need (set by the read stage).
+    needs: Needs,
     /// `allocate_per_chunk` only: buffers allocated for this chunk, by stage buffer index.
     owned: [Option<AlignedBuf>; 3],
 }
 
-/// A buffer region: up to three stage buffers of `chunk_blocks × block_bytes`, allocated once.
-/// A region belongs to exactly one task at a time (handed out by `dispatch.free_slots`).
+/// A buffer region: up to three stage buffers of `chunk_blocks × block_bytes` (read,
+/// decompress, dequantize), allocated once, and where each block's stored payload sits in the
+/// read buffer. A region belongs to exactly one task at a time (`dispatch.free_slots`).
 struct Slot {
     bufs: [UnsafeCell<AlignedBuf>; 3],
+    forms: UnsafeCell<Vec<StoredBlock>>,
 }
 
 // SAFETY: a slot's buffers are accessed only by the worker holding the task that owns the slot.
@@ -119,6 +128,8 @@ struct Shared {
     geometry: Geometry,
     block_bytes: usize,
     config: TransferConfig,
+    /// The store has a lower tier, which may hold encoded blocks: decode stages and buffers.
+    decoding: bool,
     slots: Vec<Slot>,
     dispatch: Mutex<Dispatch>,
     dispatch_ready: Condvar,
@@ -149,22 +160,26 @@ impl TransferEngine {
         config.validate()?;
         let geometry = store.store().namespace().geometry.clone();
         let block_bytes = store.store().block_bytes();
-        Encoder::new(config.codec, &geometry)?; // the codec fits the geometry
+        let store_config = store.store().config();
+        // DRAM holds raw blocks only; a lower tier may hold codec objects (whatever this
+        // store's codec settings: they may have been written by another configuration).
+        let decoding = store_config.ssd.is_some() || store_config.remote.is_some();
         let region = config
             .chunk_blocks
             .checked_mul(block_bytes)
             .ok_or_else(|| TransferError::Config("chunk_blocks × block_bytes overflows".into()))?;
-        let buffers = match config.codec {
+        // Sized for the worst case: a block read raw takes its whole slot.
+        let buffers = match () {
             _ if config.allocate_per_chunk => 0,
-            TransferCodec::Raw => 1,
-            TransferCodec::Lossless { .. } => 2,
-            TransferCodec::Quant { .. } => 3,
+            _ if decoding => 3,
+            _ => 1,
         };
         let slots = (0..config.buffer_chunks)
             .map(|_| Slot {
                 bufs: std::array::from_fn(|b| {
                     UnsafeCell::new(AlignedBuf::prefaulted(if b < buffers { region } else { 0 }))
                 }),
+                forms: UnsafeCell::new(vec![StoredBlock::raw(block_bytes); config.chunk_blocks]),
             })
             .collect();
         let queue = || StageQueue {
@@ -175,6 +190,7 @@ impl TransferEngine {
             store,
             geometry,
             block_bytes,
+            decoding,
             slots,
             dispatch: Mutex::new(Dispatch {
                 active: VecDeque::with_capacity(config.jobs_in_flight_max),
@@ -205,10 +221,9 @@ impl TransferEngine {
             let s = shared.clone();
             threads.push(spawn(format!("kvtier-read-{i}"), Box::new(move || read_worker(&s))));
         }
-        let codec = shared.config.codec;
         let stage_threads = [
-            (DECOMPRESS, w.decompress, codec != TransferCodec::Raw, "decompress"),
-            (DEQUANTIZE, w.dequantize, matches!(codec, TransferCodec::Quant { .. }), "dequantize"),
+            (DECOMPRESS, w.decompress, shared.decoding, "decompress"),
+            (DEQUANTIZE, w.dequantize, shared.decoding, "dequantize"),
             (SCATTER, w.scatter, true, "scatter"),
         ];
         for (stage, n, needed, name) in stage_threads {
@@ -246,7 +261,8 @@ impl TransferEngine {
         self.submit(JobKind::Load, keys, pool, block_ids)
     }
 
-    /// Starts storing pool block `block_ids[i]` under `keys[i]` (gather → encode → put).
+    /// Starts storing pool block `block_ids[i]` under `keys[i]` (gather → put): the store
+    /// encodes each block for the tiers it reaches by their codecs (`ssd_codec`, ...).
     /// Blocks the store refuses finish as [`BlockOutcome::Rejected`]; bad ids as for loads.
     pub fn submit_store(
         &self,
@@ -456,6 +472,7 @@ impl TransferEngine {
                 busy_s: c.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
                 bytes: c.bytes.load(Ordering::Relaxed),
                 chunks: c.chunks.load(Ordering::Relaxed),
+                stored_bytes: c.stored_bytes.load(Ordering::Relaxed),
             }
         })
     }
@@ -521,6 +538,15 @@ fn finish_job(sh: &Shared, job: &Arc<Job>) {
 }
 
 impl Shared {
+    /// Where each block of the task's chunk sits in its read buffer.
+    ///
+    /// # Safety
+    /// The caller holds `task` (so owns its slot) and keeps no other reference to its forms.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn forms(&self, task: &Task) -> &mut [StoredBlock] {
+        &mut *self.slots[task.slot].forms.get()
+    }
+
     /// Pointer to stage buffer `b` of the task's chunk.
     fn buf(&self, task: &mut Task, b: usize) -> *mut u8 {
         match &mut task.owned[b] {
@@ -573,7 +599,7 @@ fn next_read(sh: &Shared) -> Option<Task> {
                     d.active.pop_front();
                 }
                 let slot = d.free_slots.pop().expect("a free slot");
-                return Some(Task { job, chunk, slot, owned: [None, None, None] });
+                return Some(Task { job, chunk, slot, needs: Needs::default(), owned: [None, None, None] });
             }
         }
         d = sh.dispatch_ready.wait(d).unwrap_or_else(|e| e.into_inner());
@@ -594,13 +620,27 @@ fn read_worker(sh: &Shared) {
         let start = Instant::now();
         sh.fresh(&mut task, 0);
         let buf = sh.buf(&mut task, 0);
-        // SAFETY: the region holds chunk_blocks × block_bytes bytes and belongs to this task.
-        unsafe {
-            stages::read_chunk(sh.store.store(), &job, first, count, buf, sh.block_bytes, &mut scratch)
+        // SAFETY: the region holds chunk_blocks × block_bytes bytes and belongs to this task, as
+        // do its forms.
+        let (stored, needs) = unsafe {
+            let forms = sh.forms(&task);
+            stages::read_chunk(sh.store.store(), &job, first, count, buf, sh.block_bytes, forms, &mut scratch)
         };
         sh.counters[0].add(start, count * sh.block_bytes);
-        let next = if sh.config.codec == TransferCodec::Raw { SCATTER } else { DECOMPRESS };
-        sh.push(next, task);
+        sh.counters[0].stored_bytes.fetch_add(stored as u64, Ordering::Relaxed);
+        task.needs = needs;
+        if needs.decompress && !sh.decoding {
+            // Only lower tiers hold codec objects, so this cannot happen; never decode into
+            // buffers that were not allocated.
+            let forms = unsafe { sh.forms(&task) };
+            for (i, f) in forms.iter().enumerate().take(count) {
+                if f.codec_id != 0 {
+                    job.settle(first + i, BlockOutcome::DecodeFailed);
+                }
+            }
+            task.needs = Needs::default();
+        }
+        sh.push(if task.needs.decompress { DECOMPRESS } else { SCATTER }, task);
     }
 }
 
@@ -623,7 +663,7 @@ fn stage_worker(sh: &Shared, stage: usize) {
     // Allocated once, with the codec's per-thread contexts, before the first chunk arrives.
     let mut scratch = AlignedBuf::prefaulted(if stage == DECOMPRESS { bb } else { 0 });
     if stage == DECOMPRESS {
-        crate::codec::warm_up(sh.config.codec, &sh.geometry, scratch.as_mut_slice());
+        crate::codec::warm_up(bb, scratch.as_mut_slice());
     }
     while let Some(mut task) = next_task(sh, stage) {
         let _hot = hot_path::enter();
@@ -640,33 +680,46 @@ fn stage_worker(sh: &Shared, stage: usize) {
                 sh.fresh(&mut task, 1);
                 let (src, dst) = (sh.buf(&mut task, 0), sh.buf(&mut task, 1));
                 // SAFETY: both regions belong to this task and hold a whole chunk.
-                unsafe { stages::decompress_chunk(&job, first, count, src, dst, bb, scratch.as_mut_slice()) };
+                unsafe {
+                    let forms = sh.forms(&task);
+                    stages::decompress_chunk(&job, first, count, src, dst, bb, forms, scratch.as_mut_slice())
+                };
                 sh.counters[1].add(start, count * bb);
-                let quant = matches!(sh.config.codec, TransferCodec::Quant { .. });
-                sh.push(if quant { DEQUANTIZE } else { SCATTER }, task);
+                sh.push(if task.needs.dequantize { DEQUANTIZE } else { SCATTER }, task);
             }
             DEQUANTIZE => {
                 sh.fresh(&mut task, 2);
-                let (src, dst) = (sh.buf(&mut task, 1), sh.buf(&mut task, 2));
+                let (src, mid, dst) = (sh.buf(&mut task, 0), sh.buf(&mut task, 1), sh.buf(&mut task, 2));
                 // SAFETY: as above.
-                unsafe { stages::dequantize_chunk(&job, first, count, src, dst, bb) };
+                unsafe {
+                    let forms = sh.forms(&task);
+                    stages::dequantize_chunk(&job, first, count, src, mid, dst, bb, forms)
+                };
                 sh.counters[2].add(start, count * bb);
                 sh.push(SCATTER, task);
             }
             _ => {
-                let b = match sh.config.codec {
-                    TransferCodec::Raw => 0,
-                    TransferCodec::Lossless { .. } => 1,
-                    TransferCodec::Quant { .. } => 2,
+                let n = if task.needs.dequantize {
+                    3
+                } else if task.needs.decompress {
+                    2
+                } else {
+                    1
                 };
-                let src = sh.buf(&mut task, b);
+                let mut bufs = [std::ptr::null::<u8>(); 3];
+                for (b, p) in bufs.iter_mut().enumerate().take(n) {
+                    *p = sh.buf(&mut task, b);
+                }
                 if job.is_cancelled() {
                     stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
                 } else {
                     // SAFETY: the region belongs to this task; the job's pool is live until it is
                     // collected and its blocks are written only by this job (caller contract).
                     unsafe {
-                        stages::scatter_chunk(&job, &job.shape, first, count, src, |_| sh.notify_layer())
+                        let forms = sh.forms(&task);
+                        stages::scatter_chunk(&job, &job.shape, first, count, bufs, forms, |_| {
+                            sh.notify_layer()
+                        })
                     };
                 }
                 sh.counters[3].add(start, count * bb);
@@ -695,32 +748,21 @@ fn next_store_chunk(sh: &Shared) -> Option<(Arc<Job>, usize)> {
 
 fn store_worker(sh: &Shared) {
     let bb = sh.block_bytes;
-    let mut encoder = Encoder::new(sh.config.codec, &sh.geometry).expect("checked at construction");
     let mut gathered = vec![0u8; sh.config.chunk_blocks * bb];
-    let mut objects = vec![0u8; sh.config.chunk_blocks * bb];
     while let Some((job, chunk)) = next_store_chunk(sh) {
         let (first, count) = job.chunk_range(chunk);
         if job.is_cancelled() {
             stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
         } else {
-            store_chunk(sh, &job, first, count, &mut encoder, &mut gathered, &mut objects);
+            store_chunk(sh, &job, first, count, &mut gathered);
         }
         chunks_done(sh, &job, 1);
     }
 }
 
-/// Gathers, encodes and puts one chunk of a store job.
-fn store_chunk(
-    sh: &Shared,
-    job: &Job,
-    first: usize,
-    count: usize,
-    encoder: &mut Encoder,
-    gathered: &mut [u8],
-    objects: &mut [u8],
-) {
+/// Gathers and puts one chunk of a store job (raw blocks: the store encodes them per tier).
+fn store_chunk(sh: &Shared, job: &Job, first: usize, count: usize, gathered: &mut [u8]) {
     let bb = sh.block_bytes;
-    let raw = encoder.codec() == TransferCodec::Raw;
     let mut keys = Vec::with_capacity(count);
     let mut items = Vec::with_capacity(count);
     for i in (0..count).filter(|&i| job.is_pending(first + i)) {
@@ -728,15 +770,10 @@ fn store_chunk(
         // SAFETY: the id was checked against the pool; the caller does not write blocks it
         // stores while the job runs.
         unsafe { job.shape.gather_block(job.pool.ptr(), job.block_ids[first + i] as usize, g.as_mut_ptr()) };
-        if !raw && encoder.encode(g, &mut objects[i * bb..(i + 1) * bb]).is_err() {
-            job.settle(first + i, BlockOutcome::Rejected);
-            continue;
-        }
         keys.push(job.keys[first + i]);
         items.push(i);
     }
-    let source: &[u8] = if raw { gathered } else { objects };
-    let refs: Vec<&[u8]> = items.iter().map(|&i| &source[i * bb..(i + 1) * bb]).collect();
+    let refs: Vec<&[u8]> = items.iter().map(|&i| &gathered[i * bb..(i + 1) * bb]).collect();
     let store = sh.store.store();
     let ns = store.namespace_hash();
     match store.put(ns, &keys, &refs) {

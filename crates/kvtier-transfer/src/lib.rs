@@ -59,7 +59,7 @@ mod pool;
 mod sequential;
 mod stages;
 
-pub use config::{StageWorkers, TransferCodec, TransferConfig, STAGE_NAMES};
+pub use config::{StageWorkers, TransferConfig, STAGE_NAMES};
 pub use duplex::{BlockState, DuplexConfig, DuplexEngine, StepTickets};
 pub use engine::{StageStats, StoreHandle, TransferEngine};
 pub use error::TransferError;

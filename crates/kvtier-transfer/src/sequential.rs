@@ -1,18 +1,18 @@
 //! The sequential baseline of `pipeline_ratio_to_sequential`: the same stage code and worker
 //! counts as the pipeline, but each stage runs over the whole request before the next starts.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use kvtier_core::BlockKey;
+use kvtier_store::StoredBlock;
 
 use crate::aligned::AlignedBuf;
-use crate::config::TransferCodec;
 use crate::engine::{settle_bad_ids, TransferEngine};
 use crate::error::TransferError;
 use crate::job::{BlockOutcome, FinishedJob, Job, JobKind};
 use crate::pool::{PoolRef, PoolShape};
-use crate::stages::{self, SliceScratch};
+use crate::stages::{self, Needs, SliceScratch};
 
 /// A base pointer shared by the threads of one stage, which use disjoint chunks of it.
 #[derive(Clone, Copy)]
@@ -20,6 +20,21 @@ struct Base(*mut u8);
 // SAFETY: each thread touches only its own chunks' bytes.
 unsafe impl Send for Base {}
 unsafe impl Sync for Base {}
+
+/// The per-block forms of a whole request, shared like [`Base`].
+#[derive(Clone, Copy)]
+struct Forms(*mut StoredBlock);
+// SAFETY: each thread touches only its own chunks' entries.
+unsafe impl Send for Forms {}
+unsafe impl Sync for Forms {}
+
+impl Forms {
+    /// Entries `first..first + count`. Safety: in bounds, and no other live reference to them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn chunk(&self, first: usize, count: usize) -> &mut [StoredBlock] {
+        std::slice::from_raw_parts_mut(self.0.add(first), count)
+    }
+}
 
 /// Runs `f(first, count)` for every chunk, spread over `workers` threads (chunk `c` on thread
 /// `c % workers`); returns the stage's wall time.
@@ -65,29 +80,46 @@ pub(crate) fn run(
     );
     settle_bad_ids(&job);
     (lease.hit_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
-    let codec = config.codec;
+    let decoding = store.config().ssd.is_some() || store.config().remote.is_some();
     if per_chunk {
-        let times = per_chunk_stages(store, &job, codec, config.chunk_blocks, bb);
+        let times = per_chunk_stages(store, &job, config.chunk_blocks, bb);
         let _ = store.release(lease.id);
         job.finished.store(true, Ordering::Release);
         return Ok((job.finished_job(), times));
     }
     let n = lease.hit_blocks * bb;
-    let mut bufs: Vec<AlignedBuf> = (0..3)
-        .map(|b| AlignedBuf::prefaulted(if b == 0 || codec != TransferCodec::Raw { n } else { 0 }))
-        .collect();
+    let mut bufs: Vec<AlignedBuf> =
+        (0..3).map(|b| AlignedBuf::prefaulted(if b == 0 || decoding { n } else { 0 })).collect();
     let base: Vec<Base> = bufs.iter_mut().map(|b| Base(b.as_mut_ptr())).collect();
+    let mut forms = vec![StoredBlock::raw(bb); lease.hit_blocks];
+    let forms_base = Forms(forms.as_mut_ptr());
+    // SAFETY (all stages): chunk `first..first + count` of each buffer and of `forms` is one
+    // thread's alone within a stage; stages run one after another.
+    let forms_of = |first: usize, count: usize| unsafe { forms_base.chunk(first, count) };
     let w = config.stage_workers;
     let mut times = [0.0f64; 4];
+    let (decompress, dequantize) = (AtomicBool::new(false), AtomicBool::new(false));
     times[0] = stage(&job, w.read, |first, count| {
         let mut scratch = SliceScratch::with_capacity(config.chunk_blocks);
-        // SAFETY: chunk `first..first + count` of buffer 0 is this thread's alone.
-        unsafe { stages::read_chunk(store, &job, first, count, base[0].0.add(first * bb), bb, &mut scratch) };
+        let (_, needs) = unsafe {
+            stages::read_chunk(
+                store,
+                &job,
+                first,
+                count,
+                base[0].0.add(first * bb),
+                bb,
+                forms_of(first, count),
+                &mut scratch,
+            )
+        };
+        decompress.fetch_or(needs.decompress, Ordering::Relaxed);
+        dequantize.fetch_or(needs.dequantize, Ordering::Relaxed);
     });
-    if codec != TransferCodec::Raw {
+    let (decompress, dequantize) = (decompress.into_inner() && decoding, dequantize.into_inner() && decoding);
+    if decompress {
         times[1] = stage(&job, w.decompress, |first, count| {
             let mut scratch = vec![0u8; bb];
-            // SAFETY: disjoint chunks of buffers 0 (read) and 1 (written).
             unsafe {
                 stages::decompress_chunk(
                     &job,
@@ -96,59 +128,48 @@ pub(crate) fn run(
                     base[0].0.add(first * bb),
                     base[1].0.add(first * bb),
                     bb,
+                    forms_of(first, count),
                     &mut scratch,
                 )
             }
         });
     }
-    if matches!(codec, TransferCodec::Quant { .. }) {
+    if dequantize {
         times[2] = stage(&job, w.dequantize, |first, count| unsafe {
-            // SAFETY: disjoint chunks of buffers 1 (read) and 2 (written).
             stages::dequantize_chunk(
                 &job,
                 first,
                 count,
+                base[0].0.add(first * bb),
                 base[1].0.add(first * bb),
                 base[2].0.add(first * bb),
                 bb,
+                forms_of(first, count),
             )
         });
     }
-    let last = match codec {
-        TransferCodec::Raw => 0,
-        TransferCodec::Lossless { .. } => 1,
-        TransferCodec::Quant { .. } => 2,
-    };
     times[3] = stage(&job, w.scatter, |first, count| unsafe {
-        // SAFETY: distinct pool blocks per chunk (duplicates were settled and are skipped).
-        stages::scatter_chunk(&job, &job.shape, first, count, base[last].0.add(first * bb), |_| {})
+        // Distinct pool blocks per chunk (duplicates were settled and are skipped).
+        let bufs = [0, 1, 2].map(|b| base[b].0.add(first * bb).cast_const());
+        stages::scatter_chunk(&job, &job.shape, first, count, bufs, forms_of(first, count), |_| {})
     });
     let _ = store.release(lease.id);
     job.finished.store(true, Ordering::Release);
     drop(bufs);
+    drop(forms);
     Ok((job.finished_job(), times))
 }
 
 /// One thread, one chunk-sized region: each chunk goes read → decompress → dequantize →
 /// scatter before the next starts (no overlap at all, the pipeline's buffer locality). Returns
 /// each stage's summed seconds.
-fn per_chunk_stages(
-    store: &kvtier_store::Store,
-    job: &Job,
-    codec: TransferCodec,
-    chunk_blocks: usize,
-    bb: usize,
-) -> [f64; 4] {
+fn per_chunk_stages(store: &kvtier_store::Store, job: &Job, chunk_blocks: usize, bb: usize) -> [f64; 4] {
     let region = chunk_blocks * bb;
     let mut bufs: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::prefaulted(region)).collect();
+    let mut forms = vec![StoredBlock::raw(bb); chunk_blocks];
     let mut scratch = vec![0u8; bb];
     let mut slices = SliceScratch::with_capacity(chunk_blocks);
     let mut times = [0.0f64; 4];
-    let last = match codec {
-        TransferCodec::Raw => 0,
-        TransferCodec::Lossless { .. } => 1,
-        TransferCodec::Quant { .. } => 2,
-    };
     for chunk in 0..job.chunks_total {
         let (first, count) = job.chunk_range(chunk);
         let [b0, b1, b2] = &mut bufs[..] else { unreachable!("three buffers") };
@@ -160,15 +181,20 @@ fn per_chunk_stages(
         };
         // SAFETY: this thread owns the three region buffers; the pool blocks are distinct.
         unsafe {
-            timed(0, &mut || stages::read_chunk(store, job, first, count, p0, bb, &mut slices));
-            if codec != TransferCodec::Raw {
-                timed(1, &mut || stages::decompress_chunk(job, first, count, p0, p1, bb, &mut scratch));
+            let mut needs = Needs::default();
+            timed(0, &mut || {
+                needs = stages::read_chunk(store, job, first, count, p0, bb, &mut forms, &mut slices).1
+            });
+            if needs.decompress {
+                timed(1, &mut || {
+                    stages::decompress_chunk(job, first, count, p0, p1, bb, &forms, &mut scratch)
+                });
             }
-            if matches!(codec, TransferCodec::Quant { .. }) {
-                timed(2, &mut || stages::dequantize_chunk(job, first, count, p1, p2, bb));
+            if needs.dequantize {
+                timed(2, &mut || stages::dequantize_chunk(job, first, count, p0, p1, p2, bb, &forms));
             }
-            let src = [p0, p1, p2][last];
-            timed(3, &mut || stages::scatter_chunk(job, &job.shape, first, count, src, |_| {}));
+            let bufs = [p0.cast_const(), p1.cast_const(), p2.cast_const()];
+            timed(3, &mut || stages::scatter_chunk(job, &job.shape, first, count, bufs, &forms, |_| {}));
         }
     }
     times

@@ -5,7 +5,8 @@
 
 use std::sync::atomic::Ordering;
 
-use kvtier_store::Store;
+use kvtier_codec::{CODEC_LOSSLESS, CODEC_QUANT, CODEC_RAW};
+use kvtier_store::{Store, StoredBlock};
 
 use crate::codec;
 use crate::hot_path::foreign;
@@ -35,11 +36,33 @@ impl SliceScratch {
     }
 }
 
-/// Read stage: leased blocks `first..first + count` of `job` into `buf`. A block that fails its
-/// checksum is marked and skipped; the rest of the chunk is still read.
+/// Which decode stages a chunk needs after its read: some block is `lossless` or `quant`
+/// (decompress), some block is `quant` (dequantize).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    pub decompress: bool,
+    pub dequantize: bool,
+}
+
+/// Stage buffer holding block `form`'s bytes once decoded: read (raw), decompress (lossless),
+/// dequantize (quant).
+pub(crate) fn final_buffer(form: &StoredBlock) -> usize {
+    match form.codec_id {
+        CODEC_RAW => 0,
+        CODEC_LOSSLESS => 1,
+        _ => 2,
+    }
+}
+
+/// Read stage: leased blocks `first..first + count` of `job`, each as its tier stores it
+/// (verified, not decoded: [`Store::load_range_stored`]), into its `block_bytes` slot of `buf`;
+/// `forms[i]` records where block `i`'s payload is and its codec. A block that fails
+/// verification or whose read fails is `ReadFailed`; the rest of the chunk is still read.
+/// Returns the chunk's total stored payload bytes and which decode stages it needs.
 ///
 /// # Safety
 /// `buf` points to `count * block_bytes` bytes nobody else accesses during the call.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn read_chunk(
     store: &Store,
     job: &Job,
@@ -47,33 +70,47 @@ pub(crate) unsafe fn read_chunk(
     count: usize,
     buf: *mut u8,
     block_bytes: usize,
+    forms: &mut [StoredBlock],
     scratch: &mut SliceScratch,
-) {
-    let Some(lease) = job.lease else { return };
+) -> (usize, Needs) {
+    let mut needs = Needs::default();
+    let Some(lease) = job.lease else { return (0, needs) };
     let buf = std::slice::from_raw_parts_mut(buf, count * block_bytes);
-    let end = first + count;
-    let mut pos = first;
-    while pos < end {
-        let part = &mut buf[(pos - first) * block_bytes..];
-        let result = scratch.with(part, block_bytes, |dst| foreign(|| store.load_range(lease, pos, dst)));
-        match result {
-            Ok(report) => {
-                pos += report.loaded_blocks;
-                if pos < end {
-                    job.settle(pos, BlockOutcome::ReadFailed);
-                    pos += 1;
+    let result = scratch.with(buf, block_bytes, |dst| foreign(|| store.load_range_stored(lease, first, dst)));
+    let report = match result {
+        Ok(report) => report,
+        Err(_) => {
+            (first..first + count).for_each(|i| job.settle(i, BlockOutcome::StoreFailed));
+            return (0, needs);
+        }
+    };
+    let mut stored = 0;
+    for (i, block) in report.blocks.iter().enumerate().take(count) {
+        match block {
+            Some(form) if job.is_pending(first + i) => {
+                forms[i] = *form;
+                stored += form.len;
+                match form.codec_id {
+                    CODEC_RAW => {}
+                    CODEC_LOSSLESS => needs.decompress = true,
+                    CODEC_QUANT => (needs.decompress, needs.dequantize) = (true, true),
+                    _ => job.settle(first + i, BlockOutcome::DecodeFailed),
                 }
             }
-            Err(_) => {
-                (pos..end).for_each(|i| job.settle(i, BlockOutcome::StoreFailed));
-                return;
-            }
+            Some(_) => {}
+            None => job.settle(first + i, BlockOutcome::ReadFailed),
         }
     }
+    (stored, needs)
 }
 
-/// Decompress stage. Safety: `src` and `dst` each point to `count * block_bytes` bytes, `dst`
-/// accessed by nobody else.
+/// Decompress stage: each pending `lossless` block of the chunk decoded from `src` (the read
+/// buffer) into `dst`, each `quant` block's streams into `dst` (dequantize finishes it); raw
+/// blocks pass. A block that does not decode to exactly `block_bytes` is `DecodeFailed`.
+///
+/// # Safety
+/// `src` and `dst` each point to `count * block_bytes` bytes, `dst` accessed by nobody else.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn decompress_chunk(
     job: &Job,
     first: usize,
@@ -81,65 +118,80 @@ pub(crate) unsafe fn decompress_chunk(
     src: *const u8,
     dst: *mut u8,
     block_bytes: usize,
+    forms: &[StoredBlock],
     scratch: &mut [u8],
 ) {
-    for i in 0..count {
-        if !job.is_pending(first + i) {
+    for (i, form) in forms.iter().enumerate().take(count) {
+        if form.codec_id == CODEC_RAW || !job.is_pending(first + i) {
             continue;
         }
-        let object = std::slice::from_raw_parts(src.add(i * block_bytes), block_bytes);
+        let payload = std::slice::from_raw_parts(src.add(i * block_bytes + form.offset), form.len);
         let out = std::slice::from_raw_parts_mut(dst.add(i * block_bytes), block_bytes);
-        if codec::decompress(object, out, scratch).is_err() {
+        let result = match form.codec_id {
+            CODEC_LOSSLESS => codec::decompress_lossless(payload, out, scratch),
+            _ => codec::decompress_quant(payload, out),
+        };
+        if result.is_err() {
             job.settle(first + i, BlockOutcome::DecodeFailed);
         }
     }
 }
 
-/// Dequantize stage. Safety as [`decompress_chunk`].
+/// Dequantize stage: each pending `quant` block from its streams in `mid` (the decompress
+/// buffer) and its params in `src` (the read buffer) into `dst`. Safety as
+/// [`decompress_chunk`], `src` and `mid` readable.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn dequantize_chunk(
     job: &Job,
     first: usize,
     count: usize,
     src: *const u8,
+    mid: *const u8,
     dst: *mut u8,
     block_bytes: usize,
+    forms: &[StoredBlock],
 ) {
-    for i in 0..count {
-        if !job.is_pending(first + i) {
+    for (i, form) in forms.iter().enumerate().take(count) {
+        if form.codec_id != CODEC_QUANT || !job.is_pending(first + i) {
             continue;
         }
-        let payload = std::slice::from_raw_parts(src.add(i * block_bytes), block_bytes);
+        let payload = std::slice::from_raw_parts(src.add(i * block_bytes + form.offset), form.len);
+        let quantized = std::slice::from_raw_parts(mid.add(i * block_bytes), block_bytes);
         let out = std::slice::from_raw_parts_mut(dst.add(i * block_bytes), block_bytes);
-        if codec::dequantize(payload, out).is_err() {
+        if codec::dequantize(payload, quantized, out).is_err() {
             job.settle(first + i, BlockOutcome::DecodeFailed);
         }
     }
 }
 
-/// Scatter stage: layer by layer (extra groups first), so layer `l` of the chunk is published
+/// Scatter stage: each block from the stage buffer that holds it decoded (`bufs`: read,
+/// decompress, dequantize; [`final_buffer`]), layer by layer (extra groups first), so layer `l` of the chunk is published
 /// to [`TransferEngine::wait_layer`](crate::TransferEngine) as soon as it is in place; then the
 /// chunk's blocks are `Done`. `layer_done(l)` is called after each layer.
 ///
 /// # Safety
 /// `src` points to `count * block_bytes` readable bytes; `job.pool` is live and the chunk's
 /// pool blocks are written by nobody else.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn scatter_chunk(
     job: &Job,
     shape: &PoolShape,
     first: usize,
     count: usize,
-    src: *const u8,
+    bufs: [*const u8; 3],
+    forms: &[StoredBlock],
     mut layer_done: impl FnMut(usize),
 ) {
     let bb = shape.block_bytes;
     let pool = job.pool.ptr();
     let ok = |i: usize| job.is_pending(first + i);
+    let src = |i: usize| bufs[final_buffer(&forms[i])].add(i * bb);
     for i in (0..count).filter(|&i| ok(i)) {
-        shape.scatter_groups(pool, src.add(i * bb), job.block_ids[first + i] as usize);
+        shape.scatter_groups(pool, src(i), job.block_ids[first + i] as usize);
     }
     for layer in 0..shape.layers {
         for i in (0..count).filter(|&i| ok(i)) {
-            shape.scatter_layer(pool, src.add(i * bb), job.block_ids[first + i] as usize, layer);
+            shape.scatter_layer(pool, src(i), job.block_ids[first + i] as usize, layer);
         }
         job.layer_chunks_done[layer].fetch_add(1, Ordering::SeqCst);
         layer_done(layer);

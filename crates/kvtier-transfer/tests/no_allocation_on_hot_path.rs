@@ -10,8 +10,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
+use kvtier_store::TierCodec;
 use kvtier_transfer::hot_path::{in_foreign_call, in_hot_path};
-use kvtier_transfer::{Backend, BlockOutcome, StageWorkers, TransferCodec, TransferConfig};
+use kvtier_transfer::{BlockOutcome, StageWorkers, TransferConfig};
 
 struct Counting;
 
@@ -47,14 +48,15 @@ fn record(layout: Layout) {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn run(codec: TransferCodec, allocate_per_chunk: bool) -> (usize, usize, usize) {
+fn run(codec: &TierCodec, allocate_per_chunk: bool) -> (usize, usize, usize) {
     let g = geometry(4, 2, 64, 16);
     let bb = g.block_bytes() as usize;
     let n = 40usize;
-    let store = store(g.clone(), n as u64 + 1);
+    // Loads from SSD (DRAM keeps one block), each block stored under `codec`.
+    let dir = TempDir::new(&format!("no-alloc-{}-{allocate_per_chunk}", codec.name()));
+    let store = coded_ssd_store(&dir, g.clone(), 1, n as u64 + 2, codec.clone()).unwrap();
     let ks = keys(&store, 0, n);
     let config = TransferConfig {
-        codec,
         chunk_blocks: 3,
         buffer_chunks: 2,
         stage_workers: StageWorkers { read: 2, decompress: 2, dequantize: 1, scatter: 2 },
@@ -93,19 +95,15 @@ fn run(codec: TransferCodec, allocate_per_chunk: bool) -> (usize, usize, usize) 
 
 #[test]
 fn preallocated_pipeline_allocates_nothing_on_the_hot_path() {
-    for codec in [
-        TransferCodec::Raw,
-        TransferCodec::Lossless { backend: Backend::Zstd, level: 1 },
-        TransferCodec::Quant { backend: Backend::Lz4, level: 0 },
-    ] {
-        let (hot, foreign_largest, block_bytes) = run(codec, false);
+    for codec in tier_codecs() {
+        let (hot, foreign_largest, block_bytes) = run(&codec, false);
         assert_eq!(hot, 0, "codec {}: {hot} allocations on the hot path", codec.name());
         assert!(
             foreign_largest < block_bytes,
             "the store allocated {foreign_largest} bytes at once (block {block_bytes})"
         );
         // And the counter sees per-chunk buffers when they exist.
-        let (hot, _, _) = run(codec, true);
+        let (hot, _, _) = run(&codec, true);
         assert!(hot >= 14, "codec {}: allocate_per_chunk made only {hot} allocations", codec.name());
     }
 }

@@ -9,7 +9,7 @@ use half::f16;
 use kvtier_core::layout::gather_contiguous;
 use kvtier_core::parallel::WorkerPool;
 use kvtier_core::{block_keys, BlockKey, Dtype, Geometry, Namespace};
-use kvtier_store::{SsdConfig, SsdStoreConfig, Store, StoreConfig};
+use kvtier_store::{SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierCodec};
 use kvtier_transfer::{PoolBuffer, PoolRef, StoreHandle, TransferConfig, TransferEngine};
 
 pub fn namespace(geometry: Geometry) -> Namespace {
@@ -73,6 +73,60 @@ pub fn ssd_store(dir: &TempDir, geometry: Geometry, dram_blocks: u64, ssd_blocks
         ..StoreConfig::default()
     };
     Arc::new(Store::new(namespace(geometry), config).unwrap())
+}
+
+/// A store whose DRAM holds `dram_blocks` and whose SSD pool (`ssd_blocks`) stores every put
+/// block through `codec` (write-through): all but the blocks DRAM keeps are read from SSD.
+pub fn coded_ssd_store(
+    dir: &TempDir,
+    geometry: Geometry,
+    dram_blocks: u64,
+    ssd_blocks: u64,
+    codec: TierCodec,
+) -> Result<Arc<Store>, StoreError> {
+    let object = object_bytes(&geometry);
+    let mut pool = SsdConfig::new(&dir.0);
+    pool.capacity_bytes = ssd_blocks * object;
+    pool.probe_bytes = 0;
+    let mut ssd = SsdStoreConfig::new(pool);
+    ssd.promote_on_hit = false;
+    ssd.write_through = true;
+    ssd.admission_k = 1;
+    ssd.codec = codec;
+    let config = StoreConfig {
+        dram_capacity_bytes: dram_blocks * object,
+        copy_threads: 1,
+        lease_ttl: Duration::from_secs(60),
+        leases_max: 256,
+        ssd: Some(ssd),
+        ..StoreConfig::default()
+    };
+    Store::new(namespace(geometry), config).map(Arc::new)
+}
+
+/// The SSD codecs the tests cover: raw, lossless zstd and deflate, quant.
+pub fn tier_codecs() -> Vec<TierCodec> {
+    vec![
+        TierCodec::Raw,
+        TierCodec::Lossless { backend: "zstd".into(), level: Some(1) },
+        TierCodec::Lossless { backend: "deflate".into(), level: Some(1) },
+        TierCodec::Quant,
+    ]
+}
+
+/// Whether `got` is `want` after `quant` (CacheGen bins, at least 16: `h >= 7`): every value
+/// within `scale × (1/(2h) + 2⁻¹⁰)` of the original, `scale` its vector's max |x|.
+pub fn within_quant_bound(geometry: &Geometry, want: &[u8], got: &[u8]) -> bool {
+    let d = geometry.head_dim() as usize;
+    let f = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(2).map(|p| f16::from_le_bytes([p[0], p[1]]).to_f32()).collect()
+    };
+    let (w, g) = (f(want), f(got));
+    w.chunks(d).zip(g.chunks(d)).all(|(wv, gv)| {
+        let scale = wv.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let bound = scale * (1.0 / 14.0 + 1.0 / 1024.0) + 1e-6;
+        wv.iter().zip(gv).all(|(a, b)| (a - b).abs() <= bound)
+    })
 }
 
 pub fn engine(store: &Arc<Store>, config: TransferConfig) -> TransferEngine {
