@@ -114,6 +114,37 @@ def test_vlt_follows_section_4_2_2() -> None:
     assert policy.vlt(rot_r, 11.0) == pytest.approx(3.0 * 0.8)
 
 
+def test_a_budget_near_the_pool_rotates_a_resumed_request_out_after_one_decode() -> None:
+    # Why TBT collapses with B_xfer = 2400 on the 96 GB profile (~45% of the pool): Algorithm 1 has
+    # no minimum run, so a request that resumed one iteration ago (VLT = -one step) is preempted again
+    # as soon as the budget reaches it; only the iteration it lands in (VLT = 0) protects it.
+    policy = RotaSched(alpha=3.0, beta_b=0.0, beta_f=0.5, xfer_blocks=8)
+    old, resumed = _req(1, Phase.RUNNING, generated=20), _req(2, Phase.RUNNING)
+    rotary_a, rotary_b = _req(3, Phase.SWAPPED), _req(4, Phase.SWAPPED)
+    policy.observe(_view(0.0, [old, rotary_a, rotary_b], free=0))
+    policy.observe(_view(0.04, [old, resumed, rotary_a, rotary_b], free=0))  # 2 lands: t_run = 0.04
+    assert policy.vlt(resumed, 0.04) == 0.0
+    preempted, _, _ = policy.rotate(_view(0.04, [old, resumed, rotary_a, rotary_b], free=0))
+    assert [r.req_id for r in preempted] == [1]  # VLT < 0 is required: the newcomer stays
+    # One step later it has decoded once; a budget for two requests takes it out again.
+    policy = RotaSched(alpha=3.0, beta_b=0.0, beta_f=0.5, xfer_blocks=8)
+    policy.observe(_view(0.0, [old, rotary_a, rotary_b], free=0))
+    policy.observe(_view(0.04, [old, resumed, rotary_a, rotary_b], free=0))
+    resumed_later = _req(2, Phase.RUNNING, generated=6)
+    preempted, prioritised, _ = policy.rotate(_view(0.08, [old, resumed_later, rotary_a, rotary_b], free=0))
+    assert sorted(r.req_id for r in preempted) == [1, 2] and len(prioritised) == 2
+
+
+def test_metrics_report_tbt_attainment_per_token_gap_beside_per_request() -> None:
+    # §5.1 counts requests; the per-gap share is reported beside it as a sensitivity reading.
+    m = Metrics(slo_ttft_s=5.0, slo_tpot_s=0.1)
+    for gap in (0.03, 0.03, 0.03, 0.5):  # time-sliced: three short gaps, one long rotary gap
+        m.add_tbt(gap)
+    slo = m.result()["slo"]
+    assert slo["tbt_gap_attainment"] == pytest.approx(0.75)
+    assert Metrics().result()["slo"]["tbt_gap_attainment"] == 0.0  # no gaps: nothing attained
+
+
 # ------------------------------------------------------------------------------------------------
 # Fig. 9: four requests, HBM for two, rotated by LVF
 

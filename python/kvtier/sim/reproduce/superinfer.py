@@ -13,7 +13,8 @@ ShareGPT-like requests under TTFT 5 s / TBT 100 ms SLOs.
 Workload: a ShareGPT-shaped parameterisation of ``multiturn`` (one turn per session; see
 ``experiments/superinfer/superinfer.yaml``). "TBT attainment" is the share of requests whose mean
 time between tokens meets 100 ms (kvtier's ``tpot_attainment``); "P99 TBT" is the P99 over
-requests of that mean.
+requests of that mean. §5.1 does not say per request or per token, so the Fig. 16 rows are also
+given with TBT read per token gap (``tbt_gap_attainment``: the share of all gaps within 100 ms).
 
 B_xfer: the paper's 2400 blocks was set for a 144 GB GH200 (§5.1); the shared ``gh200`` profile is
 the 96 GB part, whose KV pool is a third as large, so 2400 blocks rotate ~45% of it per iteration
@@ -201,6 +202,17 @@ def _p99_tbt(r: Result) -> float:
     return float(r["tpot_s"]["p99"])
 
 
+def _tbt_gap(r: Result) -> float:
+    """TBT attainment read per token gap: the share of all token gaps within 100 ms (§5.1 counts
+    requests, so this is a sensitivity reading, reported beside the per-request one)."""
+    return float(r["slo"]["tbt_gap_attainment"])
+
+
+def _blocked(r: Result) -> float:
+    """Share of the run the GPU waited on swap copies (the cross-iteration pipeline stretched)."""
+    return float(r["blocked_io_s"]) / max(float(r["makespan_s"]), 1e-12)
+
+
 def _headline_rows(series: Mapping[str, Sequence[Result]], label: str, quick: bool) -> list[Row]:
     vllm, si = series["vLLM"], series[label]
     gains = [(_ttft(s) - _ttft(v)) * 100 for s, v in zip(si, vllm, strict=True)]
@@ -214,12 +226,20 @@ def _headline_rows(series: Mapping[str, Sequence[Result]], label: str, quick: bo
         f"{s['rate_per_s']:g} RPS: TTFT {_ttft(s):.0%}/{_ttft(v):.0%}, TBT {_tbt(s):.0%}/{_tbt(v):.0%}"
         for s, v in zip(si, vllm, strict=True)
     )
+    gap_ok = [i for i in range(len(gains)) if _tbt_gap(si[i]) >= _tbt_gap(vllm[i]) - 0.10]
+    best_gap_ok = max(gap_ok, key=lambda i: gains[i]) if gap_ok else best
+    gap_curve = ", ".join(
+        f"{s['rate_per_s']:g} RPS: {_tbt_gap(s):.0%}/{_tbt_gap(v):.0%}" for s, v in zip(si, vllm, strict=True)
+    )
     why_tbt = (
         "with 2400 blocks on the 96 GB profile every contended iteration rotates ~45% of the KV pool "
-        "(~15% on the paper's 144 GB GH200): swap-ins saturate C2C and rotated requests wait"
+        "(~15% on the paper's 144 GB GH200): a request swapped in decodes ~2-3 tokens before LVF rotates "
+        "it out again, the victims skip the iteration that preempts them and the swap-ins outlast the "
+        f"compute (GPU waiting on copies {_blocked(si[best]):.0%} of the run)"
         if "2400" in label
         else "at rates far past capacity (vLLM serves ~8 RPS of these requests) admitting every arrival "
-        "grows the rotary population: TTFT holds, TBT pays; near the knee TBT stays comparable"
+        "grows the rotary population (~600 requests time-share 256 batch slots at 20 RPS): TTFT holds, "
+        "each request's mean TBT pays; near the knee TBT stays comparable"
     )
     return [
         Row(
@@ -246,6 +266,27 @@ def _headline_rows(series: Mapping[str, Sequence[Result]], label: str, quick: bo
                 f"{_tbt(vllm[best_ok]):.1%}); the paper's vLLM collapses on TTFT at rates it still "
                 "serves; here vLLM's TTFT falls where the GPU is near saturation, so fewer points are "
                 "available without giving up TBT"
+            ),
+        ),
+        Row(
+            PAPER,
+            f"Fig. 16, TBT read per token gap: SuperInfer / vLLM at the max-gain rate ({label})",
+            1.0,
+            _tbt_gap(si[best]) / max(_tbt_gap(vllm[best]), 1e-9),
+            note=(
+                f"{sizing}share of token gaps within 100 ms, {label}/vLLM per rate: {gap_curve}; §5.1 "
+                "counts requests, so this is a sensitivity reading: time-slicing moves TBT into a few "
+                "long gaps per request, which the per-request mean sums and the per-gap share does not"
+            ),
+        ),
+        Row(
+            PAPER,
+            f"Fig. 16, TBT read per token gap: TTFT gain where TBT stays within 10 points, points ({label})",
+            74.7,
+            gains[best_gap_ok],
+            note=(
+                f"{sizing}at {si[best_gap_ok]['rate_per_s']:g} RPS (per-gap TBT "
+                f"{_tbt_gap(si[best_gap_ok]):.1%} vs {_tbt_gap(vllm[best_gap_ok]):.1%})"
             ),
         ),
     ]
@@ -297,7 +338,13 @@ def _sweep_rows(sweeps: Mapping[str, Mapping[float, Result]], quick: bool) -> li
             f"{sizing}the paper's TBT gain comes from rotary requests no longer queueing behind a small "
             "budget (HOL blocking in the swapped queue, §3.2); here a small budget mostly means fewer "
             "rotations, so running requests are left alone and TBT is best at the smallest B_xfer; "
-            "a larger budget buys TTFT with more rotated (waiting) requests",
+            "a larger budget buys TTFT with more rotated (waiting) requests. P99 of the token gaps: "
+            + ", ".join(f"B_xfer={k:g}: {r['tbt_s']['p99'] * 1e3:.0f} ms" for k, r in sorted(xfer.items()))
+            + (
+                " (read per token gap, the largest budget's P99 is below the smallest's)"
+                if x_hi["tbt_s"]["p99"] <= x_lo["tbt_s"]["p99"]
+                else ""
+            ),
         ),
     ]
 
