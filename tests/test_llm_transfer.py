@@ -168,3 +168,64 @@ def test_lossless_ssd_and_remote_hits_are_token_identical(
         assert out.cached_tokens["remote"] == (len(prompt) - 1) // 16 * 16
     finally:
         server.stop()
+
+
+def _layerwise_llm(parts: tuple[Model, Tokenizer], store: Store) -> LLM:
+    model, tokenizer = parts
+    config = EngineConfig(num_blocks=32, layerwise_loads=True)
+    return LLM(model=model, tokenizer=tokenizer, config=config, store=store, transfer_engine=True)
+
+
+def test_layerwise_loads_overlap_the_step_and_are_token_identical(parts, prompt, recompute, tmp_path) -> None:
+    """The prefix lands while the step computes (each layer's attention waits for that layer)."""
+    waits: list[int] = []
+    original = TransferEngineKvTransfer.load_async
+
+    def counting(self, keys, block_ids):  # type: ignore[no-untyped-def]
+        pending = original(self, keys, block_ids)
+        assert pending is not None
+        inner = pending.wait_layer
+
+        def wait_layer(layer: int) -> None:
+            waits.append(layer)
+            inner(layer)
+
+        pending.wait_layer = wait_layer  # type: ignore[method-assign]
+        return pending
+
+    ssd = {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "128MiB", "ssd_probe_bytes": 0}
+    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, ssd_write_through=True, **ssd))
+    _llm(parts, store).generate([prompt], PARAMS)
+    llm: LLM | None = None
+    for source in ("host", "ssd"):
+        if source == "ssd":
+            store.flush()
+            del store, llm  # the engine holds the store too
+            gc.collect()
+            store = Store(llm_store_config(dram_capacity_bytes=OBJECT_BYTES, ssd_promote_on_hit=False, **ssd))
+        waits.clear()
+        TransferEngineKvTransfer.load_async = counting  # type: ignore[method-assign]
+        try:
+            llm = _layerwise_llm(parts, store)
+            [out] = llm.generate([prompt], PARAMS)
+        finally:
+            TransferEngineKvTransfer.load_async = original  # type: ignore[method-assign]
+        assert out.token_ids == recompute
+        assert out.cached_tokens[source] == (len(prompt) - 1) // 16 * 16
+        assert waits == list(range(parts[0].config.num_layers)), "one wait per layer, in order"
+        assert llm.engine.stats.prefill_tokens == len(prompt) - (len(prompt) - 1) // 16 * 16
+
+
+def test_a_block_failing_mid_step_voids_the_step_and_recomputes(parts, prompt, recompute) -> None:
+    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    _llm(parts, store).generate([prompt], PARAMS)
+    keys = store.namespace.block_keys(prompt)
+    assert store._corrupt_for_test(keys[2], 1000)
+    llm = _layerwise_llm(parts, store)
+    [out] = llm.generate([prompt], PARAMS)
+    assert out.token_ids == recompute  # the step that attended the bad block was thrown away
+    assert out.cached_tokens["host"] == 2 * 16
+    assert llm.engine.stats.loaded_blocks == 2
+    # The voided step's chunk was computed again from block 2 on.
+    assert llm.engine.stats.prefill_tokens > len(prompt) - (len(prompt) - 1) // 16 * 16
+    llm.engine.check_integrity()

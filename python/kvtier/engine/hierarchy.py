@@ -42,8 +42,25 @@ class LoadResult:
     tiers: tuple[str, ...]  # the tier each loaded block came from
 
 
+class PendingLoad(ABC):
+    """A load in flight (:meth:`KvTransfer.load_async`): its blocks land layer by layer."""
+
+    @abstractmethod
+    def wait_layer(self, layer: int) -> None:
+        """Returns once layer ``layer`` of every block of the load is in place (or failed)."""
+
+    @abstractmethod
+    def finish(self) -> LoadResult:
+        """Waits for the whole load; the loaded prefix (a failed block ends it)."""
+
+
 class KvTransfer(ABC):
     """Moves whole blocks between the engine's paged pool and the tiers below it."""
+
+    def load_async(self, keys: BlockKeys, block_ids: Sequence[int]) -> PendingLoad | None:
+        """Starts loading ``keys`` (all held, per :meth:`lookup`) into ``block_ids``; ``None`` when
+        this transfer has no asynchronous path (the engine then calls :meth:`load`)."""
+        return None
 
     @abstractmethod
     def save(self, keys: BlockKeys, block_ids: Sequence[int]) -> int:
@@ -144,3 +161,29 @@ class TransferEngineKvTransfer(KvTransfer):
         [job] = self.engine.wait(self.engine.submit_load(keys[:n], self.pool.pool, list(block_ids[:n])))
         loaded = next((i for i, outcome in enumerate(job.outcomes) if outcome != "done"), n)
         return LoadResult(loaded, tiers[:loaded])
+
+    def load_async(self, keys: BlockKeys, block_ids: Sequence[int]) -> PendingLoad | None:
+        tiers = self.lookup(keys)
+        if len(tiers) < len(keys):
+            return None  # not all held any more: the synchronous path loads what is
+        job = self.engine.submit_load(keys, self.pool.pool, list(block_ids))
+        return _TransferJobLoad(self.engine, job, tiers)
+
+
+class _TransferJobLoad(PendingLoad):
+    def __init__(self, engine: TransferEngine, job: int, tiers: tuple[str, ...]) -> None:
+        self.engine, self.job, self.tiers = engine, job, tiers
+        self.result: LoadResult | None = None
+
+    def wait_layer(self, layer: int) -> None:
+        if self.result is None:
+            self.engine.wait_layer(self.job, layer)
+
+    def finish(self) -> LoadResult:
+        if self.result is None:
+            [job] = self.engine.wait(self.job)
+            loaded = next(
+                (i for i, outcome in enumerate(job.outcomes) if outcome != "done"), len(job.outcomes)
+            )
+            self.result = LoadResult(loaded, self.tiers[:loaded])
+        return self.result

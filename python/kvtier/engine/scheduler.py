@@ -33,8 +33,8 @@ import numpy as np
 from kvtier import layout
 from kvtier.engine.blocks import BlockManager
 from kvtier.engine.errors import EngineError, EngineInputError
-from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer
-from kvtier.engine.kv import PagedKvPool, pool_geometry
+from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer, PendingLoad
+from kvtier.engine.kv import F32Array, KvAccess, PagedKvPool, pool_geometry
 from kvtier.engine.model import Model
 from kvtier.engine.request import EngineRequest, RequestOutput
 from kvtier.engine.sampling import SamplingParams, sample
@@ -65,6 +65,10 @@ class EngineConfig:
     # False: a finished request's blocks leave the device at once (vLLM with prefix caching off),
     # so every later hit comes from the store. As the simulator's EngineConfig.device_prefix_cache.
     device_prefix_cache: bool = True
+    # True: a prefix hit's load runs while the step computes, each layer's attention waiting for
+    # that layer's blocks (KvTransfer.load_async; the transfer engine's wait_layer). A block that
+    # fails to load voids that request's step, which is recomputed from the failed block.
+    layerwise_loads: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "num_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -143,6 +147,9 @@ class Engine:
         # When a list: one (prefill chunks as (new, cached) pairs, decode context lengths, wall
         # seconds of the whole step) per computing step, for `kvtier sim calibrate`.
         self.step_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
+        # req_id -> (load in flight, first table index it fills, blocks, start time): settled within
+        # the step that started it (see _settle).
+        self._inflight: dict[int, tuple[PendingLoad, int, int, float]] = {}
         self._next_id = 0
         self._rng = np.random.default_rng(seed)
         self._stalled = 0
@@ -268,6 +275,7 @@ class Engine:
         # Passive preemption may have evicted a request planned earlier in this step.
         batch = [(r, n, e) for r, n, e in batch if r.epoch == e and r.phase is Phase.RUNNING]
         if not batch:
+            self._settle_all()
             self._stalled += 1
             if self._stalled >= STALLED_STEPS_MAX and self.has_unfinished():
                 self._raise_stuck()
@@ -278,6 +286,7 @@ class Engine:
             [r.num_computed for r, n, _ in batch if r.num_computed >= r.prefill_len],
         )
         self._forward([(r, n) for r, n, _ in batch])
+        self._settle_all()  # loads of requests admitted this step but not in its batch
         if self.step_log is not None:
             self.step_log.append((*shape, time.perf_counter() - step_start))
         return sum(n for _, n, _ in batch)
@@ -311,16 +320,24 @@ class Engine:
         for r, n in batch:
             ids.extend(r.tokens[r.num_computed : r.num_computed + n])
             positions.append(np.arange(r.num_computed, r.num_computed + n))
-        access = self.pool.step(
+        access: KvAccess = self.pool.step(
             [r.table for r, _ in batch],
             [r.num_computed + n for r, n in batch],
             [n for _, n in batch],
         )
+        loading = [self._inflight[r.req_id][0] for r, _ in batch if r.req_id in self._inflight]
+        if loading:
+            access = _LayerwiseAccess(access, loading)
         start = time.perf_counter()
         logits = self.model.forward(np.asarray(ids, dtype=np.int64), np.concatenate(positions), access)
         self.stats.forward_s += time.perf_counter() - start
         self.stats.steps += 1
+        # A request whose load failed part-way attended garbage for the failed blocks: its step is
+        # void (nothing committed, sampled or saved) and it recomputes from the failed block.
+        void = {r.req_id for r, _ in batch if r.req_id in self._inflight and not self._settle(r)}
         for row, (r, n) in enumerate(batch):
+            if r.req_id in void:
+                continue
             prefilling = r.num_computed < r.prefill_len
             r.num_computed += n
             if prefilling:
@@ -387,6 +404,7 @@ class Engine:
 
     def _release(self, r: EngineRequest) -> None:
         """Drops ``r``'s device KV: unlocks its cached blocks (they stay cached), frees the rest."""
+        self._settle(r)  # never free blocks a load is still writing
         self.blocks.unlock(r.key_ints(r.locked))
         self.blocks.free_private(r.private_blocks())
         r.table, r.locked, r.duplicates, r.num_computed = [], 0, set(), 0
@@ -395,6 +413,7 @@ class Engine:
         """Puts ``r``'s full computed blocks into the store (blocks it holds already are skipped)."""
         if self.transfer is None:
             return
+        self._settle(r)  # only blocks that landed are saved
         full = r.num_computed // self.config.block_tokens
         if full:
             self.stats.saved_blocks += self.transfer.save(r.block_keys(full), r.table[:full])
@@ -437,6 +456,13 @@ class Engine:
         if not ids:
             return
         began = time.perf_counter()
+        if self.config.layerwise_loads:
+            pending = self.transfer.load_async(keys[:held], ids)
+            if pending is not None:  # lands while the step computes; settled by _settle
+                self._inflight[r.req_id] = (pending, len(r.table), held, began)
+                r.table.extend(ids)
+                r.num_computed += held * self.config.block_tokens
+                return
         result = self.transfer.load(keys[:held], ids)
         self.stats.load_s += time.perf_counter() - began
         self.stats.loaded_blocks += result.blocks
@@ -446,6 +472,28 @@ class Engine:
         for tier in result.tiers:
             r.hit_tokens[STORE_TIER_INDEX[tier]] += self.config.block_tokens
         self._commit(r)
+
+    def _settle(self, r: EngineRequest) -> bool:
+        """Waits for ``r``'s load in flight, if any; returns whether every block landed. On a
+        failure ``r`` keeps the loaded prefix and recomputes from the failed block (the blocks past
+        it stay in its table, to be rewritten)."""
+        entry = self._inflight.pop(r.req_id, None)
+        if entry is None:
+            return True
+        pending, first, blocks, began = entry
+        result = pending.finish()
+        self.stats.load_s += time.perf_counter() - began
+        self.stats.loaded_blocks += result.blocks
+        for tier in result.tiers:
+            r.hit_tokens[STORE_TIER_INDEX[tier]] += self.config.block_tokens
+        if result.blocks < blocks:
+            r.num_computed = (first + result.blocks) * self.config.block_tokens
+        self._commit(r)
+        return result.blocks == blocks
+
+    def _settle_all(self) -> None:
+        for rid in list(self._inflight):
+            self._settle(self.requests[rid])
 
     # ------------------------------------------------------------------------------------------
     # Preemption and swap
@@ -475,6 +523,7 @@ class Engine:
             raise EngineError(
                 f"policy {self.policy.name!r} swaps out request {r.req_id} in phase {r.phase.value}"
             )
+        self._settle(r)  # copy out only KV that has landed
         held = -(-r.num_computed // self.config.block_tokens)
         if held > self.config.swap_blocks - self.swap_used_blocks():
             self._preempt(r)  # the host buffer cannot take it: recompute instead
@@ -530,3 +579,22 @@ class Engine:
                 raise EngineError(
                     f"request {r.req_id} computed {r.num_computed} tokens in {len(r.table)} blocks"
                 )
+
+
+class _LayerwiseAccess(KvAccess):
+    """A step's KV access whose reads of layer ``l`` first wait for layer ``l`` of the loads in flight
+    (Unified KV pooling §II-B, Strata §4.2.1: a layer computes once its KV has arrived)."""
+
+    def __init__(self, inner: KvAccess, loads: list[PendingLoad]) -> None:
+        super().__init__(inner.query_lens, inner.context_lens)
+        self._inner, self._loads, self._ready = inner, loads, -1
+
+    def write(self, layer: int, k: F32Array, v: F32Array) -> None:
+        self._inner.write(layer, k, v)
+
+    def read(self, layer: int, seq: int) -> tuple[F32Array, F32Array]:
+        if layer > self._ready:
+            for load in self._loads:
+                load.wait_layer(layer)
+            self._ready = layer
+        return self._inner.read(layer, seq)
