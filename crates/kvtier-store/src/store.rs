@@ -326,18 +326,30 @@ impl Store {
         first: usize,
         dst: &mut [&mut [u8]],
     ) -> Result<LoadReport, StoreError> {
-        let blocks = {
-            let mut table = self.leases.lock();
-            self.reclaim_expired(&mut table);
-            table.begin_load_at(lease_id, first, dst.len(), Instant::now())?
-        };
-        let _in_flight = LoadGuard { store: self, lease_id };
-        self.check_sizes(dst.iter().map(|d| d.len()))?;
+        let (blocks, _in_flight) = self.begin_load(lease_id, first, dst)?;
         let outcomes = self.read(&blocks, dst, None);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
         let checksum_failures = self.count_load(&outcomes, loaded_blocks);
         self.promote(&blocks[..loaded_blocks], dst);
         Ok(LoadReport { loaded_blocks, checksum_failures })
+    }
+
+    /// Marks leased blocks `first..first + dst.len()` as being loaded (released when the guard
+    /// drops) and checks the destinations' sizes: the start both load paths share.
+    fn begin_load(
+        &self,
+        lease_id: u64,
+        first: usize,
+        dst: &[&mut [u8]],
+    ) -> Result<(Vec<LeasedBlock>, LoadGuard<'_>), StoreError> {
+        let blocks = {
+            let mut table = self.leases.lock();
+            self.reclaim_expired(&mut table);
+            table.begin_load_at(lease_id, first, dst.len(), Instant::now())?
+        };
+        let guard = LoadGuard { store: self, lease_id };
+        self.check_sizes(dst.iter().map(|d| d.len()))?;
+        Ok((blocks, guard))
     }
 
     /// Like [`load_range`](Self::load_range), but each block is copied into its destination
@@ -355,13 +367,7 @@ impl Store {
         first: usize,
         dst: &mut [&mut [u8]],
     ) -> Result<StoredLoadReport, StoreError> {
-        let blocks = {
-            let mut table = self.leases.lock();
-            self.reclaim_expired(&mut table);
-            table.begin_load_at(lease_id, first, dst.len(), Instant::now())?
-        };
-        let _in_flight = LoadGuard { store: self, lease_id };
-        self.check_sizes(dst.iter().map(|d| d.len()))?;
+        let (blocks, _in_flight) = self.begin_load(lease_id, first, dst)?;
         let mut forms = vec![StoredBlock::raw(self.block_bytes); dst.len()];
         let outcomes = self.read(&blocks, dst, Some(&mut forms));
         let loaded = outcomes.iter().filter(|&&o| o == ReadOutcome::Loaded).count();
