@@ -238,33 +238,35 @@ fn corrupt_encoded_ssd_object_is_a_counted_miss() {
     assert_eq!(store.lookup(store.namespace_hash(), &ks).unwrap().hit_blocks, 1, "dropped from SSD");
 }
 
+/// Writes three blocks through a lossless SSD store in `dir`, then replaces blocks 1 and 2,
+/// through the pool itself, with codec objects whose headers verify but which do not decode: an
+/// unknown codec id, and a lossless payload of garbage. Returns the namespace hash and the keys.
+fn plant_undecodable_objects(dir: &TempDir) -> (u128, Vec<BlockKey>) {
+    let (ns_hash, ks) = {
+        let store = ssd_store(dir, lossless("zstd"), true);
+        let ks = keys(&store, 11, 3);
+        put(&store, &ks);
+        store.flush().unwrap();
+        (store.namespace_hash(), ks)
+    };
+    let mut pool = ssd_config(dir, TierCodec::Raw, false).pool;
+    pool.min_object_bytes = BLOCK_BYTES as u64;
+    let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
+    assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[1..]), 2);
+    let bad: Vec<Vec<u8>> = [(ks[1], 7u16), (ks[2], 1u16)]
+        .iter()
+        .map(|&(k, id)| kvtier_core::object::encode_object(ns_hash, k, id, &[0x5a; 900]))
+        .collect();
+    let refs: Vec<&[u8]> = bad.iter().map(|b| &b[..]).collect();
+    assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[1..], &refs).stored, 2);
+    ssd.flush().unwrap();
+    (ns_hash, ks)
+}
+
 #[test]
 fn undecodable_ssd_objects_are_counted_misses() {
     let dir = TempDir::new("undecodable");
-    let ns_hash;
-    let ks;
-    {
-        let store = ssd_store(&dir, lossless("zstd"), true);
-        ns_hash = store.namespace_hash();
-        ks = keys(&store, 11, 3);
-        put(&store, &ks);
-        store.flush().unwrap();
-    }
-    // Replace two objects, through the pool itself, with codec objects whose headers verify
-    // but which do not decode: an unknown codec id, and a lossless payload of garbage.
-    {
-        let mut pool = ssd_config(&dir, TierCodec::Raw, false).pool;
-        pool.min_object_bytes = BLOCK_BYTES as u64;
-        let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
-        assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[1..]), 2);
-        let bad: Vec<Vec<u8>> = [(ks[1], 7u16), (ks[2], 1u16)]
-            .iter()
-            .map(|&(k, id)| kvtier_core::object::encode_object(ns_hash, k, id, &[0x5a; 900]))
-            .collect();
-        let refs: Vec<&[u8]> = bad.iter().map(|b| &b[..]).collect();
-        assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[1..], &refs).stored, 2);
-        ssd.flush().unwrap();
-    }
+    let (ns_hash, ks) = plant_undecodable_objects(&dir);
     let store = ssd_store(&dir, TierCodec::Raw, false);
     assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 3);
     let (_, loaded, _) = load_all(&store, &ks);
@@ -535,28 +537,7 @@ fn stored_loads_never_hand_out_unverified_bytes() {
     // Objects whose pool checksum holds but whose codec header does not: an unknown codec id,
     // and a lossless payload of garbage. Counted as decode failures and dropped.
     let dir = TempDir::new("stored-undecodable");
-    let ns_hash;
-    let ks;
-    {
-        let store = ssd_store(&dir, lossless("zstd"), true);
-        ns_hash = store.namespace_hash();
-        ks = keys(&store, 11, 3);
-        put(&store, &ks);
-        store.flush().unwrap();
-    }
-    {
-        let mut pool = ssd_config(&dir, TierCodec::Raw, false).pool;
-        pool.min_object_bytes = BLOCK_BYTES as u64;
-        let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
-        assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[1..]), 2);
-        let bad: Vec<Vec<u8>> = [(ks[1], 7u16), (ks[2], 1u16)]
-            .iter()
-            .map(|&(k, id)| kvtier_core::object::encode_object(ns_hash, k, id, &[0x5a; 900]))
-            .collect();
-        let refs: Vec<&[u8]> = bad.iter().map(|b| &b[..]).collect();
-        assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[1..], &refs).stored, 2);
-        ssd.flush().unwrap();
-    }
+    let (ns_hash, ks) = plant_undecodable_objects(&dir);
     let store = ssd_store(&dir, TierCodec::Raw, false);
     let (_, forms, _) = load_all_stored(&store, &ks);
     assert!(forms[0].is_some() && forms[1].is_none() && forms[2].is_none(), "{forms:?}");
