@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.sched.base import LoadMode, LoadOrder, RequestView, SchedulerView, register
+from kvtier.sched.base import LoadMode, RequestView, SchedulerView, register
 from kvtier.sched.shadowserve import BLUEFIELD3, GBPS, BatchInterception, store_tier
 
 COMPRESSION_RATIO = BLUEFIELD3.compression_ratio * 502.2 / 600.5
@@ -42,6 +42,7 @@ INTERFERENCE = 0.30
 @register
 class CacheGenAsync(BatchInterception):
     name = "cachegen_async"
+    decode_on_device = True  # the GPU decodes: compressed bytes cross PCIe (§2.2)
 
     def __init__(
         self,
@@ -60,13 +61,10 @@ class CacheGenAsync(BatchInterception):
             )
         self.compression_ratio = compression_ratio
         self.decode_input_bytes_per_s = decode_input_bytes_per_s
+        # The GPU decoder's rate in raw (decoded) KV bytes.
+        self.decode_bytes_per_s = decode_input_bytes_per_s * compression_ratio
         self.interference = interference
         self.duty_cycle = duty_cycle
-
-    @property
-    def decode_bytes_per_s(self) -> float:
-        """The GPU decoder's rate in raw (decoded) KV bytes."""
-        return self.decode_input_bytes_per_s * self.compression_ratio
 
     def decoder_duty(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
         """Fraction of a fetch of ``tokens`` during which the GPU decoder is busy.
@@ -81,20 +79,8 @@ class CacheGenAsync(BatchInterception):
         decode_s = tokens * view.kv_bytes_per_token / self.decode_bytes_per_s
         return decode_s / max(network_s, decode_s, 1e-12)
 
-    def fetch_order(
-        self, view: SchedulerView, r: RequestView, tokens: int, mode: LoadMode, priority: int
-    ) -> LoadOrder:
-        return LoadOrder(
-            r.req_id,
-            tokens,
-            mode,
-            priority=priority,
-            target="device",
-            interference=self.interference * self.decoder_duty(view, r, tokens),
-            compression_ratio=self.compression_ratio,
-            decode_bytes_per_s=self.decode_bytes_per_s,
-            decode_on_device=True,
-        )
+    def fetch_interference(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
+        return self.interference * self.decoder_duty(view, r, tokens)
 
     def params(self) -> dict[str, Any]:
         return {

@@ -138,9 +138,13 @@ BLUEFIELD3 = ChunkedPipeline()
 class BatchInterception(Policy):
     """Asynchronous fetching with batch interception (§4.1), shared by ShadowServe and the
     CacheGen-Async baseline (which the paper equips with this same design, §6.1). Subclasses say
-    how a fetch moves its bytes (:meth:`fetch_order`)."""
+    how a fetch moves its bytes: ``compression_ratio``, ``decode_bytes_per_s``, where decoding runs
+    (``decode_on_device``) and how much it slows the model (:meth:`fetch_interference`)."""
 
     offload: str = "none"  # §6.1: local prefix caching disabled; KV comes from the store
+    decode_on_device: bool = False
+    compression_ratio: float
+    decode_bytes_per_s: float
 
     def __init__(self, fetch_mode: str = "async", serial_fetch: bool = True) -> None:
         if fetch_mode not in FETCH_MODES:
@@ -216,10 +220,24 @@ class BatchInterception(Policy):
             return 1
         return max(self._fetch_class.values(), default=0) + 1
 
+    def fetch_interference(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
+        """How much a fetch of ``tokens`` slows the model's compute while it runs."""
+        raise NotImplementedError
+
     def fetch_order(
         self, view: SchedulerView, r: RequestView, tokens: int, mode: LoadMode, priority: int
     ) -> LoadOrder:
-        raise NotImplementedError
+        return LoadOrder(
+            r.req_id,
+            tokens,
+            mode,
+            priority=priority,
+            target="device",
+            interference=self.fetch_interference(view, r, tokens),
+            compression_ratio=self.compression_ratio,
+            decode_bytes_per_s=self.decode_bytes_per_s,
+            decode_on_device=self.decode_on_device,
+        )
 
     def params(self) -> dict[str, Any]:
         return {"fetch_mode": self.fetch_mode, "serial_fetch": self.serial_fetch}
@@ -266,21 +284,9 @@ class ShadowServeAsync(BatchInterception):
             )
         self.interference = interference
 
-    def fetch_order(
-        self, view: SchedulerView, r: RequestView, tokens: int, mode: LoadMode, priority: int
-    ) -> LoadOrder:
+    def fetch_interference(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
         # SmartNIC decodes; raw KV crosses PCIe by DMA; the GPU only runs the per-round scatter.
-        return LoadOrder(
-            r.req_id,
-            tokens,
-            mode,
-            priority=priority,
-            target="device",
-            interference=self.interference,
-            compression_ratio=self.compression_ratio,
-            decode_bytes_per_s=self.decode_bytes_per_s,
-            decode_on_device=False,
-        )
+        return self.interference
 
     def params(self) -> dict[str, Any]:
         return {
