@@ -19,6 +19,8 @@ def test_bench_reports_every_ratio() -> None:
         "preallocated_speedup",
         "batched_speedup_vs_per_segment",
         "duplex_ratio_to_serial",
+        "duplex_limit_ratio",
+        "duplex_ratio_to_limit",
     ):
         assert math.isfinite(r[key]) and r[key] > 0, key
     assert r["pipeline_blocks"] == 2 and r["pipeline_ssd_fraction"] == 1.0
@@ -31,6 +33,8 @@ def test_bench_reports_every_ratio() -> None:
     assert max(r["stage_seconds"].values()) <= r["sequential_s"]
     assert sum(r["stage_workers"].values()) == 4
     assert r["segments_per_block"] == 128
+    assert math.isclose(r["duplex_limit_ratio"], r["memcpy_two_at_once_s"] / r["memcpy_two_serial_s"])
+    assert math.isclose(r["duplex_ratio_to_limit"], r["duplex_ratio_to_serial"] / r["duplex_limit_ratio"])
     assert "pipelined" in transfer.summary(r)
 
 

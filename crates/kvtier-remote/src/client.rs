@@ -344,26 +344,18 @@ impl RemoteClient {
         self.execute(Op::Set, names, items.to_vec(), &SetItem::value_len, &run, true).0
     }
 
-    /// Reads whole values into memory (tests and tools: a value is at most 64 MiB here).
-    pub fn get_values(&self, names: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
-        names
-            .iter()
-            .map(|name| {
-                let run = |c: &mut Conn, n: &[&[u8]], v: &mut [Option<Vec<u8>>], out: &mut [Res]| {
-                    c.write_command(&[b"GET", n[0]])?;
-                    c.flush()?;
-                    match c.read_reply()? {
-                        Reply::Bulk(b) => {
-                            out[0] = Res::Filled;
-                            v[0] = b;
-                        }
-                        _ => out[0] = Res::ServerError,
-                    }
-                    Ok(())
-                };
-                self.execute(Op::Get, &[name], vec![None], &|_| 0, &run, true).1.pop().flatten()
-            })
-            .collect()
+    /// `GET` per name, each whole value read into memory (codec objects of unknown size, tests,
+    /// tools), pipelined: `value_bytes_max` bounds one value's size for the in-flight window
+    /// (`inflight_bytes_max`); a value may be larger, it only counts as that. `None`: no such
+    /// key, or the server failed (counted).
+    pub fn get_values(&self, names: &[&[u8]], value_bytes_max: u64) -> Vec<Option<Vec<u8>>> {
+        let window = self.config.inflight_bytes_max;
+        let run = move |c: &mut Conn, n: &[&[u8]], v: &mut [Option<Vec<u8>>], out: &mut [Res]| {
+            pipeline::get_whole(c, n, v, value_bytes_max, window, out)
+        };
+        let (res, values) =
+            self.execute(Op::Get, names, vec![None; names.len()], &|_| value_bytes_max, &run, true);
+        values.into_iter().zip(res).map(|(v, r)| if r == Res::Filled { v } else { None }).collect()
     }
 
     pub(crate) fn counters(&self) -> &Counters {

@@ -157,6 +157,36 @@ pub fn get(
     )
 }
 
+/// `GET name` per item, each whole value into `values[i]` (`cost` bytes each for the window).
+pub fn get_whole(
+    conn: &mut Conn,
+    names: &[&[u8]],
+    values: &mut [Option<Vec<u8>>],
+    cost: u64,
+    inflight_bytes_max: u64,
+    out: &mut [Res],
+) -> io::Result<()> {
+    sliding(
+        conn,
+        names.len(),
+        |_| cost,
+        inflight_bytes_max,
+        |c, i| c.write_command(&[b"GET", names[i]]),
+        |c, i| {
+            out[i] = match c.read_reply()? {
+                Reply::Bulk(Some(b)) => {
+                    values[i] = Some(b);
+                    Res::Filled
+                }
+                Reply::Bulk(None) => Res::Nil,
+                Reply::Error(e) => classify_error(&e),
+                _ => Res::ServerError,
+            };
+            Ok(())
+        },
+    )
+}
+
 /// The 64-byte kvtier header that precedes a SET value's payload.
 #[derive(Clone, Copy, Debug)]
 pub enum HeaderSpec {

@@ -172,7 +172,7 @@ impl RemoteTier {
 
     /// Like [`read_blocks`](Self::read_blocks), except that a value whose length is not
     /// header + `dst[i].len()` is `None` (neither counted nor deleted): an object stored under
-    /// another codec, which the caller reads whole (e.g. with [`RemoteClient::get_values`]).
+    /// another codec, which the caller reads whole (e.g. with [`read_objects`](Self::read_objects)).
     pub fn read_blocks_sized(
         &self,
         namespace: u128,
@@ -241,12 +241,18 @@ impl RemoteTier {
     /// than a block) and verifies each as the object of its key: `Ok(value)` (header, identity,
     /// length and payload checksum verified; the payload starts at byte 64), or the outcome of
     /// a miss — `Missing` (no such key, server down), `Corrupt` (counted by kind as
-    /// [`read_blocks`](Self::read_blocks) counts, and deleted). Values are fetched one GET at a
-    /// time, not pipelined.
-    pub fn read_objects(&self, namespace: u128, keys: &[BlockKey]) -> Vec<Result<Vec<u8>, ReadOutcome>> {
+    /// [`read_blocks`](Self::read_blocks) counts, and deleted). The GETs are pipelined, in a
+    /// window of `inflight_bytes_max` counting each value as `value_bytes_max` (an object is at
+    /// most its header and a block).
+    pub fn read_objects(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        value_bytes_max: u64,
+    ) -> Vec<Result<Vec<u8>, ReadOutcome>> {
         let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
         let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-        let values = self.client.get_values(&name_refs);
+        let values = self.client.get_values(&name_refs, value_bytes_max);
         let c = self.client.counters();
         let mut bad: Vec<&[u8]> = Vec::new();
         let mut out = Vec::with_capacity(keys.len());
@@ -432,7 +438,7 @@ impl Tier for RemoteTier {
 
     fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         let name = self.name(self.namespace, key);
-        let Some(Some(mut value)) = self.client.get_values(&[&name[..]]).pop() else { return false };
+        let Some(Some(mut value)) = self.client.get_values(&[&name[..]], 0).pop() else { return false };
         let Some(byte) = value.get_mut(OBJECT_HEADER_BYTES + payload_byte_offset) else { return false };
         *byte ^= 1;
         self.client.set(&[&name[..]], &[SetItem { header: HeaderSpec::None, payload: &value }], false)

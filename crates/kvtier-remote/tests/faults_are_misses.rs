@@ -153,7 +153,7 @@ fn garbage_values_are_counted_misses_and_deleted() {
     let good = payload(1);
     tier.put(NS, &[1, 2, 3, 4], &[&good, &good, &good, &good]);
     let name = |k: u128| key_name("kvtier:", NS, k);
-    let mut object = tier.client().get_values(&[&name(3)]).pop().unwrap().unwrap();
+    let mut object = tier.client().get_values(&[&name(3)], 0).pop().unwrap().unwrap();
     assert_eq!(object.len(), 64 + 4096);
     let mut bad_magic = object.clone(); // key 3's object: only magic differs for key 1
     bad_magic[0] = b'X';

@@ -30,7 +30,7 @@
 use std::sync::Arc;
 
 use kvtier_core::checksum::checksum;
-use kvtier_core::BlockKey;
+use kvtier_core::{BlockKey, OBJECT_HEADER_BYTES};
 use kvtier_pool::{object_extent_bytes, Demotion, EntryRef, ReadOutcome, Tier, TierKind, TierPutReport};
 use kvtier_remote::{key_name, RemoteTier};
 
@@ -420,7 +420,8 @@ impl Store {
         }
         let whole_keys: Vec<BlockKey> = whole.iter().map(|&i| keys[i]).collect();
         let mut undecodable = Vec::new();
-        for (&i, got) in whole.iter().zip(remote.read_objects(ns, &whole_keys)) {
+        let objects = remote.read_objects(ns, &whole_keys, (OBJECT_HEADER_BYTES + self.block_bytes()) as u64);
+        for (&i, got) in whole.iter().zip(objects) {
             let bb = self.block_bytes();
             let decoded = |value: &[u8], d: &mut [u8], forms: Option<&mut [StoredBlock]>| match forms {
                 None => decode_stored(ns, keys[i], value, d),
@@ -474,8 +475,8 @@ impl Store {
         self.put_remote(remote, &keys, &payloads, Some(&checksums));
     }
 
-    /// Copies the blocks of a load that came from SSD or remote into DRAM.
-    pub(crate) fn promote(&self, blocks: &[LeasedBlock], dst: &[&mut [u8]]) {
+    /// Copies the blocks of a load that came from SSD or remote into DRAM; returns how many.
+    pub(crate) fn promote<D: AsRef<[u8]>>(&self, blocks: &[LeasedBlock], dst: &[D]) -> usize {
         let mut from = Vec::new();
         if self.config().ssd.as_ref().is_some_and(|s| s.promote_on_hit) {
             from.push(self.tier_index(TierKind::Ssd));
@@ -484,19 +485,20 @@ impl Store {
             from.push(self.tier_index(TierKind::Remote));
         }
         if from.is_empty() {
-            return;
+            return 0;
         }
         let (keys, objects): (Vec<BlockKey>, Vec<&[u8]>) = blocks
             .iter()
             .zip(dst)
             .filter(|(b, _)| from.contains(&b.tier))
-            .map(|(b, d)| (b.entry.key, &**d))
+            .map(|(b, d)| (b.entry.key, d.as_ref()))
             .unzip();
         if keys.is_empty() {
-            return;
+            return 0;
         }
         let r = self.put_local(&keys, &objects);
         bump(&self.counters.promoted_blocks, r.stored);
+        r.stored
     }
 }
 

@@ -330,7 +330,7 @@ impl Store {
         let outcomes = self.read(&blocks, dst, None);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
         let checksum_failures = self.count_load(&outcomes, loaded_blocks);
-        self.promote(&blocks[..loaded_blocks], dst);
+        let _ = self.promote(&blocks[..loaded_blocks], dst);
         Ok(LoadReport { loaded_blocks, checksum_failures })
     }
 
@@ -360,7 +360,9 @@ impl Store {
     /// same checks as a load run first (pool checksum; object header, namespace, key, payload
     /// checksum; a known codec id declaring `block_bytes`); a block failing them is `None`,
     /// dropped from its tier and counted, and the other blocks are still read. Blocks read
-    /// from lower tiers are not promoted (the store never sees them decoded).
+    /// from lower tiers are not promoted here (the store never sees them decoded): the reader
+    /// hands them back decoded with [`promote_decoded`](Self::promote_decoded), and reports
+    /// blocks it cannot decode with [`report_undecodable`](Self::report_undecodable).
     pub fn load_range_stored(
         &self,
         lease_id: u64,
@@ -375,6 +377,71 @@ impl Store {
         let blocks =
             outcomes.iter().zip(forms).map(|(&o, f)| (o == ReadOutcome::Loaded).then_some(f)).collect();
         Ok(StoredLoadReport { blocks, checksum_failures })
+    }
+
+    /// The reader of a [`load_range_stored`](Self::load_range_stored) on lease `lease_id` could
+    /// not decode leased blocks `leased` (positions in the lease) although their stored bytes
+    /// verified: each is counted in `decode_failures` and its stored copy is dropped from its
+    /// tier (a pinned copy is freed on its last unpin), so no later load hands it out again —
+    /// the same handling as the store's own decoding path. Returns how many copies were
+    /// dropped. Errors as a load on a lease that is not live, or with a position past the
+    /// lease's blocks ([`StoreError::LoadTooMany`]).
+    pub fn report_undecodable(&self, lease_id: u64, leased: &[usize]) -> Result<usize, StoreError> {
+        let blocks = self.leased_blocks(lease_id)?;
+        if let Some(&bad) = leased.iter().find(|&&i| i >= blocks.len()) {
+            return Err(StoreError::LoadTooMany { requested: bad + 1, leased: blocks.len() });
+        }
+        bump(&self.counters.decode_failures, leased.len());
+        let mut dropped = 0;
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let keys: Vec<BlockKey> =
+                leased.iter().map(|&i| blocks[i]).filter(|b| b.tier == t).map(|b| b.entry.key).collect();
+            if !keys.is_empty() {
+                dropped += tier.remove(&keys);
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Whether a load promotes blocks read from a lower tier into DRAM (`promote_on_hit` of the
+    /// SSD or remote tier): a reader of stored bytes then hands them back decoded with
+    /// [`promote_decoded`](Self::promote_decoded).
+    pub fn promotes_on_hit(&self) -> bool {
+        let ssd = self.config.ssd.as_ref().is_some_and(|s| s.promote_on_hit);
+        ssd || self.config.remote.as_ref().is_some_and(|r| r.promote_on_hit)
+    }
+
+    /// Promotion for [`load_range_stored`](Self::load_range_stored), which never sees blocks
+    /// decoded: `decoded[i]` is leased block `first + i` as its reader decoded it (exactly
+    /// `block_bytes`), or `None` (not loaded). Blocks that came from a tier with
+    /// `promote_on_hit` are put into DRAM, as [`load_range`](Self::load_range) does; the rest
+    /// are ignored. Returns the blocks promoted. Errors as
+    /// [`report_undecodable`](Self::report_undecodable), or on a block of the wrong size.
+    pub fn promote_decoded(
+        &self,
+        lease_id: u64,
+        first: usize,
+        decoded: &[Option<&[u8]>],
+    ) -> Result<usize, StoreError> {
+        if !self.promotes_on_hit() {
+            return Ok(0);
+        }
+        let blocks = self.leased_blocks(lease_id)?;
+        let end = first.saturating_add(decoded.len());
+        if end > blocks.len() {
+            return Err(StoreError::LoadTooMany { requested: end, leased: blocks.len() });
+        }
+        self.check_sizes(decoded.iter().flatten().map(|d| d.len()))?;
+        let (chosen, data): (Vec<LeasedBlock>, Vec<&[u8]>) =
+            blocks[first..end].iter().zip(decoded).filter_map(|(b, d)| d.map(|d| (*b, d))).unzip();
+        Ok(self.promote(&chosen, &data))
+    }
+
+    /// The blocks of live lease `lease_id`.
+    fn leased_blocks(&self, lease_id: u64) -> Result<Vec<LeasedBlock>, StoreError> {
+        let mut table = self.leases.lock();
+        self.reclaim_expired(&mut table);
+        table.blocks(lease_id, Instant::now())
     }
 
     /// Counts a load's outcomes (`loaded` blocks served); returns its checksum failures.

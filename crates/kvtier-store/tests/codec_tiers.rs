@@ -395,7 +395,7 @@ fn remote_round_trip_and_mixed_readers() {
                 // Every value on the server records its codec in its header.
                 let client = RemoteClient::open(server.config(&prefix)).unwrap();
                 let name = key_name(&prefix, store.namespace_hash(), ks[0]);
-                let value = client.get_values(&[&name[..]]).pop().unwrap().expect("written");
+                let value = client.get_values(&[&name[..]], 0).pop().unwrap().expect("written");
                 let header = ObjectHeader::decode(&value).unwrap();
                 let want = if shrinks(&writer) { kvtier_codec::codec_id(writer.name()).unwrap() } else { 0 };
                 assert_eq!(header.codec_id, want, "{}", writer.name());
@@ -543,5 +543,40 @@ fn stored_loads_never_hand_out_unverified_bytes() {
     assert!(forms[0].is_some() && forms[1].is_none() && forms[2].is_none(), "{forms:?}");
     assert_eq!(store.stats().decode_failures, 2);
     assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 1, "both dropped from SSD");
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn stored_load_readers_report_back_to_the_store() {
+    // SSD promote_on_hit is on in `ssd_config`; six blocks, DRAM keeps two.
+    let dir = TempDir::new("stored-report");
+    let store = ssd_store(&dir, lossless("zstd"), true);
+    assert!(store.promotes_on_hit());
+    let ns = store.namespace_hash();
+    let ks = keys(&store, 40, 6);
+    put(&store, &ks);
+    assert_eq!(store.lookup(ns, &ks).unwrap().tiers[..2], [TierKind::Ssd, TierKind::Ssd]);
+    // The lease covers the two SSD blocks only: DRAM's two blocks stay unpinned, evictable.
+    let lease = store.lease(ns, &ks[..2]).unwrap();
+    // Bad calls name the problem and change nothing.
+    let e = store.report_undecodable(lease.id, &[2]).unwrap_err().to_string();
+    assert!(e.contains('3') && e.contains('2'), "{e}");
+    let short = vec![0u8; BLOCK_BYTES - 1];
+    let e = store.promote_decoded(lease.id, 0, &[Some(&short[..])]).unwrap_err().to_string();
+    assert!(e.contains(&(BLOCK_BYTES - 1).to_string()), "{e}");
+    assert!(store.promote_decoded(lease.id, 1, &[None, None]).is_err());
+    assert!(store.report_undecodable(lease.id + 1, &[0]).is_err(), "an unknown lease");
+    assert_eq!(store.stats().decode_failures, 0);
+    // Block 0 decoded by its reader is promoted; block 1 is reported undecodable and dropped.
+    let b0 = kv_block(ks[0]);
+    assert_eq!(store.promote_decoded(lease.id, 0, &[Some(&b0[..]), None]).unwrap(), 1);
+    assert_eq!(store.report_undecodable(lease.id, &[1]).unwrap(), 1);
+    store.release(lease.id).unwrap();
+    assert_eq!(store.stats().decode_failures, 1);
+    assert_eq!(store.stats().promoted_blocks, 1);
+    let after = store.lookup(ns, &ks).unwrap();
+    assert_eq!((after.hit_blocks, after.tiers[0]), (1, TierKind::Dram));
+    let (_, loaded, bufs) = load_all(&store, &ks[..1]);
+    assert_eq!((loaded, &bufs[0]), (1, &b0));
     store.check_integrity().unwrap();
 }

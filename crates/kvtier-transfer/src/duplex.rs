@@ -169,7 +169,7 @@ impl DuplexEngine {
             shutdown: false,
         };
         let shared = Arc::new(Shared {
-            shape: PoolShape::new(geometry, device.num_blocks()),
+            shape: PoolShape { streaming: true, ..PoolShape::new(geometry, device.num_blocks()) },
             device,
             host,
             config,
@@ -454,6 +454,7 @@ fn worker(sh: &Shared, direction: Direction) {
             }
         };
         copy(sh, &transfer);
+        crate::stream::fence();
         let mut st = lock(&sh.state);
         if transfer.direction == Direction::Out && transfer.layer.is_none() {
             for &(d, h, generation, _) in transfer.pairs.iter().filter(|p| p.3) {

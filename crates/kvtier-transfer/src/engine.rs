@@ -719,7 +719,8 @@ fn stage_worker(sh: &Shared, stage: usize) {
                         let forms = sh.forms(&task);
                         stages::scatter_chunk(&job, &job.shape, first, count, bufs, forms, |_| {
                             sh.notify_layer()
-                        })
+                        });
+                        stages::finish_chunk(sh.store.store(), &job, first, count, bufs, bb, forms);
                     };
                 }
                 sh.counters[3].add(start, count * bb);

@@ -119,6 +119,9 @@ pub(crate) struct PoolShape {
     pub block_bytes: usize,
     /// Extra groups: (pool region start, bytes per block, offset in the object).
     pub groups: Vec<(usize, usize, usize)>,
+    /// Copy with streaming stores ([`crate::stream`]): the duplex engine's swaps. The writer
+    /// must [`crate::stream::fence`] before publishing the bytes.
+    pub streaming: bool,
 }
 
 impl PoolShape {
@@ -135,7 +138,23 @@ impl PoolShape {
             region += n * len;
             object_off += len;
         }
-        PoolShape { seg, layers, num_blocks: n, block_bytes: geometry.block_bytes() as usize, groups }
+        PoolShape {
+            seg,
+            layers,
+            num_blocks: n,
+            block_bytes: geometry.block_bytes() as usize,
+            groups,
+            streaming: false,
+        }
+    }
+
+    #[inline]
+    unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize) {
+        if self.streaming {
+            crate::stream::copy(dst, src, len)
+        } else {
+            ptr::copy_nonoverlapping(src, dst, len)
+        }
     }
 
     /// Byte offset of segment (layer, k|v) of `block` in the pool.
@@ -151,14 +170,14 @@ impl PoolShape {
     pub unsafe fn scatter_layer(&self, pool: *mut u8, object: *const u8, block: usize, layer: usize) {
         for kv in 0..2 {
             let src = object.add((2 * layer + kv) * self.seg);
-            ptr::copy_nonoverlapping(src, pool.add(self.segment_off(layer, kv, block)), self.seg);
+            self.copy(src, pool.add(self.segment_off(layer, kv, block)), self.seg);
         }
     }
 
     /// Copies the extra groups of `object` into pool block `block`. Safety as [`Self::scatter_layer`].
     pub unsafe fn scatter_groups(&self, pool: *mut u8, object: *const u8, block: usize) {
         for &(region, len, object_off) in &self.groups {
-            ptr::copy_nonoverlapping(object.add(object_off), pool.add(region + block * len), len);
+            self.copy(object.add(object_off), pool.add(region + block * len), len);
         }
     }
 
@@ -171,11 +190,11 @@ impl PoolShape {
         for layer in 0..self.layers {
             for kv in 0..2 {
                 let dst = object.add((2 * layer + kv) * self.seg);
-                ptr::copy_nonoverlapping(pool.add(self.segment_off(layer, kv, block)), dst, self.seg);
+                self.copy(pool.add(self.segment_off(layer, kv, block)), dst, self.seg);
             }
         }
         for &(region, len, object_off) in &self.groups {
-            ptr::copy_nonoverlapping(pool.add(region + block * len), object.add(object_off), len);
+            self.copy(pool.add(region + block * len), object.add(object_off), len);
         }
     }
 
@@ -183,11 +202,7 @@ impl PoolShape {
     /// (`2 * seg` bytes). Safety as [`Self::gather_block`].
     pub unsafe fn gather_segment(&self, pool: *const u8, block: usize, layer: usize, out: *mut u8) {
         for kv in 0..2 {
-            ptr::copy_nonoverlapping(
-                pool.add(self.segment_off(layer, kv, block)),
-                out.add(kv * self.seg),
-                self.seg,
-            );
+            self.copy(pool.add(self.segment_off(layer, kv, block)), out.add(kv * self.seg), self.seg);
         }
     }
 }

@@ -151,7 +151,9 @@ pub(crate) fn run(
     times[3] = stage(&job, w.scatter, |first, count| unsafe {
         // Distinct pool blocks per chunk (duplicates were settled and are skipped).
         let bufs = [0, 1, 2].map(|b| base[b].0.add(first * bb).cast_const());
-        stages::scatter_chunk(&job, &job.shape, first, count, bufs, forms_of(first, count), |_| {})
+        let forms = forms_of(first, count);
+        stages::scatter_chunk(&job, &job.shape, first, count, bufs, forms, |_| {});
+        stages::finish_chunk(store, &job, first, count, bufs, bb, forms);
     });
     let _ = store.release(lease.id);
     job.finished.store(true, Ordering::Release);
@@ -194,7 +196,10 @@ fn per_chunk_stages(store: &kvtier_store::Store, job: &Job, chunk_blocks: usize,
                 timed(2, &mut || stages::dequantize_chunk(job, first, count, p0, p1, p2, bb, &forms));
             }
             let bufs = [p0.cast_const(), p1.cast_const(), p2.cast_const()];
-            timed(3, &mut || stages::scatter_chunk(job, &job.shape, first, count, bufs, &forms, |_| {}));
+            timed(3, &mut || {
+                stages::scatter_chunk(job, &job.shape, first, count, bufs, &forms, |_| {});
+                stages::finish_chunk(store, job, first, count, bufs, bb, &forms);
+            });
         }
     }
     times

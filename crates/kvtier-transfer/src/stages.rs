@@ -199,6 +199,46 @@ pub(crate) unsafe fn scatter_chunk(
     (first..first + count).for_each(|i| job.settle(i, BlockOutcome::Done));
 }
 
+/// After a chunk's scatter: hands what the store cannot see back to it. Blocks the decode
+/// stages failed (`DecodeFailed`) are reported ([`Store::report_undecodable`]: counted, their
+/// stored copies dropped, so no later load reads them again); with `promote_on_hit`, the
+/// blocks loaded are handed back decoded ([`Store::promote_decoded`]: lower-tier blocks go
+/// into DRAM, as a store load promotes them). Costs nothing when neither applies.
+///
+/// # Safety
+/// As [`scatter_chunk`]: `bufs` hold the chunk's stage buffers.
+pub(crate) unsafe fn finish_chunk(
+    store: &Store,
+    job: &Job,
+    first: usize,
+    count: usize,
+    bufs: [*const u8; 3],
+    block_bytes: usize,
+    forms: &[StoredBlock],
+) {
+    let Some(lease) = job.lease else { return };
+    let failed = |i: &usize| job.outcome(first + i) == BlockOutcome::DecodeFailed;
+    if (0..count).any(|i| failed(&i)) {
+        foreign(|| {
+            let leased: Vec<usize> = (0..count).filter(failed).map(|i| first + i).collect();
+            let _ = store.report_undecodable(lease, &leased);
+        });
+    }
+    if store.promotes_on_hit() {
+        foreign(|| {
+            let decoded: Vec<Option<&[u8]>> = (0..count)
+                .map(|i| {
+                    (job.outcome(first + i) == BlockOutcome::Done).then(|| {
+                        let src = bufs[final_buffer(&forms[i])].add(i * block_bytes);
+                        std::slice::from_raw_parts(src, block_bytes)
+                    })
+                })
+                .collect();
+            let _ = store.promote_decoded(lease, first, &decoded);
+        });
+    }
+}
+
 /// Marks every still-pending block of a chunk with `outcome` (cancelled chunks), and publishes
 /// its layers as final.
 pub(crate) fn settle_chunk(job: &Job, first: usize, count: usize, outcome: BlockOutcome) {

@@ -222,3 +222,100 @@ fn a_failing_ssd_fails_its_blocks_and_other_jobs_go_on() {
     assert_eq!(store.stats().leases_active, 0);
     store.check_integrity().unwrap();
 }
+
+#[test]
+fn undecodable_blocks_are_reported_to_the_store_and_dropped() {
+    use kvtier_codec::{header, lossless::LosslessCodec, streams::Backend, Codec, CODEC_LOSSLESS};
+    let dir = TempDir::new("transfer-undecodable");
+    let g = geometry(2, 2, 64, 16);
+    let bb = g.block_bytes() as usize;
+    let deflate = kvtier_store::TierCodec::Lossless { backend: "deflate".into(), level: Some(1) };
+    let (ns_hash, ks) = {
+        let store = coded_ssd_store(&dir, g.clone(), 1, 8, deflate.clone()).unwrap();
+        let ks = keys(&store, 0, 4);
+        put_raw(&store, &ks);
+        store.flush().unwrap();
+        (store.namespace_hash(), ks)
+    };
+    // Block 2 becomes a codec object that verifies (object checksum; a lossless header that
+    // declares block_bytes) but whose deflate streams are garbage: only decoding finds it out.
+    {
+        let mut pool = ssd_pool_config(&dir, &g, 8);
+        pool.min_object_bytes = bb as u64;
+        let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
+        assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[2..3]), 1);
+        let codec = LosslessCodec::new(Backend::Deflate, 1).unwrap();
+        let mut payload = vec![0u8; codec.max_encoded_len(bb)];
+        let n = codec.encode(&block(ks[2], bb), &mut payload).unwrap();
+        payload.truncate(n);
+        let body = header::parse(&payload, CODEC_LOSSLESS).unwrap().body.len();
+        payload[n - body..].fill(0xff);
+        let object = kvtier_core::object::encode_object(ns_hash, ks[2], CODEC_LOSSLESS, &payload);
+        assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[2..3], &[&object[..]]).stored, 1);
+        ssd.flush().unwrap();
+    }
+    let store = coded_ssd_store(&dir, g.clone(), 1, 8, deflate).unwrap();
+    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 4, "the planted object verifies");
+    let engine =
+        engine(&store, TransferConfig { chunk_blocks: 2, buffer_chunks: 2, ..TransferConfig::default() });
+    let (pool, r) = new_pool(&g, 4);
+    let job = engine.submit_load(&ks, r, &[0, 1, 2, 3]).unwrap();
+    let done = engine.wait(&[job]).unwrap().remove(0);
+    assert_eq!(done.failed(), vec![(2, BlockOutcome::DecodeFailed)]);
+    for i in [0usize, 1, 3] {
+        assert_eq!(pool_block(&g, &pool, 4, i as u64), block(ks[i], bb), "block {i}");
+    }
+    assert!(pool_block(&g, &pool, 4, 2).iter().all(|&x| x == 0), "no garbage in the failed block");
+    // Reported to the store: counted, and dropped, so no later load reads it again.
+    assert_eq!(store.stats().decode_failures, 1);
+    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 2);
+    assert_eq!(store.lookup(ns_hash, &ks[3..]).unwrap().hit_blocks, 1);
+    let (_, r) = new_pool(&g, 4);
+    let job = engine.submit_load(&ks[2..3], r, &[0]).unwrap();
+    assert_eq!(engine.wait(&[job]).unwrap()[0].failed(), vec![(0, BlockOutcome::Miss)]);
+    assert_eq!(store.stats().leases_active, 0);
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn pipelined_loads_promote_lower_tier_blocks_into_dram() {
+    let g = geometry(4, 2, 64, 16); // quant fits half the fp16 size from 3 layers on
+    let bb = g.block_bytes() as usize;
+    for codec in tier_codecs() {
+        let dir = TempDir::new("transfer-promote");
+        let store = coded_ssd_store_promoting(&dir, g.clone(), 4, 16, codec.clone(), true).unwrap();
+        let ns = store.namespace_hash();
+        let ks = keys(&store, 0, 8);
+        put_raw(&store, &ks);
+        let before = store.lookup(ns, &ks[..4]).unwrap().tiers;
+        assert!(before.iter().all(|t| t.name() == "ssd"), "{codec:?}: {before:?}");
+        let engine =
+            engine(&store, TransferConfig { chunk_blocks: 3, buffer_chunks: 2, ..TransferConfig::default() });
+        let mut loaded = Vec::new();
+        for round in 0..2 {
+            let (pool, r) = new_pool(&g, 4);
+            let job = engine.submit_load(&ks[..4], r, &[3, 2, 1, 0]).unwrap();
+            assert_eq!(engine.wait(&[job]).unwrap()[0].done_blocks(), 4, "{codec:?} round {round}");
+            let blocks: Vec<Vec<u8>> = (0..4).map(|i| pool_block(&g, &pool, 4, 3 - i)).collect();
+            for (i, got) in blocks.iter().enumerate() {
+                let want = block(ks[i], bb);
+                let ok = if codec == kvtier_store::TierCodec::Quant {
+                    within_quant_bound(&g, &want, got)
+                } else {
+                    *got == want
+                };
+                assert!(ok, "{codec:?} round {round} block {i}");
+            }
+            loaded.push(blocks);
+            if round == 0 {
+                // Promoted, decoded: the next load reads them from DRAM.
+                assert_eq!(store.stats().promoted_blocks, 4, "{codec:?}");
+                let after = store.lookup(ns, &ks[..4]).unwrap().tiers;
+                assert!(after.iter().all(|t| t.name() == "dram"), "{codec:?}: {after:?}");
+            }
+        }
+        assert_eq!(loaded[0], loaded[1], "{codec:?}: the promoted copy is the decoded block");
+        assert_eq!(store.stats().promoted_blocks, 4, "{codec:?}: DRAM hits are not promoted again");
+        store.check_integrity().unwrap();
+    }
+}

@@ -84,12 +84,31 @@ pub fn coded_ssd_store(
     ssd_blocks: u64,
     codec: TierCodec,
 ) -> Result<Arc<Store>, StoreError> {
-    let object = object_bytes(&geometry);
+    coded_ssd_store_promoting(dir, geometry, dram_blocks, ssd_blocks, codec, false)
+}
+
+/// The SSD pool configuration of [`ssd_store`] and [`coded_ssd_store`] in `dir`, to reopen it
+/// without a store.
+pub fn ssd_pool_config(dir: &TempDir, geometry: &Geometry, ssd_blocks: u64) -> SsdConfig {
+    let object = object_bytes(geometry);
     let mut pool = SsdConfig::new(&dir.0);
     pool.capacity_bytes = ssd_blocks * object;
     pool.probe_bytes = 0;
-    let mut ssd = SsdStoreConfig::new(pool);
-    ssd.promote_on_hit = false;
+    pool
+}
+
+/// [`coded_ssd_store`], with the SSD tier's `promote_on_hit` set as given.
+pub fn coded_ssd_store_promoting(
+    dir: &TempDir,
+    geometry: Geometry,
+    dram_blocks: u64,
+    ssd_blocks: u64,
+    codec: TierCodec,
+    promote_on_hit: bool,
+) -> Result<Arc<Store>, StoreError> {
+    let object = object_bytes(&geometry);
+    let mut ssd = SsdStoreConfig::new(ssd_pool_config(dir, &geometry, ssd_blocks));
+    ssd.promote_on_hit = promote_on_hit;
     ssd.write_through = true;
     ssd.admission_k = 1;
     ssd.codec = codec;
