@@ -192,6 +192,62 @@ def test_swap_out_without_host_room_falls_back_to_recompute(engine_parts, prompt
     assert (engine.stats.swap_outs, engine.stats.preemptions) == (0, 1)
 
 
+class _SwapBoth(Policy):
+    """FCFS; once requests 0 and 1 both decoded ``after`` tokens, swaps both out in one step
+    and, the next step, both in together."""
+
+    name = "test_swap_both"
+
+    def __init__(self, after: int = 2) -> None:
+        self.after = after
+        self.swapped_out = self.swapped_in = False
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        ready = [r for r in view.running if r.req_id in (0, 1) and r.generated_tokens >= self.after]
+        if len(ready) == 2 and not self.swapped_out:
+            self.swapped_out = True
+            decision.swap_out.extend([0, 1])
+            view = _without(_without(view, 0), 1)
+        elif len(view.swapped) == 2:
+            self.swapped_in = True
+            decision.swap_in.extend([0, 1])
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=None)
+        return decision
+
+
+def test_two_requests_sharing_prefix_blocks_swap_out_and_in_together(
+    engine_parts, prompts, reference
+) -> None:
+    """The same prompt twice: the second request reuses the first one's full blocks from the device
+    prefix cache, so one step swaps out blocks that two requests share (each gets its own host
+    copy), and one step swaps both back into fresh blocks: outputs stay token-identical."""
+    model, tokenizer = engine_parts
+    policy = _SwapBoth()
+    engine = Engine(model, policy, EngineConfig(num_blocks=64, block_tokens=8))
+    assert engine.duplex is not None
+    copied: list[tuple[int, int]] = []
+    swap_out = engine.duplex.swap_out
+    engine.duplex.swap_out = lambda block, slot: copied.append((block, slot)) or swap_out(block, slot)  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    first = engine.add_request(prompts[2], params, tokenizer.stop_token_ids)
+    engine.step()  # request 0's prompt is prefilled and its full blocks enter the prefix cache
+    second = engine.add_request(prompts[2], params, tokenizer.stop_token_ids)
+    outputs = {}
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        outputs.update((o.request_id, o.token_ids) for o in engine.pop_finished())
+    assert policy.swapped_out and policy.swapped_in
+    assert engine.stats.swap_outs == 2 and engine.stats.swap_ins == 2
+    blocks = [b for b, _ in copied]
+    assert len(set(blocks)) < len(blocks), f"no shared block was swapped out: {copied}"
+    assert len({s for _, s in copied}) == len(copied), "each copy has its own host slot"
+    assert outputs[first] == outputs[second] == reference[2]
+    assert engine.swap_used_blocks() == 0
+
+
 class _Never(Policy):
     name = "test_never"
 

@@ -13,8 +13,11 @@ Memory (vLLM v1's rules): a running request that cannot get a block preempts the
 admitted other running request by recompute; a waiting request that cannot get its blocks is not
 admitted this step. Preemption by recompute drops the KV (full blocks go to the store first when
 there is one) and later prefills prompt + output again; by swap (``swap_out``) copies the request's
-blocks into a bounded host buffer and back (``swap_in``); a swap-out that does not fit falls back to
-recompute. Loads and swaps are synchronous here (done before the step's forward pass).
+blocks into bounded host slots and back (``swap_in``) through a :class:`kvtier.transfer.DuplexEngine`
+(SuperInfer §4.3.2): a step's swap-outs and swap-ins are one batched transfer per direction, run at
+once, and a swap-in into blocks a swap-out of the same step just freed waits for that copy's read. A
+swap-out that does not fit falls back to recompute. Loads and swaps finish before the step's
+forward pass.
 
 Finished requests' full blocks, and with a ``write_through`` policy each prompt's blocks once
 prefilled, are saved to the store; evicted device blocks are therefore already below.
@@ -30,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier import layout
 from kvtier.engine.blocks import BlockManager
 from kvtier.engine.errors import EngineError, EngineInputError
 from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer, PendingLoad
@@ -41,6 +43,7 @@ from kvtier.engine.sampling import SamplingParams, sample
 from kvtier.engine.view import build_view
 from kvtier.keys import Namespace
 from kvtier.sched.base import LoadOrder, Phase, Policy, SchedulerView
+from kvtier.transfer import DuplexEngine
 
 #: Consecutive steps that schedule nothing while requests are unfinished before the engine gives up.
 STALLED_STEPS_MAX = 8
@@ -137,11 +140,20 @@ class Engine:
                 f"policy {policy.name!r} writes KV through to a lower tier, but the engine has no store"
             )
         self.blocks = BlockManager(config.num_blocks)
-        self.copier = layout.Copier(threads=1)
         self.requests: dict[int, EngineRequest] = {}
         self.waiting: list[EngineRequest] = []  # sorted by (arrival, id)
         self.running: list[EngineRequest] = []  # admission order: the tail is preempted first
-        self.swapped: dict[int, np.ndarray] = {}  # req_id -> its blocks as BlockFirst objects
+        # Swap (SuperInfer's DuplexKV, kvtier.transfer.DuplexEngine): host slots of BlockFirst
+        # objects; a step's swap-outs and swap-ins are one batched transfer per direction, the two
+        # running at once, finished before the step's forward pass.
+        self.swapped: dict[int, list[int]] = {}  # req_id -> the host slots holding its blocks
+        self.duplex: DuplexEngine | None = None
+        if config.swap_blocks:
+            self.host_slots = np.zeros((config.swap_blocks, geometry.block_bytes), dtype=np.uint8)
+            self.duplex = DuplexEngine(geometry, self.pool.pool, self.host_slots)
+        self._free_slots = list(range(config.swap_blocks))[::-1]
+        self._slots_to_free: list[int] = []  # read by this step's swap-ins: free after the transfer
+        self._marked_dirty: set[int] = set()  # blocks marked written this step (shared ones once)
         self.finished: list[EngineRequest] = []
         self.stats = EngineStats()
         # When a list: one (prefill chunks as (new, cached) pairs, decode context lengths, wall
@@ -241,6 +253,7 @@ class Engine:
             self._swap_out(self._get(rid, "swap out"))
         for rid in decision.swap_in:
             self._swap_in(self._get(rid, "swap in"))
+        self._swap_transfers()
         loads = {lo.req_id: lo for lo in decision.loads if lo.target == "device"}
         batch: list[tuple[EngineRequest, int, int]] = []  # (request, new tokens, epoch)
         for rid, n in decision.prefill:
@@ -515,25 +528,33 @@ class Engine:
         self._enqueue(r)
 
     def swap_used_blocks(self) -> int:
-        return sum(len(objects) for objects in self.swapped.values())
+        return self.config.swap_blocks - len(self._free_slots)
 
     def _swap_out(self, r: EngineRequest) -> None:
-        """Copies a running request's blocks to host memory and frees them on the device."""
+        """Queues a copy of a running request's blocks to host slots and frees them on the device
+        (a swap-in into them in the same step waits for the copy's read: DuplexEngine's ordering)."""
         if r.phase is not Phase.RUNNING:
             raise EngineError(
                 f"policy {self.policy.name!r} swaps out request {r.req_id} in phase {r.phase.value}"
             )
         self._settle(r)  # copy out only KV that has landed
         held = -(-r.num_computed // self.config.block_tokens)
-        if held > self.config.swap_blocks - self.swap_used_blocks():
+        if self.duplex is None or held > len(self._free_slots):
             self._preempt(r)  # the host buffer cannot take it: recompute instead
             return
-        objects = self.copier.gather(self.pool.geometry, self.pool.pool, r.table[:held])
+        slots = [self._free_slots.pop() for _ in range(held)]
+        for block, slot in zip(r.table[:held], slots, strict=True):
+            if block not in self._marked_dirty:  # a prefix block shared by two swapped requests
+                # The forward passes wrote it (the engine does not report each write): any host
+                # copy is stale, so the whole request is copied, never a stale synced block.
+                self.duplex.write(block)
+                self._marked_dirty.add(block)
+            self.duplex.swap_out(block, slot)
         computed = r.num_computed
         self._release(r)
         r.num_computed = computed
         self.running.remove(r)
-        self.swapped[r.req_id] = objects
+        self.swapped[r.req_id] = slots
         r.phase = Phase.SWAPPED
         r.epoch += 1
         r.swaps += 1
@@ -546,18 +567,32 @@ class Engine:
             raise EngineError(
                 f"policy {self.policy.name!r} swaps in request {r.req_id}, which is not swapped out"
             )
-        objects = self.swapped[r.req_id]
-        ids = self.blocks.allocate(len(objects))
+        slots = self.swapped[r.req_id]
+        ids = self.blocks.allocate(len(slots))
         if ids is None:
             return
-        if ids:
-            self.copier.scatter(self.pool.geometry, objects, ids, self.pool.pool)
+        assert self.duplex is not None  # a request is swapped only with host slots
+        for slot, block in zip(slots, ids, strict=True):
+            self.duplex.swap_in(slot, block)
+        self._slots_to_free.extend(slots)
         del self.swapped[r.req_id]
         r.table = ids
         self._commit(r)
         r.phase = Phase.RUNNING
         self.running.append(r)
         self.stats.swap_ins += 1
+
+    def _swap_transfers(self) -> None:
+        """Submits the step's swap-outs and swap-ins (one batched transfer each, run at once) and
+        waits for both: the forward pass reads swapped-in blocks and may write freed ones."""
+        if self.duplex is None:
+            return
+        out, into = self.duplex.submit_step()
+        if out is not None or into is not None:
+            self.duplex.wait_all()
+        self._free_slots.extend(reversed(self._slots_to_free))
+        self._slots_to_free.clear()
+        self._marked_dirty.clear()
 
     # ------------------------------------------------------------------------------------------
     # The policy's view
