@@ -163,3 +163,23 @@ def test_quick_reproduction_gives_the_paper_rows(tmp_path: Path) -> None:
     assert any("APS at TTFT <= 4 s" in m for m in metrics)
     assert all(row.paper == "dualpath" and row.kvtier_ratio > 0 for row in rows)
     assert (tmp_path / "dualpath_ds660b.png").exists()
+
+
+def test_ds27b_1p1d_config_runs_and_dualpath_reads_through_both_nodes() -> None:
+    """The DS 27B online config (Fig. 10's second model, profile ds-27b on 1P1D): a short horizon
+    runs for both systems; Basic reads only through the prefill node's storage NIC, DualPath also
+    through the decode node's."""
+    from kvtier.sim.reproduce import experiments_dir
+
+    base = SimConfig.from_yaml(experiments_dir() / "dualpath" / "online_ds27b_1p1d.yaml")
+    assert load_model(base.model).num_layers == 30
+    base = base.with_overrides(max_sim_s=240.0, workload={**base.workload, "rate_per_s": 1.0})
+    links = {}
+    for system in ("dualpath_basic", "dualpath"):
+        result = run(base.with_overrides(policy={"name": system}))
+        assert result["requests"] > 0 and result["ttft_s"]["mean"] > 0
+        links[system] = result["links"]
+    assert set(links["dualpath"]) >= {"p0.snic", "d0.snic"} and "p1.snic" not in links["dualpath"]
+    assert links["dualpath_basic"]["p0.snic"]["bytes_in"] > 0
+    assert links["dualpath_basic"]["d0.snic"]["bytes_in"] == 0
+    assert links["dualpath"]["d0.snic"]["bytes_in"] > 0

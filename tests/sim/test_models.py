@@ -14,6 +14,7 @@ from kvtier.sim.models import MODELS_DIR, load_model, model_from_hf_config, mode
 SHIPPED = [
     "deepseek-v3",
     "deepseek-v3.2",
+    "ds-27b",
     "llama-3.1-70b",
     "llama-3.1-8b",
     "mistral-7b",
@@ -34,6 +35,9 @@ PUBLISHED = {
     "deepseek-v3": (671e9, 37e9, 0.03),
     "deepseek-v3.2": (671e9, 37e9, 0.03),  # V3 plus the lightning indexer (~0.9B, not counted)
     "smollm2-135m": (135e6, 135e6, 0.02),
+    # DualPath's internal "DS 27B" (App. A.2): 27B by its name; no active count is published, so the
+    # bound is the profile's own arithmetic (shared parts + 2 shared and 6 of 72 routed experts).
+    "ds-27b": (27e9, 4.455e9, 0.03),
 }
 
 
@@ -68,6 +72,11 @@ def test_moe_shape() -> None:
     ds = load_model("deepseek-v3")
     assert ds.num_moe_layers == 61 - 3  # first_k_dense_replace
     assert ds.weight_dtype_bytes == 1 and ds.dtype_bytes == 2  # FP8 weights, bf16 KV
+    # DualPath App. A.2: 30 layers, 1 leading dense, 72 routed experts, 6 active; FP8 MLA cache
+    # (656 bytes) plus the indexer's 64 FP8 key bytes and an fp32 scale, per layer.
+    ds27 = load_model("ds-27b")
+    assert (ds27.num_moe_layers, ds27.num_routed_experts, ds27.num_experts_per_tok) == (29, 72, 6)
+    assert ds27.kv_bytes_per_token == 30 * (656 + 64 + 4)
 
 
 def test_linear_flops_are_twice_the_matmul_weights() -> None:
