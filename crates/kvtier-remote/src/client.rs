@@ -318,6 +318,44 @@ impl RemoteClient {
         self.execute(Op::Exists, names, vec![(); names.len()], &|_| 0, &run, true).0
     }
 
+    /// Whether every name exists, in one multi-key `EXISTS` (the server counts them: one command
+    /// instead of one per name). `Some(true)`: all exist (a name listed twice counts twice, so the
+    /// count still says so); `Some(false)`: at least one does not; `None`: unknown (server down or
+    /// failing), or a cluster, where the names of one command must share a slot (`CROSSSLOT`) —
+    /// ask per name with [`exists`](Self::exists) then.
+    pub fn exists_all(&self, names: &[&[u8]]) -> Option<bool> {
+        if names.is_empty() {
+            return Some(true);
+        }
+        if matches!(self.topology, Topology::Cluster(_)) {
+            return None;
+        }
+        let run = |c: &mut Conn, n: &[&[u8]], _: &mut [()], out: &mut [Res]| {
+            let mut args: Vec<&[u8]> = Vec::with_capacity(n.len() + 1);
+            args.push(b"EXISTS");
+            args.extend_from_slice(n);
+            c.write_command(&args)?;
+            c.flush()?;
+            let all = match c.read_reply()? {
+                Reply::Int(count) => Res::Bool(count >= 0 && count as usize == n.len()),
+                Reply::Error(_) => Res::ServerError,
+                other => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("expected an integer, got {other:?}"),
+                    ))
+                }
+            };
+            out.iter_mut().for_each(|o| *o = all);
+            Ok(())
+        };
+        let res = self.execute(Op::Exists, names, vec![(); names.len()], &|_| 0, &run, false).0;
+        match res[0] {
+            Res::Bool(all) if res.iter().all(|r| *r == res[0]) => Some(all),
+            _ => None,
+        }
+    }
+
     /// `DEL` per name.
     pub fn del(&self, names: &[&[u8]]) -> Vec<Res> {
         let run = |c: &mut Conn, n: &[&[u8]], _: &mut [()], out: &mut [Res]| pipeline::del(c, n, out);

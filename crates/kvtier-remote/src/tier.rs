@@ -344,7 +344,13 @@ impl Tier for RemoteTier {
             let part = &ask[start..(start + chunk).min(ask.len())];
             let names: Vec<Vec<u8>> = part.iter().map(|&i| self.name(self.namespace, keys[i])).collect();
             let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-            let results = self.client.exists(&name_refs);
+            // A cached prefix is usually whole: one multi-key EXISTS confirms a chunk at once, and
+            // only a chunk with a miss (or a cluster) is asked name by name.
+            let results = if self.client.exists_all(&name_refs) == Some(true) {
+                vec![Res::Bool(true); part.len()]
+            } else {
+                self.client.exists(&name_refs)
+            };
             let down = results.iter().filter(|r| **r == Res::Failed).count();
             bump(&self.client.counters().down_misses, down);
             let mut missed = false;

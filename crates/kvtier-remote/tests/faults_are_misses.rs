@@ -225,3 +225,65 @@ fn wrong_or_missing_password_is_an_error_at_start() {
     let ok = RemoteTier::open(RemoteConfig { password: Some("sesame".into()), ..config(&server.url()) }, NS);
     assert!(ok.is_ok());
 }
+
+#[test]
+fn whole_prefixes_are_confirmed_by_one_multi_key_exists() {
+    let binary = need_server!();
+    let mut server = Server::start(&binary, free_port(), None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let keys: Vec<u128> = (1000..1600).collect(); // two locate chunks (512 + 88)
+    let p = payload(1);
+    let refs: Vec<&[u8]> = keys.iter().map(|_| &p[..]).collect();
+    assert_eq!(tier.put(NS, &keys, &refs).stored, 600);
+    let name = |k: u128| key_name("kvtier:", NS, k);
+    let (a, b, absent) = (name(1000), name(1001), name(99));
+    let client = tier.client();
+    assert_eq!(client.exists_all(&[&a[..], &b[..], &a[..]]), Some(true), "a name listed twice");
+    assert_eq!(client.exists_all(&[&a[..], &absent[..], &b[..]]), Some(false));
+    assert_eq!(client.exists_all(&[]), Some(true));
+
+    // All present: each chunk is one EXISTS command of many names (the server's own count of
+    // EXISTS calls), not one command per name.
+    let before = exists_calls(server.port);
+    let mut located = vec![None; keys.len()];
+    assert_eq!(tier.locate(&keys, &mut located, false, true), 600);
+    assert_eq!(exists_calls(server.port) - before, 2, "one multi-key EXISTS per chunk");
+    // A miss in the middle: that chunk is asked name by name, and the prefix stops there.
+    assert_eq!(tier.remove(&keys[300..301]), 1);
+    let mut located = vec![None; keys.len()];
+    assert_eq!(tier.locate(&keys, &mut located, false, true), 300);
+    assert!(located[299].is_some() && located[300].is_none());
+    let mut located = vec![None; keys.len()];
+    assert_eq!(tier.locate(&keys, &mut located, false, false), 599, "without stop_at_miss");
+    assert!(located[301].is_some() && located[300].is_none());
+
+    server.kill();
+    assert_eq!(client.exists_all(&[&a[..]]), None, "unknown while the server is down");
+    let mut located = vec![None; 4];
+    assert_eq!(tier.locate(&keys[..4], &mut located, false, true), 0);
+}
+
+/// The server's count of EXISTS commands served (`INFO commandstats`).
+fn exists_calls(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n").unwrap();
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = c.read(&mut buf).unwrap();
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        // "$<len>\r\n<body>\r\n": done when the whole body arrived.
+        if let Some((head, body)) = text.split_once("\r\n") {
+            let len: usize = head[1..].parse().unwrap();
+            if body.len() >= len + 2 {
+                return body
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cmdstat_exists:calls="))
+                    .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap());
+            }
+        }
+        assert!(n > 0, "server closed the connection");
+    }
+}
