@@ -248,6 +248,66 @@ def test_two_requests_sharing_prefix_blocks_swap_out_and_in_together(
     assert engine.swap_used_blocks() == 0
 
 
+class _SwapOutAndIn(Policy):
+    """FCFS; swaps request 1 out once it decoded 2 tokens, then, once request 0 decoded 4, swaps
+    request 0 out and request 1 back in in the same step, then request 0 back in."""
+
+    name = "test_swap_out_and_in"
+
+    def __init__(self) -> None:
+        self.phase = 0
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        running = {r.req_id: r for r in view.running}
+        if self.phase == 0 and 0 in running and 1 in running and running[1].generated_tokens >= 2:
+            decision.swap_out.append(1)
+            view, self.phase = _without(view, 1), 1
+        elif self.phase == 1 and 0 in running and running[0].generated_tokens >= 4:
+            decision.swap_out.append(0)
+            decision.swap_in.append(1)
+            view, self.phase = _without(view, 0), 2
+        elif self.phase == 2 and view.swapped:
+            decision.swap_in.extend(r.req_id for r in view.swapped)
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=None)
+        return decision
+
+
+def test_swap_in_into_blocks_a_same_step_swap_out_frees(engine_parts, prompts, reference) -> None:
+    """A pool so small that request 1's swap-in gets blocks request 0's swap-out frees in the same
+    step: the DuplexEngine orders the copy-in after the copy-out's read; outputs stay identical."""
+    model, tokenizer = engine_parts
+    config = EngineConfig(num_blocks=15, block_tokens=8, max_batch_tokens=128, device_prefix_cache=False)
+    engine = Engine(model, _SwapOutAndIn(), config)
+    assert engine.duplex is not None
+    duplex = engine.duplex
+    step: dict[str, list[int]] = {"out": [], "in": []}
+    steps: list[tuple[set[int], set[int]]] = []
+    swap_out, swap_in, submit = duplex.swap_out, duplex.swap_in, duplex.submit_step
+    duplex.swap_out = lambda b, s: step["out"].append(b) or swap_out(b, s)  # type: ignore[method-assign]
+    duplex.swap_in = lambda s, b: step["in"].append(b) or swap_in(s, b)  # type: ignore[method-assign]
+
+    def submit_step() -> tuple[int | None, int | None]:
+        steps.append((set(step["out"]), set(step["in"])))
+        step["out"].clear()
+        step["in"].clear()
+        return submit()
+
+    duplex.submit_step = submit_step  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    ids = {engine.add_request(p, params, tokenizer.stop_token_ids): i for i, p in enumerate(prompts)}
+    outputs = {}
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        outputs.update((ids[o.request_id], o.token_ids) for o in engine.pop_finished())
+    assert [outputs[i] for i in range(3)] == reference
+    assert engine.stats.swap_outs == engine.stats.swap_ins == 2
+    assert any(out & into for out, into in steps), f"no block reused in its step: {steps}"
+    assert engine.swap_used_blocks() == 0
+
+
 class _Never(Policy):
     name = "test_never"
 

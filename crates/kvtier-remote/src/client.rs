@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,9 @@ pub struct RemoteClient {
     settings: ConnectSettings,
     counters: Counters,
     topology: Topology,
+    /// The server answered a multi-key `EXISTS` with an error (e.g. a proxy that refuses
+    /// multi-key commands): [`exists_all`](Self::exists_all) is not tried again.
+    multi_exists_refused: AtomicBool,
 }
 
 impl std::fmt::Debug for RemoteClient {
@@ -85,7 +89,14 @@ impl RemoteClient {
         } else {
             Topology::Single(Arc::new(Node::new(resolved.seeds[0].clone())))
         };
-        let client = RemoteClient { config, resolved, settings, counters: Counters::default(), topology };
+        let client = RemoteClient {
+            config,
+            resolved,
+            settings,
+            counters: Counters::default(),
+            topology,
+            multi_exists_refused: AtomicBool::new(false),
+        };
         match &client.topology {
             Topology::Single(node) => match node.checkout(&client.settings, &client.counters) {
                 Ok(conn) => node.checkin(conn),
@@ -322,12 +333,14 @@ impl RemoteClient {
     /// instead of one per name). `Some(true)`: all exist (a name listed twice counts twice, so the
     /// count still says so); `Some(false)`: at least one does not; `None`: unknown (server down or
     /// failing), or a cluster, where the names of one command must share a slot (`CROSSSLOT`) —
-    /// ask per name with [`exists`](Self::exists) then.
+    /// ask per name with [`exists`](Self::exists) then. A server that answers it with an error is
+    /// not asked this way again. The `exists` metrics count the command's names as keys.
     pub fn exists_all(&self, names: &[&[u8]]) -> Option<bool> {
         if names.is_empty() {
             return Some(true);
         }
-        if matches!(self.topology, Topology::Cluster(_)) {
+        if matches!(self.topology, Topology::Cluster(_)) || self.multi_exists_refused.load(Ordering::Relaxed)
+        {
             return None;
         }
         let run = |c: &mut Conn, n: &[&[u8]], _: &mut [()], out: &mut [Res]| {
@@ -352,6 +365,10 @@ impl RemoteClient {
         let res = self.execute(Op::Exists, names, vec![(); names.len()], &|_| 0, &run, false).0;
         match res[0] {
             Res::Bool(all) if res.iter().all(|r| *r == res[0]) => Some(all),
+            Res::ServerError => {
+                self.multi_exists_refused.store(true, Ordering::Relaxed);
+                None
+            }
             _ => None,
         }
     }
@@ -383,16 +400,16 @@ impl RemoteClient {
     }
 
     /// `GET` per name, each whole value read into memory (codec objects of unknown size, tests,
-    /// tools), pipelined: `value_bytes_max` bounds one value's size for the in-flight window
-    /// (`inflight_bytes_max`); a value may be larger, it only counts as that. `None`: no such
-    /// key, or the server failed (counted).
+    /// tools), pipelined: each value counts as `value_bytes_max` bytes in the in-flight window
+    /// (`inflight_bytes_max`; a value may be larger); 0 (size unknown) bounds the window by
+    /// command count instead, as `EXISTS` and `DEL` are. `None`: no such key, or the server
+    /// failed (counted). The `get` metrics do not count these values' bytes.
     pub fn get_values(&self, names: &[&[u8]], value_bytes_max: u64) -> Vec<Option<Vec<u8>>> {
         let window = self.config.inflight_bytes_max;
         let run = move |c: &mut Conn, n: &[&[u8]], v: &mut [Option<Vec<u8>>], out: &mut [Res]| {
             pipeline::get_whole(c, n, v, value_bytes_max, window, out)
         };
-        let (res, values) =
-            self.execute(Op::Get, names, vec![None; names.len()], &|_| value_bytes_max, &run, true);
+        let (res, values) = self.execute(Op::Get, names, vec![None; names.len()], &|_| 0, &run, true);
         values.into_iter().zip(res).map(|(v, r)| if r == Res::Filled { v } else { None }).collect()
     }
 

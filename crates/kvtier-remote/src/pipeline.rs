@@ -157,7 +157,9 @@ pub fn get(
     )
 }
 
-/// `GET name` per item, each whole value into `values[i]` (`cost` bytes each for the window).
+/// `GET name` per item, each whole value into `values[i]`: `cost` bytes each for the window of
+/// `inflight_bytes_max`, or, with `cost` 0 (sizes unknown), at most
+/// [`SMALL_COMMANDS_INFLIGHT_MAX`] commands in flight.
 pub fn get_whole(
     conn: &mut Conn,
     names: &[&[u8]],
@@ -166,11 +168,12 @@ pub fn get_whole(
     inflight_bytes_max: u64,
     out: &mut [Res],
 ) -> io::Result<()> {
+    let (cost, max) = if cost == 0 { (1, SMALL_COMMANDS_INFLIGHT_MAX) } else { (cost, inflight_bytes_max) };
     sliding(
         conn,
         names.len(),
         |_| cost,
-        inflight_bytes_max,
+        max,
         |c, i| c.write_command(&[b"GET", names[i]]),
         |c, i| {
             out[i] = match c.read_reply()? {

@@ -175,11 +175,6 @@ impl LeaseTable {
         Ok(lease.blocks[first..end].to_vec())
     }
 
-    /// The blocks of live lease `id` (no load is started).
-    pub fn blocks(&mut self, id: u64, now: Instant) -> Result<Vec<LeasedBlock>, StoreError> {
-        Ok(self.live(id, now)?.blocks.clone())
-    }
-
     /// Ends a load; returns the blocks to unpin if the lease was released meanwhile.
     pub fn end_load(&mut self, id: u64) -> Option<Vec<LeasedBlock>> {
         let lease = self.leases.get_mut(&id).expect("a lease with a load in flight stays in the table");

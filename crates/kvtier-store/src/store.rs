@@ -342,12 +342,7 @@ impl Store {
         first: usize,
         dst: &[&mut [u8]],
     ) -> Result<(Vec<LeasedBlock>, LoadGuard<'_>), StoreError> {
-        let blocks = {
-            let mut table = self.leases.lock();
-            self.reclaim_expired(&mut table);
-            table.begin_load_at(lease_id, first, dst.len(), Instant::now())?
-        };
-        let guard = LoadGuard { store: self, lease_id };
+        let (blocks, guard) = self.begin_use(lease_id, first, dst.len())?;
         self.check_sizes(dst.iter().map(|d| d.len()))?;
         Ok((blocks, guard))
     }
@@ -384,18 +379,25 @@ impl Store {
     /// verified: each is counted in `decode_failures` and its stored copy is dropped from its
     /// tier (a pinned copy is freed on its last unpin), so no later load hands it out again —
     /// the same handling as the store's own decoding path. Returns how many copies were
-    /// dropped. Errors as a load on a lease that is not live, or with a position past the
-    /// lease's blocks ([`StoreError::LoadTooMany`]).
+    /// dropped; a position listed twice counts once. Errors as a load on a lease that is not
+    /// live, or with a position past the lease's blocks ([`StoreError::LoadTooMany`]). Like a
+    /// load, the call keeps the lease from being reclaimed while it runs.
     pub fn report_undecodable(&self, lease_id: u64, leased: &[usize]) -> Result<usize, StoreError> {
-        let blocks = self.leased_blocks(lease_id)?;
-        if let Some(&bad) = leased.iter().find(|&&i| i >= blocks.len()) {
-            return Err(StoreError::LoadTooMany { requested: bad + 1, leased: blocks.len() });
-        }
+        let mut leased = leased.to_vec();
+        leased.sort_unstable();
+        leased.dedup();
+        let (Some(&first), Some(&last)) = (leased.first(), leased.last()) else { return Ok(0) };
+        // As a load: the lease cannot be reclaimed (and its copies unpinned) meanwhile.
+        let (blocks, _in_flight) = self.begin_use(lease_id, first, last + 1 - first)?;
         bump(&self.counters.decode_failures, leased.len());
         let mut dropped = 0;
         for (t, tier) in self.tiers.iter().enumerate() {
-            let keys: Vec<BlockKey> =
-                leased.iter().map(|&i| blocks[i]).filter(|b| b.tier == t).map(|b| b.entry.key).collect();
+            let keys: Vec<BlockKey> = leased
+                .iter()
+                .map(|&i| blocks[i - first])
+                .filter(|b| b.tier == t)
+                .map(|b| b.entry.key)
+                .collect();
             if !keys.is_empty() {
                 dropped += tier.remove(&keys);
             }
@@ -416,32 +418,42 @@ impl Store {
     /// `block_bytes`), or `None` (not loaded). Blocks that came from a tier with
     /// `promote_on_hit` are put into DRAM, as [`load_range`](Self::load_range) does; the rest
     /// are ignored. Returns the blocks promoted. Errors as
-    /// [`report_undecodable`](Self::report_undecodable), or on a block of the wrong size.
+    /// [`report_undecodable`](Self::report_undecodable), or on a block of the wrong size (its
+    /// index in `decoded`).
     pub fn promote_decoded(
         &self,
         lease_id: u64,
         first: usize,
         decoded: &[Option<&[u8]>],
     ) -> Result<usize, StoreError> {
+        for (index, d) in decoded.iter().enumerate() {
+            if let Some(d) = d.filter(|d| d.len() != self.block_bytes) {
+                return Err(StoreError::ObjectSize { index, actual: d.len(), expected: self.block_bytes });
+            }
+        }
+        let (blocks, _in_flight) = self.begin_use(lease_id, first, decoded.len())?;
         if !self.promotes_on_hit() {
             return Ok(0);
         }
-        let blocks = self.leased_blocks(lease_id)?;
-        let end = first.saturating_add(decoded.len());
-        if end > blocks.len() {
-            return Err(StoreError::LoadTooMany { requested: end, leased: blocks.len() });
-        }
-        self.check_sizes(decoded.iter().flatten().map(|d| d.len()))?;
         let (chosen, data): (Vec<LeasedBlock>, Vec<&[u8]>) =
-            blocks[first..end].iter().zip(decoded).filter_map(|(b, d)| d.map(|d| (*b, d))).unzip();
+            blocks.iter().zip(decoded).filter_map(|(b, d)| d.map(|d| (*b, d))).unzip();
         Ok(self.promote(&chosen, &data))
     }
 
-    /// The blocks of live lease `lease_id`.
-    fn leased_blocks(&self, lease_id: u64) -> Result<Vec<LeasedBlock>, StoreError> {
-        let mut table = self.leases.lock();
-        self.reclaim_expired(&mut table);
-        table.blocks(lease_id, Instant::now())
+    /// Leased blocks `first..first + count` of `lease_id`, marked in use as a load is (the lease
+    /// is not reclaimed until the guard drops).
+    fn begin_use(
+        &self,
+        lease_id: u64,
+        first: usize,
+        count: usize,
+    ) -> Result<(Vec<LeasedBlock>, LoadGuard<'_>), StoreError> {
+        let blocks = {
+            let mut table = self.leases.lock();
+            self.reclaim_expired(&mut table);
+            table.begin_load_at(lease_id, first, count, Instant::now())?
+        };
+        Ok((blocks, LoadGuard { store: self, lease_id }))
     }
 
     /// Counts a load's outcomes (`loaded` blocks served); returns its checksum failures.

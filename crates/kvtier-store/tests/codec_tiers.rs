@@ -559,8 +559,8 @@ fn stored_load_readers_report_back_to_the_store() {
     // The lease covers the two SSD blocks only: DRAM's two blocks stay unpinned, evictable.
     let lease = store.lease(ns, &ks[..2]).unwrap();
     // Bad calls name the problem and change nothing.
-    let e = store.report_undecodable(lease.id, &[2]).unwrap_err().to_string();
-    assert!(e.contains('3') && e.contains('2'), "{e}");
+    let e = store.report_undecodable(lease.id, &[2]).unwrap_err();
+    assert!(matches!(e, StoreError::LoadTooMany { requested: 3, leased: 2 }), "{e}");
     let short = vec![0u8; BLOCK_BYTES - 1];
     let e = store.promote_decoded(lease.id, 0, &[Some(&short[..])]).unwrap_err().to_string();
     assert!(e.contains(&(BLOCK_BYTES - 1).to_string()), "{e}");
@@ -570,7 +570,7 @@ fn stored_load_readers_report_back_to_the_store() {
     // Block 0 decoded by its reader is promoted; block 1 is reported undecodable and dropped.
     let b0 = kv_block(ks[0]);
     assert_eq!(store.promote_decoded(lease.id, 0, &[Some(&b0[..]), None]).unwrap(), 1);
-    assert_eq!(store.report_undecodable(lease.id, &[1]).unwrap(), 1);
+    assert_eq!(store.report_undecodable(lease.id, &[1, 1]).unwrap(), 1, "a position listed twice");
     store.release(lease.id).unwrap();
     assert_eq!(store.stats().decode_failures, 1);
     assert_eq!(store.stats().promoted_blocks, 1);

@@ -67,9 +67,10 @@ enum Direction {
 struct Transfer {
     seq: u64,
     direction: Direction,
-    /// (device block, host slot, device generation at submission, live). A swap-out pair is
-    /// not live when a later pair of the same transfer writes the same host slot: its copy would
-    /// be overwritten, so it is skipped and never marks its block synced.
+    /// (device block, host slot, device generation at submission, live). A pair is not live
+    /// when a later pair of the same transfer writes the same destination (host slot for a
+    /// swap-out, device block for a swap-in): its copy would be overwritten, so it is skipped
+    /// (and a skipped swap-out never marks its block synced).
     pairs: Vec<(u64, u64, u64, bool)>,
     /// `Some(layer)`: copy only that layer's K and V (the per-segment baseline).
     layer: Option<usize>,
@@ -423,11 +424,12 @@ fn enqueue(st: &mut State, direction: Direction, pairs: Vec<(u64, u64)>, layer: 
         }
         with_gen.push((d, h, st.generation[di], true));
     }
-    if direction == Direction::Out {
-        let mut later_slots = std::collections::HashSet::with_capacity(with_gen.len());
-        for pair in with_gen.iter_mut().rev() {
-            pair.3 = later_slots.insert(pair.1);
-        }
+    // A pair whose destination a later pair of the same transfer overwrites is skipped: its copy
+    // would be overwritten anyway (and two streaming writes of one destination must not meet
+    // without a fence). Swap-out writes host slots, swap-in device blocks.
+    let mut later = std::collections::HashSet::with_capacity(with_gen.len());
+    for pair in with_gen.iter_mut().rev() {
+        pair.3 = later.insert(if direction == Direction::Out { pair.1 } else { pair.0 });
     }
     deps.sort_unstable();
     deps.dedup();

@@ -1,6 +1,7 @@
-//! Streaming (non-temporal) copies for swap transfers: the destination is not read soon (a host
-//! swap slot), or is too large to stay in cache anyway, so writing around the cache saves the
-//! read-for-ownership of every destination line — a third of a copy's memory traffic — which
+//! Streaming (non-temporal) copies for swap transfers. A swap-out's destination (a host slot) is
+//! not read soon; a swap-in's (device blocks the next forward pass reads) is a step's worth of
+//! blocks, megabytes each, which would not stay in cache either. Writing around the cache saves
+//! the read-for-ownership of every destination line — a third of a copy's memory traffic — which
 //! leaves bandwidth for the other direction of a duplex swap (SuperInfer §4.3.2).
 
 use std::ptr;

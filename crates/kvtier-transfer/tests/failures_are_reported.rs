@@ -223,58 +223,74 @@ fn a_failing_ssd_fails_its_blocks_and_other_jobs_go_on() {
     store.check_integrity().unwrap();
 }
 
-#[test]
-fn undecodable_blocks_are_reported_to_the_store_and_dropped() {
+/// Puts 4 blocks through a deflate SSD store in `dir`, then replaces block 2 with a codec object
+/// that verifies (object checksum; a lossless header that declares block_bytes) but whose deflate
+/// streams are garbage: only decoding finds it out. Returns the namespace hash and the keys.
+fn plant_undecodable_block(dir: &TempDir, g: &kvtier_core::Geometry) -> (u128, Vec<kvtier_core::BlockKey>) {
     use kvtier_codec::{header, lossless::LosslessCodec, streams::Backend, Codec, CODEC_LOSSLESS};
-    let dir = TempDir::new("transfer-undecodable");
-    let g = geometry(2, 2, 64, 16);
     let bb = g.block_bytes() as usize;
-    let deflate = kvtier_store::TierCodec::Lossless { backend: "deflate".into(), level: Some(1) };
     let (ns_hash, ks) = {
-        let store = coded_ssd_store(&dir, g.clone(), 1, 8, deflate.clone()).unwrap();
+        let store = coded_ssd_store(dir, g.clone(), 1, 8, deflate()).unwrap();
         let ks = keys(&store, 0, 4);
         put_raw(&store, &ks);
         store.flush().unwrap();
         (store.namespace_hash(), ks)
     };
-    // Block 2 becomes a codec object that verifies (object checksum; a lossless header that
-    // declares block_bytes) but whose deflate streams are garbage: only decoding finds it out.
-    {
-        let mut pool = ssd_pool_config(&dir, &g, 8);
-        pool.min_object_bytes = bb as u64;
-        let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
-        assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[2..3]), 1);
-        let codec = LosslessCodec::new(Backend::Deflate, 1).unwrap();
-        let mut payload = vec![0u8; codec.max_encoded_len(bb)];
-        let n = codec.encode(&block(ks[2], bb), &mut payload).unwrap();
-        payload.truncate(n);
-        let body = header::parse(&payload, CODEC_LOSSLESS).unwrap().body.len();
-        payload[n - body..].fill(0xff);
-        let object = kvtier_core::object::encode_object(ns_hash, ks[2], CODEC_LOSSLESS, &payload);
-        assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[2..3], &[&object[..]]).stored, 1);
-        ssd.flush().unwrap();
+    let mut pool = ssd_pool_config(dir, g, 8);
+    pool.min_object_bytes = bb as u64;
+    let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
+    assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[2..3]), 1);
+    let codec = LosslessCodec::new(Backend::Deflate, 1).unwrap();
+    let mut payload = vec![0u8; codec.max_encoded_len(bb)];
+    let n = codec.encode(&block(ks[2], bb), &mut payload).unwrap();
+    payload.truncate(n);
+    let body = header::parse(&payload, CODEC_LOSSLESS).unwrap().body.len();
+    payload[n - body..].fill(0xff);
+    let object = kvtier_core::object::encode_object(ns_hash, ks[2], CODEC_LOSSLESS, &payload);
+    assert_eq!(kvtier_pool::Tier::put(&ssd, ns_hash, &ks[2..3], &[&object[..]]).stored, 1);
+    ssd.flush().unwrap();
+    (ns_hash, ks)
+}
+
+fn deflate() -> kvtier_store::TierCodec {
+    kvtier_store::TierCodec::Lossless { backend: "deflate".into(), level: Some(1) }
+}
+
+#[test]
+fn undecodable_blocks_are_reported_to_the_store_and_dropped() {
+    let g = geometry(2, 2, 64, 16);
+    let bb = g.block_bytes() as usize;
+    // The pipeline, and the two sequential baselines (same stage code, same reporting).
+    for mode in ["pipelined", "sequential", "chunk-sequential"] {
+        let dir = TempDir::new(&format!("transfer-undecodable-{mode}"));
+        let (ns_hash, ks) = plant_undecodable_block(&dir, &g);
+        let store = coded_ssd_store(&dir, g.clone(), 1, 8, deflate()).unwrap();
+        assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 4, "the planted object verifies");
+        let engine =
+            engine(&store, TransferConfig { chunk_blocks: 2, buffer_chunks: 2, ..TransferConfig::default() });
+        let (pool, r) = new_pool(&g, 4);
+        let done = match mode {
+            "pipelined" => {
+                let job = engine.submit_load(&ks, r, &[0, 1, 2, 3]).unwrap();
+                engine.wait(&[job]).unwrap().remove(0)
+            }
+            _ => engine.load_sequential(&ks, r, &[0, 1, 2, 3], mode == "chunk-sequential").unwrap().0,
+        };
+        assert_eq!(done.failed(), vec![(2, BlockOutcome::DecodeFailed)], "{mode}");
+        for i in [0usize, 1, 3] {
+            assert_eq!(pool_block(&g, &pool, 4, i as u64), block(ks[i], bb), "{mode} block {i}");
+        }
+        assert!(pool_block(&g, &pool, 4, 2).iter().all(|&x| x == 0), "{mode}: garbage in the failed block");
+        // Reported to the store: counted, and dropped, so no later load reads it again.
+        assert_eq!(store.stats().decode_failures, 1, "{mode}");
+        assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 2, "{mode}");
+        assert_eq!(store.lookup(ns_hash, &ks[3..]).unwrap().hit_blocks, 1, "{mode}");
+        let (_, r) = new_pool(&g, 4);
+        let job = engine.submit_load(&ks[2..3], r, &[0]).unwrap();
+        assert_eq!(engine.wait(&[job]).unwrap()[0].failed(), vec![(0, BlockOutcome::Miss)], "{mode}");
+        assert_eq!(store.stats().leases_active, 0);
+        store.check_integrity().unwrap();
     }
-    let store = coded_ssd_store(&dir, g.clone(), 1, 8, deflate).unwrap();
-    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 4, "the planted object verifies");
-    let engine =
-        engine(&store, TransferConfig { chunk_blocks: 2, buffer_chunks: 2, ..TransferConfig::default() });
-    let (pool, r) = new_pool(&g, 4);
-    let job = engine.submit_load(&ks, r, &[0, 1, 2, 3]).unwrap();
-    let done = engine.wait(&[job]).unwrap().remove(0);
-    assert_eq!(done.failed(), vec![(2, BlockOutcome::DecodeFailed)]);
-    for i in [0usize, 1, 3] {
-        assert_eq!(pool_block(&g, &pool, 4, i as u64), block(ks[i], bb), "block {i}");
-    }
-    assert!(pool_block(&g, &pool, 4, 2).iter().all(|&x| x == 0), "no garbage in the failed block");
-    // Reported to the store: counted, and dropped, so no later load reads it again.
-    assert_eq!(store.stats().decode_failures, 1);
-    assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 2);
-    assert_eq!(store.lookup(ns_hash, &ks[3..]).unwrap().hit_blocks, 1);
-    let (_, r) = new_pool(&g, 4);
-    let job = engine.submit_load(&ks[2..3], r, &[0]).unwrap();
-    assert_eq!(engine.wait(&[job]).unwrap()[0].failed(), vec![(0, BlockOutcome::Miss)]);
-    assert_eq!(store.stats().leases_active, 0);
-    store.check_integrity().unwrap();
 }
 
 #[test]

@@ -150,7 +150,8 @@ class Engine:
         self.duplex: DuplexEngine | None = None
         if config.swap_blocks:
             self.host_slots = np.zeros((config.swap_blocks, geometry.block_bytes), dtype=np.uint8)
-            self.duplex = DuplexEngine(geometry, self.pool.pool, self.host_slots)
+            steps = max(config.swap_blocks, 1 << 16)  # a step may move every slot each way
+            self.duplex = DuplexEngine(geometry, self.pool.pool, self.host_slots, step_blocks_max=steps)
         self._free_slots = list(range(config.swap_blocks))[::-1]
         self._slots_to_free: list[int] = []  # read by this step's swap-ins: free after the transfer
         self._marked_dirty: set[int] = set()  # blocks marked written this step (shared ones once)
@@ -543,13 +544,17 @@ class Engine:
             self._preempt(r)  # the host buffer cannot take it: recompute instead
             return
         slots = [self._free_slots.pop() for _ in range(held)]
-        for block, slot in zip(r.table[:held], slots, strict=True):
-            if block not in self._marked_dirty:  # a prefix block shared by two swapped requests
-                # The forward passes wrote it (the engine does not report each write): any host
-                # copy is stale, so the whole request is copied, never a stale synced block.
-                self.duplex.write(block)
-                self._marked_dirty.add(block)
-            self.duplex.swap_out(block, slot)
+        try:
+            for block, slot in zip(r.table[:held], slots, strict=True):
+                if block not in self._marked_dirty:  # a prefix block shared by two swapped requests
+                    # The forward passes wrote it (the engine does not report each write): any host
+                    # copy is stale, so the whole request is copied, never a stale synced block.
+                    self.duplex.write(block)
+                    self._marked_dirty.add(block)
+                self.duplex.swap_out(block, slot)
+        except Exception:
+            self._free_slots.extend(reversed(slots))  # the engine's own bug: keep the accounting
+            raise
         computed = r.num_computed
         self._release(r)
         r.num_computed = computed
@@ -614,6 +619,13 @@ class Engine:
                 raise EngineError(
                     f"request {r.req_id} computed {r.num_computed} tokens in {len(r.table)} blocks"
                 )
+        held = [slot for slots in self.swapped.values() for slot in slots]
+        slots = held + self._free_slots + self._slots_to_free
+        if sorted(slots) != list(range(self.config.swap_blocks)):
+            raise EngineError(
+                f"host slots: {len(held)} held by swapped requests, {len(self._free_slots)} free, "
+                f"{len(self._slots_to_free)} being read; expected each of {self.config.swap_blocks} once"
+            )
 
 
 class _LayerwiseAccess(KvAccess):
