@@ -308,6 +308,61 @@ def test_swap_in_into_blocks_a_same_step_swap_out_frees(engine_parts, prompts, r
     assert engine.swap_used_blocks() == 0
 
 
+class _SwapTwice(Policy):
+    """FCFS; swaps request 0 out after it decoded 2 tokens and back in the next step, twice."""
+
+    name = "test_swap_twice"
+
+    def __init__(self) -> None:
+        self.outs = 0
+        self.held: list[int] = []  # request 0's blocks at each swap-out
+
+    def schedule(self, view: SchedulerView) -> SchedulerDecision:
+        decision = SchedulerDecision()
+        target = next((r for r in view.running if r.req_id == 0), None)
+        if target is not None and self.outs < 2 and target.generated_tokens >= 2 + 3 * self.outs:
+            self.outs += 1
+            decision.swap_out.append(0)
+            view = _without(view, 0)
+        elif view.swapped:
+            decision.swap_in.extend(r.req_id for r in view.swapped)
+        budget = schedule_running(view, decision)
+        admit_fcfs(view, decision, budget, load_mode=None)
+        return decision
+
+
+def test_a_second_swap_out_copies_only_blocks_written_since_the_swap_in(
+    engine_parts, prompts, reference
+) -> None:
+    """A swapped-in request keeps the host slots of its full blocks (KV is append-only: they stay
+    synced), so swapping it out again copies only its newer blocks; outputs stay identical."""
+    model, tokenizer = engine_parts
+    policy = _SwapTwice()
+    engine = Engine(model, policy, EngineConfig(num_blocks=64, block_tokens=8))
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    ids = {engine.add_request(p, params, tokenizer.stop_token_ids): i for i, p in enumerate(prompts[:2])}
+    computed: list[int] = []  # request 0's computed tokens at each swap-out
+    swap_out = engine._swap_out
+
+    def counting_swap_out(r: object) -> None:
+        computed.append(r.num_computed)  # type: ignore[attr-defined]
+        swap_out(r)  # type: ignore[arg-type]
+
+    engine._swap_out = counting_swap_out  # type: ignore[method-assign]
+    outputs = {}
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        outputs.update((ids[o.request_id], o.token_ids) for o in engine.pop_finished())
+    assert [outputs[0], outputs[1]] == reference[:2]
+    assert engine.stats.swap_outs == engine.stats.swap_ins == 2
+    held = [-(-n // 8) for n in computed]
+    full_at_swap_in = computed[0] // 8  # kept synced: the second swap-out does not copy them
+    assert 0 < full_at_swap_in < held[1]
+    assert engine.stats.swap_out_blocks_copied == held[0] + held[1] - full_at_swap_in, computed
+    assert engine.swap_used_blocks() == 0
+
+
 class _Never(Policy):
     name = "test_never"
 

@@ -106,6 +106,8 @@ class EngineStats:
     preemptions: int = 0
     swap_outs: int = 0
     swap_ins: int = 0
+    # Blocks swap-outs copied (a block still synced with its host slot since a swap-in is not).
+    swap_out_blocks_copied: int = 0
 
 
 class Engine:
@@ -154,7 +156,10 @@ class Engine:
             self.duplex = DuplexEngine(geometry, self.pool.pool, self.host_slots, step_blocks_max=steps)
         self._free_slots = list(range(config.swap_blocks))[::-1]
         self._slots_to_free: list[int] = []  # read by this step's swap-ins: free after the transfer
-        self._marked_dirty: set[int] = set()  # blocks marked written this step (shared ones once)
+        self._step_out_blocks: set[int] = set()  # marked written or queued for copy-out this step
+        # req_id -> host slots still holding a swapped-in running request's first full blocks (KV
+        # is append-only: they stay synced), so its next swap-out copies only the newer blocks.
+        self._synced: dict[int, list[int]] = {}
         self.finished: list[EngineRequest] = []
         self.stats = EngineStats()
         # When a list: one (prefill chunks as (new, cached) pairs, decode context lengths, wall
@@ -419,6 +424,7 @@ class Engine:
     def _release(self, r: EngineRequest) -> None:
         """Drops ``r``'s device KV: unlocks its cached blocks (they stay cached), frees the rest."""
         self._settle(r)  # never free blocks a load is still writing
+        self._free_slots.extend(self._synced.pop(r.req_id, []))
         self.blocks.unlock(r.key_ints(r.locked))
         self.blocks.free_private(r.private_blocks())
         r.table, r.locked, r.duplicates, r.num_computed = [], 0, set(), 0
@@ -529,7 +535,8 @@ class Engine:
         self._enqueue(r)
 
     def swap_used_blocks(self) -> int:
-        return self.config.swap_blocks - len(self._free_slots)
+        """Host slots held by swapped-out requests (slots kept by running ones are reclaimable)."""
+        return sum(len(slots) for slots in self.swapped.values())
 
     def _swap_out(self, r: EngineRequest) -> None:
         """Queues a copy of a running request's blocks to host slots and frees them on the device
@@ -540,18 +547,27 @@ class Engine:
             )
         self._settle(r)  # copy out only KV that has landed
         held = -(-r.num_computed // self.config.block_tokens)
-        if self.duplex is None or held > len(self._free_slots):
+        synced = self._synced.pop(r.req_id, [])  # slots of r.table[:len(synced)], full since swap-in
+        if self.duplex is not None and held - len(synced) > len(self._free_slots):
+            self._drop_synced()  # others' reservations go before a recompute
+        if self.duplex is None or held - len(synced) > len(self._free_slots):
+            self._free_slots.extend(synced)
             self._preempt(r)  # the host buffer cannot take it: recompute instead
             return
-        slots = [self._free_slots.pop() for _ in range(held)]
+        fresh = [self._free_slots.pop() for _ in range(held - len(synced))]
+        slots = synced + fresh
         try:
-            for block, slot in zip(r.table[:held], slots, strict=True):
-                if block not in self._marked_dirty:  # a prefix block shared by two swapped requests
-                    # The forward passes wrote it (the engine does not report each write): any host
-                    # copy is stale, so the whole request is copied, never a stale synced block.
+            for i, (block, slot) in enumerate(zip(r.table[:held], slots, strict=True)):
+                if i >= len(synced) and block not in self._step_out_blocks:
+                    # Written by the forward passes since any copy of it (the engine does not report
+                    # each write): its host copy, if any, is stale. Once per step: a prefix block
+                    # two swapped requests share is marked once, each gets its own copy.
                     self.duplex.write(block)
-                    self._marked_dirty.add(block)
-                self.duplex.swap_out(block, slot)
+                    self._step_out_blocks.add(block)
+                # A block still synced with its slot (full at swap-in, unchanged) moves nothing.
+                if self.duplex.swap_out(block, slot):
+                    self._step_out_blocks.add(block)
+                    self.stats.swap_out_blocks_copied += 1
         except Exception:
             self._free_slots.extend(reversed(slots))  # the engine's own bug: keep the accounting
             raise
@@ -579,7 +595,11 @@ class Engine:
         assert self.duplex is not None  # a request is swapped only with host slots
         for slot, block in zip(slots, ids, strict=True):
             self.duplex.swap_in(slot, block)
-        self._slots_to_free.extend(slots)
+        # The full blocks stay synced with their slots (kept for the next swap-out); the partial
+        # tail block will change, so its slot is freed once the copy has read it.
+        full = r.num_computed // self.config.block_tokens
+        self._synced[r.req_id] = slots[:full]
+        self._slots_to_free.extend(slots[full:])
         del self.swapped[r.req_id]
         r.table = ids
         self._commit(r)
@@ -597,7 +617,15 @@ class Engine:
             self.duplex.wait_all()
         self._free_slots.extend(reversed(self._slots_to_free))
         self._slots_to_free.clear()
-        self._marked_dirty.clear()
+        self._step_out_blocks.clear()
+
+    def _drop_synced(self) -> None:
+        """Frees every running request's kept slots (their next swap-out copies everything): a
+        swap-out that needs the room comes first. A reused slot's old blocks stop being synced
+        (the DuplexEngine marks them dirty when the slot is written)."""
+        for slots in self._synced.values():
+            self._free_slots.extend(slots)
+        self._synced.clear()
 
     # ------------------------------------------------------------------------------------------
     # The policy's view
@@ -620,12 +648,20 @@ class Engine:
                     f"request {r.req_id} computed {r.num_computed} tokens in {len(r.table)} blocks"
                 )
         held = [slot for slots in self.swapped.values() for slot in slots]
-        slots = held + self._free_slots + self._slots_to_free
+        kept = [slot for slots in self._synced.values() for slot in slots]
+        slots = held + kept + self._free_slots + self._slots_to_free
         if sorted(slots) != list(range(self.config.swap_blocks)):
             raise EngineError(
-                f"host slots: {len(held)} held by swapped requests, {len(self._free_slots)} free, "
-                f"{len(self._slots_to_free)} being read; expected each of {self.config.swap_blocks} once"
+                f"host slots: {len(held)} held by swapped requests, {len(kept)} kept by running ones, "
+                f"{len(self._free_slots)} free, {len(self._slots_to_free)} being read; expected each "
+                f"of {self.config.swap_blocks} once"
             )
+        for rid, kept_slots in self._synced.items():
+            keeper = self.requests.get(rid)
+            if keeper is None or keeper.phase is not Phase.RUNNING or len(kept_slots) > len(keeper.table):
+                raise EngineError(
+                    f"request {rid} keeps {len(kept_slots)} host slots but is not running with them"
+                )
 
 
 class _LayerwiseAccess(KvAccess):
