@@ -134,11 +134,58 @@ def test_preemption_by_recompute_keeps_outputs(engine_parts, prompts, reference)
 
 
 @pytest.mark.parametrize("policy", ["swapped_first", "waiting_first"])
-def test_preemption_by_swap_keeps_outputs(engine_parts, prompts, reference, policy: str) -> None:
-    engine, outputs = run(engine_parts, prompts, policy, num_blocks=9, block_tokens=8, max_batch_tokens=64)
+@pytest.mark.parametrize("rotation", [False, True], ids=["", "eager-rotation"])
+def test_preemption_by_swap_keeps_outputs(
+    engine_parts, prompts, reference, policy: str, rotation: bool
+) -> None:
+    engine, outputs = run(
+        engine_parts,
+        prompts,
+        policy,
+        num_blocks=9,
+        block_tokens=8,
+        max_batch_tokens=64,
+        eager_rotation=rotation,
+    )
     assert [outputs[i] for i in range(len(prompts))] == reference
     assert engine.stats.swap_outs > 0
     assert engine.stats.swap_ins == engine.stats.swap_outs
+    assert (engine.stats.rotated_blocks > 0) == rotation
+
+
+def test_eager_rotation_leaves_only_the_tail_to_copy_at_preemption(engine_parts, prompts, reference) -> None:
+    """SuperInfer's eager block rotation: full blocks are copied out in the background while the
+    request runs, so preempting it by swap copies only its partial tail block."""
+    model, tokenizer = engine_parts
+    engine = Engine(
+        model, _Scripted("swap"), EngineConfig(num_blocks=64, block_tokens=8, eager_rotation=True)
+    )
+    computed: list[int] = []
+    swap_out = engine._swap_out
+
+    def counting_swap_out(r: object) -> None:
+        computed.append(r.num_computed)  # type: ignore[attr-defined]
+        swap_out(r)  # type: ignore[arg-type]
+
+    engine._swap_out = counting_swap_out  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    ids = {engine.add_request(p, params, tokenizer.stop_token_ids): i for i, p in enumerate(prompts[:2])}
+    outputs = {}
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        outputs.update((ids[o.request_id], o.token_ids) for o in engine.pop_finished())
+    assert [outputs[0], outputs[1]] == reference[:2]
+    [n] = computed
+    held, full = -(-n // 8), n // 8
+    assert full >= 3 and engine.stats.rotated_blocks >= full
+    assert engine.stats.swap_out_blocks_copied == held - full, (n, engine.stats)
+    assert engine.swap_used_blocks() == 0
+
+
+def test_engine_flags_must_be_bools() -> None:
+    with pytest.raises(EngineInputError, match="eager_rotation"):
+        EngineConfig(eager_rotation=1)  # type: ignore[arg-type]
 
 
 class _Scripted(Policy):

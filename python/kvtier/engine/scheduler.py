@@ -72,8 +72,15 @@ class EngineConfig:
     # that layer's blocks (KvTransfer.load_async; the transfer engine's wait_layer). A block that
     # fails to load voids that request's step, which is recomputed from the failed block.
     layerwise_loads: bool = False
+    # True: SuperInfer's eager block rotation (§4.3.2). Each step, running requests' newly full
+    # blocks are copied to free host slots in the background while the step computes; they stay
+    # synced (KV is append-only), so a later swap-out moves only the blocks written since.
+    eager_rotation: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("device_prefix_cache", "layerwise_loads", "eager_rotation"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineInputError(f"engine `{name}` is {getattr(self, name)!r}; expected True or False")
         for name in ("block_tokens", "num_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -106,8 +113,10 @@ class EngineStats:
     preemptions: int = 0
     swap_outs: int = 0
     swap_ins: int = 0
-    # Blocks swap-outs copied (a block still synced with its host slot since a swap-in is not).
+    # Blocks swap-outs copied (a block still synced with its host slot since a swap-in or an eager
+    # rotation is not), and blocks rotated eagerly.
     swap_out_blocks_copied: int = 0
+    rotated_blocks: int = 0
 
 
 class Engine:
@@ -160,6 +169,7 @@ class Engine:
         # req_id -> host slots still holding a swapped-in running request's first full blocks (KV
         # is append-only: they stay synced), so its next swap-out copies only the newer blocks.
         self._synced: dict[int, list[int]] = {}
+        self._rotating = False  # eager rotations submitted and not yet waited for
         self.finished: list[EngineRequest] = []
         self.stats = EngineStats()
         # When a list: one (prefill chunks as (new, cached) pairs, decode context lengths, wall
@@ -249,6 +259,7 @@ class Engine:
     def step(self) -> int:
         """Runs one engine step; returns the tokens computed (0: nothing could be scheduled)."""
         step_start = time.perf_counter()
+        self._rotations_done()
         decision = self.policy.schedule(self.view())
         # Epochs before any preemption or swap: work planned for a request that leaves is dropped.
         epochs = {rid: self._get(rid, "prefill").epoch for rid, _ in decision.prefill}
@@ -304,6 +315,7 @@ class Engine:
             [(n, r.num_computed) for r, n, _ in batch if r.num_computed < r.prefill_len],
             [r.num_computed for r, n, _ in batch if r.num_computed >= r.prefill_len],
         )
+        self._rotate()
         self._forward([(r, n) for r, n, _ in batch])
         self._settle_all()  # loads of requests admitted this step but not in its batch
         if self.step_log is not None:
@@ -618,6 +630,42 @@ class Engine:
         self._free_slots.extend(reversed(self._slots_to_free))
         self._slots_to_free.clear()
         self._step_out_blocks.clear()
+
+    def _rotate(self) -> None:
+        """Eager rotation (``EngineConfig.eager_rotation``): queues a background copy of every
+        running request's full blocks that no host slot holds yet, into free slots, and submits
+        them without waiting: they run during the step's forward pass, which only reads full blocks
+        (it writes the tail block and new ones). Requests with a load in flight are skipped (their
+        blocks are still being written). Waited for at the next step's start."""
+        if not self.config.eager_rotation or self.duplex is None:
+            return
+        rotated = 0
+        marked: set[int] = set()  # a prefix block two requests share is marked once
+        for r in self.running:
+            if r.req_id in self._inflight:
+                continue
+            kept = self._synced.setdefault(r.req_id, [])
+            for block in r.table[len(kept) : r.num_computed // self.config.block_tokens]:
+                if not self._free_slots:
+                    break
+                if block not in marked:
+                    self.duplex.write(block)  # holds KV the duplex engine has not seen copied
+                    marked.add(block)
+                slot = self._free_slots.pop()
+                self.duplex.rotate(block, slot)
+                kept.append(slot)
+                rotated += 1
+        if rotated:
+            self.duplex.submit_step()
+            self._rotating = True
+            self.stats.rotated_blocks += rotated
+
+    def _rotations_done(self) -> None:
+        """Waits for the previous step's rotations: blocks may be freed, reused or swapped now."""
+        if self._rotating:
+            assert self.duplex is not None
+            self.duplex.wait_all()
+            self._rotating = False
 
     def _drop_synced(self) -> None:
         """Frees every running request's kept slots (their next swap-out copies everything): a
