@@ -457,13 +457,15 @@ def warm_store(engine_parts, prompts) -> Store:
 
 
 @pytest.mark.parametrize("policy", policy_names())
+@pytest.mark.parametrize("rotation", [False, True], ids=["", "eager-rotation"])
 def test_every_registered_policy_drives_the_engine(
-    engine_parts, prompts, reference, warm_store, policy: str
+    engine_parts, prompts, reference, warm_store, policy: str, rotation: bool
 ) -> None:
     """The simulator's policy objects, unchanged, on real KV: a small pool (chunked prefills,
-    admission limits), a warm store below it; outputs identical to the reference."""
+    admission limits), a warm store below it; outputs identical to the reference. With and without
+    eager rotation (which also runs beside the loads from the store)."""
     model, tokenizer = engine_parts
-    config = EngineConfig(num_blocks=12, block_tokens=8, max_batch_tokens=32)
+    config = EngineConfig(num_blocks=12, block_tokens=8, max_batch_tokens=32, eager_rotation=rotation)
     llm = LLM(model=model, tokenizer=tokenizer, config=config, store=warm_store, policy=policy)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outputs] == reference
