@@ -65,6 +65,14 @@ def run(
     """Runs the prompts (each ``stagger_steps`` steps after the previous one); outputs by prompt index."""
     model, tokenizer = parts
     engine = Engine(model, make_policy(policy) if isinstance(policy, str) else policy, EngineConfig(**config))
+    return engine, drive(engine, tokenizer, prompts, stagger_steps)
+
+
+def drive(
+    engine: Engine, tokenizer: Tokenizer, prompts: list[list[int]], stagger_steps: int = 0
+) -> dict[int, list[int]]:
+    """Steps ``engine`` through the prompts, checking its integrity after every step; outputs by
+    prompt index."""
     params = SamplingParams(max_tokens=MAX_TOKENS)
     outputs: dict[int, list[int]] = {}
     ids: dict[int, int] = {}
@@ -82,7 +90,20 @@ def run(
         outputs[ids[out.request_id]] = out.token_ids
     engine.check_integrity()
     assert engine.blocks.private == 0, "finished requests left private blocks behind"
-    return engine, outputs
+    return outputs
+
+
+def record_swap_outs(engine: Engine) -> list[int]:
+    """The swapped request's computed tokens at each of ``engine``'s swap-outs, from now on."""
+    computed: list[int] = []
+    swap_out = engine._swap_out
+
+    def recording(r: object) -> None:
+        computed.append(r.num_computed)  # type: ignore[attr-defined]
+        swap_out(r)  # type: ignore[arg-type]
+
+    engine._swap_out = recording  # type: ignore[method-assign]
+    return computed
 
 
 def test_concurrent_requests_match_each_run_alone(engine_parts, prompts, reference) -> None:
@@ -160,21 +181,8 @@ def test_eager_rotation_leaves_only_the_tail_to_copy_at_preemption(engine_parts,
     engine = Engine(
         model, _Scripted("swap"), EngineConfig(num_blocks=64, block_tokens=8, eager_rotation=True)
     )
-    computed: list[int] = []
-    swap_out = engine._swap_out
-
-    def counting_swap_out(r: object) -> None:
-        computed.append(r.num_computed)  # type: ignore[attr-defined]
-        swap_out(r)  # type: ignore[arg-type]
-
-    engine._swap_out = counting_swap_out  # type: ignore[method-assign]
-    params = SamplingParams(max_tokens=MAX_TOKENS)
-    ids = {engine.add_request(p, params, tokenizer.stop_token_ids): i for i, p in enumerate(prompts[:2])}
-    outputs = {}
-    while engine.has_unfinished():
-        engine.step()
-        engine.check_integrity()
-        outputs.update((ids[o.request_id], o.token_ids) for o in engine.pop_finished())
+    computed = record_swap_outs(engine)
+    outputs = drive(engine, tokenizer, prompts[:2])
     assert [outputs[0], outputs[1]] == reference[:2]
     [n] = computed
     held, full = -(-n // 8), n // 8
@@ -277,21 +285,14 @@ def test_two_requests_sharing_prefix_blocks_swap_out_and_in_together(
     copied: list[tuple[int, int]] = []
     swap_out = engine.duplex.swap_out
     engine.duplex.swap_out = lambda block, slot: copied.append((block, slot)) or swap_out(block, slot)  # type: ignore[method-assign]
-    params = SamplingParams(max_tokens=MAX_TOKENS)
-    first = engine.add_request(prompts[2], params, tokenizer.stop_token_ids)
-    engine.step()  # request 0's prompt is prefilled and its full blocks enter the prefix cache
-    second = engine.add_request(prompts[2], params, tokenizer.stop_token_ids)
-    outputs = {}
-    while engine.has_unfinished():
-        engine.step()
-        engine.check_integrity()
-        outputs.update((o.request_id, o.token_ids) for o in engine.pop_finished())
+    # One step between the two: request 0's prompt is prefilled and its full blocks are cached.
+    outputs = drive(engine, tokenizer, [prompts[2], prompts[2]], stagger_steps=1)
     assert policy.swapped_out and policy.swapped_in
     assert engine.stats.swap_outs == 2 and engine.stats.swap_ins == 2
     blocks = [b for b, _ in copied]
     assert len(set(blocks)) < len(blocks), f"no shared block was swapped out: {copied}"
     assert len({s for _, s in copied}) == len(copied), "each copy has its own host slot"
-    assert outputs[first] == outputs[second] == reference[2]
+    assert outputs[0] == outputs[1] == reference[2]
     assert engine.swap_used_blocks() == 0
 
 
@@ -342,13 +343,7 @@ def test_swap_in_into_blocks_a_same_step_swap_out_frees(engine_parts, prompts, r
         return submit()
 
     duplex.submit_step = submit_step  # type: ignore[method-assign]
-    params = SamplingParams(max_tokens=MAX_TOKENS)
-    ids = {engine.add_request(p, params, tokenizer.stop_token_ids): i for i, p in enumerate(prompts)}
-    outputs = {}
-    while engine.has_unfinished():
-        engine.step()
-        engine.check_integrity()
-        outputs.update((ids[o.request_id], o.token_ids) for o in engine.pop_finished())
+    outputs = drive(engine, tokenizer, prompts)
     assert [outputs[i] for i in range(3)] == reference
     assert engine.stats.swap_outs == engine.stats.swap_ins == 2
     assert any(out & into for out, into in steps), f"no block reused in its step: {steps}"
@@ -386,21 +381,8 @@ def test_a_second_swap_out_copies_only_blocks_written_since_the_swap_in(
     model, tokenizer = engine_parts
     policy = _SwapTwice()
     engine = Engine(model, policy, EngineConfig(num_blocks=64, block_tokens=8))
-    params = SamplingParams(max_tokens=MAX_TOKENS)
-    ids = {engine.add_request(p, params, tokenizer.stop_token_ids): i for i, p in enumerate(prompts[:2])}
-    computed: list[int] = []  # request 0's computed tokens at each swap-out
-    swap_out = engine._swap_out
-
-    def counting_swap_out(r: object) -> None:
-        computed.append(r.num_computed)  # type: ignore[attr-defined]
-        swap_out(r)  # type: ignore[arg-type]
-
-    engine._swap_out = counting_swap_out  # type: ignore[method-assign]
-    outputs = {}
-    while engine.has_unfinished():
-        engine.step()
-        engine.check_integrity()
-        outputs.update((ids[o.request_id], o.token_ids) for o in engine.pop_finished())
+    computed = record_swap_outs(engine)  # request 0's computed tokens at each swap-out
+    outputs = drive(engine, tokenizer, prompts[:2])
     assert [outputs[0], outputs[1]] == reference[:2]
     assert engine.stats.swap_outs == engine.stats.swap_ins == 2
     held = [-(-n // 8) for n in computed]
