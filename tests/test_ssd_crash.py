@@ -40,7 +40,10 @@ WRITER = textwrap.dedent(
         for i, k in enumerate(keys):
             objects[i] = np.random.default_rng(k & (2**64 - 1)).integers(0, 256, geometry.block_bytes, dtype=np.uint8)
         store.put(keys, objects)
-        print("ACK", prompt, flush=True)
+        # One write per line: under PYTHONUNBUFFERED, print() writes its pieces separately and a
+        # SIGKILL between them would leave a torn "ACK" line.
+        sys.stdout.write(f"ACK {prompt}\\n")
+        sys.stdout.flush()
         prompt += 1
     """
 )
@@ -61,7 +64,7 @@ def write_and_kill(directory: Path, durability: str, capacity: int, start: int, 
     acked: list[int] = []
     deadline = time.monotonic() + 120
     for line in child.stdout:
-        if line.startswith("ACK"):
+        if line.startswith("ACK ") and line.endswith("\n"):
             acked.append(int(line.split()[1]))
             if len(acked) >= acks:
                 break
@@ -70,7 +73,8 @@ def write_and_kill(directory: Path, durability: str, capacity: int, start: int, 
     time.sleep(0.003 * (start % 5))  # land the kill at different points of the next put
     child.send_signal(signal.SIGKILL)
     rest, _ = child.communicate()
-    acked += [int(line.split()[1]) for line in rest.splitlines() if line.startswith("ACK")]
+    # Whole lines only (a line the kill cut short was never acknowledged).
+    acked += [int(line.split()[1]) for line in rest.split("\n")[:-1] if line.startswith("ACK ")]
     assert child.returncode == -signal.SIGKILL
     return acked
 
