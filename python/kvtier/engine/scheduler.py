@@ -165,7 +165,8 @@ class Engine:
             self.duplex = DuplexEngine(geometry, self.pool.pool, self.host_slots, step_blocks_max=steps)
         self._free_slots = list(range(config.swap_blocks))[::-1]
         self._slots_to_free: list[int] = []  # read by this step's swap-ins: free after the transfer
-        self._step_out_blocks: set[int] = set()  # marked written or queued for copy-out this step
+        # Blocks marked written or queued for copy-out in this step's swap-outs (or its rotations).
+        self._step_out_blocks: set[int] = set()
         # req_id -> host slots still holding a swapped-in running request's first full blocks (KV
         # is append-only: they stay synced), so its next swap-out copies only the newer blocks.
         self._synced: dict[int, list[int]] = {}
@@ -560,14 +561,14 @@ class Engine:
         self._settle(r)  # copy out only KV that has landed
         held = -(-r.num_computed // self.config.block_tokens)
         synced = self._synced.pop(r.req_id, [])  # slots of r.table[:len(synced)], full since swap-in
-        if self.duplex is not None and held - len(synced) > len(self._free_slots):
+        need = held - len(synced)
+        if self.duplex is not None and need > len(self._free_slots):
             self._drop_synced()  # others' reservations go before a recompute
-        if self.duplex is None or held - len(synced) > len(self._free_slots):
+        if self.duplex is None or need > len(self._free_slots):
             self._free_slots.extend(synced)
             self._preempt(r)  # the host buffer cannot take it: recompute instead
             return
-        fresh = [self._free_slots.pop() for _ in range(held - len(synced))]
-        slots = synced + fresh
+        slots = synced + [self._free_slots.pop() for _ in range(need)]
         try:
             for i, (block, slot) in enumerate(zip(r.table[:held], slots, strict=True)):
                 if i >= len(synced) and block not in self._step_out_blocks:
@@ -640,7 +641,6 @@ class Engine:
         if not self.config.eager_rotation or self.duplex is None:
             return
         rotated = 0
-        marked: set[int] = set()  # a prefix block two requests share is marked once
         for r in self.running:
             if r.req_id in self._inflight:
                 continue
@@ -648,13 +648,14 @@ class Engine:
             for block in r.table[len(kept) : r.num_computed // self.config.block_tokens]:
                 if not self._free_slots:
                     break
-                if block not in marked:
+                if block not in self._step_out_blocks:  # a shared prefix block: marked once
                     self.duplex.write(block)  # holds KV the duplex engine has not seen copied
-                    marked.add(block)
+                    self._step_out_blocks.add(block)
                 slot = self._free_slots.pop()
                 self.duplex.rotate(block, slot)
                 kept.append(slot)
                 rotated += 1
+        self._step_out_blocks.clear()
         if rotated:
             self.duplex.submit_step()
             self._rotating = True
