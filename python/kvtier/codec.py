@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kvtier import _core
-from kvtier.errors import KvtierError
+from kvtier.errors import BufferError, KvtierError
 from kvtier.geometry import Geometry
 
 CODEC_IDS: dict[str, int] = {"raw": 0, "lossless": 1, "quant": 2}
@@ -76,6 +76,11 @@ def _byte_view(data: Any) -> np.ndarray:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return np.frombuffer(data, dtype=np.uint8)
     array = np.asarray(data)
+    # The same rule as the Rust buffer layer (it sees only the byte view taken below).
+    if array.dtype.kind not in "biuf" or not array.dtype.isnative or array.dtype.fields is not None:
+        raise BufferError(
+            f"data has items of type {array.dtype}; expected plain numbers (uint8, float16, ...)"
+        )
     if not array.flags.c_contiguous:
         raise CodecError("data must be C-contiguous")
     return array.reshape(-1).view(np.uint8)

@@ -294,19 +294,51 @@ def _bindable(port: int) -> bool:
     return True
 
 
+EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default, when /proc cannot be read
+START_ATTEMPTS = 5  # a first start that loses its port to another process is retried on new ports
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (``ip_local_port_range``).
+
+    A port in it can be taken by any outgoing connection on the machine at any moment, so a port
+    checked free now and bound later must lie outside it."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+    return lo, hi
+
+
+def _candidate_ranges(offset: int) -> list[range]:
+    """Ports p with p and p + offset outside the ephemeral range, in 1024..65535."""
+    lo, hi = ephemeral_range()
+    top = 65535 - offset
+    spans = [(1024, min(lo - 1 - offset, top)), (max(hi + 1, 1024), top)]
+    return [range(a, b + 1) for a, b in spans if b >= a]
+
+
 def free_port(cluster: bool = False) -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago. With ``cluster``, one at most 55535
-    whose cluster bus port (+10000) is free too, as cluster mode needs."""
-    if not cluster:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range (so no
+    outgoing connection takes it before the server binds it). With ``cluster``, its cluster bus
+    port (+10000) is free and outside that range too."""
+    offset = 10000 if cluster else 0
+    ranges = _candidate_ranges(offset)
+    if not ranges:  # an ephemeral range covering nearly everything: take any port, rely on retries
+        ranges = [range(1024, 65536 - offset)]
     rng = random.Random()
-    for _ in range(1000):  # bounded: a busy machine still has free ports in 20000..55535
-        port = rng.randrange(20000, 55536)
-        if _bindable(port) and _bindable(port + 10000):
+    total = sum(len(r) for r in ranges)
+    for _ in range(1000):  # bounded: a busy machine still has free ports there
+        i = rng.randrange(total)
+        for r in ranges:
+            if i < len(r):
+                port = r[i]
+                break
+            i -= len(r)
+        if _bindable(port) and (not cluster or _bindable(port + offset)):
             return port
-    raise RuntimeError("no free port pair (p, p + 10000) found on 127.0.0.1 for a cluster node")
+    kind = "port pair (p, p + 10000)" if cluster else "port"
+    raise RuntimeError(f"no free {kind} outside the ephemeral range {ephemeral_range()} on 127.0.0.1")
 
 
 def command(
@@ -365,6 +397,10 @@ def _read(f: Any) -> Any:
     raise ConnectionError(f"unexpected reply {line[:40]!r}")
 
 
+class _PortTaken(RuntimeError):
+    """A server exited at start because another process holds its port or bus port."""
+
+
 class LocalRedis:
     """A ``redis-server`` (or ``valkey-server``) on a free 127.0.0.1 port, no persistence, stopped
     by pid. ``password`` sets ``requirepass``; ``cluster`` enables cluster mode; ``tls`` =
@@ -381,14 +417,20 @@ class LocalRedis:
         tls_client: tuple[str, str] | None = None,
     ) -> None:
         self.server, self.cli = server_binaries()
-        self.port = free_port(cluster)
         self.password = password
         self.cluster = cluster
         self.tls = tls
         self.tls_client = tls_client
-        self.workdir = Path(workdir) / f"redis-{self.port}"
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._root = Path(workdir)
+        self._pick_port()
+        self.started_once = False
+        self.port_retries = 0  # first starts that lost their port and moved to a new one
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _pick_port(self) -> None:
+        self.port = free_port(self.cluster)
+        self.workdir = self._root / f"redis-{self.port}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
 
     @property
     def url(self) -> str:
@@ -405,6 +447,23 @@ class LocalRedis:
         return f"{self._scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> LocalRedis:
+        """Starts the server. A first start whose port (or cluster bus port) was taken after it was
+        picked moves to new ports, up to ``START_ATTEMPTS`` times; a restart keeps its port (clients
+        hold the URL), so a taken port is an error then."""
+        for attempt in range(START_ATTEMPTS):
+            try:
+                self._start_once()
+            except _PortTaken as e:
+                if self.started_once or attempt == START_ATTEMPTS - 1:
+                    raise RuntimeError(str(e)) from None
+                self.port_retries += 1
+                self._pick_port()
+                continue
+            self.started_once = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
         args = [
             self.server,
             "--port",
@@ -437,11 +496,13 @@ class LocalRedis:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.proc = None
                 log = (self.workdir / "log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{self.server} on port {self.port} exited at start:\n{log}")
+                error = _PortTaken if "Address already in use" in log else RuntimeError
+                raise error(f"{self.server} on port {self.port} exited at start:\n{log}")
             try:
                 if self.command("PING") == "PONG":
-                    return self
+                    return
             except OSError:
                 pass
             time.sleep(0.05)

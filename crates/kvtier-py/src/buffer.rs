@@ -4,6 +4,11 @@
 //! A [`Buffer`] holds a `Py_buffer` for as long as it lives, so the exporter cannot free or
 //! resize the memory while kvtier copies into it with the GIL released. Only C-contiguous
 //! buffers are accepted; writable ones when kvtier writes.
+//!
+//! Every buffer is also checked for what its items are ([`Format`]) before a byte is read or
+//! written: an array of Python objects (`dtype=object`) holds `PyObject*` slots, and writing KV
+//! over them crashes the process, while reading them would store heap addresses as KV. Only
+//! plain little-endian numbers are KV bytes; token ids and block ids must be their exact type.
 
 use std::mem::MaybeUninit;
 
@@ -11,6 +16,49 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::errors::buffer_error;
+
+/// What the items of a buffer must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// KV bytes: any fixed-size plain number (uint8, int8, bool, float16/32/64, (u)int16/32/64),
+    /// native byte order. Objects, pointers, strings, structured and big-endian items are refused.
+    Bytes,
+    /// Token ids: unsigned 32-bit integers.
+    U32,
+    /// Block ids: unsigned 64-bit integers.
+    U64,
+}
+
+impl Format {
+    fn expected(self) -> &'static str {
+        match self {
+            Format::Bytes => "plain numbers (uint8, float16, ...)",
+            Format::U32 => "uint32",
+            Format::U64 => "uint64",
+        }
+    }
+
+    /// Whether a buffer whose struct-module format is `code` with items of `itemsize` bytes fits.
+    /// A NULL format means unsigned bytes (PEP 3118).
+    fn accepts(self, code: Option<&[u8]>, itemsize: usize) -> bool {
+        let code = code.unwrap_or(b"B");
+        // One optional byte-order prefix; '>' and '!' are big-endian (kvtier runs little-endian only).
+        let body = match code.first() {
+            Some(b'@' | b'=' | b'<') => &code[1..],
+            Some(b'>' | b'!') => return false,
+            _ => code,
+        };
+        let [c] = body else { return false }; // counts, structs, sub-arrays: refused
+        match self {
+            Format::Bytes => {
+                matches!(c, b'b' | b'B' | b'?' | b'c' | b'h' | b'H' | b'i' | b'I' | b'l' | b'L' | b'q' | b'Q')
+                    || matches!(c, b'e' | b'f' | b'd')
+            }
+            Format::U32 => matches!(c, b'I' | b'L') && itemsize == 4,
+            Format::U64 => matches!(c, b'L' | b'Q') && itemsize == 8,
+        }
+    }
+}
 
 /// An acquired, C-contiguous Python buffer. Released on drop (the GIL must be held then).
 pub struct Buffer {
@@ -24,9 +72,15 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    /// Acquires `obj`'s buffer. `what` names the argument in error messages.
-    pub fn get(obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Buffer> {
-        let mut flags = ffi::PyBUF_C_CONTIGUOUS;
+    /// Acquires `obj`'s buffer and checks its items are `format`. `what` names the argument in
+    /// error messages.
+    pub fn get(
+        obj: &Bound<'_, PyAny>,
+        what: &'static str,
+        writable: bool,
+        format: Format,
+    ) -> PyResult<Buffer> {
+        let mut flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT;
         if writable {
             flags |= ffi::PyBUF_WRITABLE;
         }
@@ -43,7 +97,28 @@ impl Buffer {
         }
         // SAFETY: PyObject_GetBuffer returned 0, so the view is initialised.
         let view = unsafe { Box::from_raw(Box::into_raw(view).cast::<ffi::Py_buffer>()) };
-        Ok(Buffer { view, what })
+        // From here on `buffer` releases the view on every path, errors included.
+        let buffer = Buffer { view, what };
+        let code = buffer.format_code();
+        if !format.accepts(code.as_deref(), buffer.view.itemsize.max(0) as usize) {
+            let shown = code.map(|c| String::from_utf8_lossy(&c).into_owned()).unwrap_or_else(|| "B".into());
+            let found = obj.getattr("dtype").map(|d| d.to_string()).unwrap_or(shown);
+            return Err(buffer_error(format!(
+                "{what} has items of type {found}; expected {}",
+                format.expected()
+            )));
+        }
+        Ok(buffer)
+    }
+
+    /// The buffer's struct-module format string, if the exporter gave one.
+    fn format_code(&self) -> Option<Vec<u8>> {
+        if self.view.format.is_null() {
+            return None;
+        }
+        // SAFETY: a non-NULL format is a NUL-terminated string owned by the exporter, valid
+        // while the view is held.
+        Some(unsafe { std::ffi::CStr::from_ptr(self.view.format) }.to_bytes().to_vec())
     }
 
     pub fn len(&self) -> usize {

@@ -10,7 +10,7 @@ use kvtier_codec::quant::{QuantCodec, QuantConfig};
 use kvtier_codec::streams::{Backend, Stage};
 use kvtier_codec::{Codec, CodecError};
 
-use crate::buffer::{ensure_disjoint, Buffer};
+use crate::buffer::{ensure_disjoint, Buffer, Format};
 
 fn codec_err(e: CodecError) -> PyErr {
     let class = match e {
@@ -41,7 +41,7 @@ fn encode_with<'py>(
     codec: &dyn Codec,
     data: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let buf = Buffer::get(data, "data", false)?;
+    let buf = Buffer::get(data, "data", false, Format::Bytes)?;
     let mut out = vec![0u8; codec.max_encoded_len(buf.len())];
     // SAFETY: read-only view of a live buffer; `out` is ours.
     let n = py.allow_threads(|| codec.encode(unsafe { buf.as_slice() }, &mut out)).map_err(codec_err)?;
@@ -100,7 +100,7 @@ pub fn codec_encode_quant<'py>(
 /// Decoded size of a payload of codec `codec_id`.
 #[pyfunction]
 pub fn codec_decoded_len(codec_id: u16, payload: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let buf = Buffer::get(payload, "payload", false)?;
+    let buf = Buffer::get(payload, "payload", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
     kvtier_codec::decoded_len(codec_id, unsafe { buf.as_slice() }).map_err(codec_err)
 }
@@ -113,8 +113,8 @@ pub fn codec_decode(
     payload: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
 ) -> PyResult<usize> {
-    let src = Buffer::get(payload, "payload", false)?;
-    let dst = Buffer::get(out, "out", true)?;
+    let src = Buffer::get(payload, "payload", false, Format::Bytes)?;
+    let dst = Buffer::get(out, "out", true, Format::Bytes)?;
     ensure_disjoint(&dst, &src)?;
     // SAFETY: disjoint live buffers; `out` acquired writable.
     py.allow_threads(|| {

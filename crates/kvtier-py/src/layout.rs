@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use kvtier_core::layout;
 use kvtier_core::parallel::WorkerPool;
 
-use crate::buffer::{ensure_disjoint, Buffer};
+use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, layout_err};
 use crate::geometry::CoreGeometry;
 
@@ -20,7 +20,7 @@ pub struct Copier {
 /// may live in the very buffer the copy writes (a view of the pool or of `out`), and reading
 /// them while workers write there would be a data race. They are few (8 bytes per block).
 fn block_ids_of(block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    let buf = Buffer::get(block_ids, "block_ids", false)?;
+    let buf = Buffer::get(block_ids, "block_ids", false, Format::U64)?;
     if !buf.len().is_multiple_of(8) || !(buf.ptr() as usize).is_multiple_of(8) {
         return Err(buffer_error(format!(
             "block_ids buffer has {} bytes; expected aligned uint64 ids",
@@ -56,8 +56,8 @@ impl Copier {
         out: &Bound<'_, PyAny>,
         per_segment: bool,
     ) -> PyResult<(u64, u64, u64)> {
-        let pool = Buffer::get(pool, "pool", false)?;
-        let out = Buffer::get(out, "out", true)?;
+        let pool = Buffer::get(pool, "pool", false, Format::Bytes)?;
+        let out = Buffer::get(out, "out", true, Format::Bytes)?;
         ensure_disjoint(&pool, &out)?;
         let ids = block_ids_of(block_ids)?;
         let g = &geometry.inner;
@@ -87,8 +87,8 @@ impl Copier {
         pool: &Bound<'_, PyAny>,
         per_segment: bool,
     ) -> PyResult<(u64, u64, u64)> {
-        let objects = Buffer::get(objects, "objects", false)?;
-        let pool = Buffer::get(pool, "pool", true)?;
+        let objects = Buffer::get(objects, "objects", false, Format::Bytes)?;
+        let pool = Buffer::get(pool, "pool", true, Format::Bytes)?;
         ensure_disjoint(&pool, &objects)?;
         let ids = block_ids_of(block_ids)?;
         let g = &geometry.inner;

@@ -19,7 +19,7 @@ use pyo3::types::PyBytes;
 
 use kvtier_core::object::{decode_object as core_decode, encode_object as core_encode, CODEC_RAW};
 
-use crate::buffer::{ensure_disjoint, Buffer};
+use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, key_err, object_err};
 
 pub(crate) fn u128_from(bytes: &[u8], what: &str) -> PyResult<u128> {
@@ -46,7 +46,7 @@ fn block_keys<'py>(
     extra: &[u8],
 ) -> PyResult<Bound<'py, PyBytes>> {
     let ns = u128_from(namespace_hash, "namespace_hash")?;
-    let buf = Buffer::get(tokens, "tokens", false)?;
+    let buf = Buffer::get(tokens, "tokens", false, Format::U32)?;
     if !buf.len().is_multiple_of(4) || !(buf.ptr() as usize).is_multiple_of(4) {
         return Err(buffer_error(format!(
             "tokens buffer has {} bytes; expected aligned uint32 ids",
@@ -73,7 +73,7 @@ fn encode_object<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let ns = u128_from(namespace_hash, "namespace_hash")?;
     let key = u128_from(key, "key")?;
-    let buf = Buffer::get(payload, "payload", false)?;
+    let buf = Buffer::get(payload, "payload", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
     let bytes = core_encode(ns, key, CODEC_RAW, unsafe { buf.as_slice() });
     Ok(PyBytes::new(py, &bytes))
@@ -86,7 +86,7 @@ fn decode_object<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, u16, Bound<'py, PyBytes>)> {
-    let buf = Buffer::get(data, "data", false)?;
+    let buf = Buffer::get(data, "data", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
     let (header, payload) = core_decode(unsafe { buf.as_slice() }).map_err(object_err)?;
     Ok((
@@ -100,8 +100,8 @@ fn decode_object<'py>(
 /// One contiguous single-threaded memcpy of `src` into `dst`: the limit benchmarks compare to.
 #[pyfunction]
 fn memcpy(py: Python<'_>, dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
-    let d = Buffer::get(dst, "dst", true)?;
-    let s = Buffer::get(src, "src", false)?;
+    let d = Buffer::get(dst, "dst", true, Format::Bytes)?;
+    let s = Buffer::get(src, "src", false, Format::Bytes)?;
     ensure_disjoint(&d, &s)?;
     if d.len() != s.len() {
         return Err(buffer_error(format!(
@@ -118,7 +118,7 @@ fn memcpy(py: Python<'_>, dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyR
 /// XXH3-64 checksum of a buffer (the object payload checksum).
 #[pyfunction]
 fn checksum(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let b = Buffer::get(data, "data", false)?;
+    let b = Buffer::get(data, "data", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
     Ok(py.allow_threads(|| kvtier_core::checksum::checksum(unsafe { b.as_slice() })))
 }

@@ -295,7 +295,7 @@ pub fn ssd_file_per_object_write(
     count: usize,
     object: &Bound<'_, PyAny>,
 ) -> PyResult<f64> {
-    let buf = crate::buffer::Buffer::get(object, "object", false)?;
+    let buf = crate::buffer::Buffer::get(object, "object", false, crate::buffer::Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
     let bytes = unsafe { buf.as_slice() };
     py.allow_threads(|| baseline::file_per_object_write(&directory, count, bytes)).map_err(|e| {
@@ -311,7 +311,7 @@ pub fn ssd_file_per_object_read(
     count: usize,
     out: &Bound<'_, PyAny>,
 ) -> PyResult<f64> {
-    let buf = crate::buffer::Buffer::get(out, "out", true)?;
+    let buf = crate::buffer::Buffer::get(out, "out", true, crate::buffer::Format::Bytes)?;
     // SAFETY: writable, live buffer; this is its only view.
     let bytes = unsafe { buf.as_mut_slice() };
     py.allow_threads(|| baseline::file_per_object_read(&directory, count, bytes)).map_err(|e| {

@@ -10,7 +10,7 @@ use kvtier_core::Namespace;
 use kvtier_store::config::LEASE_TTL_MAX;
 use kvtier_store::{Store as CoreStore, StoreConfig, StoreError, TierCodec};
 
-use crate::buffer::{ensure_disjoint, Buffer};
+use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, config_error, key_err, kvtier_error};
 use crate::geometry::CoreGeometry;
 use crate::remote::{metrics_dict as remote_metrics_dict, store_remote_config};
@@ -62,12 +62,12 @@ pub(crate) fn block_buffers(
     writable: bool,
 ) -> PyResult<Vec<Buffer>> {
     if let Ok(list) = obj.downcast::<PyList>() {
-        return list.iter().map(|item| Buffer::get(&item, what, writable)).collect();
+        return list.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
     }
     if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return tuple.iter().map(|item| Buffer::get(&item, what, writable)).collect();
+        return tuple.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
     }
-    Ok(vec![Buffer::get(obj, what, writable)?])
+    Ok(vec![Buffer::get(obj, what, writable, Format::Bytes)?])
 }
 
 /// `lease_ttl_s` as a `Duration`, within the bounds the store enforces: more than 0 once rounded

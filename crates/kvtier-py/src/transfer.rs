@@ -15,7 +15,7 @@ use kvtier_transfer::{
     TransferConfig, TransferEngine as CoreEngine, TransferError,
 };
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, Format};
 use crate::errors::{buffer_error, kvtier_error};
 use crate::geometry::CoreGeometry;
 use crate::keys_from;
@@ -64,7 +64,7 @@ fn pool_ref(
     block_bytes: usize,
     num_blocks: Option<u64>,
 ) -> PyResult<(Buffer, PoolRef)> {
-    let buf = Buffer::get(pool, "pool", true)?;
+    let buf = Buffer::get(pool, "pool", true, Format::Bytes)?;
     let n = num_blocks.unwrap_or((buf.len() / block_bytes.max(1)) as u64);
     // SAFETY: the Buffer is kept (in the engine's map) until the job is collected, so the
     // memory stays valid; Python-side writes to blocks in flight are the caller's contract.
