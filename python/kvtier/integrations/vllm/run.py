@@ -1,0 +1,82 @@
+"""Runs real vLLM with or without kvtier's connector; prints one `RESULT <json>` line.
+
+Used by the vLLM test suite (tests/vllm) and `kvtier bench vllm`, each run in its own process as a
+user's vLLM is: its DRAM tier dies with it, so a hit in a later run came from the SSD pool or
+Redis. Usage: `python -m kvtier.integrations.vllm.run '<json spec>'`; the spec holds `model`,
+`prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text or
+a list of token ids; or "+turn" to extend the previous round's first prompt with its output and a
+new question), `max_tokens`, `multiprocess`, `prefix_caching`, and `connector` (the
+`kv_connector_extra_config`, or null for plain vLLM) with `kv_role`. Each round reports its wall
+time: with `max_tokens=1` that is the request's TTFT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    if not spec.get("multiprocess", False):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    kwargs: dict[str, object] = {}
+    if not spec.get("multiprocess", False):
+        kwargs["distributed_executor_backend"] = "uni"
+    if spec.get("connector") is not None:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "KvtierConnector",
+            "kv_connector_module_path": "kvtier.integrations.vllm",
+            "kv_role": spec.get("kv_role", "kv_both"),
+            "kv_connector_extra_config": spec["connector"],
+        }
+    llm = LLM(
+        model=spec["model"],
+        dtype=spec.get("dtype", "float32"),
+        enforce_eager=True,
+        max_model_len=spec.get("max_model_len", 4096),
+        max_num_batched_tokens=spec.get("max_model_len", 4096),
+        gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.3),
+        enable_prefix_caching=spec.get("prefix_caching", False),
+        **kwargs,
+    )
+    params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 8))
+    rounds = []
+    previous: list[dict[str, object]] = []
+    for prompts in spec["prompts"]:
+        if prompts == "+turn":
+            first = previous[0]
+            prompts = [f"{first['prompt']}{first['text']}\nUser: and what happened next?\nAssistant:"]
+        inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
+        t0 = time.perf_counter()
+        outs = llm.generate(inputs, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        previous = [
+            {
+                "prompt": p if isinstance(p, str) else "",
+                "text": o.outputs[0].text,
+                "token_ids": list(o.outputs[0].token_ids),
+                "cached": o.num_cached_tokens,
+                "prompt_tokens": len(o.prompt_token_ids),
+            }
+            for p, o in zip(prompts, outs, strict=True)
+        ]
+        rounds.append({"wall_s": wall, "outputs": previous})
+    result: dict[str, object] = {"rounds": rounds}
+    if spec.get("connector") is not None and not spec.get("multiprocess", False):
+        # Single process: the worker is here; finish its saves and make the SSD tier durable.
+        from kvtier.integrations.vllm import lookup
+
+        for fn in list(lookup._registry.values()):
+            worker = fn.__self__  # type: ignore[attr-defined]  # the WorkerSide serving lookups
+            worker.close()
+            result["stats"] = worker.stats()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

