@@ -151,3 +151,26 @@ def test_missing_blocks_are_load_errors_and_drop_that_requests_saves() -> None:
             np.testing.assert_array_equal(layers[layer][5], layers[layer][3])  # the good blocks did load
     finally:
         w.close()
+
+
+def test_a_lookup_counts_saves_queued_before_it() -> None:
+    """vLLM returns a request's output before its delayed save is done; the next turn must hit."""
+    import threading
+
+    layers = cpu_cache(6)
+    w = make_worker(layers)
+    gate = threading.Event()
+    gather = w.paged.gather
+
+    def slow_gather(block_ids: object, out: object = None) -> np.ndarray:
+        gate.wait(10)
+        return gather(block_ids)  # type: ignore[arg-type]
+
+    w.paged.gather = slow_gather  # type: ignore[method-assign]
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
+        threading.Timer(0.2, gate.set).start()
+        assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 4
+    finally:
+        gate.set()
+        w.close()

@@ -90,6 +90,8 @@ class WorkerSide:
         # Saves: a queue served by one thread; per-request counts of queued saves.
         self._saves: queue.Queue[tuple[SaveSpec, BlockKeys] | None] = queue.Queue()
         self._pending: Counter[str] = Counter()
+        self._submitted = 0  # saves queued so far; the one save thread completes them in order
+        self._completed = 0
         self._saw_saves: set[str] = set()
         self._awaiting: set[str] = set()
         self._idle = threading.Condition(self._lock)
@@ -102,6 +104,12 @@ class WorkerSide:
         return self.namespace.block_keys(arr, extra)
 
     def lookup(self, tokens: npt.NDArray[np.uint32], extra: bytes) -> int:
+        """Cached blocks of `tokens`, counting every save queued before this call: vLLM hands a
+        request's output back before its (delayed) save is done, and the user's next turn must hit."""
+        with self._lock:
+            target = self._submitted
+            while self._completed < target:
+                self._idle.wait()
         hit = self.store.lookup(self.keys(tokens, extra)).hit_blocks
         with self._lock:
             self.counters["lookups"] += 1
@@ -205,6 +213,7 @@ class WorkerSide:
                 continue
             with self._lock:
                 self._pending[spec.req_id] += 1
+                self._submitted += 1
             self._saves.put((spec, keys))
 
     def _save_loop(self) -> None:
@@ -227,6 +236,7 @@ class WorkerSide:
                     self.counters["save_exceptions"] += 1
             finally:
                 with self._lock:
+                    self._completed += 1
                     self._pending[spec.req_id] -= 1
                     if self._pending[spec.req_id] <= 0:
                         del self._pending[spec.req_id]
