@@ -51,7 +51,7 @@ py-test: build redis
 # Real vLLM with kvtier's connector (tests/vllm). Building the environment needs the package
 # registry (about 3 minutes and 6 GB the first time); without it this target fails, never skips.
 vllm-env: build
-	$(PYTHON) scripts/vllm_env.py --venv $(VLLM_VENV)
+	$(PY) scripts/vllm_env.py --venv $(VLLM_VENV)
 
 vllm-test: vllm-env redis
 	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/vllm
