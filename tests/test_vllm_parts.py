@@ -146,6 +146,11 @@ def test_missing_blocks_are_load_errors_and_drop_that_requests_saves() -> None:
         w.submit_saves([SaveSpec("r2", tokens_bytes(5 * BS), b"", 4, [0])])  # computed over a missing block
         assert w.take_load_errors() == {7, 9}
         assert w.counters["saves_dropped_after_load_error"] == 1
+        # A load failure is remembered for the step's saves even when vLLM asks for errors first.
+        w.start_loads([LoadSpec("r3", tokens_bytes(4 * BS), b"", 0, [5, 6, 7, 9])], layerwise=True)
+        assert w.take_load_errors() == {7, 9}
+        w.submit_saves([SaveSpec("r4", tokens_bytes(5 * BS), b"x", 0, [0])])  # another request, same step
+        assert w.counters["saves_dropped_after_load_error"] == 2
         assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 2  # nothing of r2 was stored
         for layer in range(LAYERS):
             np.testing.assert_array_equal(layers[layer][5], layers[layer][3])  # the good blocks did load

@@ -133,7 +133,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        if not self._load_enabled:
+        if not self._load_enabled or not self._cacheable(request):
             return 0, False
         bs = self._block_size
         max_blocks = (request.num_tokens - 1) // bs  # vLLM always computes the last token
@@ -197,7 +197,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             ids = st.block_ids[start : start + n]
             meta.loads.append(LoadSpec(rid, _tokens(tokens, (start + n) * bs), st.extra, start, ids))
         st.computed = computed + scheduled
-        if self._save_enabled:
+        if self._save_enabled and self._cacheable(st.request):
             full = min(st.computed, len(tokens), len(st.block_ids) * bs) // bs
             if full > st.saved:
                 ids = st.block_ids[st.saved : full]
@@ -210,6 +210,12 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._hits.pop(request.request_id, None)
         st = self._reqs.pop(request.request_id, None)
         return (st is not None and st.saves_issued), None
+
+    @staticmethod
+    def _cacheable(request: Request) -> bool:
+        """Keys cover token ids only: images (equal placeholder tokens) and prompt embeddings (zero
+        token ids) would collide across requests, so such requests neither load nor save."""
+        return not getattr(request, "mm_features", None) and getattr(request, "prompt_embeds", None) is None
 
     @staticmethod
     def _extra(request: Request) -> bytes:

@@ -87,6 +87,9 @@ class WorkerSide:
         self._lock = threading.Lock()
         self._job: _LoadJob | None = None
         self._load_errors: set[int] = set()
+        # Load failures of the current step, kept until its saves are planned (vLLM may ask for the
+        # load errors first, with speculative decoding): read and cleared by submit_saves only.
+        self._step_failed = False
         # Saves: a queue served by one thread; per-request counts of queued saves.
         self._saves: queue.Queue[tuple[SaveSpec, BlockKeys] | None] = queue.Queue()
         self._pending: Counter[str] = Counter()
@@ -185,6 +188,8 @@ class WorkerSide:
         if job.thread is not None:
             job.thread.join()
         self._load_errors |= job.errors
+        if job.failed_reqs:
+            self._step_failed = True
         return job.failed_reqs
 
     def take_load_errors(self) -> set[int]:
@@ -194,11 +199,14 @@ class WorkerSide:
 
     # ---------------------------------------------------------------- saves
     def submit_saves(self, specs: list[SaveSpec]) -> None:
-        failed = self.finish_loads()
+        self.finish_loads()
+        # Any load failure drops every save of the step: other requests (a shared prefix block,
+        # another TP rank through the all-reduce) may have computed over the missing block.
+        failed, self._step_failed = self._step_failed, False
         for spec in specs:
             with self._lock:
                 self._saw_saves.add(spec.req_id)
-            if spec.req_id in failed or not spec.block_ids:
+            if failed or not spec.block_ids:
                 with self._lock:
                     self.counters["saves_dropped_after_load_error"] += 1
                 continue
