@@ -1,15 +1,21 @@
-"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm`` and ``sim``. ``--json`` prints one JSON object."""
+"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm`` and ``sim``. ``--json`` prints one JSON object.
+
+A user error (a bad value, a missing or unusable file or directory) is one line
+``kvtier: error: ...`` on stderr and exit status 2; anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from kvtier.config import parse_size
 from kvtier.errors import KvtierError
+from kvtier.remote import check_url
 
 
 def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
@@ -19,6 +25,37 @@ def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, An
         print(summary(result))
 
 
+def _directory(path: str | None, flag: str) -> str | None:
+    """``path`` when it is ``None`` (the command picks a temp dir) or an existing directory this
+    process may write in; else a :class:`KvtierError` naming ``flag`` (before any work starts)."""
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        problem = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise KvtierError(f"{flag} {path!r} {problem}; expected an existing, writable directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise KvtierError(f"{flag} {path!r} is not writable; expected an existing, writable directory")
+    return path
+
+
+def _output_file(path: str | None, flag: str) -> str | None:
+    """``path`` when it is ``None`` or a file that can be created in an existing directory; else a
+    :class:`KvtierError` naming ``flag`` (checked before the work whose result it will hold)."""
+    if path is not None:
+        if os.path.isdir(path):
+            raise KvtierError(f"{flag} {path!r} is a directory; expected a file path")
+        _directory(os.path.dirname(path) or ".", f"{flag}'s directory")
+    return path
+
+
+def _os_error(e: OSError) -> str:
+    """``<path>: <reason>`` for an OSError (the path the user named, and why it failed)."""
+    if e.strerror is None:
+        return str(e)
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {e.strerror}" if paths else e.strerror
+
+
 def _demo(args: argparse.Namespace) -> None:
     from kvtier import demo
 
@@ -26,7 +63,10 @@ def _demo(args: argparse.Namespace) -> None:
         from kvtier.engine import replay
 
         engine_result = replay.run(
-            conversations=args.conversations, turns=args.turns, ssd_directory=args.ssd_dir, show=not args.json
+            conversations=args.conversations,
+            turns=args.turns,
+            ssd_directory=_directory(args.ssd_dir, "--ssd-dir"),
+            show=not args.json,
         )
         _emit(engine_result, args.json, replay.summary)
         return
@@ -64,9 +104,10 @@ def _sim_run(args: argparse.Namespace) -> None:
     from kvtier.sim.config import SimConfig
     from kvtier.sim.run import run
 
+    out = _output_file(args.out, "--out")
     config = SimConfig.from_yaml(args.config)
     result = run(config, show_progress=not args.json)
-    _write(args.out, result)
+    _write(out, result)
     _emit(result, args.json, _sim_summary)
 
 
@@ -80,12 +121,12 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     config = SimConfig.from_yaml(args.config)
     rates = _floats(args.rates, "--rates")
     policies = args.policies.split(",") if args.policies else [str(config.policy["name"])]
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)  # before the sweep: a bad --out-dir fails at once
     series = {}
     for name in policies:
         policy = {**config.policy, "name": name} if name == config.policy["name"] else {"name": name}
         series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=not args.json)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     figures = [
         str(plots.latency_vs_rate(series, out_dir / "latency_vs_rate.png")),
         str(plots.throughput_vs_ttft(series, out_dir / "throughput_vs_ttft.png")),
@@ -143,7 +184,7 @@ def _bench_ssd(args: argparse.Namespace) -> None:
     from kvtier.bench import ssd
 
     result = ssd.run(
-        directory=args.directory,
+        directory=_directory(args.directory, "--directory"),
         total_bytes=parse_size(args.total, "--total"),
         small_count=args.small_count,
         large_count=args.large_count,
@@ -160,6 +201,10 @@ def _bench_ssd(args: argparse.Namespace) -> None:
 def _bench_remote(args: argparse.Namespace) -> None:
     from kvtier.bench import remote
 
+    if args.url is not None:
+        check_url(args.url, "--url")
+    for url in args.cluster_url or ():
+        check_url(url, "--cluster-url")
     result = remote.run(
         url=args.url,
         cluster_urls=args.cluster_url or None,
@@ -187,7 +232,7 @@ def _bench_transfer(args: argparse.Namespace) -> None:
         repeats=args.repeats,
         threads=args.threads,
         swap_blocks=args.swap_blocks,
-        directory=args.directory,
+        directory=_directory(args.directory, "--directory"),
         show=not args.json,
     )
     _emit(result, args.json, transfer.summary)
@@ -219,7 +264,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         threads=args.threads,
-        directory=args.directory,
+        directory=_directory(args.directory, "--directory"),
         show=not args.json,
     )
     _emit(result, args.json, engine.summary)
@@ -270,24 +315,47 @@ def _sweep_summary(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not >= 1")
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line ``kvtier: error: ...`` (exit status 2), like every other user
+    error, naming the subcommand and where its help is. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("kvtier").strip()
+        self.exit(
+            2, f"kvtier: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvtier", description="Hierarchical KV-cache layer for LLM serving."
-    )
+    parser = _Parser(prog="kvtier", description="Hierarchical KV-cache layer for LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="multi-turn conversations through the store (embedded defaults)")
     demo.add_argument("--conversations", type=_positive, default=3)
     demo.add_argument("--turns", type=_positive, default=6)
     demo.add_argument("--dram-capacity", default="2GiB", help="DRAM tier capacity (default 2GiB)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_non_negative, default=0)
     demo.add_argument(
         "--engine",
         action="store_true",
@@ -444,9 +512,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.func(args)
     except KvtierError as e:
-        print(f"kvtier: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        message = str(e)
+    except OSError as e:
+        # A file or directory named on the command line (or in a config) that the system refused:
+        # the user's to fix, not a bug. Other exceptions keep their traceback.
+        message = _os_error(e)
+    else:
+        return 0
+    print(f"kvtier: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

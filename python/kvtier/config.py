@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, shown
 from kvtier.geometry import Geometry
 from kvtier.keys import Namespace
-from kvtier.remote import check_remote, normalize_urls, remote_options
+from kvtier.remote import check_remote, normalize_urls, redact_url, remote_options
 
 EVICTION_POLICIES = ("lru", "s3fifo")
 SSD_DURABILITY = ("none", "fsync")
@@ -40,6 +40,8 @@ SSD_DEVICES_MAX = 64
 SSD_IO_DEPTH_MAX = 256
 SSD_PROBE_BYTES_MAX = 4 * 2**30
 SSD_ADMISSION_K_MAX = 2**20
+#: Largest size any field takes (the Rust side holds sizes as ``u64``).
+U64_MAX = 2**64 - 1
 #: Bytes of a stored object's header; objects take whole 4 KiB pages (docs/formats.md).
 OBJECT_HEADER_BYTES = 64
 PAGE_BYTES = 4096
@@ -59,29 +61,55 @@ _UNITS = {
 
 
 def read_yaml(path: str | Path, what: str) -> Any:
-    """The parsed contents of a YAML file; unreadable or invalid files raise :class:`ConfigError`
-    naming ``what`` and the path."""
+    """The parsed contents of a YAML file; unreadable, non-UTF-8 or invalid files raise
+    :class:`ConfigError` naming ``what`` and the path."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from None
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{what} {str(path)!r} is not UTF-8 text (byte {e.start}); expected a YAML file"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{what} {str(path)!r} nests too deeply to parse; expected a YAML mapping"
+        ) from None
 
 
-def parse_size(value: object, name: str) -> int:
-    """Bytes from an int or a string such as ``"4GiB"``; raises :class:`ConfigError` naming ``name``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"`{name}` is {value!r}; expected a size in bytes such as 4294967296 or '4GiB'")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ConfigError(f"`{name}` is {value!r}; expected a size in bytes such as 4294967296 or '4GiB'")
+_SIZE = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([a-zA-Z]*)\s*")
+#: Most digits after the point a size string may have (each one is exact, none is rounded away).
+_SIZE_FRACTION_DIGITS_MAX = 64
+
+
+def parse_size(value: object, name: str, hi: int = U64_MAX) -> int:
+    """Bytes from an int or a string such as ``"4GiB"`` or ``"1.5GB"`` (computed exactly, rounded
+    down to whole bytes), at most ``hi``; raises :class:`ConfigError` naming ``name``."""
+    size: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str):
+        m = _SIZE.fullmatch(value)
+        if m and m.group(3).lower() in _UNITS:
+            whole, fraction = m.group(1).lstrip("0"), (m.group(2) or "").rstrip("0")
+            if len(whole) > len(str(hi)):  # more digits than hi: too large (no huge int built)
+                raise ConfigError(f"`{name}` is {shown(value)}; expected a size of at most {hi} bytes")
+            if len(fraction) <= _SIZE_FRACTION_DIGITS_MAX:
+                scale = 10 ** len(fraction)
+                size = (
+                    (int(whole or "0") * scale + int(fraction or "0")) * _UNITS[m.group(3).lower()] // scale
+                )
+    if size is None or size < 0:
+        raise ConfigError(
+            f"`{name}` is {shown(value)}; expected a size in bytes such as 4294967296 or '4GiB'"
+        )
+    if size > hi:
+        raise ConfigError(f"`{name}` is {shown(value)}; expected a size of at most {hi} bytes")
+    return size
 
 
 @dataclass(frozen=True)
@@ -125,6 +153,10 @@ class StoreConfig:
     ssd_promote_on_hit: bool = True
     #: O_DIRECT (falls back to buffered I/O, with a warning, where a file system rejects it).
     ssd_direct_io: bool = True
+    #: When the pool is created, write superblocks over device files or block devices that hold
+    #: other data. Without it such a device is refused (the pool takes only new or empty files,
+    #: blank block devices and its own devices): a mistyped path never destroys a file.
+    ssd_format_devices: bool = False
     #: Codec blocks are encoded with as they are written to SSD: ``"raw"``, ``"lossless"`` (with
     #: ``ssd_codec_backend`` zstd|lz4|deflate, optional ``ssd_codec_level``) or ``"quant"`` (CacheGen's
     #: bins; fp16 geometry without extra groups). Each stored object records its codec, so reads
@@ -169,31 +201,28 @@ class StoreConfig:
         if not isinstance(self.geometry, Geometry):
             raise ConfigError(f"`geometry` is {type(self.geometry).__name__}; expected kvtier.Geometry")
         if not isinstance(self.model_id, str) or not self.model_id:
-            raise ConfigError(f"`model_id` is {self.model_id!r}; expected a non-empty string")
+            raise ConfigError(f"`model_id` is {shown(self.model_id)}; expected a non-empty string")
         if not isinstance(self.cache_salt, str):
-            raise ConfigError(f"`cache_salt` is {self.cache_salt!r}; expected a string")
+            raise ConfigError(f"`cache_salt` is {shown(self.cache_salt)}; expected a string")
         _namespace_field("model_id", self.model_id)
         _namespace_field("cache_salt", self.cache_salt)
-        capacity = parse_size(self.dram_capacity_bytes, "dram_capacity_bytes")
+        capacity = parse_size(self.dram_capacity_bytes, "dram_capacity_bytes", DRAM_CAPACITY_BYTES_MAX)
         if capacity < self.geometry.block_bytes:
             raise ConfigError(
                 f"`dram_capacity_bytes` is {capacity}; expected at least one block "
                 f"({self.geometry.block_bytes} bytes)"
             )
-        if capacity > DRAM_CAPACITY_BYTES_MAX:
-            raise ConfigError(
-                f"`dram_capacity_bytes` is {capacity}; expected at most {DRAM_CAPACITY_BYTES_MAX} "
-                f"(the largest memory this machine can map)"
-            )
         object.__setattr__(self, "dram_capacity_bytes", capacity)
         if self.eviction not in EVICTION_POLICIES:
-            raise ConfigError(f"`eviction` is {self.eviction!r}; expected one of {list(EVICTION_POLICIES)}")
+            raise ConfigError(
+                f"`eviction` is {shown(self.eviction)}; expected one of {list(EVICTION_POLICIES)}"
+            )
         _int_in("copy_threads", self.copy_threads, 0, 256)
         _int_in("leases_max", self.leases_max, 1, 2**24)
         _int_in("rank", self.rank, 0, 2**32 - 1)
         _int_in("layout_version", self.layout_version, 0, 2**32 - 1)
         if not isinstance(self.dram_prefault, bool):
-            raise ConfigError(f"`dram_prefault` is {self.dram_prefault!r}; expected true or false")
+            raise ConfigError(f"`dram_prefault` is {shown(self.dram_prefault)}; expected true or false")
         _check_lease_ttl(self.lease_ttl_s)
         self._check_ssd()
         object.__setattr__(self, "remote_urls", normalize_urls(self.remote_urls))
@@ -214,7 +243,7 @@ class StoreConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"store config must be a mapping; got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=repr)  # YAML keys may be ints, None, ...
         if unknown:
             raise ConfigError(f"unknown store config key(s) {unknown}; expected some of {sorted(known)}")
         if "geometry" not in data:
@@ -232,6 +261,18 @@ class StoreConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"store config {str(path)!r} must hold a mapping; got {type(data).__name__}")
         return cls.from_dict(data)
+
+    def __repr__(self) -> str:
+        """The dataclass repr, with passwords in ``remote_urls`` redacted (``remote_password`` is
+        left out); :meth:`to_dict` keeps the real URLs."""
+        parts = []
+        for f in dataclasses.fields(self):
+            if f.repr:
+                value = getattr(self, f.name)
+                if f.name == "remote_urls":
+                    value = tuple(redact_url(u) if isinstance(u, str) else u for u in value)
+                parts.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
@@ -269,6 +310,7 @@ class StoreConfig:
             "io_depth": self.ssd_io_depth,
             "probe_bytes": self.ssd_probe_bytes,
             "direct_io": self.ssd_direct_io,
+            "format_devices": self.ssd_format_devices,
             "admission_k": self.ssd_admission_k,
             "write_through": self.ssd_write_through,
             "promote_on_hit": self.ssd_promote_on_hit,
@@ -331,12 +373,11 @@ class StoreConfig:
         _choice("ssd_io_engine", self.ssd_io_engine, SSD_IO_ENGINES)
         _int_in("ssd_admission_k", self.ssd_admission_k, 1, SSD_ADMISSION_K_MAX)
         _int_in("ssd_io_depth", self.ssd_io_depth, 1, SSD_IO_DEPTH_MAX)
-        probe = parse_size(self.ssd_probe_bytes, "ssd_probe_bytes")
-        _int_in("ssd_probe_bytes", probe, 0, SSD_PROBE_BYTES_MAX)
+        probe = parse_size(self.ssd_probe_bytes, "ssd_probe_bytes", SSD_PROBE_BYTES_MAX)
         object.__setattr__(self, "ssd_probe_bytes", probe)
-        for name in ("ssd_write_through", "ssd_promote_on_hit", "ssd_direct_io"):
+        for name in ("ssd_write_through", "ssd_promote_on_hit", "ssd_direct_io", "ssd_format_devices"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"`{name}` is {getattr(self, name)!r}; expected true or false")
+                raise ConfigError(f"`{name}` is {shown(getattr(self, name))}; expected true or false")
         bandwidths = self.ssd_bandwidth_bytes_per_s
         if bandwidths is not None:
             ok = isinstance(bandwidths, Sequence) and not isinstance(bandwidths, str | bytes)
@@ -347,9 +388,10 @@ class StoreConfig:
                     f"device ({n})"
                 )
             for i, b in enumerate(values):
-                if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b < float("inf"):
+                # Compared exactly (no float conversion of a huge int); the extension takes f64s.
+                if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b <= sys.float_info.max:
                     raise ConfigError(
-                        f"`ssd_bandwidth_bytes_per_s[{i}]` is {b!r}; expected a positive number of bytes/s"
+                        f"`ssd_bandwidth_bytes_per_s[{i}]` is {shown(b)}; expected a positive number of bytes/s"
                     )
             object.__setattr__(self, "ssd_bandwidth_bytes_per_s", values)
 
@@ -401,7 +443,7 @@ def _check_lease_ttl(ttl: object) -> None:
     )
     if not ok:
         raise ConfigError(
-            f"`lease_ttl_s` is {ttl!r}; expected a positive number of seconds (at least 1 ns once "
+            f"`lease_ttl_s` is {shown(ttl)}; expected a positive number of seconds (at least 1 ns once "
             f"rounded to nanoseconds) and at most {LEASE_TTL_MAX_S} ({LEASE_TTL_MAX_S // 86400} days)"
         )
 
@@ -420,9 +462,9 @@ def _namespace_field(name: str, value: str) -> None:
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"`{name}` is {value!r}; expected one of {list(choices)}")
+        raise ConfigError(f"`{name}` is {shown(value)}; expected one of {list(choices)}")
 
 
 def _int_in(name: str, value: object, lo: int, hi: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"`{name}` is {value!r}; expected an int in [{lo}, {hi}]")
+        raise ConfigError(f"`{name}` is {shown(value)}; expected an int in [{lo}, {hi}]")

@@ -58,3 +58,12 @@ class SimError(KvtierError, ValueError):
 
 class TraceError(KvtierError, ValueError):
     """A trace file is missing or malformed; the message names the file and line."""
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """``repr(value)`` for an error message, shortened past ``limit`` characters; a huge int is
+    described by its size (messages echo user values, which may be enormous)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier import _core
-from kvtier.errors import ConfigError, GeometryError
+from kvtier.errors import ConfigError, GeometryError, shown
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,13 @@ class ExtraGroup:
 
 def _require_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise GeometryError(f"geometry field `{name}` is {value!r} ({type(value).__name__}); expected an int")
+        raise GeometryError(
+            f"geometry field `{name}` is {shown(value)} ({type(value).__name__}); expected an int"
+        )
     if value < 1:
         raise GeometryError(f"geometry field `{name}` is {value}; expected at least 1")
     if value >= 2**32:
-        raise GeometryError(f"geometry field `{name}` is {value}; expected less than 2**32")
+        raise GeometryError(f"geometry field `{name}` is {shown(value)}; expected less than 2**32")
     return value
 
 

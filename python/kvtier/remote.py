@@ -12,7 +12,6 @@ See ``docs/remote.md``.
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 import socket
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvtier import _core
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, shown
 
 #: Bounds the Rust client enforces (crates/kvtier-remote/src/config.rs).
 REMOTE_URLS_MAX = 64
@@ -95,29 +94,54 @@ class _RemoteFields(Protocol):
 
 
 def _seconds(name: str, value: object, lo: float, hi: float, lo_open: bool = True) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if ok:
-        v = float(value)  # type: ignore[arg-type]
-        ok = (lo < v if lo_open else lo <= v) and v <= hi
+    # Compared exactly, before any float conversion (a huge int would overflow it); NaN fails.
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and (lo < value if lo_open else lo <= value)
+        and value <= hi
+    )
     if not ok:
-        raise ConfigError(f"`{name}` is {value!r}; expected seconds in ({lo}, {hi}]")
+        raise ConfigError(
+            f"`{name}` is {shown(value)}; expected seconds in {'(' if lo_open else '['}{lo}, {hi}]"
+        )
     return float(value)  # type: ignore[arg-type]
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user information replaced by ``***``, for messages and
+    reprs: ``redis://alice:***@host:6379/0``, ``redis://:***@host`` (the Rust client's rule, the
+    one every message uses)."""
+    return str(_core.redact_url(url))
+
+
+def check_url(url: object, name: str = "remote_urls") -> str:
+    """``url`` if the Rust client parses it (scheme, user, host name or IP address, port
+    1-65535, database number); else a :class:`ConfigError` naming ``name`` whose message shows
+    the URL with its password redacted."""
+    if not isinstance(url, str):
+        raise ConfigError(
+            f"`{name}` holds a {type(url).__name__}; expected a URL string, "
+            "redis://[user[:password]@]host[:port][/db] (or rediss://)"
+        )
+    try:
+        _core.check_url(url)
+    except ConfigError as e:
+        raise ConfigError(f"`{name}`: {e}") from None
+    return url
+
+
 def normalize_urls(urls: object) -> tuple[str, ...]:
-    """``remote_urls`` as a tuple (a single string is one URL); raises :class:`ConfigError`."""
+    """``remote_urls`` as a tuple (a single string is one URL), each checked by :func:`check_url`;
+    raises :class:`ConfigError` (never showing a password)."""
     if isinstance(urls, str):
         urls = (urls,)
     if not isinstance(urls, Sequence) or isinstance(urls, bytes):
         raise ConfigError(
-            f"`remote_urls` is {urls!r}; expected a URL such as 'redis://127.0.0.1:6379' or a list"
+            f"`remote_urls` is a {type(urls).__name__}; expected a URL such as 'redis://127.0.0.1:6379' "
+            "or a list of them"
         )
-    out = tuple(urls)
-    for u in out:
-        if not isinstance(u, str) or not (u.startswith("redis://") or u.startswith("rediss://")):
-            raise ConfigError(
-                f"`remote_urls` holds {u!r}; expected redis://[user[:password]@]host[:port][/db] (or rediss://)"
-            )
+    out = tuple(check_url(u) for u in urls)
     if len(out) > REMOTE_URLS_MAX:
         raise ConfigError(f"`remote_urls` has {len(out)} URLs; expected at most {REMOTE_URLS_MAX}")
     return out
@@ -134,7 +158,7 @@ def check_remote(c: _RemoteFields) -> None:
         )
     for name in ("remote_cluster", "remote_write_through", "remote_promote_on_hit"):
         if not isinstance(getattr(c, name), bool):
-            raise ConfigError(f"`{name}` is {getattr(c, name)!r}; expected true or false")
+            raise ConfigError(f"`{name}` is {shown(getattr(c, name))}; expected true or false")
     for name in (
         "remote_username",
         "remote_password",
@@ -165,12 +189,14 @@ def check_remote(c: _RemoteFields) -> None:
             f"`remote_reconnect_backoff_min_s` ({c.remote_reconnect_backoff_min_s}); expected max >= min"
         )
     v = c.remote_inflight_bytes_max
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"`remote_inflight_bytes_max` is {v!r}; expected a positive number of bytes")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**64 - 1:
+        raise ConfigError(
+            f"`remote_inflight_bytes_max` is {shown(v)}; expected a positive number of bytes, at most 2**64 - 1"
+        )
     v = c.remote_connections_per_node_max
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= REMOTE_CONNECTIONS_PER_NODE_MAX:
         raise ConfigError(
-            f"`remote_connections_per_node_max` is {v!r}; expected an int in [1, {REMOTE_CONNECTIONS_PER_NODE_MAX}]"
+            f"`remote_connections_per_node_max` is {shown(v)}; expected an int in [1, {REMOTE_CONNECTIONS_PER_NODE_MAX}]"
         )
     p = c.remote_key_prefix
     if (
@@ -179,7 +205,7 @@ def check_remote(c: _RemoteFields) -> None:
         or any(ch.isspace() or ch in "{}" or ord(ch) < 32 for ch in p)
     ):
         raise ConfigError(
-            f"`remote_key_prefix` is {p!r}; expected at most {REMOTE_KEY_PREFIX_BYTES_MAX} bytes without "
+            f"`remote_key_prefix` is {shown(p)}; expected at most {REMOTE_KEY_PREFIX_BYTES_MAX} bytes without "
             "whitespace, control characters or braces"
         )
 

@@ -9,6 +9,10 @@ use crate::CodecError;
 pub const MAGIC: [u8; 4] = *b"KVCP";
 pub const VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 24;
+/// Largest decoded length a header may declare: one object is one KV block (a few MiB for the
+/// largest models), so anything beyond this is a corrupt or hostile header, refused before a
+/// reader allocates for it.
+pub const DECODED_LEN_MAX: u64 = 1 << 30;
 
 /// Parsed common header plus the params and body slices it frames.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +52,8 @@ pub fn parse(payload: &[u8], expected_codec: u16) -> Result<Framed<'_>, CodecErr
         return Err(CodecError::CodecMismatch { expected: expected_codec, found: codec_id });
     }
     let decoded_len = r.u64()?;
-    if decoded_len == 0 {
-        return Err(CodecError::InvalidParam { what: "decoded length", value: 0 });
+    if decoded_len == 0 || decoded_len > DECODED_LEN_MAX {
+        return Err(CodecError::InvalidParam { what: "decoded length", value: decoded_len });
     }
     let params_len = r.u32()? as u64;
     let body_len = r.u32()? as u64;

@@ -29,8 +29,13 @@ fn valid_payloads() -> Vec<(u16, Vec<u8>, usize)> {
     payloads
 }
 
+/// 512 cases in `make test`; `PROPTEST_CASES` sets a longer run (docs/security.md).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), id in 0u16..4) {
@@ -94,4 +99,22 @@ fn named_bad_inputs() {
     let mut trailing = payload.clone();
     trailing.push(0);
     assert!(matches!(decode(id, &trailing, &mut out), Err(CodecError::LengthMismatch { .. })));
+}
+
+/// A header may claim any decoded length; one beyond `DECODED_LEN_MAX` (2^40, 2^64 - 1) is an
+/// error naming it before anything is sized from it, for every codec with a header.
+#[test]
+fn absurd_decoded_lengths_are_refused_before_allocating() {
+    for (id, payload, _) in valid_payloads() {
+        for claim in [kvtier_codec::header::DECODED_LEN_MAX + 1, 1 << 40, u64::MAX] {
+            let mut forged = payload.clone();
+            forged[8..16].copy_from_slice(&claim.to_le_bytes());
+            let e = decoded_len(id, &forged).unwrap_err();
+            assert!(
+                matches!(e, CodecError::InvalidParam { what: "decoded length", value } if value == claim),
+                "{e}"
+            );
+            assert!(decode(id, &forged, &mut [0u8; 64]).is_err());
+        }
+    }
 }

@@ -23,7 +23,14 @@ impl Tier for NoopTier {
         assert_eq!(keys.len(), payloads.len(), "one payload per key");
         TierPutReport { rejected: keys.len(), ..TierPutReport::default() }
     }
-    fn locate(&self, keys: &[BlockKey], located: &mut [Option<Located>], _pin: bool, _stop: bool) -> usize {
+    fn locate(
+        &self,
+        _ns: u128,
+        keys: &[BlockKey],
+        located: &mut [Option<Located>],
+        _pin: bool,
+        _stop: bool,
+    ) -> usize {
         assert_eq!(keys.len(), located.len(), "one slot per key");
         0
     }
@@ -40,10 +47,10 @@ impl Tier for NoopTier {
     fn unpin(&self, entries: &[EntryRef]) {
         assert!(entries.is_empty(), "unpin of {:?}: the noop tier holds no pins", entries[0]);
     }
-    fn contains(&self, _key: BlockKey) -> bool {
+    fn contains(&self, _ns: u128, _key: BlockKey) -> bool {
         false
     }
-    fn remove(&self, _keys: &[BlockKey]) -> usize {
+    fn remove(&self, _ns: u128, _keys: &[BlockKey]) -> usize {
         0
     }
     fn pins(&self) -> Vec<(EntryRef, u32)> {
@@ -67,8 +74,8 @@ mod tests {
         let report = tier.put(1, &[5], &[&[0u8; 8]]);
         assert_eq!((report.stored, report.rejected), (0, 1));
         let mut located = [None];
-        assert_eq!(tier.locate(&[5], &mut located, true, true), 0);
-        assert!(located[0].is_none() && !tier.contains(5));
+        assert_eq!(tier.locate(1, &[5], &mut located, true, true), 0);
+        assert!(located[0].is_none() && !tier.contains(1, 5));
         tier.check_integrity().unwrap();
     }
 }

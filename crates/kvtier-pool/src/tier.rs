@@ -143,15 +143,19 @@ pub trait Tier: Send + Sync {
     fn used_bytes(&self) -> u64;
 
     /// Stores `payloads[i]` under `keys[i]` (same lengths), evicting unpinned blocks as needed.
-    /// A key already present or being written is skipped as already present.
+    /// A key already present or being written for `namespace` is skipped as already present; one
+    /// held by another namespace is rejected (never overwritten, never reported as present).
     fn put(&self, namespace: u128, keys: &[BlockKey], payloads: &[&[u8]]) -> TierPutReport;
 
-    /// For each `i` with `located[i] == None` whose key this tier holds (ready), sets
-    /// `located[i]` and, when `pin`, pins it (and counts it as an access for eviction).
-    /// With `stop_at_miss` (the caller's last tier), stops at the first key located neither
-    /// before nor here. Returns how many keys this call located.
+    /// For each `i` with `located[i] == None` whose key this tier holds (ready) for
+    /// `namespace`, sets `located[i]` and, when `pin`, pins it (and counts it as an access for
+    /// eviction). A copy of the key written for another namespace is a plain miss: never located,
+    /// never read, never removed by this namespace. With `stop_at_miss` (the caller's last tier),
+    /// stops at the first key located neither before nor here. Returns how many keys this call
+    /// located.
     fn locate(
         &self,
+        namespace: u128,
         keys: &[BlockKey],
         located: &mut [Option<Located>],
         pin: bool,
@@ -173,12 +177,13 @@ pub trait Tier: Send + Sync {
     /// Drops one pin from each entry. Panics on an entry that holds no pin (a caller bug).
     fn unpin(&self, entries: &[EntryRef]);
 
-    /// Whether a ready copy of `key` is here.
-    fn contains(&self, key: BlockKey) -> bool;
+    /// Whether a ready copy of `key` of `namespace` is here.
+    fn contains(&self, namespace: u128, key: BlockKey) -> bool;
 
-    /// Removes the keys' ready copies (pinned ones are doomed and freed on their last unpin).
+    /// Removes the keys' ready copies of `namespace` (pinned ones are doomed and freed on their
+    /// last unpin); another namespace's copy of the same key is left alone.
     /// Returns how many were removed or doomed.
-    fn remove(&self, keys: &[BlockKey]) -> usize;
+    fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize;
 
     /// Every entry holding pins, with its pin count (for the store's lease cross-check).
     fn pins(&self) -> Vec<(EntryRef, u32)>;

@@ -19,7 +19,7 @@ fn tier(capacity_bytes: u64, policy: &str) -> DramTier {
 
 fn pin(tier: &DramTier, keys: &[u128]) -> Vec<EntryRef> {
     let mut located = vec![None; keys.len()];
-    tier.locate(keys, &mut located, true, true);
+    tier.locate(NS, keys, &mut located, true, true);
     located.iter().map_while(|l| l.map(|l| l.entry)).collect()
 }
 
@@ -37,7 +37,7 @@ fn pinned_blocks_survive_a_flood_and_unpinned_ones_go() {
         assert_eq!(report.stored, 1, "there is always one unpinned slot to reuse");
         assert!(t.used_bytes() <= t.capacity_bytes());
     }
-    assert!(t.contains(1) && !t.contains(2), "pinned 1 survived, unpinned 2 was evicted");
+    assert!(t.contains(NS, 1) && !t.contains(NS, 2), "pinned 1 survived, unpinned 2 was evicted");
     let mut dst = vec![0u8; len];
     let mut outcomes = [ReadOutcome::NotPinned];
     t.read_pinned(NS, &pinned, &mut [&mut dst[..]], &mut outcomes);
@@ -45,7 +45,7 @@ fn pinned_blocks_survive_a_flood_and_unpinned_ones_go() {
     assert_eq!(dst, payload(1, len));
     t.unpin(&pinned);
     t.put(NS, &[200, 201, 202, 203], &[&p, &p, &p, &p]);
-    assert!(!t.contains(1), "unpinned, block 1 is evictable again");
+    assert!(!t.contains(NS, 1), "unpinned, block 1 is evictable again");
     t.check_integrity().unwrap();
 }
 
@@ -61,7 +61,7 @@ fn full_of_pins_rejects_instead_of_growing() {
     let too_big = payload(0, 2 * PAGE_BYTES as usize);
     t.unpin(&pinned);
     assert_eq!(t.put(NS, &[9], &[&too_big]).rejected, 1, "larger than capacity: rejected, nothing evicted");
-    assert!(t.contains(1) && t.contains(2));
+    assert!(t.contains(NS, 1) && t.contains(NS, 2));
     t.check_integrity().unwrap();
 }
 
@@ -81,8 +81,8 @@ fn removing_a_pinned_block_hides_it_and_frees_on_unpin() {
     let p = payload(7, 500);
     t.put(NS, &[7], &[&p]);
     let pinned = pin(&t, &[7]);
-    assert_eq!(t.remove(&[7]), 1);
-    assert!(!t.contains(7));
+    assert_eq!(t.remove(NS, &[7]), 1);
+    assert!(!t.contains(NS, 7));
     assert_eq!(t.stats().doomed_objects, 1);
     // The pinned generation still reads correctly; a new generation of the key can coexist.
     t.put(NS, &[7], &[&p]);
@@ -94,7 +94,7 @@ fn removing_a_pinned_block_hides_it_and_frees_on_unpin() {
     t.unpin(&pinned);
     assert_eq!(t.stats().doomed_objects, 0);
     assert_eq!(t.used_bytes(), object_extent_bytes(500));
-    assert!(t.contains(7));
+    assert!(t.contains(NS, 7));
     t.check_integrity().unwrap();
 }
 
@@ -154,7 +154,7 @@ proptest! {
                     }
                 }
                 Op::Remove(key) => {
-                    t.remove(&[u128::from(key)]);
+                    t.remove(NS, &[u128::from(key)]);
                 }
                 _ => {}
             }
@@ -169,4 +169,26 @@ proptest! {
         prop_assert!(t.pins().is_empty());
         prop_assert_eq!(t.check_integrity(), Ok(()));
     }
+}
+
+/// A key held for one namespace is a plain miss for another: not located, not contained, not
+/// removed, and another namespace's put of it is rejected rather than reported as present.
+#[test]
+fn another_namespace_never_sees_or_drops_a_block() {
+    let t = tier(8 * PAGE_BYTES, "lru");
+    let p = payload(5, 3000);
+    assert_eq!(t.put(NS, &[5], &[&p]).stored, 1);
+    let other = NS + 1;
+    let mut located = [None];
+    assert_eq!(t.locate(other, &[5], &mut located, true, true), 0);
+    assert!(located[0].is_none() && !t.contains(other, 5) && t.contains(NS, 5));
+    assert_eq!(t.remove(other, &[5]), 0);
+    let report = t.put(other, &[5], &[&payload(6, 3000)]);
+    assert_eq!((report.stored, report.already_present, report.rejected), (0, 0, 1));
+    let entries = pin(&t, &[5]);
+    let mut out = vec![0u8; 3000];
+    let mut outcomes = [ReadOutcome::NotPinned];
+    t.read_pinned(NS, &entries, &mut [&mut out[..]], &mut outcomes);
+    assert_eq!((outcomes[0], out == p), (ReadOutcome::Loaded, true));
+    t.unpin(&entries);
 }

@@ -24,7 +24,7 @@ fn corrupt_block_is_reported_counted_and_dropped() {
     assert!(!t.corrupt_for_test(2, 9000), "offset past the payload");
     assert!(!t.corrupt_for_test(99, 0), "absent key");
     let mut located = vec![None; 4];
-    assert_eq!(t.locate(&[0, 1, 2, 3], &mut located, true, true), 4);
+    assert_eq!(t.locate(NS, &[0, 1, 2, 3], &mut located, true, true), 4);
     let entries: Vec<_> = located.iter().map(|l| l.unwrap().entry).collect();
     let mut bufs = vec![vec![0u8; 9000]; 4];
     let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
@@ -38,7 +38,7 @@ fn corrupt_block_is_reported_counted_and_dropped() {
         assert_eq!(bufs[i], payloads[i]);
     }
     assert_eq!(t.stats().checksum_failures, 1);
-    assert!(!t.contains(2), "a corrupt block is a miss from now on");
+    assert!(!t.contains(NS, 2), "a corrupt block is a miss from now on");
     let used_while_pinned = t.used_bytes();
     t.check_integrity().unwrap();
     t.unpin(&entries);
@@ -50,7 +50,7 @@ fn corrupt_block_is_reported_counted_and_dropped() {
 fn wrong_namespace_on_read_is_corrupt_not_served() {
     let (t, _) = setup();
     let mut located = vec![None];
-    t.locate(&[1], &mut located, true, true);
+    t.locate(NS, &[1], &mut located, true, true);
     let entry = located[0].unwrap().entry;
     let mut buf = vec![0u8; 9000];
     let mut outcomes = [ReadOutcome::NotPinned];
@@ -64,7 +64,7 @@ fn wrong_namespace_on_read_is_corrupt_not_served() {
 fn unpinned_entries_are_not_read() {
     let (t, _) = setup();
     let mut located = vec![None];
-    t.locate(&[1], &mut located, false, true);
+    t.locate(NS, &[1], &mut located, false, true);
     let mut buf = vec![0u8; 9000];
     let mut outcomes = [ReadOutcome::Loaded];
     t.read_pinned(NS, &[located[0].unwrap().entry], &mut [&mut buf[..]], &mut outcomes);
@@ -84,10 +84,10 @@ fn a_corrupt_copy_is_counted_once_and_fails_every_later_read() {
         (outcomes, bufs)
     };
     let mut first = vec![None; 2];
-    t.locate(&[0, 1], &mut first, true, true);
+    t.locate(NS, &[0, 1], &mut first, true, true);
     let first: Vec<_> = first.iter().map(|l| l.unwrap().entry).collect();
     let mut second = vec![None; 2];
-    t.locate(&[0, 1], &mut second, true, true);
+    t.locate(NS, &[0, 1], &mut second, true, true);
     let second: Vec<_> = second.iter().map(|l| l.unwrap().entry).collect();
     assert_eq!(read(&first).0, [ReadOutcome::Loaded, ReadOutcome::Corrupt]);
     assert_eq!(t.stats().checksum_failures, 1);
@@ -108,7 +108,7 @@ fn pinned_blocks_are_not_corrupted() {
     // A pinned block may be being read; flipping a bit then would race with the read.
     let (t, payloads) = setup();
     let mut located = vec![None];
-    t.locate(&[3], &mut located, true, true);
+    t.locate(NS, &[3], &mut located, true, true);
     let entry = located[0].unwrap().entry;
     assert!(!t.corrupt_for_test(3, 0));
     let mut buf = vec![0u8; 9000];

@@ -132,3 +132,90 @@ fn reopening_with_another_capacity_keeps_the_pool_and_says_so() {
     assert_eq!(pool.capacity_bytes(), 1 << 20);
     assert_all_load(&pool, &[1, 2], 5000);
 }
+
+/// An existing file of other data named as a device is refused, untouched (not overwritten, not
+/// grown); `format_devices` takes it over on purpose. An empty file is taken as it is.
+#[test]
+fn a_file_of_other_data_is_never_taken_over() {
+    let dir = TempDir::new("ssd-foreign-file");
+    let mut c = config(dir.path(), 1, 1 << 20);
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(&c.devices[0], &data).unwrap();
+    let message = open_error(c.clone());
+    assert!(message.contains("holding other data") && message.contains("ssd_format_devices"), "{message}");
+    assert_eq!(std::fs::read(&c.devices[0]).unwrap(), data, "the file was changed");
+    c.format_devices = true;
+    let pool = SsdTier::open(c.clone()).unwrap();
+    assert_eq!(put(&pool, &[1, 2], 5000).stored, 2);
+    drop(pool);
+    // An empty file is the user's file for the pool: no flag needed.
+    let dir = TempDir::new("ssd-empty-file");
+    let c = config(dir.path(), 1, 1 << 20);
+    std::fs::write(&c.devices[0], b"").unwrap();
+    let pool = SsdTier::open(c).unwrap();
+    assert_eq!(put(&pool, &[1], 5000).stored, 1);
+}
+
+/// A symbolic link where a device file goes (the default one in the pool directory, or a listed
+/// one) is refused before anything is written: the link's target keeps its bytes.
+#[test]
+fn a_planted_link_is_never_written_through() {
+    for listed in [false, true] {
+        let dir = TempDir::new(&format!("ssd-link-{listed}"));
+        let pool_dir = dir.path().join("pool");
+        std::fs::create_dir(&pool_dir).unwrap();
+        let target = dir.path().join("victim");
+        std::fs::write(&target, b"").unwrap(); // empty: only the link makes it off limits
+        let mut c = kvtier_pool::SsdConfig::new(&pool_dir);
+        c.capacity_bytes = 1 << 20;
+        c.probe_bytes = 0;
+        let link =
+            pool_dir.join(if listed { "listed.kvtd" } else { kvtier_pool::ssd::config::DEFAULT_DEVICE_FILE });
+        if listed {
+            c.devices = vec![link.clone()];
+        }
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let message = open_error(c);
+        assert!(message.contains("symbolic link"), "{message}");
+        assert_eq!(std::fs::metadata(&target).unwrap().len(), 0, "the link's target was written");
+    }
+}
+
+/// Files the pool creates are owner-only whatever the umask; a directory every user can write
+/// is refused.
+#[test]
+fn pool_files_are_private_and_a_shared_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("ssd-modes");
+    // SAFETY: umask is process-wide; this test's files are created while it is 0. Other tests
+    // running meanwhile create files with wider modes than usual, which is harmless.
+    let old = unsafe { libc::umask(0) };
+    let pool = SsdTier::open(config(dir.path(), 2, 1 << 20));
+    unsafe { libc::umask(old) };
+    let pool = pool.unwrap();
+    assert_eq!(put(&pool, &[1], 5000).stored, 1);
+    pool.flush().unwrap();
+    drop(pool);
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        let mode = entry.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:o}", entry.path().display());
+        seen += 1;
+    }
+    assert!(seen >= 4, "lock, log and two devices: saw {seen}");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let message = open_error(config(dir.path(), 2, 1 << 20));
+    assert!(message.contains("writable by every user"), "{message}");
+}
+
+/// A device of an existing pool truncated to nothing is named as such, not an I/O error.
+#[test]
+fn a_truncated_device_is_named() {
+    let dir = TempDir::new("ssd-zero-device");
+    let c = config(dir.path(), 1, 1 << 20);
+    drop(SsdTier::open(c.clone()).unwrap());
+    std::fs::File::create(&c.devices[0]).unwrap();
+    let message = open_error(c);
+    assert!(message.contains("0 bytes") && message.contains("too short"), "{message}");
+}

@@ -20,7 +20,7 @@ fn eviction_keeps_the_pool_within_capacity_and_spares_pinned_objects() {
     assert_eq!(put(&pool, &first, LEN).stored, 20);
     // Pin four of them (as a lease would).
     let mut located = vec![None; 4];
-    assert_eq!(pool.locate(&first[..4], &mut located, true, false), 4);
+    assert_eq!(pool.locate(common::NS, &first[..4], &mut located, true, false), 4);
     let pinned: Vec<EntryRef> = located.iter().map(|l| l.unwrap().entry).collect();
     for round in 0..5u128 {
         let keys: Vec<u128> = (100 + 20 * round..120 + 20 * round).collect();
@@ -30,11 +30,11 @@ fn eviction_keeps_the_pool_within_capacity_and_spares_pinned_objects() {
         pool.check_integrity().unwrap();
     }
     assert!(pool.stats().evictions >= 80);
-    assert!(first[..4].iter().all(|&k| pool.contains(k)), "a pinned object was evicted");
+    assert!(first[..4].iter().all(|&k| pool.contains(common::NS, k)), "a pinned object was evicted");
     pool.unpin(&pinned);
     // Everything unpinned but full: the next put evicts the old pinned ones too.
     put(&pool, &(1000..1020).collect::<Vec<u128>>(), LEN);
-    assert!(first[..4].iter().all(|&k| !pool.contains(k)));
+    assert!(first[..4].iter().all(|&k| !pool.contains(common::NS, k)));
 }
 
 #[test]
@@ -43,7 +43,7 @@ fn all_pinned_means_rejected_not_grown() {
     let pool = SsdTier::open(config(dir.path(), 1, 4 * OBJECT)).unwrap();
     put(&pool, &[1, 2, 3, 4], LEN);
     let mut located = vec![None; 4];
-    pool.locate(&[1, 2, 3, 4], &mut located, true, false);
+    pool.locate(common::NS, &[1, 2, 3, 4], &mut located, true, false);
     let report = put(&pool, &[5, 6], LEN);
     assert_eq!((report.stored, report.rejected, report.evicted), (0, 2, 0));
     assert_eq!(pool.used_bytes(), pool.capacity_bytes());
@@ -73,7 +73,8 @@ fn enospc_on_data_writes_refuses_the_put_and_the_pool_recovers() {
     assert!(pool.metrics().devices[1].io.io_errors >= 1);
     pool.check_integrity().unwrap();
     pool.inject_device_error_for_test(1, true, 0);
-    let missing: Vec<u128> = [3u128, 4, 5, 6].into_iter().filter(|&k| !pool.contains(k)).collect();
+    let missing: Vec<u128> =
+        [3u128, 4, 5, 6].into_iter().filter(|&k| !pool.contains(common::NS, k)).collect();
     assert_eq!(put(&pool, &missing, LEN).stored, missing.len());
     assert_all_load(&pool, &[1, 2, 3, 4, 5, 6], LEN);
     drop(pool);
@@ -92,7 +93,7 @@ fn enospc_on_the_log_refuses_the_put_and_puts_evicted_objects_back() {
     assert_eq!((report.stored, report.rejected, report.evicted), (0, 2, 0));
     assert_all_load(&pool, &[1, 2, 3, 4], LEN);
     pool.check_integrity().unwrap();
-    pool.remove(&[4]); // room without eviction; the Put record cannot be logged either
+    pool.remove(common::NS, &[4]); // room without eviction; the Put record cannot be logged either
     assert_eq!(put(&pool, &[7], LEN).rejected, 1);
     assert_eq!(get(&pool, &[7], LEN)[0].0, None);
     assert!(pool.metrics().log_failures >= 2);

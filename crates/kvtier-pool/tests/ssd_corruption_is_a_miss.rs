@@ -47,7 +47,7 @@ fn flipped_bytes_on_disk_are_counted_misses() {
     assert_eq!(pool.stats().checksum_failures, 3);
     // Dropped: later lookups miss them, and the check passes without them.
     assert_eq!(get(&pool, &keys[..3], LEN).iter().map(|r| r.0).collect::<Vec<_>>(), vec![None; 3]);
-    assert!(!pool.contains(1));
+    assert!(!pool.contains(common::NS, 1));
     pool.check_integrity().unwrap();
     drop(pool);
     // Their removal was logged: a restart does not bring them back.

@@ -85,7 +85,7 @@ fn the_index_log_is_compacted_and_recovery_still_finds_everything() {
         m.tier.objects
     );
     assert!(m.log_generation > 0);
-    let live: Vec<u128> = (0..200).filter(|&k| pool.contains(k)).collect();
+    let live: Vec<u128> = (0..200).filter(|&k| pool.contains(common::NS, k)).collect();
     assert_eq!(live.len() as u64, m.tier.objects);
     drop(pool);
     let pool = SsdTier::open(c).unwrap();

@@ -133,6 +133,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     codec::register(m)?;
     m.add_class::<ssd::SsdPool>()?;
     m.add_class::<remote::RemotePool>()?;
+    m.add_function(wrap_pyfunction!(remote::redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::check_url, m)?)?;
     m.add_function(wrap_pyfunction!(ssd::ssd_placement_counts, m)?)?;
     m.add_function(wrap_pyfunction!(ssd::ssd_raw_sequential, m)?)?;
     m.add_function(wrap_pyfunction!(ssd::ssd_file_per_object_write, m)?)?;

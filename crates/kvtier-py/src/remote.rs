@@ -30,6 +30,19 @@ fn seconds(name: &str, v: f64) -> PyResult<Duration> {
         .map_err(|_| config_error(format!("remote {name} is {v}; expected a non-negative number of seconds")))
 }
 
+/// `url` with its password replaced by `***` (what every message shows).
+#[pyfunction]
+pub fn redact_url(url: &str) -> String {
+    kvtier_remote::config::redact_url(url)
+}
+
+/// Parses `url` as the client will (scheme, user, host, port, database); a `ConfigError` that
+/// shows it redacted if it is not one.
+#[pyfunction]
+pub fn check_url(url: &str) -> PyResult<()> {
+    kvtier_remote::config::parse_url(url).map(|_| ()).map_err(|e| config_error(e.to_string()))
+}
+
 /// The client settings of a `remote` options dict (keys as `StoreConfig.remote_options()` writes).
 pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
     let mut c = RemoteConfig::default();
@@ -144,6 +157,7 @@ fn res_name(r: Res) -> &'static str {
         Res::Nil => "missing",
         Res::WrongLength => "wrong_length",
         Res::Redirect => "redirect",
+        Res::WrongType => "wrong_type",
         Res::ServerError => "server_error",
     }
 }
@@ -219,7 +233,7 @@ impl RemotePool {
     /// Deletes blocks; returns how many existed.
     fn remove(&self, py: Python<'_>, keys: &[u8]) -> PyResult<usize> {
         let keys = keys_from(keys)?;
-        Ok(py.allow_threads(|| self.tier.remove(&keys)))
+        Ok(py.allow_threads(|| self.tier.remove(self.namespace, &keys)))
     }
 
     /// Plain `SET name value` of each value of `value_bytes` (the raw-client baseline; also plants

@@ -66,6 +66,9 @@ pub fn pool_config(d: &Bound<'_, PyDict>) -> PyResult<SsdConfig> {
     if let Some(v) = get(d, "compact_min_records")? {
         c.compact_min_records = v;
     }
+    if let Some(v) = get(d, "format_devices")? {
+        c.format_devices = v;
+    }
     Ok(c)
 }
 

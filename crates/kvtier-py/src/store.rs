@@ -86,7 +86,17 @@ fn lease_ttl(lease_ttl_s: f64) -> PyResult<Duration> {
 }
 
 fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {
+    if block_bytes == 0 && count > 0 {
+        return Err(buffer_error(format!(
+            "{what}: blocks of 0 bytes for {count} keys; expected at least 1 byte per block"
+        )));
+    }
     let total: usize = bufs.iter().map(Buffer::len).sum();
+    if count.checked_mul(block_bytes).is_none() {
+        return Err(buffer_error(format!(
+            "{what}: {count} blocks of {block_bytes} bytes overflow the address space"
+        )));
+    }
     let per_block_ok =
         bufs.len() == 1 || (bufs.len() == count && bufs.iter().all(|b| b.len() == block_bytes));
     if total != count * block_bytes || !per_block_ok {

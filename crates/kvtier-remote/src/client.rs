@@ -240,8 +240,10 @@ impl RemoteClient {
         }
         let c = self.op_counters(op);
         c.record(names.len(), bytes, start.elapsed());
-        let errors =
-            out.iter().filter(|r| matches!(r, Res::ServerError | Res::Redirect | Res::Failed)).count();
+        let errors = out
+            .iter()
+            .filter(|r| matches!(r, Res::ServerError | Res::WrongType | Res::Redirect | Res::Failed))
+            .count();
         bump(&c.errors, errors);
         out
     }
@@ -405,12 +407,25 @@ impl RemoteClient {
     /// command count instead, as `EXISTS` and `DEL` are. `None`: no such key, or the server
     /// failed (counted). The `get` metrics do not count these values' bytes.
     pub fn get_values(&self, names: &[&[u8]], value_bytes_max: u64) -> Vec<Option<Vec<u8>>> {
+        self.get_values_res(names, value_bytes_max).into_iter().map(Result::ok).collect()
+    }
+
+    /// As [`get_values`](Self::get_values), with what each missing value got instead
+    /// ([`Res::Nil`], [`Res::WrongType`], [`Res::Failed`], ...).
+    pub fn get_values_res(&self, names: &[&[u8]], value_bytes_max: u64) -> Vec<Result<Vec<u8>, Res>> {
         let window = self.config.inflight_bytes_max;
         let run = move |c: &mut Conn, n: &[&[u8]], v: &mut [Option<Vec<u8>>], out: &mut [Res]| {
             pipeline::get_whole(c, n, v, value_bytes_max, window, out)
         };
         let (res, values) = self.execute(Op::Get, names, vec![None; names.len()], &|_| 0, &run, true);
-        values.into_iter().zip(res).map(|(v, r)| if r == Res::Filled { v } else { None }).collect()
+        values
+            .into_iter()
+            .zip(res)
+            .map(|(v, r)| match (r, v) {
+                (Res::Filled, Some(v)) => Ok(v),
+                (r, _) => Err(r),
+            })
+            .collect()
     }
 
     pub(crate) fn counters(&self) -> &Counters {

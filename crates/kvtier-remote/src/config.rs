@@ -44,8 +44,9 @@ pub struct TlsConfig {
     pub server_name: Option<String>,
 }
 
-/// How to reach the Redis/Valkey server (or cluster) and how to talk to it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How to reach the Redis/Valkey server (or cluster) and how to talk to it. Its `Debug` shows
+/// URLs with passwords redacted and never the password field.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RemoteConfig {
     /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` asks for TLS. In cluster mode,
     /// one or more seed nodes (the rest are discovered with `CLUSTER SLOTS`).
@@ -113,11 +114,82 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// Credentials sent with `AUTH` on every new connection.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Credentials sent with `AUTH` on every new connection. `Debug` never shows the password.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Credentials {
     pub username: Option<String>,
     pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for RemoteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
+        f.debug_struct("RemoteConfig")
+            .field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("ttl", &self.ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("reconnect_backoff_min", &self.reconnect_backoff_min)
+            .field("reconnect_backoff_max", &self.reconnect_backoff_max)
+            .field("inflight_bytes_max", &self.inflight_bytes_max)
+            .field("connections_per_node_max", &self.connections_per_node_max)
+            .field("key_prefix", &self.key_prefix)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user information, and any `?query`, replaced by `***`
+/// (`redis://alice:***@h`, `redis://:***@h`), for every message and display that shows a URL.
+/// Malformed URLs are the ones messages show: the user information is everything before the
+/// last `@`, even past a `/` (a password may hold one).
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let (userinfo, hostpart) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let hostpart = match hostpart.find('?') {
+        Some(q) => format!("{}?***", &hostpart[..q]),
+        None => hostpart.to_string(),
+    };
+    match userinfo {
+        Some(info) => match info.find(':') {
+            Some(i) => format!("{scheme}{}:***@{hostpart}", &info[..i]),
+            None => format!("{scheme}{info}@{hostpart}"),
+        },
+        None => format!("{scheme}{hostpart}"),
+    }
+}
+
+/// Whether `host` (without brackets) is an IP address or a DNS name: letters, digits, `-`,
+/// `_` and dots, labels of 1 to 63 bytes, 253 bytes in all.
+fn valid_host(host: &str) -> bool {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 /// A validated config: endpoints parsed, credentials resolved.
@@ -165,13 +237,14 @@ pub struct ParsedUrl {
 
 /// Parses `redis://[user[:password]@]host[:port][/db]` (or `rediss://`).
 pub fn parse_url(url: &str) -> Result<ParsedUrl, RemoteError> {
+    let shown = redact_url(url);
     let expected = "expected redis://[user[:password]@]host[:port][/db] or rediss://...";
     let (tls, rest) = if let Some(r) = url.strip_prefix("redis://") {
         (false, r)
     } else if let Some(r) = url.strip_prefix("rediss://") {
         (true, r)
     } else {
-        return bad(format!("url {url:?} has no redis:// or rediss:// scheme; {expected}"));
+        return bad(format!("url {shown:?} has no redis:// or rediss:// scheme; {expected}"));
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i + 1..]),
@@ -196,8 +269,14 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, RemoteError> {
     }
     let (host, port) = if let Some(stripped) = hostport.strip_prefix('[') {
         let Some(end) = stripped.find(']') else {
-            return bad(format!("url {url:?} has an unclosed [IPv6] host; {expected}"));
+            return bad(format!("url {shown:?} has an unclosed [IPv6] host; {expected}"));
         };
+        if stripped[..end].parse::<std::net::Ipv6Addr>().is_err() {
+            return bad(format!(
+                "url {shown:?} has [{}], which is not an IPv6 address; {expected}",
+                &stripped[..end]
+            ));
+        }
         (&stripped[..end], stripped[end + 1..].strip_prefix(':'))
     } else {
         match hostport.rfind(':') {
@@ -206,13 +285,18 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, RemoteError> {
         }
     };
     if host.is_empty() {
-        return bad(format!("url {url:?} has no host; {expected}"));
+        return bad(format!("url {shown:?} has no host; {expected}"));
+    }
+    if !valid_host(host) {
+        return bad(format!(
+            "url {shown:?} has host {host:?}, which is neither an IP address nor a DNS name; {expected}"
+        ));
     }
     let port = match port {
         None => 6379,
         Some(p) => match p.parse::<u16>() {
             Ok(p) if p > 0 => p,
-            _ => return bad(format!("url {url:?} has port {p:?}; expected 1 to 65535")),
+            _ => return bad(format!("url {shown:?} has port {p:?}; expected 1 to 65535")),
         },
     };
     let db = if path.is_empty() {
@@ -220,7 +304,9 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, RemoteError> {
     } else {
         match path.parse::<u32>() {
             Ok(db) => db,
-            Err(_) => return bad(format!("url {url:?} has database {path:?}; expected a number such as /0")),
+            Err(_) => {
+                return bad(format!("url {shown:?} has database {path:?}; expected a number such as /0"))
+            }
         }
     };
     Ok(ParsedUrl { endpoint: Endpoint { host: host.to_string(), port }, tls, db, credentials })
@@ -353,10 +439,48 @@ mod tests {
 
     #[test]
     fn rejects_bad_urls() {
-        for url in ["http://h", "redis://", "redis://h:0", "redis://h:70000", "redis://h:1/x", "redis://[::1"]
-        {
+        for url in [
+            "http://h",
+            "redis://",
+            "redis://h:0",
+            "redis://h:70000",
+            "redis://h:1/x",
+            "redis://[::1",
+            "redis://127.0.0.1 :6379",
+            "redis://ho\0st:1",
+            "redis://a..b",
+            "redis://[not-an-ip]:1",
+            "redis://h\tx",
+        ] {
             assert!(matches!(parse_url(url), Err(RemoteError::Config(_))), "{url}");
         }
+        for url in ["redis://my_host-1.example.com.:1", "redis://[fe80::1]", "redis://10.0.0.1"] {
+            assert!(parse_url(url).is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact_url("redis://alice:s3cret@h:1/2"), "redis://alice:***@h:1/2");
+        assert_eq!(redact_url("redis://:s3cret@h"), "redis://:***@h");
+        assert_eq!(redact_url("redis://alice@h"), "redis://alice@h");
+        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(redact_url("redis://:s3cret/x@h"), "redis://:***@h");
+        assert_eq!(redact_url("redis://h/0?password=s3cret"), "redis://h/0?***");
+        for url in [
+            "redis://:s3cret@h:notaport",
+            "redis://:s3cret@h:1/x",
+            "http://:s3cret@h",
+            "redis://:s3cret@",
+            "redis://:s3cret@bad host",
+        ] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(!e.contains("s3cret") && e.contains("***"), "{e}");
+        }
+        let c =
+            RemoteConfig { password: Some("s3cret".into()), ..RemoteConfig::single("redis://u:s3cret@h") };
+        let shown = format!("{c:?} {:?}", c.resolve().unwrap());
+        assert!(!shown.contains("s3cret"), "{shown}");
     }
 
     #[test]

@@ -167,6 +167,8 @@ impl Node {
                 io(e)
             }
         })?;
+        // The whole handshake (AUTH, SELECT, PING) within one io_timeout.
+        conn.set_limit(Some(std::time::Instant::now() + s.io_timeout));
         let user = s.credentials.username.clone().unwrap_or_else(|| "default".to_string());
         if let Some(password) = &s.credentials.password {
             let mut args: Vec<&[u8]> = vec![b"AUTH"];
@@ -204,6 +206,7 @@ impl Node {
                 }
             }
         }
+        conn.set_limit(None);
         Ok(conn)
     }
 }

@@ -30,6 +30,8 @@ pub enum Res {
     WrongLength,
     /// Cluster: `MOVED`/`ASK`/`TRYAGAIN`: the slot lives elsewhere now.
     Redirect,
+    /// `WRONGTYPE`: the key holds another kind of value (a list, a hash): not a kvtier object.
+    WrongType,
     /// Any other error reply (e.g. `CLUSTERDOWN`, `OOM`).
     ServerError,
 }
@@ -37,6 +39,8 @@ pub enum Res {
 fn classify_error(e: &str) -> Res {
     if e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN") {
         Res::Redirect
+    } else if e.starts_with("WRONGTYPE") {
+        Res::WrongType
     } else {
         Res::ServerError
     }

@@ -12,7 +12,7 @@
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvtier_core::OBJECT_HEADER_BYTES;
 use parking_lot::Mutex;
@@ -57,34 +57,64 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-/// One side of a connection: a plain socket (cloned for reading and writing), or a TLS stream
-/// both sides share (one thread uses a connection at a time, so the lock is uncontended).
-enum Half {
+/// The stream under one side of a connection: a plain socket (cloned for reading and writing),
+/// or a TLS stream both sides share (one thread uses a connection at a time, so the lock is
+/// uncontended).
+enum Stream {
     Tcp(TcpStream),
     Tls(Arc<Mutex<TlsStream>>),
 }
 
+/// One side of a connection, with the deadline of the exchange in progress: before each system
+/// call the socket's timeout is set to what is left of it, so a server that trickles bytes
+/// cannot stretch one reply (or one write) past `io_timeout`, however many reads it takes.
+struct Half {
+    stream: Stream,
+    /// The socket itself, to set its timeouts (a TLS stream owns its own handle).
+    sock: TcpStream,
+    reads: bool,
+    deadline: Instant,
+}
+
+impl Half {
+    fn arm(&self) -> io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let what = if self.reads { "a whole reply" } else { "a whole write" };
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no {what} within io_timeout")));
+        }
+        if self.reads {
+            self.sock.set_read_timeout(Some(left))
+        } else {
+            self.sock.set_write_timeout(Some(left))
+        }
+    }
+}
+
 impl Read for Half {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Half::Tcp(s) => s.read(buf),
-            Half::Tls(s) => s.lock().read(buf),
+        self.arm()?;
+        match &mut self.stream {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.lock().read(buf),
         }
     }
 }
 
 impl Write for Half {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Half::Tcp(s) => s.write(buf),
-            Half::Tls(s) => s.lock().write(buf),
+        self.arm()?;
+        match &mut self.stream {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.lock().write(buf),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Half::Tcp(s) => s.flush(),
-            Half::Tls(s) => s.lock().flush(),
+        self.arm()?;
+        match &mut self.stream {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Tls(s) => s.lock().flush(),
         }
     }
 }
@@ -97,6 +127,10 @@ pub struct Conn {
     /// The text of the last error reply read by [`read_bulk_into`](Self::read_bulk_into) or
     /// [`read_status`](Self::read_status).
     pub last_error: String,
+    /// How long one reply (or one write call) may take, whole.
+    io_timeout: Duration,
+    /// An outer bound on every deadline (e.g. the whole connection handshake).
+    limit: Option<Instant>,
 }
 
 impl Conn {
@@ -114,15 +148,20 @@ impl Conn {
             match TcpStream::connect_timeout(&addr, connect_timeout) {
                 Ok(stream) => {
                     stream.set_nodelay(true)?;
+                    // Until the first exchange arms them: bounds the TLS handshake's reads.
                     stream.set_read_timeout(Some(io_timeout))?;
                     stream.set_write_timeout(Some(io_timeout))?;
+                    let (read_sock, write_sock) = (stream.try_clone()?, stream.try_clone()?);
                     let (read_half, write_half) = match tls {
-                        None => (Half::Tcp(stream.try_clone()?), Half::Tcp(stream)),
+                        None => (Stream::Tcp(stream.try_clone()?), Stream::Tcp(stream)),
                         Some(client) => {
                             let shared = Arc::new(Mutex::new(crate::tls::wrap(client, host, stream)?));
-                            (Half::Tls(shared.clone()), Half::Tls(shared))
+                            (Stream::Tls(shared.clone()), Stream::Tls(shared))
                         }
                     };
+                    let deadline = Instant::now() + io_timeout;
+                    let read_half = Half { stream: read_half, sock: read_sock, reads: true, deadline };
+                    let write_half = Half { stream: write_half, sock: write_sock, reads: false, deadline };
                     let writer = BufWriter::with_capacity(BUF_BYTES, write_half);
                     let reader = BufReader::with_capacity(BUF_BYTES, read_half);
                     return Ok(Conn {
@@ -130,12 +169,34 @@ impl Conn {
                         writer,
                         line: Vec::with_capacity(256),
                         last_error: String::new(),
+                        io_timeout,
+                        limit: None,
                     });
                 }
                 Err(e) => last = e,
             }
         }
         Err(last)
+    }
+
+    /// Bounds every later deadline by `limit` (`None`: no outer bound), e.g. a whole handshake.
+    pub fn set_limit(&mut self, limit: Option<Instant>) {
+        self.limit = limit;
+    }
+
+    fn deadline(&self) -> Instant {
+        let d = Instant::now() + self.io_timeout;
+        self.limit.map_or(d, |l| l.min(d))
+    }
+
+    /// Starts the clock of one reply: all of it must arrive within `io_timeout`.
+    fn start_reply(&mut self) {
+        self.reader.get_mut().deadline = self.deadline();
+    }
+
+    /// Starts the clock of one write call.
+    fn start_write(&mut self) {
+        self.writer.get_mut().deadline = self.deadline();
     }
 
     fn write_len(&mut self, tag: u8, n: usize) -> io::Result<()> {
@@ -150,6 +211,7 @@ impl Conn {
 
     /// Writes one bulk string made of `pieces` (written in order, never concatenated).
     pub fn write_bulk(&mut self, pieces: &[&[u8]]) -> io::Result<()> {
+        self.start_write();
         let len = pieces.iter().map(|p| p.len()).sum();
         self.write_len(b'$', len)?;
         for p in pieces {
@@ -160,6 +222,7 @@ impl Conn {
 
     /// Writes the array header of a command of `args` arguments.
     pub fn write_array_len(&mut self, args: usize) -> io::Result<()> {
+        self.start_write();
         self.write_len(b'*', args)
     }
 
@@ -173,6 +236,7 @@ impl Conn {
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
+        self.start_write();
         self.writer.flush()
     }
 
@@ -226,6 +290,7 @@ impl Conn {
 
     /// Reads one whole reply (small replies only: bulk strings up to [`REPLY_BULK_BYTES_MAX`]).
     pub fn read_reply(&mut self) -> io::Result<Reply> {
+        self.start_reply();
         self.read_reply_depth(0)
     }
 
@@ -276,6 +341,7 @@ impl Conn {
     /// Reads a bulk-string reply of expected length `header.len() + dst.len()` straight into
     /// `header` then `dst` (no intermediate buffer).
     pub fn read_bulk_into(&mut self, header: &mut [u8], dst: &mut [u8]) -> io::Result<BulkInto> {
+        self.start_reply();
         self.read_line()?;
         match self.line.first() {
             Some(b'$') => {}

@@ -222,6 +222,12 @@ impl RemoteTier {
                     bump(&c.down_misses, 1);
                     ReadOutcome::Missing
                 }
+                Res::WrongType => {
+                    // Not an object (another program's list or hash under a kvtier name): deleted
+                    // below like garbage, or every lookup would report it present forever.
+                    bump(&c.bad_magic, 1);
+                    ReadOutcome::Corrupt
+                }
                 Res::Bool(_) | Res::Redirect | Res::ServerError => ReadOutcome::Missing,
             };
             if outcome == ReadOutcome::Corrupt {
@@ -252,15 +258,24 @@ impl RemoteTier {
     ) -> Vec<Result<Vec<u8>, ReadOutcome>> {
         let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
         let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-        let values = self.client.get_values(&name_refs, value_bytes_max);
+        let values = self.client.get_values_res(&name_refs, value_bytes_max);
         let c = self.client.counters();
         let mut bad: Vec<&[u8]> = Vec::new();
         let mut out = Vec::with_capacity(keys.len());
         for (i, value) in values.into_iter().enumerate() {
-            let Some(value) = value else {
-                bump(&c.missing_on_get, 1);
-                out.push(Err(ReadOutcome::Missing));
-                continue;
+            let value = match value {
+                Ok(value) => value,
+                Err(Res::WrongType) => {
+                    bump(&c.bad_magic, 1);
+                    bad.push(name_refs[i]);
+                    out.push(Err(ReadOutcome::Corrupt));
+                    continue;
+                }
+                Err(_) => {
+                    bump(&c.missing_on_get, 1);
+                    out.push(Err(ReadOutcome::Missing));
+                    continue;
+                }
             };
             let verdict = kvtier_core::object::decode_object(&value)
                 .and_then(|(header, _)| header.expect_identity(namespace, keys[i]));
@@ -325,6 +340,7 @@ impl Tier for RemoteTier {
 
     fn locate(
         &self,
+        namespace: u128,
         keys: &[BlockKey],
         located: &mut [Option<Located>],
         pin: bool,
@@ -342,7 +358,7 @@ impl Tier for RemoteTier {
         let mut start = 0;
         while start < ask.len() {
             let part = &ask[start..(start + chunk).min(ask.len())];
-            let names: Vec<Vec<u8>> = part.iter().map(|&i| self.name(self.namespace, keys[i])).collect();
+            let names: Vec<Vec<u8>> = part.iter().map(|&i| self.name(namespace, keys[i])).collect();
             let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
             // A cached prefix is usually whole: one multi-key EXISTS confirms a chunk at once, and
             // only a chunk with a miss (or a cluster) is asked name by name.
@@ -412,13 +428,13 @@ impl Tier for RemoteTier {
         }
     }
 
-    fn contains(&self, key: BlockKey) -> bool {
-        let name = self.name(self.namespace, key);
+    fn contains(&self, namespace: u128, key: BlockKey) -> bool {
+        let name = self.name(namespace, key);
         self.client.exists(&[&name[..]]) == [Res::Bool(true)]
     }
 
-    fn remove(&self, keys: &[BlockKey]) -> usize {
-        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(self.namespace, k)).collect();
+    fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize {
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
         let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
         self.client.del(&name_refs).iter().filter(|r| **r == Res::Bool(true)).count()
     }

@@ -129,7 +129,7 @@ fn round_trip_with_pins() {
     let mut asked: Vec<u128> = keys.clone();
     asked.push(99); // absent
     let mut located: Vec<Option<Located>> = vec![None; asked.len()];
-    assert_eq!(tier.locate(&asked, &mut located, true, true), 8);
+    assert_eq!(tier.locate(NS, &asked, &mut located, true, true), 8);
     assert!(located[8].is_none());
     let entries: Vec<_> = located[..8].iter().map(|l| l.unwrap().entry).collect();
     assert_eq!(tier.pins().len(), 8);
@@ -141,8 +141,8 @@ fn round_trip_with_pins() {
     assert_eq!(bufs, payloads);
     tier.unpin(&entries);
     assert!(tier.pins().is_empty());
-    assert_eq!(tier.remove(&keys[..2]), 2);
-    assert!(!tier.contains(1) && tier.contains(3));
+    assert_eq!(tier.remove(NS, &keys[..2]), 2);
+    assert!(!tier.contains(NS, 1) && tier.contains(NS, 3));
 }
 
 #[test]
@@ -177,6 +177,38 @@ fn garbage_values_are_counted_misses_and_deleted() {
     assert_eq!(outcomes, vec![ReadOutcome::Missing; 4], "bad values were deleted");
 }
 
+/// A kvtier name holding another type of value (another program's list) answers `EXISTS`
+/// but not `GET`: it is a counted miss and is deleted, not reported present forever.
+#[test]
+fn a_key_of_the_wrong_type_is_a_counted_miss_and_deleted() {
+    use std::io::{Read, Write};
+    let binary = need_server!();
+    let server = Server::start(&binary, free_port(), None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let name = key_name("kvtier:", NS, 9);
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let mut cmd = format!("*3\r\n$5\r\nRPUSH\r\n${}\r\n", name.len()).into_bytes();
+    cmd.extend_from_slice(&name);
+    cmd.extend_from_slice(b"\r\n$1\r\nx\r\n");
+    raw.write_all(&cmd).unwrap();
+    let mut reply = [0u8; 4];
+    raw.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b":1\r\n");
+    let mut located = [None];
+    assert_eq!(tier.locate(NS, &[9], &mut located, false, true), 1, "EXISTS sees the list");
+    let (outcomes, _) = read(&tier, &[9]);
+    assert_eq!(outcomes, vec![ReadOutcome::Corrupt]);
+    assert_eq!(tier.metrics().bad_magic, 1);
+    let mut located = [None];
+    assert_eq!(tier.locate(NS, &[9], &mut located, false, true), 0, "deleted: a plain miss now");
+    // Through the whole-value path (codec objects) too.
+    raw.write_all(&cmd).unwrap();
+    raw.read_exact(&mut reply).unwrap();
+    let got = tier.read_objects(NS, &[9], 0);
+    assert!(matches!(got[0], Err(ReadOutcome::Corrupt)), "{got:?}");
+    assert!(!tier.contains(NS, 9));
+}
+
 #[test]
 fn down_at_start_then_up_then_killed_then_restarted() {
     let binary = need_server!();
@@ -201,7 +233,7 @@ fn down_at_start_then_up_then_killed_then_restarted() {
     for _ in 0..5 {
         assert_eq!(read(&tier, &[7]).0, vec![ReadOutcome::Missing]);
         let mut located = vec![None];
-        assert_eq!(tier.locate(&[7], &mut located, false, true), 0);
+        assert_eq!(tier.locate(NS, &[7], &mut located, false, true), 0);
     }
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -246,21 +278,21 @@ fn whole_prefixes_are_confirmed_by_one_multi_key_exists() {
     // EXISTS calls), not one command per name.
     let before = exists_calls(server.port);
     let mut located = vec![None; keys.len()];
-    assert_eq!(tier.locate(&keys, &mut located, false, true), 600);
+    assert_eq!(tier.locate(NS, &keys, &mut located, false, true), 600);
     assert_eq!(exists_calls(server.port) - before, 2, "one multi-key EXISTS per chunk");
     // A miss in the middle: that chunk is asked name by name, and the prefix stops there.
-    assert_eq!(tier.remove(&keys[300..301]), 1);
+    assert_eq!(tier.remove(NS, &keys[300..301]), 1);
     let mut located = vec![None; keys.len()];
-    assert_eq!(tier.locate(&keys, &mut located, false, true), 300);
+    assert_eq!(tier.locate(NS, &keys, &mut located, false, true), 300);
     assert!(located[299].is_some() && located[300].is_none());
     let mut located = vec![None; keys.len()];
-    assert_eq!(tier.locate(&keys, &mut located, false, false), 599, "without stop_at_miss");
+    assert_eq!(tier.locate(NS, &keys, &mut located, false, false), 599, "without stop_at_miss");
     assert!(located[301].is_some() && located[300].is_none());
 
     server.kill();
     assert_eq!(client.exists_all(&[&a[..]]), None, "unknown while the server is down");
     let mut located = vec![None; 4];
-    assert_eq!(tier.locate(&keys[..4], &mut located, false, true), 0);
+    assert_eq!(tier.locate(NS, &keys[..4], &mut located, false, true), 0);
 }
 
 /// The server's count of EXISTS commands served (`INFO commandstats`).

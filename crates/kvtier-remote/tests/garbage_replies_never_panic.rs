@@ -22,8 +22,12 @@ fn cases() -> Vec<Vec<u8>> {
         b"?what\r\n".to_vec(),
         Vec::new(),
     ];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for n in 0..200 {
+    // A fixed budget in `make test`; a longer run: KVTIER_FUZZ_CASES=100000 KVTIER_FUZZ_SEED=<n>
+    // (docs/security.md).
+    let count: usize = std::env::var("KVTIER_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let seed: u64 = std::env::var("KVTIER_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    for n in 0..count {
         let len = (n * 37) % 600;
         let mut v = Vec::with_capacity(len + 1);
         v.push(b"+-:$*"[n % 5]);

@@ -97,7 +97,7 @@ impl Store {
     /// prompt sends no values.
     fn missing_remotely(&self, remote: &RemoteTier, keys: &[BlockKey]) -> Vec<usize> {
         let (mut fresh, held): (Vec<usize>, Vec<usize>) =
-            (0..keys.len()).partition(|&i| !self.dram.contains(keys[i]));
+            (0..keys.len()).partition(|&i| !self.dram.contains(self.namespace_hash(), keys[i]));
         if !held.is_empty() {
             let held_keys: Vec<BlockKey> = held.iter().map(|&i| keys[i]).collect();
             let present = remote.exists(self.namespace_hash(), &held_keys);
@@ -174,7 +174,7 @@ impl Store {
         for (i, v) in demotion.victims().iter().enumerate() {
             if v.accesses < admission_k {
                 bump(&self.counters.admission_skipped, 1);
-            } else if ssd.contains(v.key) {
+            } else if ssd.contains(self.namespace_hash(), v.key) {
                 bump(&self.counters.demoted_blocks, 1);
             } else if let Some(checksum) = v.checksum {
                 keys.push(v.key);
@@ -330,7 +330,7 @@ impl Store {
         }
         if !undecodable.is_empty() {
             bump(&self.counters.decode_failures, undecodable.len());
-            ssd.remove(&undecodable);
+            ssd.remove(self.namespace_hash(), &undecodable);
         }
     }
 
@@ -382,7 +382,7 @@ impl Store {
         }
         if !undecodable.is_empty() {
             bump(&self.counters.decode_failures, undecodable.len());
-            ssd.remove(&undecodable);
+            ssd.remove(self.namespace_hash(), &undecodable);
         }
     }
 

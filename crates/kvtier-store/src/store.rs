@@ -263,7 +263,7 @@ impl Store {
     fn locate(&self, keys: &[BlockKey], located: &mut [Option<Located>], pin: bool) -> usize {
         let last = self.tiers.len() - 1;
         for (i, tier) in self.tiers.iter().enumerate() {
-            tier.locate(keys, located, pin, i == last);
+            tier.locate(self.namespace_hash, keys, located, pin, i == last);
         }
         let hit = located.iter().take_while(|l| l.is_some()).count();
         if pin && hit < keys.len() {
@@ -399,7 +399,7 @@ impl Store {
                 .map(|b| b.entry.key)
                 .collect();
             if !keys.is_empty() {
-                dropped += tier.remove(&keys);
+                dropped += tier.remove(self.namespace_hash, &keys);
             }
         }
         Ok(dropped)

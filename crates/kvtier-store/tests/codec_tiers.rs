@@ -252,7 +252,7 @@ fn plant_undecodable_objects(dir: &TempDir) -> (u128, Vec<BlockKey>) {
     let mut pool = ssd_config(dir, TierCodec::Raw, false).pool;
     pool.min_object_bytes = BLOCK_BYTES as u64;
     let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
-    assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[1..]), 2);
+    assert_eq!(kvtier_pool::Tier::remove(&ssd, ns_hash, &ks[1..]), 2);
     let bad: Vec<Vec<u8>> = [(ks[1], 7u16), (ks[2], 1u16)]
         .iter()
         .map(|&(k, id)| kvtier_core::object::encode_object(ns_hash, k, id, &[0x5a; 900]))

@@ -31,6 +31,16 @@ fn ssd_store(
     ssd_blocks_per_device: u64,
     tweak: impl FnOnce(&mut SsdStoreConfig),
 ) -> Store {
+    ssd_store_of("test-model", dir, dram_blocks, ssd_blocks_per_device, tweak)
+}
+
+fn ssd_store_of(
+    model: &str,
+    dir: &TempDir,
+    dram_blocks: u64,
+    ssd_blocks_per_device: u64,
+    tweak: impl FnOnce(&mut SsdStoreConfig),
+) -> Store {
     let mut pool = SsdConfig::new(&dir.0);
     pool.devices = vec![dir.0.join("a.kvtd"), dir.0.join("b.kvtd")];
     pool.capacity_bytes = 2 * ssd_blocks_per_device * OBJECT_BYTES;
@@ -45,7 +55,7 @@ fn ssd_store(
         ssd: Some(ssd),
         ..StoreConfig::default()
     };
-    Store::new(namespace("test-model", ""), config).unwrap()
+    Store::new(namespace(model, ""), config).unwrap()
 }
 
 fn tiers(store: &Store, ks: &[u128]) -> Vec<TierKind> {
@@ -183,4 +193,37 @@ fn bad_ssd_settings_are_config_errors() {
     pool.probe_bytes = 0;
     let err = Store::new(namespace("m", ""), config(SsdStoreConfig::new(pool))).unwrap_err();
     assert!(err.to_string().contains("expected at least one object (16384 bytes"), "{err}");
+}
+
+/// Two models share one pool (one store at a time). Model B given model A's raw keys (keys no
+/// real B prompt derives: the adversarial case) finds nothing, loads nothing, drops nothing, and
+/// its puts under those keys never overwrite A's objects: A reopens to all 8, byte-exact.
+#[test]
+fn another_namespace_on_a_shared_pool_is_a_plain_miss_and_never_drops_objects() {
+    let dir = TempDir::new("store-ssd-namespaces");
+    let a_keys = {
+        let a = ssd_store_of("model-a", &dir, 2, 32, |s| s.write_through = true);
+        let ks = keys(&a, 0, 8);
+        assert_eq!(put_keys(&a, &ks).stored, 8);
+        a.flush().unwrap();
+        ks
+    };
+    {
+        let b = ssd_store_of("model-b", &dir, 2, 32, |s| s.write_through = true);
+        let ns = b.namespace_hash();
+        assert_eq!(b.lookup(ns, &a_keys).unwrap().hit_blocks, 0, "another namespace's objects are misses");
+        let lease = b.lease(ns, &a_keys).unwrap();
+        assert_eq!(lease.hit_blocks, 0);
+        b.release(lease.id).unwrap();
+        put_keys(&b, &a_keys);
+        b.flush().unwrap();
+        let stats = b.stats();
+        assert_eq!(stats.checksum_failures, 0, "nothing was read as corrupt");
+        // Only what B's own DRAM holds is a hit for B; A's SSD copies never are.
+        let hits = b.lookup(ns, &a_keys).unwrap();
+        assert!(hits.tiers.iter().all(|t| *t != TierKind::Ssd), "{:?}", hits.tiers);
+    }
+    let a = ssd_store_of("model-a", &dir, 2, 32, |s| s.write_through = true);
+    assert_eq!(tiers(&a, &a_keys), vec![TierKind::Ssd; 8]);
+    assert_loads(&a, &a_keys);
 }

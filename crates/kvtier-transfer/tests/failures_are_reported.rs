@@ -239,7 +239,7 @@ fn plant_undecodable_block(dir: &TempDir, g: &kvtier_core::Geometry) -> (u128, V
     let mut pool = ssd_pool_config(dir, g, 8);
     pool.min_object_bytes = bb as u64;
     let ssd = kvtier_pool::SsdTier::open(pool).unwrap();
-    assert_eq!(kvtier_pool::Tier::remove(&ssd, &ks[2..3]), 1);
+    assert_eq!(kvtier_pool::Tier::remove(&ssd, ns_hash, &ks[2..3]), 1);
     let codec = LosslessCodec::new(Backend::Deflate, 1).unwrap();
     let mut payload = vec![0u8; codec.max_encoded_len(bb)];
     let n = codec.encode(&block(ks[2], bb), &mut payload).unwrap();

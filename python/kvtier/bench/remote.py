@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 import kvtier
 from kvtier.errors import KvtierError
-from kvtier.remote import LocalCluster, LocalRedis, RemotePool
+from kvtier.remote import LocalCluster, LocalRedis, RemotePool, check_url
 
 NS = bytes(range(16))
 OBJECT_BYTES = 4 * 2**20
@@ -200,6 +200,11 @@ def run(
     """All figures in one run; see the module docs."""
     if objects < 1 or batch < 1 or repeats < 1 or object_bytes < 1:
         raise KvtierError("objects, batch, repeats and object_bytes must be positive")
+    # A bad URL is a ConfigError that shows it without its password (never the Rust client's).
+    if url is not None:
+        check_url(url, "url")
+    for u in cluster_urls or ():
+        check_url(u, "cluster_urls")
     data = np.random.default_rng(1).integers(0, 256, (objects, object_bytes), dtype=np.uint8)
     result: dict[str, Any] = {
         "object_bytes": object_bytes,

@@ -134,10 +134,10 @@ mod tests {
         assert_eq!(demotion.payload_pages(0).as_ptr() as usize % 4096, 0);
         // Still visible and readable while demoting; a lease-like pin survives the finish.
         let mut located = [None];
-        assert_eq!(tier.locate(&[10], &mut located, true, false), 1);
+        assert_eq!(tier.locate(1, &[10], &mut located, true, false), 1);
         tier.check_integrity().unwrap();
         demotion.finish();
-        assert!(!tier.contains(10));
+        assert!(!tier.contains(1, 10));
         let entry = located[0].unwrap().entry;
         let mut out = vec![0u8; 5000];
         let mut outcome = [ReadOutcome::NotPinned];

@@ -113,6 +113,7 @@ impl DramTier {
     /// copy jobs. Items refused for lack of space go to `refused`.
     fn reserve(
         &self,
+        namespace: u128,
         keys: &[BlockKey],
         payloads: &[&[u8]],
         evict: bool,
@@ -124,6 +125,11 @@ impl DramTier {
         let mut victims_left = evict;
         for (item, (&key, payload)) in keys.iter().zip(payloads).enumerate() {
             if let Some(entry) = st.index.get_mut(&key) {
+                if entry.namespace != namespace {
+                    // Another namespace's copy: never overwritten, and not this namespace's hit.
+                    report.rejected += 1;
+                    continue;
+                }
                 entry.accesses = entry.accesses.saturating_add(1); // produced again: a use
                 report.already_present += 1;
                 continue;
@@ -137,7 +143,15 @@ impl DramTier {
             };
             let id = st.next_entry_id;
             st.next_entry_id += 1;
-            let entry = Entry { id, extent, payload_len, pins: 0, state: EntryState::Writing, accesses: 1 };
+            let entry = Entry {
+                id,
+                extent,
+                payload_len,
+                namespace,
+                pins: 0,
+                state: EntryState::Writing,
+                accesses: 1,
+            };
             st.index.insert(key, entry);
             st.writing += 1;
             let offset = usize::try_from(extent.offset).expect("arena offsets fit usize");
@@ -178,7 +192,7 @@ impl DramTier {
     ) -> TierPutReport {
         assert_eq!(keys.len(), payloads.len(), "one payload per key");
         let mut report = TierPutReport::default();
-        let jobs = self.reserve(keys, payloads, evict, &mut report, refused);
+        let jobs = self.reserve(namespace, keys, payloads, evict, &mut report, refused);
         let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
         let total_bytes = jobs.iter().map(|j| payloads[j.item].len()).sum();
         self.workers.for_each(&jobs, total_bytes, |job| {
@@ -234,6 +248,7 @@ impl Tier for DramTier {
 
     fn locate(
         &self,
+        namespace: u128,
         keys: &[BlockKey],
         located: &mut [Option<Located>],
         pin: bool,
@@ -242,7 +257,7 @@ impl Tier for DramTier {
         let mut st = self.state.lock();
         let st = &mut *st;
         locate_each(TierKind::Dram, keys, located, stop_at_miss, |_, key| {
-            let entry = st.index.get_mut(key).filter(|e| e.visible())?;
+            let entry = st.index.get_mut(key).filter(|e| e.visible() && e.namespace == namespace)?;
             if pin {
                 if entry.pins == 0 {
                     st.pinned_ready += 1;
@@ -331,15 +346,15 @@ impl Tier for DramTier {
         }
     }
 
-    fn contains(&self, key: BlockKey) -> bool {
-        self.state.lock().index.get(&key).is_some_and(|e| e.visible())
+    fn contains(&self, namespace: u128, key: BlockKey) -> bool {
+        self.state.lock().index.get(&key).is_some_and(|e| e.visible() && e.namespace == namespace)
     }
 
-    fn remove(&self, keys: &[BlockKey]) -> usize {
+    fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize {
         let mut st = self.state.lock();
         let mut removed = 0;
         for &key in keys {
-            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready) {
+            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready && e.namespace == namespace) {
                 st.retire(key, false);
                 removed += 1;
             }

@@ -29,6 +29,8 @@ pub(super) struct Entry {
     pub(super) id: u64,
     pub(super) extent: Extent,
     pub(super) payload_len: u64,
+    /// The namespace it was written for: other namespaces never see it.
+    pub(super) namespace: u128,
     pub(super) pins: u32,
     pub(super) state: EntryState,
     /// Puts of this key and leases of this copy (for the lower tier's admission filter).

@@ -17,9 +17,10 @@ use std::time::Instant;
 use super::buffer::AlignedBuf;
 use super::device::system_open;
 use super::engine::{Engine, SyncEngine, UringEngine};
+use super::files::{open_private, Create};
 
 fn preallocate(path: &Path, bytes: u64) -> std::io::Result<File> {
-    let file = system_open(path, true, true)?;
+    let file = open_private(path, Create::Either, false, libc::O_DIRECT)?;
     // SAFETY: fallocate on an open descriptor.
     if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) } != 0 {
         return Err(std::io::Error::last_os_error());

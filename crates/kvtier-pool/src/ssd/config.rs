@@ -135,6 +135,10 @@ pub struct SsdConfig {
     pub compact_min_records: u64,
     /// The smallest object the pool must hold (bytes, header included): each device must fit one.
     pub min_object_bytes: u64,
+    /// When the pool is created, write superblocks over device files or block devices that hold
+    /// other data (without it such a device is refused: the pool takes only new or empty files,
+    /// blank block devices and its own devices).
+    pub format_devices: bool,
 }
 
 impl SsdConfig {
@@ -155,6 +159,7 @@ impl SsdConfig {
             eviction: "lru".into(),
             compact_min_records: COMPACT_MIN_RECORDS_DEFAULT,
             min_object_bytes: crate::extent::PAGE_BYTES,
+            format_devices: false,
         }
     }
 

@@ -5,13 +5,14 @@
 //! checking the file system has the room (a full disk is a clear error at creation, not a
 //! failure later). A file system that rejects O_DIRECT (EINVAL) gets buffered I/O, with a warning.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{File, Metadata};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::buffer::AlignedBuf;
+use super::files::{open_private, Create};
 use super::format::{Superblock, SUPERBLOCK_BYTES};
 use super::metrics::DeviceMetrics;
 use super::throttle::TokenBucket;
@@ -63,16 +64,68 @@ pub fn open_with_fallback(
                  block device that supports O_DIRECT)",
                 path.display()
             ));
-            Ok((open(path, create, false)?, false))
+            // The rejected open may have created the file already: open it, do not create again.
+            Ok((open(path, create && std::fs::symlink_metadata(path).is_err(), false)?, false))
         }
         Err(e) => Err(e),
     }
 }
 
-/// The real `open(2)`.
+/// The real `open(2)`: never through a symbolic link; `create` makes a new file (`O_EXCL`, mode
+/// 0600), never takes over one that appeared meanwhile.
 pub fn system_open(path: &Path, create: bool, direct: bool) -> std::io::Result<File> {
-    let flags = libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 };
-    OpenOptions::new().read(true).write(true).create(create).mode(0o644).custom_flags(flags).open(path)
+    let how = if create { Create::New } else { Create::No };
+    open_private(path, how, false, if direct { libc::O_DIRECT } else { 0 })
+}
+
+/// The path to open for device `path`, and what is there now (`None`: nothing). A symbolic link
+/// is followed only to a block device (`/dev/disk/by-id/...`): the pool never writes a file
+/// through a link, where a planted link would make it overwrite the link's target.
+fn device_target(path: &Path) -> Result<(PathBuf, Option<Metadata>), PoolError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((path.to_path_buf(), None)),
+        Err(e) => return Err(io_error("inspecting device", path, &e)),
+    };
+    if !meta.file_type().is_symlink() {
+        return Ok((path.to_path_buf(), Some(meta)));
+    }
+    let target =
+        std::fs::canonicalize(path).map_err(|e| io_error("resolving the link of device", path, &e))?;
+    match std::fs::metadata(&target) {
+        Ok(m) if m.file_type().is_block_device() => Ok((target, Some(m))),
+        _ => Err(PoolError::SsdConfig(format!(
+            "device {} is a symbolic link to {}, not to a block device; the pool never writes a \
+             file through a link (give the file's own path)",
+            path.display(),
+            target.display()
+        ))),
+    }
+}
+
+/// What the first page of an existing device holds.
+enum FirstPage {
+    /// All zeros, or no bytes at all: nothing to lose.
+    Blank,
+    /// A kvtier superblock (of this pool or another).
+    Kvtier,
+    /// Anything else: somebody's data.
+    Foreign,
+}
+
+fn first_page(path: &Path, len: u64) -> Result<FirstPage, PoolError> {
+    if len == 0 {
+        return Ok(FirstPage::Blank);
+    }
+    let file = open_private(path, Create::No, false, 0).map_err(|e| io_error("opening device", path, &e))?;
+    let mut page = vec![0u8; PAGE_BYTES.min(len) as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut page, 0)
+        .map_err(|e| io_error("reading the first page of", path, &e))?;
+    if page.iter().all(|&b| b == 0) {
+        return Ok(FirstPage::Blank);
+    }
+    page.resize(PAGE_BYTES as usize, 0);
+    Ok(if Superblock::decode(&page).is_ok() { FirstPage::Kvtier } else { FirstPage::Foreign })
 }
 
 /// Size of a block device in bytes.
@@ -145,6 +198,8 @@ pub struct DeviceSpec<'a> {
     pub data_bytes: u64,
     pub min_object_bytes: u64,
     pub direct: bool,
+    /// Write a superblock over an existing file or block device that holds other data.
+    pub format: bool,
 }
 
 impl Device {
@@ -164,13 +219,35 @@ impl Device {
         }
     }
 
-    /// Creates (or re-initialises) a device: sizes the file, writes a fresh superblock.
+    /// Creates (or re-initialises) a device: sizes the file, writes a fresh superblock. An
+    /// existing file or block device is taken only when it is empty (zero bytes, or a first page
+    /// of zeros) or already a kvtier device, or when `spec.format` says to overwrite it.
     pub fn create(spec: &DeviceSpec<'_>, warnings: &mut Vec<String>) -> Result<Device, PoolError> {
         let path = spec.path;
-        let existing = std::fs::metadata(path).ok();
+        let (target, existing) = device_target(path)?;
         let block = existing.as_ref().is_some_and(|m| m.file_type().is_block_device());
-        let (file, direct) = open_with_fallback(path, !block, spec.direct, warnings, &system_open)
-            .map_err(|e| io_error("opening device", path, &e))?;
+        if let Some(m) = &existing {
+            if !block && !m.file_type().is_file() {
+                return Err(PoolError::SsdConfig(format!(
+                    "device {} exists and is neither a regular file nor a block device; expected \
+                     a file path (created if missing) or a block device",
+                    path.display()
+                )));
+            }
+            let len = if block { PAGE_BYTES } else { m.len() };
+            if !spec.format && matches!(first_page(&target, len)?, FirstPage::Foreign) {
+                let what = if block { "block device".to_string() } else { format!("file of {len} bytes") };
+                return Err(PoolError::SsdConfig(format!(
+                    "device {} is a {what} holding other data (no kvtier superblock); the pool \
+                     will not overwrite it: give a new or empty path, or set ssd_format_devices \
+                     to format it",
+                    path.display()
+                )));
+            }
+        }
+        let (file, direct) =
+            open_with_fallback(&target, existing.is_none(), spec.direct, warnings, &system_open)
+                .map_err(|e| io_error("opening device", path, &e))?;
         let data_bytes = if block {
             let size = block_device_bytes(&file).map_err(|e| io_error("sizing block device", path, &e))?;
             spec.data_bytes.min(size.saturating_sub(SUPERBLOCK_BYTES)) / PAGE_BYTES * PAGE_BYTES
@@ -242,14 +319,26 @@ impl Device {
     /// Opens an existing device and checks that its superblock names this pool and position.
     pub fn open(spec: &DeviceSpec<'_>, warnings: &mut Vec<String>) -> Result<Device, PoolError> {
         let path = spec.path;
-        let meta = std::fs::metadata(path).map_err(|e| {
-            PoolError::SsdConfig(format!(
-                "device {} of an existing pool cannot be opened: {e}",
+        let (target, meta) = device_target(path)?;
+        let Some(meta) = meta else {
+            return Err(PoolError::SsdConfig(format!(
+                "device {} of the existing pool in this directory does not exist (list the \
+                 devices it was created with, or delete the directory's index.log to start over)",
                 path.display()
-            ))
-        })?;
+            )));
+        };
         let block = meta.file_type().is_block_device();
-        let (file, direct) = open_with_fallback(path, false, spec.direct, warnings, &system_open)
+        if !block && meta.len() < SUPERBLOCK_BYTES {
+            return Err(PoolError::SsdConfig(format!(
+                "device {} of an existing pool is {} bytes, too short to hold its superblock ({} \
+                 bytes): it was truncated or replaced (delete the directory's index.log to start \
+                 over)",
+                path.display(),
+                meta.len(),
+                SUPERBLOCK_BYTES
+            )));
+        }
+        let (file, direct) = open_with_fallback(&target, false, spec.direct, warnings, &system_open)
             .map_err(|e| io_error("opening device", path, &e))?;
         let mut page = AlignedBuf::new(PAGE_BYTES as usize)?;
         transfer_exact(&file, &mut page, 0, PAGE_BYTES as usize, false)

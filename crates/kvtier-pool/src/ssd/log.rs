@@ -13,11 +13,13 @@
 //! A failed append (e.g. ENOSPC) truncates the file back to its last good record and reports
 //! the errno; the caller then abandons the objects it was about to publish.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::config::Durability;
+use super::files::{open_private, Create};
 use super::format::{LogHeader, Record, LOG_HEADER_BYTES, RECORD_BYTES};
 use crate::error::PoolError;
 
@@ -81,7 +83,7 @@ impl IndexLog {
         for r in records {
             bytes.extend_from_slice(&r.encode(seed));
         }
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp)?;
+        let file = open_private(&tmp, Create::Either, true, 0)?;
         file.write_all_at(&bytes, 0)?;
         file.sync_data()?;
         std::fs::rename(&tmp, dir.join(LOG_FILE))?;
@@ -116,12 +118,10 @@ impl IndexLog {
     pub fn open(dir: &Path, durability: Durability) -> Result<(IndexLog, Replay), PoolError> {
         let path = Self::path(dir);
         let _ = std::fs::remove_file(dir.join(LOG_TMP_FILE)); // an unfinished compaction
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let file = open_private(&path, Create::No, false, 0)
             .map_err(|e| io_error("opening index log", &path, &e))?;
-        let bytes = std::fs::read(&path).map_err(|e| io_error("reading index log", &path, &e))?;
+        let mut bytes = Vec::new();
+        (&file).read_to_end(&mut bytes).map_err(|e| io_error("reading index log", &path, &e))?;
         let header = LogHeader::decode(&bytes)
             .map_err(|e| PoolError::SsdConfig(format!("{}: {e}", path.display())))?;
         let seed = header.record_seed();

@@ -30,6 +30,7 @@ pub mod buffer;
 pub mod config;
 pub mod device;
 pub mod engine;
+pub mod files;
 pub mod format;
 pub mod log;
 pub mod metrics;
@@ -95,36 +96,14 @@ fn config_error(msg: String) -> PoolError {
 
 /// Takes the pool directory's lock, or says why not.
 fn lock_directory(dir: &Path) -> Result<File, PoolError> {
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(config_error(format!(
-                "ssd directory {} is not a directory; expected an existing, writable directory",
-                dir.display()
-            )))
-        }
-        Err(e) => {
-            let what = if e.kind() == std::io::ErrorKind::NotFound {
-                "does not exist".to_string()
-            } else {
-                format!("cannot be used ({e})")
-            };
-            return Err(config_error(format!(
-                "ssd directory {} {what}; expected an existing, writable directory (create it first)",
-                dir.display()
-            )));
-        }
-    }
+    files::check_directory(dir)?;
     let path = dir.join(LOCK_FILE);
-    let file =
-        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(
-            |e| {
-                config_error(format!(
-                    "ssd directory {} is not writable ({e}); expected an existing, writable directory",
-                    dir.display()
-                ))
-            },
-        )?;
+    let file = files::open_private(&path, files::Create::Either, false, 0).map_err(|e| {
+        config_error(format!(
+            "ssd directory {} is not writable ({e}); expected an existing, writable directory",
+            dir.display()
+        ))
+    })?;
     // A lock can outlive its store by a moment: a child process forked by another thread (a
     // server a test starts, say) shares the descriptor until it execs. Retry briefly before
     // calling the directory taken.
@@ -458,6 +437,7 @@ fn spec<'a>(
         data_bytes,
         min_object_bytes: config.min_object_bytes,
         direct: config.direct_io,
+        format: config.format_devices,
     }
 }
 

@@ -60,7 +60,9 @@ pub fn save_cache(dir: &Path, devices: &[&Device], values: &[Bandwidth]) {
         text.push_str(&format!("{}\t{}\t{}\n", cache_key(d), b.read_bytes_per_s, b.write_bytes_per_s));
     }
     let tmp = dir.join(format!("{CACHE_FILE}.tmp"));
-    if std::fs::write(&tmp, text).is_ok() {
+    let written = super::files::open_private(&tmp, super::files::Create::Either, true, 0)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+    if written.is_ok() {
         let _ = std::fs::rename(&tmp, dir.join(CACHE_FILE));
     }
 }

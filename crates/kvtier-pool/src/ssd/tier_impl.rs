@@ -6,7 +6,7 @@ use super::buffer::AlignedBuf;
 use super::device::transfer_exact;
 use super::metrics::DeviceMetricsSnapshot;
 use super::recovery::RecoveryStats;
-use super::state::{EntryState, PinnedAt};
+use super::state::{Entry, EntryState, PinnedAt};
 use super::worker::{Op, OpKind, OpResult, Pending};
 use super::writes::Source;
 use super::SsdTier;
@@ -77,7 +77,7 @@ impl SsdTier {
     pub fn get(&self, namespace: u128, keys: &[BlockKey], dst: &mut [&mut [u8]]) -> Vec<Option<ReadOutcome>> {
         assert_eq!(keys.len(), dst.len(), "one destination per key");
         let mut located = vec![None; keys.len()];
-        self.locate(keys, &mut located, true, false);
+        self.locate(namespace, keys, &mut located, true, false);
         let items: Vec<usize> = (0..keys.len()).filter(|&i| located[i].is_some()).collect();
         let entries: Vec<EntryRef> = items.iter().map(|&i| located[i].expect("located").entry).collect();
         let mut outcomes = vec![ReadOutcome::NotPinned; items.len()];
@@ -230,6 +230,7 @@ impl Tier for SsdTier {
 
     fn locate(
         &self,
+        namespace: u128,
         keys: &[BlockKey],
         located: &mut [Option<Located>],
         pin: bool,
@@ -238,7 +239,9 @@ impl Tier for SsdTier {
         let mut st = self.state.lock();
         let st = &mut *st;
         locate_each(TierKind::Ssd, keys, located, stop_at_miss, |_, key| {
-            let Some(entry) = st.index.get_mut(key).filter(|e| e.state == EntryState::Ready) else {
+            // A shared pool holds many namespaces: another one's copy of this key is a plain miss.
+            let visible = |e: &&mut Entry| e.state == EntryState::Ready && e.namespace == namespace;
+            let Some(entry) = st.index.get_mut(key).filter(visible) else {
                 st.counters.lookup_misses += 1;
                 return None;
             };
@@ -281,8 +284,8 @@ impl Tier for SsdTier {
                 };
                 assert_eq!(d.len() as u64, e.payload_len, "destination {item} has the wrong length");
                 if e.namespace != namespace {
-                    outcomes[item] = ReadOutcome::Corrupt; // written by another store: never served
-                    failed.push((item, false));
+                    // Located for another namespace (a caller bug): never served, never dropped.
+                    outcomes[item] = ReadOutcome::Missing;
                     continue;
                 }
                 let device = usize::from(e.device);
@@ -328,16 +331,20 @@ impl Tier for SsdTier {
         }
     }
 
-    fn contains(&self, key: BlockKey) -> bool {
-        self.state.lock().index.get(&key).is_some_and(|e| e.state == EntryState::Ready)
+    fn contains(&self, namespace: u128, key: BlockKey) -> bool {
+        self.state
+            .lock()
+            .index
+            .get(&key)
+            .is_some_and(|e| e.state == EntryState::Ready && e.namespace == namespace)
     }
 
-    fn remove(&self, keys: &[BlockKey]) -> usize {
+    fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize {
         let mut log = self.log.lock();
         let mut st = self.state.lock();
         let mut deletes = Vec::new();
         for &key in keys {
-            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready) {
+            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready && e.namespace == namespace) {
                 deletes.push(st.retire(key, false));
             }
         }

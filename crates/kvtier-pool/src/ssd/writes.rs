@@ -67,8 +67,15 @@ impl SsdTier {
         let mut deletes = Vec::new();
         let mut jobs = Vec::with_capacity(keys.len());
         let mut st = self.state.lock();
-        let fresh: Vec<usize> = (0..keys.len()).filter(|&i| !st.index.contains_key(&keys[i])).collect();
-        report.already_present += keys.len() - fresh.len();
+        let mut fresh = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match st.index.get(key) {
+                None => fresh.push(i),
+                Some(e) if e.namespace == namespace => report.already_present += 1,
+                // Another namespace's copy of this key: never overwritten, never this one's hit.
+                Some(_) => report.rejected += 1,
+            }
+        }
         let targets = self.place(&mut st, fresh.len());
         for (&item, &target) in fresh.iter().zip(&targets) {
             let key = keys[item];

@@ -1,0 +1,172 @@
+"""Hardening (issue 15) through the public API: another namespace's objects on a shared SSD pool
+or Redis are plain misses that are never dropped (defect 2); existing files and links are never
+taken over as SSD devices (defect 3); pool files are private and a directory every user can write
+is refused (defect 4); a truncated device is named (the zero-byte case)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier.errors import ConfigError
+from kvtier.keys import BlockKeys
+from kvtier.remote import LocalRedis
+
+GEOMETRY = kvtier.Geometry(2, 2, 64, "fp16", 16)  # 16 KiB blocks: whole pages
+BLOCK = GEOMETRY.block_bytes
+OBJECT = 5 * 4096
+
+
+def ssd_store(directory: Path, model: str, **fields: Any) -> kvtier.Store:
+    config = kvtier.StoreConfig(
+        geometry=GEOMETRY,
+        model_id=model,
+        dram_capacity_bytes=2 * OBJECT,
+        ssd_directory=str(directory),
+        ssd_capacity_bytes="4MiB",
+        ssd_probe_bytes=0,
+        ssd_write_through=True,
+        **fields,
+    )
+    return kvtier.Store(config)
+
+
+def blocks(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, BLOCK), dtype=np.uint8)
+
+
+def load_all(store: kvtier.Store, keys: BlockKeys) -> tuple[int, np.ndarray]:
+    with store.lease(keys) as lease:
+        out = np.zeros((lease.hit_blocks, BLOCK), dtype=np.uint8)
+        return store.load(lease, out).loaded_blocks, out
+
+
+# ---- defect 2: namespaces on shared tiers ---------------------------------------------------
+
+
+def test_defect2_another_models_keys_on_a_shared_pool_are_misses_and_survive(tmp_path: Path) -> None:
+    """The reported reproduction: model B given model A's raw keys saw 8 SSD hits, refused them as
+    checksum failures at load and deleted A's 8 valid objects."""
+    a = ssd_store(tmp_path, "model-a")
+    keys_a = a.namespace.block_keys(range(8 * 16))
+    objects = blocks(8, seed=1)
+    assert a.put(keys_a, objects).stored == 8
+    a.flush()
+    del a
+    b = ssd_store(tmp_path, "model-b")
+    forged = BlockKeys(b.namespace.hash, keys_a.raw)
+    assert b.lookup(forged).hit_blocks == 0
+    assert load_all(b, forged)[0] == 0
+    b.put(forged, blocks(8, seed=2))  # B's own bytes under those keys: never over A's
+    b.flush()
+    assert b.stats().checksum_failures == 0
+    assert "ssd" not in b.lookup(forged).tiers
+    del b
+    a = ssd_store(tmp_path, "model-a")
+    assert a.lookup(keys_a).tiers == ("ssd",) * 8
+    loaded, out = load_all(a, keys_a)
+    assert loaded == 8 and np.array_equal(out, objects)
+    del a
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[LocalRedis]:
+    with LocalRedis(tmp_path / "redis") as server:
+        yield server
+
+
+def test_defect2_another_models_keys_on_a_shared_redis_are_misses(redis: LocalRedis) -> None:
+    def store(model: str) -> kvtier.Store:
+        return kvtier.Store(
+            kvtier.StoreConfig(
+                geometry=GEOMETRY, model_id=model, dram_capacity_bytes=2 * OBJECT, remote_urls=redis.url
+            )
+        )
+
+    a = store("model-a")
+    keys_a = a.namespace.block_keys(range(4 * 16))
+    objects = blocks(4, seed=3)
+    a.put(keys_a, objects)
+    a.flush()
+    b = store("model-b")
+    forged = BlockKeys(b.namespace.hash, keys_a.raw)
+    assert b.lookup(forged).hit_blocks == 0
+    b.put(forged, blocks(4, seed=4))
+    b.flush()
+    fresh_a = store("model-a")  # an empty DRAM: everything from the server
+    loaded, out = load_all(fresh_a, keys_a)
+    assert loaded == 4 and np.array_equal(out, objects)
+
+
+# ---- defect 3: existing files and links as devices -----------------------------------------
+
+
+def test_defect3_a_file_of_other_data_is_refused_untouched(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    pool.mkdir(mode=0o700)
+    victim = tmp_path / "data.bin"
+    data = os.urandom(10_000)
+    victim.write_bytes(data)
+    with pytest.raises(ConfigError, match=r"holding other data.*ssd_format_devices"):
+        ssd_store(pool, "m", ssd_devices=[str(victim)])
+    assert victim.read_bytes() == data, "the file was written"
+    store = ssd_store(pool, "m", ssd_devices=[str(victim)], ssd_format_devices=True)
+    keys = store.namespace.block_keys(range(16))
+    assert store.put(keys, blocks(1, seed=5)).stored == 1
+    del store
+
+
+def test_defect3_a_device_link_in_the_pool_directory_is_never_followed(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    pool.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"")
+    (pool / "device-0.kvtd").symlink_to(victim)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        ssd_store(pool, "m")
+    assert victim.stat().st_size == 0, "the link's target was written"
+
+
+# ---- defect 4: file modes -------------------------------------------------------------------
+
+
+def test_defect4_pool_files_are_private_under_any_umask(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    pool.mkdir(mode=0o700)
+    old = os.umask(0)
+    try:
+        store = ssd_store(pool, "m")
+        store.put(store.namespace.block_keys(range(16)), blocks(1, seed=6))
+        store.flush()
+        del store
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in pool.iterdir()}
+    assert {"lock", "index.log", "device-0.kvtd"} <= set(modes)
+    assert all(mode == 0o600 for mode in modes.values()), modes
+
+
+def test_defect4_a_pool_directory_every_user_can_write_is_refused(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    pool.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by every user"):
+        ssd_store(pool, "m")
+    assert list(pool.iterdir()) == [], "nothing may be created there"
+
+
+# ---- also seen: a zero-byte device ----------------------------------------------------------
+
+
+def test_a_truncated_device_is_named_not_an_io_error(tmp_path: Path) -> None:
+    ssd_store(tmp_path, "m")  # created, then dropped: the pool is closed
+    (tmp_path / "device-0.kvtd").write_bytes(b"")
+    with pytest.raises(ConfigError, match="0 bytes, too short to hold its superblock"):
+        ssd_store(tmp_path, "m")
