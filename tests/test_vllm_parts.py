@@ -11,7 +11,7 @@ import pytest
 import kvtier
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.integrations.vllm import lookup
-from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, request_extra
+from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, model_variant, request_extra
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
 
@@ -40,7 +40,7 @@ def test_settings_name_every_bad_key() -> None:
         ConnectorSettings.from_extra_config({"load_failure_policy": "ignore"})
     s = ConnectorSettings.from_extra_config({"dram_capacity_bytes": "lots"})
     with pytest.raises(ConfigError, match="dram_capacity_bytes"):
-        s.store_config(GEOMETRY, "m", None, 1, "test", 0)
+        s.store_config(GEOMETRY, "m", None, "", 1, "test", 0)
     with pytest.raises(ConfigError, match="not supported"):
         geometry_for(2, 2, 8, "fp8_e4m3", 16)
 
@@ -49,11 +49,21 @@ def test_settings_from_a_yaml_file_with_inline_overrides(tmp_path: Path) -> None
     f = tmp_path / "kvtier.yaml"
     f.write_text("store:\n  dram_capacity_bytes: 64MiB\n  eviction: lru\n")
     s = ConnectorSettings.from_extra_config({"config_file": str(f), "dram_capacity_bytes": "32MiB"})
-    c = s.store_config(GEOMETRY, "smollm", "abc", 2, "cpu:fp32", 1)
+    c = s.store_config(GEOMETRY, "smollm", "abc", "", 2, "cpu:fp32", 1)
     assert c.dram_capacity_bytes == 32 * 2**20 and c.rank == 1
     assert c.model_id == "smollm|rev=abc|tp=2|layout=cpu:fp32"
-    other = s.store_config(GEOMETRY, "smollm", "abc", 2, "cuda:fp32", 1)
+    other = s.store_config(GEOMETRY, "smollm", "abc", "", 2, "cuda:fp32", 1)
     assert other.namespace.hash != c.namespace.hash  # another layout never shares blocks
+    # Quantized, or with other RoPE settings, the same weights compute other KV: other keys.
+    for variant in (
+        model_variant("awq", None, None),
+        model_variant(None, {"rope_scaling": {"type": "yarn", "factor": 4.0}}, None),
+        model_variant(None, None, {"rope_theta": 5e5}),
+    ):
+        assert variant and variant != model_variant(None, {"rope_theta": 1e4}, None)
+        quantized = s.store_config(GEOMETRY, "smollm", "abc", variant, 2, "cpu:fp32", 1)
+        assert quantized.namespace.hash != c.namespace.hash
+    assert model_variant(None, None, None) == "" and model_variant("", {}, {}) == ""
     (tmp_path / "bad.yaml").write_text("geometry: llama-3-8b\n")
     with pytest.raises(ConfigError, match="`geometry`"):
         ConnectorSettings.from_extra_config({"config_file": str(tmp_path / "bad.yaml")})
@@ -178,4 +188,23 @@ def test_a_lookup_counts_saves_queued_before_it() -> None:
         assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 4
     finally:
         gate.set()
+        w.close()
+
+
+def test_waiting_for_an_unknown_layer_waits_for_every_layer() -> None:
+    """`wait_for_layer_load` with a layer name the connector cannot place must not return before
+    the step's loads are in place (it returned at once: attention could read unloaded blocks)."""
+    src, dst = cpu_cache(3), cpu_cache(4)
+    w = make_worker(src)
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
+        w.drain()
+        w.paged = paged(dst)
+        w.start_loads([LoadSpec("r2", tokens_bytes(2 * BS), b"", 0, [0, 2])], layerwise=True)
+        w.wait_layer(None)
+        for layer in range(LAYERS):
+            np.testing.assert_array_equal(dst[layer][0], src[layer][3])
+            np.testing.assert_array_equal(dst[layer][2], src[layer][1])
+        assert w.take_load_errors() == set()
+    finally:
         w.close()

@@ -10,6 +10,8 @@ value is a `ConfigError` naming it, raised while vLLM starts.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,16 +95,24 @@ class ConnectorSettings:
         )
 
     def store_config(
-        self, geometry: Geometry, model: str, revision: str | None, tp_size: int, layout: str, rank: int
+        self,
+        geometry: Geometry,
+        model: str,
+        revision: str | None,
+        variant: str,
+        tp_size: int,
+        layout: str,
+        rank: int,
     ) -> StoreConfig:
         """The worker's StoreConfig. A user `model_id` stands for vLLM's model name (to share KV
-        between two paths of the same weights); revision, TP size and layout stay in the id."""
+        between two paths of the same weights); revision, variant (see :func:`model_variant`),
+        TP size and layout stay in the id."""
         fields = dict(self.store_fields)
         user_model = fields.pop("model_id", None)
         if user_model is not None and (not isinstance(user_model, str) or not user_model):
             raise ConfigError(f"`model_id` is {user_model!r}; expected a non-empty string")
         fields["geometry"] = geometry.to_dict()
-        fields["model_id"] = model_fingerprint(user_model or model, revision, tp_size, layout)
+        fields["model_id"] = model_fingerprint(user_model or model, revision, tp_size, layout, variant)
         fields["rank"] = rank
         return StoreConfig.from_dict(fields)
 
@@ -123,9 +133,21 @@ def geometry_for(
     )
 
 
-def model_fingerprint(model: str, revision: str | None, tp_size: int, layout: str) -> str:
-    """The namespace's model id: KV from another model, revision, TP split or layout never matches."""
-    return f"{model}|rev={revision or '-'}|tp={tp_size}|layout={layout}"
+def model_fingerprint(model: str, revision: str | None, tp_size: int, layout: str, variant: str = "") -> str:
+    """The namespace's model id: KV from another model, revision, variant (quantization, RoPE or
+    config overrides: the same weights computing other KV), TP split or layout never matches."""
+    out = f"{model}|rev={revision or '-'}|tp={tp_size}|layout={layout}"
+    return f"{out}|variant={variant}" if variant else out
+
+
+def model_variant(quantization: object, rope: object, overrides: object) -> str:
+    """A short digest of what changes a model's KV without changing its name: the quantization
+    method, the RoPE settings (scaling, theta) and any config overrides. Empty when all are
+    unset, so plain models keep their ids."""
+    if not quantization and not rope and not overrides:
+        return ""
+    text = json.dumps([str(quantization or ""), rope, overrides], sort_keys=True, default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def request_extra(cache_salt: str | None, lora_name: str | None) -> bytes:

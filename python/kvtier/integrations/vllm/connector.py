@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvtier.errors import ConfigError, LayoutError
-from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, request_extra
+from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, model_variant, request_extra
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.integrations.vllm.lookup import LookupClient, LookupServer
 from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
@@ -46,6 +46,9 @@ class KvtierConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    #: Requests were preempted this step: their blocks are freed without waiting for their saves,
+    #: so the workers drain every queued save before the step overwrites them.
+    preempted: bool = False
 
 
 @dataclass
@@ -106,7 +109,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._geometry = geometry_for(
             mc.get_num_layers(pc), mc.get_num_kv_heads(pc), mc.get_head_size(), dtype, self._block_size
         )
-        self._model = (str(mc.model), mc.revision)
+        hf = getattr(mc, "hf_config", None)
+        rope = {k: v for k in ("rope_scaling", "rope_theta") if (v := getattr(hf, k, None)) is not None}
+        variant = model_variant(mc.quantization, rope, getattr(mc, "hf_overrides", None))
+        self._model = (str(mc.model), mc.revision, variant)
         self._tp_size = int(pc.tensor_parallel_size)
         role_name = ktc.kv_role or "kv_both"
         self._load_enabled = role_name in ("kv_both", "kv_consumer")
@@ -164,7 +170,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             st.load = (hit - n, n)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata()
+        meta = KvtierConnectorMetadata(preempted=bool(scheduler_output.preempted_req_ids))
         scheduled = scheduler_output.num_scheduled_tokens
         for nr in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(nr.req_id)
@@ -257,9 +263,9 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:
-            layer = self._layers.get(layer_name)
-            if layer is not None:
-                self._worker.wait_layer(layer)
+            # A name the connector did not register (never expected) waits for every layer:
+            # attention must not read a block before its load is done.
+            self._worker.wait_layer(self._layers.get(layer_name))
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -286,8 +292,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return set() if self._worker is None else self._worker.take_load_errors()
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        if self._worker is not None:
-            self._worker.drain()  # preempted requests' blocks are reused next
+        # Called every step; only a preemption frees blocks whose saves may still be queued (a
+        # finished request's blocks wait for get_finished), so only then wait for the saves.
+        if self._worker is not None and getattr(kv_connector_metadata, "preempted", False):
+            self._worker.drain()
 
     def shutdown(self) -> None:
         if self._role == KVConnectorRole.SCHEDULER:

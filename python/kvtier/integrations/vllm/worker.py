@@ -175,10 +175,14 @@ class WorkerSide:
             for event in job.events:
                 event.set()
 
-    def wait_layer(self, layer: int) -> None:
+    def wait_layer(self, layer: int | None) -> None:
+        """Waits until `layer`'s blocks of this step's loads are in place; `None` (a layer the
+        connector cannot place): until every layer's are."""
         job = self._job
-        if job is not None:
-            job.events[layer].wait()
+        if job is None:
+            return
+        for event in job.events if layer is None else job.events[layer : layer + 1]:
+            event.wait()
 
     def finish_loads(self) -> set[str]:
         """Waits for this step's loads; returns the requests whose loads failed (their saves drop)."""
