@@ -342,3 +342,26 @@ def test_defect11_unexpected_errors_keep_their_traceback(
     monkeypatch.setattr(cli, "_bench_layout", buggy)
     with pytest.raises(type(error)):
         cli.main(["bench", "layout"])
+
+
+# --- 7: a URL with an invalid host is a ConfigError, not a tier that opens "down" -------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1 :6379",
+        "redis://ho\x00st:6379",
+        "redis://a..b:1",
+        "redis://[not-ipv6]:1",
+        "redis://h\tx",
+    ],
+)
+def test_defect7_an_invalid_host_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError, match="host"):
+        kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=url)
+
+
+def test_defect7_valid_hosts_still_parse() -> None:
+    for url in ("redis://my_host-1.example.com.:1", "redis://[fe80::1]:6379", "redis://10.0.0.1"):
+        kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=url)
