@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from kvtier import _core
-from kvtier.errors import BufferError, KvtierError
+from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
+from kvtier.layout import buffer_array
 
 CODEC_IDS: dict[str, int] = {"raw": 0, "lossless": 1, "quant": 2}
 BACKENDS: tuple[str, ...] = ("none", "zstd", "lz4", "deflate")
@@ -72,18 +73,12 @@ def codec_id(codec: str | int) -> int:
     )
 
 
-def _byte_view(data: Any) -> np.ndarray:
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return np.frombuffer(data, dtype=np.uint8)
-    array = np.asarray(data)
-    # The same rule as the Rust buffer layer (it sees only the byte view taken below).
-    if array.dtype.kind not in "biuf" or not array.dtype.isnative or array.dtype.fields is not None:
-        raise BufferError(
-            f"data has items of type {array.dtype}; expected plain numbers (uint8, float16, ...)"
-        )
-    if not array.flags.c_contiguous:
-        raise CodecError("data must be C-contiguous")
-    return array.reshape(-1).view(np.uint8)
+def _byte_view(data: Any, what: str, *, writable: bool = False) -> np.ndarray:
+    """The bytes of ``data`` as a flat uint8 array over the same memory, after the checks every
+    buffer crossing into Rust gets (:func:`kvtier.layout.buffer_array`: plain-number items,
+    C-contiguous, writable if ``writable``); anything that is not a buffer is refused."""
+    arr = buffer_array(data, what, writable=writable)
+    return arr.reshape(-1).view(np.uint8)  # C-contiguous: views, never copies
 
 
 def encode(
@@ -97,22 +92,26 @@ def encode(
     key_bins: BinRule = CACHEGEN_KEYS,
     value_bins: BinRule = CACHEGEN_VALUES,
 ) -> bytes:
-    """Payload of ``data`` (any C-contiguous buffer) under ``codec``.
+    """Payload of ``data`` (any C-contiguous buffer of plain numbers) under ``codec``.
 
-    ``backend`` is the lossless stage (``none``, ``zstd``, ``lz4``, ``deflate``) of ``lossless`` and
-    ``quant``; ``level`` defaults to zstd 3, deflate 6. ``quant`` needs an fp16 ``geometry``: the
-    chunk is layers ``first_layer..`` of one ``BlockFirst`` object (K and V, no extra groups).
+    ``backend`` is the lossless stage (``none``, ``zstd``, ``lz4``, ``deflate``) of ``lossless`` (on
+    16-bit byte planes; one plane for an odd number of bytes) and ``quant``; ``level`` defaults to
+    zstd 3, deflate 6. ``quant`` needs an fp16 ``geometry``: the chunk is layers ``first_layer..``
+    of one ``BlockFirst`` object (K and V, no extra groups).
     """
     cid = codec_id(codec)
     if backend not in BACKENDS:
         raise CodecError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    raw = _byte_view(data)
+    raw = _byte_view(data, "data")
     if raw.nbytes == 0:
         raise CodecError("data is empty; codecs encode at least one byte")
     if cid == CODEC_IDS["raw"]:
         return raw.tobytes()
     if cid == CODEC_IDS["lossless"]:
-        return _core.codec_encode_lossless(raw, backend, level)
+        # 16-bit byte planes (fp16/bf16 KV); an odd number of bytes has no 16-bit elements, so it
+        # is one plane. The payload records which (docs/formats.md §5.2): decode needs nothing.
+        element_bytes = 2 if raw.nbytes % 2 == 0 else 1
+        return _core.codec_encode_lossless(raw, backend, level, element_bytes)
     if geometry is None:
         raise CodecError("quant needs geometry= (the chunk's layers, heads, head_dim, block_tokens)")
     if geometry.dtype != "fp16":
@@ -142,27 +141,43 @@ def encode(
 
 def decoded_len(payload: Any, codec: str | int) -> int:
     """Bytes ``payload`` decodes to, from its header alone."""
-    return int(_core.codec_decoded_len(codec_id(codec), _byte_view(payload)))
+    return int(_core.codec_decoded_len(codec_id(codec), _byte_view(payload, "payload")))
 
 
 def decode(payload: Any, codec: str | int, out: Any = None) -> np.ndarray:
     """Decodes ``payload`` of ``codec`` (the object header's codec id) into ``out`` (a writable
-    buffer, allocated when ``None``); returns the decoded bytes as a uint8 array (a view of ``out``).
-    Raises :class:`CodecError` on corrupt, truncated or mismatched payloads."""
+    buffer of plain numbers, C-contiguous, at least the decoded size; allocated when ``None``);
+    returns the decoded bytes as a uint8 array (a view of ``out``). Raises :class:`CodecError` on
+    corrupt, truncated or mismatched payloads, :class:`kvtier.errors.BufferError` on a bad ``out``."""
     cid = codec_id(codec)
-    src = _byte_view(payload)
+    src = _byte_view(payload, "payload")
     needed = int(_core.codec_decoded_len(cid, src))
-    target = np.empty(needed, dtype=np.uint8) if out is None else _byte_view(out)
+    target = np.empty(needed, dtype=np.uint8) if out is None else _byte_view(out, "out", writable=True)
     written = int(_core.codec_decode(cid, src, target))
     return target[:written]
 
 
 def quant_error(original: Any, decoded: Any, geometry: Geometry) -> dict[str, Any]:
-    """Error of a ``quant`` round trip of whole ``BlockFirst`` fp16 objects: max and mean absolute
-    error, and relative error ``|x - y|_2 / |x|_2`` per layer for K and V."""
+    """Error of a ``quant`` round trip of whole ``BlockFirst`` fp16 objects (K and V only, as
+    ``quant`` encodes them): max and mean absolute error, and relative error ``|x - y|_2 / |x|_2``
+    per layer for K and V. ``original`` and ``decoded`` are buffers of the same number of bytes."""
+    if geometry.dtype != "fp16" or geometry.extra_groups:
+        raise CodecError(
+            f"quant_error measures fp16 objects of K and V only; geometry is {geometry.dtype}"
+            f"{' with extra groups' if geometry.extra_groups else ''}"
+        )
+    x8, y8 = _byte_view(original, "original"), _byte_view(decoded, "decoded")
+    object_bytes = geometry.num_layers * 2 * geometry.segment_bytes
+    if x8.nbytes == 0 or x8.nbytes % object_bytes:
+        raise CodecError(
+            f"original has {x8.nbytes} bytes; expected a positive multiple of {object_bytes} bytes "
+            f"(whole objects of this geometry)"
+        )
+    if y8.nbytes != x8.nbytes:
+        raise CodecError(f"decoded has {y8.nbytes} bytes; expected {x8.nbytes}, as many as original")
     shape = (-1, geometry.num_layers, 2, geometry.block_tokens * geometry.num_kv_heads * geometry.head_dim)
-    x = np.asarray(original).reshape(-1).view(np.float16).astype(np.float32).reshape(shape)
-    y = np.asarray(decoded).reshape(-1).view(np.float16).astype(np.float32).reshape(shape)
+    x = x8.view(np.float16).astype(np.float32).reshape(shape)
+    y = y8.view(np.float16).astype(np.float32).reshape(shape)
     diff = np.abs(x - y)
     norm = np.sqrt((x**2).sum(axis=(0, 3)))
     rel = np.sqrt((diff**2).sum(axis=(0, 3))) / np.maximum(norm, np.finfo(np.float32).tiny)

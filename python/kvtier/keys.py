@@ -65,7 +65,10 @@ def _as_token_array(tokens: Sequence[int] | npt.ArrayLike) -> npt.NDArray[np.uin
             bad = lo if lo < 0 else hi
             raise KeyHashError(f"token id {bad} is out of range; expected 0 <= id < 2**32")
         arr = arr.astype(np.uint32)
-    return np.ascontiguousarray(arr)
+    arr = np.ascontiguousarray(arr)
+    # Rust reads the tokens in place as u32: an unaligned array (a view at an odd offset) is
+    # copied into a fresh, aligned one (read-only input: the copy changes nothing the caller sees).
+    return arr if arr.flags.aligned else arr.copy()
 
 
 def block_keys(namespace: Namespace, tokens: Sequence[int] | npt.ArrayLike, extra: bytes = b"") -> BlockKeys:

@@ -12,9 +12,11 @@ into the caller's arrays (zero-copy) and release the GIL while copying.
 
 from __future__ import annotations
 
+import builtins
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +33,101 @@ class CopyStats:
     copies: int
 
 
+#: Struct-module codes of the items that are KV bytes: fixed-size plain numbers (the rule of the
+#: Rust buffer layer, ``Format::Bytes`` in ``crates/kvtier-py/src/buffer.rs``).
+_PLAIN_FORMAT_CODES = frozenset("?bBhHiIlLqQcefd")
+#: The numpy dtype characters of those items ('c' is numpy's ``S1``, a string: not included).
+_PLAIN_DTYPE_CHARS = frozenset("?bBhHiIlLqQefd")
+_FORMAT_NAMES = {"O": "Python objects", "P": "pointers"}
+PLAIN_ITEMS = "plain numbers in native byte order (uint8, float16, ...)"
+
+
+def plain_format(code: str) -> bool:
+    """Whether a buffer of struct-module format ``code`` holds KV bytes: one plain number code,
+    after at most one native or little-endian prefix. Objects, pointers, strings, structs,
+    sub-arrays and big-endian items are not (the same rule as the Rust buffer layer)."""
+    body = code[1:] if code[:1] in ("@", "=", "<") else code
+    return len(body) == 1 and body in _PLAIN_FORMAT_CODES
+
+
+def plain_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether items of ``dtype`` are KV bytes (the numpy side of :func:`plain_format`)."""
+    return (
+        dtype.fields is None
+        and dtype.subdtype is None
+        and dtype.isnative
+        and dtype.char in _PLAIN_DTYPE_CHARS
+    )
+
+
+def _memoryview(value: object, what: str) -> memoryview | None:
+    """A memoryview of ``value``, or None if it has no buffer protocol."""
+    try:
+        return memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    except (ValueError, builtins.BufferError) as e:  # e.g. a released memoryview
+        raise BufferError(f"{what} is a {type(value).__name__} whose buffer cannot be read: {e}") from None
+
+
+def is_buffer(value: object) -> bool:
+    """Whether ``value`` has the buffer protocol (a numpy array, memoryview, bytes, ...)."""
+    try:
+        memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    except (ValueError, builtins.BufferError):  # a buffer, unreadable: buffer_array says why
+        return True
+    return True
+
+
+def buffer_array(value: object, what: str, *, writable: bool = False) -> np.ndarray:
+    """``value`` as a numpy array over the same memory (never a copy), checked for what crosses
+    into Rust: items that are plain numbers (:func:`plain_format`), C-contiguous, and writable
+    when ``writable``. Raises :class:`BufferError` naming ``what`` and the problem otherwise.
+
+    A numpy array is taken as it is; any other object with the buffer protocol (memoryview,
+    bytes, bytearray, array.array, ...) is one buffer, its item format checked before numpy
+    sees it. Anything else (a list, an int, None, ...) is refused: converting it would be a guess
+    at its bytes (``np.asarray`` makes a list of ints int64, and byte-swaps a list of big-endian
+    arrays), and an output converted to a copy would never see the bytes written.
+    """
+    kind = type(value).__name__
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        view = _memoryview(value, what)
+        if view is not None:
+            if not plain_format(view.format):
+                name = _FORMAT_NAMES.get(view.format.lstrip("@=<>!"), "")
+                raise BufferError(
+                    f"{what} is a {kind} with items of type {view.format!r}"
+                    f"{f' ({name})' if name else ''}; expected {PLAIN_ITEMS}"
+                )
+            if not view.c_contiguous:
+                raise BufferError(
+                    f"{what} is a {kind} that is not C-contiguous; expected a contiguous buffer"
+                )
+            if writable and view.readonly:
+                raise BufferError(f"{what} is a read-only {kind}; expected a writable buffer")
+            try:
+                arr = np.asarray(view)
+            except (ValueError, TypeError, builtins.BufferError) as e:
+                raise BufferError(f"{what} is a {kind} numpy cannot read: {e}") from None
+            if view.format.lstrip("@=<") == "c":  # chars: numpy makes them strings (S1)
+                arr = arr.view(np.uint8)
+        else:
+            need = "a writable buffer (bytearray, memoryview)" if writable else "a buffer (bytes, memoryview)"
+            raise BufferError(f"{what} is {kind}; expected a numpy array or {need} of {PLAIN_ITEMS}")
+    if not plain_dtype(arr.dtype):
+        raise BufferError(f"{what} has items of type {arr.dtype}; expected {PLAIN_ITEMS}")
+    if not arr.flags.c_contiguous:
+        raise BufferError(f"{what} is not C-contiguous; expected a contiguous array (np.ascontiguousarray)")
+    if writable and not arr.flags.writeable:
+        raise BufferError(f"{what} is read-only; expected a writable array")
+    return arr
+
+
 def alloc_pool(geometry: Geometry, num_blocks: int) -> npt.NDArray[np.uint8]:
     """A zeroed ``LayerFirst`` pool of ``num_blocks`` blocks as a flat uint8 array."""
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
@@ -38,14 +135,16 @@ def alloc_pool(geometry: Geometry, num_blocks: int) -> npt.NDArray[np.uint8]:
     return np.zeros(geometry.pool_bytes(num_blocks), dtype=np.uint8)
 
 
-def pool_num_blocks(geometry: Geometry, pool: np.ndarray) -> int:
-    """Number of blocks a pool array holds; raises if its size is not a whole number of blocks."""
+def pool_num_blocks(geometry: Geometry, pool: np.ndarray, what: str = "pool") -> int:
+    """Number of blocks a pool array holds; raises :class:`BufferError` (naming ``what``) unless
+    it is a numpy array of plain numbers, C-contiguous, of a whole number of blocks."""
     if not isinstance(pool, np.ndarray):
-        raise BufferError(f"pool is {type(pool).__name__}; expected a numpy array")
+        raise BufferError(f"{what} is {type(pool).__name__}; expected a numpy array")
+    buffer_array(pool, what)
     per_block = geometry.pool_bytes(1)
     if pool.nbytes == 0 or pool.nbytes % per_block:
         raise BufferError(
-            f"pool has {pool.nbytes} bytes; expected a positive multiple of {per_block} bytes "
+            f"{what} has {pool.nbytes} bytes; expected a positive multiple of {per_block} bytes "
             f"(one LayerFirst block of this geometry)"
         )
     return pool.nbytes // per_block
@@ -55,10 +154,12 @@ def kv_view(geometry: Geometry, pool: np.ndarray) -> np.ndarray:
     """The main K/V region of a pool as ``[layer, 2, block, token, head, dim]`` raw-byte elements.
 
     The element type is an unsigned int of the dtype's width (bf16/fp16 → uint16), so engines can
-    index blocks and reinterpret with ``.view(...)``.
+    index blocks and reinterpret with ``.view(...)``. It is a view of ``pool`` (writes through it
+    reach the pool), so the pool must be C-contiguous (see :func:`pool_num_blocks`).
     """
     num_blocks = pool_num_blocks(geometry, pool)
     width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[geometry.dtype_bytes]
+    # C-contiguous (checked above): the reshape is a view, never a copy.
     flat = pool.reshape(-1).view(np.uint8)[: geometry.num_layers * 2 * num_blocks * geometry.segment_bytes]
     shape = (
         geometry.num_layers,
@@ -82,7 +183,10 @@ def _block_ids(block_ids: Sequence[int] | npt.ArrayLike, num_blocks: int) -> npt
     lo = int(ids.min())
     if lo < 0:
         raise LayoutError(f"block id {lo} is negative; the pool has blocks 0..{num_blocks - 1}")
-    return np.ascontiguousarray(ids, dtype=np.uint64)
+    out = np.ascontiguousarray(ids, dtype=np.uint64)
+    # Rust reads the ids in place as u64: an unaligned array (a view at an odd offset) is copied
+    # into a fresh, aligned one (read-only input: the copy changes nothing the caller sees).
+    return out if out.flags.aligned else out.copy()
 
 
 class Copier:
@@ -142,10 +246,7 @@ def _check_objects(geometry: Geometry, arr: np.ndarray, count: int, what: str, w
             f"{what} has shape {arr.shape} ({arr.nbytes} bytes, {arr.dtype}); expected {count} blocks of "
             f"{geometry.block_bytes} bytes = {expected} bytes, e.g. shape ({count}, {geometry.block_bytes}) uint8"
         )
-    if not arr.flags.c_contiguous:
-        raise BufferError(f"{what} is not C-contiguous; expected a contiguous array (np.ascontiguousarray)")
-    if writable and not arr.flags.writeable:
-        raise BufferError(f"{what} is read-only; expected a writable array")
+    buffer_array(arr, what, writable=writable)
 
 
 @functools.cache

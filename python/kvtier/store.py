@@ -27,6 +27,7 @@ from kvtier import _core
 from kvtier.config import StoreConfig
 from kvtier.errors import BufferError, LeaseError, NamespaceError
 from kvtier.keys import BlockKeys, Namespace
+from kvtier.layout import buffer_array, is_buffer
 
 ObjectsArg = np.ndarray | Sequence[np.ndarray]
 
@@ -229,54 +230,61 @@ class Store:
                 f"{self.namespace.cache_salt!r}, rank {self.namespace.rank}); hash keys with store.namespace"
             )
 
+    @staticmethod
+    def _blocks_arg(arr: object, what: str, writable: bool) -> ObjectsArg:
+        """``arr`` as the store takes blocks: a numpy array (any other buffer, e.g. a memoryview or
+        bytes, becomes one, over the same memory, checked by ``buffer_array``), or a sequence of
+        one buffer per block; BufferError for anything else."""
+        if isinstance(arr, np.ndarray | list | tuple):
+            return arr
+        if is_buffer(arr):  # memoryview, bytes, ...: a sequence too, but of items, not blocks
+            return buffer_array(arr, what, writable=writable)
+        if isinstance(arr, Sequence) and not isinstance(arr, str):
+            return arr
+        raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
+
     def _block_count(self, arr: object, what: str) -> int:
         """Blocks in ``arr`` (rows of an array, or items of a sequence); BufferError for anything else."""
+        arr = self._blocks_arg(arr, what, writable=False)
         if isinstance(arr, np.ndarray):
             if arr.ndim == 0:
                 raise BufferError(
                     f"{what} is a 0-d array; expected blocks along axis 0 (n x {self.block_bytes} bytes)"
                 )
             return int(arr.shape[0])
-        if isinstance(arr, Sequence) and not isinstance(arr, str | bytes):
-            return len(arr)
-        raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
+        return len(arr)
 
-    def _check_blocks(self, arr: ObjectsArg, count: int, what: str, writable: bool) -> ObjectsArg:
-        """Validates ``count`` blocks; returns what the Rust store takes (an array, or a list)."""
+    def _check_blocks(self, arr: object, count: int, what: str, writable: bool) -> ObjectsArg:
+        """Validates ``count`` blocks; returns what the Rust store takes (an array, or a list of
+        arrays). Every buffer is checked by ``buffer_array`` (plain-number items, C-contiguous,
+        writable when ``writable``) and for its size."""
+        given = arr
+        arr = self._blocks_arg(arr, what, writable)
         if isinstance(arr, np.ndarray):
+            # A buffer made an array (a memoryview, bytes): the message names what was given.
+            label = what if arr is given else f"{what} (a {type(given).__name__})"
             if arr.ndim == 0 or arr.shape[0] != count:
                 raise BufferError(
-                    f"{what} has shape {arr.shape}; expected {count} blocks along axis 0 "
+                    f"{label} has shape {arr.shape}; expected {count} blocks along axis 0 "
                     f"({count} x {self.block_bytes} bytes)"
                 )
             if arr.nbytes != count * self.block_bytes:
                 raise BufferError(
-                    f"{what} has {arr.nbytes} bytes ({arr.shape}, {arr.dtype}); expected "
+                    f"{label} has {arr.nbytes} bytes ({arr.shape}, {arr.dtype}); expected "
                     f"{count} x {self.block_bytes} = {count * self.block_bytes} bytes"
                 )
-            if not arr.flags.c_contiguous:
+            return buffer_array(arr, what, writable=writable)
+        if len(arr) != count:
+            raise BufferError(f"{what} holds {len(arr)} blocks; expected {count}")
+        blocks = []  # the binding takes lists (and tuples) of buffers, not any sequence
+        for i, item in enumerate(arr):
+            block = buffer_array(item, f"{what}[{i}]", writable=writable)
+            if block.nbytes != self.block_bytes:
                 raise BufferError(
-                    f"{what} is not C-contiguous; expected a contiguous array (np.ascontiguousarray)"
+                    f"{what}[{i}] has {block.nbytes} bytes; expected a block of {self.block_bytes} bytes"
                 )
-            if writable and not arr.flags.writeable:
-                raise BufferError(f"{what} is read-only; expected a writable array")
-            return arr
-        if isinstance(arr, Sequence) and not isinstance(arr, str | bytes):
-            if len(arr) != count:
-                raise BufferError(f"{what} holds {len(arr)} blocks; expected {count}")
-            blocks = list(arr)  # the binding takes lists (and tuples), not any sequence
-            for i, block in enumerate(blocks):
-                if not isinstance(block, np.ndarray) or block.nbytes != self.block_bytes:
-                    size = block.nbytes if isinstance(block, np.ndarray) else type(block).__name__
-                    raise BufferError(
-                        f"{what}[{i}] is {size}; expected a numpy array of {self.block_bytes} bytes"
-                    )
-                if not block.flags.c_contiguous:
-                    raise BufferError(f"{what}[{i}] is not C-contiguous; expected a contiguous array")
-                if writable and not block.flags.writeable:
-                    raise BufferError(f"{what}[{i}] is read-only; expected a writable array")
-            return blocks
-        raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
+            blocks.append(block)
+        return blocks
 
     def put(self, keys: BlockKeys, objects: ObjectsArg) -> PutReport:
         """Stores ``objects[i]`` (BlockFirst bytes of one block) under ``keys[i]``.
@@ -304,7 +312,8 @@ class Store:
     def load(self, lease: Lease, out: ObjectsArg) -> LoadReport:
         """Copies the first ``len(out)`` leased blocks into ``out`` (at most ``lease.hit_blocks``).
 
-        ``out`` is an ``(n, block_bytes)`` array or a sequence of ``n`` arrays of ``block_bytes``.
+        ``out`` is an ``(n, block_bytes)`` array (or another writable buffer of that shape, e.g. a
+        memoryview) or a sequence of ``n`` writable buffers of ``block_bytes`` each.
         ``loaded_blocks`` is smaller than asked only if a block failed its checksum: that block
         and those after it were not loaded (their bytes in ``out`` are unspecified). Loading the
         same corrupt copy again fails there again (``checksum_failures`` says so each time), but

@@ -27,7 +27,7 @@ from kvtier import _core
 from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
-from kvtier.layout import pool_num_blocks
+from kvtier.layout import buffer_array, pool_num_blocks
 from kvtier.store import Store
 
 #: Every block outcome, in the order of the Rust enum.
@@ -271,9 +271,20 @@ class DuplexEngine:
         queued_transfers_max: int = 64,
         step_blocks_max: int = 1 << 16,
     ) -> None:
-        pool_num_blocks(geometry, device)
-        if not isinstance(host, np.ndarray) or host.nbytes == 0 or host.nbytes % geometry.block_bytes:
-            raise BufferError(f"host must be a numpy array of whole {geometry.block_bytes}-byte slots")
+        # Both checked here, so errors name them (the binding calls either of them "pool").
+        pool_num_blocks(geometry, device, "device")
+        if not device.flags.writeable:
+            raise BufferError("device is read-only; expected a writable array")
+        if not isinstance(host, np.ndarray):
+            raise BufferError(f"host is {type(host).__name__}; expected a numpy array")
+        buffer_array(host, "host", writable=True)
+        if host.nbytes == 0 or host.nbytes % geometry.block_bytes:
+            raise BufferError(
+                f"host has {host.nbytes} bytes; expected a positive multiple of {geometry.block_bytes} "
+                f"bytes (whole slots of one BlockFirst object each)"
+            )
+        if np.may_share_memory(device, host):  # both C-contiguous: exact
+            raise BufferError("device and host share memory; expected separate arrays")
         _positive("queued_transfers_max", queued_transfers_max)
         _positive("step_blocks_max", step_blocks_max)
         self._core = _core.DuplexEngine(geometry._handle, device, host, queued_transfers_max, step_blocks_max)
