@@ -65,57 +65,78 @@ enum Stream {
     Tls(Arc<Mutex<TlsStream>>),
 }
 
-/// One side of a connection, with the deadline of the exchange in progress: before each system
-/// call the socket's timeout is set to what is left of it, so a server that trickles bytes
-/// cannot stretch one reply (or one write) past `io_timeout`, however many reads it takes.
+/// One side of a connection, with the deadline of the exchange in progress: no system call may
+/// block past it, so a server that trickles bytes cannot stretch one reply (or one write) past
+/// `io_timeout`, however many reads it takes. The socket's own timeout is only lowered when what
+/// is left of the deadline drops below it (to half of what is left, so an exchange costs a few
+/// `setsockopt` calls at most, usually none); a call that times out before the deadline is retried.
 struct Half {
     stream: Stream,
     /// The socket itself, to set its timeouts (a TLS stream owns its own handle).
     sock: TcpStream,
     reads: bool,
     deadline: Instant,
+    /// The timeout the socket has now (`None`: unknown, set it before the next call).
+    armed: Option<Duration>,
 }
 
 impl Half {
-    fn arm(&self) -> io::Result<()> {
+    fn arm(&mut self) -> io::Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             let what = if self.reads { "a whole reply" } else { "a whole write" };
             return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no {what} within io_timeout")));
         }
+        if self.armed.is_some_and(|a| a <= left) {
+            return Ok(()); // a call now ends (or times out) before the deadline
+        }
+        let timeout = (left / 2).max(Duration::from_millis(1)).min(left);
         if self.reads {
-            self.sock.set_read_timeout(Some(left))
+            self.sock.set_read_timeout(Some(timeout))?;
         } else {
-            self.sock.set_write_timeout(Some(left))
+            self.sock.set_write_timeout(Some(timeout))?;
+        }
+        self.armed = Some(timeout);
+        Ok(())
+    }
+
+    /// Runs one system call on the stream, armed; a socket timeout before the deadline (the
+    /// socket's timeout is shorter than what is left) re-arms and calls again.
+    fn call<T>(&mut self, mut f: impl FnMut(&mut Stream) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            self.arm()?;
+            match f(&mut self.stream) {
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    self.armed = None; // `arm` says whether the deadline has passed
+                }
+                r => return r,
+            }
         }
     }
 }
 
 impl Read for Half {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.arm()?;
-        match &mut self.stream {
+        self.call(|stream| match stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Tls(s) => s.lock().read(buf),
-        }
+        })
     }
 }
 
 impl Write for Half {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.arm()?;
-        match &mut self.stream {
+        self.call(|stream| match stream {
             Stream::Tcp(s) => s.write(buf),
             Stream::Tls(s) => s.lock().write(buf),
-        }
+        })
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.arm()?;
-        match &mut self.stream {
+        self.call(|stream| match stream {
             Stream::Tcp(s) => s.flush(),
             Stream::Tls(s) => s.lock().flush(),
-        }
+        })
     }
 }
 
@@ -160,8 +181,10 @@ impl Conn {
                         }
                     };
                     let deadline = Instant::now() + io_timeout;
-                    let read_half = Half { stream: read_half, sock: read_sock, reads: true, deadline };
-                    let write_half = Half { stream: write_half, sock: write_sock, reads: false, deadline };
+                    let armed = Some(io_timeout);
+                    let read_half = Half { stream: read_half, sock: read_sock, reads: true, deadline, armed };
+                    let write_half =
+                        Half { stream: write_half, sock: write_sock, reads: false, deadline, armed };
                     let writer = BufWriter::with_capacity(BUF_BYTES, write_half);
                     let reader = BufReader::with_capacity(BUF_BYTES, read_half);
                     return Ok(Conn {

@@ -14,14 +14,19 @@ const TRICKLE: Duration = Duration::from_millis(400);
 const IO_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// Serves every connection: each command read gets `+PONG` (during the handshake, answered at
-/// once when `quick_handshake`) or `:1`, sent one byte per [`TRICKLE`].
+/// once when `quick_handshake`) or `:1`, sent one byte per [`TRICKLE`] — or, with `late`, whole
+/// but that long after the command (`:N` to a multi-key `EXISTS` of N keys).
 fn trickling_server(quick_handshake: bool) -> u16 {
+    server(move |conn| serve(conn, quick_handshake))
+}
+
+fn server(handler: impl Fn(TcpStream) + Copy + Send + 'static) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { return };
-            std::thread::spawn(move || serve(conn, quick_handshake));
+            std::thread::spawn(move || handler(conn));
         }
     });
     port
@@ -97,4 +102,45 @@ fn a_trickling_lookup_ends_after_one_timeout_with_misses() {
     let took = started.elapsed();
     assert_eq!(found, 0, "replies that never completed are misses");
     assert!(took < IO_TIMEOUT + Duration::from_millis(1200), "the lookup took {took:?}");
+}
+
+/// Answers each command whole, [`LATE`] after it arrives: `+PONG`, then `:8` (a multi-key
+/// `EXISTS` of 8 keys: all present).
+fn late_server() -> u16 {
+    server(|mut conn| {
+        let mut buf = [0u8; 65536];
+        let mut commands = 0;
+        while let Ok(n) = conn.read(&mut buf) {
+            if n == 0 {
+                return;
+            }
+            let asked = buf[..n]
+                .iter()
+                .enumerate()
+                .filter(|&(i, &b)| b == b'*' && (i == 0 || buf[i - 1] == b'\n'))
+                .count();
+            for _ in 0..asked {
+                commands += 1;
+                std::thread::sleep(LATE);
+                let reply: &[u8] = if commands == 1 { b"+PONG\r\n" } else { b":8\r\n" };
+                if conn.write_all(reply).is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// Later than half the timeout: the socket's own timeout (half of what is left) fires first.
+const LATE: Duration = Duration::from_millis(700);
+
+/// A reply that comes whole within the timeout, but after the socket's shorter timeout, is
+/// waited for (the call is retried until the deadline), not taken for a dead server.
+#[test]
+fn a_late_reply_within_the_timeout_is_not_a_failure() {
+    let port = late_server();
+    let tier = RemoteTier::open(config(port), 1).unwrap();
+    let keys: Vec<u128> = (1..=8).collect();
+    let mut located = vec![None; keys.len()];
+    assert_eq!(tier.locate(1, &keys, &mut located, false, false), 8, "the late replies were used");
 }
