@@ -32,6 +32,12 @@ fn server(handler: impl Fn(TcpStream) + Copy + Send + 'static) -> u16 {
     port
 }
 
+/// Commands in one read: each is an array, so count the `*` that start a line (a test server's
+/// view: the commands these tests send have no `*` at a line start inside their arguments).
+fn commands_in(bytes: &[u8]) -> usize {
+    bytes.iter().enumerate().filter(|&(i, &b)| b == b'*' && (i == 0 || bytes[i - 1] == b'\n')).count()
+}
+
 fn serve(mut conn: TcpStream, quick_handshake: bool) {
     let mut buf = [0u8; 65536];
     let mut commands = 0;
@@ -40,12 +46,7 @@ fn serve(mut conn: TcpStream, quick_handshake: bool) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        // One reply per command in this read (commands are arrays: count the `*` that start them).
-        let asked = buf[..n]
-            .iter()
-            .enumerate()
-            .filter(|&(i, &b)| b == b'*' && (i == 0 || buf[i - 1] == b'\n'))
-            .count();
+        let asked = commands_in(&buf[..n]);
         for _ in 0..asked {
             commands += 1;
             let handshake = commands == 1;
@@ -114,11 +115,7 @@ fn late_server() -> u16 {
             if n == 0 {
                 return;
             }
-            let asked = buf[..n]
-                .iter()
-                .enumerate()
-                .filter(|&(i, &b)| b == b'*' && (i == 0 || buf[i - 1] == b'\n'))
-                .count();
+            let asked = commands_in(&buf[..n]);
             for _ in 0..asked {
                 commands += 1;
                 std::thread::sleep(LATE);
