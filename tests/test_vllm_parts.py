@@ -3,7 +3,9 @@ the worker against a real Store. The connector inside a real vLLM is tests/vllm 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -200,6 +202,14 @@ def test_waiting_for_an_unknown_layer_waits_for_every_layer() -> None:
         w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
         w.drain()
         w.paged = paged(dst)
+        scatter = w.paged.scatter_layer
+
+        def slow_last_layer(layer: int, ids: Any, objects: Any) -> None:
+            if layer == LAYERS - 1:
+                time.sleep(0.3)  # widens the window: a wait that returns early sees it unloaded
+            scatter(layer, ids, objects)
+
+        w.paged.scatter_layer = slow_last_layer  # type: ignore[method-assign]
         w.start_loads([LoadSpec("r2", tokens_bytes(2 * BS), b"", 0, [0, 2])], layerwise=True)
         w.wait_layer(None)
         for layer in range(LAYERS):

@@ -76,8 +76,8 @@ def is_buffer(value: object) -> bool:
         memoryview(value)  # type: ignore[arg-type]
     except TypeError:
         return False
-    except (ValueError, builtins.BufferError):  # a buffer, unreadable: buffer_array says why
-        return True
+    except (ValueError, builtins.BufferError):
+        pass  # a buffer, unreadable: buffer_array says why
     return True
 
 
