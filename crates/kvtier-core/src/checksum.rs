@@ -1,7 +1,10 @@
 //! Payload checksums: XXH3-64 with seed 0, computed while copying so a checked copy costs about
 //! one pass over memory instead of two (the chunk just written is hashed while it is in cache).
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::xxh3_64;
+pub use xxhash_rust::xxh3::Xxh3;
+
+use crate::copy;
 
 /// Chunk of a fused copy+hash, in bytes: small enough to stay in L2 between copy and hash.
 pub const FUSED_CHUNK_BYTES: usize = 64 << 10;
@@ -11,18 +14,38 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     xxh3_64(bytes)
 }
 
-/// Copies `src` into `dst` (same length) and returns the checksum of the bytes copied.
+/// Copies `src` into `dst` (same length) and returns the checksum of the bytes copied, in one
+/// pass over memory: each 64 KiB chunk is hashed right after it is copied, while it is in cache.
 ///
-/// The checksum is computed over `dst` after each chunk lands, so it covers exactly the bytes the
-/// caller will use, even if `src` were changed concurrently.
+/// Large chunks are copied with streaming stores ([`crate::copy`]), which leave the destination
+/// out of the cache, so the hash reads each chunk from the *source* just read. The caller must
+/// therefore keep `src` unchanged during the call (a pinned arena extent, the store's own read
+/// buffer) or accept that a concurrent change makes the checksum disagree with what `dst` holds:
+/// a put whose source changes under it stores an object that fails verification when read (an
+/// honest miss), never one that passes with other bytes. Fences before returning.
 pub fn copy_with_checksum(dst: &mut [u8], src: &[u8]) -> u64 {
     assert_eq!(dst.len(), src.len(), "copy_with_checksum needs equal lengths");
     let mut hasher = Xxh3::new();
-    for (d, s) in dst.chunks_mut(FUSED_CHUNK_BYTES).zip(src.chunks(FUSED_CHUNK_BYTES)) {
-        d.copy_from_slice(s);
-        hasher.update(d);
-    }
+    // SAFETY: `dst` is valid for `src.len()` bytes and cannot overlap the shared `src`.
+    unsafe { copy_hashing(dst.as_mut_ptr(), src, &mut hasher) };
+    copy::fence();
     hasher.digest()
+}
+
+/// Copies `src` to `dst` and feeds `src` to `hasher`, chunk by chunk so each chunk is hashed
+/// while in cache (the piecewise form of [`copy_with_checksum`], for objects copied to several
+/// destinations: the hasher carries on from piece to piece). Does not fence: call
+/// [`copy::fence`] before another thread may read `dst`. Same rule on `src` as
+/// [`copy_with_checksum`].
+///
+/// # Safety
+/// `dst` is valid for `src.len()` bytes of writes and does not overlap `src`.
+pub unsafe fn copy_hashing(dst: *mut u8, src: &[u8], hasher: &mut Xxh3) {
+    for (i, s) in src.chunks(FUSED_CHUNK_BYTES).enumerate() {
+        // SAFETY: chunk `i` of `dst` is in bounds per the caller's contract.
+        unsafe { copy::copy_unfenced(dst.add(i * FUSED_CHUNK_BYTES), s.as_ptr(), s.len()) };
+        hasher.update(s);
+    }
 }
 
 #[cfg(test)]
@@ -31,11 +54,25 @@ mod tests {
 
     #[test]
     fn fused_equals_one_shot() {
-        for len in [0usize, 1, 1000, FUSED_CHUNK_BYTES, FUSED_CHUNK_BYTES * 3 + 17] {
+        for len in [0usize, 1, 1000, 4096, 5000, FUSED_CHUNK_BYTES, FUSED_CHUNK_BYTES * 3 + 17] {
             let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
             let mut dst = vec![0u8; len];
             assert_eq!(copy_with_checksum(&mut dst, &src), checksum(&src));
             assert_eq!(dst, src);
         }
+    }
+
+    #[test]
+    fn piecewise_equals_one_shot() {
+        let src: Vec<u8> = (0..300_000u32).map(|i| (i * 17 % 253) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let mut hasher = Xxh3::new();
+        for (a, b) in [(0, 5000), (5000, 70_000), (70_000, 70_001), (70_001, 300_000)] {
+            // SAFETY: in bounds of `dst`, which does not overlap `src`.
+            unsafe { copy_hashing(dst.as_mut_ptr().add(a), &src[a..b], &mut hasher) };
+        }
+        copy::fence();
+        assert_eq!(hasher.digest(), checksum(&src));
+        assert_eq!(dst, src);
     }
 }

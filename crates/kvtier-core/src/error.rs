@@ -45,6 +45,8 @@ pub enum LayoutError {
     EmptyPool,
     #[error("object {index} has {actual} bytes; expected {expected} bytes (one block)")]
     ObjectSize { index: usize, actual: usize, expected: usize },
+    #[error("paged pool: {0}")]
+    Regions(String),
 }
 
 /// Bytes that are not a valid kvtier object. Corrupt bytes are reported, never used.

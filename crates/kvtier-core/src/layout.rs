@@ -24,8 +24,8 @@
 //! the multi-threaded copy sound. Planning allocates O(segments), never O(bytes).
 
 use std::ops::Range;
-use std::ptr;
 
+use crate::copy;
 use crate::error::LayoutError;
 use crate::geometry::Geometry;
 use crate::parallel::WorkerPool;
@@ -452,8 +452,8 @@ impl RawSides {
             let pool = self.pool.add(run.pool_off);
             let object = self.objects[run.object].add(run.object_off);
             match self.direction {
-                Direction::Gather => ptr::copy_nonoverlapping(pool, object, run.len),
-                Direction::Scatter => ptr::copy_nonoverlapping(object, pool, run.len),
+                Direction::Gather => copy::copy_unfenced(object, pool, run.len),
+                Direction::Scatter => copy::copy_unfenced(pool, object, run.len),
             }
         }
     }
@@ -471,6 +471,7 @@ fn run_plan(plan: &Plan, sides: &RawSides, workers: &WorkerPool) -> CopyStats {
             // run is in exactly one batch.
             unsafe { sides.copy(run) }
         }
+        copy::fence(); // streaming stores, before the pool reports this batch done
     });
     plan.stats
 }

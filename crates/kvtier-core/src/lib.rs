@@ -4,17 +4,21 @@
 //! - [`keys`]: namespaced, chained 128-bit block keys over token ids.
 //! - [`object`]: the versioned, checksummed byte format of a stored block.
 //! - [`layout`]: `LayerFirst` paged pools and `BlockFirst` objects, and the batched copies between them.
+//! - [`copy`]: bulk copies at memory speed whatever the buffers' alignment (streaming stores).
+//! - [`paged`]: an engine's paged pool as regions, for copies straight between store and engine.
 //! - [`parallel`]: the bounded worker pool that runs large copies.
 //!
 //! Invariants: a block key never collides across namespaces by construction (the namespace hash
 //! seeds the chain); every object read is verified against its xxh3 checksum before use.
 
 pub mod checksum;
+pub mod copy;
 pub mod error;
 pub mod geometry;
 pub mod keys;
 pub mod layout;
 pub mod object;
+pub mod paged;
 pub mod parallel;
 
 pub use error::{GeometryError, KeyError, LayoutError, ObjectError};

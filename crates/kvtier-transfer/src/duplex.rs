@@ -170,7 +170,7 @@ impl DuplexEngine {
             shutdown: false,
         };
         let shared = Arc::new(Shared {
-            shape: PoolShape { streaming: true, ..PoolShape::new(geometry, device.num_blocks()) },
+            shape: PoolShape::new(geometry, device.num_blocks()),
             device,
             host,
             config,
@@ -456,7 +456,7 @@ fn worker(sh: &Shared, direction: Direction) {
             }
         };
         copy(sh, &transfer);
-        crate::stream::fence();
+        kvtier_core::copy::fence();
         let mut st = lock(&sh.state);
         if transfer.direction == Direction::Out && transfer.layer.is_none() {
             for &(d, h, generation, _) in transfer.pairs.iter().filter(|p| p.3) {

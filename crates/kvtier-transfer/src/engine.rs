@@ -774,6 +774,7 @@ fn store_chunk(sh: &Shared, job: &Job, first: usize, count: usize, gathered: &mu
         keys.push(job.keys[first + i]);
         items.push(i);
     }
+    kvtier_core::copy::fence(); // the put's copy workers read what the streaming stores wrote
     let refs: Vec<&[u8]> = items.iter().map(|&i| &gathered[i * bb..(i + 1) * bb]).collect();
     let store = sh.store.store();
     let ns = store.namespace_hash();

@@ -58,7 +58,6 @@ mod job;
 mod pool;
 mod sequential;
 mod stages;
-mod stream;
 
 pub use config::{StageWorkers, TransferConfig, STAGE_NAMES};
 pub use duplex::{BlockState, DuplexConfig, DuplexEngine, StepTickets};

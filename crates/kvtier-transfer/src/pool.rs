@@ -7,7 +7,6 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::ptr;
 use std::sync::Arc;
 
 use kvtier_core::Geometry;
@@ -119,9 +118,6 @@ pub(crate) struct PoolShape {
     pub block_bytes: usize,
     /// Extra groups: (pool region start, bytes per block, offset in the object).
     pub groups: Vec<(usize, usize, usize)>,
-    /// Copy with streaming stores ([`crate::stream`]): the duplex engine's swaps. The writer
-    /// must [`crate::stream::fence`] before publishing the bytes.
-    pub streaming: bool,
 }
 
 impl PoolShape {
@@ -138,23 +134,14 @@ impl PoolShape {
             region += n * len;
             object_off += len;
         }
-        PoolShape {
-            seg,
-            layers,
-            num_blocks: n,
-            block_bytes: geometry.block_bytes() as usize,
-            groups,
-            streaming: false,
-        }
+        PoolShape { seg, layers, num_blocks: n, block_bytes: geometry.block_bytes() as usize, groups }
     }
 
+    /// Streaming where large ([`kvtier_core::copy`]): the writer must
+    /// [`fence`](kvtier_core::copy::fence) before publishing the bytes.
     #[inline]
     unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize) {
-        if self.streaming {
-            crate::stream::copy(dst, src, len)
-        } else {
-            ptr::copy_nonoverlapping(src, dst, len)
-        }
+        kvtier_core::copy::copy_unfenced(dst, src, len)
     }
 
     /// Byte offset of segment (layer, k|v) of `block` in the pool.

@@ -193,6 +193,7 @@ pub(crate) unsafe fn scatter_chunk(
         for i in (0..count).filter(|&i| ok(i)) {
             shape.scatter_layer(pool, src(i), job.block_ids[first + i] as usize, layer);
         }
+        kvtier_core::copy::fence(); // streaming stores land before the layer is published
         job.layer_chunks_done[layer].fetch_add(1, Ordering::SeqCst);
         layer_done(layer);
     }

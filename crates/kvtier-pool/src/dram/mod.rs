@@ -30,6 +30,7 @@ use kvtier_core::{BlockKey, ObjectHeader, OBJECT_HEADER_BYTES};
 use parking_lot::Mutex;
 
 mod demote;
+mod into_pool;
 mod state;
 
 pub use demote::{Demotion, Victim};
@@ -227,6 +228,29 @@ impl DramTier {
         let src = unsafe { self.arena.bytes(job.offset, dst.len()) };
         copy_with_checksum(&mut dst, src) == header.payload_checksum
     }
+
+    /// Settles the items of a read found corrupt (`outcomes[item]` is `Corrupt`): each stored
+    /// copy is doomed and counted once, by the read that found it; a concurrent read that found
+    /// the same copy corrupt reports it as already known.
+    fn settle_corrupt(&self, entries: &[EntryRef], corrupt: &[usize], outcomes: &mut [ReadOutcome]) {
+        if corrupt.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        for &item in corrupt {
+            let entry = entries[item];
+            if st.index.get(&entry.key).is_some_and(|e| e.id == entry.entry_id) {
+                st.retire(entry.key, true);
+            } else if let Some(doomed) = st.doomed.get_mut(&entry.entry_id).filter(|d| d.key == entry.key) {
+                if doomed.corrupt {
+                    outcomes[item] = ReadOutcome::CorruptKnown;
+                    continue;
+                }
+                doomed.corrupt = true;
+            }
+            st.counters.checksum_failures += 1;
+        }
+    }
 }
 
 impl Tier for DramTier {
@@ -318,25 +342,7 @@ impl Tier for DramTier {
                 corrupt.push(job.item);
             }
         }
-        if corrupt.is_empty() {
-            return;
-        }
-        // Each stored copy is counted once, by the read that dooms it as corrupt; a concurrent
-        // read that found the same copy corrupt reports it as already known.
-        let mut st = self.state.lock();
-        for item in corrupt {
-            let entry = entries[item];
-            if st.index.get(&entry.key).is_some_and(|e| e.id == entry.entry_id) {
-                st.retire(entry.key, true);
-            } else if let Some(doomed) = st.doomed.get_mut(&entry.entry_id).filter(|d| d.key == entry.key) {
-                if doomed.corrupt {
-                    outcomes[item] = ReadOutcome::CorruptKnown;
-                    continue;
-                }
-                doomed.corrupt = true;
-            }
-            st.counters.checksum_failures += 1;
-        }
+        self.settle_corrupt(entries, &corrupt, outcomes);
     }
 
     fn unpin(&self, entries: &[EntryRef]) {
