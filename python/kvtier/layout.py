@@ -189,6 +189,73 @@ def _block_ids(block_ids: Sequence[int] | npt.ArrayLike, num_blocks: int) -> npt
     return out if out.flags.aligned else out.copy()
 
 
+class PagedPool:
+    """An engine's paged KV pool as *regions*, for copies straight between the store and the
+    engine's blocks (:meth:`kvtier.Store.load_into_pool`; ``kvtier_core::paged`` in Rust).
+
+    A region is one piece of every block: an array whose first axis is the block id (C-contiguous,
+    plain numbers, writable), ``block_len`` bytes per block. ``layers[l]`` lists the regions of
+    layer ``l`` in object order: a block's object is layer 0's pieces, then layer 1's, and so
+    on, so the pool's ``block_bytes`` is the sum of every region's ``block_len``. A layer is the
+    unit of layerwise progress. Two shapes are built in:
+
+    - :meth:`layer_first`: kvtier's own ``LayerFirst`` pool (K and V of each layer; the extra
+      groups of a hybrid model join the last layer);
+    - vLLM's per-layer tensors (one region per layer on CPU, K and V on CUDA):
+      ``PagedPool([[layer0], [layer1], ...])``.
+
+    The pool holds views of the arrays (never copies). Regions must not overlap.
+    """
+
+    def __init__(self, layers: Sequence[Sequence[np.ndarray]]) -> None:
+        if not isinstance(layers, Sequence) or not layers:
+            raise LayoutError("a paged pool needs at least one layer")
+        regions: list[np.ndarray] = []
+        layer_regions: list[int] = []
+        num_blocks: int | None = None
+        for index, layer in enumerate(layers):
+            if not isinstance(layer, Sequence) or not layer:
+                raise LayoutError(f"layer {index} has no region; expected a list of arrays")
+            for j, region in enumerate(layer):
+                what = f"layer {index} region {j}"
+                arr = buffer_array(region, what, writable=True)
+                if arr.ndim < 1 or arr.shape[0] < 1 or arr.nbytes == 0:
+                    raise BufferError(f"{what} has shape {arr.shape}; expected (num_blocks, ...) with data")
+                if num_blocks is None:
+                    num_blocks = int(arr.shape[0])
+                elif arr.shape[0] != num_blocks:
+                    raise LayoutError(f"{what} has {arr.shape[0]} blocks; layer 0 has {num_blocks}")
+                regions.append(arr.reshape(num_blocks, -1).view(np.uint8))
+            layer_regions.append(len(layer))
+        assert num_blocks is not None
+        self.regions = regions
+        self.layer_regions = layer_regions
+        self.num_blocks = num_blocks
+        self.block_bytes = sum(int(r.shape[1]) for r in regions)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_regions)
+
+    @classmethod
+    def layer_first(cls, geometry: Geometry, pool: np.ndarray) -> PagedPool:
+        """kvtier's ``LayerFirst`` pool array (see :mod:`kvtier.layout`) as regions."""
+        n = pool_num_blocks(geometry, pool)
+        flat = buffer_array(pool, "pool", writable=True).reshape(-1).view(np.uint8)
+        seg = geometry.segment_bytes
+        layers: list[list[np.ndarray]] = []
+        for layer in range(geometry.num_layers):
+            k = flat[(2 * layer) * n * seg : (2 * layer + 1) * n * seg]
+            v = flat[(2 * layer + 1) * n * seg : (2 * layer + 2) * n * seg]
+            layers.append([k.reshape(n, seg), v.reshape(n, seg)])
+        start = 2 * geometry.num_layers * n * seg
+        for group in geometry.extra_groups:
+            gbb = group.bytes_per_token * geometry.block_tokens
+            layers[-1].append(flat[start : start + n * gbb].reshape(n, gbb))
+            start += n * gbb
+        return cls(layers)
+
+
 class Copier:
     """Runs gathers and scatters on a bounded pool of ``threads`` copy workers (0 = one per core)."""
 

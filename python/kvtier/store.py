@@ -27,7 +27,7 @@ from kvtier import _core
 from kvtier.config import StoreConfig
 from kvtier.errors import BufferError, LeaseError, NamespaceError
 from kvtier.keys import BlockKeys, Namespace
-from kvtier.layout import buffer_array, is_buffer
+from kvtier.layout import PagedPool, _block_ids, buffer_array, is_buffer
 
 ObjectsArg = np.ndarray | Sequence[np.ndarray]
 
@@ -54,6 +54,23 @@ class PutReport:
 class LoadReport:
     loaded_blocks: int
     checksum_failures: int
+
+
+@dataclass(frozen=True)
+class PoolLoadReport:
+    """What :meth:`Store.load_into_pool` did. Blocks ``0..loaded_blocks`` all verified; every
+    position in ``failed`` (of the call's block table) holds no usable bytes."""
+
+    loaded_blocks: int
+    failed: tuple[int, ...]
+    checksum_failures: int
+
+
+#: Layers of a layerwise load that are in place. A loading thread passes it to
+#: :meth:`Store.load_into_pool`; engine threads call ``progress.wait(layer)`` (GIL released) to
+#: start on a layer once it is in place. ``close()`` ends it: every wait returns from then on
+#: (call it when the load ends, whatever happened, so no waiter hangs).
+LayerProgress = _core.LayerProgress
 
 
 @dataclass(frozen=True)
@@ -329,6 +346,48 @@ class Store:
         out = self._check_blocks(out, count, "out", writable=True)
         loaded, failures = self._core.load(lease.id, out, count)
         return LoadReport(loaded, failures)
+
+    def load_into_pool(
+        self,
+        lease: Lease,
+        pool: PagedPool,
+        block_ids: Sequence[int] | np.ndarray,
+        *,
+        first: int = 0,
+        progress: LayerProgress | None = None,
+    ) -> PoolLoadReport:
+        """Copies leased blocks ``first..first + len(block_ids)`` straight into the engine's pool
+        blocks ``block_ids`` (one copy from DRAM, no staging object), layer by layer, verifying
+        every block. ``progress`` (a :data:`LayerProgress`) advances as each layer of every block
+        lands; it is not closed here.
+
+        A block that fails verification is in ``failed`` only once the call returns, after its
+        layers were announced: drop whatever was computed from it. Errors before any copy: the
+        lease errors of :meth:`load`; a pool whose objects are not ``block_bytes``
+        (:class:`BufferError`); block ids out of range or repeated (:class:`LayoutError`).
+        """
+        if not isinstance(lease, Lease) or lease._store is not self:
+            raise LeaseError("lease was not issued by this store")
+        if lease.released:
+            raise LeaseError(f"lease {lease.id} was already released; take a new lease")
+        if not isinstance(pool, PagedPool):
+            raise BufferError(f"pool is {type(pool).__name__}; expected a kvtier.layout.PagedPool")
+        if pool.block_bytes != self.config.geometry.block_bytes:
+            raise BufferError(
+                f"pool blocks hold {pool.block_bytes} bytes; expected {self.config.geometry.block_bytes} "
+                "(this store's block_bytes)"
+            )
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise LeaseError(f"first is {first!r}; expected an int >= 0")
+        ids = _block_ids(block_ids, pool.num_blocks)
+        if first + ids.size > lease.hit_blocks:
+            raise LeaseError(
+                f"asked to load blocks {first}..{first + ids.size}; lease {lease.id} holds {lease.hit_blocks}"
+            )
+        loaded, failed, failures = self._core.load_into_pool(
+            lease.id, first, pool.regions, pool.layer_regions, pool.num_blocks, ids, progress
+        )
+        return PoolLoadReport(loaded, tuple(failed), failures)
 
     def stats(self) -> StoreStats:
         return StoreStats(**self._core.stats())

@@ -19,7 +19,7 @@ pub struct Copier {
 /// The block ids of `block_ids`, copied out while the GIL is held. A copy, not a view: the ids
 /// may live in the very buffer the copy writes (a view of the pool or of `out`), and reading
 /// them while workers write there would be a data race. They are few (8 bytes per block).
-fn block_ids_of(block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+pub(crate) fn block_ids_of(block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let buf = Buffer::get(block_ids, "block_ids", false, Format::U64)?;
     if !buf.len().is_multiple_of(8) || !(buf.ptr() as usize).is_multiple_of(8) {
         return Err(buffer_error(format!(

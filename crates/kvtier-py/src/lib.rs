@@ -9,6 +9,7 @@ mod codec;
 mod errors;
 mod geometry;
 mod layout;
+mod paged;
 mod remote;
 mod ssd;
 mod store;
@@ -129,6 +130,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<geometry::CoreGeometry>()?;
     m.add_class::<layout::Copier>()?;
     m.add_class::<store::Store>()?;
+    m.add_class::<paged::LayerProgress>()?;
     transfer::register(m)?;
     codec::register(m)?;
     m.add_class::<ssd::SsdPool>()?;

@@ -13,6 +13,8 @@ use kvtier_store::{Store as CoreStore, StoreConfig, StoreError, TierCodec};
 use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, config_error, key_err, kvtier_error};
 use crate::geometry::CoreGeometry;
+use crate::layout::block_ids_of;
+use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::{metrics_dict as remote_metrics_dict, store_remote_config};
 use crate::ssd::{metrics_dict, store_ssd_config};
 use crate::{keys_from, u128_from};
@@ -42,6 +44,7 @@ fn store_err(e: StoreError) -> PyErr {
         | StoreError::LeaseLimit { .. }
         | StoreError::LoadTooMany { .. } => "LeaseError",
         StoreError::Config(_) => "ConfigError",
+        StoreError::Layout(_) => "LayoutError",
         StoreError::Integrity(_) => "IntegrityError",
         _ => "StoreError",
     };
@@ -264,6 +267,37 @@ impl Store {
         let mut dst = unsafe { split_mut(&bufs, count, block_bytes, "out")? };
         let r = py.allow_threads(|| self.inner.load(lease_id, &mut dst)).map_err(store_err)?;
         Ok((r.loaded_blocks, r.checksum_failures))
+    }
+
+    /// Leased blocks `first..` straight into pool blocks `block_ids` of an engine pool given as
+    /// regions (see `kvtier_core::paged`), layer by layer, advancing `progress` as each layer
+    /// lands. Returns (loaded prefix, failed positions, checksum failures).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (lease_id, first, regions, layer_regions, num_blocks, block_ids, progress=None))]
+    fn load_into_pool(
+        &self,
+        py: Python<'_>,
+        lease_id: u64,
+        first: usize,
+        regions: Vec<Bound<'_, PyAny>>,
+        layer_regions: Vec<usize>,
+        num_blocks: usize,
+        block_ids: &Bound<'_, PyAny>,
+        progress: Option<Py<LayerProgress>>,
+    ) -> PyResult<(usize, Vec<usize>, usize)> {
+        let ids = block_ids_of(block_ids)?;
+        // `_views` holds the exporters' buffers until the copy is done.
+        let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let progress = progress.as_ref().map(|p| p.get());
+        let report = py.allow_threads(|| {
+            self.inner.load_into_pool(lease_id, first, &pool, &ids, &mut |layer| {
+                if let Some(p) = progress {
+                    p.advance(layer + 1);
+                }
+            })
+        });
+        let r = report.map_err(store_err)?;
+        Ok((r.loaded_blocks, r.failed, r.checksum_failures))
     }
 
     fn release(&self, lease_id: u64) -> PyResult<()> {

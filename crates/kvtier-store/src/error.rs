@@ -28,6 +28,9 @@ pub enum StoreError {
     Config(String),
     #[error(transparent)]
     Tier(#[from] PoolError),
+    /// A pool or block table that does not fit the store (a load into an engine pool).
+    #[error(transparent)]
+    Layout(#[from] kvtier_core::LayoutError),
     #[error("store integrity check failed: {0}")]
     Integrity(String),
 }

@@ -62,4 +62,4 @@ pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};
 pub use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig, TierKind, TierStats};
 pub use kvtier_remote::{RemoteConfig, RemoteMetrics};
 pub use stats::StoreStats;
-pub use store::{Lease, LoadReport, Lookup, PutReport, Store, StoredBlock, StoredLoadReport};
+pub use store::{Lease, LoadReport, Lookup, PoolLoadReport, PutReport, Store, StoredBlock, StoredLoadReport};

@@ -19,6 +19,9 @@ use crate::error::StoreError;
 use crate::lease::{LeaseTable, LeasedBlock};
 use crate::stats::{bump, read, Counters, StoreStats};
 
+mod into_pool;
+pub use into_pool::PoolLoadReport;
+
 /// Result of [`Store::lookup`]: the longest consecutive prefix of present blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {

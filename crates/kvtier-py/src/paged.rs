@@ -1,0 +1,128 @@
+//! An engine's paged pool for Python ([`PagedPool`] over caller buffers) and [`LayerProgress`],
+//! which a layerwise load advances and an engine thread waits on with the GIL released.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+use kvtier_core::paged::PagedPool;
+
+use crate::buffer::{ensure_disjoint, Buffer, Format};
+use crate::errors::{buffer_error, layout_err};
+
+/// The regions of a paged pool (`num_blocks` rows each; see `kvtier_core::paged`), checked
+/// writable, plain bytes, a whole number of rows and pairwise disjoint. The buffers are returned
+/// with the pool: keep them alive (they hold the exporters' views) while the pool is used.
+pub(crate) fn paged_pool(
+    regions: &[Bound<'_, PyAny>],
+    layer_regions: &[usize],
+    num_blocks: usize,
+) -> PyResult<(Vec<Buffer>, PagedPool)> {
+    let bufs: Vec<Buffer> = regions
+        .iter()
+        .map(|r| Buffer::get(r, "pool region", true, Format::Bytes))
+        .collect::<PyResult<_>>()?;
+    for (i, a) in bufs.iter().enumerate() {
+        if num_blocks == 0 || a.len() % num_blocks != 0 {
+            return Err(buffer_error(format!(
+                "pool region {i} has {} bytes; expected a whole number of bytes for each of {num_blocks} blocks",
+                a.len()
+            )));
+        }
+        for b in &bufs[i + 1..] {
+            ensure_disjoint(a, b)?;
+        }
+    }
+    let parts: Vec<(*mut u8, usize)> = bufs.iter().map(|b| (b.ptr(), b.len() / num_blocks)).collect();
+    // SAFETY: each region is a live writable buffer of `num_blocks * block_len` bytes (checked),
+    // the regions are disjoint (checked), and the returned buffers keep the views alive for as
+    // long as the caller keeps them with the pool.
+    let pool = unsafe { PagedPool::from_regions(&parts, layer_regions, num_blocks) }.map_err(layout_err)?;
+    Ok((bufs, pool))
+}
+
+#[derive(Default)]
+struct Progress {
+    done: usize,
+    closed: bool,
+}
+
+/// Layers of a layerwise load that are in place: the loading thread advances it, engine
+/// threads wait for a layer with the GIL released.
+#[pyclass(frozen, module = "kvtier._core")]
+pub struct LayerProgress {
+    inner: Arc<(Mutex<Progress>, Condvar)>,
+}
+
+fn lock(m: &Mutex<Progress>) -> MutexGuard<'_, Progress> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl LayerProgress {
+    /// Layers `0..done` are in place.
+    pub(crate) fn advance(&self, done: usize) {
+        let (m, cv) = &*self.inner;
+        let mut p = lock(m);
+        p.done = p.done.max(done);
+        cv.notify_all();
+    }
+}
+
+#[pymethods]
+impl LayerProgress {
+    #[new]
+    fn new() -> Self {
+        LayerProgress { inner: Arc::new((Mutex::new(Progress::default()), Condvar::new())) }
+    }
+
+    /// Waits until layer `layer` is in place or the load ended (closed); True unless
+    /// `timeout_s` passed first.
+    #[pyo3(signature = (layer, timeout_s=None))]
+    fn wait(&self, py: Python<'_>, layer: usize, timeout_s: Option<f64>) -> PyResult<bool> {
+        let deadline = match timeout_s {
+            None => None,
+            Some(t) => Some(
+                Instant::now()
+                    + Duration::try_from_secs_f64(t)
+                        .map_err(|_| buffer_error(format!("timeout_s is {t}; expected seconds >= 0")))?,
+            ),
+        };
+        let inner = self.inner.clone();
+        Ok(py.allow_threads(move || {
+            let (m, cv) = &*inner;
+            let mut p = lock(m);
+            while p.done <= layer && !p.closed {
+                p = match deadline {
+                    None => cv.wait(p).unwrap_or_else(|e| e.into_inner()),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return false;
+                        }
+                        cv.wait_timeout(p, left).unwrap_or_else(|e| e.into_inner()).0
+                    }
+                };
+            }
+            true
+        }))
+    }
+
+    /// Layers in place so far.
+    #[getter]
+    fn done_layers(&self) -> usize {
+        lock(&self.inner.0).done
+    }
+
+    /// The load ended (done or failed): every waiter returns now and later waits do not block.
+    fn close(&self) {
+        let (m, cv) = &*self.inner;
+        lock(m).closed = true;
+        cv.notify_all();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.inner.0).closed
+    }
+}

@@ -1,0 +1,107 @@
+//! Leased blocks straight into an engine's paged pool ([`PagedPool`]): DRAM blocks with one
+//! copy, layer by layer ([`DramTier::read_pinned_into_pool`]); blocks of lower tiers read and
+//! verified (and decoded, and promoted) as a load reads them, then scattered layer by layer in
+//! the same pass, so `layer_done(l)` means layer `l` of *every* block is in place.
+//!
+//! [`DramTier::read_pinned_into_pool`]: kvtier_pool::DramTier::read_pinned_into_pool
+
+use kvtier_core::copy;
+use kvtier_core::paged::PagedPool;
+use kvtier_pool::{ReadOutcome, TierKind};
+
+use super::Store;
+use crate::error::StoreError;
+
+/// What a load into a pool did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolLoadReport {
+    /// Blocks `0..loaded_blocks` of the call all verified (the consecutive prefix an engine may
+    /// count as cached).
+    pub loaded_blocks: usize,
+    /// Positions (in the call's block table) of every block that did not verify or was gone:
+    /// its pool block holds no usable bytes.
+    pub failed: Vec<usize>,
+    /// Blocks that failed verification in this load (each stored copy is counted in the store's
+    /// stats once).
+    pub checksum_failures: usize,
+}
+
+impl Store {
+    /// Copies leased blocks `first..first + block_ids.len()` into pool blocks `block_ids`,
+    /// verifying each, and calls `layer_done(l)` as soon as layer `l` of every block is in place
+    /// (the bytes of a block that later fails verification included: see
+    /// [`PoolLoadReport::failed`], and drop what was computed from such a block).
+    ///
+    /// Errors, before anything is copied: the lease errors of a load; the pool's object size is
+    /// not `block_bytes` ([`StoreError::ObjectSize`]); a block id out of range or repeated
+    /// ([`StoreError::Layout`]).
+    pub fn load_into_pool(
+        &self,
+        lease_id: u64,
+        first: usize,
+        pool: &PagedPool,
+        block_ids: &[u64],
+        layer_done: &mut dyn FnMut(usize),
+    ) -> Result<PoolLoadReport, StoreError> {
+        if pool.block_bytes() != self.block_bytes {
+            return Err(StoreError::ObjectSize {
+                index: 0,
+                actual: pool.block_bytes(),
+                expected: self.block_bytes,
+            });
+        }
+        let ids = pool.check_block_ids(block_ids)?;
+        let (blocks, _in_flight) = self.begin_use(lease_id, first, ids.len())?;
+        let dram = self.tier_index(TierKind::Dram);
+        let (in_dram, below): (Vec<usize>, Vec<usize>) =
+            (0..ids.len()).partition(|&i| blocks[i].tier == dram);
+        let mut outcomes = vec![ReadOutcome::NotPinned; ids.len()];
+
+        // Lower tiers first (their reads are I/O): into staging objects, verified and decoded.
+        let bb = self.block_bytes;
+        let mut staged = vec![0u8; below.len() * bb];
+        let below_blocks: Vec<_> = below.iter().map(|&i| blocks[i]).collect();
+        let below_outcomes = {
+            let mut dst: Vec<&mut [u8]> = staged.chunks_mut(bb).collect();
+            self.read(&below_blocks, &mut dst, None)
+        };
+        let promoted: Vec<(_, &[u8])> = below_blocks
+            .iter()
+            .zip(staged.chunks(bb))
+            .zip(&below_outcomes)
+            .filter(|(_, &o)| o == ReadOutcome::Loaded)
+            .map(|((b, d), _)| (*b, d))
+            .collect();
+        let (promote_blocks, promote_data): (Vec<_>, Vec<&[u8]>) = promoted.into_iter().unzip();
+        let _ = self.promote(&promote_blocks, &promote_data);
+
+        let entries: Vec<_> = in_dram.iter().map(|&i| blocks[i].entry).collect();
+        let dram_ids: Vec<usize> = in_dram.iter().map(|&i| ids[i]).collect();
+        let mut dram_outcomes = vec![ReadOutcome::NotPinned; in_dram.len()];
+        self.dram.read_pinned_into_pool(
+            self.namespace_hash,
+            &entries,
+            pool,
+            &dram_ids,
+            &mut dram_outcomes,
+            &mut |layer| {
+                for ((&i, object), &o) in below.iter().zip(staged.chunks(bb)).zip(&below_outcomes) {
+                    if o == ReadOutcome::Loaded {
+                        // SAFETY: ids were checked in range and distinct, the staged object is
+                        // `block_bytes`, and the pool's builder promised exclusive access.
+                        unsafe { pool.scatter_layer(object, ids[i], layer) };
+                    }
+                }
+                copy::fence();
+                layer_done(layer);
+            },
+        );
+        for (&i, o) in in_dram.iter().zip(dram_outcomes).chain(below.iter().zip(below_outcomes)) {
+            outcomes[i] = o;
+        }
+        let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
+        let checksum_failures = self.count_load(&outcomes, loaded_blocks);
+        let failed = (0..outcomes.len()).filter(|&i| outcomes[i] != ReadOutcome::Loaded).collect();
+        Ok(PoolLoadReport { loaded_blocks, failed, checksum_failures })
+    }
+}

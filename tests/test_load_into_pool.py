@@ -1,0 +1,223 @@
+"""Store.load_into_pool: leased blocks straight into an engine pool (one copy from DRAM), layer
+by layer, every block verified; against the two-copy path (load + layout.scatter) as reference."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier.errors import BufferError, LayoutError, LeaseError
+from kvtier.layout import PagedPool, alloc_pool, gather, scatter
+from kvtier.store import LayerProgress
+
+# 3 layers, 2 heads, dim 16, fp16, 8-token blocks: 512-byte segments, 3 KiB blocks.
+GEOMETRY = kvtier.Geometry(3, 2, 16, "fp16", 8)
+HYBRID = kvtier.Geometry(2, 2, 16, "fp16", 8, extra_groups=(kvtier.ExtraGroup("ssm", 40),))
+
+
+def store_for(geometry: kvtier.Geometry, blocks: int = 64, **kw: object) -> kvtier.Store:
+    cap = kw.pop("dram_capacity_bytes", blocks * 2 * (geometry.block_bytes + 4096))
+    return kvtier.Store(
+        kvtier.StoreConfig(geometry=geometry, model_id="into-pool", dram_capacity_bytes=cap, **kw)  # type: ignore[arg-type]
+    )
+
+
+def random_pool(geometry: kvtier.Geometry, n: int, seed: int) -> np.ndarray:
+    pool = alloc_pool(geometry, n)
+    pool[:] = np.random.default_rng(seed).integers(0, 256, pool.size, dtype=np.uint8)
+    return pool
+
+
+def stored(store: kvtier.Store, n: int, seed: int = 0) -> tuple[kvtier.BlockKeys, np.ndarray]:
+    """`n` blocks of random bytes put under the keys of one prompt."""
+    g = store.config.geometry
+    objects = np.random.default_rng(seed).integers(0, 256, (n, g.block_bytes), dtype=np.uint8)
+    keys = store.namespace.block_keys(np.arange(n * g.block_tokens, dtype=np.uint32) + 1000 * seed)
+    assert store.put(keys, objects).stored == n
+    return keys, objects
+
+
+@pytest.mark.parametrize("geometry", [GEOMETRY, HYBRID], ids=["plain", "hybrid"])
+def test_layer_first_pool_gets_what_load_and_scatter_give(geometry: kvtier.Geometry) -> None:
+    store = store_for(geometry)
+    keys, objects = stored(store, 10)
+    ids = np.array([7, 0, 12, 3, 19, 5, 1, 8, 15, 2])
+    expected = random_pool(geometry, 20, 1)
+    got = expected.copy()
+    scatter(geometry, objects, ids, expected)
+    progress = LayerProgress()
+    with store.lease(keys) as lease:
+        report = store.load_into_pool(lease, PagedPool.layer_first(geometry, got), ids, progress=progress)
+    assert report == kvtier.store.PoolLoadReport(10, (), 0)
+    assert np.array_equal(got, expected)  # blocks not in the table untouched, the rest exact
+    assert progress.done_layers == geometry.num_layers
+    assert np.array_equal(gather(geometry, got, ids), objects)
+
+
+def test_per_layer_regions_like_vllm_tensors() -> None:
+    """vLLM's shape: one array per layer (CPU) or two (CUDA), each its own allocation."""
+    n, store = 12, store_for(GEOMETRY)
+    keys, objects = stored(store, 5, seed=3)
+    seg = GEOMETRY.segment_bytes
+    cpu = [[np.zeros((n, 2 * seg), np.uint8)] for _ in range(3)]  # K and V interleaved per layer
+    cuda = [[np.zeros((n, seg), np.uint8), np.zeros((n, seg), np.uint8)] for _ in range(3)]
+    ids = [11, 4, 0, 9, 6]
+    for layers in (cpu, cuda):
+        with store.lease(keys) as lease:
+            assert store.load_into_pool(lease, PagedPool(layers), ids).loaded_blocks == 5
+        flat = [r for layer in layers for r in layer]
+        for i, b in enumerate(ids):
+            assert np.array_equal(np.concatenate([r[b] for r in flat]), objects[i])
+        untouched = [b for b in range(n) if b not in ids]
+        assert not any(r[untouched].any() for r in flat)
+
+
+def test_part_of_a_lease_from_first() -> None:
+    store = store_for(GEOMETRY)
+    keys, objects = stored(store, 8)
+    pool = alloc_pool(GEOMETRY, 8)
+    with store.lease(keys) as lease:
+        report = store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, pool), [2, 3, 4], first=5)
+    assert report.loaded_blocks == 3
+    assert np.array_equal(gather(GEOMETRY, pool, [2, 3, 4]), objects[5:8])
+
+
+def test_a_corrupt_block_is_named_counted_once_and_the_rest_is_exact() -> None:
+    store = store_for(GEOMETRY)
+    keys, objects = stored(store, 6)
+    assert store._corrupt_for_test(keys[3], 1234)
+    pool = alloc_pool(GEOMETRY, 6)
+    ids = [5, 4, 3, 2, 1, 0]
+    with store.lease(keys) as lease:
+        report = store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, pool), ids)
+        assert report == kvtier.store.PoolLoadReport(3, (3,), 1)
+        again = store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, pool), ids)
+        assert again.failed == (3,) and again.loaded_blocks == 3  # the same copy fails again
+    got = gather(GEOMETRY, pool, ids)
+    for i in (0, 1, 2, 4, 5):
+        assert np.array_equal(got[i], objects[i])
+    assert store.stats().checksum_failures == 1  # counted once, by the load that found it
+    assert store.lookup(keys).hit_blocks == 3  # dropped: no later lease hands it out
+    store.check_integrity()
+
+
+def test_blocks_from_ssd_and_dram_in_one_load(tmp_path: Path) -> None:
+    """Blocks evicted to SSD are read, verified and scattered in the same layerwise pass."""
+    store = store_for(
+        GEOMETRY,
+        dram_capacity_bytes=4 * (GEOMETRY.block_bytes + 4096),
+        ssd_directory=str(tmp_path),
+        ssd_capacity_bytes="8MiB",
+        ssd_probe_bytes=0,
+    )
+    keys, objects = stored(store, 10)
+    pool = alloc_pool(GEOMETRY, 16)
+    ids = np.arange(10)[::-1] + 3
+    progress = LayerProgress()
+    with store.lease(keys) as lease:
+        assert {"dram", "ssd"} <= set(lease.tiers), lease.tiers
+        report = store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, pool), ids, progress=progress)
+    assert report.loaded_blocks == 10 and report.failed == ()
+    assert np.array_equal(gather(GEOMETRY, pool, ids), objects)
+    assert progress.done_layers == GEOMETRY.num_layers
+    del store
+    gc.collect()
+
+
+def test_each_announced_layer_is_already_final() -> None:
+    """A waiter that copies layer l as soon as progress says so sees its final bytes: the
+    progress never runs ahead of the copies (many blocks, so later layers are still moving)."""
+    g = kvtier.Geometry(8, 8, 128, "fp16", 16)  # 32 KiB segments, 512 KiB blocks
+    n = 48
+    store = store_for(g, blocks=n)
+    keys, objects = stored(store, n)
+    pool = alloc_pool(g, n)
+    pp = PagedPool.layer_first(g, pool)
+    ids = np.arange(n)
+    progress = LayerProgress()
+    seen: list[np.ndarray] = []
+
+    def watch() -> None:
+        for layer in range(g.num_layers):
+            assert progress.wait(layer, timeout_s=60)
+            seen.append(np.concatenate([r.copy() for r in pp.regions[2 * layer : 2 * layer + 2]], axis=1))
+
+    t = threading.Thread(target=watch)
+    t.start()
+    with store.lease(keys) as lease:
+        assert store.load_into_pool(lease, pp, ids, progress=progress).loaded_blocks == n
+    progress.close()
+    t.join()
+    assert len(seen) == g.num_layers
+    seg = g.segment_bytes
+    for layer, snapshot in enumerate(seen):
+        assert np.array_equal(snapshot, objects[:, 2 * layer * seg : (2 * layer + 2) * seg]), layer
+
+
+def test_progress_waits_time_out_and_close_releases_them() -> None:
+    progress = LayerProgress()
+    assert not progress.wait(0, timeout_s=0.01)
+    done = threading.Event()
+
+    def waiter() -> None:
+        progress.wait(5)
+        done.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert not done.wait(0.05)
+    progress.close()
+    t.join(10)
+    assert done.is_set() and progress.closed
+    assert progress.wait(99)  # a closed progress never blocks
+
+
+def test_bad_inputs_fail_before_any_copy() -> None:
+    store = store_for(GEOMETRY)
+    keys, _ = stored(store, 4)
+    pool = np.full(GEOMETRY.pool_bytes(8), 7, np.uint8)
+    pp = PagedPool.layer_first(GEOMETRY, pool)
+    with store.lease(keys) as lease:
+        with pytest.raises(LayoutError, match="appears twice"):
+            store.load_into_pool(lease, pp, [1, 2, 1])
+        with pytest.raises(LayoutError, match="out of range"):
+            store.load_into_pool(lease, pp, [1, 8])
+        with pytest.raises(LayoutError, match="negative"):
+            store.load_into_pool(lease, pp, [-1])
+        with pytest.raises(LeaseError, match="holds 4"):
+            store.load_into_pool(lease, pp, [0, 1, 2], first=2)
+        other = PagedPool.layer_first(HYBRID, alloc_pool(HYBRID, 8))
+        with pytest.raises(BufferError, match="block_bytes"):
+            store.load_into_pool(lease, other, [0])
+        with pytest.raises(BufferError, match="PagedPool"):
+            store.load_into_pool(lease, pool, [0])  # type: ignore[arg-type]
+        assert (pool == 7).all()
+    with pytest.raises(LeaseError, match="released"):
+        store.load_into_pool(lease, pp, [0])
+
+
+def test_bad_pools_are_refused_naming_the_region() -> None:
+    seg = GEOMETRY.segment_bytes
+    with pytest.raises(LayoutError, match="layer 1 region 0 has 5 blocks"):
+        PagedPool([[np.zeros((4, seg), np.uint8)], [np.zeros((5, seg), np.uint8)]])
+    with pytest.raises(BufferError, match="read-only"):
+        ro = np.zeros((4, seg), np.uint8)
+        ro.flags.writeable = False
+        PagedPool([[ro]])
+    with pytest.raises(BufferError, match="C-contiguous"):
+        PagedPool([[np.zeros((4, 2 * seg), np.uint8)[:, ::2]]])
+    with pytest.raises(LayoutError, match="no region"):
+        PagedPool([[]])
+    with pytest.raises(BufferError):
+        PagedPool([[np.zeros((4, seg), dtype=object)]])
+    shared = np.zeros((4, 2 * seg), np.uint8)
+    store = store_for(GEOMETRY)
+    keys, _ = stored(store, 1)
+    overlapping = PagedPool([[np.zeros((4, 2 * seg), np.uint8)], [shared], [shared]])
+    with store.lease(keys) as lease, pytest.raises(BufferError, match="share memory"):
+        store.load_into_pool(lease, overlapping, [0])
