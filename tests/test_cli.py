@@ -31,7 +31,12 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["bench", "store", "--json", "--total", "16MiB", "--repeats", "1", "--lookup-tokens", "4096"]
     assert cli.main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    for key in ("put_ratio_to_memcpy", "get_ratio_to_memcpy", "lookup_128k_tokens_ms"):
+    for key in (
+        "put_ratio_to_memcpy",
+        "get_ratio_to_memcpy",
+        "pool_load_ratio_to_get",
+        "lookup_128k_tokens_ms",
+    ):
         assert result[key] > 0
 
 

@@ -202,14 +202,13 @@ def test_waiting_for_an_unknown_layer_waits_for_every_layer() -> None:
         w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
         w.drain()
         w.paged = paged(dst)
-        scatter = w.paged.scatter_layer
+        load_into_pool = w.store.load_into_pool
 
-        def slow_last_layer(layer: int, ids: Any, objects: Any) -> None:
-            if layer == LAYERS - 1:
-                time.sleep(0.3)  # widens the window: a wait that returns early sees it unloaded
-            scatter(layer, ids, objects)
+        def slow_load(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.3)  # widens the window: a wait that returns early sees it unloaded
+            return load_into_pool(*args, **kwargs)
 
-        w.paged.scatter_layer = slow_last_layer  # type: ignore[method-assign]
+        w.store.load_into_pool = slow_load  # type: ignore[method-assign]
         w.start_loads([LoadSpec("r2", tokens_bytes(2 * BS), b"", 0, [0, 2])], layerwise=True)
         w.wait_layer(None)
         for layer in range(LAYERS):

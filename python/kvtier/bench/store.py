@@ -1,5 +1,6 @@
 """``kvtier bench store``: DRAM-tier put/get of 2 MiB objects against one contiguous memcpy of the
-same bytes, and hash + lookup of a 128K-token prompt whose blocks are all present."""
+same bytes; the same blocks into a paged pool with one copy (``load_into_pool``) and with two (load,
+then scatter); and hash + lookup of a 128K-token prompt whose blocks are all present."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kvtier.bench.timing import best_seconds, gib_per_s, memcpy_seconds, touched
 from kvtier.config import StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
+from kvtier.layout import PagedPool, gather, scatter
 from kvtier.progress import progress
 from kvtier.store import Store
 
@@ -79,6 +81,29 @@ def run(
     if not np.array_equal(out[n - 1], objects[n - 1]):
         raise KvtierError("bench load returned wrong bytes")
 
+    # The paged-pool path: the same leased blocks into a LayerFirst pool, block table reversed,
+    # one copy (load_into_pool) against two (load into objects, then layout.scatter).
+    pool = touched(geometry.pool_bytes(n), 1)
+    paged = PagedPool.layer_first(geometry, pool)
+    block_ids = np.arange(n)[::-1].copy()
+    staging = touched(nbytes, 2).reshape(n, geometry.block_bytes)
+
+    def load_into_pool() -> None:
+        with store.lease(keys) as lease:
+            report = store.load_into_pool(lease, paged, block_ids)
+            if report.loaded_blocks != n:
+                raise KvtierError(f"bench load_into_pool loaded {report.loaded_blocks} of {n} blocks")
+
+    def load_then_scatter() -> None:
+        with store.lease(keys) as lease:
+            store.load(lease, staging)
+        scatter(geometry, staging, block_ids, pool)
+
+    pool_s = best_seconds(load_into_pool, repeats)
+    if not np.array_equal(gather(geometry, pool, block_ids[:1])[0], objects[0]):
+        raise KvtierError("bench load_into_pool returned wrong bytes")
+    scatter_s = best_seconds(load_then_scatter, repeats)
+
     next(steps)
     hash_ms, lookup_ms = _lookup_128k(lookup_tokens, repeats)
     for _ in steps:
@@ -96,6 +121,9 @@ def run(
         "get_gib_per_s": gib_per_s(nbytes, get_s),
         "put_ratio_to_memcpy": memcpy_s / put_s,
         "get_ratio_to_memcpy": memcpy_s / get_s,
+        "pool_load_gib_per_s": gib_per_s(nbytes, pool_s),
+        "pool_load_ratio_to_get": get_s / pool_s,
+        "load_then_scatter_gib_per_s": gib_per_s(nbytes, scatter_s),
         "lookup_tokens": lookup_tokens,
         "lookup_128k_tokens_ms": hash_ms + lookup_ms,
         "lookup_hash_ms": hash_ms,
@@ -136,6 +164,8 @@ def summary(r: dict[str, Any]) -> str:
             f"  memcpy (limit)  {r['memcpy_gib_per_s']:7.2f} GiB/s",
             f"  put             {r['put_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['put_ratio_to_memcpy']:.2f}",
             f"  get             {r['get_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['get_ratio_to_memcpy']:.2f}",
+            f"  into a pool     {r['pool_load_gib_per_s']:7.2f} GiB/s  ratio to get {r['pool_load_ratio_to_get']:.2f}"
+            f"  (load + scatter: {r['load_then_scatter_gib_per_s']:.2f} GiB/s)",
             f"  lookup {r['lookup_tokens']} tokens: {r['lookup_128k_tokens_ms']:.3f} ms "
             f"(hash {r['lookup_hash_ms']:.3f} ms + index {r['lookup_index_ms']:.3f} ms)",
         ]

