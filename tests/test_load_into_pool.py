@@ -221,3 +221,72 @@ def test_bad_pools_are_refused_naming_the_region() -> None:
     overlapping = PagedPool([[np.zeros((4, 2 * seg), np.uint8)], [shared], [shared]])
     with store.lease(keys) as lease, pytest.raises(BufferError, match="share memory"):
         store.load_into_pool(lease, overlapping, [0])
+
+
+@pytest.mark.parametrize("geometry", [GEOMETRY, HYBRID], ids=["plain", "hybrid"])
+def test_put_from_pool_stores_what_gather_and_put_store(geometry: kvtier.Geometry) -> None:
+    store = store_for(geometry)
+    pool = random_pool(geometry, 16, 4)
+    ids = np.array([9, 2, 2, 15, 0])  # ids may repeat
+    keys = store.namespace.block_keys(np.arange(5 * geometry.block_tokens, dtype=np.uint32))
+    report = store.put_from_pool(keys, PagedPool.layer_first(geometry, pool), ids)
+    assert report == kvtier.PutReport(stored=5, already_present=0, rejected=0, evicted=0)
+    assert store.put_from_pool(keys[:2], PagedPool.layer_first(geometry, pool), ids[:2]).already_present == 2
+    out = np.zeros((5, geometry.block_bytes), np.uint8)
+    with store.lease(keys) as lease:
+        assert store.load(lease, out).loaded_blocks == 5  # checksums written on the way verify
+    assert np.array_equal(out, gather(geometry, pool, ids))
+    assert store.stats().put_blocks == 5
+    store.check_integrity()
+
+
+def test_put_from_per_layer_regions_and_eviction() -> None:
+    n = 8
+    seg = GEOMETRY.segment_bytes
+    rng = np.random.default_rng(5)
+    layers = [[rng.integers(0, 256, (n, 2 * seg), dtype=np.uint8)] for _ in range(3)]
+    store = store_for(GEOMETRY, dram_capacity_bytes=4 * 4096)  # 4 objects of one page each
+    keys = store.namespace.block_keys(np.arange(n * GEOMETRY.block_tokens, dtype=np.uint32))
+    assert store.put_from_pool(keys[:4], PagedPool(layers), np.arange(4)).stored == 4
+    report = store.put_from_pool(keys[4:], PagedPool(layers), np.arange(4, 8))
+    assert (report.stored, report.evicted) == (4, 4)
+    out = np.zeros((4, GEOMETRY.block_bytes), np.uint8)
+    with store.lease(keys[4:]) as lease:
+        assert store.load(lease, out).loaded_blocks == 4
+    for i, b in enumerate(range(4, 8)):
+        assert np.array_equal(out[i], np.concatenate([layer[0][b] for layer in layers]))
+    store.check_integrity()
+
+
+def test_put_from_pool_with_an_ssd_tier_below(tmp_path: Path) -> None:
+    store = store_for(
+        GEOMETRY,
+        dram_capacity_bytes=4 * (GEOMETRY.block_bytes + 4096),
+        ssd_directory=str(tmp_path),
+        ssd_capacity_bytes="8MiB",
+        ssd_probe_bytes=0,
+    )
+    pool = random_pool(GEOMETRY, 12, 6)
+    keys = store.namespace.block_keys(np.arange(12 * GEOMETRY.block_tokens, dtype=np.uint32))
+    assert store.put_from_pool(keys, PagedPool.layer_first(GEOMETRY, pool), np.arange(12)).stored == 12
+    back = alloc_pool(GEOMETRY, 12)
+    with store.lease(keys) as lease:
+        assert lease.hit_blocks == 12 and "ssd" in lease.tiers
+        assert store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, back), np.arange(12)).failed == ()
+    assert np.array_equal(back, pool)
+    del store
+    gc.collect()
+
+
+def test_put_from_pool_refuses_bad_tables() -> None:
+    store = store_for(GEOMETRY)
+    pp = PagedPool.layer_first(GEOMETRY, alloc_pool(GEOMETRY, 4))
+    keys = store.namespace.block_keys(np.arange(2 * GEOMETRY.block_tokens, dtype=np.uint32))
+    with pytest.raises(LayoutError, match="out of range"):
+        store.put_from_pool(keys, pp, [0, 4])
+    with pytest.raises(BufferError, match="one block per key"):
+        store.put_from_pool(keys, pp, [0])
+    other = PagedPool.layer_first(HYBRID, alloc_pool(HYBRID, 4))
+    with pytest.raises(BufferError, match="block_bytes"):
+        store.put_from_pool(keys, other, [0, 1])
+    assert store.stats().put_blocks == 0

@@ -177,13 +177,13 @@ def test_a_lookup_counts_saves_queued_before_it() -> None:
     layers = cpu_cache(6)
     w = make_worker(layers)
     gate = threading.Event()
-    gather = w.paged.gather
+    put_from_pool = w.store.put_from_pool
 
-    def slow_gather(block_ids: object, out: object = None) -> np.ndarray:
+    def slow_put(*args: Any, **kwargs: Any) -> Any:
         gate.wait(10)
-        return gather(block_ids)  # type: ignore[arg-type]
+        return put_from_pool(*args, **kwargs)
 
-    w.paged.gather = slow_gather  # type: ignore[method-assign]
+    w.store.put_from_pool = slow_put  # type: ignore[method-assign]
     try:
         w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
         threading.Timer(0.2, gate.set).start()

@@ -63,6 +63,15 @@ class Store:
     def lookup(self, namespace_hash: bytes, keys: bytes) -> tuple[int, list[str]]: ...
     def lease(self, namespace_hash: bytes, keys: bytes) -> tuple[int, int, list[str]]: ...
     def load(self, lease_id: int, out: Any, count: int) -> tuple[int, int]: ...
+    def put_from_pool(
+        self,
+        namespace_hash: bytes,
+        keys: bytes,
+        regions: list[Any],
+        layer_regions: list[int],
+        num_blocks: int,
+        block_ids: Any,
+    ) -> tuple[int, int, int, int]: ...
     def load_into_pool(
         self,
         lease_id: int,

@@ -314,6 +314,24 @@ class Store:
         stored, present, rejected, evicted = self._core.put(keys.namespace_hash, keys.raw, objects)
         return PutReport(stored, present, rejected, evicted)
 
+    def put_from_pool(
+        self, keys: BlockKeys, pool: PagedPool, block_ids: Sequence[int] | np.ndarray
+    ) -> PutReport:
+        """Stores the engine's pool block ``block_ids[i]`` under ``keys[i]``, as :meth:`put` stores
+        objects. With DRAM as the only tier each block is gathered straight into its DRAM slot (one
+        copy, checksummed on the way); with SSD or remote tiers, through a staging object per
+        block. Ids may repeat. Do not write those pool blocks until it returns."""
+        self._check_keys(keys)
+        if not isinstance(pool, PagedPool):
+            raise BufferError(f"pool is {type(pool).__name__}; expected a kvtier.layout.PagedPool")
+        ids = _block_ids(block_ids, pool.num_blocks)
+        if ids.size != len(keys):
+            raise BufferError(f"{len(keys)} keys but {ids.size} block ids; expected one block per key")
+        stored, present, rejected, evicted = self._core.put_from_pool(
+            keys.namespace_hash, keys.raw, pool.regions, pool.layer_regions, pool.num_blocks, ids
+        )
+        return PutReport(stored, present, rejected, evicted)
+
     def lookup(self, keys: BlockKeys) -> Lookup:
         """Longest consecutive prefix of ``keys`` present, with its tiers. Pins nothing."""
         self._check_keys(keys)

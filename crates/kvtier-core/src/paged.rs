@@ -158,6 +158,23 @@ impl PagedPool {
     }
 }
 
+impl PagedPool {
+    /// Copies pool block `block` into `object` (`block_bytes`). Does not fence.
+    ///
+    /// # Safety
+    /// `block < num_blocks`, and nobody writes the block's pieces meanwhile.
+    pub unsafe fn gather_block(&self, block: usize, object: &mut [u8]) {
+        assert_eq!(object.len(), self.block_bytes, "gather into one whole object");
+        for r in 0..self.regions.len() {
+            let Region { object_off, block_len, .. } = self.regions[r];
+            // SAFETY: per the caller's contract; the object is exclusively borrowed.
+            unsafe {
+                crate::copy::copy_unfenced(object[object_off..].as_mut_ptr(), self.piece(r, block), block_len)
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +197,10 @@ mod tests {
         assert_eq!(a, [0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0]);
         assert_eq!(b, [0, 0, 5, 6, 0, 0]);
         assert_eq!(c, [0, 0, 0, 0, 0, 7, 8, 9, 10, 11, 0, 0, 0, 0, 0]);
+        let mut back = vec![0u8; 11];
+        // SAFETY: block 1 < 3; nobody writes the pool meanwhile.
+        unsafe { pool.gather_block(1, &mut back) };
+        assert_eq!(back, object);
     }
 
     #[test]

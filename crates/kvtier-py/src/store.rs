@@ -222,6 +222,28 @@ impl Store {
         Ok((r.stored, r.already_present, r.rejected, r.evicted))
     }
 
+    /// Stores pool blocks `block_ids` (an engine pool given as regions) under `keys`, one copy
+    /// into DRAM when DRAM is the only tier. Returns a put's (stored, present, rejected, evicted).
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_pool(
+        &self,
+        py: Python<'_>,
+        namespace_hash: &[u8],
+        keys: &[u8],
+        regions: Vec<Bound<'_, PyAny>>,
+        layer_regions: Vec<usize>,
+        num_blocks: usize,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<(usize, usize, usize, usize)> {
+        let ns = u128_from(namespace_hash, "namespace_hash")?;
+        let keys = keys_from(keys)?;
+        let ids = block_ids_of(block_ids)?;
+        // `_views` holds the exporters' buffers until the copy is done.
+        let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let r = py.allow_threads(|| self.inner.put_from_pool(ns, &keys, &pool, &ids)).map_err(store_err)?;
+        Ok((r.stored, r.already_present, r.rejected, r.evicted))
+    }
+
     /// Returns (hit_blocks, tier name per hit block).
     fn lookup(
         &self,

@@ -8,7 +8,7 @@ use kvtier_core::{BlockKey, Namespace};
 use kvtier_pool::ssd::SsdMetrics;
 use kvtier_pool::{
     eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, PoolError, ReadOutcome, SsdTier,
-    Tier, TierKind, TierStats, PAGE_BYTES,
+    Tier, TierKind, TierPutReport, TierStats, PAGE_BYTES,
 };
 use kvtier_remote::{RemoteMetrics, RemoteTier};
 use parking_lot::Mutex;
@@ -19,8 +19,8 @@ use crate::error::StoreError;
 use crate::lease::{LeaseTable, LeasedBlock};
 use crate::stats::{bump, read, Counters, StoreStats};
 
-mod into_pool;
-pub use into_pool::PoolLoadReport;
+mod pool;
+pub use pool::PoolLoadReport;
 
 /// Result of [`Store::lookup`]: the longest consecutive prefix of present blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,17 +248,22 @@ impl Store {
         // Expired leases pin space a put may need; reclaiming is O(1) when none expired.
         self.reclaim_expired(&mut self.leases.lock());
         let report = self.put_hierarchy(keys, objects);
-        assert_eq!(report.stored + report.already_present + report.rejected, keys.len(), "put lost keys");
+        Ok(self.count_put(report, keys.len()))
+    }
+
+    /// Counts a put of `keys` blocks in the store's stats.
+    fn count_put(&self, report: TierPutReport, keys: usize) -> PutReport {
+        assert_eq!(report.stored + report.already_present + report.rejected, keys, "put lost keys");
         bump(&self.counters.put_blocks, report.stored);
         bump(&self.counters.put_bytes, report.stored * self.block_bytes);
         bump(&self.counters.evictions, report.evicted);
         bump(&self.counters.rejected_puts, report.rejected);
-        Ok(PutReport {
+        PutReport {
             stored: report.stored,
             already_present: report.already_present,
             rejected: report.rejected,
             evicted: report.evicted,
-        })
+        }
     }
 
     /// Locates `keys` across the hierarchy; returns the hit prefix length. With `pin`, the

@@ -23,8 +23,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kvtier_core::checksum::copy_with_checksum;
+use kvtier_core::checksum::{copy_hashing, copy_with_checksum, Xxh3};
 use kvtier_core::object::CODEC_RAW;
+use kvtier_core::paged::PagedPool;
 use kvtier_core::parallel::WorkerPool;
 use kvtier_core::{BlockKey, ObjectHeader, OBJECT_HEADER_BYTES};
 use parking_lot::Mutex;
@@ -50,6 +51,52 @@ const PREFAULT_CHUNK_BYTES: usize = 64 << 20;
 /// Bytes an object with `payload_len` payload bytes occupies in the arena.
 pub fn object_extent_bytes(payload_len: u64) -> u64 {
     round_up_to_pages(HEADER as u64 + payload_len)
+}
+
+/// What a put copies from: the caller's payload slices, or blocks of an engine's paged pool.
+enum Payloads<'a> {
+    Slices(&'a [&'a [u8]]),
+    Pool { pool: &'a PagedPool, blocks: &'a [usize] },
+}
+
+impl Payloads<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payloads::Slices(s) => s.len(),
+            Payloads::Pool { blocks, .. } => blocks.len(),
+        }
+    }
+
+    fn payload_len(&self, item: usize) -> usize {
+        match self {
+            Payloads::Slices(s) => s[item].len(),
+            Payloads::Pool { pool, .. } => pool.block_bytes(),
+        }
+    }
+
+    /// Copies item `item` into `dst` (its payload length); returns its checksum. Fences.
+    fn copy_into(&self, item: usize, dst: &mut [u8]) -> u64 {
+        match self {
+            Payloads::Slices(s) => copy_with_checksum(dst, s[item]),
+            Payloads::Pool { pool, blocks } => {
+                let mut hasher = Xxh3::new();
+                for layer in 0..pool.num_layers() {
+                    for (region, off, len) in pool.layer_pieces(layer) {
+                        // SAFETY: the block id was checked in range by `put_from_pool`, so the
+                        // piece lies inside its region, which the pool's builder promised live;
+                        // the caller does not write blocks being stored; `dst` is this item's
+                        // own extent, `off + len <= block_bytes` (regions tile the object).
+                        unsafe {
+                            let src = std::slice::from_raw_parts(pool.piece(region, blocks[item]), len);
+                            copy_hashing(dst[off..off + len].as_mut_ptr(), src, &mut hasher);
+                        }
+                    }
+                }
+                kvtier_core::copy::fence();
+                hasher.digest()
+            }
+        }
+    }
 }
 
 /// The host-memory tier.
@@ -116,7 +163,7 @@ impl DramTier {
         &self,
         namespace: u128,
         keys: &[BlockKey],
-        payloads: &[&[u8]],
+        payloads: &Payloads<'_>,
         evict: bool,
         report: &mut TierPutReport,
         refused: &mut Vec<usize>,
@@ -124,7 +171,7 @@ impl DramTier {
         let mut jobs = Vec::with_capacity(keys.len());
         let mut st = self.state.lock();
         let mut victims_left = evict;
-        for (item, (&key, payload)) in keys.iter().zip(payloads).enumerate() {
+        for (item, &key) in keys.iter().enumerate() {
             if let Some(entry) = st.index.get_mut(&key) {
                 if entry.namespace != namespace {
                     // Another namespace's copy: never overwritten, and not this namespace's hit.
@@ -135,7 +182,7 @@ impl DramTier {
                 report.already_present += 1;
                 continue;
             }
-            let payload_len = payload.len() as u64;
+            let payload_len = payloads.payload_len(item) as u64;
             let need = object_extent_bytes(payload_len);
             let Some(extent) = st.allocate_evicting(need, &mut victims_left, &mut report.evicted) else {
                 report.rejected += 1;
@@ -167,15 +214,16 @@ impl DramTier {
         jobs
     }
 
-    fn write_object(&self, namespace: u128, key: BlockKey, payload: &[u8], job: &WriteJob) {
+    fn write_object(&self, namespace: u128, key: BlockKey, payloads: &Payloads<'_>, job: &WriteJob) {
         let arena = &self.arena;
         // SAFETY: the extent belongs to a writing entry reserved by this batch; nothing else
         // reads or writes it until the entry is published under the lock.
         let extent = unsafe { arena.bytes_mut(job.offset, job.extent_len) };
-        let (dst, rest) = extent.split_at_mut(payload.len());
-        let sum = copy_with_checksum(dst, payload);
+        let len = payloads.payload_len(job.item);
+        let (dst, rest) = extent.split_at_mut(len);
+        let sum = payloads.copy_into(job.item, dst);
         let (head, padding) = rest.split_at_mut(HEADER);
-        let header = ObjectHeader::with_checksum(namespace, key, CODEC_RAW, payload.len() as u64, sum);
+        let header = ObjectHeader::with_checksum(namespace, key, CODEC_RAW, len as u64, sum);
         head.copy_from_slice(&header.encode());
         padding.fill(0);
     }
@@ -191,13 +239,40 @@ impl DramTier {
         evict: bool,
         refused: &mut Vec<usize>,
     ) -> TierPutReport {
+        self.put_payloads(namespace, keys, &Payloads::Slices(payloads), evict, refused)
+    }
+
+    /// Stores pool block `blocks[i]` of `pool` under `keys[i]`, each gathered straight into its
+    /// arena extent (one copy, checksummed on the way), evicting as [`Tier::put`] does.
+    ///
+    /// Panics (a caller bug) if the lengths differ or a block id is out of range. The caller
+    /// must not write the pool blocks being stored until the call returns.
+    pub fn put_from_pool(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        pool: &PagedPool,
+        blocks: &[usize],
+    ) -> TierPutReport {
+        assert!(blocks.iter().all(|&b| b < pool.num_blocks()), "pool block ids in range");
+        self.put_payloads(namespace, keys, &Payloads::Pool { pool, blocks }, true, &mut Vec::new())
+    }
+
+    fn put_payloads(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        payloads: &Payloads<'_>,
+        evict: bool,
+        refused: &mut Vec<usize>,
+    ) -> TierPutReport {
         assert_eq!(keys.len(), payloads.len(), "one payload per key");
         let mut report = TierPutReport::default();
         let jobs = self.reserve(namespace, keys, payloads, evict, &mut report, refused);
         let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
-        let total_bytes = jobs.iter().map(|j| payloads[j.item].len()).sum();
+        let total_bytes = jobs.iter().map(|j| payloads.payload_len(j.item)).sum();
         self.workers.for_each(&jobs, total_bytes, |job| {
-            self.write_object(namespace, keys[job.item], payloads[job.item], job);
+            self.write_object(namespace, keys[job.item], payloads, job);
         });
         abandon.armed = false;
         drop(abandon);

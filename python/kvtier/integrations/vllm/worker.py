@@ -14,10 +14,11 @@ and discards the step's output for that request, and the request's saves of that
 dropped (their KV was computed over the missing block). A checksum verdict comes after the last
 layer, which is why a failed block is still reported even though its layers were announced.
 
-Saves (`submit_saves`) run on a second thread, after the step's forward: gather the full blocks
-from vLLM's cache into objects, `Store.put`. vLLM must not free a request's blocks before its saves
-are done: `finished()` reports a finished request only once its queued saves completed, and
-`drain()` (before a preemption frees blocks, and at shutdown) waits for all of them.
+Saves (`submit_saves`) run on a second thread, after the step's forward: `Store.put_from_pool`
+stores the full blocks straight from vLLM's cache (one copy into DRAM). vLLM must not free a
+request's blocks before its saves are done: `finished()` reports a finished request only once its
+queued saves completed, and `drain()` (before a preemption frees blocks, and at shutdown) waits for
+all of them.
 """
 
 from __future__ import annotations
@@ -244,8 +245,7 @@ class WorkerSide:
                 return
             spec, keys = item
             try:
-                objects = self.paged.gather(spec.block_ids)
-                report = self.store.put(keys, objects)
+                report = self.store.put_from_pool(keys, self.pool, spec.block_ids)
                 with self._lock:
                     self.counters["saves"] += 1
                     self.counters["saved_blocks"] += report.stored

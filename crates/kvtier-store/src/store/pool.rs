@@ -1,16 +1,23 @@
-//! Leased blocks straight into an engine's paged pool ([`PagedPool`]): DRAM blocks with one
-//! copy, layer by layer ([`DramTier::read_pinned_into_pool`]); blocks of lower tiers read and
-//! verified (and decoded, and promoted) as a load reads them, then scattered layer by layer in
-//! the same pass, so `layer_done(l)` means layer `l` of *every* block is in place.
+//! The store and an engine's paged pool ([`PagedPool`]), without staging objects where it can.
+//!
+//! - Loads: DRAM blocks go straight into the pool with one copy, layer by layer
+//!   ([`DramTier::read_pinned_into_pool`]); blocks of lower tiers are read and verified (and
+//!   decoded, and promoted) as a load reads them, then scattered layer by layer in the same pass,
+//!   so `layer_done(l)` means layer `l` of *every* block is in place.
+//! - Puts: with DRAM as the only tier, each pool block is gathered straight into its arena extent
+//!   ([`DramTier::put_from_pool`]); with lower tiers (whose write-through, demotion and codecs
+//!   take whole objects) through one staging object per block, then as [`Store::put`].
 //!
 //! [`DramTier::read_pinned_into_pool`]: kvtier_pool::DramTier::read_pinned_into_pool
+//! [`DramTier::put_from_pool`]: kvtier_pool::DramTier::put_from_pool
 
 use kvtier_core::copy;
 use kvtier_core::paged::PagedPool;
 use kvtier_pool::{ReadOutcome, TierKind};
 
-use super::Store;
+use super::{PutReport, Store};
 use crate::error::StoreError;
+use kvtier_core::{BlockKey, LayoutError};
 
 /// What a load into a pool did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,5 +110,55 @@ impl Store {
         let checksum_failures = self.count_load(&outcomes, loaded_blocks);
         let failed = (0..outcomes.len()).filter(|&i| outcomes[i] != ReadOutcome::Loaded).collect();
         Ok(PoolLoadReport { loaded_blocks, failed, checksum_failures })
+    }
+
+    /// Stores pool block `block_ids[i]` under `keys[i]`, as [`put`](Self::put) stores objects
+    /// (see the module docs for the copies). Ids may repeat. Errors, before anything is stored:
+    /// the namespace, counts, the pool's object size, and an id out of range
+    /// ([`StoreError::Layout`]). The caller must not write those pool blocks meanwhile.
+    pub fn put_from_pool(
+        &self,
+        namespace_hash: u128,
+        keys: &[BlockKey],
+        pool: &PagedPool,
+        block_ids: &[u64],
+    ) -> Result<PutReport, StoreError> {
+        self.check_namespace(namespace_hash)?;
+        if keys.len() != block_ids.len() {
+            return Err(StoreError::CountMismatch { keys: keys.len(), objects: block_ids.len() });
+        }
+        if pool.block_bytes() != self.block_bytes {
+            return Err(StoreError::ObjectSize {
+                index: 0,
+                actual: pool.block_bytes(),
+                expected: self.block_bytes,
+            });
+        }
+        let n = pool.num_blocks();
+        let ids = block_ids
+            .iter()
+            .enumerate()
+            .map(|(index, &id)| {
+                usize::try_from(id).ok().filter(|&b| b < n).ok_or(LayoutError::BlockOutOfRange {
+                    index,
+                    block_id: id,
+                    num_blocks: n as u64,
+                })
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        if self.ssd.is_some() || self.remote.is_some() {
+            let bb = self.block_bytes;
+            let mut staged = vec![0u8; ids.len() * bb];
+            for (&b, object) in ids.iter().zip(staged.chunks_mut(bb)) {
+                // SAFETY: `b` was checked in range; the caller does not write it meanwhile.
+                unsafe { pool.gather_block(b, object) };
+            }
+            copy::fence();
+            let objects: Vec<&[u8]> = staged.chunks(bb).collect();
+            return self.put(namespace_hash, keys, &objects);
+        }
+        self.reclaim_expired(&mut self.leases.lock());
+        let report = self.dram.put_from_pool(self.namespace_hash, keys, pool, &ids);
+        Ok(self.count_put(report, keys.len()))
     }
 }
