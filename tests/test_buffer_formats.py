@@ -137,15 +137,18 @@ def test_object_arrays_never_reach_the_store_in_process() -> None:
     assert store.lookup(keys).hit_blocks == 0
 
 
-def test_token_and_block_id_buffers_must_be_their_exact_type() -> None:
+def test_token_buffers_must_be_integers_and_block_id_buffers_their_exact_type() -> None:
     from kvtier import _core
 
     ns = bytes(16)
-    with pytest.raises(BufferError, match="uint32"):
+    with pytest.raises(BufferError, match="integers"):
         _core.block_keys(ns, np.arange(8, dtype=np.float32), 4, b"")
-    with pytest.raises(BufferError, match="uint32"):
+    with pytest.raises(BufferError, match="integers"):
         _core.block_keys(ns, np.arange(8, dtype=object), 4, b"")
-    assert len(_core.block_keys(ns, np.arange(8, dtype=np.uint32), 4, b"")) == 2 * 16
+    expected = _core.block_keys(ns, np.arange(8, dtype=np.uint32), 4, b"")
+    assert len(expected) == 2 * 16
+    for dtype in (np.int8, np.uint16, np.int32, np.int64, np.uint64):
+        assert _core.block_keys(ns, np.arange(8, dtype=dtype), 4, b"") == expected, dtype
     g = kvtier.Geometry(num_layers=2, num_kv_heads=1, head_dim=8, dtype="fp16", block_tokens=4)
     copier = layout.Copier(1)
     pool = layout.alloc_pool(g, 4)

@@ -145,3 +145,54 @@ def test_block_keys_sequence_behaviour() -> None:
         keys[4]
     with pytest.raises(KeyHashError, match="step 1"):
         keys[::2]
+
+
+def test_every_token_input_type_gives_the_same_keys() -> None:
+    """Lists, tuples, array.array, memoryviews and numpy arrays of any int dtype are converted in
+    Rust (no numpy round trip for lists), all to the same keys."""
+    import array
+
+    ns = Namespace("m", kvtier.Geometry(1, 1, 1, "fp16", 4))
+    values = [0, 1, 2, 3, 127, 5, 6, 7, 100, 9, 10, 11]
+    expected = ns.block_keys(np.array(values, dtype=np.uint32))
+    inputs: list[object] = [
+        values,
+        tuple(values),
+        range(0),  # checked separately below
+        array.array("I", values),
+        array.array("q", values),
+        array.array("B", values),
+        memoryview(array.array("H", values)),
+        np.repeat(np.array(values, dtype=np.int64), 2)[::2],  # a strided view
+        np.array([[v, 0] for v in values], dtype=np.int32)[:, 0],  # a strided column
+    ]
+    inputs += [
+        np.array(values, dtype=d)
+        for d in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.int64, np.uint64, ">i4", ">u8")
+    ]
+    for tokens in inputs:
+        if isinstance(tokens, range):
+            assert len(ns.block_keys(tokens)) == 0
+            continue
+        assert ns.block_keys(tokens) == expected, type(tokens)  # type: ignore[arg-type]
+    assert ns.block_keys([np.int64(v) for v in values]) == expected  # numpy scalars in a list
+
+
+@pytest.mark.parametrize(
+    ("tokens", "needle"),
+    [
+        ([1, 2, -5], "-5 at index 2"),
+        ((7, 2**32), "4294967296 at index 1"),
+        ([1, 2**70], "at index 1"),
+        (np.array([0, 1, 2**32], dtype=np.int64), "at index 2"),
+        (np.array([3, -1], dtype=np.int8), "-1 at index 1"),
+        ([1, True], "bool"),
+        (np.array([True, False]), "integer"),
+        ([1, "2"], "token 1 is str"),
+        (b"\x01\x02", "bytes"),
+        (np.array([1.0, 2.0]), "integer"),
+    ],
+)
+def test_bad_tokens_are_named_by_index(tokens: object, needle: str) -> None:
+    with pytest.raises(KeyHashError, match=needle):
+        golden_namespace().block_keys(tokens)  # type: ignore[arg-type]

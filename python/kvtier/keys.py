@@ -51,32 +51,38 @@ class Namespace:
         return block_keys(self, tokens, extra)
 
 
-def _as_token_array(tokens: Sequence[int] | npt.ArrayLike) -> npt.NDArray[np.uint32]:
-    arr = np.asarray(tokens)
+def _token_input(tokens: object) -> object:
+    """``tokens`` in a form Rust converts itself (``_core.block_keys``: a list or tuple of ints, or a
+    1-D integer buffer, each id range-checked there and named by index on error), without numpy
+    touching a list (``np.asarray(list)`` cost 3-6 ms for 128K tokens) and without importing torch
+    unless a torch tensor is passed."""
+    if isinstance(tokens, list | tuple):
+        return tokens
+    if isinstance(tokens, str | bytes | bytearray):
+        raise KeyHashError(
+            f"tokens are {type(tokens).__name__}; expected a 1-D sequence of integer token ids"
+        )
+    if type(tokens).__module__.split(".")[0] == "torch":
+        tokens = tokens.detach().cpu().numpy()  # type: ignore[attr-defined]
+    arr = np.asarray(tokens)  # a view of arrays, array.array and memoryviews; ranges are converted
     if arr.ndim != 1:
         raise KeyHashError(f"tokens have shape {arr.shape}; expected a 1-D sequence of token ids")
     if arr.size == 0:
-        return np.zeros(0, dtype=np.uint32)
+        return np.zeros(0, dtype=np.uint32)  # an empty sequence is float64 to numpy
     if not np.issubdtype(arr.dtype, np.integer):
         raise KeyHashError(f"tokens have dtype {arr.dtype}; expected integer token ids")
-    if arr.dtype != np.uint32:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= 2**32:
-            bad = lo if lo < 0 else hi
-            raise KeyHashError(f"token id {bad} is out of range; expected 0 <= id < 2**32")
-        arr = arr.astype(np.uint32)
-    arr = np.ascontiguousarray(arr)
-    # Rust reads the tokens in place as u32: an unaligned array (a view at an odd offset) is
-    # copied into a fresh, aligned one (read-only input: the copy changes nothing the caller sees).
-    return arr if arr.flags.aligned else arr.copy()
+    if arr.dtype.byteorder not in "=|<":
+        arr = arr.astype(arr.dtype.newbyteorder("="))  # Rust reads native-order integers only
+    return np.ascontiguousarray(arr)
 
 
 def block_keys(namespace: Namespace, tokens: Sequence[int] | npt.ArrayLike, extra: bytes = b"") -> BlockKeys:
     """Keys of every full block of ``tokens`` in ``namespace``; ``extra`` is mixed into each block."""
     if not isinstance(extra, bytes | bytearray):
         raise KeyHashError(f"extra is {type(extra).__name__}; expected bytes")
-    arr = _as_token_array(tokens)
-    data = _core.block_keys(namespace.hash, arr, namespace.geometry.block_tokens, bytes(extra))
+    data = _core.block_keys(
+        namespace.hash, _token_input(tokens), namespace.geometry.block_tokens, bytes(extra)
+    )
     return BlockKeys(namespace.hash, data)
 
 

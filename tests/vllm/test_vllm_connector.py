@@ -139,3 +139,16 @@ def test_a_bad_store_field_stops_vllm_at_start_naming_the_key(vllm_run: Any) -> 
     r = vllm_run({"connector": {"geometry": "llama-3-8b"}, "prompts": [[PROMPT]]}, expect_ok=False)
     assert r["returncode"] != 0
     assert "ConfigError" in r["output"] and "`geometry`" in r["output"], r["output"][-3000:]
+
+
+def test_block_keys_take_a_torch_tensor_as_vllm_holds_tokens() -> None:
+    """The engine environment has torch: a tensor of token ids (any int dtype) gives the keys of
+    the same ids as a list, converted without importing torch into kvtier's core."""
+    import torch
+
+    import kvtier
+
+    ns = kvtier.Namespace("m", kvtier.Geometry(1, 1, 1, "fp16", 4))
+    ids = list(range(100, 132))
+    for dtype in (torch.int64, torch.int32):
+        assert ns.block_keys(torch.tensor(ids, dtype=dtype)) == ns.block_keys(ids)

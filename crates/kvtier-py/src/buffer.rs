@@ -8,7 +8,8 @@
 //! Every buffer is also checked for what its items are ([`Format`]) before a byte is read or
 //! written: an array of Python objects (`dtype=object`) holds `PyObject*` slots, and writing KV
 //! over them crashes the process, while reading them would store heap addresses as KV. Only
-//! plain little-endian numbers are KV bytes; token ids and block ids must be their exact type.
+//! plain little-endian numbers are KV bytes; block ids must be their exact type, token ids any
+//! integer type (converted and range-checked in `tokens.rs`).
 
 use std::mem::MaybeUninit;
 
@@ -23,18 +24,18 @@ pub enum Format {
     /// KV bytes: any fixed-size plain number (uint8, int8, bool, float16/32/64, (u)int16/32/64),
     /// native byte order. Objects, pointers, strings, structured and big-endian items are refused.
     Bytes,
-    /// Token ids: unsigned 32-bit integers.
-    U32,
     /// Block ids: unsigned 64-bit integers.
     U64,
+    /// Any fixed-size integer (signed or unsigned, 1 to 8 bytes): token ids converted in Rust.
+    Ints,
 }
 
 impl Format {
     fn expected(self) -> &'static str {
         match self {
             Format::Bytes => "plain numbers (uint8, float16, ...)",
-            Format::U32 => "uint32",
             Format::U64 => "uint64",
+            Format::Ints => "integers (int8 ... uint64)",
         }
     }
 
@@ -54,8 +55,11 @@ impl Format {
                 matches!(c, b'b' | b'B' | b'?' | b'c' | b'h' | b'H' | b'i' | b'I' | b'l' | b'L' | b'q' | b'Q')
                     || matches!(c, b'e' | b'f' | b'd')
             }
-            Format::U32 => matches!(c, b'I' | b'L') && itemsize == 4,
             Format::U64 => matches!(c, b'L' | b'Q') && itemsize == 8,
+            Format::Ints => {
+                matches!(c, b'b' | b'B' | b'h' | b'H' | b'i' | b'I' | b'l' | b'L' | b'q' | b'Q')
+                    && matches!(itemsize, 1 | 2 | 4 | 8)
+            }
         }
     }
 }
@@ -123,6 +127,14 @@ impl Buffer {
 
     pub fn len(&self) -> usize {
         self.view.len as usize
+    }
+
+    /// Bytes per item, and whether items are signed (by the format code; unsigned bytes when
+    /// the exporter gave none).
+    pub fn int_items(&self) -> (usize, bool) {
+        let code = self.format_code().unwrap_or_else(|| b"B".to_vec());
+        let signed = code.last().is_some_and(|c| c.is_ascii_lowercase());
+        (self.view.itemsize.max(1) as usize, signed)
     }
 
     pub fn ptr(&self) -> *mut u8 {

@@ -13,6 +13,7 @@ mod paged;
 mod remote;
 mod ssd;
 mod store;
+mod tokens;
 mod transfer;
 
 use pyo3::prelude::*;
@@ -37,7 +38,8 @@ pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
     Ok(raw.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
 }
 
-/// Keys of every full block of `tokens` (a C-contiguous uint32 buffer), as `n * 16` bytes.
+/// Keys of every full block of `tokens` (a list or tuple of ints, or a 1-D integer buffer; see
+/// `tokens.rs`), as `n * 16` bytes.
 #[pyfunction]
 fn block_keys<'py>(
     py: Python<'py>,
@@ -47,16 +49,9 @@ fn block_keys<'py>(
     extra: &[u8],
 ) -> PyResult<Bound<'py, PyBytes>> {
     let ns = u128_from(namespace_hash, "namespace_hash")?;
-    let buf = Buffer::get(tokens, "tokens", false, Format::U32)?;
-    if !buf.len().is_multiple_of(4) || !(buf.ptr() as usize).is_multiple_of(4) {
-        return Err(buffer_error(format!(
-            "tokens buffer has {} bytes; expected aligned uint32 ids",
-            buf.len()
-        )));
-    }
-    // SAFETY: read-only view, aligned to 4 bytes and a multiple of 4 long (checked above).
-    let ids: &[u32] = unsafe { std::slice::from_raw_parts(buf.ptr().cast::<u32>(), buf.len() / 4) };
-    let keys = py.allow_threads(|| kvtier_core::block_keys(ns, ids, block_tokens, extra)).map_err(key_err)?;
+    let ids = tokens::token_ids(tokens)?;
+    let keys =
+        py.allow_threads(|| kvtier_core::block_keys(ns, &ids, block_tokens, extra)).map_err(key_err)?;
     let mut raw = Vec::with_capacity(keys.len() * 16);
     for k in keys {
         raw.extend_from_slice(&k.to_le_bytes());
