@@ -278,6 +278,41 @@ def test_put_from_pool_with_an_ssd_tier_below(tmp_path: Path) -> None:
     gc.collect()
 
 
+def test_reused_staging_never_leaks_an_earlier_loads_bytes(tmp_path: Path) -> None:
+    """Lower-tier loads stage through buffers the store keeps between calls. A second load whose
+    block fails verification must leave that pool block as it was, not fill it with the bytes the
+    first load left in the buffer; every other block is exact."""
+    store = store_for(
+        GEOMETRY,
+        dram_capacity_bytes=1 * (GEOMETRY.block_bytes + 4096),
+        ssd_directory=str(tmp_path),
+        ssd_capacity_bytes="8MiB",
+        ssd_probe_bytes=0,
+        ssd_write_through=True,
+        ssd_promote_on_hit=False,
+    )
+    keys_a, objects_a = stored(store, 6, seed=1)
+    keys_b, objects_b = stored(store, 6, seed=2)
+    ids = np.arange(6)
+    pool = alloc_pool(GEOMETRY, 6)
+    with store.lease(keys_a) as lease:
+        assert "dram" not in lease.tiers[:5], lease.tiers
+        assert store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, pool), ids).failed == ()
+    assert np.array_equal(gather(GEOMETRY, pool, ids), objects_a)
+    assert store._corrupt_for_test(keys_b[2], 100)
+    sentinel = np.full(GEOMETRY.block_bytes, 0x5A, dtype=np.uint8)
+    scatter(GEOMETRY, sentinel[None, :], np.array([2]), pool)
+    with store.lease(keys_b) as lease:
+        report = store.load_into_pool(lease, PagedPool.layer_first(GEOMETRY, pool), ids)
+    assert report.failed == (2,) and report.loaded_blocks == 2 and report.checksum_failures == 1
+    got = gather(GEOMETRY, pool, ids)
+    assert np.array_equal(got[2], sentinel), "a failed block's pool bytes changed"
+    for i in (0, 1, 3, 4, 5):
+        assert np.array_equal(got[i], objects_b[i])
+    del store
+    gc.collect()
+
+
 def test_put_from_pool_refuses_bad_tables() -> None:
     store = store_for(GEOMETRY)
     pp = PagedPool.layer_first(GEOMETRY, alloc_pool(GEOMETRY, 4))

@@ -12,7 +12,7 @@ from kvtier.config import StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import ExtraGroup, Geometry
 from kvtier.keys import BlockKeys, Namespace, block_keys
-from kvtier.store import Lease, LoadReport, Lookup, PutReport, Store, StoreStats
+from kvtier.store import Lease, LoadReport, Lookup, PutReport, Store, StoreStats, TierWrites
 from kvtier.transfer import DuplexEngine, TransferConfig, TransferEngine
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Store",
     "StoreConfig",
     "StoreStats",
+    "TierWrites",
     "TransferConfig",
     "TransferEngine",
     "__version__",

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -43,11 +43,32 @@ class Lookup:
 
 
 @dataclass(frozen=True)
+class TierWrites:
+    """New copies a put wrote to each tier (on SSD: written through, or demoted to make room)."""
+
+    dram: int = 0
+    ssd: int = 0
+    remote: int = 0
+
+
+@dataclass(frozen=True)
 class PutReport:
+    """What a put did: ``stored + already_present + rejected`` is the number of keys.
+
+    ``stored``: blocks this put wrote (into DRAM, or where DRAM had no room, through or by
+    demotion to SSD or the remote tier); ``already_present``: blocks DRAM held (or a lower tier,
+    for those DRAM had no room for); ``rejected``: blocks no tier holds after the put; ``evicted``: DRAM blocks evicted to make room; ``written``: the new
+    copies per tier (not part of equality: where they went is a detail of the hierarchy)."""
+
     stored: int
     already_present: int
     rejected: int
     evicted: int
+    written: TierWrites = field(default=TierWrites(), compare=False)
+
+    @classmethod
+    def _from_core(cls, t: tuple[int, int, int, int, int, int, int]) -> PutReport:
+        return cls(t[0], t[1], t[2], t[3], TierWrites(t[4], t[5], t[6]))
 
 
 @dataclass(frozen=True)
@@ -311,8 +332,7 @@ class Store:
         """
         self._check_keys(keys)
         objects = self._check_blocks(objects, len(keys), "objects", writable=False)
-        stored, present, rejected, evicted = self._core.put(keys.namespace_hash, keys.raw, objects)
-        return PutReport(stored, present, rejected, evicted)
+        return PutReport._from_core(self._core.put(keys.namespace_hash, keys.raw, objects))
 
     def put_from_pool(
         self, keys: BlockKeys, pool: PagedPool, block_ids: Sequence[int] | np.ndarray
@@ -327,10 +347,11 @@ class Store:
         ids = _block_ids(block_ids, pool.num_blocks)
         if ids.size != len(keys):
             raise BufferError(f"{len(keys)} keys but {ids.size} block ids; expected one block per key")
-        stored, present, rejected, evicted = self._core.put_from_pool(
-            keys.namespace_hash, keys.raw, pool.regions, pool.layer_regions, pool.num_blocks, ids
+        return PutReport._from_core(
+            self._core.put_from_pool(
+                keys.namespace_hash, keys.raw, pool.regions, pool.layer_regions, pool.num_blocks, ids
+            )
         )
-        return PutReport(stored, present, rejected, evicted)
 
     def lookup(self, keys: BlockKeys) -> Lookup:
         """Longest consecutive prefix of ``keys`` present, with its tiers. Pins nothing."""

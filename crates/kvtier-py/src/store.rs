@@ -51,6 +51,13 @@ fn store_err(e: StoreError) -> PyErr {
     kvtier_error(class, e.to_string())
 }
 
+/// A put's (stored, present, rejected, evicted, written to DRAM, SSD, remote).
+type PutTuple = (usize, usize, usize, usize, usize, usize, usize);
+
+fn put_tuple(r: &kvtier_store::PutReport) -> PutTuple {
+    (r.stored, r.already_present, r.rejected, r.evicted, r.written.dram, r.written.ssd, r.written.remote)
+}
+
 #[pyclass(frozen, name = "Store", module = "kvtier._core")]
 pub struct Store {
     pub(crate) inner: CoreStore,
@@ -211,7 +218,7 @@ impl Store {
         namespace_hash: &[u8],
         keys: &[u8],
         objects: &Bound<'_, PyAny>,
-    ) -> PyResult<(usize, usize, usize, usize)> {
+    ) -> PyResult<PutTuple> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
         let bufs = block_buffers(objects, "objects", false)?;
@@ -219,11 +226,11 @@ impl Store {
         // SAFETY: live buffers, only read.
         let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
         let r = py.allow_threads(|| self.inner.put(ns, &keys, &objects)).map_err(store_err)?;
-        Ok((r.stored, r.already_present, r.rejected, r.evicted))
+        Ok(put_tuple(&r))
     }
 
     /// Stores pool blocks `block_ids` (an engine pool given as regions) under `keys`, one copy
-    /// into DRAM when DRAM is the only tier. Returns a put's (stored, present, rejected, evicted).
+    /// into DRAM when DRAM is the only tier. Returns a put's [`PutTuple`].
     #[allow(clippy::too_many_arguments)]
     fn put_from_pool(
         &self,
@@ -234,14 +241,14 @@ impl Store {
         layer_regions: Vec<usize>,
         num_blocks: usize,
         block_ids: &Bound<'_, PyAny>,
-    ) -> PyResult<(usize, usize, usize, usize)> {
+    ) -> PyResult<PutTuple> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
         let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
         let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
         let r = py.allow_threads(|| self.inner.put_from_pool(ns, &keys, &pool, &ids)).map_err(store_err)?;
-        Ok((r.stored, r.already_present, r.rejected, r.evicted))
+        Ok(put_tuple(&r))
     }
 
     /// Returns (hit_blocks, tier name per hit block).

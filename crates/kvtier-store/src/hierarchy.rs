@@ -42,6 +42,31 @@ use crate::lease::LeasedBlock;
 use crate::stats::{bump, Counters};
 use crate::store::{Store, StoredBlock};
 
+/// Blocks of one put written to each tier (new copies only; on SSD both written through and
+/// demoted to make room for the put, which may be older blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierWrites {
+    pub dram: usize,
+    pub ssd: usize,
+    pub remote: usize,
+}
+
+/// What a put did in the hierarchy: counts over its keys (a block DRAM had no room for counts as
+/// stored when a lower tier holds it after the put, rejected only when no tier does), and the
+/// writes per tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HierarchyPut {
+    pub report: TierPutReport,
+    pub writes: TierWrites,
+}
+
+/// A put into DRAM and SSD: the report, writes, and the items no local tier holds.
+struct LocalPut {
+    report: TierPutReport,
+    writes: TierWrites,
+    unplaced: Vec<usize>,
+}
+
 /// Demote-and-retry rounds per put before DRAM evicts without demoting.
 pub const DEMOTION_ROUNDS_MAX: usize = 4;
 
@@ -72,7 +97,7 @@ impl Store {
 
     /// Puts a batch into the hierarchy: DRAM (demoting what it gives up), then, with a
     /// write-through remote tier, the remote copy of the blocks DRAM did not already hold.
-    pub(crate) fn put_hierarchy(&self, keys: &[BlockKey], objects: &[&[u8]]) -> TierPutReport {
+    pub(crate) fn put_hierarchy(&self, keys: &[BlockKey], objects: &[&[u8]]) -> HierarchyPut {
         let through = match (&self.remote, &self.config().remote) {
             (Some(remote), Some(rc)) if rc.write_through => Some(remote),
             _ => None,
@@ -81,14 +106,23 @@ impl Store {
             Some(remote) => self.missing_remotely(remote, keys),
             None => Vec::new(),
         };
-        let report = self.put_local(keys, objects);
+        let LocalPut { mut report, mut writes, unplaced } = self.put_local(keys, objects);
         if let Some(remote) = through {
             if !fresh.is_empty() {
                 let (fk, fo) = select(keys, objects, &fresh);
-                self.put_remote(remote, &fk, &fo, None);
+                writes.remote += self.put_remote(remote, &fk, &fo, None).stored;
+            }
+            if !unplaced.is_empty() {
+                // DRAM had no room for these: they are stored if the server holds them now (one
+                // EXISTS batch, only when a put overflowed every local tier).
+                let uk: Vec<BlockKey> = unplaced.iter().map(|&i| keys[i]).collect();
+                let held =
+                    remote.exists(self.namespace_hash(), &uk).iter().filter(|p| **p == Some(true)).count();
+                report.rejected -= held;
+                report.stored += held;
             }
         }
-        report
+        HierarchyPut { report, writes }
     }
 
     /// Which of `keys` a write-through put must send: those DRAM does not hold (never written
@@ -108,16 +142,21 @@ impl Store {
     }
 
     /// Puts a batch into DRAM, demoting what DRAM gives up to SSD and/or a write-back remote.
-    fn put_local(&self, keys: &[BlockKey], objects: &[&[u8]]) -> TierPutReport {
+    fn put_local(&self, keys: &[BlockKey], objects: &[&[u8]]) -> LocalPut {
         let ns = self.namespace_hash();
         if self.ssd.is_none() && !self.remote_write_back() {
-            return self.dram.put(ns, keys, objects);
+            let mut unplaced = Vec::new();
+            let report = self.dram.put_with(ns, keys, objects, true, &mut unplaced);
+            let writes = TierWrites { dram: report.stored, ..TierWrites::default() };
+            return LocalPut { report, writes, unplaced };
         }
+        let mut writes = TierWrites::default();
         let admission_k = self.config().ssd.as_ref().map_or(1, |s| s.admission_k);
         let mut total = TierPutReport::default();
         let mut refused = Vec::new();
         let mut r = self.dram.put_with(ns, keys, objects, false, &mut refused);
-        r.rejected = 0; // refused items are retried below
+        r.rejected -= refused.len(); // refused items are retried below (the rest: other namespaces)
+        writes.dram += r.stored;
         add(&mut total, r);
         let mut pending = refused;
         let object_bytes = object_extent_bytes(self.block_bytes() as u64);
@@ -130,23 +169,29 @@ impl Store {
                 break;
             }
             total.evicted += demotion.victims().len();
-            self.demote(&demotion, admission_k);
+            writes.ssd += self.demote(&demotion, admission_k);
             demotion.finish();
             let (pk, po) = select(keys, objects, &pending);
             let mut refused = Vec::new();
             let mut r = self.dram.put_with(ns, &pk, &po, false, &mut refused);
-            r.rejected = 0;
+            r.rejected -= refused.len();
+            writes.dram += r.stored;
             add(&mut total, r);
             pending = refused.iter().map(|&j| pending[j]).collect();
         }
         if !pending.is_empty() {
             // Nothing left to demote (all leased), or other threads kept taking the room.
             let (pk, po) = select(keys, objects, &pending);
-            let r = self.dram.put(ns, &pk, &po);
+            let mut refused = Vec::new();
+            let r = self.dram.put_with(ns, &pk, &po, true, &mut refused);
             bump(&self.counters.dropped_evictions, r.evicted);
+            writes.dram += r.stored;
             add(&mut total, r);
+            pending = refused.iter().map(|&j| pending[j]).collect();
         }
         if let (Some(ssd), Some(ssd_config)) = (&self.ssd, &self.config().ssd) {
+            // Blocks DRAM had no room for that SSD held before this put (already present there).
+            let on_ssd_before: Vec<bool> = pending.iter().map(|&i| ssd.contains(ns, keys[i])).collect();
             if ssd_config.write_through && ssd_config.admission_k <= 1 {
                 let r = if self.ssd_encoder.is_raw() {
                     ssd.put(ns, keys, objects)
@@ -157,18 +202,33 @@ impl Store {
                     ssd.put(ns, keys, &stored)
                 };
                 bump(&self.counters.written_through, r.stored);
+                writes.ssd += r.stored;
             }
+            // A block SSD holds is not refused, whichever tier DRAM's lack of room sent it to.
+            let mut unplaced = Vec::with_capacity(pending.len());
+            for (&i, before) in pending.iter().zip(on_ssd_before) {
+                if before {
+                    total.rejected -= 1;
+                    total.already_present += 1;
+                } else if ssd.contains(ns, keys[i]) {
+                    total.rejected -= 1;
+                    total.stored += 1;
+                } else {
+                    unplaced.push(i);
+                }
+            }
+            pending = unplaced;
         }
-        total
+        LocalPut { report: total, writes, unplaced: pending }
     }
 
     /// Writes the victims of `demotion` to SSD (admitted ones) and to a write-back remote tier
-    /// (all whose DRAM header verifies), from their DRAM extents.
-    fn demote(&self, demotion: &Demotion<'_>, admission_k: u32) {
+    /// (all whose DRAM header verifies), from their DRAM extents; returns the SSD writes.
+    fn demote(&self, demotion: &Demotion<'_>, admission_k: u32) -> usize {
         if self.remote_write_back() {
             self.demote_remote(demotion);
         }
-        let Some(ssd) = self.ssd.as_ref() else { return };
+        let Some(ssd) = self.ssd.as_ref() else { return 0 };
         let mut keys = Vec::new();
         let mut objects = Vec::new();
         for (i, v) in demotion.victims().iter().enumerate() {
@@ -184,7 +244,7 @@ impl Store {
             }
         }
         if keys.is_empty() {
-            return;
+            return 0;
         }
         let r = if self.ssd_encoder.is_raw() {
             ssd.put_pages(self.namespace_hash(), &keys, &objects)
@@ -193,6 +253,7 @@ impl Store {
         };
         bump(&self.counters.demoted_blocks, r.stored + r.already_present);
         bump(&self.counters.demotion_failed, r.rejected);
+        r.stored
     }
 
     /// Demotes DRAM victims to SSD through the SSD codec. Each payload is checked against the
@@ -230,7 +291,7 @@ impl Store {
         keys: &[BlockKey],
         blocks: &[&[u8]],
         checksums: Option<&[u64]>,
-    ) {
+    ) -> TierPutReport {
         let ns = self.namespace_hash();
         if self.remote_encoder.is_raw() {
             let r = match checksums {
@@ -239,7 +300,7 @@ impl Store {
             };
             bump(&self.counters.remote_written, r.stored + r.already_present);
             bump(&self.counters.remote_write_failed, r.rejected);
-            return;
+            return r;
         }
         let encoded = Encoded::new(&self.remote_encoder, ns, keys, blocks);
         count_encoded(&self.counters, TierKind::Remote, &encoded);
@@ -255,10 +316,13 @@ impl Store {
             let (rk, rb) = select(keys, blocks, &raw);
             reports.push(remote.put(ns, &rk, &rb));
         }
+        let mut total = TierPutReport::default();
         for r in reports {
             bump(&self.counters.remote_written, r.stored + r.already_present);
             bump(&self.counters.remote_write_failed, r.rejected);
+            add(&mut total, r);
         }
+        total
     }
 
     /// Reads pinned SSD entries into `dst`: raw blocks (payload of exactly `block_bytes`)
@@ -496,7 +560,7 @@ impl Store {
         if keys.is_empty() {
             return 0;
         }
-        let r = self.put_local(&keys, &objects);
+        let r = self.put_local(&keys, &objects).report;
         bump(&self.counters.promoted_blocks, r.stored);
         r.stored
     }

@@ -57,6 +57,7 @@ mod store;
 
 pub use config::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
 pub use error::StoreError;
+pub use hierarchy::TierWrites;
 pub use kvtier_core::{BlockKey, Namespace};
 pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};
 pub use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig, TierKind, TierStats};

@@ -8,7 +8,7 @@ use kvtier_core::{BlockKey, Namespace};
 use kvtier_pool::ssd::SsdMetrics;
 use kvtier_pool::{
     eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, PoolError, ReadOutcome, SsdTier,
-    Tier, TierKind, TierPutReport, TierStats, PAGE_BYTES,
+    Tier, TierKind, TierStats, PAGE_BYTES,
 };
 use kvtier_remote::{RemoteMetrics, RemoteTier};
 use parking_lot::Mutex;
@@ -16,10 +16,12 @@ use parking_lot::Mutex;
 use crate::codec_stage::TierEncoder;
 use crate::config::{StoreConfig, TierCodec};
 use crate::error::StoreError;
+use crate::hierarchy::{HierarchyPut, TierWrites};
 use crate::lease::{LeaseTable, LeasedBlock};
 use crate::stats::{bump, read, Counters, StoreStats};
 
 mod pool;
+mod staging;
 pub use pool::PoolLoadReport;
 
 /// Result of [`Store::lookup`]: the longest consecutive prefix of present blocks.
@@ -42,12 +44,18 @@ pub struct Lease {
 /// Result of [`Store::put`]. `stored + already_present + rejected` equals the keys given.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PutReport {
+    /// Blocks this put wrote: into DRAM, or, where DRAM had no room, through (or by demotion)
+    /// to SSD or the remote tier.
     pub stored: usize,
+    /// Blocks DRAM held (or a lower tier, for those DRAM had no room for).
     pub already_present: usize,
-    /// Refused because every block that could make room is leased.
+    /// Blocks no tier holds after the put: DRAM had no room (every block that could make room
+    /// is leased, or the put is larger than DRAM) and no lower tier took them.
     pub rejected: usize,
-    /// Blocks evicted to make room for this put.
+    /// Blocks evicted from DRAM to make room for this put.
     pub evicted: usize,
+    /// New copies written to each tier by this put.
+    pub written: TierWrites,
 }
 
 /// Result of [`Store::load`].
@@ -109,6 +117,8 @@ pub struct Store {
     /// Lock order: `leases`, then a tier's lock. Pins change only under `leases`.
     leases: Mutex<LeaseTable>,
     pub(crate) counters: Counters,
+    /// Reused buffers for whole objects between an engine pool and the lower tiers.
+    staging: staging::Staging,
 }
 
 impl std::fmt::Debug for Store {
@@ -186,6 +196,7 @@ impl Store {
             remote_encoder,
             leases,
             counters: Counters::default(),
+            staging: staging::Staging::default(),
         })
     }
 
@@ -247,12 +258,13 @@ impl Store {
         self.check_sizes(objects.iter().map(|o| o.len()))?;
         // Expired leases pin space a put may need; reclaiming is O(1) when none expired.
         self.reclaim_expired(&mut self.leases.lock());
-        let report = self.put_hierarchy(keys, objects);
-        Ok(self.count_put(report, keys.len()))
+        let put = self.put_hierarchy(keys, objects);
+        Ok(self.count_put(put, keys.len()))
     }
 
     /// Counts a put of `keys` blocks in the store's stats.
-    fn count_put(&self, report: TierPutReport, keys: usize) -> PutReport {
+    fn count_put(&self, put: HierarchyPut, keys: usize) -> PutReport {
+        let report = put.report;
         assert_eq!(report.stored + report.already_present + report.rejected, keys, "put lost keys");
         bump(&self.counters.put_blocks, report.stored);
         bump(&self.counters.put_bytes, report.stored * self.block_bytes);
@@ -263,6 +275,7 @@ impl Store {
             already_present: report.already_present,
             rejected: report.rejected,
             evicted: report.evicted,
+            written: put.writes,
         }
     }
 

@@ -50,13 +50,16 @@ def _run(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
     iomp = venv / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    proc = subprocess.run(
-        [str(_venv_python(venv)), "-m", "kvtier.integrations.vllm.run", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-    )
+    with tempfile.NamedTemporaryFile("w", prefix="kvtier-vllm-spec-", suffix=".json") as f:
+        json.dump(spec, f)  # a file, not an argument: prompts pass the 128 KiB argument limit
+        f.flush()
+        proc = subprocess.run(
+            [str(_venv_python(venv)), "-m", "kvtier.integrations.vllm.run", "@" + f.name],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise KvtierError(f"vLLM run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

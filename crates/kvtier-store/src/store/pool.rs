@@ -6,7 +6,8 @@
 //!   so `layer_done(l)` means layer `l` of *every* block is in place.
 //! - Puts: with DRAM as the only tier, each pool block is gathered straight into its arena extent
 //!   ([`DramTier::put_from_pool`]); with lower tiers (whose write-through, demotion and codecs
-//!   take whole objects) through one staging object per block, then as [`Store::put`].
+//!   take whole objects) through one staging object per block, then as [`Store::put`]. Staging
+//!   memory is reused across calls (`staging.rs`): fresh pages cost more than the copies.
 //!
 //! [`DramTier::read_pinned_into_pool`]: kvtier_pool::DramTier::read_pinned_into_pool
 //! [`DramTier::put_from_pool`]: kvtier_pool::DramTier::put_from_pool
@@ -17,6 +18,7 @@ use kvtier_pool::{ReadOutcome, TierKind};
 
 use super::{PutReport, Store};
 use crate::error::StoreError;
+use crate::hierarchy::{HierarchyPut, TierWrites};
 use kvtier_core::{BlockKey, LayoutError};
 
 /// What a load into a pool did.
@@ -64,9 +66,10 @@ impl Store {
             (0..ids.len()).partition(|&i| blocks[i].tier == dram);
         let mut outcomes = vec![ReadOutcome::NotPinned; ids.len()];
 
-        // Lower tiers first (their reads are I/O): into staging objects, verified and decoded.
+        // Lower tiers first (their reads are I/O): into staging objects, verified and decoded
+        // (a reused buffer holds stale bytes; only blocks whose outcome is `Loaded` are used).
         let bb = self.block_bytes;
-        let mut staged = vec![0u8; below.len() * bb];
+        let mut staged = self.staging.take(below.len() * bb);
         let below_blocks: Vec<_> = below.iter().map(|&i| blocks[i]).collect();
         let below_outcomes = {
             let mut dst: Vec<&mut [u8]> = staged.chunks_mut(bb).collect();
@@ -148,7 +151,7 @@ impl Store {
             .collect::<Result<Vec<usize>, _>>()?;
         if self.ssd.is_some() || self.remote.is_some() {
             let bb = self.block_bytes;
-            let mut staged = vec![0u8; ids.len() * bb];
+            let mut staged = self.staging.take(ids.len() * bb);
             for (&b, object) in ids.iter().zip(staged.chunks_mut(bb)) {
                 // SAFETY: `b` was checked in range; the caller does not write it meanwhile.
                 unsafe { pool.gather_block(b, object) };
@@ -159,6 +162,7 @@ impl Store {
         }
         self.reclaim_expired(&mut self.leases.lock());
         let report = self.dram.put_from_pool(self.namespace_hash, keys, pool, &ids);
-        Ok(self.count_put(report, keys.len()))
+        let writes = TierWrites { dram: report.stored, ..TierWrites::default() };
+        Ok(self.count_put(HierarchyPut { report, writes }, keys.len()))
     }
 }

@@ -2,7 +2,8 @@
 
 Used by the vLLM test suite (tests/vllm) and `kvtier bench vllm`, each run in its own process as a
 user's vLLM is: its DRAM tier dies with it, so a hit in a later run came from the SSD pool or
-Redis. Usage: `python -m kvtier.integrations.vllm.run '<json spec>'`; the spec holds `model`,
+Redis. Usage: `python -m kvtier.integrations.vllm.run '<json spec>'` (or `@<file>` holding it: a
+long prompt list passes the kernel's 128 KiB limit on one argument); the spec holds `model`,
 `prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text or
 a list of token ids; or "+turn" to extend the previous round's first prompt with its output and a
 new question), `max_tokens`, `multiprocess`, `prefix_caching`, and `connector` (the
@@ -16,10 +17,12 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    arg = sys.argv[1]
+    spec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
     if not spec.get("multiprocess", False):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams

@@ -88,7 +88,7 @@ class WorkerSide:
         self.namespace = store.namespace
         self.block_tokens = store.namespace.geometry.block_tokens
         self.stats_file = Path(stats_file) if stats_file else None
-        self.counters: Counter[str] = Counter()  # ints, and two float second totals
+        self.counters: Counter[str] = Counter()  # ints, and float second totals (names ending in _s)
         self._lock = threading.Lock()
         self._job: _LoadJob | None = None
         self._load_errors: set[int] = set()
@@ -124,12 +124,16 @@ class WorkerSide:
     def lookup(self, tokens: npt.NDArray[np.uint32], extra: bytes) -> int:
         """Cached blocks of `tokens`, counting every save queued before this call: vLLM hands a
         request's output back before its (delayed) save is done, and the user's next turn must hit."""
+        t0 = time.perf_counter()
         with self._lock:
             target = self._submitted
             while self._completed < target:
                 self._idle.wait()
+        t1 = time.perf_counter()
         hit = self.store.lookup(self.keys(tokens, extra)).hit_blocks
         with self._lock:
+            self.counters["lookup_save_wait_s"] += t1 - t0  # type: ignore[assignment]
+            self.counters["lookup_s"] += time.perf_counter() - t1  # type: ignore[assignment]
             self.counters["lookups"] += 1
             self.counters["lookup_hit_blocks"] += hit
         return hit
@@ -191,8 +195,12 @@ class WorkerSide:
         if job is None:
             return
         last = self.paged.num_layers - 1 if layer is None else layer
+        t0 = time.perf_counter()
         for progress in job.progress:
             progress.wait(last)
+        waited = time.perf_counter() - t0
+        with self._lock:  # seconds the forward stood still for loads (overlap = load_s - this)
+            self.counters["load_wait_s"] += waited  # type: ignore[assignment]
 
     def finish_loads(self) -> set[str]:
         """Waits for this step's loads; returns the requests whose loads failed (their saves drop)."""
