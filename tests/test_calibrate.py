@@ -1,4 +1,5 @@
-"""``kvtier sim calibrate``: the fitted step-time model, its fit, its files and the real measurement."""
+"""``kvtier sim calibrate``: the fitted step-time model, its fit, its files and the real measurement
+(:mod:`kvtier.sim.calibrate` fits, :mod:`kvtier.engine.calibrate` and :mod:`kvtier.engine.validate` measure)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import pytest
 import yaml
 
 from kvtier.errors import ConfigError
-from kvtier.sim.calibrate import (
+from kvtier.sim.calibrate import QUICK_SHAPES, Sample, fit, relative_errors, report, summary, write
+from kvtier.sim.cost import (
     COEFFICIENTS,
-    QUICK_SHAPES,
-    Sample,
-    fit,
+    BatchShape,
+    FittedCostModel,
+    PrefillChunk,
     load_calibration,
-    measure_engine_steps,
-    relative_errors,
-    write,
+    make_cost_model,
 )
-from kvtier.sim.cost import BatchShape, FittedCostModel, PrefillChunk, make_cost_model
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
 
@@ -40,6 +39,19 @@ def test_fit_recovers_known_coefficients() -> None:
     for name in COEFFICIENTS:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     assert max(relative_errors(fitted, samples)) < 1e-9
+
+
+def test_report_holds_out_every_other_step_and_predicts_the_grid() -> None:
+    samples = [Sample(shape, TRUE.step_time_s(shape)) for shape in QUICK_SHAPES * 2]
+    grid = [Sample(QUICK_SHAPES[0], 2 * TRUE.step_time_s(QUICK_SHAPES[0]))]
+    r = report(samples, grid, kv_bytes_per_token=1024, num_layers=30, model="m", blas_threads=1)
+    assert r["kind"] == "fitted" and r["engine_steps"] == len(samples)
+    for name in COEFFICIENTS:
+        assert r[name] == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    assert r["held_out_max_rel_error"] < 1e-9 and r["fit_mean_rel_error"] < 1e-9
+    [row] = r["forward_grid"]
+    assert row["predicted_s"] == pytest.approx(row["measured_s"] / 2)
+    assert "held-out steps" in summary(r)
 
 
 def test_fit_keeps_coefficients_non_negative() -> None:
@@ -86,7 +98,8 @@ def test_packaged_calibration_drives_a_simulation() -> None:
 def test_measures_the_real_engine() -> None:
     from threadpoolctl import threadpool_limits
 
-    from kvtier.engine import load_model as load_engine
+    from kvtier.engine.calibrate import measure_engine_steps
+    from kvtier.engine.model import load_model as load_engine
 
     engine = load_engine()
     shapes = [BatchShape((PrefillChunk(16, 0),)), BatchShape((PrefillChunk(8, 16),), (20, 33))]
@@ -106,7 +119,7 @@ def engine_parts(smollm2):  # type: ignore[no-untyped-def]
 def test_engine_run_samples_log_every_kind_of_step(engine_parts) -> None:  # type: ignore[no-untyped-def]
     from threadpoolctl import threadpool_limits
 
-    from kvtier.sim.calibrate import engine_run_samples
+    from kvtier.engine.calibrate import engine_run_samples
 
     model, _ = engine_parts
     with threadpool_limits(limits=1, user_api="blas"):
@@ -121,8 +134,9 @@ def test_engine_run_samples_log_every_kind_of_step(engine_parts) -> None:  # typ
 def test_validation_replays_the_engine_workload_in_the_simulator(engine_parts) -> None:  # type: ignore[no-untyped-def]
     from threadpoolctl import threadpool_limits
 
-    from kvtier.engine.scheduler import EngineConfig
-    from kvtier.sim.validate import _block_keys, run_engine, simulate
+    from kvtier.engine.config import EngineConfig
+    from kvtier.engine.validate import run_engine
+    from kvtier.sim.validate import _block_keys, simulate
 
     model, tokenizer = engine_parts
     config = EngineConfig(num_blocks=128, max_batch_tokens=64, max_running=4)

@@ -158,10 +158,19 @@ def test_quick_reproduction_gives_the_paper_rows(tmp_path: Path) -> None:
     from kvtier.sim import reproduce
 
     rows = reproduce.run("dualpath", tmp_path, quick=True)
-    metrics = [row.metric for row in rows]
-    assert any("JCT Basic / DualPath" in m for m in metrics)
-    assert any("APS at TTFT <= 4 s" in m for m in metrics)
-    assert all(row.paper == "dualpath" and row.kvtier_ratio > 0 for row in rows)
+    assert all(row.paper == "dualpath" for row in rows)
+
+    def ratio(fragment: str) -> float:
+        [row] = [row for row in rows if fragment in row.metric]
+        return row.kvtier_ratio
+
+    # The headlines, DS 660B on 2P4D. §7.3, Fig. 7: DualPath's offline JCT is "up to 1.87x" better than
+    # Basic's and close to Oracle's (no KV I/O, the bound). §7.4, Fig. 10: 2.25x Basic's APS capacity
+    # at the TTFT SLO. The quick run (96 agents, a 300 s horizon) gives 1.023, 1.036 and 1.52 today:
+    # the direction of each, within the paper's figure, with margin below.
+    assert 1.005 < ratio("JCT Basic / DualPath") <= 1.87
+    assert 1.0 <= ratio("JCT DualPath / Oracle") < 1.1
+    assert 1.2 < ratio("APS at TTFT <= 4 s, DualPath / Basic") <= 2.25
     assert (tmp_path / "dualpath_ds660b.png").exists()
 
 

@@ -358,6 +358,22 @@ def test_quick_reproduction_returns_rows(tmp_path: Path) -> None:
     from kvtier.sim import reproduce
 
     rows = reproduce.run("strata", tmp_path, quick=True)
-    assert len(rows) >= 4
-    assert all(r.paper == "strata" and math.isfinite(r.kvtier_ratio) and r.kvtier_ratio > 0 for r in rows)
+    assert all(r.paper == "strata" and math.isfinite(r.kvtier_ratio) for r in rows)
+    ratio = {r.metric.rpartition(", ")[2]: r for r in rows}
+    assert set(ratio) == {
+        "Strata / hicache",
+        "Strata / lmcache",
+        "strata_io / hicache",
+        "strata_sched / hicache",
+    }
+    # The headline (§5.2, Fig. 8 LooGLE Llama-8B: "up to 3.2x, 2.6x higher throughput at the same TTFT"
+    # than SGLang-HiCache, vLLM-LMCache; §5.3.1, Fig. 9: Strata-IO and Strata-Schedule-Only "up to
+    # 2.3x and 1.8x higher peak throughput" than HiCache): every ratio above 1, and none above the
+    # paper's "up to". The quick run (one overload rate, a fifth of the queries) gives 1.07-1.26
+    # today; 1.03 leaves margin without accepting a tie.
+    for metric, row in ratio.items():
+        assert row.paper_ratio is not None
+        assert 1.03 < row.kvtier_ratio <= row.paper_ratio, (metric, row.kvtier_ratio, row.paper_ratio)
+    # LMCache is the stronger baseline on LooGLE (the paper's 2.6x against HiCache's 3.2x).
+    assert ratio["Strata / hicache"].kvtier_ratio > ratio["Strata / lmcache"].kvtier_ratio
     assert (tmp_path / "strata_llama-3.1-8b.png").exists()

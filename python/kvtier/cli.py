@@ -139,7 +139,7 @@ def _sim_sweep(args: argparse.Namespace) -> None:
 def _sim_calibrate(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from kvtier.sim import calibrate
+    from kvtier.engine import calibrate
 
     def show(done: int, total: int) -> None:
         if sys.stderr.isatty():
@@ -469,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     bvllm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bvllm.add_argument("--json", action="store_true")
     bvllm.set_defaults(func=_bench_vllm)
+    __import__("kvtier.bench.sglang").bench.sglang.add_command(bench_sub, _positive, _emit)
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
     sim_sub = sim.add_subparsers(dest="sim", required=True)

@@ -215,7 +215,7 @@ def run(
     calibration: str = "cpu-smollm2-135m",
 ) -> dict[str, Any]:
     """The engine's figures; with ``validation``, also the calibrated simulator's error on a held-out
-    multi-turn workload (:mod:`kvtier.sim.validate`; ``calibration`` names the fitted cost model)."""
+    multi-turn workload (:mod:`kvtier.engine.validate`; ``calibration`` names the fitted cost model)."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     if model is None or tokenizer is None:
@@ -226,7 +226,7 @@ def run(
     # threads and memory would slow the engine it times, not the simulator's prediction).
     validation_result: dict[str, Any] = {}
     if validation:
-        from kvtier.sim.validate import validate
+        from kvtier.engine.validate import validate
 
         if show:
             print(

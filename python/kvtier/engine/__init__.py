@@ -20,27 +20,18 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvtier.engine.capture import capture_geometry, capture_kv
+from kvtier.engine.config import EngineConfig
 from kvtier.engine.errors import EngineError, EngineInputError, ModelFormatError, ModelNotInstalledError
 from kvtier.engine.hierarchy import KvTransfer, LoadResult, StoreKvTransfer, TransferEngineKvTransfer
 from kvtier.engine.kv import ContiguousKvCache, KvAccess, PagedKvPool, pool_geometry
 from kvtier.engine.llm import LLM, MODEL_ID, llm_store_config
-from kvtier.engine.model import Model, greedy_generate, load_model
+from kvtier.engine.model import Model, greedy_generate, load, load_model
 from kvtier.engine.request import RequestOutput
 from kvtier.engine.sampling import SamplingError, SamplingParams
-from kvtier.engine.scheduler import Engine, EngineConfig, EngineStats
+from kvtier.engine.scheduler import Engine, EngineStats
 from kvtier.engine.tokenizer import Tokenizer, load_tokenizer
-from kvtier.engine.weights import ModelConfig, default_gguf_path, load_weights, open_gguf
-
-
-def load(path: str | Path | None = None) -> tuple[Model, Tokenizer]:
-    """The model and its tokenizer from one read of the GGUF file (the packaged one by default)."""
-    reader = open_gguf(path)
-    config = ModelConfig.from_gguf(reader)
-    return Model(config, load_weights(reader, config)), Tokenizer.from_gguf(reader)
-
+from kvtier.engine.weights import ModelConfig, default_gguf_path, open_gguf
 
 __all__ = [
     "LLM",

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config import StoreConfig
+from kvtier.engine.config import EngineConfig
 from kvtier.engine.errors import EngineInputError
 from kvtier.engine.hierarchy import StoreKvTransfer, TransferEngineKvTransfer
 from kvtier.engine.kv import PagedKvPool, pool_geometry
-from kvtier.engine.model import Model
+from kvtier.engine.model import Model, load
 from kvtier.engine.request import RequestOutput
 from kvtier.engine.sampling import SamplingParams
-from kvtier.engine.scheduler import Engine, EngineConfig
+from kvtier.engine.scheduler import Engine
 from kvtier.engine.tokenizer import Tokenizer
 from kvtier.engine.weights import MODEL_FILE
 from kvtier.sched import Policy, make_policy
@@ -78,8 +79,6 @@ class LLM:
         if (model is None) != (tokenizer is None):
             raise EngineInputError("pass both model and tokenizer, or neither")
         if model is None or tokenizer is None:
-            from kvtier.engine import load
-
             model, tokenizer = load(model_path)
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()

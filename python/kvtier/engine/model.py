@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from kvtier.engine.errors import EngineInputError
 from kvtier.engine.kv import ContiguousKvCache, F32Array, IntArray, KvAccess
+from kvtier.engine.tokenizer import Tokenizer
 from kvtier.engine.weights import ModelConfig, ModelWeights, load_weights, open_gguf
 
 # Attention scores of one query chunk are at most this many fp32 values (16 MB): a long prefill never
@@ -175,6 +176,13 @@ def load_model(path: str | Path | None = None) -> Model:
     reader = open_gguf(path)
     config = ModelConfig.from_gguf(reader)
     return Model(config, load_weights(reader, config))
+
+
+def load(path: str | Path | None = None) -> tuple[Model, Tokenizer]:
+    """The model and its tokenizer from one read of the GGUF file (the packaged one by default)."""
+    reader = open_gguf(path)
+    config = ModelConfig.from_gguf(reader)
+    return Model(config, load_weights(reader, config)), Tokenizer.from_gguf(reader)
 
 
 def greedy_generate(

@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.engine.config import EngineConfig
 from kvtier.engine.errors import EngineError
 from kvtier.engine.llm import LLM, llm_store_config
-from kvtier.engine.model import Model
+from kvtier.engine.model import Model, load
 from kvtier.engine.sampling import SamplingParams
-from kvtier.engine.scheduler import EngineConfig
 from kvtier.engine.tokenizer import Tokenizer
 from kvtier.store import Store
 
@@ -124,8 +124,6 @@ def run(
     tokenizer: Tokenizer | None = None,
 ) -> dict[str, Any]:
     if model is None or tokenizer is None:
-        from kvtier.engine import load
-
         model, tokenizer = load()
     server = None
     if "remote" in setups:  # a loopback server started and stopped here; skipped when none is installed

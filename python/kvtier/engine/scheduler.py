@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.engine.blocks import BlockManager
+from kvtier.engine.config import EngineConfig
 from kvtier.engine.errors import EngineError, EngineInputError
 from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer, PendingLoad
 from kvtier.engine.kv import F32Array, KvAccess, PagedKvPool, pool_geometry
@@ -47,58 +48,6 @@ from kvtier.transfer import DuplexEngine
 
 #: Consecutive steps that schedule nothing while requests are unfinished before the engine gives up.
 STALLED_STEPS_MAX = 8
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Sizes of the engine loop (and whether it keeps a device prefix cache). ``swap_blocks``: host blocks for swapped-out requests (0: none, a
-    swap-out falls back to recompute). The ``*_per_s`` figures are the cost estimates shown to the
-    policy (rough CPU figures, see docs/engine.md)."""
-
-    block_tokens: int = 16
-    num_blocks: int = 256
-    max_batch_tokens: int = 256
-    max_running: int = 16
-    swap_blocks: int = 256
-    view_waiting_max: int = 64
-    prefill_tokens_per_s: float = 350.0
-    host_load_bytes_per_s: float = 4e9
-    ssd_load_bytes_per_s: float = 1e9
-    remote_load_bytes_per_s: float = 1e8
-    # False: a finished request's blocks leave the device at once (vLLM with prefix caching off),
-    # so every later hit comes from the store. As the simulator's EngineConfig.device_prefix_cache.
-    device_prefix_cache: bool = True
-    # True: a prefix hit's load runs while the step computes, each layer's attention waiting for
-    # that layer's blocks (KvTransfer.load_async; the transfer engine's wait_layer). A block that
-    # fails to load voids that request's step, which is recomputed from the failed block.
-    layerwise_loads: bool = False
-    # True: SuperInfer's eager block rotation (§4.3.2). Each step, running requests' newly full
-    # blocks are copied to free host slots in the background while the step computes; they stay
-    # synced (KV is append-only), so a later swap-out moves only the blocks written since.
-    eager_rotation: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("device_prefix_cache", "layerwise_loads", "eager_rotation"):
-            if not isinstance(getattr(self, name), bool):
-                raise EngineInputError(f"engine `{name}` is {getattr(self, name)!r}; expected True or False")
-        for name in ("block_tokens", "num_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise EngineInputError(f"engine `{name}` is {value!r}; expected an int >= 1")
-        if (
-            isinstance(self.swap_blocks, bool)
-            or not isinstance(self.swap_blocks, int)
-            or self.swap_blocks < 0
-        ):
-            raise EngineInputError(f"engine `swap_blocks` is {self.swap_blocks!r}; expected an int >= 0")
-        for name in (
-            "prefill_tokens_per_s",
-            "host_load_bytes_per_s",
-            "ssd_load_bytes_per_s",
-            "remote_load_bytes_per_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise EngineInputError(f"engine `{name}` is {getattr(self, name)!r}; expected > 0")
 
 
 @dataclass

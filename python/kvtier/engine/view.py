@@ -11,17 +11,45 @@ last prompt token (at least one token is computed: it yields the first new token
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from kvtier.engine.hierarchy import STORE_TIER_INDEX
+from kvtier.engine.blocks import BlockManager
+from kvtier.engine.config import EngineConfig
+from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer
+from kvtier.engine.kv import PagedKvPool
+from kvtier.engine.model import Model
 from kvtier.engine.request import EngineRequest
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 
-if TYPE_CHECKING:
-    from kvtier.engine.scheduler import Engine, EngineConfig
+
+class EngineState(Protocol):
+    """What the view reads of the engine loop (:class:`kvtier.engine.scheduler.Engine`), so that
+    this module sits below the loop that imports it."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def model(self) -> Model: ...
+    @property
+    def pool(self) -> PagedKvPool: ...
+    @property
+    def blocks(self) -> BlockManager: ...
+    @property
+    def transfer(self) -> KvTransfer | None: ...
+    @property
+    def requests(self) -> Mapping[int, EngineRequest]: ...
+    @property
+    def waiting(self) -> Sequence[EngineRequest]: ...
+    @property
+    def running(self) -> Sequence[EngineRequest]: ...
+    @property
+    def swapped(self) -> Mapping[int, list[int]]: ...
+    def now_s(self) -> float: ...
+    def swap_used_blocks(self) -> int: ...
 
 
-def build_view(engine: Engine) -> SchedulerView:
+def build_view(engine: EngineState) -> SchedulerView:
     config = engine.config
     waiting = engine.waiting[: config.view_waiting_max]
     return SchedulerView(
@@ -41,7 +69,7 @@ def build_view(engine: Engine) -> SchedulerView:
     )
 
 
-def request_view(engine: Engine, r: EngineRequest, lookup: bool = False) -> RequestView:
+def request_view(engine: EngineState, r: EngineRequest, lookup: bool = False) -> RequestView:
     """``r`` as a policy sees it; with ``lookup``, its cached prefix per tier (waiting requests)."""
     bt = engine.config.block_tokens
     cached = (0, 0, 0, 0)

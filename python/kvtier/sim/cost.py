@@ -5,8 +5,9 @@ The engine only sees the :class:`CostModel` protocol, so the analytical
 per-operator times measured on a GPU) without touching the engine: implement the protocol and
 register a factory in :data:`COST_MODELS` (``make_cost_model`` builds one by name, as the config
 does; the factories returning ``CostModel`` are where mypy checks the protocol). ``fitted`` is that
-kind of predictor for the CPU reference engine (:mod:`kvtier.sim.calibrate`). ``fixed`` is a
-trivial model for tests.
+kind of predictor for the CPU reference engine (its coefficients are read here from a calibration
+file, :func:`load_calibration`; :mod:`kvtier.sim.calibrate` fits them). ``fixed`` is a trivial
+model for tests.
 
 Roofline per step (one engine of ``tp`` GPUs)::
 
@@ -28,11 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+
+import yaml
 
 from kvtier.errors import ConfigError
 from kvtier.sim.hardware import HardwareProfile
 from kvtier.sim.models import ModelProfile
+
+#: Packaged calibration files (``calibration: NAME`` in a sim config names one of them).
+CALIBRATIONS = Path(__file__).parent / "profiles" / "calibration"
+#: :class:`FittedCostModel`'s coefficients, in the order of :meth:`FittedCostModel.features`.
+COEFFICIENTS = ("base_s", "token_s", "pair_s", "seq_s", "decode_pair_s")
 
 
 @dataclass(frozen=True)
@@ -284,7 +293,7 @@ class FittedCostModel:
     @staticmethod
     def features(batch: BatchShape) -> tuple[float, float, float, float, float]:
         """``(1, tokens, prefill pairs, sequences, decode pairs)``: what the coefficients multiply,
-        in the order of :data:`kvtier.sim.calibrate.COEFFICIENTS`."""
+        in the order of :data:`COEFFICIENTS`."""
         pairs = sum(
             c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2 for c in batch.prefills
         )
@@ -310,6 +319,21 @@ class FittedCostModel:
         return transfer_work_s(nbytes, segment_bytes, bandwidth_bytes_per_s, per_segment_overhead_s)
 
 
+def load_calibration(name_or_path: str) -> dict[str, float]:
+    """The coefficients of a calibration file: a path, or a name under ``profiles/calibration``."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = CALIBRATIONS / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in CALIBRATIONS.glob("*.yaml"))
+        raise ConfigError(f"calibration {name_or_path!r} is neither a file nor one of {known}")
+    data = yaml.safe_load(path.read_text())
+    missing = [k for k in COEFFICIENTS if not isinstance(data.get(k), (int, float))]
+    if missing:
+        raise ConfigError(f"calibration {path} lacks numeric {missing}; rerun `kvtier sim calibrate`")
+    return {k: float(data[k]) for k in COEFFICIENTS}
+
+
 def _make_roofline(hardware: HardwareProfile, model: ModelProfile, **params: Any) -> CostModel:
     return RooflineCostModel(hardware, model, **params)
 
@@ -324,8 +348,6 @@ def _make_fitted(hardware: HardwareProfile, model: ModelProfile, **params: Any) 
     if tp != 1:
         raise ConfigError(f"a fitted cost model describes one calibrated engine; tp is {tp}, expected 1")
     if "calibration" in params:  # a file written by `kvtier sim calibrate`, or a packaged one's name
-        from kvtier.sim.calibrate import load_calibration
-
         params = {**load_calibration(str(params.pop("calibration"))), **params}
     return FittedCostModel(model.kv_bytes_per_token_per_gpu(1), model.num_layers, **params)
 

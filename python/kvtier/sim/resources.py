@@ -23,7 +23,6 @@ from functools import partial
 from kvtier.errors import SimError
 from kvtier.sim.core import Event, EventKind, EventLoop
 from kvtier.sim.cost import transfer_work_s
-from kvtier.sim.events.transfer_done import complete
 
 _EPS_S = 1e-12
 
@@ -145,7 +144,18 @@ class Link:
                     t.event = None
                 if rate > 0:
                     done_in = max(t.remaining_s, 0.0) / rate
-                    t.event = self.loop.after(done_in, EventKind.TRANSFER_DONE, partial(complete, self, t))
+                    t.event = self.loop.after(done_in, EventKind.TRANSFER_DONE, partial(self._complete, t))
+
+    def _complete(self, t: Transfer) -> None:
+        """The ``TRANSFER_DONE`` event: ``t``'s last byte lands. Charges progress, drops ``t`` from its
+        pool, re-shares the bandwidth among the transfers left, and runs ``t``'s callback (which may
+        start a step, land a load, or place offloaded blocks in a lower tier)."""
+        self.advance()
+        t.event = None
+        self.pool_of(t).active.remove(t)
+        t.remaining_s = 0.0
+        self.reschedule()
+        self.finish(t)
 
     def finish(self, t: Transfer) -> None:
         t.finished_s = self.loop.now_s

@@ -1,5 +1,7 @@
-"""Does the calibrated simulator predict the reference engine? (``kvtier bench engine``'s
-``sim_ttft_error`` and ``sim_tpot_error``, issue 9 item 7.)
+"""Does the calibrated simulator predict the reference engine? The simulator's half of ``kvtier
+bench engine``'s ``sim_ttft_error`` and ``sim_tpot_error`` (issue 9 item 7): the engine's run is
+:mod:`kvtier.engine.validate`, which hands its finished requests (:class:`Turn`) to
+:func:`simulate` and :func:`compare`; this module needs no engine (issue 18).
 
 A held-out multi-turn chat workload — none of its batch shapes is one the calibration timed — runs
 for real on the CPU reference engine (``fcfs``, chunked prefill, continuous batching, device prefix
@@ -19,25 +21,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from kvtier.errors import ConfigError
-from kvtier.sim.calibrate import warm_up
+from kvtier.sim.config import SimConfig
 from kvtier.sim.request import Request
-
-QUESTIONS: tuple[tuple[str, ...], ...] = (
-    (
-        "Describe how a bicycle gear system works.",
-        "Why do racing bikes have more gears?",
-        "What about hills?",
-    ),
-    ("Suggest a name for a bakery.", "Make it sound French.", "Now a slogan for it."),
-    ("What causes ocean tides?", "How often do they happen?", "Are they the same everywhere?"),
-    ("Write a haiku about winter.", "Now one about spring.", "Which season do you prefer?"),
-    ("How do vaccines train the immune system?", "What is a booster?", "Why are some yearly?"),
-)
+from kvtier.sim.run import build
 
 
 @dataclass(frozen=True)
@@ -69,62 +59,23 @@ def _block_keys(prompt: Sequence[int], block_tokens: int, req_id: int) -> tuple[
     return tuple(keys)
 
 
-def run_engine(
-    model: Any,
-    tokenizer: Any,
-    *,
-    conversations: int,
-    turns: int,
-    reply_tokens: int,
-    engine_config: Any,
-) -> list[Turn]:
-    """The workload on the real engine (closed loop, zero think time); one :class:`Turn` per request."""
-    from kvtier.engine.sampling import SamplingParams
-    from kvtier.engine.scheduler import Engine
-    from kvtier.sched import make_policy
+class EngineSizes(Protocol):
+    """The engine's sizes the simulation copies (:class:`kvtier.engine.config.EngineConfig` has them)."""
 
-    if not 1 <= conversations <= len(QUESTIONS) or not 1 <= turns <= len(QUESTIONS[0]):
-        raise ConfigError(
-            f"{conversations} conversations x {turns} turns; expected at most {len(QUESTIONS)} x {len(QUESTIONS[0])}"
-        )
-    if reply_tokens < 2:
-        raise ConfigError(f"reply_tokens is {reply_tokens}; expected >= 2 (TPOT needs two tokens)")
-    warm_up(model)
-    engine = Engine(model, make_policy("fcfs"), engine_config)
-    params = SamplingParams(max_tokens=reply_tokens, ignore_eos=True)
-    where: dict[int, tuple[int, int, int | None]] = {}  # req_id -> (conversation, turn, parent)
-    for c in range(conversations):
-        rid = engine.add_request(tokenizer.encode_instruct(QUESTIONS[c][0]), params)
-        where[rid] = (c, 0, None)
-    turns_out: list[Turn] = []
-    while engine.has_unfinished():
-        engine.step()
-        for out in engine.pop_finished():
-            c, t, parent = where[out.request_id]
-            n = len(out.token_ids)
-            turns_out.append(
-                Turn(
-                    out.request_id,
-                    parent,
-                    list(out.prompt_token_ids),
-                    list(out.token_ids),
-                    n,
-                    out.ttft_s,
-                    (out.latency_s - out.ttft_s) / (n - 1),
-                )
-            )
-            if t + 1 < turns:
-                follow = tokenizer.encode(f"\n{QUESTIONS[c][t + 1]}\n")
-                rid = engine.add_request(list(out.prompt_token_ids) + list(out.token_ids) + follow, params)
-                where[rid] = (c, t + 1, out.request_id)
-    return sorted(turns_out, key=lambda x: x.req_id)
+    @property
+    def block_tokens(self) -> int: ...
+    @property
+    def max_batch_tokens(self) -> int: ...
+    @property
+    def max_running(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def device_prefix_cache(self) -> bool: ...
 
 
-def simulate(turns: Sequence[Turn], engine_config: Any, calibration: str) -> dict[str, Any]:
+def simulate(turns: Sequence[Turn], engine_config: EngineSizes, calibration: str) -> dict[str, Any]:
     """The same requests in the simulator with the fitted cost model; returns its results."""
-    from kvtier.sim.config import SimConfig
-    from kvtier.sim.run import build
-
     config = SimConfig(
         name="engine-validation",
         hardware="cpu",
@@ -159,36 +110,13 @@ def simulate(turns: Sequence[Turn], engine_config: Any, calibration: str) -> dic
     return sim.metrics.result()
 
 
-def validate(
-    *,
-    calibration: str = "cpu-smollm2-135m",
-    conversations: int = 4,
-    turns: int = 3,
-    reply_tokens: int = 12,
-    threads: int = 1,
-    model: Any = None,
-    tokenizer: Any = None,
-) -> dict[str, Any]:
-    """Runs the held-out workload on the engine and in the simulator; returns both and the errors."""
-    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-
-    from kvtier.engine import load
-    from kvtier.engine.scheduler import EngineConfig
-
-    if model is None or tokenizer is None:
-        model, tokenizer = load()
-    config = EngineConfig(num_blocks=512, max_batch_tokens=256, max_running=16)
-    with threadpool_limits(limits=threads, user_api="blas"):
-        turns_run = run_engine(
-            model, tokenizer, conversations=conversations, turns=turns, reply_tokens=reply_tokens,
-            engine_config=config,
-        )  # fmt: skip
-    sim = simulate(turns_run, config, calibration)
-    engine_ttft = float(np.mean([t.ttft_s for t in turns_run]))
-    engine_tpot = float(np.mean([t.tpot_s for t in turns_run]))
+def compare(turns: Sequence[Turn], sim: dict[str, Any], calibration: str) -> dict[str, Any]:
+    """The engine's and the simulator's mean TTFT and TPOT, and the errors ``|sim - engine| / engine``."""
+    engine_ttft = float(np.mean([t.ttft_s for t in turns]))
+    engine_tpot = float(np.mean([t.tpot_s for t in turns]))
     sim_ttft, sim_tpot = float(sim["ttft_s"]["mean"]), float(sim["tpot_s"]["mean"])
     return {
-        "requests": len(turns_run),
+        "requests": len(turns),
         "calibration": calibration,
         "engine_mean_ttft_s": engine_ttft,
         "sim_mean_ttft_s": sim_ttft,

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvtier.sim.request import Request
 
-if TYPE_CHECKING:
-    from kvtier.sim.cluster import Cluster
+
+class Queue(Protocol):
+    def submit(self, req: Request) -> None: ...
 
 
-def deliver(cluster: Cluster, req: Request) -> None:
+class Router(Protocol):
+    """What an arrival needs of the cluster (:class:`kvtier.sim.cluster.Cluster`): so that this module
+    sits below the cluster that imports it."""
+
+    def route(self, req: Request) -> Queue: ...
+
+
+def deliver(cluster: Router, req: Request) -> None:
     cluster.route(req).submit(req)

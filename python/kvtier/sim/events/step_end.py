@@ -9,16 +9,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvtier.radix import Tier
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
-from kvtier.sim.core import EventKind
-from kvtier.sim.cost import PrefillChunk
+from kvtier.sim.core import EventKind, EventLoop
+from kvtier.sim.cost import CostModel, PrefillChunk
+from kvtier.sim.metrics import Metrics
 from kvtier.sim.state import SimRequest
 
-if TYPE_CHECKING:
-    from kvtier.sim.engine import Engine
+
+class StepEngine(Protocol):
+    """What a step reads and calls of the engine that planned it (:class:`kvtier.sim.engine.Engine`),
+    so that this module sits below the engine that imports it."""
+
+    @property
+    def loop(self) -> EventLoop: ...
+    @property
+    def cost(self) -> CostModel: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def on_prefill_done(self) -> Callable[[SimRequest], None] | None: ...
+    def start_load_transfers(
+        self, load: LoadOrder, blocks: list[tuple[int, Tier]], done: Callable[[], None]
+    ) -> None: ...
+    def land_load(
+        self, r: SimRequest, start_block: int, blocks: list[tuple[int, Tier]], epoch: int
+    ) -> bool: ...
+    def commit_prefix(self, r: SimRequest) -> None: ...
+    def finish(self, r: SimRequest) -> None: ...
+    def end_step(self, step: Step) -> None: ...
 
 
 @dataclass(eq=False)
@@ -33,7 +54,7 @@ class _Load:
 
 @dataclass(eq=False)
 class Step:
-    engine: Engine
+    engine: StepEngine
     start_s: float
     compute_s: float = 0.0
     prefill_chunks: list[PrefillChunk] = field(default_factory=list)
@@ -89,7 +110,7 @@ class Step:
         engine.loop.schedule(end, EventKind.STEP_END, lambda: engine.end_step(self))
 
 
-def finish_step(engine: Engine, step: Step) -> None:
+def finish_step(engine: StepEngine, step: Step) -> None:
     now = engine.loop.now_s
     metrics = engine.metrics
     metrics.steps += 1
