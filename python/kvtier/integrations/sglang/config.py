@@ -1,0 +1,158 @@
+"""The backend's settings, read from SGLang's `--hicache-storage-backend-extra-config` (no SGLang or
+torch import here).
+
+The extra config holds SGLang's own keys (`backend_name`, `module_path`, `class_name`,
+`interface_v1`, ...: taken by SGLang, ignored here), `StoreConfig` fields, or `config_file` naming
+a kvtier YAML file of them. SGLang decides the geometry (from its host KV pool) and the rank, so
+those keys are refused. Every bad key or value is a `ConfigError` naming it, raised when SGLang
+constructs the backend, before any page moves.
+
+The namespace keeps apart what must never be read across: the model (SGLang's model name, or a
+`model_id` given here), the TP size and rank, the pipeline stage, the context-parallel rank and
+the host pool's layout and dtype. MLA KV is the same on every TP rank, so MLA pages leave out the
+TP rank and size: one copy serves every rank (shared through an SSD copy or the remote tier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.config import StoreConfig
+from kvtier.errors import ConfigError
+from kvtier.geometry import Geometry
+from kvtier.integrations._config import store_fields
+
+SOURCE = "hicache-storage-backend-extra-config"
+# Keys SGLang reads (or adds) in the same extra config; they are not the backend's.
+SGLANG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "file_storage_path",
+        "prefetch_threshold",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+        "hicache_storage_pass_prefix_keys",
+    }
+)
+# The backend's own options, beside the StoreConfig fields.
+BACKEND_DEFAULTS: dict[str, Any] = {
+    "config_file": None,  # a kvtier YAML file of StoreConfig fields (merged under inline fields)
+}
+# Decided by SGLang, not by the user.
+FROM_ENGINE = ("geometry", "rank")
+# A stand-in geometry that lets every other field be validated before SGLang's pool is known.
+_PROBE_GEOMETRY = Geometry(1, 1, 1, "bf16", 1)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Where this backend sits in SGLang's parallel layout (from `HiCacheStorageConfig`)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    is_mla: bool = False
+
+    def __post_init__(self) -> None:
+        for rank, size in (("tp_rank", "tp_size"), ("pp_rank", "pp_size"), ("cp_rank", "cp_size")):
+            r, s = getattr(self, rank), getattr(self, size)
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (r, s))
+            if not ok or not 0 <= r < s:
+                raise ConfigError(f"SGLang gave {rank}={r!r}, {size}={s!r}; expected 0 <= {rank} < {size}")
+
+    @property
+    def namespace_rank(self) -> int:
+        """The namespace's rank: this TP rank's shard, or 0 for MLA (every rank holds the same KV)."""
+        return 0 if self.is_mla else self.tp_rank
+
+    @property
+    def directory_name(self) -> str:
+        """A per-process SSD subdirectory when SGLang runs several ranks (an SSD pool has one owner)."""
+        if (self.tp_size, self.pp_size, self.cp_size) == (1, 1, 1):
+            return ""
+        return f"tp{self.tp_rank}of{self.tp_size}-pp{self.pp_rank}of{self.pp_size}-cp{self.cp_rank}of{self.cp_size}"
+
+
+def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str) -> str:
+    """The namespace's model id: another model, TP split (except MLA), pipeline stage,
+    context-parallel rank or host layout never matches."""
+    tp = "mla" if parallel.is_mla else str(parallel.tp_size)
+    out = f"sglang|{model}|tp={tp}|layout={layout_tag}"
+    if parallel.pp_size > 1:
+        out += f"|pp={parallel.pp_rank}/{parallel.pp_size}"
+    if parallel.cp_size > 1:
+        out += f"|cp={parallel.cp_rank}/{parallel.cp_size}"
+    return out
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    store_fields: dict[str, Any]
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> BackendSettings:
+        """Validates every field now (against a stand-in geometry): a bad key or value is a
+        `ConfigError` naming it when SGLang constructs the backend."""
+        if extra is not None and not isinstance(extra, Mapping):
+            raise ConfigError(f"{SOURCE} is {type(extra).__name__}; expected a JSON object")
+        rest = {k: v for k, v in (extra or {}).items() if k not in SGLANG_KEYS}
+        options = {k: rest.pop(k, v) for k, v in BACKEND_DEFAULTS.items()}
+        fields = store_fields(
+            rest,
+            options["config_file"],
+            source=SOURCE,
+            engine="SGLang",
+            from_engine=FROM_ENGINE,
+            option_names=[*BACKEND_DEFAULTS, *sorted(SGLANG_KEYS)],
+            options_label="backend or SGLang keys",
+        )
+        model = fields.get("model_id")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise ConfigError(f"`model_id` is {model!r}; expected a non-empty string")
+        settings = cls(store_fields=fields)
+        settings.store_config(_PROBE_GEOMETRY, "probe-model", Parallelism(), "probe", probe=True)
+        return settings
+
+    def store_config(
+        self,
+        geometry: Geometry,
+        model: str | None,
+        parallel: Parallelism,
+        layout_tag: str,
+        *,
+        probe: bool = False,
+    ) -> StoreConfig:
+        """The StoreConfig of one backend. A user `model_id` stands for SGLang's model name (to
+        share KV between two paths of the same weights); the parallel layout and the host layout
+        stay in the id. With several ranks, each opens its own subdirectory of `ssd_directory`."""
+        fields = dict(self.store_fields)
+        user_model = fields.pop("model_id", None)
+        name = user_model or model
+        if not name:
+            raise ConfigError(f"SGLang gave no model name; set `model_id` in the {SOURCE}")
+        fields["geometry"] = geometry.to_dict()
+        fields["model_id"] = namespace_model_id(name, parallel, layout_tag)
+        fields["rank"] = parallel.namespace_rank
+        directory = fields.get("ssd_directory")
+        if directory is not None and parallel.directory_name and not probe:
+            if not isinstance(directory, str | Path):
+                raise ConfigError(f"`ssd_directory` is {directory!r}; expected a directory path or None")
+            sub = Path(directory) / parallel.directory_name
+            try:
+                sub.mkdir(exist_ok=True)  # the parent must exist: a mistyped path is not created
+            except OSError as e:
+                raise ConfigError(
+                    f"`ssd_directory` {str(directory)!r}: cannot create this rank's subdirectory "
+                    f"{sub.name!r}: {e.strerror or e}; expected an existing, writable directory"
+                ) from None
+            fields["ssd_directory"] = str(sub)
+        return StoreConfig.from_dict(fields)

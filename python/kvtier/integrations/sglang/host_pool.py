@@ -1,0 +1,206 @@
+"""SGLang's host KV pool (`HostKVCache`, the L2 tier) as kvtier pages: torch, no SGLang import.
+
+A kvtier object is one SGLang page: exactly the bytes of ``host_pool.get_data_page(index,
+flat=True)``, so the zero-copy calls (``batch_get_v1``/``batch_set_v1``, straight between the
+store and the pool) and the tensor calls (``get``/``set`` with flat pages) read and write the
+same objects. In every supported layout a page is a few contiguous runs of the pool's buffer:
+
+======================  ==================================  ===============================
+host pool, layout       ``kv_buffer`` shape                 runs of one page (object order)
+======================  ==================================  ===============================
+MHA layer_first         (2, layers, tokens, heads, dim)     K of layer 0..L-1, V of 0..L-1
+MHA page_first          (2, tokens, layers, heads, dim)     K, V
+MHA page_first_direct   (2, pages, layers, page, heads, d)  K, V
+MHA page_head           (2, pages, heads, page, layers, d)  K, V
+MLA layer_first         (layers, tokens, 1, latent)         layer 0..L-1
+MLA page_first          (tokens, layers, 1, latent)         one run
+MLA page_first_direct   (pages, layers, page, 1, latent)    one run
+======================  ==================================  ===============================
+
+The byte order differs between layouts, so the layout (and dtype) is part of the namespace: a
+page written under one layout is never read under another. Each run is a region of a kvtier
+:class:`~kvtier.layout.PagedPool` (first axis: page id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvtier.errors import BufferError, LayoutError
+from kvtier.geometry import ExtraGroup, Geometry
+from kvtier.layout import PagedPool
+
+# torch dtypes of SGLang host pools -> kvtier's names (uint8 holds fp8 KV in SGLang's pools).
+DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.float8_e4m3fn: "fp8_e4m3",
+    torch.float8_e5m2: "fp8_e5m2",
+    torch.uint8: "fp8_e4m3",
+}
+# Host pool classes by kind; subclasses with other buffers (K-only, asymmetric, mxfp8) are refused.
+KINDS = {"MHATokenToKVPoolHost": "mha", "MLATokenToKVPoolHost": "mla"}
+# (kind, layout) -> (axis of kv_buffer that indexes tokens or pages, whether it counts tokens).
+PAGE_AXIS = {
+    ("mha", "layer_first"): (2, True),
+    ("mha", "page_first"): (1, True),
+    ("mha", "page_first_direct"): (1, False),
+    ("mha", "page_head"): (1, False),
+    ("mla", "layer_first"): (1, True),
+    ("mla", "page_first"): (0, True),
+    ("mla", "page_first_direct"): (0, False),
+}
+
+
+def _expected_shape(kind: str, layout: str, pool: Any) -> tuple[int, ...]:
+    n, size, ps, layers = pool.page_num, pool.size, pool.page_size, pool.layer_num
+    if kind == "mha":
+        h, d = pool.head_num, pool.head_dim
+        return {
+            "layer_first": (2, layers, size, h, d),
+            "page_first": (2, size, layers, h, d),
+            "page_first_direct": (2, n, layers, ps, h, d),
+            "page_head": (2, n, h, ps, layers, d),
+        }[layout]
+    dim = pool.kv_cache_dim
+    return {
+        "layer_first": (layers, size, 1, dim),
+        "page_first": (size, layers, 1, dim),
+        "page_first_direct": (n, layers, ps, 1, dim),
+    }[layout]
+
+
+def _geometry(kind: str, pool: Any, dtype: str, page_bytes: int) -> Geometry:
+    """A kvtier geometry whose block is exactly one page (``page_bytes``)."""
+    layers, ps = pool.layer_num, pool.page_size
+    if kind == "mha":
+        geometry = Geometry(layers, pool.head_num, pool.head_dim, dtype, ps)
+    elif pool.kv_cache_dim % 2 == 0:  # MLA's latent row, split evenly into "K" and "V" halves
+        geometry = Geometry(layers, 1, pool.kv_cache_dim // 2, dtype, ps)
+    else:  # an odd latent: 1 element each as "K" and "V", the rest as an extra group
+        rest = layers * (pool.kv_cache_dim - 2) * pool.dtype.itemsize
+        geometry = Geometry(layers, 1, 1, dtype, ps, (ExtraGroup("mla_latent", rest),))
+    if geometry.block_bytes != page_bytes:
+        raise LayoutError(
+            f"kvtier block of {geometry} is {geometry.block_bytes} bytes; a page is {page_bytes}"
+        )
+    return geometry
+
+
+@dataclass(frozen=True)
+class HostPages:
+    """Views of one SGLang host pool, page by page (zero copy), and the geometry of a page."""
+
+    pool: PagedPool
+    geometry: Geometry
+    layout_tag: str
+    is_mla: bool
+    page_size: int
+    num_pages: int
+    page_bytes: int
+    dtype: torch.dtype
+
+    @classmethod
+    def from_host_pool(cls, host_pool: Any) -> HostPages:
+        """Refuses (LayoutError) any pool whose page is not one of the layouts in the module docs."""
+        name = type(host_pool).__name__
+        kind = KINDS.get(name)
+        layout = str(getattr(host_pool, "layout", None))
+        if kind is None or (kind, layout) not in PAGE_AXIS:
+            supported = sorted(f"{c} {lay}" for c, k in KINDS.items() for (k2, lay) in PAGE_AXIS if k == k2)
+            raise LayoutError(
+                f"kvtier cannot store pages of a {name} with layout {layout!r}; supported: {supported}"
+            )
+        if getattr(host_pool, "dcp_size", 1) != 1:
+            raise LayoutError(
+                f"{name} has dcp_size={host_pool.dcp_size}; kvtier stores pages without DCP only"
+            )
+        buffer = getattr(host_pool, "kv_buffer", None)
+        if not isinstance(buffer, torch.Tensor):
+            raise LayoutError(f"{name}.kv_buffer is {type(buffer).__name__}; expected the pool's tensor")
+        if buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise BufferError(
+                f"{name}.kv_buffer is on {buffer.device}, contiguous={buffer.is_contiguous()}; expected a contiguous host tensor"
+            )
+        if buffer.dtype not in DTYPES:
+            raise LayoutError(f"{name} holds {buffer.dtype}; kvtier stores {sorted(str(d) for d in DTYPES)}")
+        expected = _expected_shape(kind, layout, host_pool)
+        if tuple(buffer.shape) != expected:
+            raise LayoutError(f"{name} ({layout}) kv_buffer is {tuple(buffer.shape)}; expected {expected}")
+        axis, counts_tokens = PAGE_AXIS[(kind, layout)]
+        num_pages, page_size = int(host_pool.page_num), int(host_pool.page_size)
+        if counts_tokens and buffer.shape[axis] != num_pages * page_size:
+            raise LayoutError(
+                f"{name} has {buffer.shape[axis]} token rows; expected {num_pages} pages x {page_size}"
+            )
+        raw = buffer.view(torch.uint8).numpy()  # the pool's own memory, as bytes
+        runs = int(np.prod(buffer.shape[:axis], dtype=np.int64))
+        by_page = raw.reshape(runs, num_pages, -1)
+        pool = PagedPool([[by_page[i]] for i in range(runs)])
+        page_bytes = pool.block_bytes
+        if page_bytes != host_pool.get_size_per_token() * page_size:
+            raise LayoutError(
+                f"{name} pages are {host_pool.get_size_per_token()} x {page_size} bytes; runs hold {page_bytes}"
+            )
+        dtype = DTYPES[buffer.dtype]
+        return cls(
+            pool=pool,
+            geometry=_geometry(kind, host_pool, dtype, page_bytes),
+            layout_tag=f"{kind}-{layout}-{str(buffer.dtype).removeprefix('torch.')}",
+            is_mla=kind == "mla",
+            page_size=page_size,
+            num_pages=num_pages,
+            page_bytes=page_bytes,
+            dtype=buffer.dtype,
+        )
+
+    def page_ids(self, host_indices: Any, count: int) -> npt.NDArray[np.int64]:
+        """The pool pages of ``count`` pages of token slots ``host_indices`` (SGLang hands whole,
+        aligned pages: ``count * page_size`` slots). LayoutError for anything else."""
+        if not isinstance(host_indices, torch.Tensor):
+            raise LayoutError(
+                f"host_indices is {type(host_indices).__name__}; expected a torch tensor of slots"
+            )
+        if (
+            host_indices.dtype.is_floating_point
+            or host_indices.dtype == torch.bool
+            or host_indices.is_complex()
+        ):
+            raise LayoutError(f"host_indices have dtype {host_indices.dtype}; expected integer slots")
+        if host_indices.ndim != 1 or host_indices.numel() != count * self.page_size:
+            raise LayoutError(
+                f"host_indices have shape {tuple(host_indices.shape)}; expected ({count * self.page_size},): "
+                f"{count} pages of {self.page_size} slots"
+            )
+        slots = host_indices.detach().to("cpu", torch.int64).reshape(count, self.page_size)
+        first = slots[:, 0]
+        if count and (int(first.min()) < 0 or int(first.max()) >= self.num_pages * self.page_size):
+            raise LayoutError(f"host_indices reach past the pool's {self.num_pages * self.page_size} slots")
+        offsets = torch.arange(self.page_size, dtype=torch.int64)
+        if bool((first % self.page_size != 0).any()) or not torch.equal(slots, first[:, None] + offsets):
+            raise LayoutError(f"host_indices are not whole, aligned pages of {self.page_size} slots")
+        ids: npt.NDArray[np.int64] = (first // self.page_size).numpy()
+        return ids
+
+    def page_view(self, tensor: Any, what: str) -> npt.NDArray[np.uint8]:
+        """A flat page tensor (``get_data_page(i, flat=True)`` or a dummy page) as a ``(1,
+        page_bytes)`` uint8 view of its memory; BufferError unless it is exactly one page."""
+        if not isinstance(tensor, torch.Tensor):
+            raise BufferError(f"{what} is {type(tensor).__name__}; expected a torch tensor of one page")
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise BufferError(
+                f"{what} is on {tensor.device}, contiguous={tensor.is_contiguous()}; expected a contiguous CPU tensor"
+            )
+        if tensor.dtype != self.dtype or tensor.numel() * tensor.element_size() != self.page_bytes:
+            raise BufferError(
+                f"{what} is {tensor.dtype} {tuple(tensor.shape)}; expected one page of {self.dtype}, "
+                f"{self.page_bytes} bytes"
+            )
+        view: npt.NDArray[np.uint8] = tensor.reshape(-1).view(torch.uint8).numpy()
+        return view.reshape(1, self.page_bytes)

@@ -1,0 +1,58 @@
+"""A second process sees the pages the first one stored, through the SSD tier (after the first
+exits) and through Redis (shared), with SGLang's own host pool on both sides."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hicache_helpers import backend, fill, host_pool, page_bytes, page_keys
+
+from kvtier.remote import LocalRedis
+
+HERE = Path(__file__).resolve().parent
+
+WRITER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from hicache_helpers import backend, fill, host_pool, page_keys
+extra = json.loads(sys.argv[2])
+pool = host_pool("mha", "page_first")
+made = backend(pool, extra, model="two-processes")
+done = made.batch_set_v1(page_keys("proc", 8), fill(pool, 8, seed=11))
+made.close()
+print("STORED", sum(done))
+"""
+
+
+@pytest.mark.parametrize("tier", ["ssd", "redis"])
+def test_a_second_process_sees_the_first_ones_pages(tier: str, tmp_path: Path, redis: LocalRedis) -> None:
+    extra: dict[str, Any] = {"dram_capacity_bytes": "1MiB"}
+    if tier == "ssd":
+        extra |= {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "4MiB", "ssd_probe_bytes": 0}
+        extra["ssd_write_through"] = True
+    else:
+        extra["remote_urls"] = [redis.url]
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER, str(HERE), json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "STORED 8" in proc.stdout, proc.stderr[-4000:]
+    # This process: the same pages, written here again into a scratch pool, are the expectation.
+    scratch = host_pool("mha", "page_first")
+    expected_slots = fill(scratch, 8, seed=11)
+    expected = [page_bytes(scratch, expected_slots, i) for i in range(8)]
+    pool = host_pool("mha", "page_first")
+    reader = backend(pool, extra, model="two-processes")
+    keys = page_keys("proc", 8)
+    assert reader.batch_exists(keys) == 8
+    into = pool.alloc(8 * pool.page_size)
+    assert reader.batch_get_v1(keys, into) == [True] * 8
+    assert [page_bytes(pool, into, i) for i in range(8)] == expected
+    assert reader.get_stats().kvtier["put_blocks"] == 0
