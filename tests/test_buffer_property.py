@@ -1425,7 +1425,7 @@ def run_children(names: list[str], env: dict[str, str]) -> dict[str, dict[str, s
 
 @contextlib.contextmanager
 def _redis(tmp: Path) -> Iterator[str | None]:
-    from kvtier.remote import LocalRedis, server_binaries
+    from kvtier.testing.redis import LocalRedis, server_binaries
 
     try:
         server_binaries()

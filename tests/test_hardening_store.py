@@ -17,7 +17,7 @@ import pytest
 import kvtier
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKeys
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 
 GEOMETRY = kvtier.Geometry(2, 2, 64, "fp16", 16)  # 16 KiB blocks: whole pages
 BLOCK = GEOMETRY.block_bytes

@@ -23,6 +23,9 @@ The rules:
     engine integrations (``kvtier.integrations``) or the front ends above it (``kvtier.bench``,
     ``kvtier.cli``): the engine is validated *against* the simulator (``kvtier.engine.calibrate``,
     ``kvtier.engine.validate`` import ``kvtier.sim``), never the other way round.
+(d) ``kvtier.testing`` (loopback servers for tests, issue 18) is scaffolding, not product: only
+    :data:`TESTING_IMPORTERS` (the benchmarks and the demo, which start a throw-away server when
+    given none) import it, and it imports no other kvtier module.
 
 :data:`ALLOWED_EDGES` lists the known exceptions, each with its issue and what removes it; an entry
 that no longer matches an import fails too, so the list only shrinks.
@@ -41,6 +44,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "python"
 EXTENSIONS = ("kvtier._core",)  # compiled modules: no source to parse, nothing they import counts
 BASICS = frozenset({"kvtier.errors", "kvtier.geometry", "kvtier.keys"})
 SIM_FORBIDDEN = ("kvtier.engine", "kvtier.integrations", "kvtier.bench", "kvtier.cli")
+TESTING = "kvtier.testing"
+TESTING_IMPORTERS = ("kvtier.bench", "kvtier.engine.replay")
 
 #: (importer, imported) -> why it is still there and what removes it. Each entry is left out of the
 #: graph for every rule below; any cycle or layer break that does not need it still fails.
@@ -293,3 +298,22 @@ def test_the_simulator_does_not_import_the_engine(graph: Graph) -> None:
         if any(in_package(imported, p) for p in SIM_FORBIDDEN)
     ]
     assert not bad, "kvtier.sim must not import " + ", ".join(SIM_FORBIDDEN) + ":\n" + "\n".join(bad)
+
+
+def test_only_benchmarks_and_the_demo_import_the_test_harness(graph: Graph) -> None:
+    edges = [
+        (importer, imported, line)
+        for importer, out in without_allowed(graph).items()
+        for imported, line in out.items()
+        if in_package(imported, TESTING) != in_package(importer, TESTING)
+    ]
+    bad = [
+        f"{importer} imports {imported} (line {line})"
+        for importer, imported, line in edges
+        if in_package(importer, TESTING) or not any(in_package(importer, p) for p in TESTING_IMPORTERS)
+    ]
+    assert not bad, (
+        f"{TESTING} is imported only by {', '.join(TESTING_IMPORTERS)} and imports no kvtier module:\n"
+        + "\n".join(bad)
+    )
+    assert any(in_package(imported, TESTING) for _, imported, _ in edges)  # the rule sees real imports

@@ -343,7 +343,7 @@ def test_a_second_engine_process_hits_the_first_ones_ssd_cache(tmp_path: Path) -
 def test_a_second_engine_process_hits_the_first_ones_remote_cache(tmp_path: Path) -> None:
     """Two `kvtier generate` processes sharing one loopback Redis (no shared disk): the second loads
     the first one's prompt KV from the server (its DRAM is empty) and answers with the same tokens."""
-    from kvtier.remote import LocalRedis
+    from kvtier.testing.redis import LocalRedis
 
     server = LocalRedis(tmp_path).start()
     try:

@@ -11,8 +11,8 @@ import pytest
 
 from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, llm_store_config
 from kvtier.engine.hierarchy import TransferEngineKvTransfer
-from kvtier.remote import LocalRedis
 from kvtier.store import Store
+from kvtier.testing.redis import LocalRedis
 
 BLOCK_BYTES = 30 * 2 * 16 * 3 * 64 * 4
 OBJECT_BYTES = -(-(64 + BLOCK_BYTES) // 4096) * 4096

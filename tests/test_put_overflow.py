@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 
 GEOMETRY = kvtier.Geometry(2, 2, 16, "fp16", 8)  # 2 KiB blocks: one 4 KiB DRAM page each
 DRAM_BLOCKS = 3
@@ -93,7 +93,7 @@ def test_remote_write_through_takes_everything_dram_cannot(redis: LocalRedis) ->
 def test_a_refusal_is_reported_when_the_server_is_down(tmp_path: Path) -> None:
     """Remote write-through to a server that is not there: the blocks DRAM had no room for are
     in no tier, and the report says so (no claimed write)."""
-    from kvtier.remote import free_port
+    from kvtier.testing.redis import free_port
 
     store = make(remote_urls=[f"redis://127.0.0.1:{free_port()}"], remote_connect_timeout_s=0.2)
     keys, objects = batch(store)

@@ -18,7 +18,8 @@ import pytest
 import kvtier
 from kvtier import _core
 from kvtier.errors import ConfigError
-from kvtier.remote import LocalRedis, RemotePool, free_port
+from kvtier.remote import RemotePool
+from kvtier.testing.redis import LocalRedis, free_port
 
 GEOMETRY = kvtier.Geometry(2, 2, 8, "fp16", 4)  # 512-byte blocks
 TOKENS = np.arange(64, dtype=np.uint32)  # 16 blocks

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier.remote import LocalCluster, RemotePool
+from kvtier.remote import RemotePool
+from kvtier.testing.redis import LocalCluster
 
 GEOMETRY = kvtier.Geometry(2, 2, 8, "fp16", 4)  # 512-byte blocks
 TOKENS = np.arange(256, dtype=np.uint32)  # 64 blocks: spread over all three masters

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.remote import LocalCluster, LocalRedis, free_port
+from kvtier.testing.redis import LocalCluster, LocalRedis, free_port
 
 
 def ephemeral_range() -> tuple[int, int]:

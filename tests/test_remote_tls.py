@@ -14,7 +14,7 @@ import pytest
 
 import kvtier
 from kvtier.errors import ConfigError
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 
 GEOMETRY = kvtier.Geometry(2, 2, 8, "fp16", 4)
 TOKENS = np.arange(64, dtype=np.uint32)

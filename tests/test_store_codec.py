@@ -22,7 +22,7 @@ from kvtier.bench.codec import FIXTURE, load_blocks
 from kvtier.bench.codec import GEOMETRY as KV_GEOMETRY
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKeys
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 
 # 4 layers x 2 heads x 64 dims x 16 tokens, fp16: 32 KiB blocks. (quant with CacheGen's bins needs
 # at least 3 layers to fit half the fp16 size: layers 0-1 take 32 bins, 8-bit codes.)

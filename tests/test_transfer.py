@@ -15,7 +15,7 @@ import kvtier
 from kvtier import layout
 from kvtier.errors import BufferError, ConfigError, NamespaceError
 from kvtier.keys import BlockKeys
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 from kvtier.transfer import (
     DuplexEngine,
     TransferConfig,

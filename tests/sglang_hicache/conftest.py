@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 
 HERE = Path(__file__).resolve().parent
 

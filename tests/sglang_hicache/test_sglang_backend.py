@@ -25,7 +25,8 @@ from sglang.srt.observability.metrics_collector import StorageMetrics
 
 from kvtier.errors import BufferError, ConfigError, LayoutError
 from kvtier.integrations.sglang import KvtierHiCacheStorage
-from kvtier.remote import LocalRedis, RemotePool
+from kvtier.remote import RemotePool
+from kvtier.testing.redis import LocalRedis
 
 DRAM = {"dram_capacity_bytes": "4MiB"}
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hicache_helpers import backend, fill, host_pool, page_bytes, page_keys
 
-from kvtier.remote import LocalRedis
+from kvtier.testing.redis import LocalRedis
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvtier.remote import LocalRedis, command
+from kvtier.testing.redis import LocalRedis, command
 
 BLOCK = 128
 STORY = (
@@ -77,6 +77,8 @@ def test_dram_hits_in_multiprocess_vllm_are_token_identical(vllm_run: Any, tmp_p
     assert worker["lookups"] >= 3, worker  # answered in the worker process, over the socket
     assert worker["loaded_blocks"] >= 2 * second["cached"] // BLOCK, worker
     assert worker["load_error_blocks"] == 0, worker
+    # `layerwise: "auto"` on a CPU KV cache: loads finish in start_load_kv (no layerwise job).
+    assert worker["synchronous_jobs"] >= 2 and worker.get("layerwise_jobs", 0) == 0, worker
 
 
 def test_ssd_pool_is_shared_by_two_vllm_processes_and_corruption_is_recomputed(
@@ -89,6 +91,7 @@ def test_ssd_pool_is_shared_by_two_vllm_processes_and_corruption_is_recomputed(
         "ssd_directory": str(pool),
         "ssd_capacity_bytes": "512MiB",
         "ssd_write_through": True,
+        "layerwise": True,  # the layerwise path under a real forward, corruption included
     }
     a = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
     stored = only(a, 0)
@@ -108,6 +111,35 @@ def test_ssd_pool_is_shared_by_two_vllm_processes_and_corruption_is_recomputed(
     assert again["token_ids"] == stored["token_ids"]  # recomputed, never wrong KV
     assert c["stats"]["load_error_blocks"] > 0, c["stats"]
     assert c["stats"]["store"]["checksum_failures"] > 0, c["stats"]
+    assert c["stats"]["layerwise_jobs"] > 0 and c["stats"].get("synchronous_jobs", 0) == 0, c["stats"]
+
+
+def test_async_loads_between_steps_hit_and_corruption_is_recomputed(vllm_run: Any, tmp_path: Path) -> None:
+    """`load_async`: the request waits in WAITING_FOR_REMOTE_KVS while kvtier loads between steps;
+    the hit is token-identical, and a corrupted block is recomputed through vLLM's async path."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    connector = {
+        "dram_capacity_bytes": "256MiB",
+        "ssd_directory": str(pool),
+        "ssd_capacity_bytes": "512MiB",
+        "ssd_write_through": True,
+        "load_async": True,
+    }
+    a = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+    stored = only(a, 0)
+    b = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+    hit = only(b, 0)
+    assert hit["cached"] == expected_cached(hit["prompt_tokens"]) > 0
+    assert hit["token_ids"] == stored["token_ids"]
+    assert b["stats"]["async_jobs"] >= 1 and b["stats"].get("synchronous_jobs", 0) == 0, b["stats"]
+    assert b["stats"]["loaded_blocks"] == hit["cached"] // BLOCK, b["stats"]
+
+    assert flip_ssd_pool(pool) > 0
+    c = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
+    again = only(c, 0)
+    assert again["token_ids"] == stored["token_ids"]  # recomputed, never wrong KV
+    assert c["stats"]["load_error_blocks"] > 0 and c["stats"]["async_jobs"] >= 1, c["stats"]
 
 
 def test_redis_producer_feeds_a_consumer_and_corruption_is_recomputed(vllm_run: Any, tmp_path: Path) -> None:

@@ -144,7 +144,7 @@ def ttft(
 
 def _start_redis() -> Any:
     """A loopback ``redis-server`` for the remote figure, or None when none is installed."""
-    from kvtier.remote import LocalRedis
+    from kvtier.testing.redis import LocalRedis
 
     try:
         return LocalRedis(tempfile.mkdtemp(prefix="kvtier-bench-engine-redis-")).start()

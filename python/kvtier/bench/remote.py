@@ -28,7 +28,8 @@ import numpy.typing as npt
 
 import kvtier
 from kvtier.errors import KvtierError
-from kvtier.remote import LocalCluster, LocalRedis, RemotePool, check_url
+from kvtier.remote import RemotePool, check_url
+from kvtier.testing.redis import LocalCluster, LocalRedis
 
 NS = bytes(range(16))
 OBJECT_BYTES = 4 * 2**20

@@ -77,7 +77,7 @@ def run(
     dtype: str = "float32",
     progress: bool = True,
 ) -> dict[str, Any]:
-    from kvtier.remote import LocalRedis
+    from kvtier.testing.redis import LocalRedis
 
     model = venv / "models" / "smollm2-135m-instruct"
     if not (model / "config.json").exists():

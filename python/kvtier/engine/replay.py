@@ -127,7 +127,7 @@ def run(
         model, tokenizer = load()
     server = None
     if "remote" in setups:  # a loopback server started and stopped here; skipped when none is installed
-        from kvtier.remote import LocalRedis
+        from kvtier.testing.redis import LocalRedis
 
         try:
             server = LocalRedis(tempfile.mkdtemp(prefix="kvtier-demo-redis-")).start()
