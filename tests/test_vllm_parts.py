@@ -47,6 +47,20 @@ def test_settings_name_every_bad_key() -> None:
         geometry_for(2, 2, 8, "fp8_e4m3", 16)
 
 
+def test_layerwise_auto_follows_the_kv_cache_device_and_a_store_default_differs() -> None:
+    auto = ConnectorSettings.from_extra_config({})
+    assert auto.resolve_layerwise("cpu") is False and auto.resolve_layerwise("cuda") is True
+    forced = ConnectorSettings.from_extra_config({"layerwise": True})
+    assert forced.resolve_layerwise("cpu") is True
+    assert ConnectorSettings.from_extra_config({"layerwise": False}).resolve_layerwise("cuda") is False
+    with pytest.raises(ConfigError, match="layerwise"):
+        ConnectorSettings.from_extra_config({"layerwise": "yes"})
+    # Inside vLLM the DRAM tier is prefaulted unless the user says otherwise.
+    assert auto.store_config(GEOMETRY, "m", None, "", 1, "test", 0).dram_prefault is True
+    lazy = ConnectorSettings.from_extra_config({"dram_prefault": False})
+    assert lazy.store_config(GEOMETRY, "m", None, "", 1, "test", 0).dram_prefault is False
+
+
 def test_settings_from_a_yaml_file_with_inline_overrides(tmp_path: Path) -> None:
     f = tmp_path / "kvtier.yaml"
     f.write_text("store:\n  dram_capacity_bytes: 64MiB\n  eviction: lru\n")
@@ -167,6 +181,51 @@ def test_missing_blocks_are_load_errors_and_drop_that_requests_saves() -> None:
         for layer in range(LAYERS):
             np.testing.assert_array_equal(layers[layer][5], layers[layer][3])  # the good blocks did load
     finally:
+        w.close()
+
+
+def test_async_loads_are_reported_finished_with_their_errors_in_the_same_pass() -> None:
+    """`load_async`: a load for a request outside the forward; get_finished reports it, and its
+    failed blocks are load errors no later than that same pass (vLLM's contract)."""
+    import threading
+
+    layers = cpu_cache(7)
+    w = make_worker(layers)
+    gate = threading.Event()
+    load_into_pool = w.store.load_into_pool
+
+    def slow_load(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(10)
+        return load_into_pool(*args, **kwargs)
+
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
+        w.drain()
+        w.store.load_into_pool = slow_load  # type: ignore[method-assign]
+        # Blocks 0-1 are stored, 2-3 are not: the load ends with two failed blocks.
+        w.start_async_loads([LoadSpec("r2", tokens_bytes(4 * BS), b"", 0, [5, 6, 7, 9])])
+        w.start_loads([], layerwise=True)  # a step's own (empty) loads do not wait for it
+        w.wait_layer(None)
+        assert w.finished_async_loads() == set() and w.take_load_errors() == set()  # still running
+        gate.set()
+        deadline = time.monotonic() + 10
+        done: set[str] = set()
+        while not done and time.monotonic() < deadline:
+            done = w.finished_async_loads()
+            time.sleep(0.01)
+        assert done == {"r2"}
+        assert w.take_load_errors() == {7, 9}  # read after get_finished, in the same pass
+        assert w.finished_async_loads() == set()  # reported once
+        for layer in range(LAYERS):
+            np.testing.assert_array_equal(layers[layer][5], layers[layer][3])
+            np.testing.assert_array_equal(layers[layer][6], layers[layer][1])
+        # Another request's saves in a later step are not dropped for an async load's failure.
+        w.submit_saves([SaveSpec("r3", tokens_bytes(3 * BS), b"z", 0, [0, 2, 4])])
+        w.drain()
+        assert w.counters.get("saves_dropped_after_load_error", 0) == 0
+        assert w.counters["async_jobs"] == 1
+    finally:
+        gate.set()
         w.close()
 
 

@@ -24,7 +24,13 @@ from kvtier.integrations._config import store_fields
 CONNECTOR_DEFAULTS: dict[str, Any] = {
     "config_file": None,  # a kvtier YAML file of StoreConfig fields (merged under inline fields)
     "lookup_timeout_s": 5.0,  # scheduler -> worker lookup round trip; past it the lookup is a miss
-    "layerwise": True,  # start_load_kv returns at once; each layer waits for its own blocks
+    # true: start_load_kv returns at once, each layer waits for its own blocks; false: loads finish
+    # in start_load_kv; "auto": layerwise where the KV cache is not in host memory (on a CPU engine
+    # the copy competes with the forward for the same cores: docs/benchmarks.md, 2026-11-26)
+    "layerwise": "auto",
+    # true: a hit is loaded between steps (vLLM's asynchronous load: the request waits in
+    # WAITING_FOR_REMOTE_KVS while the others keep running); false: within the step that needs it
+    "load_async": False,
     "load_failure_policy": "recompute",  # vLLM's kv_load_failure_policy: a failed block is recomputed
     "stats_file": None,  # the worker writes its counters here (JSON) after each step that moved them
 }
@@ -38,7 +44,8 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp1
 class ConnectorSettings:
     store_fields: dict[str, Any]
     lookup_timeout_s: float
-    layerwise: bool
+    layerwise: bool | None  # None: decided by where vLLM's KV cache lives (`resolve_layerwise`)
+    load_async: bool
     load_failure_policy: str
     stats_file: str | None
 
@@ -58,8 +65,10 @@ class ConnectorSettings:
         timeout = options["lookup_timeout_s"]
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 600:
             raise ConfigError(f"`lookup_timeout_s` is {timeout!r}; expected seconds in (0, 600]")
-        if not isinstance(options["layerwise"], bool):
-            raise ConfigError(f"`layerwise` is {options['layerwise']!r}; expected true or false")
+        if not isinstance(options["layerwise"], bool) and options["layerwise"] != "auto":
+            raise ConfigError(f'`layerwise` is {options["layerwise"]!r}; expected true, false or "auto"')
+        if not isinstance(options["load_async"], bool):
+            raise ConfigError(f"`load_async` is {options['load_async']!r}; expected true or false")
         if options["load_failure_policy"] not in ("recompute", "fail"):
             raise ConfigError(
                 f"`load_failure_policy` is {options['load_failure_policy']!r}; expected 'recompute' or 'fail'"
@@ -70,10 +79,15 @@ class ConnectorSettings:
         return cls(
             store_fields=fields,
             lookup_timeout_s=float(timeout),
-            layerwise=options["layerwise"],
+            layerwise=None if options["layerwise"] == "auto" else options["layerwise"],
+            load_async=options["load_async"],
             load_failure_policy=options["load_failure_policy"],
             stats_file=stats_file,
         )
+
+    def resolve_layerwise(self, device_type: str) -> bool:
+        """Whether loads are layerwise for a KV cache on `device_type` ("cpu", "cuda", ...)."""
+        return self.layerwise if self.layerwise is not None else device_type != "cpu"
 
     def store_config(
         self,

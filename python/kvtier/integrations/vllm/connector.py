@@ -45,6 +45,8 @@ class KvtierConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """Scheduler -> workers, once per step."""
 
     loads: list[LoadSpec] = field(default_factory=list)
+    #: Loads between steps (`load_async`): their requests are not in this step's forward.
+    async_loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     #: Requests were preempted this step: their blocks are freed without waiting for their saves,
     #: so the workers drain every queued save before the step overwrites them.
@@ -129,10 +131,12 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             ]
             self._reqs: dict[str, _Req] = {}
             self._hits: dict[str, int] = {}
+            self._async_loads: list[LoadSpec] = []  # planned at allocation, sent with the next meta
         else:
             self._worker: WorkerSide | None = None
             self._server: LookupServer | None = None
             self._layers: dict[str, int] = {}
+            self._layerwise = True  # until register_kv_caches sees where the KV cache lives
             self._stats_seen: dict[str, int] = {}
 
     # ================================================================ scheduler side
@@ -149,7 +153,8 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         extra = self._extra(request)
         hit = min(c.lookup(tokens, extra) for c in self._clients)
         self._hits[request.request_id] = hit
-        return max(0, hit * bs - num_computed_tokens), False
+        n = max(0, hit * bs - num_computed_tokens)
+        return n, self._settings.load_async and n > 0
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -167,10 +172,19 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 raise RuntimeError(
                     f"vLLM asked to load {num_external_tokens} tokens; kvtier offered {hit} blocks"
                 )
-            st.load = (hit - n, n)
+            if self._settings.load_async:
+                # The request waits outside the forward until the worker reports the load done
+                # (get_finished): its blocks are known now, so the load is planned now.
+                start = hit - n
+                ids = st.block_ids[start : start + n]
+                tokens = _tokens(st.request.all_token_ids, hit * self._block_size)
+                self._async_loads.append(LoadSpec(rid, tokens, st.extra, start, ids))
+            else:
+                st.load = (hit - n, n)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata(preempted=bool(scheduler_output.preempted_req_ids))
+        meta.async_loads, self._async_loads = self._async_loads, []
         scheduled = scheduler_output.num_scheduled_tokens
         for nr in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(nr.req_id)
@@ -193,9 +207,9 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _plan(self, st: _Req, computed: int, scheduled: int, meta: KvtierConnectorMetadata) -> None:
         bs = self._block_size
         rid = st.request.request_id
-        if computed < st.computed:
-            # vLLM rolled back (a failed load, a preemption): blocks past here are computed anew.
-            st.saved = min(st.saved, computed // bs)
+        # vLLM rolled back (a failed load, sync or async, a preemption): blocks past `computed` are
+        # computed anew, so they are saved again (a put of a present block is a no-op).
+        st.saved = min(st.saved, computed // bs)
         tokens = st.request.all_token_ids
         if st.load is not None:
             start, n = st.load
@@ -246,6 +260,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         paged = PagedKV(layers, layout)
         self._worker = WorkerSide(Store(config), paged, self._settings.stats_file)
         self._layers = {n: i for i, n in enumerate(names)}
+        self._layerwise = self._settings.resolve_layerwise(first.device.type)
         self._server = LookupServer(self._engine_id, rank, self._worker.lookup)
         log.info(
             "kvtier connector: %d layers, %d blocks of %d bytes, layout %s, rank %d",
@@ -258,8 +273,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
+        if self._worker is not None and meta.async_loads:
+            self._worker.start_async_loads(meta.async_loads)
         if self._worker is not None and meta.loads:
-            self._worker.start_loads(meta.loads, self._settings.layerwise)
+            self._worker.start_loads(meta.loads, self._layerwise)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:
@@ -281,12 +298,15 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._worker is None:
             return None, None
         done = self._worker.finished(finished_req_ids)
+        # Before get_block_ids_with_load_errors in the same pass: a finished async load's failed
+        # blocks move to the load errors here, so vLLM sees them no later than the finish.
+        loaded = self._worker.finished_async_loads()
         # Called every step, also while vLLM waits for delayed saves: the file stays current.
         counters = dict(self._worker.counters)
         if counters != self._stats_seen:
             self._stats_seen = counters
             self._worker.write_stats()
-        return (done or None), None
+        return (done or None), (loaded or None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return set() if self._worker is None else self._worker.take_load_errors()

@@ -8,7 +8,8 @@ Loads (`start_loads`) run on a thread: `Store.load_into_pool` copies each leased
 into vLLM's per-layer cache tensors (one copy from DRAM, no staging array), layer by layer,
 advancing a `LayerProgress`; `wait_layer(l)` returns (GIL released while it waits) as soon as
 layer l of every block is in place, so attention on the first layers overlaps the copy of the
-later ones. A block the store cannot give (evicted, checksum failure, server down) is a *load
+later ones. With `load_async`, a hit is loaded between steps instead (`start_async_loads`): the
+request sits outside the forward until `finished_async_loads` reports it to vLLM. A block the store cannot give (evicted, checksum failure, server down) is a *load
 error*: its vLLM block id (and those after it in the request) is reported so vLLM recomputes it
 and discards the step's output for that request, and the request's saves of that step are
 dropped (their KV was computed over the missing block). A checksum verdict comes after the last
@@ -91,6 +92,9 @@ class WorkerSide:
         self.counters: Counter[str] = Counter()  # ints, and float second totals (names ending in _s)
         self._lock = threading.Lock()
         self._job: _LoadJob | None = None
+        # Loads between steps (`load_async`): running, and done but not yet reported to vLLM.
+        self._async_running: list[_LoadJob] = []
+        self._async_done: list[_LoadJob] = []
         self._load_errors: set[int] = set()
         # Load failures of the current step, kept until its saves are planned (vLLM may ask for the
         # load errors first, with speculative decoding): read and cleared by submit_saves only.
@@ -146,6 +150,8 @@ class WorkerSide:
             return
         job = _LoadJob(specs, [LayerProgress() for _ in specs])
         self._job = job
+        with self._lock:
+            self.counters["layerwise_jobs" if layerwise else "synchronous_jobs"] += 1
         if layerwise:
             job.thread = threading.Thread(
                 target=self._run_loads, args=(job,), name="kvtier-load", daemon=True
@@ -187,6 +193,35 @@ class WorkerSide:
         finally:
             for progress in job.progress:
                 progress.close()
+
+    def start_async_loads(self, specs: list[LoadSpec]) -> None:
+        """Starts loads for requests outside this step's forward (vLLM holds them in
+        WAITING_FOR_REMOTE_KVS); `finished_async_loads` reports them once every block is in place
+        or failed. Nothing in the forward waits for them."""
+        job = _LoadJob(specs, [LayerProgress() for _ in specs])
+
+        def run() -> None:
+            self._run_loads(job)
+            with self._lock:
+                self._async_running.remove(job)
+                self._async_done.append(job)
+
+        with self._lock:
+            self.counters["async_jobs"] += 1
+            self._async_running.append(job)
+        job.thread = threading.Thread(target=run, name="kvtier-async-load", daemon=True)
+        job.thread.start()
+
+    def finished_async_loads(self) -> set[str]:
+        """Requests whose async loads ended since the last call; their failed blocks join the load
+        errors (`take_load_errors`), which vLLM reads after this in the same pass."""
+        with self._lock:
+            done, self._async_done = self._async_done, []
+        reqs: set[str] = set()
+        for job in done:
+            self._load_errors |= job.errors
+            reqs.update(spec.req_id for spec in job.specs)
+        return reqs
 
     def wait_layer(self, layer: int | None) -> None:
         """Waits until `layer`'s blocks of this step's loads are in place; `None` (a layer the
@@ -303,6 +338,10 @@ class WorkerSide:
 
     def close(self) -> None:
         self.finish_loads()
+        with self._lock:
+            running = [j.thread for j in self._async_running if j.thread is not None]
+        for thread in running:
+            thread.join()
         self.drain()
         self._saves.put(None)
         self._saver.join(timeout=30)
