@@ -4,6 +4,7 @@
 //! validates its buffers, then releases the GIL for the copy or hash. Errors are raised as the
 //! classes of `kvtier.errors`.
 
+mod blocks;
 mod buffer;
 mod codec;
 mod errors;

@@ -349,7 +349,7 @@ impl TransferEngine {
                 sh.config.buffer_chunks,
                 sh.block_bytes as u64,
             ));
-            settle_bad_ids(&job);
+            job.settle_bad_ids();
             (work_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
             table.jobs.insert(id, job.clone());
             table.inflight_bytes += job_bytes;
@@ -491,23 +491,8 @@ impl TransferEngine {
         per_chunk: bool,
     ) -> Result<(FinishedJob, [f64; 4]), TransferError> {
         self.check_submission(keys, &pool, block_ids)?;
-        crate::sequential::run(self, keys, pool, block_ids, per_chunk)
-    }
-
-    pub(crate) fn parts(&self) -> (&Store, &Geometry, &TransferConfig) {
-        (self.shared.store.store(), &self.shared.geometry, &self.shared.config)
-    }
-}
-
-/// Ids past the pool and repeated ids fail before any byte moves.
-pub(crate) fn settle_bad_ids(job: &Job) {
-    let mut seen = HashSet::with_capacity(job.block_ids.len());
-    for (i, &b) in job.block_ids.iter().enumerate() {
-        if b >= job.pool.num_blocks() {
-            job.settle(i, BlockOutcome::BadBlockId);
-        } else if !seen.insert(b) {
-            job.settle(i, BlockOutcome::DuplicateBlock);
-        }
+        let sh = &self.shared;
+        crate::sequential::run(sh.store.store(), &sh.geometry, &sh.config, keys, pool, block_ids, per_chunk)
     }
 }
 

@@ -178,6 +178,18 @@ impl Job {
     }
 
     /// Sets block `i`'s outcome unless it already has one (the first reason wins).
+    /// Ids past the pool and repeated ids fail before any byte moves.
+    pub fn settle_bad_ids(&self) {
+        let mut seen = std::collections::HashSet::with_capacity(self.block_ids.len());
+        for (i, &b) in self.block_ids.iter().enumerate() {
+            if b >= self.pool.num_blocks() {
+                self.settle(i, BlockOutcome::BadBlockId);
+            } else if !seen.insert(b) {
+                self.settle(i, BlockOutcome::DuplicateBlock);
+            }
+        }
+    }
+
     pub fn settle(&self, i: usize, outcome: BlockOutcome) {
         let _ = self.outcomes[i].compare_exchange(
             BlockOutcome::Pending as u8,

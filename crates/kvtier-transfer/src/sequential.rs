@@ -4,11 +4,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use kvtier_core::BlockKey;
-use kvtier_store::StoredBlock;
+use kvtier_core::{BlockKey, Geometry};
+use kvtier_store::{Store, StoredBlock};
 
 use crate::aligned::AlignedBuf;
-use crate::engine::{settle_bad_ids, TransferEngine};
+use crate::config::TransferConfig;
 use crate::error::TransferError;
 use crate::job::{BlockOutcome, FinishedJob, Job, JobKind};
 use crate::pool::{PoolRef, PoolShape};
@@ -54,14 +54,17 @@ fn stage(job: &Job, workers: usize, f: impl Fn(usize, usize) + Sync) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// The sequential load of [`TransferEngine::load_sequential`](crate::TransferEngine), over the
+/// engine's store, geometry and configuration.
 pub(crate) fn run(
-    engine: &TransferEngine,
+    store: &Store,
+    geometry: &Geometry,
+    config: &TransferConfig,
     keys: &[BlockKey],
     pool: PoolRef,
     block_ids: &[u64],
     per_chunk: bool,
 ) -> Result<(FinishedJob, [f64; 4]), TransferError> {
-    let (store, geometry, config) = engine.parts();
     let bb = store.block_bytes();
     let lease = store.lease(store.namespace_hash(), keys)?;
     let shape = PoolShape::new(geometry, pool.num_blocks());
@@ -78,7 +81,7 @@ pub(crate) fn run(
         usize::MAX,
         bb as u64,
     );
-    settle_bad_ids(&job);
+    job.settle_bad_ids();
     (lease.hit_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
     let decoding = store.config().ssd.is_some() || store.config().remote.is_some();
     if per_chunk {

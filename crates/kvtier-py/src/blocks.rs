@@ -1,0 +1,82 @@
+//! Caller buffers of whole blocks (one contiguous buffer, or one buffer per block) split into
+//! block slices after their sizes are checked: shared by the store, the SSD pool and the remote
+//! pool bindings.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::buffer::{Buffer, Format};
+use crate::errors::buffer_error;
+
+/// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
+/// per block. (Other sequences are not taken apart here: a numpy array is a sequence too. The
+/// Python wrapper turns any sequence of blocks into a list.)
+pub(crate) fn block_buffers(
+    obj: &Bound<'_, PyAny>,
+    what: &'static str,
+    writable: bool,
+) -> PyResult<Vec<Buffer>> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        return list.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
+    }
+    if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        return tuple.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
+    }
+    Ok(vec![Buffer::get(obj, what, writable, Format::Bytes)?])
+}
+
+fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {
+    if block_bytes == 0 && count > 0 {
+        return Err(buffer_error(format!(
+            "{what}: blocks of 0 bytes for {count} keys; expected at least 1 byte per block"
+        )));
+    }
+    let total: usize = bufs.iter().map(Buffer::len).sum();
+    if count.checked_mul(block_bytes).is_none() {
+        return Err(buffer_error(format!(
+            "{what}: {count} blocks of {block_bytes} bytes overflow the address space"
+        )));
+    }
+    let per_block_ok =
+        bufs.len() == 1 || (bufs.len() == count && bufs.iter().all(|b| b.len() == block_bytes));
+    if total != count * block_bytes || !per_block_ok {
+        return Err(buffer_error(format!(
+            "{what} holds {total} bytes in {} buffer(s); expected {count} blocks of {block_bytes} bytes",
+            bufs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Splits buffers into `count` read-only block slices of `block_bytes` each.
+///
+/// # Safety
+/// The buffers must be live and not written while the slices are alive.
+pub(crate) unsafe fn split_ref<'a>(
+    bufs: &'a [Buffer],
+    count: usize,
+    block_bytes: usize,
+    what: &str,
+) -> PyResult<Vec<&'a [u8]>> {
+    check_blocks(bufs, count, block_bytes, what)?;
+    Ok(bufs.iter().filter(|b| b.len() > 0).flat_map(|b| b.as_slice().chunks_exact(block_bytes)).collect())
+}
+
+/// Splits buffers into `count` writable block slices of `block_bytes` each.
+///
+/// # Safety
+/// The buffers must be live, acquired writable, pairwise disjoint and not otherwise viewed.
+#[allow(clippy::mut_from_ref)]
+pub(crate) unsafe fn split_mut<'a>(
+    bufs: &'a [Buffer],
+    count: usize,
+    block_bytes: usize,
+    what: &str,
+) -> PyResult<Vec<&'a mut [u8]>> {
+    check_blocks(bufs, count, block_bytes, what)?;
+    Ok(bufs
+        .iter()
+        .filter(|b| b.len() > 0)
+        .flat_map(|b| b.as_mut_slice().chunks_exact_mut(block_bytes))
+        .collect())
+}
