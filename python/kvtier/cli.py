@@ -238,15 +238,6 @@ def _bench_transfer(args: argparse.Namespace) -> None:
     _emit(result, args.json, transfer.summary)
 
 
-def _bench_vllm(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from kvtier.bench import vllm
-
-    result = vllm.run(Path(args.venv), args.prefix_tokens, args.requests, args.dtype, progress=not args.json)
-    _emit(result, args.json, vllm.summary)
-
-
 def _bench_codec(args: argparse.Namespace) -> None:
     from kvtier.bench import codec
 
@@ -348,6 +339,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvtier.bench import peers as bench_peers
+    from kvtier.bench import sglang as bench_sglang
+    from kvtier.bench import vllm as bench_vllm
+
     parser = _Parser(prog="kvtier", description="Hierarchical KV-cache layer for LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -459,17 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     btransfer.add_argument("--directory", default=None, help="where the SSD tier's temp dir goes")
     btransfer.add_argument("--json", action="store_true")
     btransfer.set_defaults(func=_bench_transfer)
-    bvllm = bench_sub.add_parser(
-        "vllm",
-        help="TTFT of a long shared prefix through real vLLM: recompute, vLLM's own cache, kvtier DRAM/SSD/Redis",
-    )
-    bvllm.add_argument("--venv", default=".venv-vllm", help="the engine environment (make vllm-env)")
-    bvllm.add_argument("--prefix-tokens", type=_positive, default=4096)
-    bvllm.add_argument("--requests", type=_positive, default=3, help="measured requests per case")
-    bvllm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    bvllm.add_argument("--json", action="store_true")
-    bvllm.set_defaults(func=_bench_vllm)
-    __import__("kvtier.bench.sglang").bench.sglang.add_command(bench_sub, _positive, _emit)
+    for bench_module in (bench_vllm, bench_sglang, bench_peers):  # subcommands that register themselves
+        bench_module.add_command(bench_sub, _positive, _emit)
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
     sim_sub = sim.add_subparsers(dest="sim", required=True)

@@ -21,12 +21,14 @@ LMCache column is produced.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,25 @@ def run(
         if s.get("loads"):
             out["load_share_of_ttft"][case] = (load_s / int(s["loads"])) / ttft[case]
     return out
+
+
+def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
+    """`kvtier bench vllm` (called where the CLI registers its bench subcommands)."""
+    cmd = bench_sub.add_parser(
+        "vllm",
+        help="TTFT of a long shared prefix through real vLLM: recompute, vLLM's own cache, kvtier DRAM/SSD/Redis",
+    )
+    cmd.add_argument("--venv", default=".venv-vllm", help="the engine environment (make vllm-env)")
+    cmd.add_argument("--prefix-tokens", type=positive, default=4096)
+    cmd.add_argument("--requests", type=positive, default=3, help="measured requests per case")
+    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    cmd.add_argument("--json", action="store_true")
+
+    def main(args: argparse.Namespace) -> None:
+        result = run(Path(args.venv), args.prefix_tokens, args.requests, args.dtype, progress=not args.json)
+        emit(result, args.json, summary)
+
+    cmd.set_defaults(func=main)
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -1,0 +1,395 @@
+"""``kvtier bench peers``: kvtier against LMCache and Mooncake on the same bytes, in one run.
+
+The peers live in their own environment (``--venv``, default ``.venv-peers``), created here once
+and stamped (:func:`ensure_venv`): LMCache 0.5.6 installed without its heavy dependencies (its
+CPU path, ``LMCacheEngine`` -> ``LocalCPUBackend``), torch from PyPI (run on the CPU), and
+Mooncake's store over TCP (``mooncake-transfer-engine-non-cuda``, which needs ``libibverbs1``).
+A peer that cannot run here is reported with the reason, never with a figure.
+
+Each round runs, part by part, a kvtier process and a peer process one after the other (the
+order alternates between rounds), each on the same bytes (the round's seed), each timing a
+plain memcpy of those bytes itself (:mod:`kvtier.bench.peers_worker`). Per row and round:
+each side ÷ memcpy (its bandwidth as a share of the copy's), and kvtier's speed ÷ the peer's
+(above 1: kvtier faster); the table gives the median and range over the rounds, and the 1-minute
+load average after each part (the bench keeps about one core busy itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import KvtierError
+
+LMCACHE = "lmcache==0.5.6"
+MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+TORCH = ("torch==2.13.0", "numpy<=2.2.6")  # PyPI's torch (a CUDA build) runs on the CPU
+#: What LMCache 0.5.6 imports on its CPU path (found by importing it), not its full Requires-Dist
+#: (cupy, cuda-python, cufile, grpc, gcloud, ...).
+LMCACHE_LIGHT = (
+    "sortedcontainers", "msgspec", "pyzmq", "aiofile", "aiofiles", "blake3", "numba", "nvtx", "psutil",
+    "py-cpuinfo", "pyyaml", "prometheus_client<=0.24.1", "opentelemetry-api<=1.40.0",
+    "opentelemetry-sdk<=1.40.0", "redis", "safetensors", "cachetools", "aiohttp", "requests",
+    "transformers>=5.4", "cryptography",
+)  # fmt: skip
+STAMP = "kvtier-peers.json"
+WORKER = Path(__file__).with_name("peers_worker.py")
+PEER_ENV = {
+    "PYTHONHASHSEED": "0",
+    "LMCACHE_TRACK_USAGE": "false",
+    "DO_NOT_TRACK": "1",
+    "LMCACHE_LOG_LEVEL": "WARNING",
+}
+LOOKUP_TOKENS = 131072
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    label: str
+    part: str  # which worker run measures it
+    op: str  # the operation's name in both workers' results
+    peer: str
+    vs_memcpy: bool  # whether each side's share of memcpy is reported
+
+
+ROWS = (
+    Row("dram_store", "DRAM store (hash + put)", "dram", "store", "lmcache", True),
+    Row(
+        "dram_retrieve", "DRAM retrieve (hash + lease + load + release)", "dram", "retrieve", "lmcache", True
+    ),
+    Row("pool_store", "store from a paged pool (put_from_pool)", "dram", "pool_store", "lmcache", True),
+    Row(
+        "pool_retrieve",
+        "retrieve into a paged pool (load_into_pool)",
+        "dram",
+        "pool_retrieve",
+        "lmcache",
+        True,
+    ),
+    Row("lookup_list", "hash + lookup of 128K tokens, Python list", "lookup", "list", "lmcache", False),
+    Row("lookup_array", "hash + lookup of 128K tokens, int64 array", "lookup", "array", "lmcache", False),
+    Row("remote_put", "remote put, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "put", "mooncake", False),
+    Row("remote_get", "remote get, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "get", "mooncake", False),
+)
+PARTS = {"dram": "lmcache", "lookup": "lmcache", "remote": "mooncake"}
+NOT_MEASURED = {
+    "ssd": "LMCache LocalDiskBackend vs kvtier's SSD tier: not in this bench yet (issue 19 item 6 says "
+    "'if time allows'); see docs/benchmarks.md for the earlier figures",
+}
+
+
+def rounds_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if value < 5:
+        raise argparse.ArgumentTypeError(f"{value} rounds; expected at least 5 (a median and a range)")
+    return value
+
+
+def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
+    """`kvtier bench peers` (called where the CLI registers its bench subcommands)."""
+    from kvtier.config import parse_size
+
+    cmd = bench_sub.add_parser(
+        "peers", help="kvtier vs LMCache (CPU) and Mooncake (TCP), alternating round by round, same bytes"
+    )
+    cmd.add_argument("--rounds", type=rounds_arg, default=5, help="rounds, at least 5 (default 5)")
+    cmd.add_argument("--bytes", default="1GiB", help="bytes of Llama-3-8B bf16 KV per round (default 1GiB)")
+    cmd.add_argument("--venv", default=".venv-peers", help="the peers' environment (created when missing)")
+    cmd.add_argument(
+        "--threads", type=int, default=0, help="kvtier's copy threads (0 = one per core, its default)"
+    )
+    cmd.add_argument("--json", action="store_true")
+
+    def main(args: argparse.Namespace) -> None:
+        total = parse_size(args.bytes, "--bytes")
+        if total < 32 * 2**20:
+            raise KvtierError(f"--bytes is {args.bytes}; expected at least 32MiB (one LMCache chunk)")
+        emit(run(Path(args.venv), args.rounds, total, args.threads, show=not args.json), args.json, summary)
+
+    cmd.set_defaults(func=main)
+
+
+# ---------------------------------------------------------------- the peers' environment
+def _say(show: bool, text: str) -> None:
+    if show:
+        print(f"bench peers: {text}", file=sys.stderr, flush=True)
+
+
+def _step(name: str, cmd: list[str], show: bool) -> None:
+    _say(show, f"venv: {name}")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise KvtierError(
+            f"bench peers: step '{name}' failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}"
+        )
+
+
+def _mooncake_steps(python: Path, show: bool) -> str | None:
+    """Installs Mooncake and what it needs; the reason it cannot run here, or None."""
+    ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    if "libibverbs.so.1" not in ldconfig:
+        if shutil.which("apt-get") is None:
+            return "libibverbs1 is missing and there is no apt-get to install it"
+        try:
+            _step("install libibverbs1 (apt) for mooncake", ["apt-get", "install", "-y", "libibverbs1"], show)
+        except KvtierError as e:
+            return str(e)
+    try:
+        _step(f"install {MOONCAKE}", [str(python), "-m", "pip", "install", MOONCAKE], show)
+        _step(
+            "import mooncake's store",
+            [str(python), "-c", "from mooncake.store import MooncakeDistributedStore"],
+            show,
+        )
+    except KvtierError as e:
+        return str(e)
+    return None
+
+
+def ensure_venv(venv: Path, show: bool = True) -> dict[str, Any]:
+    """Creates the peers' environment once; returns its stamp (versions, Mooncake's status).
+    A stamp from other pins is redone; a failed LMCache step raises, naming the step."""
+    spec = {"torch": list(TORCH), "lmcache": LMCACHE, "light": list(LMCACHE_LIGHT), "mooncake": MOONCAKE}
+    stamp_path = venv / STAMP
+    if stamp_path.exists():
+        stamp: dict[str, Any] = json.loads(stamp_path.read_text())
+        if stamp.get("spec") == spec:
+            return stamp
+    python = venv / "bin" / "python"
+    if not python.exists():
+        _step(f"create the venv {venv}", [sys.executable, "-m", "venv", str(venv)], show)
+    pip = [str(python), "-m", "pip", "install"]
+    _step(f"install {' '.join(TORCH)} from PyPI", [*pip, *TORCH], show)
+    _step("install lmcache's light requirements", [*pip, *LMCACHE_LIGHT], show)
+    _step(f"install {LMCACHE} --no-deps", [*pip, "--no-deps", LMCACHE], show)
+    imports = "from lmcache.v1.cache_engine import LMCacheEngineBuilder; import lmcache.v1.storage_backend"
+    _step("import lmcache's CPU path", [str(python), "-c", imports], show)
+    mooncake = _mooncake_steps(python, show)
+    names = ["lmcache", "torch", "numpy", "mooncake-transfer-engine-non-cuda"]
+    code = (
+        "import importlib.metadata as m, json\n"
+        f"print(json.dumps({{n: (m.version(n) if any(True for _ in m.distributions(name=n)) else None) for n in {names}}}))"
+    )
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    stamp = {"spec": spec, "versions": json.loads(proc.stdout), "mooncake_unavailable": mooncake}
+    stamp_path.write_text(json.dumps(stamp, indent=2, sort_keys=True))
+    return stamp
+
+
+# ---------------------------------------------------------------- servers and workers
+def worker(python: Path | str, side: str, part: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """One worker process; its RESULT, or ``{"error": ...}`` with the end of its output."""
+    env = {**os.environ, **PEER_ENV} if side != "kvtier" else None
+    cmd = [str(python), "-P", str(WORKER), side, part, json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{side} {part} worker ran past 900 s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {
+            "error": f"{side} {part} worker exit {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}"
+        }
+    return dict(json.loads(lines[-1][len("RESULT ") :]))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _mooncake(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
+    """``mooncake_master`` (with its HTTP metadata server) and a segment-holder process."""
+    http, rpc = _free_port(), _free_port()
+    spec = {
+        "metadata": f"http://127.0.0.1:{http}/metadata",
+        "master": f"127.0.0.1:{rpc}",
+        "segment_bytes": 2**29,
+    }
+    master_cmd = [
+        str(venv / "bin" / "mooncake_master"), "--enable_http_metadata_server=true",
+        f"--http_metadata_server_port={http}", f"--rpc_port={rpc}",
+    ]  # fmt: skip
+    holder_cmd = [str(venv / "bin" / "python"), "-P", str(WORKER), "mooncake", "holder", json.dumps(spec)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(workdir / "master.log", "wb") as log:
+            procs.append(subprocess.Popen(master_cmd, stdout=log, stderr=subprocess.STDOUT))
+        time.sleep(1.0)
+        holder_log = workdir / "holder.log"
+        with open(holder_log, "wb") as log:
+            env = {**os.environ, **PEER_ENV}
+            procs.append(subprocess.Popen(holder_cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        deadline = time.monotonic() + 60
+        while b"READY" not in holder_log.read_bytes():
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                raise KvtierError(f"mooncake holder did not start: {holder_log.read_text()[-1500:]}")
+            time.sleep(0.2)
+        yield spec
+    finally:
+        for proc in reversed(procs):  # only the processes started here, by their pid
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run(
+    venv: Path, rounds: int = 5, total_bytes: int = 2**30, threads: int = 0, show: bool = True
+) -> dict[str, Any]:
+    """Every row, ``rounds`` times, kvtier and the peer alternating; see the module docs."""
+    from kvtier.testing.redis import LocalRedis
+
+    stamp = ensure_venv(venv, show)
+    python = venv / "bin" / "python"
+    base: dict[str, Any] = {
+        "bytes": total_bytes,
+        "lookup_tokens": LOOKUP_TOKENS,
+        "lookup_repeats": 20,
+        "copy_threads": threads,
+    }
+    unavailable: dict[str, str] = {}
+    if stamp.get("mooncake_unavailable"):
+        unavailable["mooncake"] = str(stamp["mooncake_unavailable"])
+    per_round: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, LocalRedis(tmp) as redis:
+        base["redis_url"] = redis.url
+        with _servers(venv, Path(tmp), unavailable) as mooncake:
+            base |= mooncake
+            for r in range(rounds):
+                parts: dict[str, Any] = {}
+                for part, peer in PARTS.items():
+                    if peer in unavailable:
+                        continue
+                    _say(show, f"round {r + 1}/{rounds}: {part}")
+                    spec = {**base, "seed": r}
+                    sides: list[tuple[str, Path | str]] = [("kvtier", sys.executable), (peer, python)]
+                    out: dict[str, Any] = {}
+                    for side, interpreter in sides if r % 2 == 0 else sides[::-1]:
+                        out[side] = worker(interpreter, side, part, spec)
+                    out["load_avg_1m"] = os.getloadavg()[0]
+                    parts[part] = out
+                per_round.append(parts)
+    return {
+        "bench": "peers",
+        "bytes": total_bytes,
+        "rounds": rounds,
+        "copy_threads": threads,
+        "versions": stamp["versions"],
+        "python": sys.version.split()[0],
+        "unavailable": unavailable,
+        "not_measured": NOT_MEASURED,
+        "rows": aggregate(per_round, unavailable),
+        "per_round": per_round,
+    }
+
+
+@contextmanager
+def _servers(venv: Path, workdir: Path, unavailable: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """Mooncake's servers when it runs; when they fail, ``unavailable["mooncake"]`` says why."""
+    if "mooncake" in unavailable:
+        yield {}
+        return
+    try:
+        cm = _mooncake(venv, workdir)
+        spec = cm.__enter__()
+    except KvtierError as e:
+        unavailable["mooncake"] = str(e)
+        yield {}
+        return
+    try:
+        yield spec
+    finally:
+        cm.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------- aggregation and the table
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def aggregate(per_round: list[dict[str, Any]], unavailable: dict[str, str]) -> list[dict[str, Any]]:
+    """Per row: each side ÷ memcpy and kvtier's speed ÷ the peer's, per round (both from the
+    same round's processes), with median and range; or why the row did not run."""
+    rows = []
+    for row in ROWS:
+        entry: dict[str, Any] = {"key": row.key, "label": row.label, "peer": row.peer}
+        errors = [
+            side["error"]
+            for parts in per_round
+            for side in (parts.get(row.part, {}).get("kvtier", {}), parts.get(row.part, {}).get(row.peer, {}))
+            if "error" in side
+        ]
+        measured = [p[row.part] for p in per_round if row.part in p]
+        if row.peer in unavailable or errors or not measured:
+            entry["not_run"] = unavailable.get(row.peer) or (errors[0] if errors else "no rounds ran")
+            rows.append(entry)
+            continue
+        kv = [m["kvtier"] for m in measured]
+        peer = [m[row.peer] for m in measured]
+        entry["kvtier_s"] = spread([k["ops"][row.op] for k in kv])
+        entry["peer_s"] = spread([p["ops"][row.op] for p in peer])
+        entry["speed_ratio"] = spread(
+            [p["ops"][row.op] / k["ops"][row.op] for k, p in zip(kv, peer, strict=True)]
+        )
+        if row.vs_memcpy:
+            entry["kvtier_vs_memcpy"] = spread([k["memcpy_s"] / k["ops"][row.op] for k in kv])
+            entry["peer_vs_memcpy"] = spread([p["memcpy_s"] / p["ops"][row.op] for p in peer])
+        entry["load_avg_1m"] = spread([m["load_avg_1m"] for m in measured])
+        rows.append(entry)
+    return rows
+
+
+def _cell(s: dict[str, Any] | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
+
+
+def summary(r: dict[str, Any]) -> str:
+    v = r["versions"]
+    lines = [
+        f"bench peers: {r['bytes'] / 2**30:.2f} GiB of Llama-3-8B bf16 KV per round, {r['rounds']} rounds, "
+        f"kvtier and peer alternating; lmcache {v.get('lmcache')}, mooncake "
+        f"{v.get('mooncake-transfer-engine-non-cuda')}, torch {v.get('torch')}",
+        f"kvtier copy threads {r['copy_threads']} (0 = one per core); LMCache's numpy copies use one; "
+        "memcpy is one thread; median (min-max) over rounds; speed ratio above 1 = kvtier faster",
+        "",
+        "| work | kvtier ÷ memcpy | peer ÷ memcpy | kvtier speed ÷ peer | peer | load avg 1m |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        if "not_run" in row:
+            why = row["not_run"].strip().splitlines()[0][:160]
+            lines.append(f"| {row['label']} | - | - | not run: {why} | {row['peer']} | - |")
+            continue
+        lines.append(
+            f"| {row['label']} | {_cell(row.get('kvtier_vs_memcpy'))} | {_cell(row.get('peer_vs_memcpy'))} "
+            f"| **{_cell(row['speed_ratio'])}** | {row['peer']} | {_cell(row['load_avg_1m'])} |"
+        )
+    for name, why in {**r["not_measured"], **r["unavailable"]}.items():
+        lines.append(f"{name}: {why.strip().splitlines()[0][:200]}")
+    return "\n".join(lines)

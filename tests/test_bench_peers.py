@@ -1,0 +1,141 @@
+"""``kvtier bench peers`` without its peers: argument parsing, the per-round ratios and their
+median/range, and the summary table, from per-round timings given as data (the real run is a
+benchmark: ``kvtier bench peers``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kvtier.bench import peers
+from kvtier.cli import build_parser
+
+
+def test_defaults_and_flags_parse() -> None:
+    args = build_parser().parse_args(["bench", "peers"])
+    assert (args.rounds, args.bytes, args.venv, args.json, args.threads) == (
+        5,
+        "1GiB",
+        ".venv-peers",
+        False,
+        0,
+    )
+    args = build_parser().parse_args(
+        ["bench", "peers", "--json", "--rounds", "7", "--bytes", "256MiB", "--venv", "v"]
+    )
+    assert (args.rounds, args.bytes, args.venv, args.json) == (7, "256MiB", "v", True)
+
+
+@pytest.mark.parametrize("rounds", ["4", "0", "-1", "five"])
+def test_fewer_than_five_rounds_is_a_usage_error(rounds: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "peers", "--rounds", rounds])
+    assert e.value.code == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
+def test_too_few_bytes_is_an_error_before_any_install(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtier.cli import main
+
+    assert main(["bench", "peers", "--bytes", "1MiB", "--venv", "/nonexistent/venv"]) == 2
+    assert "--bytes is 1MiB" in capsys.readouterr().err
+
+
+def _dram(memcpy_s: float, scale: float) -> dict[str, Any]:
+    ops = {"store": 0.1, "retrieve": 0.2, "pool_store": 0.4, "pool_retrieve": 0.5}
+    return {"memcpy_s": memcpy_s, "ops": {k: v * scale for k, v in ops.items()}}
+
+
+def _round(kvtier_scale: float, lmcache_scale: float, load: float) -> dict[str, Any]:
+    return {
+        "dram": {
+            "kvtier": _dram(0.1, kvtier_scale),
+            "lmcache": _dram(0.08, lmcache_scale),
+            "load_avg_1m": load,
+        },
+        "lookup": {
+            "kvtier": {"ops": {"list": 0.002, "array": 0.001}},
+            "lmcache": {"ops": {"list": 0.004, "array": 0.005}},
+            "load_avg_1m": load,
+        },
+    }
+
+
+def _rows(per_round: list[dict[str, Any]], unavailable: dict[str, str]) -> dict[str, dict[str, Any]]:
+    return {row["key"]: row for row in peers.aggregate(per_round, unavailable)}
+
+
+def test_ratios_are_per_round_then_median_and_range() -> None:
+    # kvtier's times scale by 1, 2, 1, 1, 4 over the rounds; LMCache's stay at 2x the base.
+    per_round = [
+        _round(s, 2.0, load) for s, load in zip([1, 2, 1, 1, 4], [1.0, 1.5, 0.9, 2.5, 1.1], strict=True)
+    ]
+    rows = _rows(per_round, {"mooncake": "libibverbs1 is missing"})
+    store = rows["dram_store"]
+    assert store["speed_ratio"]["rounds"] == pytest.approx([2.0, 1.0, 2.0, 2.0, 0.5])
+    assert (store["speed_ratio"]["median"], store["speed_ratio"]["min"], store["speed_ratio"]["max"]) == (
+        pytest.approx(2.0),
+        pytest.approx(0.5),
+        pytest.approx(2.0),
+    )
+    # Each side against the memcpy timed in its own process: kvtier 0.1 / (0.1 * s), LMCache 0.08 / 0.2.
+    assert store["kvtier_vs_memcpy"]["rounds"] == pytest.approx([1.0, 0.5, 1.0, 1.0, 0.25])
+    assert store["peer_vs_memcpy"]["median"] == pytest.approx(0.4)
+    assert rows["pool_retrieve"]["kvtier_vs_memcpy"]["median"] == pytest.approx(0.2)
+    assert rows["dram_store"]["load_avg_1m"]["median"] == pytest.approx(1.1)
+    assert rows["dram_store"]["load_avg_1m"]["max"] == pytest.approx(2.5)
+    # Lookups have no memcpy; the ratio is still the peer's time over kvtier's.
+    assert "kvtier_vs_memcpy" not in rows["lookup_list"]
+    assert rows["lookup_list"]["speed_ratio"]["median"] == pytest.approx(2.0)
+    assert rows["lookup_array"]["speed_ratio"]["median"] == pytest.approx(5.0)
+    # A peer that cannot run gives the reason, never a number.
+    for key in ("remote_put", "remote_get"):
+        assert rows[key]["not_run"] == "libibverbs1 is missing"
+        assert "speed_ratio" not in rows[key]
+
+
+def test_a_failed_worker_in_any_round_voids_its_rows_with_the_error() -> None:
+    per_round = [_round(1, 2, 1.0) for _ in range(5)]
+    per_round[3]["dram"]["lmcache"] = {"error": "lmcache dram worker exit 1: retrieve returned wrong bytes"}
+    rows = _rows(per_round, {})
+    for key in ("dram_store", "dram_retrieve", "pool_store", "pool_retrieve"):
+        assert "wrong bytes" in rows[key]["not_run"]
+        assert "speed_ratio" not in rows[key]
+    assert rows["lookup_list"]["speed_ratio"]["median"] == pytest.approx(2.0)
+    assert rows["remote_put"]["not_run"] == "no rounds ran"  # no remote part in these rounds
+
+
+def test_every_row_names_a_part_the_bench_runs() -> None:
+    assert {row.part for row in peers.ROWS} == set(peers.PARTS)
+    assert all(peers.PARTS[row.part] == row.peer for row in peers.ROWS)
+    assert len({row.key for row in peers.ROWS}) == len(peers.ROWS)
+
+
+def test_summary_renders_the_table_and_the_reasons() -> None:
+    per_round = [_round(1, 2, 1.0) for _ in range(5)]
+    unavailable = {"mooncake": "mooncake holder did not start: setup returned -1\nmore detail"}
+    result = {
+        "bytes": 2**30,
+        "rounds": 5,
+        "copy_threads": 0,
+        "versions": {"lmcache": "0.5.6", "torch": "2.13.0", "mooncake-transfer-engine-non-cuda": None},
+        "unavailable": unavailable,
+        "not_measured": {"ssd": "not in this bench yet"},
+        "rows": peers.aggregate(per_round, unavailable),
+    }
+    json.dumps(result)  # the --json output is plain JSON
+    text = peers.summary(result)
+    lines = text.splitlines()
+    assert "1.00 GiB" in lines[0] and "lmcache 0.5.6" in lines[0] and "torch 2.13.0" in lines[0]
+    assert "| work | kvtier ÷ memcpy | peer ÷ memcpy | kvtier speed ÷ peer | peer | load avg 1m |" in lines
+    assert (
+        "| DRAM store (hash + put) | 1.00 (1.00-1.00) | 0.40 (0.40-0.40) | **2.00 (2.00-2.00)** | lmcache |"
+        in text
+    )
+    assert "| hash + lookup of 128K tokens, int64 array | - | - | **5.00 (5.00-5.00)** | lmcache |" in text
+    remote = [ln for ln in lines if ln.startswith("| remote put")]
+    assert remote and "not run: mooncake holder did not start: setup returned -1 |" in remote[0]
+    assert "ssd: not in this bench yet" in lines
+    assert "more detail" not in text  # one line per reason in the table; the JSON keeps it all
