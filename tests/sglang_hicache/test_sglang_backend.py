@@ -70,6 +70,7 @@ def test_the_dynamic_factory_builds_it_from_sglang_flags() -> None:
     assert isinstance(made, KvtierHiCacheStorage) and isinstance(made, HiCacheStorage)
     made.register_mem_pool_host(pool)
     assert made.store.config.dram_capacity_bytes == 4 * 2**20
+    assert made.store.config.dram_prefault is True  # a serving process commits its DRAM tier
     assert made.store.config.model_id == "sglang|org/test-model|tp=1|layout=mha-page_first-bfloat16"
 
 
