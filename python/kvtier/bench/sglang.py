@@ -41,7 +41,9 @@ LAYERS, HEADS, HEAD_DIM = 32, 8, 128
 def run(venv: Path, total_bytes: int, repeats: int = 3, directory: str | None = None) -> dict[str, Any]:
     """Runs the worker in the engine environment and returns its figures."""
     args = {"bytes": total_bytes, "repeats": repeats, "directory": directory}
-    return run_worker(venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600)
+    return run_worker(
+        venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600
+    )
 
 
 def summary(r: dict[str, Any]) -> str:
