@@ -82,6 +82,15 @@ def pool_holds(pool: Array, objs: Array, ids: Array) -> bool:
     return True
 
 
+def dram_result(
+    memcpy_s: float, nbytes: int, times: tuple[float, float, float, float], config: str
+) -> dict[str, Any]:
+    """One side's DRAM figures, in the shape both sides report: seconds of store, retrieve, pool
+    store and pool retrieve beside the memcpy of the same bytes in the same process."""
+    ops = dict(zip(("store", "retrieve", "pool_store", "pool_retrieve"), times, strict=True))
+    return {"memcpy_s": memcpy_s, "bytes": nbytes, "ops": ops, "config": config}
+
+
 def timed(fn: Callable[[], T]) -> tuple[float, T]:
     start = time.perf_counter()
     result = fn()
@@ -154,17 +163,10 @@ def kvtier_dram(spec: dict[str, Any]) -> dict[str, Any]:
     )
     stats = store.stats()
     check(stats.checksum_failures == 0 and stats.evictions == 0, f"unexpected store stats {stats}")
-    return {
-        "memcpy_s": memcpy_s,
-        "bytes": objs.nbytes,
-        "ops": {
-            "store": store_s,
-            "retrieve": retrieve_s,
-            "pool_store": pool_store_s,
-            "pool_retrieve": pool_retrieve_s,
-        },
-        "config": f"copy_threads={config.copy_threads}, dram_prefault, 16-token objects",
-    }
+    times = (store_s, retrieve_s, pool_store_s, pool_retrieve_s)
+    return dram_result(
+        memcpy_s, objs.nbytes, times, f"copy_threads={config.copy_threads}, dram_prefault, 16-token objects"
+    )
 
 
 def kvtier_lookup(spec: dict[str, Any]) -> dict[str, Any]:
@@ -321,17 +323,9 @@ def lmcache_dram(spec: dict[str, Any]) -> dict[str, Any]:
     check(
         int(mask.sum()) == ntok and pool_holds(pool, objs, ids), "pool retrieve missed tokens or wrong bytes"
     )
-    return {
-        "memcpy_s": memcpy_s,
-        "bytes": objs.nbytes,
-        "ops": {
-            "store": store_s,
-            "retrieve": retrieve_s,
-            "pool_store": pool_store_s,
-            "pool_retrieve": pool_retrieve_s,
-        },
-        "config": f"LMCacheEngine -> LocalCPUBackend, {CHUNK_TOKENS}-token chunks, numpy-copy connector",
-    }
+    times = (store_s, retrieve_s, pool_store_s, pool_retrieve_s)
+    config = f"LMCacheEngine -> LocalCPUBackend, {CHUNK_TOKENS}-token chunks, numpy-copy connector"
+    return dram_result(memcpy_s, objs.nbytes, times, config)
 
 
 def lmcache_lookup(spec: dict[str, Any]) -> dict[str, Any]:
