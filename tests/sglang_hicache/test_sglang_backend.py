@@ -206,6 +206,16 @@ def test_wrong_rank_model_or_layout_is_a_miss_and_mla_is_shared_by_ranks(redis: 
     assert [page_bytes(rank1_pool, into, i) for i in range(3)] == expected
 
 
+def test_mla_with_several_ranks_and_no_shared_tier_is_refused_at_start(tmp_path: Path) -> None:
+    # SGLang writes MLA pages from rank 0 only; without a tier the ranks share, rank 1 would
+    # miss every page, so the backend refuses the configuration when SGLang registers its pool.
+    for extra in ({"dram_capacity_bytes": "1MiB"}, ssd(tmp_path)):
+        with pytest.raises(ConfigError, match="remote_urls"):
+            backend(host_pool("mla", "page_first"), extra, model="mla", tp_rank=1, tp_size=2)
+    single = backend(host_pool("mla", "page_first"), ssd(tmp_path), model="mla", tp_rank=0, tp_size=1)
+    assert single.batch_exists(page_keys("m", 1)) == 0
+
+
 def test_ranks_get_their_own_ssd_subdirectory(tmp_path: Path) -> None:
     ranks = [backend(host_pool(), ssd(tmp_path), tp_rank=r, tp_size=2) for r in range(2)]
     assert [Path(b.store.config.ssd_directory).name for b in ranks] == [

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step
 from kvtier.errors import KvtierError
 
 LMCACHE = "lmcache==0.5.6"
-MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 TORCH = ("torch==2.13.0", "numpy<=2.2.6")  # PyPI's torch (a CUDA build) runs on the CPU
 #: What LMCache 0.5.6 imports on its CPU path (found by importing it), not its full Requires-Dist
 #: (cupy, cuda-python, cufile, grpc, gcloud, ...).
@@ -127,40 +126,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
 
 # ---------------------------------------------------------------- the peers' environment
 def _say(show: bool, text: str) -> None:
-    if show:
-        print(f"bench peers: {text}", file=sys.stderr, flush=True)
-
-
-def _step(name: str, cmd: list[str], show: bool) -> None:
-    _say(show, f"venv: {name}")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        raise KvtierError(
-            f"bench peers: step '{name}' failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}"
-        )
-
-
-def _mooncake_steps(python: Path, show: bool) -> str | None:
-    """Installs Mooncake and what it needs; the reason it cannot run here, or None."""
-    ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    if "libibverbs.so.1" not in ldconfig:
-        if shutil.which("apt-get") is None:
-            return "libibverbs1 is missing and there is no apt-get to install it"
-        try:
-            _step("install libibverbs1 (apt) for mooncake", ["apt-get", "install", "-y", "libibverbs1"], show)
-        except KvtierError as e:
-            return str(e)
-    try:
-        _step(f"install {MOONCAKE}", [str(python), "-m", "pip", "install", MOONCAKE], show)
-        _step(
-            "import mooncake's store",
-            [str(python), "-c", "from mooncake.store import MooncakeDistributedStore"],
-            show,
-        )
-    except KvtierError as e:
-        return str(e)
-    return None
+    say(show, "peers", text)
 
 
 def ensure_venv(venv: Path, show: bool = True) -> dict[str, Any]:
@@ -174,14 +140,14 @@ def ensure_venv(venv: Path, show: bool = True) -> dict[str, Any]:
             return stamp
     python = venv / "bin" / "python"
     if not python.exists():
-        _step(f"create the venv {venv}", [sys.executable, "-m", "venv", str(venv)], show)
+        step(f"create the venv {venv}", [sys.executable, "-m", "venv", str(venv)], show)
     pip = [str(python), "-m", "pip", "install"]
-    _step(f"install {' '.join(TORCH)} from PyPI", [*pip, *TORCH], show)
-    _step("install lmcache's light requirements", [*pip, *LMCACHE_LIGHT], show)
-    _step(f"install {LMCACHE} --no-deps", [*pip, "--no-deps", LMCACHE], show)
+    step(f"install {' '.join(TORCH)} from PyPI", [*pip, *TORCH], show)
+    step("install lmcache's light requirements", [*pip, *LMCACHE_LIGHT], show)
+    step(f"install {LMCACHE} --no-deps", [*pip, "--no-deps", LMCACHE], show)
     imports = "from lmcache.v1.cache_engine import LMCacheEngineBuilder; import lmcache.v1.storage_backend"
-    _step("import lmcache's CPU path", [str(python), "-c", imports], show)
-    mooncake = _mooncake_steps(python, show)
+    step("import lmcache's CPU path", [str(python), "-c", imports], show)
+    mooncake = install_mooncake(python, show)
     names = ["lmcache", "torch", "numpy", "mooncake-transfer-engine-non-cuda"]
     code = (
         "import importlib.metadata as m, json\n"
@@ -210,51 +176,30 @@ def worker(python: Path | str, side: str, part: str, spec: dict[str, Any]) -> di
     return dict(json.loads(lines[-1][len("RESULT ") :]))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def _mooncake(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
     """``mooncake_master`` (with its HTTP metadata server) and a segment-holder process."""
-    http, rpc = _free_port(), _free_port()
-    spec = {
-        "metadata": f"http://127.0.0.1:{http}/metadata",
-        "master": f"127.0.0.1:{rpc}",
-        "segment_bytes": 2**29,
-    }
-    master_cmd = [
-        str(venv / "bin" / "mooncake_master"), "--enable_http_metadata_server=true",
-        f"--http_metadata_server_port={http}", f"--rpc_port={rpc}",
-    ]  # fmt: skip
-    holder_cmd = [str(venv / "bin" / "python"), "-P", str(WORKER), "mooncake", "holder", json.dumps(spec)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        with open(workdir / "master.log", "wb") as log:
-            procs.append(subprocess.Popen(master_cmd, stdout=log, stderr=subprocess.STDOUT))
-        time.sleep(1.0)
+    with mooncake_master(venv, workdir) as master:
+        spec = {**master, "segment_bytes": 2**29}
+        holder_cmd = [str(venv / "bin" / "python"), "-P", str(WORKER), "mooncake", "holder", json.dumps(spec)]
         holder_log = workdir / "holder.log"
         with open(holder_log, "wb") as log:
             env = {**os.environ, **PEER_ENV}
-            procs.append(subprocess.Popen(holder_cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
-        deadline = time.monotonic() + 60
-        while b"READY" not in holder_log.read_bytes():
-            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                raise KvtierError(f"mooncake holder did not start: {holder_log.read_text()[-1500:]}")
-            time.sleep(0.2)
-        yield spec
-    finally:
-        for proc in reversed(procs):  # only the processes started here, by their pid
-            proc.terminate()
+            holder = subprocess.Popen(holder_cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while b"READY" not in holder_log.read_bytes():
+                if holder.poll() is not None or time.monotonic() > deadline:
+                    raise KvtierError(f"mooncake holder did not start: {holder_log.read_text()[-1500:]}")
+                time.sleep(0.2)
+            yield spec
+        finally:
+            holder.terminate()  # only the process started here, by its pid
             try:
-                proc.wait(10)
+                holder.wait(10)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                holder.kill()
+                holder.wait()
 
 
 def run(

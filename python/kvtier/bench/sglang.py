@@ -1,21 +1,27 @@
 """`kvtier bench sglang`: kvtier as SGLang's HiCache storage backend against SGLang's built-in `file`
-backend, on SGLang's own host KV pool, in the same run.
+backend and SGLang's own Mooncake backend, on SGLang's own host KV pool, in the same run.
 
 The kvtier CLI runs in kvtier's environment; the measurement runs in the engine environment
-(`.venv-vllm`, `make vllm-env`, sglang pinned) as `python -m kvtier.bench.sglang --worker`:
+(`.venv-vllm`, `make vllm-env`, sglang pinned) as `python -m kvtier.bench.sglang --worker`.
+Mooncake's store (`mooncake-transfer-engine-non-cuda`, :mod:`kvtier.bench.mooncake_env`) is
+installed into that environment on first use and its master runs on loopback for the run:
 
 - pages: an MHA `page_first` host pool of Llama-3-8B-like pages (32 layers, 8 KV heads, head dim
-  128, bf16, 64 tokens: 8 MiB a page) holding `--bytes` of random pages. Each repeat stores them
-  under fresh keys and loads them back into other pages of the pool, each backend the way SGLang's
-  cache controller drives it: kvtier through `batch_set_v1`/`batch_get_v1` (`interface_v1`, zero
-  copy), the file backend (which has no v1 calls) through `_generic_page_set`/`_generic_page_get`
-  (flat page tensors; the same code as SGLang's `HiCacheController`). kvtier runs with its DRAM
-  tier; the file backend writes files (the page cache keeps them).
+  128, bf16, 64 tokens: 8 MiB a page) holding `--bytes` (default 1 GiB) of random pages. Each
+  repeat stores them under fresh keys and loads them back into other pages of the pool, each
+  backend the way SGLang's cache controller drives it: kvtier and Mooncake through
+  `batch_set_v1`/`batch_get_v1` (`interface_v1`, zero copy; Mooncake over TCP, this process
+  contributing the memory segment that holds the pages, as an SGLang instance does), the file
+  backend (which has no v1 calls) through `_generic_page_set`/`_generic_page_get` (flat page
+  tensors; the same code as SGLang's `HiCacheController`). kvtier runs with its DRAM tier; the
+  file backend writes files (the page cache keeps them). Every backend is emptied (`clear`)
+  between repeats.
 - exists: `batch_exists` of a 128K-token prefix (2,048 pages of 64 tokens, all present).
 
-Reported: median seconds per case, `set_ratio_to_file_backend`, `get_ratio_to_file_backend`,
-`exists_ratio_to_file_backend` (speed, above 1 = kvtier faster) and, as the limit, kvtier's
-bandwidth as a share of a plain memcpy of the same bytes measured in the same run.
+Reported: median seconds per case, `{set,get,exists}_ratio_to_file_backend` and
+`..._to_mooncake` (speed, above 1 = kvtier faster; None with `mooncake_unavailable` saying why
+when Mooncake cannot run) and, as the limit, kvtier's bandwidth as a share of a plain memcpy of
+the same bytes measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.engine_env import run_worker
+from kvtier.bench.engine_env import engine_python, run_worker
+from kvtier.bench.mooncake_env import install_mooncake, mooncake_master
 from kvtier.errors import KvtierError
 
 PAGE_TOKENS = 64
@@ -38,29 +46,53 @@ EXISTS_TOKENS = 128 * 1024
 LAYERS, HEADS, HEAD_DIM = 32, 8, 128
 
 
-def run(venv: Path, total_bytes: int, repeats: int = 3, directory: str | None = None) -> dict[str, Any]:
-    """Runs the worker in the engine environment and returns its figures."""
-    args = {"bytes": total_bytes, "repeats": repeats, "directory": directory}
-    return run_worker(
-        venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600
-    )
+def run(
+    venv: Path, total_bytes: int, repeats: int = 3, directory: str | None = None, show: bool = True
+) -> dict[str, Any]:
+    """Runs the worker in the engine environment and returns its figures. Mooncake is installed
+    into that environment when missing and its master started here; when it cannot run, the
+    result says why (``mooncake_unavailable``) and has no Mooncake figures."""
+    args: dict[str, Any] = {"bytes": total_bytes, "repeats": repeats, "directory": directory}
+    unavailable = install_mooncake(engine_python(venv), show, "sglang")
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-sglang-mooncake-") as tmp, ExitStack() as stack:
+        if unavailable is None:
+            try:
+                args["mooncake"] = stack.enter_context(mooncake_master(venv, Path(tmp)))
+            except KvtierError as e:
+                unavailable = str(e)
+        result = run_worker(
+            venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600
+        )
+    if unavailable is not None:
+        result["mooncake_unavailable"] = unavailable
+    return result
 
 
 def summary(r: dict[str, Any]) -> str:
-    k, f = r["kvtier"], r["file"]
-    return "\n".join(
-        [
-            f"SGLang HiCache storage: {r['pages']} pages of {r['page_bytes'] / 2**20:.1f} MiB "
-            f"({r['bytes'] / 2**30:.2f} GiB), median of {r['repeats']}; memcpy {r['memcpy_gb_per_s']:.2f} GB/s",
-            f"  batch_set  kvtier {k['set_s'] * 1e3:8.1f} ms ({k['set_gb_per_s']:.2f} GB/s)   "
-            f"file {f['set_s'] * 1e3:8.1f} ms   ratio {r['set_ratio_to_file_backend']:.2f}x",
-            f"  batch_get  kvtier {k['get_s'] * 1e3:8.1f} ms ({k['get_gb_per_s']:.2f} GB/s)   "
-            f"file {f['get_s'] * 1e3:8.1f} ms   ratio {r['get_ratio_to_file_backend']:.2f}x",
-            f"  batch_exists ({r['exists_pages']} pages, 128K tokens)  kvtier {k['exists_s'] * 1e3:.2f} ms   "
-            f"file {f['exists_s'] * 1e3:.2f} ms   ratio {r['exists_ratio_to_file_backend']:.2f}x",
-            f"  kvtier set/get at {r['kvtier_set_fraction_of_memcpy']:.2f}/{r['kvtier_get_fraction_of_memcpy']:.2f} of memcpy",
-        ]
+    peers = [p for p in ("file", "mooncake") if p in r]
+    head = "".join(f"{p:>10} ms  ratio" for p in peers)
+    lines = [
+        f"SGLang HiCache storage: {r['pages']} pages of {r['page_bytes'] / 2**20:.1f} MiB "
+        f"({r['bytes'] / 2**30:.2f} GiB), median of {r['repeats']}; memcpy {r['memcpy_gb_per_s']:.2f} GB/s",
+        f"  {'':<34}{'kvtier ms':>10}{head}   (ratio = peer time / kvtier time, above 1: kvtier faster)",
+    ]
+    names = {
+        "set": "batch_set",
+        "get": "batch_get",
+        "exists": f"batch_exists ({r['exists_pages']} pages, 128K tokens)",
+    }
+    for case, name in names.items():
+        row = f"  {name:<34}{r['kvtier'][f'{case}_s'] * 1e3:10.2f}"
+        for p in peers:
+            suffix = "file_backend" if p == "file" else p
+            row += f"{r[p][f'{case}_s'] * 1e3:13.2f}{r[f'{case}_ratio_to_{suffix}']:7.2f}x"
+        lines.append(row)
+    lines.append(
+        f"  kvtier set/get at {r['kvtier_set_fraction_of_memcpy']:.2f}/{r['kvtier_get_fraction_of_memcpy']:.2f} of memcpy"
     )
+    if "mooncake_unavailable" in r:
+        lines.append(f"  mooncake not measured: {r['mooncake_unavailable']}")
+    return "\n".join(lines)
 
 
 def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
@@ -68,17 +100,20 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     from kvtier.config import parse_size
 
     cmd = bench_sub.add_parser(
-        "sglang", help="kvtier as SGLang's HiCache storage backend vs SGLang's file backend, same run"
+        "sglang",
+        help="kvtier as SGLang's HiCache storage backend vs SGLang's file and Mooncake backends, same run",
     )
     cmd.add_argument("--venv", default=".venv-vllm", help="the engine environment (make vllm-env)")
-    cmd.add_argument("--bytes", default="256MiB", help="pages stored and loaded per repeat (e.g. 1GiB)")
+    cmd.add_argument("--bytes", default="1GiB", help="pages stored and loaded per repeat (e.g. 256MiB)")
     cmd.add_argument("--repeats", type=positive, default=3)
     cmd.add_argument("--directory", default=None, help="where the file backend's temp dir goes")
     cmd.add_argument("--json", action="store_true")
 
     def main(args: argparse.Namespace) -> None:
         total = parse_size(args.bytes, "--bytes")
-        emit(run(Path(args.venv), total, args.repeats, args.directory), args.json, summary)
+        emit(
+            run(Path(args.venv), total, args.repeats, args.directory, show=not args.json), args.json, summary
+        )
 
     cmd.set_defaults(func=main)
 
@@ -107,34 +142,63 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             model_name=model, extra_config=extra,
         )  # fmt: skip
 
+    mooncake = spec.get("mooncake")
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-sglang-", dir=spec.get("directory")) as tmp:
         kv = KvtierHiCacheStorage(config({"dram_capacity_bytes": int(page_bytes * pages * 1.5)}, "bench"), {})
         kv.register_mem_pool_host(pool)
         file = HiCacheFile(config({"file_storage_path": str(Path(tmp) / "pages")}, "bench"))
         file.register_mem_pool_host(pool)
-        times: dict[str, dict[str, list[float]]] = {"kvtier": {}, "file": {}}
+        sides: dict[str, tuple[Callable[[list[str]], object], Callable[[list[str]], object], Any]] = {
+            "kvtier": (partial(kv.batch_set_v1, host_indices=src), partial(kv.batch_get_v1, host_indices=dst), None),
+            "file": (partial(_generic_set, file, pool, slots=src), partial(_generic_get, file, pool, slots=dst), file),
+        }  # fmt: skip
+        if mooncake is not None:
+            mc = _mooncake(config, mooncake, pool, 2 * page_bytes * pages + (256 << 20))
+            sides["mooncake"] = (
+                partial(mc.batch_set_v1, host_indices=src),
+                partial(mc.batch_get_v1, host_indices=dst),
+                mc,
+            )
+        times: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
         for r in range(repeats):
             keys = [f"r{r}-page{i}" for i in range(pages)]
-            _time(times["kvtier"], "set", partial(kv.batch_set_v1, keys, src))
-            _time(times["kvtier"], "get", partial(kv.batch_get_v1, keys, dst))
-            _check(pool, src, dst, pages, "kvtier")
-            _time(times["file"], "set", partial(_generic_set, file, pool, keys, src))
-            _time(times["file"], "get", partial(_generic_get, file, pool, keys, dst))
-            _check(pool, src, dst, pages, "file")
-            file.clear()
+            for name, (set_pages, get_pages, backend) in sides.items():
+                _time(times[name], "set", name, partial(set_pages, keys))
+                _time(times[name], "get", name, partial(get_pages, keys))
+                _check(pool, src, dst, pages, name)
+                if backend is not None:
+                    backend.clear()  # the next repeat stores fresh keys into an empty store
         memcpy_s = statistics.median(_memcpy(pool, src, dst) for _ in range(repeats))
-        exists = _exists(config, Path(tmp) / "exists", repeats)
+        exists = _exists(config, Path(tmp) / "exists", repeats, mooncake)
     out: dict[str, Any] = {"page_bytes": page_bytes, "pages": pages, "bytes": pages * page_bytes}
     out |= {"repeats": repeats, "memcpy_gb_per_s": pages * page_bytes / memcpy_s / 1e9, **exists}
     for name, cases in times.items():
         entry = {f"{case}_s": statistics.median(values) for case, values in cases.items()}
         entry |= {f"{case}_gb_per_s": out["bytes"] / entry[f"{case}_s"] / 1e9 for case in ("set", "get")}
         out.setdefault(name, {}).update(entry)
-    for case in ("set", "get", "exists"):
-        out[f"{case}_ratio_to_file_backend"] = out["file"][f"{case}_s"] / out["kvtier"][f"{case}_s"]
+    for peer, suffix in (("file", "file_backend"), ("mooncake", "mooncake")):
+        for case in ("set", "get", "exists"):
+            ratio = out[peer][f"{case}_s"] / out["kvtier"][f"{case}_s"] if peer in out else None
+            out[f"{case}_ratio_to_{suffix}"] = ratio
     for case in ("set", "get"):
         out[f"kvtier_{case}_fraction_of_memcpy"] = out["kvtier"][f"{case}_gb_per_s"] / out["memcpy_gb_per_s"]
     return out
+
+
+def _mooncake(
+    config: Callable[[dict[str, Any], str], Any], servers: dict[str, Any], pool: Any, segment: int
+) -> Any:
+    """SGLang's own Mooncake backend (``MooncakeStore``, through SGLang's factory) over TCP on
+    loopback, this process contributing ``segment`` bytes to the store as an SGLang instance does."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # type: ignore[import-not-found, unused-ignore]
+
+    extra = {
+        "master_server_address": servers["master"], "metadata_server": servers["metadata"],
+        "protocol": "tcp", "device_name": "", "global_segment_size": segment, "local_buffer_size": 0,
+    }  # fmt: skip
+    backend = StorageBackendFactory.create_backend("mooncake", config(extra, "bench"), pool)
+    backend.register_mem_pool_host(pool)
+    return backend
 
 
 def _pool(pages: int, layers: int, heads: int, head_dim: int) -> Any:
@@ -176,12 +240,12 @@ def _generic_get(backend: Any, pool: Any, keys: list[str], slots: Any) -> None:
         pool.set_from_flat_data_page(slots[i * pool.page_size], page)
 
 
-def _time(into: dict[str, list[float]], case: str, fn: Callable[[], object]) -> None:
+def _time(into: dict[str, list[float]], case: str, who: str, fn: Callable[[], object]) -> None:
     start = time.perf_counter()
     result = fn()
     into.setdefault(case, []).append(time.perf_counter() - start)
     if isinstance(result, list) and not all(result):
-        raise KvtierError(f"kvtier {case}: {result.count(False)} pages failed")
+        raise KvtierError(f"{who} {case}: {result.count(False)} of {len(result)} pages failed")
 
 
 def _check(pool: Any, src: Any, dst: Any, pages: int, who: str) -> None:
@@ -203,7 +267,12 @@ def _memcpy(pool: Any, src: Any, dst: Any) -> float:
     return time.perf_counter() - start
 
 
-def _exists(config: Callable[[dict[str, Any], str], Any], directory: Path, repeats: int) -> dict[str, Any]:
+def _exists(
+    config: Callable[[dict[str, Any], str], Any],
+    directory: Path,
+    repeats: int,
+    mooncake: dict[str, Any] | None,
+) -> dict[str, Any]:
     """`batch_exists` of a 128K-token prefix, every page present, on small pages (lookup cost
     does not depend on page size)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile  # type: ignore[import-not-found, unused-ignore]
@@ -219,20 +288,20 @@ def _exists(config: Callable[[dict[str, Any], str], Any], directory: Path, repea
     file = HiCacheFile(config({"file_storage_path": str(directory)}, "bench-exists"))
     kv.batch_set_v1(keys, slots)
     _generic_set(file, pool, keys, slots)
-    out: dict[str, list[float]] = {"kvtier": [], "file": []}
+    backends: dict[str, Any] = {"kvtier": kv, "file": file}
+    if mooncake is not None:
+        backends["mooncake"] = _mooncake(config, mooncake, pool, 512 << 20)
+        _time({}, "set", "mooncake", partial(backends["mooncake"].batch_set_v1, keys, slots))
+    out: dict[str, list[float]] = {name: [] for name in backends}
     for _ in range(repeats):
-        for name, backend in (("kvtier", kv), ("file", file)):
+        for name, backend in backends.items():
             start = time.perf_counter()
             hit = backend.batch_exists(keys)
             out[name].append(time.perf_counter() - start)
             if hit != n:
                 raise KvtierError(f"{name}: batch_exists found {hit} of {n} pages")
-    return {
-        "exists_pages": n,
-        "exists_tokens": EXISTS_TOKENS,
-        "kvtier": {"exists_s": statistics.median(out["kvtier"])},
-        "file": {"exists_s": statistics.median(out["file"])},
-    }
+    result: dict[str, Any] = {"exists_pages": n, "exists_tokens": EXISTS_TOKENS}
+    return result | {name: {"exists_s": statistics.median(times)} for name, times in out.items()}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ constructs the backend, before any page moves.
 The namespace keeps apart what must never be read across: the model (SGLang's model name, or a
 `model_id` given here), the TP size and rank, the pipeline stage, the context-parallel rank and
 the host pool's layout and dtype. MLA KV is the same on every TP rank, so MLA pages leave out the
-TP rank and size: one copy serves every rank (shared through an SSD copy or the remote tier).
+TP rank and size: SGLang backs them up from one writer rank (`is_storage_writer`), and the other
+ranks read that one copy through the remote tier, so MLA with TP > 1 requires `remote_urls`.
 """
 
 from __future__ import annotations
