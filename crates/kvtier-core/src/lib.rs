@@ -20,6 +20,7 @@ pub mod layout;
 pub mod object;
 pub mod paged;
 pub mod parallel;
+pub mod tier;
 
 pub use error::{GeometryError, KeyError, LayoutError, ObjectError};
 pub use geometry::{Dtype, ExtraGroup, Geometry};

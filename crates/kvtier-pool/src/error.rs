@@ -1,6 +1,7 @@
 //! Errors of kvtier-pool. Messages name the wrong value and the expected one, because they reach
 //! users verbatim (through `StoreError` and the Python exceptions).
 
+use kvtier_core::tier::IntegrityError;
 use thiserror::Error;
 
 /// Failures of building or checking a tier. A miss or a full tier is a value, never one of these.
@@ -20,11 +21,8 @@ pub enum PoolError {
     /// An I/O failure of the SSD pool the caller must see (opening or recovering it).
     #[error("ssd pool: {what} {path:?} failed: {reason}")]
     SsdIo { what: &'static str, path: String, reason: String },
-    #[error("{tier} tier integrity check failed: {detail}")]
-    Integrity { tier: &'static str, detail: String },
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
 }
 
-/// Shorthand for an integrity failure of `tier`.
-pub(crate) fn integrity(tier: &'static str, detail: impl Into<String>) -> PoolError {
-    PoolError::Integrity { tier, detail: detail.into() }
-}
+pub(crate) use kvtier_core::tier::integrity;

@@ -27,7 +27,7 @@ pub mod extent;
 pub mod hash;
 pub mod noop;
 pub mod ssd;
-pub mod tier;
+pub use kvtier_core::tier;
 
 pub use dram::{object_extent_bytes, Demotion, DramTier, Victim};
 pub use error::PoolError;
@@ -35,4 +35,4 @@ pub use eviction::{by_name as eviction_by_name, EvictionPolicy, POLICY_NAMES};
 pub use extent::{Extent, ExtentAllocator, PAGE_BYTES};
 pub use noop::NoopTier;
 pub use ssd::{Durability, IoEngineKind, Placement, SsdConfig, SsdTier};
-pub use tier::{EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+pub use tier::{EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};

@@ -3,8 +3,7 @@
 
 use kvtier_core::BlockKey;
 
-use crate::error::PoolError;
-use crate::tier::{EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 
 #[derive(Debug, Default)]
 pub struct NoopTier;
@@ -59,7 +58,7 @@ impl Tier for NoopTier {
     fn stats(&self) -> TierStats {
         TierStats::default()
     }
-    fn check_integrity(&self) -> Result<(), PoolError> {
+    fn check_integrity(&self) -> Result<(), IntegrityError> {
         Ok(())
     }
 }

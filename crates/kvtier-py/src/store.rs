@@ -46,7 +46,7 @@ fn store_err(e: StoreError) -> PyErr {
         | StoreError::LoadTooMany { .. } => "LeaseError",
         StoreError::Config(_) => "ConfigError",
         StoreError::Layout(_) => "LayoutError",
-        StoreError::Integrity(_) => "IntegrityError",
+        StoreError::Integrity(_) | StoreError::TierIntegrity(_) => "IntegrityError",
         _ => "StoreError",
     };
     kvtier_error(class, e.to_string())

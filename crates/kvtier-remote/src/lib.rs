@@ -7,7 +7,7 @@
 //! - [`pipeline`]: sliding-window pipelines of EXISTS/GET/SET/DEL on one connection.
 //! - [`cluster`]: hash slots and the `CLUSTER SLOTS` map.
 //! - [`client`]: [`RemoteClient`], batches split by node, run in parallel, faults as results.
-//! - [`tier`]: [`RemoteTier`], the [`kvtier_pool::Tier`] the store stacks below DRAM and SSD.
+//! - [`tier`]: [`RemoteTier`], the [`kvtier_core::tier::Tier`] the store stacks below DRAM and SSD.
 //! - [`metrics`]: per-operation latency/bytes/errors, reconnects, down misses, bad values.
 //! - [`tls`]: `rediss://` with rustls (feature `tls`, default).
 //!

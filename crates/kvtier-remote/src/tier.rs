@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvtier_core::checksum::checksum;
 use kvtier_core::object::CODEC_RAW;
+use kvtier_core::tier::{
+    locate_each, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+};
 use kvtier_core::{BlockKey, ObjectError, ObjectHeader, OBJECT_HEADER_BYTES};
-use kvtier_pool::tier::locate_each;
-use kvtier_pool::{EntryRef, Located, PoolError, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 use parking_lot::Mutex;
 
 use crate::client::RemoteClient;
@@ -453,7 +454,7 @@ impl Tier for RemoteTier {
         }
     }
 
-    fn check_integrity(&self) -> Result<(), PoolError> {
+    fn check_integrity(&self) -> Result<(), IntegrityError> {
         // Only the pin table is local; the store cross-checks it against its leases.
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvtier_pool::{Located, ReadOutcome, Tier};
+use kvtier_core::tier::{Located, ReadOutcome, Tier};
 use kvtier_remote::pipeline::{HeaderSpec, Res, SetItem};
 use kvtier_remote::{key_name, RemoteConfig, RemoteError, RemoteTier};
 

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use kvtier_pool::Tier;
+use kvtier_core::tier::Tier;
 use kvtier_remote::{RemoteConfig, RemoteTier};
 
 /// Each byte of every reply comes this long after the previous one.

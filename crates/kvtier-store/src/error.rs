@@ -33,4 +33,7 @@ pub enum StoreError {
     Layout(#[from] kvtier_core::LayoutError),
     #[error("store integrity check failed: {0}")]
     Integrity(String),
+    /// A tier's own check failed ([`kvtier_core::tier::Tier::check_integrity`]).
+    #[error(transparent)]
+    TierIntegrity(#[from] kvtier_core::tier::IntegrityError),
 }

@@ -42,7 +42,9 @@ use crate::arena::Arena;
 use crate::error::{integrity, PoolError};
 use crate::eviction::EvictionPolicy;
 use crate::extent::{round_up_to_pages, ExtentAllocator, PAGE_BYTES};
-use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{
+    locate_each, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+};
 
 const HEADER: usize = OBJECT_HEADER_BYTES;
 /// Unit of parallel prefaulting, in bytes.
@@ -469,7 +471,7 @@ impl Tier for DramTier {
         }
     }
 
-    fn check_integrity(&self) -> Result<(), PoolError> {
+    fn check_integrity(&self) -> Result<(), IntegrityError> {
         self.state.lock().check(&self.arena).map_err(|detail| integrity("dram", detail))
     }
 

@@ -10,8 +10,9 @@ use super::state::{Entry, EntryState, PinnedAt};
 use super::worker::{Op, OpKind, OpResult, Pending};
 use super::writes::Source;
 use super::SsdTier;
-use crate::error::{integrity, PoolError};
+use crate::error::integrity;
 use crate::extent::PAGE_BYTES;
+use crate::tier::IntegrityError;
 use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 use kvtier_core::checksum::checksum;
 
@@ -374,18 +375,22 @@ impl Tier for SsdTier {
     /// Checks the table, allocators and policies, then reads every ready object back from its
     /// device and checks its payload checksum (under the lock, so none is evicted or rewritten
     /// meanwhile). Reads the whole pool: a debugging and test aid, not for a hot path.
-    fn check_integrity(&self) -> Result<(), PoolError> {
+    fn check_integrity(&self) -> Result<(), IntegrityError> {
         let st = self.state.lock();
-        let ready = st.check().map_err(|d| integrity("ssd", d))?;
-        let mut buf = AlignedBuf::new(PAGE_BYTES as usize)?;
+        let ready = st.check().map_err(|d| integrity::<IntegrityError>("ssd", d))?;
+        let aligned = |len: usize| {
+            AlignedBuf::new(len)
+                .map_err(|e| integrity::<IntegrityError>("ssd", format!("no read buffer: {e}")))
+        };
+        let mut buf = aligned(PAGE_BYTES as usize)?;
         for (key, e) in ready {
             let device = &self.devices[usize::from(e.device)];
             let len = e.extent.len as usize;
             if buf.len() < len {
-                buf = AlignedBuf::new(len)?;
+                buf = aligned(len)?;
             }
             transfer_exact(&device.file, &mut buf, device.data_offset + e.extent.offset, len, false)
-                .map_err(|err| integrity("ssd", format!("reading key {key:#x}: {err}")))?;
+                .map_err(|err| integrity::<IntegrityError>("ssd", format!("reading key {key:#x}: {err}")))?;
             if checksum(&buf.as_slice()[..e.payload_len as usize]) != e.checksum {
                 return Err(integrity(
                     "ssd",

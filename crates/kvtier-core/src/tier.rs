@@ -1,4 +1,6 @@
-//! The [`Tier`] trait: one level of the hierarchy (DRAM, SSD, remote, noop), batched.
+//! The [`Tier`] trait: one level of the hierarchy (DRAM, SSD, remote, noop), batched. It lives
+//! here, below every tier, so that kvtier-pool (DRAM, SSD, noop) and kvtier-remote implement it
+//! without depending on each other, and the store holds tiers as trait objects only.
 //!
 //! Every method takes a whole batch and takes the tier's lock once per batch, never once per
 //! key: a 128K-token prompt is 8192 blocks. Large copies happen outside the lock.
@@ -9,9 +11,23 @@
 //! when the last pin drops). A pin is held per [`EntryRef`], i.e. per stored generation of a
 //! key, so a key stored again after being doomed is never confused with the doomed copy.
 
-use kvtier_core::BlockKey;
+use thiserror::Error;
 
-use crate::error::PoolError;
+use crate::keys::BlockKey;
+
+/// A tier's own state disagrees with itself ([`Tier::check_integrity`]): allocator accounting,
+/// index and allocator, the eviction policy's view, or a ready object's header.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{tier} tier integrity check failed: {detail}")]
+pub struct IntegrityError {
+    pub tier: &'static str,
+    pub detail: String,
+}
+
+/// Shorthand for an integrity failure of `tier`, as any error type that wraps one.
+pub fn integrity<E: From<IntegrityError>>(tier: &'static str, detail: impl Into<String>) -> E {
+    E::from(IntegrityError { tier, detail: detail.into() })
+}
 
 /// Which kind of storage a tier is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -192,7 +208,7 @@ pub trait Tier: Send + Sync {
 
     /// Checks allocator accounting, index/allocator agreement, the eviction policy's view and
     /// every ready object's header.
-    fn check_integrity(&self) -> Result<(), PoolError>;
+    fn check_integrity(&self) -> Result<(), IntegrityError>;
 
     /// Flips one bit of the stored payload of `key` (fault injection for tests). False, changing
     /// nothing, if the key is not here, is pinned (a read may be copying it: flipping then would
