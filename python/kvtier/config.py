@@ -127,6 +127,10 @@ class StoreConfig:
     lease_ttl_s: float = 30.0
     leases_max: int = 4096
     dram_prefault: bool = False
+    #: Serve Prometheus metrics of this store on ``http://metrics_addr:metrics_port/metrics``
+    #: (docs/metrics.md); ``None``: no endpoint. Stores of one process may share a port.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
     #: The SSD tier below DRAM: a directory holding its index log, bandwidth cache and lock (and
     #: its one device file when ``ssd_devices`` is empty). ``None``: DRAM only.
     ssd_directory: str | None = None
@@ -224,6 +228,10 @@ class StoreConfig:
         if not isinstance(self.dram_prefault, bool):
             raise ConfigError(f"`dram_prefault` is {shown(self.dram_prefault)}; expected true or false")
         _check_lease_ttl(self.lease_ttl_s)
+        if self.metrics_port is not None:
+            _int_in("metrics_port", self.metrics_port, 1, 65535)
+        if not isinstance(self.metrics_addr, str) or not self.metrics_addr:
+            raise ConfigError(f"`metrics_addr` is {shown(self.metrics_addr)}; expected a host address")
         self._check_ssd()
         object.__setattr__(self, "remote_urls", normalize_urls(self.remote_urls))
         object.__setattr__(

@@ -253,6 +253,10 @@ class Store:
             config.remote_options(),
         )
         assert bytes(self._core.namespace_hash) == self.namespace.hash
+        if config.metrics_port is not None:
+            from kvtier.metrics import serve
+
+            serve(self, config.metrics_port, config.metrics_addr)
         metrics = self._core.ssd_metrics()
         if metrics is not None:
             for warning in metrics["warnings"]:

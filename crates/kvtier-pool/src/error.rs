@@ -1,7 +1,7 @@
 //! Errors of kvtier-pool. Messages name the wrong value and the expected one, because they reach
 //! users verbatim (through `StoreError` and the Python exceptions).
 
-use kvtier_core::tier::IntegrityError;
+pub use kvtier_core::tier::IntegrityError;
 use thiserror::Error;
 
 /// Failures of building or checking a tier. A miss or a full tier is a value, never one of these.

@@ -39,12 +39,10 @@ pub use demote::{Demotion, Victim};
 use state::{DramState, Entry, EntryState, PinnedAt};
 
 use crate::arena::Arena;
-use crate::error::{integrity, PoolError};
+use crate::error::{integrity, IntegrityError, PoolError};
 use crate::eviction::EvictionPolicy;
 use crate::extent::{round_up_to_pages, ExtentAllocator, PAGE_BYTES};
-use crate::tier::{
-    locate_each, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
-};
+use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 
 const HEADER: usize = OBJECT_HEADER_BYTES;
 /// Unit of parallel prefaulting, in bytes.

@@ -1,0 +1,233 @@
+"""Prometheus metrics of running stores, under ``kvtier_`` names (docs/metrics.md).
+
+``StoreConfig(metrics_port=9464)`` serves ``/metrics`` for the store on that port (loopback by
+default, ``metrics_addr`` to change it); several stores of one process may name the same port and
+are told apart by their ``namespace`` label. Values are read from the store's own counters when
+Prometheus scrapes (:meth:`Store.stats`, :meth:`Store.tier_stats`, :meth:`Store.ssd_metrics`,
+:meth:`Store.remote_metrics`): nothing is added to the store's hot paths, and a store that is
+gone (garbage-collected) leaves the scrape.
+
+Labels: ``namespace`` (the first 8 bytes of the store's namespace hash, hex: never the model id,
+a URL or a password), ``tier`` (dram, ssd, remote), ``device`` (the SSD device's index), ``op``
+(exists, get, set, del), ``quantile`` (0.5, 0.99: latencies are the tiers' own p50/p99, exported
+as gauges). :data:`METRICS` is the one list of every metric; docs/metrics.md is checked against it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvtier.errors import ConfigError
+from kvtier.keys import Namespace
+
+
+class Store(Protocol):
+    """What the metrics read of a :class:`kvtier.store.Store` (which imports this module)."""
+
+    namespace: Namespace
+
+    def stats(self) -> Any: ...
+    def tier_stats(self) -> Mapping[str, Any]: ...
+    def ssd_metrics(self) -> dict[str, Any] | None: ...
+    def remote_metrics(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric: its name (``kvtier_`` + name, counters end in ``_total``), kind,
+    labels beyond ``namespace``, and help text."""
+
+    name: str
+    kind: str  # "counter" | "gauge"
+    labels: tuple[str, ...]
+    help: str
+
+
+def _store_metrics() -> list[Metric]:
+    help_ = {
+        "lookups": "lookups (one per lookup or lease call)",
+        "hit_blocks": "blocks found by lookups",
+        "miss_blocks": "blocks lookups did not find",
+        "put_blocks": "blocks put",
+        "put_bytes": "bytes put",
+        "loaded_blocks": "blocks loaded and verified",
+        "loaded_bytes": "bytes loaded and verified",
+        "evictions": "blocks evicted from DRAM",
+        "rejected_puts": "blocks no tier took",
+        "checksum_failures": "stored copies that failed verification (never served)",
+        "leases_expired": "leases reclaimed after their TTL",
+        "demoted_blocks": "blocks DRAM gave up that are in the SSD tier",
+        "admission_skipped": "blocks DRAM gave up under the SSD admission threshold",
+        "demotion_failed": "blocks the SSD tier refused on demotion",
+        "promoted_blocks": "blocks copied up into DRAM on a hit below it",
+        "written_through": "blocks written to SSD at put time",
+        "dropped_evictions": "blocks DRAM evicted without trying SSD",
+        "remote_written": "blocks written to the remote tier",
+        "remote_write_failed": "blocks the remote tier did not take",
+        "load_missing": "leased blocks gone when loaded (misses)",
+    }
+    out = [Metric(f"store_{k}_total", "counter", (), v) for k, v in help_.items()]
+    out.append(Metric("store_leases_active", "gauge", (), "leases held now"))
+    return out
+
+
+#: StoreStats fields exported (the codec byte counters are in the tier metrics' encoded rows).
+STORE_FIELDS = tuple(m.name[len("store_") : -len("_total")] for m in _store_metrics() if m.kind == "counter")
+TIER_GAUGES = ("objects", "pinned_objects", "doomed_objects", "used_bytes", "capacity_bytes")
+TIER_COUNTERS = ("stored", "evictions", "rejected", "checksum_failures")
+SSD_DEVICE_COUNTERS = ("bytes_read", "bytes_written", "read_ops", "write_ops", "io_errors")
+SSD_DEVICE_GAUGES = ("queue_depth", "queue_depth_max", "used_bytes", "capacity_bytes", "objects")
+REMOTE_OP_COUNTERS = ("batches", "keys", "bytes", "errors")
+REMOTE_FAULTS = (
+    "connects", "reconnects", "connect_failures", "auth_failures", "down_misses",
+    "down_skipped_writes", "missing_on_get", "bad_magic", "bad_length", "bad_checksum",
+    "foreign_objects", "redirects", "slot_refreshes",
+)  # fmt: skip
+
+METRICS: tuple[Metric, ...] = (
+    *_store_metrics(),
+    *(Metric(f"tier_{f}", "gauge", ("tier",), f"{f.replace('_', ' ')} per tier") for f in TIER_GAUGES),
+    *(
+        Metric(f"tier_{f}_total", "counter", ("tier",), f"{f.replace('_', ' ')} per tier")
+        for f in TIER_COUNTERS
+    ),
+    *(
+        Metric(f"ssd_device_{f}_total", "counter", ("device",), f"SSD device {f.replace('_', ' ')}")
+        for f in SSD_DEVICE_COUNTERS
+    ),
+    *(
+        Metric(f"ssd_device_{f}", "gauge", ("device",), f"SSD device {f.replace('_', ' ')}")
+        for f in SSD_DEVICE_GAUGES
+    ),
+    Metric("ssd_device_latency_seconds", "gauge", ("device", "op", "quantile"), "SSD read/write latency"),
+    *(
+        Metric(f"remote_{f}_total", "counter", ("op",), f"remote {f} per operation")
+        for f in REMOTE_OP_COUNTERS
+    ),
+    Metric("remote_latency_seconds", "gauge", ("op", "quantile"), "remote batch latency"),
+    *(
+        Metric(f"remote_{f}_total", "counter", (), f"remote tier: {f.replace('_', ' ')}")
+        for f in REMOTE_FAULTS
+    ),
+    Metric("remote_nodes", "gauge", (), "remote server nodes known"),
+    Metric("remote_nodes_down", "gauge", (), "remote server nodes marked down"),
+)
+_BY_NAME = {m.name: m for m in METRICS}
+
+
+def namespace_label(store: Store) -> str:
+    return store.namespace.hash[:8].hex()
+
+
+def samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
+    """Every sample of one store: (metric name without ``kvtier_``, labels, value)."""
+    stats = store.stats()
+    for f in STORE_FIELDS:
+        yield f"store_{f}_total", {}, float(getattr(stats, f))
+    yield "store_leases_active", {}, float(stats.leases_active)
+    for tier, ts in store.tier_stats().items():
+        for f in TIER_GAUGES:
+            yield f"tier_{f}", {"tier": tier}, float(getattr(ts, f))
+        for f in TIER_COUNTERS:
+            yield f"tier_{f}_total", {"tier": tier}, float(getattr(ts, f))
+    ssd = store.ssd_metrics()
+    for i, dev in enumerate(ssd["devices"] if ssd else ()):
+        device = {"device": str(i)}
+        for f in SSD_DEVICE_COUNTERS:
+            yield f"ssd_device_{f}_total", device, float(dev[f])
+        for f in SSD_DEVICE_GAUGES:
+            yield f"ssd_device_{f}", device, float(dev[f])
+        for op in ("read", "write"):
+            for q, key in (("0.5", "p50"), ("0.99", "p99")):
+                labels = {**device, "op": op, "quantile": q}
+                yield "ssd_device_latency_seconds", labels, float(dev[f"{op}_{key}_s"])
+    remote = store.remote_metrics()
+    if remote:
+        for op in ("exists", "get", "set", "del"):
+            for f in REMOTE_OP_COUNTERS:
+                yield f"remote_{f}_total", {"op": op}, float(remote[op][f])
+            for q, key in (("0.5", "p50"), ("0.99", "p99")):
+                yield (
+                    "remote_latency_seconds",
+                    {"op": op, "quantile": q},
+                    float(remote[op][f"latency_{key}_s"]),
+                )
+        for f in REMOTE_FAULTS:
+            yield f"remote_{f}_total", {}, float(remote[f])
+        yield "remote_nodes", {}, float(remote["nodes"])
+        yield "remote_nodes_down", {}, float(remote["nodes_down"])
+
+
+class StoreCollector:
+    """A prometheus_client collector over the stores registered with it (weakly held)."""
+
+    def __init__(self) -> None:
+        self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, store: Store) -> None:
+        with self._lock:
+            self._stores.add(store)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        families: dict[str, Any] = {}
+        for m in METRICS:
+            labels = ["namespace", *m.labels]
+            if m.kind == "counter":  # prometheus_client appends `_total` itself
+                families[m.name] = CounterMetricFamily(
+                    f"kvtier_{m.name[: -len('_total')]}", m.help, labels=labels
+                )
+            else:
+                families[m.name] = GaugeMetricFamily(f"kvtier_{m.name}", m.help, labels=labels)
+        with self._lock:
+            stores = list(self._stores)
+        for store in stores:
+            ns = namespace_label(store)
+            for name, sample_labels, value in samples(store):
+                m = _BY_NAME[name]
+                families[name].add_metric([ns, *(sample_labels[k] for k in m.labels)], value)
+        yield from families.values()
+
+
+_servers: dict[tuple[str, int], StoreCollector] = {}
+_servers_lock = threading.Lock()
+
+
+def serve(store: Store, port: int, addr: str = "127.0.0.1") -> None:
+    """Exports `store` on ``http://addr:port/metrics`` (starting the endpoint on first use of
+    that address in this process). Raises ConfigError naming `metrics_port` when it cannot bind."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as e:
+        raise ConfigError(
+            "`metrics_port` needs the prometheus_client package (pip install prometheus_client)"
+        ) from e
+    with _servers_lock:
+        collector = _servers.get((addr, port))
+        if collector is None:
+            collector = StoreCollector()
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(collector)
+            try:
+                start_http_server(port, addr=addr, registry=registry)
+            except OSError as e:
+                raise ConfigError(f"`metrics_port` {port} on {addr}: cannot serve metrics there ({e})") from e
+            _servers[(addr, port)] = collector
+        collector.add(store)
+
+
+def parse(text: str) -> Mapping[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A scrape's samples as {(name, sorted labels): value} (``kvtier top`` and the tests)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out

@@ -1,0 +1,166 @@
+"""Prometheus metrics (kvtier.metrics): a real store with DRAM, SSD and a real Redis tier serves
+/metrics over HTTP; scrapes move with real traffic and never leak a URL or a password."""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import socket
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier import Store, StoreConfig
+from kvtier.errors import ConfigError
+from kvtier.geometry import Geometry
+from kvtier.keys import block_keys
+from kvtier.metrics import METRICS, namespace_label, parse
+from kvtier.testing.redis import LocalRedis, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+GEOMETRY = Geometry(num_layers=2, num_kv_heads=2, head_dim=16, dtype="fp16", block_tokens=16)
+PASSWORD = "s3cret-pw"
+
+
+def store_on_free_port(make: Callable[[int], StoreConfig]) -> Store:
+    """A store serving metrics on a port that was free (another process may take it between the
+    pick and the bind: try again on another)."""
+    for _ in range(5):
+        try:
+            return Store(make(free_port()))
+        except ConfigError as e:
+            if "cannot serve metrics" not in str(e):
+                raise
+    raise AssertionError("no free port for the metrics endpoint in 5 tries")
+
+
+def scrape(store: Store) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+    port = store.config.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return text, dict(parse(text))
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    matches = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
+    assert len(matches) == 1, f"{name} {labels}: {len(matches)} samples"
+    return matches[0]
+
+
+def test_scrape_of_a_store_with_every_tier_moves_with_real_traffic(tmp_path: Path) -> None:
+    (tmp_path / "ssd").mkdir()
+    with LocalRedis(tmp_path / "redis", password=PASSWORD) as redis:
+        store = store_on_free_port(
+            lambda port: StoreConfig(
+                geometry=GEOMETRY, model_id="metrics-test", dram_capacity_bytes="1MiB",
+                ssd_directory=str(tmp_path / "ssd"), ssd_capacity_bytes="16MiB", ssd_write_through=True,
+                ssd_probe_bytes=0, remote_urls=(redis.url,), metrics_port=port,
+            )
+        )  # fmt: skip
+        ns = namespace_label(store)
+        text0, before = scrape(store)
+        tokens = np.arange(16 * 8, dtype=np.uint32)
+        keys = block_keys(store.namespace, tokens)
+        objects = np.random.default_rng(0).integers(0, 255, (8, GEOMETRY.block_bytes), dtype=np.uint8)
+        store.put(keys, objects)
+        out = np.zeros_like(objects)
+        with store.lease(keys) as lease:
+            store.load(lease, out)
+        assert np.array_equal(out, objects)
+        text1, after = scrape(store)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, namespace=ns, **labels) - value(before, name, namespace=ns, **labels)
+
+    assert delta("kvtier_store_put_blocks_total") == 8
+    assert delta("kvtier_store_put_bytes_total") == 8 * GEOMETRY.block_bytes
+    assert delta("kvtier_store_hit_blocks_total") == 8
+    assert delta("kvtier_store_loaded_blocks_total") == 8
+    assert value(after, "kvtier_store_leases_active", namespace=ns) == 0
+    assert delta("kvtier_tier_objects", tier="dram") == 8
+    assert delta("kvtier_tier_used_bytes", tier="dram") > 0
+    assert value(after, "kvtier_tier_capacity_bytes", tier="dram", namespace=ns) == 2**20
+    assert delta("kvtier_tier_stored_total", tier="ssd") == 8
+    assert delta("kvtier_ssd_device_bytes_written_total", device="0") >= 8 * GEOMETRY.block_bytes
+    assert delta("kvtier_remote_keys_total", op="set") == 8
+    assert delta("kvtier_remote_bytes_total", op="set") >= 8 * GEOMETRY.block_bytes
+    assert value(after, "kvtier_remote_connects_total", namespace=ns) >= 1
+    assert value(after, "kvtier_remote_latency_seconds", op="set", quantile="0.99", namespace=ns) > 0
+    for text in (text0, text1):
+        assert PASSWORD not in text and "redis://" not in text and "metrics-test" not in text
+        assert str(tmp_path) not in text  # SSD device paths stay out too
+
+
+def test_two_stores_share_a_port_and_a_dropped_store_leaves_the_scrape(tmp_path: Path) -> None:
+    first = store_on_free_port(
+        lambda port: StoreConfig(
+            geometry=GEOMETRY, model_id="a", dram_capacity_bytes="1MiB", metrics_port=port
+        )
+    )
+    second = Store(
+        StoreConfig(
+            geometry=GEOMETRY,
+            model_id="b",
+            dram_capacity_bytes="1MiB",
+            metrics_port=first.config.metrics_port,
+        )
+    )
+    _, samples = scrape(first)
+    names = {dict(ls)["namespace"] for (n, ls), _ in samples.items() if n == "kvtier_store_lookups_total"}
+    assert names == {namespace_label(first), namespace_label(second)}
+    gone = namespace_label(second)
+    del second
+    gc.collect()
+    _, samples = scrape(first)
+    assert all(dict(ls).get("namespace") != gone for (_, ls) in samples)
+
+
+def test_every_declared_metric_is_exported_and_no_other(tmp_path: Path) -> None:
+    (tmp_path / "ssd").mkdir()
+    with LocalRedis(tmp_path / "redis") as redis:
+        store = store_on_free_port(
+            lambda port: StoreConfig(
+                geometry=GEOMETRY, model_id="all", dram_capacity_bytes="1MiB", ssd_directory=str(tmp_path / "ssd"),
+                ssd_capacity_bytes="16MiB", ssd_probe_bytes=0, remote_urls=(redis.url,), metrics_port=port,
+            )
+        )  # fmt: skip
+        _, samples = scrape(store)
+    exported = {n for (n, ls), _ in samples.items() if n.startswith("kvtier_")}
+    declared = {f"kvtier_{m.name}" for m in METRICS}
+    assert exported == declared
+
+
+@pytest.mark.parametrize("port", [0, 70000, True, "9464"])
+def test_bad_metrics_port_is_a_config_error_naming_the_key(port: object) -> None:
+    with pytest.raises(ConfigError, match="metrics_port"):
+        StoreConfig(geometry=GEOMETRY, model_id="bad", metrics_port=port)  # type: ignore[arg-type]
+
+
+def test_a_port_taken_by_another_program_is_a_config_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"`metrics_port` {port}"):
+            Store(
+                StoreConfig(
+                    geometry=GEOMETRY, model_id="taken", dram_capacity_bytes="1MiB", metrics_port=port
+                )
+            )
+
+
+def test_docs_list_every_metric_and_the_dashboard_queries_only_real_ones() -> None:
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(kvtier_[a-z0-9_]+)`", doc))
+    declared = {f"kvtier_{m.name}" for m in METRICS}
+    assert declared - listed == set(), "metrics missing from docs/metrics.md"
+    assert listed - declared == set(), "docs/metrics.md lists metrics that do not exist"
+    dashboard = json.loads((ROOT / "docs" / "grafana-kvtier.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert exprs
+    used = {n for e in exprs for n in re.findall(r"kvtier_[a-z0-9_]+", e)}
+    assert used and used <= declared, f"dashboard queries unknown metrics {sorted(used - declared)}"
