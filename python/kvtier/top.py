@@ -1,0 +1,151 @@
+"""``kvtier top``: a live terminal view of running stores, read from their metrics endpoint.
+
+Every ``--interval`` seconds it scrapes ``/metrics`` (a store started with ``metrics_port``,
+docs/metrics.md) and shows, per store (its ``namespace`` label) and tier: occupancy, objects,
+hit rate, bytes put and loaded per second, evictions per second; per SSD device and per remote
+operation: bandwidth and p99 latency. Rates are differences of two scrapes. ``--once`` prints one
+view (two scrapes ``--interval`` apart) and exits, for scripts and logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from kvtier.errors import KvtierError
+from kvtier.metrics import parse
+
+Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return parse(r.read().decode())
+    except (urllib.error.URLError, OSError) as e:
+        raise KvtierError(
+            f"cannot read metrics from {url}: {e}; is a store running with metrics_port?"
+        ) from e
+
+
+def _by(samples: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
+    """Values of metric `name` keyed by the label values `keys`."""
+    out: dict[tuple[str, ...], float] = {}
+    for (n, labels), v in samples.items():
+        if n == name:
+            d = dict(labels)
+            out[tuple(d.get(k, "") for k in keys)] = out.get(tuple(d.get(k, "") for k in keys), 0.0) + v
+    return out
+
+
+def _rate(new: Samples, old: Samples, name: str, seconds: float, *keys: str) -> dict[tuple[str, ...], float]:
+    a, b = _by(new, name, *keys), _by(old, name, *keys)
+    return {k: max(0.0, v - b.get(k, 0.0)) / seconds for k, v in a.items()}
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def tables(new: Samples, old: Samples, seconds: float) -> list[Any]:
+    """The view: rich tables built from two scrapes `seconds` apart."""
+    from rich.table import Table
+
+    stores = Table(title="kvtier stores", title_justify="left")
+    for col in ("namespace", "tier", "occupancy", "objects", "hit rate", "put/s", "loaded/s", "evictions/s"):
+        stores.add_column(col, justify="left" if col in ("namespace", "tier") else "right")
+    used = _by(new, "kvtier_tier_used_bytes", "namespace", "tier")
+    cap = _by(new, "kvtier_tier_capacity_bytes", "namespace", "tier")
+    objects = _by(new, "kvtier_tier_objects", "namespace", "tier")
+    evict = _rate(new, old, "kvtier_tier_evictions_total", seconds, "namespace", "tier")
+    hits = _rate(new, old, "kvtier_store_hit_blocks_total", seconds, "namespace")
+    misses = _rate(new, old, "kvtier_store_miss_blocks_total", seconds, "namespace")
+    put = _rate(new, old, "kvtier_store_put_bytes_total", seconds, "namespace")
+    loaded = _rate(new, old, "kvtier_store_loaded_bytes_total", seconds, "namespace")
+    for ns, tier in sorted(used):
+        first = tier == min(t for n, t in used if n == ns)
+        looked = hits.get((ns,), 0.0) + misses.get((ns,), 0.0)
+        hit_rate = f"{hits.get((ns,), 0.0) / looked:.0%}" if first and looked else ("-" if first else "")
+        capacity = cap.get((ns, tier), 0.0)
+        stores.add_row(
+            ns if first else "", tier,
+            f"{used[ns, tier] / capacity:.0%} of {_bytes(capacity)}" if capacity else "-",
+            f"{objects.get((ns, tier), 0.0):.0f}", hit_rate,
+            f"{_bytes(put.get((ns,), 0.0))}/s" if first else "", f"{_bytes(loaded.get((ns,), 0.0))}/s" if first else "",
+            f"{evict.get((ns, tier), 0.0):.1f}",
+        )  # fmt: skip
+    out: list[Any] = [stores]
+    read = _rate(new, old, "kvtier_ssd_device_bytes_read_total", seconds, "namespace", "device")
+    if read:
+        written = _rate(new, old, "kvtier_ssd_device_bytes_written_total", seconds, "namespace", "device")
+        lat = _by(new, "kvtier_ssd_device_latency_seconds", "namespace", "device", "op", "quantile")
+        ssd = Table(title="SSD devices", title_justify="left")
+        for col in ("namespace", "device", "read/s", "write/s", "read p99", "write p99"):
+            ssd.add_column(col, justify="left" if col == "namespace" else "right")
+        for ns, dev in sorted(read):
+            ssd.add_row(
+                ns, dev, f"{_bytes(read[ns, dev])}/s", f"{_bytes(written.get((ns, dev), 0.0))}/s",
+                f"{lat.get((ns, dev, 'read', '0.99'), 0.0) * 1e3:.2f} ms",
+                f"{lat.get((ns, dev, 'write', '0.99'), 0.0) * 1e3:.2f} ms",
+            )  # fmt: skip
+        out.append(ssd)
+    moved = _rate(new, old, "kvtier_remote_bytes_total", seconds, "namespace", "op")
+    if moved:
+        lat = _by(new, "kvtier_remote_latency_seconds", "namespace", "op", "quantile")
+        errors = _rate(new, old, "kvtier_remote_errors_total", seconds, "namespace", "op")
+        down = _by(new, "kvtier_remote_nodes_down", "namespace")
+        remote = Table(title="remote tier", title_justify="left")
+        for col in ("namespace", "op", "bytes/s", "p99", "errors/s", "nodes down"):
+            remote.add_column(col, justify="left" if col in ("namespace", "op") else "right")
+        for ns, op in sorted(moved):
+            remote.add_row(
+                ns, op, f"{_bytes(moved[ns, op])}/s", f"{lat.get((ns, op, '0.99'), 0.0) * 1e3:.2f} ms",
+                f"{errors.get((ns, op), 0.0):.1f}", f"{down.get((ns,), 0.0):.0f}",
+            )  # fmt: skip
+        out.append(remote)
+    return out
+
+
+def run(url: str, interval: float, once: bool) -> None:
+    from rich.console import Console, Group
+    from rich.live import Live
+
+    console = Console()
+    old, t_old = scrape(url), time.monotonic()
+    if once:
+        time.sleep(interval)
+        new, t_new = scrape(url), time.monotonic()
+        for table in tables(new, old, t_new - t_old):
+            console.print(table)
+        return
+    with Live(console=console, refresh_per_second=4, screen=False) as live:
+        while True:
+            time.sleep(interval)
+            new, t_new = scrape(url), time.monotonic()
+            live.update(Group(*tables(new, old, t_new - t_old)))
+            old, t_old = new, t_new
+
+
+def add_command(sub: Any) -> None:
+    """`kvtier top` (called where the CLI registers its subcommands)."""
+    cmd = sub.add_parser("top", help="live view of running stores (their metrics endpoint)")
+    cmd.add_argument("url", nargs="?", default="http://127.0.0.1:9464/metrics", help="a store's /metrics URL")
+    cmd.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    cmd.add_argument("--once", action="store_true", help="print one view and exit")
+
+    def main(args: argparse.Namespace) -> None:
+        if not args.interval > 0:
+            raise KvtierError(f"--interval is {args.interval}; expected seconds > 0")
+        with contextlib.suppress(KeyboardInterrupt):
+            run(args.url, args.interval, args.once)
+
+    cmd.set_defaults(func=main)
