@@ -96,13 +96,13 @@ def drive(
 def record_swap_outs(engine: Engine) -> list[int]:
     """The swapped request's computed tokens at each of ``engine``'s swap-outs, from now on."""
     computed: list[int] = []
-    swap_out = engine._swap_out
+    swap_out = engine.swap_out
 
     def recording(r: object) -> None:
         computed.append(r.num_computed)  # type: ignore[attr-defined]
         swap_out(r)  # type: ignore[arg-type]
 
-    engine._swap_out = recording  # type: ignore[method-assign]
+    engine.swap_out = recording  # type: ignore[method-assign]
     return computed
 
 

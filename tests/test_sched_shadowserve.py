@@ -213,7 +213,7 @@ def _engine(
 
 def test_preload_tier_serves_every_prompt_from_the_store() -> None:
     loop, engine, metrics, cluster = _engine("shadowserve_async", 10_000, Tier.REMOTE)
-    assert engine._view().kv_bytes_per_token == KV
+    assert engine.view().kv_bytes_per_token == KV
     prompt = 55 * BT + 10
     requests = [Request(i, 5.0 * i, prompt, 4, tuple(range(100 * i, 100 * i + 56))) for i in range(3)]
     cluster.feed(iter(requests))

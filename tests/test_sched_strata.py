@@ -294,7 +294,7 @@ def test_views_carry_the_prompts_block_keys() -> None:
     keys = (11, 12, 13)
     engine.stepping = True  # hold the step loop: only the view is wanted
     engine.submit(Request(0, 0.0, 3 * BT, 1, keys))
-    assert engine._view().waiting[0].block_keys == keys
+    assert engine.view().waiting[0].block_keys == keys
 
 
 def test_client_cap_sends_a_held_request_when_one_finishes() -> None:

@@ -351,14 +351,14 @@ def test_eager_rotation_moves_only_the_dirty_tail_and_frees_synced_blocks_at_onc
     policy = _Scripted(TRANSFER_ENGINES["duplexkv"], out_id=0, out_after=40)
     loop, engine, metrics, cluster, rec = _engine(policy)
     freed: list[int] = []
-    swap_out = engine._swap_out
+    swap_out = engine.swap_out
 
     def watched(r):  # type: ignore[no-untyped-def]
         before = engine.available_device_blocks()  # free + cached-unlocked (the prompt's blocks)
         swap_out(r)
         freed.append(engine.available_device_blocks() - before)
 
-    engine._swap_out = watched  # type: ignore[method-assign]
+    engine.swap_out = watched  # type: ignore[method-assign]
     cluster.feed(iter(_requests(160)))
     loop.run()
     assert metrics.requests == 1 and metrics.preemptions == 0

@@ -355,7 +355,7 @@ def test_swap_out_and_in_keeps_the_request_and_moves_its_kv() -> None:
     swapped_bytes = math.ceil((128 + 2) / BT) * engine.block_bytes  # prompt + tokens at swap time
     assert engine.host_link.bytes_moved[Direction.OUT] >= swapped_bytes
     assert engine.host_link.bytes_moved[Direction.IN] == engine.host_link.bytes_moved[Direction.OUT]
-    assert engine.swap_host_blocks == 0 and not engine.swapped
+    assert engine.lower_tiers.swap_host_blocks == 0 and not engine.swapped
     assert engine.private_blocks == 0
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvtier import layout
-from kvtier.engine.errors import EngineInputError
+from kvtier.engine.errors import EngineError, EngineInputError
 from kvtier.engine.kv import PagedKvPool
 from kvtier.keys import BlockKeys
 from kvtier.store import Store
@@ -61,6 +61,11 @@ class KvTransfer(ABC):
         """Starts loading ``keys`` (all held, per :meth:`lookup`) into ``block_ids``; ``None`` when
         this transfer has no asynchronous path (the engine then calls :meth:`load`)."""
         return None
+
+    def prefetch(self, keys: BlockKeys) -> int:
+        """Brings the blocks of ``keys``' held prefix that sit below host memory (SSD, remote) up
+        into it (Strata §4.3.3); returns how many moved up. Raises where this transfer cannot."""
+        raise EngineError(f"{type(self).__name__} cannot prefetch blocks into host memory")
 
     @abstractmethod
     def save(self, keys: BlockKeys, block_ids: Sequence[int]) -> int:
@@ -103,6 +108,9 @@ class StoreKvTransfer(KvTransfer):
 
     def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
         return self.store.lookup(keys).tiers if len(keys) else ()
+
+    def prefetch(self, keys: BlockKeys) -> int:
+        return promote(self.store, keys)
 
     def load(self, keys: BlockKeys, block_ids: Sequence[int]) -> LoadResult:
         keys = keys[: len(block_ids)]
@@ -152,6 +160,9 @@ class TransferEngineKvTransfer(KvTransfer):
     def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
         return self.store.lookup(keys).tiers if len(keys) else ()
 
+    def prefetch(self, keys: BlockKeys) -> int:
+        return promote(self.store, keys)
+
     def load(self, keys: BlockKeys, block_ids: Sequence[int]) -> LoadResult:
         keys = keys[: len(block_ids)]
         tiers = self.lookup(keys)
@@ -168,6 +179,32 @@ class TransferEngineKvTransfer(KvTransfer):
             return None  # not all held any more: the synchronous path loads what is
         job = self.engine.submit_load(keys, self.pool.pool, list(block_ids))
         return _TransferJobLoad(self.engine, job, tiers)
+
+
+def promote(store: Store, keys: BlockKeys) -> int:
+    """Reads the held prefix of ``keys`` once, so that the store promotes its SSD and remote hits
+    into DRAM (``*_promote_on_hit``); returns the blocks that moved up. A tier holding some of them
+    with promotion off raises: the prefetch could not be carried out."""
+    if not len(keys):
+        return 0
+    with store.lease(keys) as lease:
+        below = [t for t in lease.tiers if STORE_TIER_INDEX[t] > 1]
+        if not below:
+            return 0
+        config = store.config
+        for tier, promotes in (("ssd", config.ssd_promote_on_hit), ("remote", config.remote_promote_on_hit)):
+            if tier in below and not promotes:
+                raise EngineError(
+                    f"the store does not promote {tier} hits (`{tier}_promote_on_hit`): no prefetch"
+                )
+        staging = np.empty((lease.hit_blocks, store.block_bytes), dtype=np.uint8)
+        store.load(lease, staging)
+    after = store.lookup(keys).tiers
+    return sum(
+        1
+        for i, t in enumerate(after[: len(lease.tiers)])
+        if STORE_TIER_INDEX[t] < STORE_TIER_INDEX[lease.tiers[i]]
+    )
 
 
 class _TransferJobLoad(PendingLoad):

@@ -14,10 +14,12 @@ request's copy stays private). Entries from ``locked`` on are private.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtier.engine.errors import EngineInputError
 from kvtier.engine.sampling import SamplingParams
 from kvtier.keys import BlockKeys, Namespace
 from kvtier.sched.base import Phase
@@ -40,6 +42,41 @@ class RequestOutput:
     cached_tokens: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0
     swaps: int = 0
+
+
+def check_prompt(
+    prompt: Sequence[int],
+    params: SamplingParams,
+    vocab: int,
+    context: int,
+    block_tokens: int,
+    num_blocks: int,
+) -> list[int]:
+    """The prompt as a list of ints if the request can run on a model of ``vocab`` tokens and a
+    ``context``-token window, in a pool of ``num_blocks`` blocks; else :class:`EngineInputError`."""
+    if not isinstance(params, SamplingParams):
+        raise EngineInputError(f"sampling is {type(params).__name__}; expected kvtier.engine.SamplingParams")
+    ids = np.asarray(prompt)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise EngineInputError(f"a prompt must be a 1-D sequence of token ids; got shape {ids.shape}")
+    if ids.size == 0:
+        raise EngineInputError("the prompt is empty; expected at least one token")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise EngineInputError(f"prompt token ids must be in 0..{vocab - 1}")
+    if ids.size >= context:
+        raise EngineInputError(
+            f"the prompt has {ids.size} tokens; the model's context is {context} tokens, "
+            f"so a prompt may have at most {context - 1} (one new token must fit)"
+        )
+    total = min(ids.size + params.max_tokens, context)
+    need = -(-total // block_tokens)
+    if need > num_blocks:
+        raise EngineInputError(
+            f"the KV pool has {num_blocks} blocks of {block_tokens} tokens "
+            f"({num_blocks * block_tokens} tokens); this request needs {need} "
+            f"({ids.size} prompt + {total - ids.size} new tokens): make the pool larger or max_tokens smaller"
+        )
+    return [int(t) for t in ids]
 
 
 class EngineRequest:
@@ -86,6 +123,11 @@ class EngineRequest:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    @property
+    def prefill_done(self) -> bool:
+        """Its prefill's KV is in the pool and its next token sampled: it may decode."""
+        return self.num_computed >= self.prefill_len and bool(self.output)
 
     def block_keys(self, num_blocks: int) -> BlockKeys:
         """Keys of the first ``num_blocks`` full blocks of its tokens."""

@@ -1,23 +1,21 @@
 """The engine loop: continuous batching over the paged pool, driven by a :mod:`kvtier.sched` policy.
 
-Each :meth:`Engine.step` builds a :class:`~kvtier.sched.SchedulerView` from the engine's queues (the
-same view the simulator builds, with prefix hits per tier from the device prefix cache and the
-:class:`~kvtier.engine.hierarchy.KvTransfer` below it), asks the policy for a
-:class:`~kvtier.sched.SchedulerDecision`, and applies it in the simulator's order: preemptions,
-swap-outs, swap-ins, then prefill chunks (admitting waiting requests: device prefix hit, then the
-policy's load from the lower tiers) and decodes, all packed into **one** forward pass. Prefill
-chunks and decode tokens are the same thing to the model (:meth:`Model.forward`), so chunked
-prefill and mixed steps need nothing extra.
+Each :meth:`Engine.step` builds a :class:`~kvtier.sched.SchedulerView` from the engine's queues
+(:mod:`kvtier.engine.view`), asks the policy for a :class:`~kvtier.sched.SchedulerDecision` and
+hands it to the decision executor (:mod:`kvtier.sched.executor`), the same one the simulator uses:
+it keeps the order and the validation, and this engine carries out each order on real KV. Prefill
+chunks (admitting waiting requests: device prefix hit, then the policy's load from the store,
+:mod:`kvtier.engine.loads`) and decodes are packed into **one** forward pass: to the model they are
+the same thing (:meth:`Model.forward`), so chunked prefill and mixed steps need nothing extra.
 
 Memory (vLLM v1's rules): a running request that cannot get a block preempts the most recently
 admitted other running request by recompute; a waiting request that cannot get its blocks is not
 admitted this step. Preemption by recompute drops the KV (full blocks go to the store first when
-there is one) and later prefills prompt + output again; by swap (``swap_out``) copies the request's
-blocks into bounded host slots and back (``swap_in``) through a :class:`kvtier.transfer.DuplexEngine`
-(SuperInfer §4.3.2): a step's swap-outs and swap-ins are one batched transfer per direction, run at
-once, and a swap-in into blocks a swap-out of the same step just freed waits for that copy's read. A
-swap-out that does not fit falls back to recompute. Loads and swaps finish before the step's
-forward pass.
+there is one) and later prefills prompt + output again; by swap it copies the request's blocks into
+bounded host slots and back (:mod:`kvtier.engine.swap`), falling back to recompute where they do not
+fit. Loads and swaps finish before the step's forward pass (layerwise loads: each layer's). An order
+this engine cannot carry out (a load for a request already running, a host prefetch with no store)
+raises :class:`EngineError`.
 
 Finished requests' full blocks, and with a ``write_through`` policy each prompt's blocks once
 prefilled, are saved to the store; evicted device blocks are therefore already below.
@@ -36,14 +34,17 @@ import numpy as np
 from kvtier.engine.blocks import BlockManager
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.errors import EngineError, EngineInputError
-from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer, PendingLoad
-from kvtier.engine.kv import F32Array, KvAccess, PagedKvPool, pool_geometry
+from kvtier.engine.hierarchy import KvTransfer
+from kvtier.engine.kv import KvAccess, PagedKvPool, pool_geometry
+from kvtier.engine.loads import LayerwiseAccess, StoreLoads
 from kvtier.engine.model import Model
-from kvtier.engine.request import EngineRequest, RequestOutput
+from kvtier.engine.request import EngineRequest, RequestOutput, check_prompt
 from kvtier.engine.sampling import SamplingParams, sample
+from kvtier.engine.swap import HostSwap
 from kvtier.engine.view import build_view
 from kvtier.keys import Namespace
 from kvtier.sched.base import LoadOrder, Phase, Policy, SchedulerView
+from kvtier.sched.executor import execute
 from kvtier.transfer import DuplexEngine
 
 #: Consecutive steps that schedule nothing while requests are unfinished before the engine gives up.
@@ -59,6 +60,7 @@ class EngineStats:
     load_s: float = 0.0
     loaded_blocks: int = 0
     saved_blocks: int = 0
+    prefetched_blocks: int = 0  # store blocks a host prefetch brought up into DRAM
     preemptions: int = 0
     swap_outs: int = 0
     swap_ins: int = 0
@@ -103,31 +105,17 @@ class Engine:
         self.requests: dict[int, EngineRequest] = {}
         self.waiting: list[EngineRequest] = []  # sorted by (arrival, id)
         self.running: list[EngineRequest] = []  # admission order: the tail is preempted first
-        # Swap (SuperInfer's DuplexKV, kvtier.transfer.DuplexEngine): host slots of BlockFirst
-        # objects; a step's swap-outs and swap-ins are one batched transfer per direction, the two
-        # running at once, finished before the step's forward pass.
-        self.swapped: dict[int, list[int]] = {}  # req_id -> the host slots holding its blocks
-        self.duplex: DuplexEngine | None = None
-        if config.swap_blocks:
-            self.host_slots = np.zeros((config.swap_blocks, geometry.block_bytes), dtype=np.uint8)
-            steps = max(config.swap_blocks, 1 << 16)  # a step may move every slot each way
-            self.duplex = DuplexEngine(geometry, self.pool.pool, self.host_slots, step_blocks_max=steps)
-        self._free_slots = list(range(config.swap_blocks))[::-1]
-        self._slots_to_free: list[int] = []  # read by this step's swap-ins: free after the transfer
-        # Blocks marked written or queued for copy-out in this step's swap-outs (or its rotations).
-        self._step_out_blocks: set[int] = set()
-        # req_id -> host slots still holding a swapped-in running request's first full blocks (KV
-        # is append-only: they stay synced), so its next swap-out copies only the newer blocks.
-        self._synced: dict[int, list[int]] = {}
-        self._rotating = False  # eager rotations submitted and not yet waited for
+        # Swap (SuperInfer's DuplexKV): host slots, copied a step's worth at a time (kvtier.engine.swap).
+        self.host_swap = HostSwap(geometry, self.pool.pool, config.swap_blocks)
         self.finished: list[EngineRequest] = []
         self.stats = EngineStats()
         # When a list: one (prefill chunks as (new, cached) pairs, decode context lengths, wall
         # seconds of the whole step) per computing step, for `kvtier sim calibrate`.
         self.step_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
-        # req_id -> (load in flight, first table index it fills, blocks, start time): settled within
-        # the step that started it (see _settle).
-        self._inflight: dict[int, tuple[PendingLoad, int, int, float]] = {}
+        # Loads from the store (kvtier.engine.loads); layerwise ones settle within their step.
+        self.loads = StoreLoads(
+            transfer, self.blocks, config.block_tokens, config.layerwise_loads, self.stats, self._commit
+        )
         self._next_id = 0
         self._rng = np.random.default_rng(seed)
         self._stalled = 0
@@ -159,32 +147,15 @@ class Engine:
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> list[int]:
         """The prompt as a list of ints if the request can run; else :class:`EngineInputError`."""
-        if not isinstance(params, SamplingParams):
-            raise EngineInputError(
-                f"sampling is {type(params).__name__}; expected kvtier.engine.SamplingParams"
-            )
-        ids = np.asarray(prompt)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise EngineInputError(f"a prompt must be a 1-D sequence of token ids; got shape {ids.shape}")
-        if ids.size == 0:
-            raise EngineInputError("the prompt is empty; expected at least one token")
-        vocab, context = self.model.config.vocab_size, self.model.config.max_context_tokens
-        if ids.min() < 0 or ids.max() >= vocab:
-            raise EngineInputError(f"prompt token ids must be in 0..{vocab - 1}")
-        if ids.size >= context:
-            raise EngineInputError(
-                f"the prompt has {ids.size} tokens; the model's context is {context} tokens, "
-                f"so a prompt may have at most {context - 1} (one new token must fit)"
-            )
-        total = min(ids.size + params.max_tokens, context)
-        need = -(-total // self.config.block_tokens)
-        if need > self.config.num_blocks:
-            raise EngineInputError(
-                f"the KV pool has {self.config.num_blocks} blocks of {self.config.block_tokens} tokens "
-                f"({self.config.num_blocks * self.config.block_tokens} tokens); this request needs {need} "
-                f"({ids.size} prompt + {total - ids.size} new tokens): make the pool larger or max_tokens smaller"
-            )
-        return [int(t) for t in ids]
+        c = self.model.config
+        return check_prompt(
+            prompt,
+            params,
+            c.vocab_size,
+            c.max_context_tokens,
+            self.config.block_tokens,
+            self.config.num_blocks,
+        )
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -209,49 +180,9 @@ class Engine:
     def step(self) -> int:
         """Runs one engine step; returns the tokens computed (0: nothing could be scheduled)."""
         step_start = time.perf_counter()
-        self._rotations_done()
-        decision = self.policy.schedule(self.view())
-        # Epochs before any preemption or swap: work planned for a request that leaves is dropped.
-        epochs = {rid: self._get(rid, "prefill").epoch for rid, _ in decision.prefill}
-        epochs.update((rid, self._get(rid, "decode").epoch) for rid in decision.decode)
-        for rid in decision.preempt:
-            self._preempt(self._get(rid, "preempt"))
-        for rid in decision.swap_out:
-            self._swap_out(self._get(rid, "swap out"))
-        for rid in decision.swap_in:
-            self._swap_in(self._get(rid, "swap in"))
-        self._swap_transfers()
-        loads = {lo.req_id: lo for lo in decision.loads if lo.target == "device"}
+        self.host_swap.rotations_done()
         batch: list[tuple[EngineRequest, int, int]] = []  # (request, new tokens, epoch)
-        for rid, n in decision.prefill:
-            r = self.requests[rid]
-            if r.epoch != epochs[rid]:
-                continue
-            admitted = r.phase is Phase.WAITING
-            if admitted:
-                self._admit(r, loads.pop(rid, None))
-            if r.phase is not Phase.RUNNING or r.num_computed >= r.prefill_len:
-                continue
-            n = min(n, r.prefill_len - r.num_computed)
-            # A request admitted now never preempts others for its blocks; it waits instead.
-            if self._grow(r, r.num_computed + n, preempt=not admitted):
-                batch.append((r, n, r.epoch))
-            elif admitted:
-                self._unadmit(r)
-        for rid in decision.decode:
-            r = self.requests[rid]
-            if r.epoch != epochs[rid]:
-                continue
-            if r.phase is not Phase.RUNNING or r.num_computed < r.prefill_len or not r.output:
-                raise EngineError(
-                    f"policy {self.policy.name!r} decodes request {rid} ({r.phase.value}) before its prefill is done"
-                )
-            if self._grow(r, r.num_tokens, preempt=True):
-                batch.append((r, 1, r.epoch))
-        for rid, load in loads.items():  # an asynchronous fetch: admit and load now, compute next step
-            r = self._get(rid, "load")
-            if r.phase is Phase.WAITING:
-                self._admit(r, load)
+        execute(self.policy.schedule(self.view()), self, batch)
         # Passive preemption may have evicted a request planned earlier in this step.
         batch = [(r, n, e) for r, n, e in batch if r.epoch == e and r.phase is Phase.RUNNING]
         if not batch:
@@ -265,7 +196,8 @@ class Engine:
             [(n, r.num_computed) for r, n, _ in batch if r.num_computed < r.prefill_len],
             [r.num_computed for r, n, _ in batch if r.num_computed >= r.prefill_len],
         )
-        self._rotate()
+        if self.config.eager_rotation:  # copied while the step computes (kvtier.engine.swap)
+            self.stats.rotated_blocks += self.host_swap.rotate(self.running, self.loads.inflight)
         self._forward([(r, n) for r, n, _ in batch])
         self._settle_all()  # loads of requests admitted this step but not in its batch
         if self.step_log is not None:
@@ -289,11 +221,56 @@ class Engine:
             f"{self.policy.name!r} never schedules it"
         )
 
-    def _get(self, rid: int, what: str) -> EngineRequest:
-        r = self.requests.get(rid)
-        if r is None:
-            raise EngineError(f"policy {self.policy.name!r} asked to {what} unknown request {rid}")
-        return r
+    # ------------------------------------------------------------------------------------------
+    # The decision's orders (kvtier.sched.executor: the executor checks phases and keeps the order)
+
+    def find(self, req_id: int) -> EngineRequest | None:
+        return self.requests.get(req_id)
+
+    def error(self, message: str) -> EngineError:
+        return EngineError(message)
+
+    def plan_prefill(
+        self, batch: list[tuple[EngineRequest, int, int]], r: EngineRequest, n: int, load: LoadOrder | None
+    ) -> None:
+        admitted = r.phase is Phase.WAITING
+        if admitted:
+            self._admit(r, load)
+        elif load is not None:
+            self._refuse_load(r)
+        if r.phase is not Phase.RUNNING or r.num_computed >= r.prefill_len:
+            return
+        n = min(n, r.prefill_len - r.num_computed)
+        # A request admitted now never preempts others for its blocks; it waits instead.
+        if self._grow(r, r.num_computed + n, preempt=not admitted):
+            batch.append((r, n, r.epoch))
+        elif admitted:
+            self._unadmit(r)
+
+    def plan_decode(self, batch: list[tuple[EngineRequest, int, int]], r: EngineRequest) -> None:
+        if self._grow(r, r.num_tokens, preempt=True):
+            batch.append((r, 1, r.epoch))
+
+    def start_load(self, r: EngineRequest, load: LoadOrder) -> None:
+        """An asynchronous fetch: admit and load now, compute from the next step."""
+        if r.phase is not Phase.WAITING:
+            self._refuse_load(r)
+        self._admit(r, load)
+
+    def _refuse_load(self, r: EngineRequest) -> None:
+        raise EngineError(
+            f"policy {self.policy.name!r} loads a prefix for request {r.req_id} ({r.phase.value}); "
+            "the reference engine loads from the store only when it admits a waiting request"
+        )
+
+    def prefetch(self, r: EngineRequest, load: LoadOrder) -> None:
+        """Brings the SSD/remote blocks of a waiting request's stored prefix up into the store's
+        DRAM tier (Strata §4.3.3), at most ``load.tokens`` of them past its DRAM part."""
+        if self.transfer is None:
+            raise EngineError(
+                f"policy {self.policy.name!r} prefetches request {r.req_id} to host; the engine has no store"
+            )
+        self.loads.prefetch(r, load.tokens)
 
     def _forward(self, batch: list[tuple[EngineRequest, int]]) -> None:
         ids: list[int] = []
@@ -306,16 +283,17 @@ class Engine:
             [r.num_computed + n for r, n in batch],
             [n for _, n in batch],
         )
-        loading = [self._inflight[r.req_id][0] for r, _ in batch if r.req_id in self._inflight]
+        inflight = self.loads.inflight
+        loading = [inflight[r.req_id][0] for r, _ in batch if r.req_id in inflight]
         if loading:
-            access = _LayerwiseAccess(access, loading)
+            access = LayerwiseAccess(access, loading)
         start = time.perf_counter()
         logits = self.model.forward(np.asarray(ids, dtype=np.int64), np.concatenate(positions), access)
         self.stats.forward_s += time.perf_counter() - start
         self.stats.steps += 1
         # A request whose load failed part-way attended garbage for the failed blocks: its step is
         # void (nothing committed, sampled or saved) and it recomputes from the failed block.
-        void = {r.req_id for r, _ in batch if r.req_id in self._inflight and not self._settle(r)}
+        void = {r.req_id for r, _ in batch if r.req_id in inflight and not self.loads.settle(r)}
         for row, (r, n) in enumerate(batch):
             if r.req_id in void:
                 continue
@@ -369,7 +347,7 @@ class Engine:
             victim = next((v for v in reversed(self.running) if v is not r), None)
             if victim is None:
                 return False
-            self._preempt(victim)
+            self.preempt(victim)
             ids = self.blocks.allocate(need)
         r.table.extend(ids)
         return True
@@ -385,8 +363,8 @@ class Engine:
 
     def _release(self, r: EngineRequest) -> None:
         """Drops ``r``'s device KV: unlocks its cached blocks (they stay cached), frees the rest."""
-        self._settle(r)  # never free blocks a load is still writing
-        self._free_slots.extend(self._synced.pop(r.req_id, []))
+        self.loads.settle(r)  # never free blocks a load is still writing
+        self.host_swap.forget(r.req_id)
         self.blocks.unlock(r.key_ints(r.locked))
         self.blocks.free_private(r.private_blocks())
         r.table, r.locked, r.duplicates, r.num_computed = [], 0, set(), 0
@@ -395,7 +373,7 @@ class Engine:
         """Puts ``r``'s full computed blocks into the store (blocks it holds already are skipped)."""
         if self.transfer is None:
             return
-        self._settle(r)  # only blocks that landed are saved
+        self.loads.settle(r)  # only blocks that landed are saved
         full = r.num_computed // self.config.block_tokens
         if full:
             self.stats.saved_blocks += self.transfer.save(r.block_keys(full), r.table[:full])
@@ -415,7 +393,7 @@ class Engine:
         r.num_computed = len(cached) * bt
         r.hit_tokens = [r.num_computed, 0, 0, 0]
         if load is not None and self.transfer is not None and len(cached) < cap:
-            self._load(r, min(cap, len(cached) + math.ceil(load.tokens / bt)))
+            self.loads.load(r, min(cap, len(cached) + math.ceil(load.tokens / bt)))
         self.waiting.remove(r)
         r.phase = Phase.RUNNING
         self.running.append(r)
@@ -428,65 +406,16 @@ class Engine:
         r.hit_tokens = [0, 0, 0, 0]
         self._enqueue(r)
 
-    def _load(self, r: EngineRequest, end_block: int) -> None:
-        """Loads blocks ``len(r.table) .. end_block - 1`` of ``r`` from the store into new blocks."""
-        assert self.transfer is not None
-        start = len(r.table)
-        keys = r.block_keys(end_block)[start:]
-        held = len(self.transfer.lookup(keys))
-        ids = self.blocks.allocate(held) if held else None
-        if not ids:
-            return
-        began = time.perf_counter()
-        if self.config.layerwise_loads:
-            pending = self.transfer.load_async(keys[:held], ids)
-            if pending is not None:  # lands while the step computes; settled by _settle
-                self._inflight[r.req_id] = (pending, len(r.table), held, began)
-                r.table.extend(ids)
-                r.num_computed += held * self.config.block_tokens
-                return
-        result = self.transfer.load(keys[:held], ids)
-        self.stats.load_s += time.perf_counter() - began
-        self.stats.loaded_blocks += result.blocks
-        self.blocks.free_private(ids[result.blocks :])
-        r.table.extend(ids[: result.blocks])
-        r.num_computed += result.blocks * self.config.block_tokens
-        for tier in result.tiers:
-            r.hit_tokens[STORE_TIER_INDEX[tier]] += self.config.block_tokens
-        self._commit(r)
-
-    def _settle(self, r: EngineRequest) -> bool:
-        """Waits for ``r``'s load in flight, if any; returns whether every block landed. On a
-        failure ``r`` keeps the loaded prefix and recomputes from the failed block (the blocks past
-        it stay in its table, to be rewritten)."""
-        entry = self._inflight.pop(r.req_id, None)
-        if entry is None:
-            return True
-        pending, first, blocks, began = entry
-        result = pending.finish()
-        self.stats.load_s += time.perf_counter() - began
-        self.stats.loaded_blocks += result.blocks
-        for tier in result.tiers:
-            r.hit_tokens[STORE_TIER_INDEX[tier]] += self.config.block_tokens
-        if result.blocks < blocks:
-            r.num_computed = (first + result.blocks) * self.config.block_tokens
-        self._commit(r)
-        return result.blocks == blocks
-
     def _settle_all(self) -> None:
-        for rid in list(self._inflight):
-            self._settle(self.requests[rid])
+        for rid in list(self.loads.inflight):
+            self.loads.settle(self.requests[rid])
 
     # ------------------------------------------------------------------------------------------
     # Preemption and swap
 
-    def _preempt(self, r: EngineRequest) -> None:
+    def preempt(self, r: EngineRequest) -> None:
         """Preemption by recompute: the KV goes (full blocks to the store first); the request waits
         and later prefills its prompt and output so far again."""
-        if r.phase is not Phase.RUNNING:
-            raise EngineError(
-                f"policy {self.policy.name!r} preempts request {r.req_id} in phase {r.phase.value}"
-            )
         self._save(r)
         self._release(r)
         self.running.remove(r)
@@ -496,134 +425,52 @@ class Engine:
         self.stats.preemptions += 1
         self._enqueue(r)
 
+    @property
+    def swapped(self) -> dict[int, list[int]]:
+        """req_id -> the host slots holding a swapped-out request's blocks."""
+        return self.host_swap.swapped
+
+    @property
+    def duplex(self) -> DuplexEngine | None:
+        return self.host_swap.duplex
+
     def swap_used_blocks(self) -> int:
         """Host slots held by swapped-out requests (slots kept by running ones are reclaimable)."""
-        return sum(len(slots) for slots in self.swapped.values())
+        return self.host_swap.used_blocks()
 
-    def _swap_out(self, r: EngineRequest) -> None:
-        """Queues a copy of a running request's blocks to host slots and frees them on the device
-        (a swap-in into them in the same step waits for the copy's read: DuplexEngine's ordering)."""
-        if r.phase is not Phase.RUNNING:
-            raise EngineError(
-                f"policy {self.policy.name!r} swaps out request {r.req_id} in phase {r.phase.value}"
-            )
-        self._settle(r)  # copy out only KV that has landed
-        held = -(-r.num_computed // self.config.block_tokens)
-        synced = self._synced.pop(r.req_id, [])  # slots of r.table[:len(synced)], full since swap-in
-        need = held - len(synced)
-        if self.duplex is not None and need > len(self._free_slots):
-            self._drop_synced()  # others' reservations go before a recompute
-        if self.duplex is None or need > len(self._free_slots):
-            self._free_slots.extend(synced)
-            self._preempt(r)  # the host buffer cannot take it: recompute instead
+    def swap_out(self, r: EngineRequest) -> None:
+        """Copies a running request's blocks to host slots (:meth:`HostSwap.copy_out`) and frees
+        them on the device; where the slots cannot take it, preempts it by recompute instead."""
+        self.loads.settle(r)  # copy out only KV that has landed
+        copied = self.host_swap.copy_out(r)
+        if copied is None:
+            self.preempt(r)
             return
-        slots = synced + [self._free_slots.pop() for _ in range(need)]
-        try:
-            for i, (block, slot) in enumerate(zip(r.table[:held], slots, strict=True)):
-                if i >= len(synced) and block not in self._step_out_blocks:
-                    # Written by the forward passes since any copy of it (the engine does not report
-                    # each write): its host copy, if any, is stale. Once per step: a prefix block
-                    # two swapped requests share is marked once, each gets its own copy.
-                    self.duplex.write(block)
-                    self._step_out_blocks.add(block)
-                # A block still synced with its slot (full at swap-in, unchanged) moves nothing.
-                if self.duplex.swap_out(block, slot):
-                    self._step_out_blocks.add(block)
-                    self.stats.swap_out_blocks_copied += 1
-        except Exception:
-            self._free_slots.extend(reversed(slots))  # the engine's own bug: keep the accounting
-            raise
+        self.stats.swap_out_blocks_copied += copied
         computed = r.num_computed
         self._release(r)
         r.num_computed = computed
         self.running.remove(r)
-        self.swapped[r.req_id] = slots
         r.phase = Phase.SWAPPED
         r.epoch += 1
         r.swaps += 1
         self.stats.swap_outs += 1
 
-    def _swap_in(self, r: EngineRequest) -> None:
+    def swap_in(self, r: EngineRequest) -> None:
         """Copies a swapped request's blocks back into new device blocks; it runs again. If the
         blocks are not available now, nothing happens (the policy asks again)."""
-        if r.phase is not Phase.SWAPPED:
-            raise EngineError(
-                f"policy {self.policy.name!r} swaps in request {r.req_id}, which is not swapped out"
-            )
-        slots = self.swapped[r.req_id]
-        ids = self.blocks.allocate(len(slots))
+        ids = self.blocks.allocate(len(self.swapped[r.req_id]))
         if ids is None:
             return
-        assert self.duplex is not None  # a request is swapped only with host slots
-        for slot, block in zip(slots, ids, strict=True):
-            self.duplex.swap_in(slot, block)
-        # The full blocks stay synced with their slots (kept for the next swap-out); the partial
-        # tail block will change, so its slot is freed once the copy has read it.
-        full = r.num_computed // self.config.block_tokens
-        self._synced[r.req_id] = slots[:full]
-        self._slots_to_free.extend(slots[full:])
-        del self.swapped[r.req_id]
+        self.host_swap.copy_in(r, ids)
         r.table = ids
         self._commit(r)
         r.phase = Phase.RUNNING
         self.running.append(r)
         self.stats.swap_ins += 1
 
-    def _swap_transfers(self) -> None:
-        """Submits the step's swap-outs and swap-ins (one batched transfer each, run at once) and
-        waits for both: the forward pass reads swapped-in blocks and may write freed ones."""
-        if self.duplex is None:
-            return
-        out, into = self.duplex.submit_step()
-        if out is not None or into is not None:
-            self.duplex.wait_all()
-        self._free_slots.extend(reversed(self._slots_to_free))
-        self._slots_to_free.clear()
-        self._step_out_blocks.clear()
-
-    def _rotate(self) -> None:
-        """Eager rotation (``EngineConfig.eager_rotation``): queues a background copy of every
-        running request's full blocks that no host slot holds yet, into free slots, and submits
-        them without waiting: they run during the step's forward pass, which only reads full blocks
-        (it writes the tail block and new ones). Requests with a load in flight are skipped (their
-        blocks are still being written). Waited for at the next step's start."""
-        if not self.config.eager_rotation or self.duplex is None:
-            return
-        rotated = 0
-        for r in self.running:
-            if r.req_id in self._inflight:
-                continue
-            kept = self._synced.setdefault(r.req_id, [])
-            for block in r.table[len(kept) : r.num_computed // self.config.block_tokens]:
-                if not self._free_slots:
-                    break
-                if block not in self._step_out_blocks:  # a shared prefix block: marked once
-                    self.duplex.write(block)  # holds KV the duplex engine has not seen copied
-                    self._step_out_blocks.add(block)
-                slot = self._free_slots.pop()
-                self.duplex.rotate(block, slot)
-                kept.append(slot)
-                rotated += 1
-        self._step_out_blocks.clear()
-        if rotated:
-            self.duplex.submit_step()
-            self._rotating = True
-            self.stats.rotated_blocks += rotated
-
-    def _rotations_done(self) -> None:
-        """Waits for the previous step's rotations: blocks may be freed, reused or swapped now."""
-        if self._rotating:
-            assert self.duplex is not None
-            self.duplex.wait_all()
-            self._rotating = False
-
-    def _drop_synced(self) -> None:
-        """Frees every running request's kept slots (their next swap-out copies everything): a
-        swap-out that needs the room comes first. A reused slot's old blocks stop being synced
-        (the DuplexEngine marks them dirty when the slot is written)."""
-        for slots in self._synced.values():
-            self._free_slots.extend(slots)
-        self._synced.clear()
+    def end_swaps(self) -> None:
+        self.host_swap.end_step()
 
     # ------------------------------------------------------------------------------------------
     # The policy's view
@@ -645,37 +492,4 @@ class Engine:
                 raise EngineError(
                     f"request {r.req_id} computed {r.num_computed} tokens in {len(r.table)} blocks"
                 )
-        held = [slot for slots in self.swapped.values() for slot in slots]
-        kept = [slot for slots in self._synced.values() for slot in slots]
-        slots = held + kept + self._free_slots + self._slots_to_free
-        if sorted(slots) != list(range(self.config.swap_blocks)):
-            raise EngineError(
-                f"host slots: {len(held)} held by swapped requests, {len(kept)} kept by running ones, "
-                f"{len(self._free_slots)} free, {len(self._slots_to_free)} being read; expected each "
-                f"of {self.config.swap_blocks} once"
-            )
-        for rid, kept_slots in self._synced.items():
-            keeper = self.requests.get(rid)
-            if keeper is None or keeper.phase is not Phase.RUNNING or len(kept_slots) > len(keeper.table):
-                raise EngineError(
-                    f"request {rid} keeps {len(kept_slots)} host slots but is not running with them"
-                )
-
-
-class _LayerwiseAccess(KvAccess):
-    """A step's KV access whose reads of layer ``l`` first wait for layer ``l`` of the loads in flight
-    (Unified KV pooling §II-B, Strata §4.2.1: a layer computes once its KV has arrived)."""
-
-    def __init__(self, inner: KvAccess, loads: list[PendingLoad]) -> None:
-        super().__init__(inner.query_lens, inner.context_lens)
-        self._inner, self._loads, self._ready = inner, loads, -1
-
-    def write(self, layer: int, k: F32Array, v: F32Array) -> None:
-        self._inner.write(layer, k, v)
-
-    def read(self, layer: int, seq: int) -> tuple[F32Array, F32Array]:
-        if layer > self._ready:
-            for load in self._loads:
-                load.wait_layer(layer)
-            self._ready = layer
-        return self._inner.read(layer, seq)
+        self.host_swap.check_integrity(self.requests)

@@ -1,0 +1,246 @@
+"""Loads of cached KV in the simulated engine (one seam of :mod:`kvtier.sim.engine`): the paths a
+load takes (:class:`LoadPaths`, with the load-time estimates offered to policies) and a policy's
+load orders on the engine's requests (:class:`LoadOrders`).
+
+A load brings the blocks right after a request's device prefix, each from the fastest tier holding
+it, into device blocks reserved for it before it starts. It rides on a prefill chunk (sync or
+layerwise: the step ends once it landed, see :mod:`kvtier.sim.events.step_end`), or runs on its own
+while the request waits in the fetching queue (async); a prefetch brings a waiting request's SSD and
+remote blocks up into host memory only. Loaded blocks land in the prefix index, locked for their
+request, unless it was preempted meanwhile (its ``epoch`` moved on): they are then cached, unlocked.
+
+Blocks below host cross two or more stages — the SSD or remote link, the decoder of a compressed
+fetch, the host link — modelled as a pipeline (Unified KV pooling §IV, ShadowServe §4.2): every
+stage runs concurrently on its own resource, so the slowest sets the time, and concurrent fetches
+share each stage. With a device pool (:mod:`kvtier.sim.pool`) every block read from host memory or
+staged through it also crosses the pool device holding the host tier (``host_store_link``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from kvtier.radix import HiRadixTree, Tier
+from kvtier.sched.base import LoadMode, LoadOrder, Phase
+from kvtier.sim.core import EventKind, EventLoop
+from kvtier.sim.events.step_end import Step
+from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
+from kvtier.sim.state import SimRequest
+from kvtier.sim.tiers import LowerTiers
+
+
+class LoadPaths:
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        host_link: Link,
+        host_store_link: Link | StripedLink | None,
+        tiers: LowerTiers,
+        block_tokens: int,
+        kv_bytes_per_token: int,
+        num_layers: int,
+    ) -> None:
+        self._loop = loop
+        self._name = name
+        self._host_link = host_link
+        self._host_store_link = host_store_link
+        self._tiers = tiers
+        self._block_tokens = block_tokens
+        self._kv_bytes_per_token = kv_bytes_per_token
+        self._num_layers = num_layers
+        self._block_bytes = block_tokens * kv_bytes_per_token
+        self.interference: list[float] = []  # compute slowdowns of the loads running now
+        self._decoders: dict[float, Link] = {}
+
+    def start(self, load: LoadOrder, blocks: list[tuple[int, Tier]], done: Callable[[], None]) -> None:
+        """Moves ``blocks`` to the device (or host, for a prefetch), each from its tier; ``done``
+        runs when all have landed."""
+        by_tier: dict[Tier, int] = {}
+        for _, tier in blocks:
+            by_tier[tier] = by_tier.get(tier, 0) + 1
+        segment = self.segment_bytes(load)
+        to_device = load.target == "device"
+        bb = self._block_bytes
+        legs: list[tuple[Link | StripedLink, int, int]] = []
+        for tier, count in by_tier.items():
+            raw = count * bb
+            packed = max(1, int(raw / load.compression_ratio))
+            if tier in (Tier.SSD, Tier.REMOTE) and tier in self._tiers:
+                legs.append((self._tiers.link(tier), packed, bb))
+                if load.decode_bytes_per_s is not None:
+                    legs.append((self._decoder(load.decode_bytes_per_s), raw, bb))
+            if to_device:
+                host_bytes = packed if load.decode_on_device else raw
+                legs.append((self._host_link, host_bytes, segment))
+        if self._host_store_link is not None and blocks:  # read from, or staged through, host memory
+            staged = max(1, int(len(blocks) * bb / load.compression_ratio))
+            legs.append((self._host_store_link, staged, bb))
+        if not legs:
+            self._loop.after(0.0, EventKind.TRANSFER_DONE, done)
+            return
+        pending = [len(legs)]
+        if load.interference > 0:
+            self.interference.append(load.interference)
+
+        def leg_done(_t: Transfer) -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                if load.interference > 0:
+                    self.interference.remove(load.interference)
+                done()
+
+        for link, nbytes, seg in legs:
+            link.submit(nbytes, Direction.IN, leg_done, seg, load.priority)
+
+    def _decoder(self, bytes_per_s: float) -> Link:
+        """The engine's decompression stage (SmartNIC or host cores), one per throughput setting."""
+        link = self._decoders.get(bytes_per_s)
+        if link is None:
+            link = Link(self._loop, f"{self._name}.decoder", bytes_per_s, bytes_per_s)
+            self._decoders[bytes_per_s] = link
+        return link
+
+    def segment_bytes(self, load: LoadOrder) -> int:
+        """Bytes per copy over the host link: a page of one layer's K or V, one layer of a block
+        (layerwise), or whole blocks."""
+        per_token_layer = self._kv_bytes_per_token / self._num_layers
+        if load.segment_tokens is not None:  # per page, per layer, K and V separately
+            return max(1, int(load.segment_tokens * per_token_layer / 2))
+        if load.mode is LoadMode.LAYERWISE:  # one layer of one block
+            return max(1, int(self._block_tokens * per_token_layer))
+        return self._block_bytes
+
+    def estimate_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+        """The policy's estimate of loading ``tokens`` from ``tier`` on idle links."""
+        nbytes = math.ceil(tokens / self._block_tokens) * self._block_bytes
+        order = LoadOrder(-1, tokens, mode, segment_tokens)
+        seconds = self._host_link.work_s(nbytes, self.segment_bytes(order), Direction.IN)
+        lower = {"ssd": Tier.SSD, "remote": Tier.REMOTE}.get(tier)
+        if lower is not None and lower in self._tiers:
+            seconds = max(seconds, self._tiers.link(lower).work_s(nbytes, self._block_bytes, Direction.IN))
+        if self._host_store_link is not None and tier != "device":
+            seconds = max(seconds, self._host_store_link.work_s(nbytes, self._block_bytes, Direction.IN))
+        return seconds
+
+
+class LoadOwner(Protocol):
+    """What load orders read and call of the engine that owns them."""
+
+    reserved_blocks: int  # device blocks set aside for loads in flight, all requests together
+
+    @property
+    def loop(self) -> EventLoop: ...
+    @property
+    def tree(self) -> HiRadixTree: ...
+    @property
+    def lower_tiers(self) -> LowerTiers: ...
+    @property
+    def running(self) -> list[SimRequest]: ...
+    @property
+    def fetching(self) -> dict[int, SimRequest]: ...
+    def admit(self, r: SimRequest) -> None: ...
+    def extend_lock(self, r: SimRequest, end: int) -> None: ...
+    def make_room(self, blocks: int) -> bool: ...
+    def kick(self) -> None: ...
+
+
+class LoadOrders:
+    def __init__(self, owner: LoadOwner, paths: LoadPaths, block_tokens: int) -> None:
+        self._owner = owner
+        self._paths = paths
+        self._block_tokens = block_tokens
+
+    def _loadable_blocks(self, r: SimRequest, tokens: int) -> list[tuple[int, Tier]]:
+        """The blocks right after the device prefix that hold ``tokens`` cached tokens, with tiers."""
+        m = self._owner.tree.match(r.keys)
+        start = r.locked_blocks
+        blocks = math.ceil(tokens / self._block_tokens)
+        picked = [(r.keys[i], m.tiers[i]) for i in range(start, min(start + blocks, len(m.tiers)))]
+        return [(k, t) for k, t in picked if t is not Tier.DEVICE] if picked else []
+
+    def plan_step_load(self, step: Step, r: SimRequest, load: LoadOrder) -> int:
+        """Adds a load that rides on ``r``'s prefill chunk to ``step``; the tokens it brings."""
+        tokens = min(load.tokens, r.req.prompt_tokens - 1 - r.computed_tokens)
+        blocks = self._loadable_blocks(r, tokens)
+        if not blocks:
+            return 0
+        tokens = min(tokens, len(blocks) * self._block_tokens)
+        if not self._reserve(r, len(blocks)):
+            return 0
+        step.add_load(r, load, blocks, tokens)
+        return tokens
+
+    def _reserve(self, r: SimRequest, blocks: int) -> bool:
+        if not self._owner.make_room(blocks):
+            return False
+        r.reserved_blocks += blocks
+        self._owner.reserved_blocks += blocks
+        return True
+
+    def prefetch(self, r: SimRequest, load: LoadOrder) -> None:
+        """Brings a waiting request's SSD/remote blocks up into host memory (no device blocks)."""
+        owner = self._owner
+        if r.prefetching:  # one is in flight already
+            return
+        m = owner.tree.match(r.keys)
+        limit = min(len(m.tiers), math.ceil(load.tokens / self._block_tokens) + m.prefix_in(Tier.HOST))
+        blocks = [(r.keys[i], m.tiers[i]) for i in range(limit) if m.tiers[i] in (Tier.SSD, Tier.REMOTE)]
+        if not blocks or Tier.HOST not in owner.lower_tiers:
+            return
+        r.prefetching = True
+        path = r.keys[:limit]
+
+        def landed() -> None:
+            r.prefetching = False
+            owner.lower_tiers.place(path, Tier.HOST)
+            owner.kick()
+
+        self._paths.start(load, blocks, landed)
+
+    def land(self, r: SimRequest, start_block: int, blocks: list[tuple[int, Tier]], epoch: int) -> bool:
+        """Loaded blocks become device-resident, locked for ``r``; their reservation is released.
+
+        Returns False if ``r`` was preempted meanwhile: the blocks are then cached, unlocked.
+        """
+        owner = self._owner
+        end = start_block + len(blocks)
+        path = r.keys[:end]
+        if epoch != r.epoch:  # preempted meanwhile: its reservation is gone; the bytes are dropped
+            return False
+        assert r.locked_blocks == start_block, "a request's lock grew while its load was in flight"
+        owner.tree.insert(path, Tier.DEVICE, owner.loop.now_s)
+        owner.extend_lock(r, end)
+        r.reserved_blocks -= len(blocks)
+        owner.reserved_blocks -= len(blocks)
+        for _, tier in blocks:
+            r.hit_tokens[tier] += self._block_tokens
+        return True
+
+    def fetch(self, r: SimRequest, load: LoadOrder) -> None:
+        """An asynchronous fetch: the request leaves the batch until its prefix has landed."""
+        owner = self._owner
+        if not r.admitted:
+            owner.admit(r)
+        tokens = min(load.tokens, r.req.prompt_tokens - 1 - r.computed_tokens)
+        blocks = self._loadable_blocks(r, tokens)
+        if not blocks or not self._reserve(r, len(blocks)):
+            return
+        owner.running.remove(r)
+        r.phase = Phase.FETCHING
+        owner.fetching[r.req_id] = r
+        start, epoch = r.locked_blocks, r.epoch
+        tokens = min(tokens, len(blocks) * self._block_tokens)
+
+        def landed() -> None:
+            if not self.land(r, start, blocks, epoch):
+                return
+            r.computed_tokens = min(r.computed_tokens + tokens, r.req.prompt_tokens - 1)
+            del owner.fetching[r.req_id]
+            r.phase = Phase.RUNNING
+            owner.running.append(r)
+            owner.kick()
+
+        self._paths.start(load, blocks, landed)

@@ -1,0 +1,133 @@
+"""The :class:`~kvtier.sched.SchedulerView` a simulated engine shows its policy, built from its state
+(as :mod:`kvtier.engine.view` builds it for the reference engine).
+
+Requests become :class:`~kvtier.sched.RequestView`; a request not admitted yet also gets its cached
+prefix per tier from the prefix index, capped at the whole blocks before its last prompt token (at
+least one token is computed: it yields the first new token's logits), and the blocks of it that a
+queued or running request is bringing (in-queue, in-flight). Swapped requests whose copy is still in
+flight are not shown: there is nothing to order for them yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from kvtier.radix import HiRadixTree, Tier
+from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+from kvtier.sim.core import EventLoop
+from kvtier.sim.cost import CostModel
+from kvtier.sim.loads import LoadPaths
+from kvtier.sim.state import SimRequest
+
+
+class ViewConfig(Protocol):
+    @property
+    def block_tokens(self) -> int: ...
+    @property
+    def host_blocks(self) -> int: ...
+    @property
+    def max_batch_tokens(self) -> int: ...
+    @property
+    def max_running(self) -> int: ...
+    @property
+    def view_waiting_max(self) -> int: ...
+
+
+class ViewedEngine(Protocol):
+    """What the view reads of the engine (:class:`kvtier.sim.engine.Engine`)."""
+
+    @property
+    def loop(self) -> EventLoop: ...
+    @property
+    def config(self) -> ViewConfig: ...
+    @property
+    def cost(self) -> CostModel: ...
+    @property
+    def tree(self) -> HiRadixTree: ...
+    @property
+    def load_paths(self) -> LoadPaths: ...
+    @property
+    def requests(self) -> Mapping[int, SimRequest]: ...
+    @property
+    def waiting(self) -> Sequence[tuple[float, int]]: ...
+    @property
+    def running(self) -> Sequence[SimRequest]: ...
+    @property
+    def fetching(self) -> Mapping[int, SimRequest]: ...
+    @property
+    def swapped(self) -> Mapping[int, SimRequest]: ...
+    def available_device_blocks(self) -> int: ...
+
+
+def build_view(engine: ViewedEngine) -> SchedulerView:
+    config, tree = engine.config, engine.tree
+    waiting = tuple(
+        request_view(engine, engine.requests[rid]) for _, rid in engine.waiting[: config.view_waiting_max]
+    )
+    return SchedulerView(
+        now_s=engine.loop.now_s,
+        waiting=waiting,
+        running=tuple(request_view(engine, r) for r in engine.running),
+        fetching=tuple(request_view(engine, r) for r in engine.fetching.values()),
+        swapped=tuple(request_view(engine, r) for r in engine.swapped.values() if not r.swap_pending),
+        free_device_blocks=engine.available_device_blocks(),
+        free_host_blocks=(config.host_blocks - tree.used_blocks(Tier.HOST)) if config.host_blocks else None,
+        block_tokens=config.block_tokens,
+        max_batch_tokens=config.max_batch_tokens,
+        max_running=config.max_running,
+        num_layers=engine.cost.num_layers,
+        cost=Estimates(engine.cost, engine.load_paths),
+        kv_bytes_per_token=engine.cost.kv_bytes_per_token,
+    )
+
+
+def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
+    cached = (0, 0, 0, 0)
+    in_queue = in_flight = 0
+    if not r.admitted:
+        m = engine.tree.match(r.keys, own_queue_marks=int(r.queue_marked))
+        bt = engine.config.block_tokens
+        per_tier = [0, 0, 0, 0]
+        for tier in m.tiers:
+            per_tier[tier] += bt
+        cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
+        in_queue, in_flight = m.in_queue_blocks * bt, m.in_flight_blocks * bt
+    return RequestView(
+        req_id=r.req_id,
+        arrival_s=r.req.arrival_s,
+        phase=r.phase,
+        prompt_tokens=r.req.prompt_tokens,
+        computed_tokens=r.computed_tokens,
+        generated_tokens=r.generated_tokens,
+        cached_tokens=cached,
+        in_queue_tokens=in_queue,
+        in_flight_tokens=in_flight,
+        block_keys=r.keys,
+    )
+
+
+def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> tuple[int, int, int, int]:
+    """Caps a cached prefix (tokens per tier, fastest first) at the whole blocks before the last
+    prompt token: at least one token is computed, and KV is reused in whole blocks."""
+    left = (prompt_tokens - 1) // block_tokens * block_tokens
+    out = []
+    for t in per_tier:
+        take = min(t, max(left, 0))
+        out.append(take)
+        left -= take
+    return (out[0], out[1], out[2], out[3])
+
+
+class Estimates:
+    """Cost estimates offered to policies (no simulator objects leak through)."""
+
+    def __init__(self, cost: CostModel, load_paths: LoadPaths) -> None:
+        self._cost = cost
+        self._load_paths = load_paths
+
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
+        return self._cost.prefill_time_s(new_tokens, context_tokens)
+
+    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+        return self._load_paths.estimate_s(tokens, tier, mode, segment_tokens)
