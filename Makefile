@@ -21,7 +21,7 @@ $(VENV)/.deps: pyproject.toml
 	touch $@
 
 build: $(VENV)/.deps
-	$(VENV)/bin/maturin develop --release --quiet
+	$(VENV)/bin/maturin develop --release --quiet --features test-hooks
 
 demo: build
 	$(VENV)/bin/kvtier demo
@@ -29,6 +29,7 @@ demo: build
 lint: $(VENV)/.deps
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo check -p kvtier-py --quiet   # the shipped extension: no test hooks (only tests turn them on)
 	$(VENV)/bin/ruff check python tests
 	$(VENV)/bin/ruff format --check python tests
 	$(VENV)/bin/mypy --strict python/kvtier

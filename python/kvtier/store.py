@@ -25,7 +25,7 @@ import numpy as np
 
 from kvtier import _core
 from kvtier.config import StoreConfig
-from kvtier.errors import BufferError, LeaseError, NamespaceError
+from kvtier.errors import BufferError, KvtierError, LeaseError, NamespaceError
 from kvtier.keys import BlockKeys, Namespace
 from kvtier.layout import PagedPool, _block_ids, buffer_array, is_buffer
 
@@ -474,5 +474,9 @@ class Store:
         """Flips one stored bit (tests only): the next load of that block must fail its checksum.
 
         False, changing nothing, if the block is absent or leased (a load may be reading it).
+        Only in builds with the ``test-hooks`` feature (``make build``; wheels leave it out).
         """
-        return bool(self._core.corrupt_for_test(key.to_bytes(16, "little"), payload_byte_offset))
+        hook = getattr(self._core, "corrupt_for_test", None)
+        if hook is None:
+            raise KvtierError("this kvtier build has no test hooks (build it with `make build`)")
+        return bool(hook(key.to_bytes(16, "little"), payload_byte_offset))

@@ -210,10 +210,11 @@ pub trait Tier: Send + Sync {
     /// every ready object's header.
     fn check_integrity(&self) -> Result<(), IntegrityError>;
 
-    /// Flips one bit of the stored payload of `key` (fault injection for tests). False, changing
+    /// Flips one bit of the stored payload of `key` (fault injection for tests; only with the
+    /// `test-hooks` feature). False, changing
     /// nothing, if the key is not here, is pinned (a read may be copying it: flipping then would
     /// be a data race), or the offset is past the payload.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     fn corrupt_for_test(&self, _key: BlockKey, _payload_byte_offset: usize) -> bool {
         false
     }

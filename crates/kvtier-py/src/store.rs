@@ -351,6 +351,7 @@ impl Store {
         py.allow_threads(|| self.inner.check_integrity()).map_err(store_err)
     }
 
+    #[cfg(feature = "test-hooks")]
     fn corrupt_for_test(&self, key: &[u8], payload_byte_offset: usize) -> PyResult<bool> {
         Ok(self.inner.corrupt_for_test(u128_from(key, "key")?, payload_byte_offset))
     }

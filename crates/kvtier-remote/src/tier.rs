@@ -459,6 +459,7 @@ impl Tier for RemoteTier {
         Ok(())
     }
 
+    #[cfg(feature = "test-hooks")]
     fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         let name = self.name(self.namespace, key);
         let Some(Some(mut value)) = self.client.get_values(&[&name[..]], 0).pop() else { return false };

@@ -673,14 +673,14 @@ impl Store {
     /// Flips one bit of a stored payload (fault injection). False, changing nothing, if no tier
     /// holds `key` unleased (a leased block may be being loaded: flipping then would race with
     /// the load) or the offset is past the payload.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         self.tiers.iter().any(|t| t.corrupt_for_test(key, payload_byte_offset))
     }
 
     /// Fault injection (tests): fail every read (or, with `write`, write) of SSD device `device`
     /// with `errno` (0 clears). False, changing nothing, without an SSD tier or such a device.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn inject_ssd_error_for_test(&self, device: usize, write: bool, errno: i32) -> bool {
         match &self.ssd {
             Some(ssd) if device < ssd.device_count() => {

@@ -473,6 +473,7 @@ impl Tier for DramTier {
         self.state.lock().check(&self.arena).map_err(|detail| integrity("dram", detail))
     }
 
+    #[cfg(feature = "test-hooks")]
     fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         let st = self.state.lock();
         let Some(entry) = st.index.get(&key).filter(|e| e.state == EntryState::Ready) else { return false };
@@ -480,9 +481,8 @@ impl Tier for DramTier {
             return false;
         }
         let offset = usize::try_from(entry.extent.offset).expect("arena offsets fit usize");
-        // SAFETY: the entry is ready and unpinned, and the lock is held for the write. Reads of
-        // payloads need a pin, taken under this lock, so none is in flight; writers only write
-        // extents of entries still being written; and an indexed extent is not freed or reused.
+        // SAFETY: ready, unpinned, lock held: reads need a pin (taken under this lock), writers only
+        // write entries still being written, and an indexed extent is never freed or reused.
         unsafe { self.arena.flip_bit(offset + payload_byte_offset, 0) };
         true
     }

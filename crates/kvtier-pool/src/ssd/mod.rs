@@ -404,7 +404,7 @@ impl SsdTier {
 
     /// Fault injection (tests): fail every write (`write`) or read of `device` with `errno`
     /// (0 clears).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn inject_device_error_for_test(&self, device: usize, write: bool, errno: i32) {
         let cell = if write {
             &self.devices[device].fail_writes_errno
@@ -415,7 +415,7 @@ impl SsdTier {
     }
 
     /// Fault injection (tests): fail every index-log append with `errno` (0 clears).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn inject_log_error_for_test(&self, errno: i32) {
         self.log.lock().fail_errno = errno;
     }

@@ -404,6 +404,7 @@ impl Tier for SsdTier {
         Ok(())
     }
 
+    #[cfg(feature = "test-hooks")]
     fn corrupt_for_test(&self, key: BlockKey, payload_byte_offset: usize) -> bool {
         let st = self.state.lock();
         let Some(e) = st.index.get(&key).filter(|e| e.state == EntryState::Ready) else { return false };
