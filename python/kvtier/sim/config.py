@@ -21,6 +21,7 @@ slo: {ttft_s: 5.0, tpot_s: 0.1}
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,8 +142,32 @@ class SimConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimConfig:
-        data = read_yaml(path, "sim config")
+        """From a YAML file, or a bundled experiment's name (``baselines/mooncake_h100_hicache``,
+        with or without ``.yaml``, relative to :func:`experiments_dir`) when no such file exists."""
+        data = read_yaml(resolve_experiment(path), "sim config")
         return cls.from_dict(data if data is not None else {})
+
+
+def experiments_dir() -> Path:
+    """The experiment configs shipped inside the package (``kvtier/experiments/``; ``experiments/``
+    at a checkout's root links there), or $KVTIER_EXPERIMENTS."""
+    env = os.environ.get("KVTIER_EXPERIMENTS")
+    directory = Path(env) if env else Path(__file__).resolve().parents[1] / "experiments"
+    if not directory.is_dir():
+        raise ConfigError(f"experiment configs not found at {directory}; set KVTIER_EXPERIMENTS")
+    return directory
+
+
+def resolve_experiment(path: str | Path) -> Path:
+    """`path` when it names a file; else the bundled experiment of that name, if there is one."""
+    given = Path(path)
+    if given.is_file() or given.is_absolute():
+        return given
+    for candidate in (given, given.with_name(given.name + ".yaml")):
+        bundled = experiments_dir() / candidate
+        if bundled.is_file():
+            return bundled
+    return given  # read_yaml names the missing file
 
 
 def _positive_int(name: str, value: object) -> None:

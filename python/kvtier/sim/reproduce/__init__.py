@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.sim.config import experiments_dir as experiments_dir
 
 
 @dataclass(frozen=True)
@@ -68,20 +69,6 @@ def run(paper: str, out_dir: Path, quick: bool = False) -> list[Row]:
         raise ConfigError(f"unknown paper {paper!r}; expected one of {sorted(_REGISTRY)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     return _REGISTRY[paper](out_dir, quick)
-
-
-def experiments_dir() -> Path:
-    """``experiments/`` at the repository root (walking up from this file), or $KVTIER_EXPERIMENTS."""
-    import os
-
-    env = os.environ.get("KVTIER_EXPERIMENTS")
-    if env:
-        return Path(env)
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "experiments"
-        if candidate.is_dir():
-            return candidate
-    raise ConfigError("cannot find the experiments/ directory; set KVTIER_EXPERIMENTS")
 
 
 def _load_all() -> None:

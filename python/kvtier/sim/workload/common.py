@@ -135,7 +135,8 @@ def lognormal_tokens(rng: np.random.Generator, mean: float, sigma: float, low: i
 
 def find_trace(file_name: str) -> Path:
     """The bundled trace ``file_name``: first under ``$KVTIER_DATA_DIR`` (``<dir>/traces/<name>`` or
-    ``<dir>/<name>``), then in the nearest ``data/traces`` walking up from this file (a checkout)."""
+    ``<dir>/<name>``), then in the nearest ``data/traces`` walking up from this file (the package's
+    own ``kvtier/data/traces``, shipped in the wheel)."""
     tried: list[Path] = []
     data_dir = os.environ.get(DATA_DIR_ENV)
     if data_dir:
