@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_model import ensure_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)
@@ -29,10 +30,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"no converted SmolLM2 model at {MODEL}; run `make vllm-env`")
 
 
-def run_vllm(spec: dict[str, Any], expect_ok: bool = True, timeout: int = 600) -> dict[str, Any]:
+def run_vllm(
+    spec: dict[str, Any], expect_ok: bool = True, timeout: int = 600, env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
     """One vLLM process; returns its RESULT (or, when it must fail, its exit code and output)."""
     spec = {"model": str(MODEL), **spec}
-    env = dict(os.environ)
+    env = {**os.environ, **(env_extra or {})}
     iomp = VENV / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
@@ -54,3 +57,10 @@ def run_vllm(spec: dict[str, Any], expect_ok: bool = True, timeout: int = 600) -
 @pytest.fixture(scope="session")
 def vllm_run() -> Any:
     return run_vllm
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> Path:
+    """A 4-layer Llama with 4 query / 2 KV heads (random weights, SmolLM2's tokenizer), cached in
+    the engine environment: SmolLM2-135M's 3 KV heads cannot be split over two TP ranks."""
+    return ensure_tiny_llama(VENV / "models", MODEL)

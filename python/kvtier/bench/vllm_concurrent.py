@@ -1,0 +1,193 @@
+"""Worker of `kvtier bench vllm`'s concurrent case: requests decode while a new request's hit loads.
+
+Runs in the engine environment (`python -m kvtier.bench.vllm_concurrent @spec.json`), one vLLM
+(single-process mode: scheduler, worker and connector in this process) per run. It starts the
+spec's `background` requests (decoding `background_max_tokens` tokens each, EOS ignored), lets
+them decode, then, one after the other, adds each `loaders` prompt (`max_tokens=1`: its first
+token is its whole output) and steps the engine until that token arrives, with `gap_steps`
+decode-only steps before each. It drives `LLMEngine.step()` itself and records the time each
+token of each request arrived, so the caller (`kvtier.bench.vllm`) can read the background
+requests' inter-token latency and throughput while a load was in flight, and each loader's TTFT.
+Prints one `RESULT <json>` line.
+
+`measure` (called by `kvtier.bench.vllm` in kvtier's own environment) runs that worker with the
+connector's `load_async` false and true, alternating the order when repeated, and reads what a
+serving user sees while a loader's hit loads: the background requests' decode throughput and
+inter-token latency (ITL) in the window from the loader's arrival to its first token, and the
+loader's TTFT, as ratios between the two modes measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+MODES = {"sync": False, "async": True}  # the connector's load_async
+
+
+def window_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """Per loader: its TTFT, and the background requests' tokens/s and ITL gaps overlapping the
+    window (arrival, first token]; plus the ITL gaps outside every window (steady decoding)."""
+    arrivals: list[list[float]] = list(result["arrivals"].values())
+    windows = [(float(ld["t_add"]), float(ld["t_first"])) for ld in result["loads"]]
+    loads = []
+    for (a, b), ld in zip(windows, result["loads"], strict=True):
+        tokens = sum(1 for ts in arrivals for t in ts if a < t <= b)
+        gaps = [c - p for ts in arrivals for p, c in pairwise(ts) if c > a and p < b]
+        loads.append(
+            {
+                "ttft_s": b - a,
+                "steps": ld["steps"],
+                "cached": ld["cached"],
+                "bg_tokens_per_s": tokens / (b - a),
+                "bg_max_itl_s": max(gaps, default=0.0),
+                "bg_mean_itl_s": statistics.fmean(gaps) if gaps else 0.0,
+            }
+        )
+    steady = [
+        c - p
+        for ts in arrivals
+        for p, c in pairwise(ts)
+        if all(c <= a or p >= b for a, b in windows) and c > p
+    ]
+    return {"loads": loads, "steady_itl_s": steady}
+
+
+def measure(
+    worker: Callable[[dict[str, Any]], dict[str, Any]],
+    spec: dict[str, Any],
+    connector: dict[str, Any],
+    repeats: int,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Runs `worker` (one fresh vLLM process each) per mode and repeat, ABBA order; the summary."""
+    loads: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    steady: dict[str, list[float]] = {m: [] for m in MODES}
+    stats: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    order = list(MODES)
+    for r in range(repeats):
+        for mode in order if r % 2 == 0 else order[::-1]:
+            say(f"concurrent: load_async {MODES[mode]} (fresh process: the prefix loads from SSD)")
+            res = worker({**spec, "connector": {**connector, "load_async": MODES[mode]}})
+            m = window_metrics(res)
+            if not all(ld["cached"] for ld in m["loads"]):
+                raise RuntimeError(f"a loader missed kvtier in mode {mode}: {m['loads']}")
+            loads[mode] += m["loads"]
+            steady[mode] += m["steady_itl_s"]
+            stats[mode].append({k: v for k, v in res.get("stats", {}).items() if k != "store"})
+    out: dict[str, Any] = {
+        "prefix_tokens": len(spec["loaders"][0]) - 16,
+        "background_requests": len(spec["background"]),
+        "loaders_per_process": len(spec["loaders"]),
+        "repeats": repeats,
+        "tier": "ssd (fresh process, promotion off: every loader reads the SSD pool)",
+        "modes": {},
+    }
+    keys = ("ttft_s", "bg_tokens_per_s", "bg_max_itl_s", "bg_mean_itl_s")
+    for mode in MODES:
+        row: dict[str, Any] = {f"{k}_median": statistics.median(ld[k] for ld in loads[mode]) for k in keys}
+        row["bg_steady_itl_s_median"] = statistics.median(steady[mode]) if steady[mode] else None
+        row["per_load"] = loads[mode]
+        row["worker_stats"] = stats[mode]
+        out["modes"][mode] = row
+    a, s = out["modes"]["async"], out["modes"]["sync"]
+    out["async_over_sync"] = {k: a[f"{k}_median"] / s[f"{k}_median"] for k in keys}
+    return out
+
+
+def main() -> None:
+    arg = sys.argv[1]
+    spec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    kwargs: dict[str, Any] = {}
+    if spec.get("connector") is not None:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "KvtierConnector",
+            "kv_connector_module_path": "kvtier.integrations.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": spec["connector"],
+        }
+    llm = LLM(
+        model=spec["model"],
+        dtype=spec.get("dtype", "float32"),
+        enforce_eager=True,
+        max_model_len=spec["max_model_len"],
+        max_num_batched_tokens=spec["max_model_len"],
+        gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.3),
+        enable_prefix_caching=False,
+        distributed_executor_backend="uni",
+        **kwargs,
+    )
+    llm.generate(
+        [{"prompt_token_ids": spec["warm"]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False
+    )
+    engine = llm.llm_engine
+    t0 = time.perf_counter()
+    arrivals: dict[str, list[float]] = {}
+    cached: dict[str, int] = {}
+    names: dict[str, str] = {}  # vLLM's request id -> ours
+
+    def add(name: str, tokens: list[int], params: Any) -> None:
+        arrivals[name] = []
+        names[name] = name
+        names[str(engine.add_request(name, {"prompt_token_ids": tokens}, params))] = name
+
+    def step() -> None:
+        outs = engine.step()
+        t = time.perf_counter() - t0
+        for o in outs:
+            name = names.get(o.request_id, o.request_id)
+            got = len(o.outputs[0].token_ids)
+            seen = arrivals.setdefault(name, [])
+            seen.extend([t] * (got - len(seen)))
+            if o.num_cached_tokens is not None:
+                cached[name] = int(o.num_cached_tokens)
+
+    bg = SamplingParams(temperature=0, max_tokens=spec["background_max_tokens"], ignore_eos=True)
+    background = [f"bg{i}" for i in range(len(spec["background"]))]
+    for name, tokens in zip(background, spec["background"], strict=True):
+        add(name, tokens, bg)
+    while any(len(arrivals[b]) < 2 for b in background):  # all prefilled and decoding
+        step()
+    loads: list[dict[str, Any]] = []
+    one = SamplingParams(temperature=0, max_tokens=1)
+    for k, tokens in enumerate(spec["loaders"]):
+        for _ in range(spec["gap_steps"]):
+            step()
+        name = f"load{k}"
+        t_add = time.perf_counter() - t0
+        add(name, tokens, one)
+        steps = 0
+        while not arrivals[name]:
+            step()
+            steps += 1
+        loads.append(
+            {"t_add": t_add, "t_first": arrivals[name][0], "steps": steps, "cached": cached.get(name)}
+        )
+        if any(len(arrivals[b]) >= spec["background_max_tokens"] for b in background):
+            raise RuntimeError("a background request finished during the run; raise background_max_tokens")
+    for _ in range(spec["gap_steps"]):
+        step()
+    engine.abort_request([r for r, n in names.items() if n in background])
+    result: dict[str, Any] = {"arrivals": {b: arrivals[b] for b in background}, "loads": loads}
+    if spec.get("connector") is not None:
+        from kvtier.integrations.vllm import lookup
+
+        for fn in list(lookup._registry.values()):
+            worker = fn.__self__  # type: ignore[attr-defined]  # the WorkerSide serving lookups
+            worker.close()
+            result["stats"] = worker.stats()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

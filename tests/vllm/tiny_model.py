@@ -1,0 +1,56 @@
+"""A tiny Llama with even head counts, so vLLM can split it over two TP ranks.
+
+SmolLM2-135M has 9 query heads and 3 KV heads: TP=2 cannot split it. This model (4 layers, hidden
+256, 4 query heads, 2 KV heads of 64, SmolLM2's tokenizer and vocabulary) has random weights, made
+once from a fixed seed and written as HF safetensors beside the converted SmolLM2 in the engine
+environment (`models/tiny-llama-tp2`), as that one is cached. `initializer_range` 0.2 (not HF's
+0.02, whose logits are nearly flat: greedy decoding then repeats one token) makes greedy outputs
+depend on the prompt, so wrong KV shows in the tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+VERSION = 1  # bump when the recipe below changes: the cached model is rebuilt
+CONFIG = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "rope_theta": 100000.0,
+    "initializer_range": 0.2,
+}
+
+
+def ensure_tiny_llama(models: Path, tokenizer_from: Path) -> Path:
+    """The cached model directory, built on first use (a few seconds)."""
+    out = models / "tiny-llama-tp2"
+    stamp = out / "kvtier-tiny-model.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("version") == VERSION:
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base = json.loads((tokenizer_from / "config.json").read_text())
+    ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG, **ids)).to(torch.float32)
+    tmp = models / f".tiny-llama-tp2.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, tmp / name)
+    (tmp / stamp.name).write_text(json.dumps({"version": VERSION, "config": CONFIG}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
