@@ -5,11 +5,16 @@ benchmark: ``kvtier bench peers``)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from kvtier.bench import peers
+from kvtier.bench import peers, peers_ssd
 from kvtier.cli import build_parser
 
 
@@ -26,6 +31,19 @@ def test_defaults_and_flags_parse() -> None:
         ["bench", "peers", "--json", "--rounds", "7", "--bytes", "256MiB", "--venv", "v"]
     )
     assert (args.rounds, args.bytes, args.venv, args.json) == (7, "256MiB", "v", True)
+    assert (args.parts, args.ssd_bytes, args.ssd_dir) == (("dram", "lookup", "remote", "ssd"), "512MiB", None)
+    args = build_parser().parse_args(
+        ["bench", "peers", "--parts", "ssd, dram,ssd", "--ssd-bytes", "64MiB", "--ssd-dir", "/d"]
+    )
+    assert (args.parts, args.ssd_bytes, args.ssd_dir) == (("ssd", "dram"), "64MiB", "/d")
+
+
+@pytest.mark.parametrize("parts", ["disk", "ssd,nvme", "", ","])
+def test_an_unknown_part_is_a_usage_error(parts: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "peers", "--parts", parts])
+    assert e.value.code == 2
+    assert "dram, lookup, remote, ssd" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rounds", ["4", "0", "-1", "five"])
@@ -41,6 +59,10 @@ def test_too_few_bytes_is_an_error_before_any_install(capsys: pytest.CaptureFixt
 
     assert main(["bench", "peers", "--bytes", "1MiB", "--venv", "/nonexistent/venv"]) == 2
     assert "--bytes is 1MiB" in capsys.readouterr().err
+    assert main(["bench", "peers", "--ssd-bytes", "16MiB", "--venv", "/nonexistent/venv"]) == 2
+    assert "--ssd-bytes is 16MiB" in capsys.readouterr().err
+    assert main(["bench", "peers", "--ssd-dir", "/nonexistent/dir", "--venv", "/nonexistent/venv"]) == 2
+    assert "--ssd-dir '/nonexistent/dir'" in capsys.readouterr().err
 
 
 def _dram(memcpy_s: float, scale: float) -> dict[str, Any]:
@@ -139,3 +161,102 @@ def test_summary_renders_the_table_and_the_reasons() -> None:
     assert remote and "not run: mooncake holder did not start: setup returned -1 |" in remote[0]
     assert "ssd: not in this bench yet" in lines
     assert "more detail" not in text  # one line per reason in the table; the JSON keeps it all
+
+
+def _ssd_round(kvtier_s: tuple[float, float, float], lmcache_s: tuple[float, float, float]) -> dict[str, Any]:
+    ops = ("ssd_put", "ssd_durable_put", "ssd_cold_get")
+    return {
+        "ssd": {
+            "kvtier": {"memcpy_s": 0.05, "ops": dict(zip(ops, kvtier_s, strict=True))},
+            "lmcache": {"memcpy_s": 0.04, "ops": dict(zip(ops, lmcache_s, strict=True))},
+            "load_avg_1m": 3.0,
+        }
+    }
+
+
+def test_ssd_rows_are_ratios_of_their_own_part_and_only_selected_parts_are_rows() -> None:
+    per_round = [_ssd_round((0.5, 1.0, 0.25), (0.5 * k, 2.0, 0.4)) for k in (1, 2, 1.1, 0.5, 1)]
+    rows = _rows_of(peers.aggregate(per_round, {}, ("ssd",)))
+    assert set(rows) == {"ssd_put", "ssd_durable_put", "ssd_cold_get"}
+    assert rows["ssd_put"]["speed_ratio"]["rounds"] == pytest.approx([1, 2, 1.1, 0.5, 1])
+    assert rows["ssd_put"]["speed_ratio"]["median"] == pytest.approx(1.0)
+    assert rows["ssd_durable_put"]["speed_ratio"]["median"] == pytest.approx(2.0)
+    assert rows["ssd_cold_get"]["speed_ratio"]["median"] == pytest.approx(1.6)
+    assert rows["ssd_cold_get"]["kvtier_vs_memcpy"]["median"] == pytest.approx(0.2)  # 0.05 / 0.25
+    assert rows["ssd_cold_get"]["peer_vs_memcpy"]["median"] == pytest.approx(0.1)  # 0.04 / 0.4
+    # With every part selected, the parts that did not run say so instead of giving figures.
+    everything = _rows_of(peers.aggregate(per_round, {}))
+    assert everything["dram_store"]["not_run"] == "no rounds ran"
+    assert everything["ssd_put"]["speed_ratio"]["median"] == pytest.approx(1.0)
+
+
+def test_summary_of_the_ssd_part_names_its_size_and_file_system() -> None:
+    per_round = [_ssd_round((0.5, 1.0, 0.25), (1.0, 2.0, 0.4)) for _ in range(5)]
+    result = {
+        "bytes": 2**30,
+        "rounds": 5,
+        "copy_threads": 0,
+        "parts": ["ssd"],
+        "ssd_bytes": 2**29,
+        "ssd_filesystem": "ext4 (/dev/vda)",
+        "versions": {"lmcache": "0.5.6"},
+        "unavailable": {},
+        "not_measured": peers.NOT_MEASURED,
+        "rows": peers.aggregate(per_round, {}, ("ssd",)),
+    }
+    text = peers.summary(result)
+    assert "ssd rows: 512 MiB per round on ext4 (/dev/vda)" in text
+    assert "| **1.60 (1.60-1.60)** | lmcache | 3.00 (3.00-3.00) |" in text
+    assert "DRAM store" not in text
+    assert "use_odirect" in text  # what the rows leave out is printed with them
+
+
+def _rows_of(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {row["key"]: row for row in rows}
+
+
+def test_aligned_like_is_page_aligned_zeroed_and_shaped() -> None:
+    objs = np.ones((3, 5000), dtype=np.uint8)
+    out = peers_ssd.aligned_like(objs)
+    assert out.shape == objs.shape and out.dtype == objs.dtype
+    assert out.ctypes.data % peers_ssd.PAGE_BYTES == 0
+    assert not out.any()
+
+
+def test_dropping_a_file_from_the_page_cache_is_seen_by_mincore(tmp_path: Path) -> None:
+    if peers_ssd.filesystem_of(tmp_path).split()[0] in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip("the page cache is the storage here")
+    path = tmp_path / "chunk.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    assert path.read_bytes()  # read back: cached
+    assert peers_ssd.resident_bytes([path]) > 0
+    assert peers_ssd.drop_from_page_cache([path]) == 0
+    peers_ssd.fsync_paths([path], tmp_path)
+    empty = tmp_path / "empty"
+    empty.touch()
+    assert peers_ssd.resident_bytes([empty]) == 0
+    assert peers_ssd.device_read_bytes() >= 0
+
+
+def test_filesystem_of_names_the_root_mount() -> None:
+    assert peers_ssd.filesystem_of(Path("/")) != "unknown"
+    assert peers_ssd.filesystem_of(Path("/proc/self")).startswith("proc ")
+
+
+def test_kvtier_ssd_side_stores_and_reads_back_cold_in_a_fresh_process(tmp_path: Path) -> None:
+    """kvtier's side of the ssd part, as the bench runs it (32 MiB): its checks (every block
+    written through, O_DIRECT, the cold get's bytes equal and read from the device) pass."""
+    if peers_ssd.filesystem_of(tmp_path).split()[0] in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip("no O_DIRECT here")
+    spec = {"seed": 3, "ssd_bytes": 32 * 2**20, "ssd_root": str(tmp_path), "copy_threads": 1}
+    worker = str(Path(peers.WORKER))
+    proc = subprocess.run(
+        [sys.executable, "-P", worker, "kvtier", "ssd", json.dumps(spec)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1][len("RESULT ") :])
+    assert set(result["ops"]) == {"ssd_put", "ssd_durable_put", "ssd_cold_get"}
+    assert all(seconds > 0 for seconds in result["ops"].values())
+    assert result["bytes"] == 32 * 2**20
+    assert "O_DIRECT" in result["config"]
+    assert list(tmp_path.iterdir()) == []  # its directories are gone

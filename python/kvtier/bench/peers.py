@@ -11,7 +11,9 @@ order alternates between rounds), each on the same bytes (the round's seed), eac
 plain memcpy of those bytes itself (:mod:`kvtier.bench.peers_worker`). Per row and round:
 each side ÷ memcpy (its bandwidth as a share of the copy's), and kvtier's speed ÷ the peer's
 (above 1: kvtier faster); the table gives the median and range over the rounds, and the 1-minute
-load average after each part (the bench keeps about one core busy itself).
+load average after each part (the bench keeps about one core busy itself). ``--parts`` picks the
+parts; the ``ssd`` part (``--ssd-bytes`` per round, written under ``--ssd-dir``) compares kvtier's
+SSD tier with LMCache's ``LocalDiskBackend`` (:mod:`kvtier.bench.peers_ssd` says how).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step
+from kvtier.bench.peers_ssd import filesystem_of
 from kvtier.errors import KvtierError
 
 LMCACHE = "lmcache==0.5.6"
@@ -82,11 +85,28 @@ ROWS = (
     Row("lookup_array", "hash + lookup of 128K tokens, int64 array", "lookup", "array", "lmcache", False),
     Row("remote_put", "remote put, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "put", "mooncake", False),
     Row("remote_get", "remote get, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "get", "mooncake", False),
+    Row(
+        "ssd_put",
+        "SSD put (write-through vs LocalDiskBackend, writes done)",
+        "ssd",
+        "ssd_put",
+        "lmcache",
+        True,
+    ),
+    Row(
+        "ssd_durable_put",
+        "SSD durable put (fsync mode vs LocalDiskBackend + fsync of its files)",
+        "ssd",
+        "ssd_durable_put",
+        "lmcache",
+        True,
+    ),
+    Row("ssd_cold_get", "SSD cold get (page cache cold, DRAM empty)", "ssd", "ssd_cold_get", "lmcache", True),
 )
-PARTS = {"dram": "lmcache", "lookup": "lmcache", "remote": "mooncake"}
+PARTS = {"dram": "lmcache", "lookup": "lmcache", "remote": "mooncake", "ssd": "lmcache"}
 NOT_MEASURED = {
-    "ssd": "LMCache LocalDiskBackend vs kvtier's SSD tier: not in this bench yet (issue 19 item 6 says "
-    "'if time allows'); see docs/benchmarks.md for the earlier figures",
+    "lmcache_odirect": "LMCache's LocalDiskBackend with extra_config use_odirect=True (off by default) is "
+    "not measured: the ssd rows run its default, buffered file I/O (kvtier's SSD tier: O_DIRECT)",
 }
 
 
@@ -98,6 +118,14 @@ def rounds_arg(text: str) -> int:
     if value < 5:
         raise argparse.ArgumentTypeError(f"{value} rounds; expected at least 5 (a median and a range)")
     return value
+
+
+def parts_arg(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in names if p not in PARTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated subset of {', '.join(PARTS)}")
+    return names
 
 
 def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
@@ -113,13 +141,35 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument(
         "--threads", type=int, default=0, help="kvtier's copy threads (0 = one per core, its default)"
     )
+    cmd.add_argument(
+        "--parts",
+        type=parts_arg,
+        default=tuple(PARTS),
+        help=f"which parts to run (default all: {','.join(PARTS)})",
+    )
+    cmd.add_argument("--ssd-bytes", default="512MiB", help="bytes per round of the ssd rows (default 512MiB)")
+    cmd.add_argument(
+        "--ssd-dir", default=None, help="where the ssd rows write (default: the system temp dir)"
+    )
     cmd.add_argument("--json", action="store_true")
 
     def main(args: argparse.Namespace) -> None:
-        total = parse_size(args.bytes, "--bytes")
-        if total < 32 * 2**20:
-            raise KvtierError(f"--bytes is {args.bytes}; expected at least 32MiB (one LMCache chunk)")
-        emit(run(Path(args.venv), args.rounds, total, args.threads, show=not args.json), args.json, summary)
+        sizes = {
+            flag: (text, parse_size(text, flag))
+            for flag, text in (("--bytes", args.bytes), ("--ssd-bytes", args.ssd_bytes))
+        }
+        for flag, (text, size) in sizes.items():
+            if size < 32 * 2**20:
+                raise KvtierError(f"{flag} is {text}; expected at least 32MiB (one LMCache chunk)")
+        if args.ssd_dir is not None and not (
+            os.path.isdir(args.ssd_dir) and os.access(args.ssd_dir, os.W_OK)
+        ):
+            raise KvtierError(f"--ssd-dir {args.ssd_dir!r}: expected an existing, writable directory")
+        result = run(
+            Path(args.venv), args.rounds, sizes["--bytes"][1], args.threads, show=not args.json,
+            parts=args.parts, ssd_bytes=sizes["--ssd-bytes"][1], ssd_dir=args.ssd_dir,
+        )  # fmt: skip
+        emit(result, args.json, summary)
 
     cmd.set_defaults(func=main)
 
@@ -203,11 +253,16 @@ def _mooncake(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
 
 
 def run(
-    venv: Path, rounds: int = 5, total_bytes: int = 2**30, threads: int = 0, show: bool = True
+    venv: Path,
+    rounds: int = 5,
+    total_bytes: int = 2**30,
+    threads: int = 0,
+    show: bool = True,
+    parts: tuple[str, ...] = tuple(PARTS),
+    ssd_bytes: int = 2**29,
+    ssd_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Every row, ``rounds`` times, kvtier and the peer alternating; see the module docs."""
-    from kvtier.testing.redis import LocalRedis
-
+    """Every row of ``parts``, ``rounds`` times, kvtier and the peer alternating; see the module docs."""
     stamp = ensure_venv(venv, show)
     python = venv / "bin" / "python"
     base: dict[str, Any] = {
@@ -215,19 +270,21 @@ def run(
         "lookup_tokens": LOOKUP_TOKENS,
         "lookup_repeats": 20,
         "copy_threads": threads,
+        "ssd_bytes": ssd_bytes,
     }
     unavailable: dict[str, str] = {}
     if stamp.get("mooncake_unavailable"):
         unavailable["mooncake"] = str(stamp["mooncake_unavailable"])
     per_round: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, LocalRedis(tmp) as redis:
-        base["redis_url"] = redis.url
-        with _servers(venv, Path(tmp), unavailable) as mooncake:
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, _redis(tmp, parts) as redis_url:
+        base["redis_url"] = redis_url
+        base["ssd_root"] = str(Path(ssd_dir or tmp).resolve())
+        with _servers(venv, Path(tmp), unavailable, "remote" in parts) as mooncake:
             base |= mooncake
             for r in range(rounds):
-                parts: dict[str, Any] = {}
+                done: dict[str, Any] = {}
                 for part, peer in PARTS.items():
-                    if peer in unavailable:
+                    if part not in parts or peer in unavailable:
                         continue
                     _say(show, f"round {r + 1}/{rounds}: {part}")
                     spec = {**base, "seed": r}
@@ -236,26 +293,44 @@ def run(
                     for side, interpreter in sides if r % 2 == 0 else sides[::-1]:
                         out[side] = worker(interpreter, side, part, spec)
                     out["load_avg_1m"] = os.getloadavg()[0]
-                    parts[part] = out
-                per_round.append(parts)
+                    done[part] = out
+                per_round.append(done)
+        ssd_filesystem = filesystem_of(Path(base["ssd_root"]))
     return {
         "bench": "peers",
         "bytes": total_bytes,
         "rounds": rounds,
+        "parts": list(parts),
         "copy_threads": threads,
+        "ssd_bytes": ssd_bytes,
+        "ssd_filesystem": ssd_filesystem,
         "versions": stamp["versions"],
         "python": sys.version.split()[0],
         "unavailable": unavailable,
         "not_measured": NOT_MEASURED,
-        "rows": aggregate(per_round, unavailable),
+        "rows": aggregate(per_round, unavailable, parts),
         "per_round": per_round,
     }
 
 
 @contextmanager
-def _servers(venv: Path, workdir: Path, unavailable: dict[str, str]) -> Iterator[dict[str, Any]]:
+def _redis(tmp: str, parts: tuple[str, ...]) -> Iterator[str | None]:
+    """A loopback Redis for kvtier's remote row, when that part runs."""
+    if "remote" not in parts:
+        yield None
+        return
+    from kvtier.testing.redis import LocalRedis
+
+    with LocalRedis(tmp) as redis:
+        yield redis.url
+
+
+@contextmanager
+def _servers(
+    venv: Path, workdir: Path, unavailable: dict[str, str], wanted: bool
+) -> Iterator[dict[str, Any]]:
     """Mooncake's servers when it runs; when they fail, ``unavailable["mooncake"]`` says why."""
-    if "mooncake" in unavailable:
+    if "mooncake" in unavailable or not wanted:
         yield {}
         return
     try:
@@ -276,11 +351,13 @@ def spread(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
-def aggregate(per_round: list[dict[str, Any]], unavailable: dict[str, str]) -> list[dict[str, Any]]:
-    """Per row: each side ÷ memcpy and kvtier's speed ÷ the peer's, per round (both from the
-    same round's processes), with median and range; or why the row did not run."""
+def aggregate(
+    per_round: list[dict[str, Any]], unavailable: dict[str, str], parts: tuple[str, ...] = tuple(PARTS)
+) -> list[dict[str, Any]]:
+    """Per row of ``parts``: each side ÷ memcpy and kvtier's speed ÷ the peer's, per round (both
+    from the same round's processes), with median and range; or why the row did not run."""
     rows = []
-    for row in ROWS:
+    for row in (row for row in ROWS if row.part in parts):
         entry: dict[str, Any] = {"key": row.key, "label": row.label, "peer": row.peer}
         errors = [
             side["error"]
@@ -316,12 +393,20 @@ def _cell(s: dict[str, Any] | None) -> str:
 
 def summary(r: dict[str, Any]) -> str:
     v = r["versions"]
+    parts = r.get("parts", list(PARTS))
     lines = [
-        f"bench peers: {r['bytes'] / 2**30:.2f} GiB of Llama-3-8B bf16 KV per round, {r['rounds']} rounds, "
+        f"bench peers: {r['bytes'] / 2**30:.2f} GiB of Llama-3-8B bf16 KV per round (dram rows), {r['rounds']} rounds, "
         f"kvtier and peer alternating; lmcache {v.get('lmcache')}, mooncake "
-        f"{v.get('mooncake-transfer-engine-non-cuda')}, torch {v.get('torch')}",
+        f"{v.get('mooncake-transfer-engine-non-cuda')}, torch {v.get('torch')}; parts {','.join(parts)}",
         f"kvtier copy threads {r['copy_threads']} (0 = one per core); LMCache's numpy copies use one; "
         "memcpy is one thread; median (min-max) over rounds; speed ratio above 1 = kvtier faster",
+    ]
+    if "ssd" in parts:
+        lines.append(
+            f"ssd rows: {r.get('ssd_bytes', 0) / 2**20:.0f} MiB per round on {r.get('ssd_filesystem')}; kvtier "
+            "write-through, O_DIRECT; LMCache LocalDiskBackend, buffered, timed until its writes are done"
+        )
+    lines += [
         "",
         "| work | kvtier ÷ memcpy | peer ÷ memcpy | kvtier speed ÷ peer | peer | load avg 1m |",
         "|---|---|---|---|---|---|",

@@ -7,7 +7,9 @@ SIDE is ``kvtier`` (run by kvtier's interpreter), ``lmcache`` or ``mooncake`` (r
 environment's interpreter, where kvtier is not installed: this file imports no kvtier module at
 its top, only inside the kvtier functions). ``mooncake holder`` is the segment-holder process.
 PART is ``dram`` (store, retrieve, store from a paged pool, retrieve into it), ``lookup``
-(hash + lookup of a 128K-token prompt from a list and from an int64 array) or ``remote``.
+(hash + lookup of a 128K-token prompt from a list and from an int64 array), ``remote`` or ``ssd``
+(put, durable put, cold get: :mod:`kvtier.bench.peers_ssd`, loaded by path; kvtier's cold get
+runs as ``kvtier ssd_cold_get``, a process of its own).
 
 Both sides get the same bytes: a round's seed draws the same random objects in every process.
 Each timed call is checked outside its timed region (returned bytes equal to what was stored,
@@ -222,7 +224,7 @@ def kvtier_remote(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- LMCache (the peer environment)
-def _lmcache_engine(name: str, kv_shape: tuple[int, ...], cpu_gib: float) -> Any:
+def _lmcache_engine(name: str, kv_shape: tuple[int, ...], cpu_gib: float, **config_extra: Any) -> Any:
     import torch  # type: ignore[import-not-found, unused-ignore]
     from lmcache.v1.cache_engine import LMCacheEngineBuilder  # type: ignore[import-not-found, unused-ignore]
     from lmcache.v1.config import LMCacheEngineConfig  # type: ignore[import-not-found, unused-ignore]
@@ -275,7 +277,7 @@ def _lmcache_engine(name: str, kv_shape: tuple[int, ...], cpu_gib: float) -> Any
             return torch.Size([2, layers, num_tokens, heads * head_dim])
 
     config = LMCacheEngineConfig.from_defaults(
-        chunk_size=chunk, local_cpu=True, max_local_cpu_size=cpu_gib, lmcache_instance_id=name
+        chunk_size=chunk, local_cpu=True, max_local_cpu_size=cpu_gib, lmcache_instance_id=name, **config_extra
     )
     metadata = LMCacheMetadata(
         model_name=name, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
@@ -343,6 +345,51 @@ def lmcache_lookup(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ops": ops, "config": f"{count // CHUNK_TOKENS} chunks of {CHUNK_TOKENS} tokens"}
 
 
+# ---------------------------------------------------------------- the SSD rows (peers_ssd.py)
+def _peers_ssd() -> Any:
+    """``peers_ssd.py`` beside this file, loaded by path: the peers' environment has no kvtier."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_ssd.py")
+    module_spec = importlib.util.spec_from_file_location("peers_ssd", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _ssd_objects(spec: dict[str, Any]) -> tuple[Array, Callable[[int], list[int]]]:
+    objs = objects({**spec, "bytes": spec["ssd_bytes"]})
+    return objs, lambda phase: tokens(spec, phase, len(objs) * BLOCK_TOKENS)
+
+
+def kvtier_ssd(spec: dict[str, Any]) -> dict[str, Any]:
+    objs, tokens_of = _ssd_objects(spec)
+    return dict(_peers_ssd().kvtier_ssd(spec, objs, tokens_of, os.path.abspath(__file__)))
+
+
+def kvtier_ssd_cold_get(spec: dict[str, Any]) -> dict[str, Any]:
+    objs, tokens_of = _ssd_objects(spec)
+    return dict(_peers_ssd().kvtier_ssd_cold_get(spec, objs, tokens_of))
+
+
+def lmcache_ssd(spec: dict[str, Any]) -> dict[str, Any]:
+    import shutil
+    import tempfile
+
+    objs, tokens_of = _ssd_objects(spec)
+    disk = tempfile.mkdtemp(prefix="lmcache-peers-ssd-", dir=spec["ssd_root"])
+    gib = objs.nbytes / 2**30
+    try:
+        engine = _lmcache_engine(
+            f"bench-peers-ssd-{spec['seed']}", (LAYERS, 2, CHUNK_TOKENS, HEADS, HEAD_DIM), 2.3 * gib,
+            local_disk=disk, max_local_disk_size=2.3 * gib,
+        )  # fmt: skip
+        return dict(_peers_ssd().lmcache_ssd(objs, tokens_of, engine, CHUNK_TOKENS))
+    finally:
+        shutil.rmtree(disk, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- Mooncake Store over TCP
 def _mooncake(spec: dict[str, Any], segment_bytes: int) -> Any:
     from mooncake.store import MooncakeDistributedStore  # type: ignore[import-not-found, unused-ignore]
@@ -408,6 +455,9 @@ WORKERS: dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("kvtier", "dram"): kvtier_dram,
     ("kvtier", "lookup"): kvtier_lookup,
     ("kvtier", "remote"): kvtier_remote,
+    ("kvtier", "ssd"): kvtier_ssd,
+    ("kvtier", "ssd_cold_get"): kvtier_ssd_cold_get,
+    ("lmcache", "ssd"): lmcache_ssd,
     ("lmcache", "dram"): lmcache_dram,
     ("lmcache", "lookup"): lmcache_lookup,
     ("mooncake", "remote"): mooncake_remote,
