@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from kvtier import report
 from kvtier.config import parse_size
 from kvtier.errors import KvtierError
 from kvtier.remote import check_url
@@ -105,7 +106,7 @@ def _sim_run(args: argparse.Namespace) -> None:
     config = SimConfig.from_yaml(args.config)
     result = run(config, show_progress=not args.json)
     _write(out, result)
-    _emit(result, args.json, _sim_summary)
+    _emit(result, args.json, report.sim_summary)
 
 
 def _sim_sweep(args: argparse.Namespace) -> None:
@@ -130,7 +131,7 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     ]
     result = {"config": config.name, "rates_per_s": rates, "series": series, "plots": figures}
     _write(str(out_dir / "sweep.json"), result)
-    _emit(result, args.json, _sweep_summary)
+    _emit(result, args.json, report.sweep_summary)
 
 
 def _sim_calibrate(args: argparse.Namespace) -> None:
@@ -161,6 +162,7 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     for name in names:
         rows.extend(row.to_dict() for row in reproduce.run(name, Path(args.out_dir) / name, quick=args.quick))
+    _write(str(Path(args.out_dir) / "rows.json"), {"rows": rows})  # for `kvtier report`
     if args.json:
         print(json.dumps(rows, sort_keys=True))
         return
@@ -274,35 +276,6 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
-def _sim_summary(r: dict[str, Any]) -> str:
-    t, p, h = r["ttft_s"], r["tpot_s"], r["hit_rate_tokens"]
-    lines = [
-        f"sim {r['config']}: {r['requests']} requests, {r['model']} on {r['hardware']}, policy {r['policy']['name']}",
-        f"  TTFT s   mean {t['mean']:.3f}  p50 {t['p50']:.3f}  p99 {t['p99']:.3f}",
-        f"  TPOT ms  mean {p['mean'] * 1e3:.2f}  p50 {p['p50'] * 1e3:.2f}  p99 {p['p99'] * 1e3:.2f}",
-        f"  throughput {r['throughput_requests_per_s']:.2f} req/s, {r['throughput_total_tokens_per_s']:.0f} tokens/s",
-        f"  hit rate (tokens) device {h['device']:.1%} host {h['host']:.1%} ssd {h['ssd']:.1%} "
-        f"total {h['total']:.1%}; blocks {r['hit_rate_blocks']:.1%}",
-        f"  blocked I/O {r['blocked_io_s']:.2f} s ({r['blocked_io_fraction_of_busy']:.1%} of busy time), "
-        f"{r['preemptions']} preemptions, SLO attainment {r['slo']['attainment']:.1%}",
-        f"  {r['events']} events in {r['wall_s']:.1f} s wall for {r['sim_time_s']:.0f} s simulated",
-    ]
-    return "\n".join(lines)
-
-
-def _sweep_summary(r: dict[str, Any]) -> str:
-    lines = [f"sweep {r['config']} over rates {r['rates_per_s']}"]
-    for name, results in r["series"].items():
-        for res in results:
-            lines.append(
-                f"  {name:10s} rate {res['rate_per_s']:7.3f}  TTFT p50 {res['ttft_s']['p50']:8.3f} s  "
-                f"p99 {res['ttft_s']['p99']:8.3f} s  TPOT p50 {res['tpot_s']['p50'] * 1e3:7.2f} ms  "
-                f"{res['throughput_total_tokens_per_s']:9.0f} tok/s"
-            )
-    lines.append(f"  plots: {', '.join(r['plots'])}")
-    return "\n".join(lines)
-
-
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -361,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_engine_commands(sub, _positive)  # generate, chat
     top.add_command(sub)
+    report.add_command(sub)
 
     bench = sub.add_parser(
         "bench", help="benchmarks; each reports ratios to a limit measured in the same run"

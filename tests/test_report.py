@@ -1,0 +1,50 @@
+"""`kvtier report` (kvtier.report): the real CLI turns what `kvtier sim reproduce` and
+`kvtier sim run --out` wrote into one self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtier.errors import KvtierError
+from kvtier.report import write_html
+
+
+def kvtier(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtier.cli", *args], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_report_of_a_reproduction_and_a_run_holds_every_row_and_plot_inline(tmp_path: Path) -> None:
+    out = tmp_path / "sim-out"
+    kvtier("sim", "reproduce", "strata", "--quick", "--out-dir", str(out))
+    kvtier("sim", "run", "baselines/longdoc_h200", "--out", str(out / "run.json"), "--json")
+    rows = json.loads((out / "rows.json").read_text())["rows"]
+    plots = sorted(out.rglob("*.png"))
+    assert rows and plots
+    page_path = Path(kvtier("report", str(out)).strip())
+    assert page_path == out / "report.html"
+    page = page_path.read_text()
+    for r in rows:  # every reproduction row, with kvtier's figure as printed
+        assert r["metric"] in page and f"{r['kvtier_ratio']:.4g}" in page, r["metric"]
+    assert "Run longdoc-h200" in page and "TTFT s   mean" in page
+    assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,', page)) == len(plots)
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing outside the page itself
+
+
+def test_report_of_a_directory_without_results_names_it(tmp_path: Path) -> None:
+    with pytest.raises(KvtierError, match="nothing to report"):
+        write_html(tmp_path)
+    with pytest.raises(KvtierError, match="not a directory"):
+        write_html(tmp_path / "missing")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(KvtierError, match=r"bad\.json"):
+        write_html(tmp_path)
