@@ -290,4 +290,11 @@ def summary(r: dict[str, Any]) -> str:
             f"    mean TPOT {v['engine_mean_tpot_s']:.4f} s engine, {v['sim_mean_tpot_s']:.4f} s sim: "
             f"error {r['sim_tpot_error']:.3f} (target <= 0.15)"
         )
+        if v.get("calibration_machine_differences"):
+            from kvtier.sim.machine import REFIT
+
+            lines.append(
+                f"    the calibration was not fitted on this machine: {'; '.join(v['calibration_machine_differences'])}"
+            )
+            lines.append(f"    (the errors above say little about the model here) refit: {REFIT}")
     return "\n".join(lines)

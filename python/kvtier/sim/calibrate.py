@@ -28,6 +28,7 @@ import yaml
 
 from kvtier.errors import ConfigError
 from kvtier.sim.cost import COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk
+from kvtier.sim.machine import fingerprint
 
 
 def _p(new: int, ctx: int) -> PrefillChunk:
@@ -146,6 +147,7 @@ def report(
     return {
         "model": model,
         "blas_threads": blas_threads,
+        "machine": fingerprint(),
         "kind": "fitted",
         **{name: getattr(final, name) for name in COEFFICIENTS},
         "engine_steps": len(samples),

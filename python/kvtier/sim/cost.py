@@ -27,6 +27,7 @@ layer-first cache cost more than batched copies of the same bytes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,10 @@ import yaml
 
 from kvtier.errors import ConfigError
 from kvtier.sim.hardware import HardwareProfile
+from kvtier.sim.machine import REFIT, differences
 from kvtier.sim.models import ModelProfile
+
+log = logging.getLogger("kvtier.sim")
 
 #: Packaged calibration files (``calibration: NAME`` in a sim config names one of them).
 CALIBRATIONS = Path(__file__).parent / "profiles" / "calibration"
@@ -319,8 +323,9 @@ class FittedCostModel:
         return transfer_work_s(nbytes, segment_bytes, bandwidth_bytes_per_s, per_segment_overhead_s)
 
 
-def load_calibration(name_or_path: str) -> dict[str, float]:
-    """The coefficients of a calibration file: a path, or a name under ``profiles/calibration``."""
+def read_calibration(name_or_path: str) -> dict[str, Any]:
+    """A calibration file as written (coefficients checked): a path, or a name under
+    ``profiles/calibration``."""
     path = Path(name_or_path)
     if not path.exists():
         path = CALIBRATIONS / f"{name_or_path}.yaml"
@@ -331,7 +336,24 @@ def load_calibration(name_or_path: str) -> dict[str, float]:
     missing = [k for k in COEFFICIENTS if not isinstance(data.get(k), (int, float))]
     if missing:
         raise ConfigError(f"calibration {path} lacks numeric {missing}; rerun `kvtier sim calibrate`")
+    return dict(data)
+
+
+def load_calibration(name_or_path: str) -> dict[str, float]:
+    """The coefficients of a calibration file (see :func:`read_calibration`). One fitted on another
+    kind of machine (:mod:`kvtier.sim.machine`) is logged once, with the command that refits it."""
+    data = read_calibration(name_or_path)
+    differs = differences(data.get("machine"))
+    if differs and name_or_path not in _WARNED:
+        _WARNED.add(name_or_path)
+        log.warning(
+            "calibration %s was not fitted on this machine (%s): its step times may not hold here; "
+            "refit with `%s`", name_or_path, "; ".join(differs), REFIT,
+        )  # fmt: skip
     return {k: float(data[k]) for k in COEFFICIENTS}
+
+
+_WARNED: set[str] = set()
 
 
 def _make_roofline(hardware: HardwareProfile, model: ModelProfile, **params: Any) -> CostModel:

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvtier.sim.config import SimConfig
+from kvtier.sim.cost import read_calibration
+from kvtier.sim.machine import differences
 from kvtier.sim.request import Request
 from kvtier.sim.run import build
 
@@ -115,9 +117,14 @@ def compare(turns: Sequence[Turn], sim: dict[str, Any], calibration: str) -> dic
     engine_ttft = float(np.mean([t.ttft_s for t in turns]))
     engine_tpot = float(np.mean([t.tpot_s for t in turns]))
     sim_ttft, sim_tpot = float(sim["ttft_s"]["mean"]), float(sim["tpot_s"]["mean"])
+    differs = differences(read_calibration(calibration).get("machine"))
     return {
         "requests": len(turns),
         "calibration": calibration,
+        # Empty when the calibration was fitted on this kind of machine; else what differs (and the
+        # errors below say little about the model: refit with `kvtier sim calibrate`).
+        "calibration_machine_differences": differs,
+        "calibration_fitted_here": not differs,
         "engine_mean_ttft_s": engine_ttft,
         "sim_mean_ttft_s": sim_ttft,
         "engine_mean_tpot_s": engine_tpot,

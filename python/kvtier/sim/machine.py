@@ -1,0 +1,73 @@
+"""The machine a calibration was fitted on (issue 22): a fitted cost model's step times hold for
+that CPU, core count, vector units and BLAS only, so ``kvtier sim calibrate`` records them and
+every user of a calibration compares them with the machine it runs on.
+
+A calibration fitted elsewhere (or one that records no machine, such as a file written before
+kvtier recorded machines) still loads; its users say so and name the command that refits it here.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+#: The fields whose difference makes step times not transfer (others are recorded for the reader).
+COMPARED = ("cpu_model", "cores", "avx512f", "avx512_bf16", "blas", "numpy")
+REFIT = "kvtier sim calibrate --out my-calibration.yaml (then pass calibration: my-calibration.yaml)"
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    model, flags = "unknown", set[str]()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        model = platform.processor() or "unknown"
+    return model, flags
+
+
+def _blas() -> str:
+    import numpy as np
+
+    try:
+        info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{info.get('name', 'unknown')} {info.get('version', '')}".strip()
+    except Exception:  # an older numpy without dict output: the BLAS is unknown, not an error
+        return "unknown"
+
+
+def fingerprint() -> dict[str, Any]:
+    """This machine, as a calibration records it."""
+    import numpy as np
+
+    model, flags = _cpuinfo()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+    numpy_version = ".".join(np.__version__.split(".")[:2])
+    return {
+        "cpu_model": model,
+        "cores": cores,
+        "avx512f": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "blas": _blas(),
+        "numpy": numpy_version,
+        "python": platform.python_version(),
+    }
+
+
+def differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None = None) -> list[str]:
+    """How the machine a calibration recorded differs from this one (empty: the same kind)."""
+    if not recorded:
+        return ["the calibration records no machine (fitted before kvtier recorded machines)"]
+    here = fingerprint() if current is None else current
+    return [
+        f"{key}: {recorded.get(key)!r} there, {here.get(key)!r} here"
+        for key in COMPARED
+        if recorded.get(key) != here.get(key)
+    ]
