@@ -58,6 +58,7 @@ mod job;
 mod pool;
 mod sequential;
 mod stages;
+mod store_calls;
 
 pub use config::{StageWorkers, TransferConfig, STAGE_NAMES};
 pub use duplex::{BlockState, DuplexConfig, DuplexEngine, StepTickets};
