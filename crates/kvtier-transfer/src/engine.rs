@@ -265,24 +265,17 @@ impl TransferEngine {
         self.submit(JobKind::Load, keys, pool, None, block_ids)
     }
 
-    /// [`submit_load`](Self::submit_load) into an engine's [`PagedPool`]: one
-    /// [`Store::load_into_pool`] on a store worker (one copy per DRAM block), announcing layers
-    /// to [`wait_layer`](Self::wait_layer) as they land. A block that fails verification or is
-    /// gone finishes as `ReadFailed` (its layers may have been announced: drop what was computed
-    /// from it). The caller keeps the pool's memory alive until the job is collected.
+    /// [`submit_load`](Self::submit_load) into a [`PagedPool`] (kept alive by the caller until
+    /// collected): one [`Store::load_into_pool`] on a store worker, layers announced to
+    /// [`wait_layer`](Self::wait_layer) before the `ReadFailed` verdicts (docs/transfer.md §1.1).
     pub fn submit_paged_load(
         &self,
         keys: &[BlockKey],
         pool: PagedPool,
         block_ids: &[u64],
     ) -> Result<JobId, TransferError> {
-        self.submit(
-            JobKind::Load,
-            keys,
-            PoolRef::blocks_only(pool.num_blocks() as u64),
-            Some(pool),
-            block_ids,
-        )
+        let blocks = PoolRef::blocks_only(pool.num_blocks() as u64);
+        self.submit(JobKind::Load, keys, blocks, Some(pool), block_ids)
     }
 
     /// [`submit_store`](Self::submit_store) from a [`PagedPool`]: one [`Store::put_from_pool`].
@@ -292,13 +285,8 @@ impl TransferEngine {
         pool: PagedPool,
         block_ids: &[u64],
     ) -> Result<JobId, TransferError> {
-        self.submit(
-            JobKind::Store,
-            keys,
-            PoolRef::blocks_only(pool.num_blocks() as u64),
-            Some(pool),
-            block_ids,
-        )
+        let blocks = PoolRef::blocks_only(pool.num_blocks() as u64);
+        self.submit(JobKind::Store, keys, blocks, Some(pool), block_ids)
     }
 
     /// Starts storing pool block `block_ids[i]` under `keys[i]` (gather → put): the store
@@ -406,11 +394,8 @@ impl TransferEngine {
         } else {
             // A load waits on no one's saves: paged loads go first.
             let mut q = lock(&sh.store_queue);
-            if kind == JobKind::Load {
-                q.0.push_front(job.clone())
-            } else {
-                q.0.push_back(job.clone())
-            }
+            let at = if kind == JobKind::Load { 0 } else { q.0.len() };
+            q.0.insert(at, job.clone());
             sh.store_ready.notify_all();
         }
         Ok(job.id)
