@@ -35,6 +35,7 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
         "put_ratio_to_memcpy",
         "get_ratio_to_memcpy",
         "pool_load_ratio_to_get",
+        "engine_pool_load_ratio_to_get",
         "lookup_128k_tokens_ms",
     ):
         assert result[key] > 0

@@ -192,16 +192,15 @@ def test_async_loads_are_reported_finished_with_their_errors_in_the_same_pass() 
     layers = cpu_cache(7)
     w = make_worker(layers)
     gate = threading.Event()
-    load_into_pool = w.store.load_into_pool
+    engine_finished = w.engine.finished
 
-    def slow_load(*args: Any, **kwargs: Any) -> Any:
-        gate.wait(10)
-        return load_into_pool(*args, **kwargs)
+    def slow_finished() -> Any:  # the engine reports no job finished until the gate opens
+        return engine_finished() if gate.is_set() else []
 
     try:
         w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
         w.drain()
-        w.store.load_into_pool = slow_load  # type: ignore[method-assign]
+        w.engine.finished = slow_finished  # type: ignore[method-assign]
         # Blocks 0-1 are stored, 2-3 are not: the load ends with two failed blocks.
         w.start_async_loads([LoadSpec("r2", tokens_bytes(4 * BS), b"", 0, [5, 6, 7, 9])])
         w.start_loads([], layerwise=True)  # a step's own (empty) loads do not wait for it
@@ -236,17 +235,22 @@ def test_a_lookup_counts_saves_queued_before_it() -> None:
     layers = cpu_cache(6)
     w = make_worker(layers)
     gate = threading.Event()
-    put_from_pool = w.store.put_from_pool
+    engine_wait = w.engine.wait
+    waited: list[list[int]] = []
 
-    def slow_put(*args: Any, **kwargs: Any) -> Any:
+    def slow_wait(ids: Any) -> Any:  # the save jobs end when the gate opens
         gate.wait(10)
-        return put_from_pool(*args, **kwargs)
+        waited.append(list(ids))
+        return engine_wait(ids)
 
-    w.store.put_from_pool = slow_put  # type: ignore[method-assign]
+    w.engine.wait = slow_wait  # type: ignore[method-assign]
     try:
         w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
         threading.Timer(0.2, gate.set).start()
         assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 4
+        assert len(waited) == 1 and len(waited[0]) == 1  # it waited for the one save job
+        assert w.counters["lookup_save_wait_s"] >= 0.15
+        assert w.finished({"r1"}) == {"r1"}  # collected by the lookup's wait: r1's saves are done
     finally:
         gate.set()
         w.close()
@@ -261,18 +265,71 @@ def test_waiting_for_an_unknown_layer_waits_for_every_layer() -> None:
         w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
         w.drain()
         w.paged = paged(dst)
-        load_into_pool = w.store.load_into_pool
+        engine_wait_layer = w.engine.wait_layer
+        layers_waited: list[int] = []
 
-        def slow_load(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(0.3)  # widens the window: a wait that returns early sees it unloaded
-            return load_into_pool(*args, **kwargs)
+        def wait_layer(job: int, layer: int) -> None:
+            layers_waited.append(layer)
+            engine_wait_layer(job, layer)
 
-        w.store.load_into_pool = slow_load  # type: ignore[method-assign]
+        w.engine.wait_layer = wait_layer  # type: ignore[method-assign]
         w.start_loads([LoadSpec("r2", tokens_bytes(2 * BS), b"", 0, [0, 2])], layerwise=True)
         w.wait_layer(None)
+        assert layers_waited == [LAYERS - 1]
         for layer in range(LAYERS):
             np.testing.assert_array_equal(dst[layer][0], src[layer][3])
             np.testing.assert_array_equal(dst[layer][2], src[layer][1])
         assert w.take_load_errors() == set()
     finally:
+        w.close()
+
+
+def test_a_corrupted_block_is_a_load_error_with_the_blocks_after_it() -> None:
+    """A stored block that fails its checksum ends its engine job as "read_failed": that vLLM block
+    and the request's later ones are load errors; another request of the step loads."""
+    src, dst = cpu_cache(8), cpu_cache(9)
+    w = make_worker(src)
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
+        w.submit_saves([SaveSpec("r9", tokens_bytes(BS), b"t", 0, [2])])
+        w.drain()
+        key = w.keys(tokens_bytes(4 * BS), b"")[1]
+        assert w.store._core.corrupt_for_test(key.to_bytes(16, "little"), 10)
+        w.paged = paged(dst)
+        loads = [
+            LoadSpec("r2", tokens_bytes(4 * BS), b"", 0, [0, 2, 4, 5]),
+            LoadSpec("r3", tokens_bytes(BS), b"t", 0, [7]),
+        ]
+        w.start_loads(loads, layerwise=False)  # synchronous: done when start_loads returns
+        assert w.take_load_errors() == {2, 4, 5}
+        np.testing.assert_array_equal(dst[0][0], src[0][3])
+        np.testing.assert_array_equal(dst[1][7], src[1][2])
+        assert w.counters["synchronous_jobs"] == 1 and w.counters["loads"] == 2
+        assert (w.counters["loaded_blocks"], w.counters["load_error_blocks"]) == (2, 3)
+        assert w.counters["load_s"] > 0
+        assert w.stats()["store"]["checksum_failures"] == 1
+    finally:
+        w.close()
+
+
+def test_finished_waits_for_a_requests_save_jobs() -> None:
+    import threading
+
+    w = make_worker(cpu_cache(10))
+    gate = threading.Event()
+    engine_finished = w.engine.finished
+    w.engine.finished = lambda: engine_finished() if gate.is_set() else []  # type: ignore[method-assign]
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(2 * BS), b"", 0, [3, 1])])
+        assert w.finished({"r1"}) == set()  # its save job is not reported done yet
+        gate.set()
+        deadline = time.monotonic() + 10
+        done: set[str] = set()
+        while not done and time.monotonic() < deadline:
+            done = w.finished(set())  # vLLM reported it finished before; the worker remembers
+            time.sleep(0.01)
+        assert done == {"r1"}
+        assert w.counters["saves"] == 1 and w.counters["saved_blocks"] == 2
+    finally:
+        gate.set()
         w.close()

@@ -1,7 +1,11 @@
 """The transfer engine: asynchronous load and store jobs between a :class:`~kvtier.Store` and an
-engine's paged KV pool (a ``LayerFirst`` numpy array), run through a chunked multi-stage pipeline
-(read → decompress → dequantize → scatter, ShadowServe §4.2-4.3), and the duplex swap engine
-(SuperInfer §4.3.2). See ``docs/transfer.md``.
+engine's paged KV pool, and the duplex swap engine (SuperInfer §4.3.2). See ``docs/transfer.md``.
+
+A pool is a ``LayerFirst`` numpy array, whose loads run through a chunked multi-stage pipeline
+(read → decompress → dequantize → scatter, ShadowServe §4.2-4.3), or a
+:class:`~kvtier.layout.PagedPool` (e.g. vLLM's per-layer tensors), whose jobs are one store call
+each on the engine's store workers (``Store.load_into_pool`` / ``Store.put_from_pool``: one copy
+per block from and into DRAM, layers announced as they land).
 
 >>> engine = TransferEngine(store, TransferConfig(chunk_blocks=4))
 >>> job = engine.submit_load(keys, pool, block_ids)   # leases the hit prefix until done
@@ -27,7 +31,7 @@ from kvtier import _core
 from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
-from kvtier.layout import buffer_array, pool_num_blocks
+from kvtier.layout import PagedPool, buffer_array, pool_num_blocks
 from kvtier.store import Store
 
 #: Every block outcome, in the order of the Rust enum.
@@ -107,6 +111,8 @@ class FinishedJob:
     cancelled: bool
     #: Times the job wrapped around the stage buffers (1 when it fit at once).
     rounds: int
+    #: Seconds from submission until its last block settled (0 for ``load_sequential``).
+    elapsed_s: float = 0.0
 
     @property
     def done_blocks(self) -> int:
@@ -138,8 +144,8 @@ class StageStats:
         return self.bytes / self.busy_s if self.busy_s > 0 else 0.0
 
 
-def _job(t: tuple[int, str, list[str], bool, int]) -> FinishedJob:
-    return FinishedJob(t[0], t[1], tuple(t[2]), t[3], t[4])
+def _job(t: tuple[int, str, list[str], bool, int, float]) -> FinishedJob:
+    return FinishedJob(t[0], t[1], tuple(t[2]), t[3], t[4], t[5])
 
 
 def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
@@ -161,7 +167,9 @@ def balanced_stage_workers(rates_bytes_per_s: Sequence[float], threads: int) -> 
 
 
 class TransferEngine:
-    """Asynchronous load/store jobs between ``store`` and ``LayerFirst`` pools (numpy arrays)."""
+    """Asynchronous load/store jobs between ``store`` and pools: ``LayerFirst`` numpy arrays or
+    :class:`~kvtier.layout.PagedPool` objects. Paged jobs queue for the ``store_workers`` (loads
+    first)."""
 
     def __init__(self, store: Store, config: TransferConfig | None = None) -> None:
         if not isinstance(store, Store):
@@ -183,29 +191,48 @@ class TransferEngine:
         )
 
     def _check(self, keys: BlockKeys, pool: np.ndarray) -> int:
+        self._check_keys(keys)
+        return pool_num_blocks(self.geometry, pool)
+
+    def _check_keys(self, keys: BlockKeys) -> None:
         if not isinstance(keys, BlockKeys):
             raise TypeError(f"keys must be kvtier.keys.BlockKeys; got {type(keys).__name__}")
         if keys.namespace_hash != self.store.namespace.hash:
             raise NamespaceError("keys belong to another namespace than the engine's store")
-        return pool_num_blocks(self.geometry, pool)
+
+    def _submit(self, load: bool, keys: BlockKeys, pool: np.ndarray | PagedPool, block_ids: bytes) -> int:
+        if isinstance(pool, PagedPool):
+            self._check_keys(keys)
+            regions, layers = pool.regions, pool.layer_regions
+            return int(self._core.submit_paged(load, keys.raw, regions, layers, pool.num_blocks, block_ids))
+        n = self._check(keys, pool)
+        submit = self._core.submit_load if load else self._core.submit_store
+        return int(submit(keys.raw, pool, block_ids, n))
 
     def submit_load(
-        self, keys: BlockKeys, pool: np.ndarray, block_ids: Sequence[int] | npt.NDArray[np.integer]
+        self,
+        keys: BlockKeys,
+        pool: np.ndarray | PagedPool,
+        block_ids: Sequence[int] | npt.NDArray[np.integer],
     ) -> int:
         """Starts loading ``keys[i]`` into pool block ``block_ids[i]``; returns the job id.
 
         The hit prefix is leased now and released when the job finishes. Blocks past it finish as
-        ``"miss"``, ids out of range as ``"bad_block_id"``, repeated ids as ``"duplicate_block"``.
+        ``"miss"``, ids out of range as ``"bad_block_id"``, repeated ids as ``"duplicate_block"``,
+        blocks that fail verification as ``"read_failed"``. Into a :class:`PagedPool`, the job's
+        layers are announced to :meth:`wait_layer` as they land, before the verdicts: drop what
+        was computed from a block that then fails.
         """
-        n = self._check(keys, pool)
-        return int(self._core.submit_load(keys.raw, pool, _ids(block_ids), n))
+        return self._submit(True, keys, pool, _ids(block_ids))
 
     def submit_store(
-        self, keys: BlockKeys, pool: np.ndarray, block_ids: Sequence[int] | npt.NDArray[np.integer]
+        self,
+        keys: BlockKeys,
+        pool: np.ndarray | PagedPool,
+        block_ids: Sequence[int] | npt.NDArray[np.integer],
     ) -> int:
         """Starts storing pool block ``block_ids[i]`` under ``keys[i]``; returns the job id."""
-        n = self._check(keys, pool)
-        return int(self._core.submit_store(keys.raw, pool, _ids(block_ids), n))
+        return self._submit(False, keys, pool, _ids(block_ids))
 
     def finished(self) -> list[FinishedJob]:
         """Collects every finished job (each job is reported once, here or by :meth:`wait`)."""

@@ -1,6 +1,7 @@
-//! `TransferEngine` and `DuplexEngine` for Python: jobs over numpy pools, the GIL released
-//! while waiting. A job's pool buffer is held (its Py_buffer acquired) from submission until the
-//! job is collected by `finished()` or `wait()`, so Python cannot free it under the workers.
+//! `TransferEngine` and `DuplexEngine` for Python: jobs over numpy pools and paged pools (region
+//! lists), the GIL released while waiting. A job's pool buffers are held (their Py_buffers
+//! acquired) from submission until the job is collected by `finished()` or `wait()`, so Python
+//! cannot free them under the workers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use crate::buffer::{Buffer, Format};
 use crate::errors::{buffer_error, kvtier_error};
 use crate::geometry::CoreGeometry;
 use crate::keys_from;
+use crate::paged::paged_pool;
 use crate::store::Store;
 
 fn transfer_err(e: TransferError) -> PyErr {
@@ -84,18 +86,20 @@ fn ids_from(raw: &[u8]) -> PyResult<Vec<u64>> {
         .collect())
 }
 
-fn job_tuple(j: &FinishedJob) -> (u64, &'static str, Vec<&'static str>, bool, usize) {
+fn job_tuple(j: &FinishedJob) -> JobTuple {
     let kind = if j.kind == JobKind::Load { "load" } else { "store" };
-    (j.id, kind, j.outcomes.iter().map(|o| o.name()).collect(), j.cancelled, j.rounds)
+    let outcomes = j.outcomes.iter().map(|o| o.name()).collect();
+    (j.id, kind, outcomes, j.cancelled, j.rounds, j.elapsed.as_secs_f64())
 }
 
-type JobTuple = (u64, &'static str, Vec<&'static str>, bool, usize);
+/// (id, kind, outcome names, cancelled, rounds, elapsed seconds).
+type JobTuple = (u64, &'static str, Vec<&'static str>, bool, usize, f64);
 
 #[pyclass(frozen, name = "TransferEngine", module = "kvtier._core")]
 pub struct TransferEngine {
     // Declared first: dropped (cancelling and draining every job) before the buffers below.
     inner: CoreEngine,
-    buffers: Mutex<HashMap<u64, Buffer>>,
+    buffers: Mutex<HashMap<u64, Vec<Buffer>>>,
     block_bytes: usize,
 }
 
@@ -154,6 +158,33 @@ impl TransferEngine {
         num_blocks: Option<u64>,
     ) -> PyResult<u64> {
         self.submit(py, false, keys, pool, block_ids, num_blocks)
+    }
+
+    /// A job into (`load`) or from an engine pool given as regions (see `kvtier_core::paged`).
+    #[allow(clippy::too_many_arguments)]
+    fn submit_paged(
+        &self,
+        py: Python<'_>,
+        load: bool,
+        keys: &[u8],
+        regions: Vec<Bound<'_, PyAny>>,
+        layer_regions: Vec<usize>,
+        num_blocks: usize,
+        block_ids: &[u8],
+    ) -> PyResult<u64> {
+        let keys = keys_from(keys)?;
+        let ids = ids_from(block_ids)?;
+        let (views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let _ = py; // held, as in `submit`
+        let mut buffers = lock(&self.buffers);
+        let id = if load {
+            self.inner.submit_paged_load(&keys, pool, &ids)
+        } else {
+            self.inner.submit_paged_store(&keys, pool, &ids)
+        }
+        .map_err(transfer_err)?;
+        buffers.insert(id, views);
+        Ok(id)
     }
 
     fn finished(&self) -> Vec<JobTuple> {
@@ -237,7 +268,7 @@ impl TransferEngine {
             self.inner.submit_store(&keys, r, &ids)
         }
         .map_err(transfer_err)?;
-        buffers.insert(id, buf);
+        buffers.insert(id, vec![buf]);
         Ok(id)
     }
 

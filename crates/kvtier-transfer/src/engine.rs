@@ -3,7 +3,8 @@
 //!
 //! Threads: `stage_workers.read` readers take chunks from the active jobs (oldest first) as
 //! buffer regions free up; decompress, dequantize and scatter workers take chunks from bounded
-//! queues (at most `buffer_chunks` entries: one per region); `store_workers` run store jobs.
+//! queues (at most `buffer_chunks` entries: one per region); `store_workers` run store jobs and
+//! paged jobs (one store call each, [`crate::store_calls`]; paged loads queue first).
 //! Lock order: `table`, then the store's locks (a submission leases under `table`); `dispatch`,
 //! stage queues and `store_queue` are leaves.
 
@@ -14,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use kvtier_core::paged::PagedPool;
 use kvtier_core::{BlockKey, Geometry};
 use kvtier_store::{Store, StoredBlock};
 
@@ -24,6 +26,7 @@ use crate::hot_path::{self, foreign};
 use crate::job::{BlockOutcome, FinishedJob, Job, JobId, JobKind};
 use crate::pool::{PoolRef, PoolShape};
 use crate::stages::{self, Needs, SliceScratch};
+use crate::store_calls;
 
 /// Something that holds a [`Store`] for the engine's life (an `Arc<Store>`, or the Python
 /// store object).
@@ -144,7 +147,8 @@ struct Shared {
     next_id: AtomicU64,
 }
 
-/// Asynchronous load/store jobs between a [`Store`] and `LayerFirst` pools. `Send + Sync`.
+/// Asynchronous load/store jobs between a [`Store`] and `LayerFirst` pools or [`PagedPool`]s.
+/// `Send + Sync`.
 pub struct TransferEngine {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -258,7 +262,31 @@ impl TransferEngine {
         pool: PoolRef,
         block_ids: &[u64],
     ) -> Result<JobId, TransferError> {
-        self.submit(JobKind::Load, keys, pool, block_ids)
+        self.submit(JobKind::Load, keys, pool, None, block_ids)
+    }
+
+    /// [`submit_load`](Self::submit_load) into a [`PagedPool`] (kept alive by the caller until
+    /// collected): one [`Store::load_into_pool`] on a store worker, layers announced to
+    /// [`wait_layer`](Self::wait_layer) before the `ReadFailed` verdicts (docs/transfer.md §1.1).
+    pub fn submit_paged_load(
+        &self,
+        keys: &[BlockKey],
+        pool: PagedPool,
+        block_ids: &[u64],
+    ) -> Result<JobId, TransferError> {
+        let blocks = PoolRef::blocks_only(pool.num_blocks() as u64);
+        self.submit(JobKind::Load, keys, blocks, Some(pool), block_ids)
+    }
+
+    /// [`submit_store`](Self::submit_store) from a [`PagedPool`]: one [`Store::put_from_pool`].
+    pub fn submit_paged_store(
+        &self,
+        keys: &[BlockKey],
+        pool: PagedPool,
+        block_ids: &[u64],
+    ) -> Result<JobId, TransferError> {
+        let blocks = PoolRef::blocks_only(pool.num_blocks() as u64);
+        self.submit(JobKind::Store, keys, blocks, Some(pool), block_ids)
     }
 
     /// Starts storing pool block `block_ids[i]` under `keys[i]` (gather → put): the store
@@ -270,24 +298,21 @@ impl TransferEngine {
         pool: PoolRef,
         block_ids: &[u64],
     ) -> Result<JobId, TransferError> {
-        self.submit(JobKind::Store, keys, pool, block_ids)
+        self.submit(JobKind::Store, keys, pool, None, block_ids)
     }
 
+    /// Checks a pool of `num_blocks` blocks of `len` bytes in all, and the counts.
     fn check_submission(
         &self,
         keys: &[BlockKey],
-        pool: &PoolRef,
+        len: usize,
+        num_blocks: u64,
         block_ids: &[u64],
     ) -> Result<(), TransferError> {
         let bb = self.shared.block_bytes as u64;
-        let expected = pool.num_blocks().saturating_mul(bb);
-        if pool.num_blocks() == 0 || pool.len() as u64 != expected {
-            return Err(TransferError::PoolSize {
-                actual: pool.len(),
-                expected,
-                num_blocks: pool.num_blocks(),
-                block_bytes: bb,
-            });
+        let expected = num_blocks.saturating_mul(bb);
+        if num_blocks == 0 || len as u64 != expected {
+            return Err(TransferError::PoolSize { actual: len, expected, num_blocks, block_bytes: bb });
         }
         if keys.len() != block_ids.len() {
             return Err(TransferError::CountMismatch { keys: keys.len(), block_ids: block_ids.len() });
@@ -306,9 +331,11 @@ impl TransferEngine {
         kind: JobKind,
         keys: &[BlockKey],
         pool: PoolRef,
+        paged: Option<PagedPool>,
         block_ids: &[u64],
     ) -> Result<JobId, TransferError> {
-        self.check_submission(keys, &pool, block_ids)?;
+        let len = paged.as_ref().map_or(pool.len(), |p| p.num_blocks() * p.block_bytes());
+        self.check_submission(keys, len, pool.num_blocks(), block_ids)?;
         let sh = &self.shared;
         let job_bytes = keys.len() as u64 * sh.block_bytes as u64;
         let job = {
@@ -336,19 +363,23 @@ impl TransferEngine {
             };
             let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
             let shape = PoolShape::new(&sh.geometry, pool.num_blocks());
-            let job = Arc::new(Job::new(
-                id,
-                kind,
-                keys.to_vec(),
-                block_ids.to_vec(),
-                pool,
-                shape,
-                lease,
-                work_blocks,
-                sh.config.chunk_blocks,
-                sh.config.buffer_chunks,
-                sh.block_bytes as u64,
-            ));
+            let job = Arc::new(
+                Job::new(
+                    id,
+                    kind,
+                    keys.to_vec(),
+                    block_ids.to_vec(),
+                    pool,
+                    shape,
+                    lease,
+                    work_blocks,
+                    // A paged job is one store call: one chunk.
+                    if paged.is_some() { work_blocks.max(1) } else { sh.config.chunk_blocks },
+                    sh.config.buffer_chunks,
+                    sh.block_bytes as u64,
+                )
+                .with_paged(paged),
+            );
             job.settle_bad_ids();
             (work_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
             table.jobs.insert(id, job.clone());
@@ -357,11 +388,14 @@ impl TransferEngine {
         };
         if job.chunks_total == 0 {
             finish_job(sh, &job);
-        } else if kind == JobKind::Load {
+        } else if !job.on_store_workers() {
             lock(&sh.dispatch).active.push_back(job.clone());
             sh.dispatch_ready.notify_all();
         } else {
-            lock(&sh.store_queue).0.push_back(job.clone());
+            // A load waits on no one's saves: paged loads go first.
+            let mut q = lock(&sh.store_queue);
+            let at = if kind == JobKind::Load { 0 } else { q.0.len() };
+            q.0.insert(at, job.clone());
             sh.store_ready.notify_all();
         }
         Ok(job.id)
@@ -434,17 +468,14 @@ impl TransferEngine {
             return Ok(false);
         }
         job.cancelled.store(true, Ordering::Release);
-        let (from, to) = match job.kind {
-            JobKind::Load => {
-                let mut d = lock(&sh.dispatch);
-                d.active.retain(|j| j.id != id);
-                take_rest(&job)
-            }
-            JobKind::Store => {
-                let mut q = lock(&sh.store_queue);
-                q.0.retain(|j| j.id != id);
-                take_rest(&job)
-            }
+        let (from, to) = if job.on_store_workers() {
+            let mut q = lock(&sh.store_queue);
+            q.0.retain(|j| j.id != id);
+            take_rest(&job)
+        } else {
+            let mut d = lock(&sh.dispatch);
+            d.active.retain(|j| j.id != id);
+            take_rest(&job)
         };
         for chunk in from..to {
             let (first, count) = job.chunk_range(chunk);
@@ -490,7 +521,7 @@ impl TransferEngine {
         block_ids: &[u64],
         per_chunk: bool,
     ) -> Result<(FinishedJob, [f64; 4]), TransferError> {
-        self.check_submission(keys, &pool, block_ids)?;
+        self.check_submission(keys, pool.len(), pool.num_blocks(), block_ids)?;
         let sh = &self.shared;
         crate::sequential::run(sh.store.store(), &sh.geometry, &sh.config, keys, pool, block_ids, per_chunk)
     }
@@ -516,7 +547,7 @@ fn finish_job(sh: &Shared, job: &Arc<Job>) {
         let _ = foreign(|| sh.store.store().release(lease));
     }
     let mut table = lock(&sh.table);
-    job.finished.store(true, Ordering::Release);
+    job.mark_finished();
     table.inflight_bytes -= job.bytes;
     table.finished.push_back(job.id);
     sh.table_changed.notify_all();
@@ -733,50 +764,17 @@ fn next_store_chunk(sh: &Shared) -> Option<(Arc<Job>, usize)> {
 }
 
 fn store_worker(sh: &Shared) {
-    let bb = sh.block_bytes;
-    let mut gathered = vec![0u8; sh.config.chunk_blocks * bb];
+    let mut gathered = vec![0u8; sh.config.chunk_blocks * sh.block_bytes];
     while let Some((job, chunk)) = next_store_chunk(sh) {
         let (first, count) = job.chunk_range(chunk);
         if job.is_cancelled() {
             stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
+        } else if job.kind == JobKind::Load {
+            store_calls::paged_load(sh.store.store(), &job, &|| sh.notify_layer());
         } else {
-            store_chunk(sh, &job, first, count, &mut gathered);
+            store_calls::store_chunk(sh.store.store(), &job, first, count, &mut gathered);
         }
         chunks_done(sh, &job, 1);
-    }
-}
-
-/// Gathers and puts one chunk of a store job (raw blocks: the store encodes them per tier).
-fn store_chunk(sh: &Shared, job: &Job, first: usize, count: usize, gathered: &mut [u8]) {
-    let bb = sh.block_bytes;
-    let mut keys = Vec::with_capacity(count);
-    let mut items = Vec::with_capacity(count);
-    for i in (0..count).filter(|&i| job.is_pending(first + i)) {
-        let g = &mut gathered[i * bb..(i + 1) * bb];
-        // SAFETY: the id was checked against the pool; the caller does not write blocks it
-        // stores while the job runs.
-        unsafe { job.shape.gather_block(job.pool.ptr(), job.block_ids[first + i] as usize, g.as_mut_ptr()) };
-        keys.push(job.keys[first + i]);
-        items.push(i);
-    }
-    kvtier_core::copy::fence(); // the put's copy workers read what the streaming stores wrote
-    let refs: Vec<&[u8]> = items.iter().map(|&i| &gathered[i * bb..(i + 1) * bb]).collect();
-    let store = sh.store.store();
-    let ns = store.namespace_hash();
-    match store.put(ns, &keys, &refs) {
-        Ok(report) if report.rejected == 0 => {
-            items.iter().for_each(|&i| job.settle(first + i, BlockOutcome::Done))
-        }
-        Ok(_) => {
-            for (&i, key) in items.iter().zip(&keys) {
-                let present = store.lookup(ns, std::slice::from_ref(key)).map(|l| l.hit_blocks == 1);
-                job.settle(
-                    first + i,
-                    if present == Ok(true) { BlockOutcome::Done } else { BlockOutcome::Rejected },
-                );
-            }
-        }
-        Err(_) => items.iter().for_each(|&i| job.settle(first + i, BlockOutcome::StoreFailed)),
     }
 }
 

@@ -1,7 +1,9 @@
 //! A job's state, shared by the submitting thread, the stage workers and waiters.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
+use kvtier_core::paged::PagedPool;
 use kvtier_core::BlockKey;
 
 use crate::pool::{PoolRef, PoolShape};
@@ -85,6 +87,8 @@ pub struct FinishedJob {
     pub cancelled: bool,
     /// Times the job's chunks wrapped around the stage buffers (1 when it fit at once).
     pub rounds: usize,
+    /// From submission to the job's last block settling (zero for `load_sequential`).
+    pub elapsed: Duration,
 }
 
 impl FinishedJob {
@@ -120,6 +124,12 @@ pub(crate) struct Job {
     pub layer_chunks_done: Vec<AtomicUsize>,
     pub cancelled: AtomicBool,
     pub finished: AtomicBool,
+    /// A paged job's target (its `pool` then holds no bytes, only `num_blocks`): the job runs as
+    /// one store call ([`crate::store_calls`]) on a store worker.
+    pub paged: Option<PagedPool>,
+    pub submitted: Instant,
+    /// Set when the job finishes: nanoseconds since `submitted`.
+    pub elapsed_ns: AtomicU64,
 }
 
 impl Job {
@@ -160,7 +170,28 @@ impl Job {
             layer_chunks_done: (0..num_layers).map(|_| AtomicUsize::new(0)).collect(),
             cancelled: AtomicBool::new(false),
             finished: AtomicBool::new(false),
+            paged: None,
+            submitted: Instant::now(),
+            elapsed_ns: AtomicU64::new(0),
         }
+    }
+
+    /// A job whose blocks live in `pool` (see [`Job::paged`]).
+    pub fn with_paged(mut self, pool: Option<PagedPool>) -> Job {
+        self.paged = pool;
+        self
+    }
+
+    /// Paged jobs and store jobs run on the store workers (the store queue); LayerFirst loads
+    /// go through the stages.
+    pub fn on_store_workers(&self) -> bool {
+        self.kind == JobKind::Store || self.paged.is_some()
+    }
+
+    /// Records the job's duration and publishes it as finished.
+    pub fn mark_finished(&self) {
+        self.elapsed_ns.store(self.submitted.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.finished.store(true, Ordering::Release);
     }
 
     /// Blocks `first..first + count` of chunk `chunk`.
@@ -223,6 +254,7 @@ impl Job {
             outcomes: self.outcomes(),
             cancelled: self.is_cancelled(),
             rounds: self.rounds,
+            elapsed: Duration::from_nanos(self.elapsed_ns.load(Ordering::Relaxed)),
         }
     }
 }

@@ -7,6 +7,10 @@
 //!   [`wait_layer`](TransferEngine::wait_layer) lets an engine compute layer N while later
 //!   layers land; [`cancel`](TransferEngine::cancel). A load leases its hit prefix at submission
 //!   and releases it when the job finishes.
+//! - Paged jobs ([`submit_paged_load`](TransferEngine::submit_paged_load),
+//!   [`submit_paged_store`](TransferEngine::submit_paged_store)): the same jobs into or from an
+//!   engine's `kvtier_core::paged::PagedPool`, each one store call (`Store::load_into_pool` /
+//!   `Store::put_from_pool`: one copy per DRAM block) on the store workers.
 //! - The chunked pipeline (ShadowServe §4.2–4.3): read (store) → decompress → dequantize →
 //!   scatter (into the `LayerFirst` pool), each stage on its own workers, split by
 //!   [`StageWorkers::balanced`] from measured stage rates. Stage buffers are allocated once;
@@ -58,6 +62,7 @@ mod job;
 mod pool;
 mod sequential;
 mod stages;
+mod store_calls;
 
 pub use config::{StageWorkers, TransferConfig, STAGE_NAMES};
 pub use duplex::{BlockState, DuplexConfig, DuplexEngine, StepTickets};

@@ -41,6 +41,12 @@ impl PoolRef {
         PoolRef { ptr, len, num_blocks, _keep: None }
     }
 
+    /// No bytes, only a block count: a paged job's reference (its blocks live in its
+    /// `PagedPool`; `num_blocks` checks its ids).
+    pub(crate) fn blocks_only(num_blocks: u64) -> Self {
+        PoolRef { ptr: std::ptr::null_mut(), len: 0, num_blocks, _keep: None }
+    }
+
     /// A reference to an owned pool, kept alive by the reference.
     pub fn owned(pool: &Arc<PoolBuffer>, num_blocks: u64) -> Self {
         let keep: Arc<dyn Any + Send + Sync> = pool.clone();

@@ -1,6 +1,7 @@
 """``kvtier bench store``: DRAM-tier put/get of 2 MiB objects against one contiguous memcpy of the
-same bytes; the same blocks into a paged pool with one copy (``load_into_pool``) and with two (load,
-then scatter); and hash + lookup of a 128K-token prompt whose blocks are all present."""
+same bytes; the same blocks into a paged pool with one copy (``load_into_pool``, called directly and
+as a ``TransferEngine`` paged job) and with two (load, then scatter); and hash + lookup of a
+128K-token prompt whose blocks are all present."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kvtier.geometry import Geometry
 from kvtier.layout import PagedPool, gather, scatter
 from kvtier.progress import progress
 from kvtier.store import Store
+from kvtier.transfer import TransferConfig, TransferEngine
 
 
 def run(
@@ -99,9 +101,20 @@ def run(
             store.load(lease, staging)
         scatter(geometry, staging, block_ids, pool)
 
+    engine = TransferEngine(store, TransferConfig(chunk_blocks=1, buffer_chunks=1))
+
+    def engine_job() -> None:  # the vLLM connector's load: lease, load_into_pool, on a store worker
+        [job] = engine.wait(engine.submit_load(keys, paged, block_ids))
+        if not job.ok:
+            raise KvtierError(f"bench engine paged load failed: {job.failed[:3]}")
+
     pool_s = best_seconds(load_into_pool, repeats)
     if not np.array_equal(gather(geometry, pool, block_ids[:1])[0], objects[0]):
         raise KvtierError("bench load_into_pool returned wrong bytes")
+    pool[:] = 0
+    engine_s = best_seconds(engine_job, repeats)
+    if not np.array_equal(gather(geometry, pool, block_ids[:1])[0], objects[0]):
+        raise KvtierError("bench engine paged load returned wrong bytes")
     scatter_s = best_seconds(load_then_scatter, repeats)
 
     next(steps)
@@ -123,6 +136,8 @@ def run(
         "get_ratio_to_memcpy": memcpy_s / get_s,
         "pool_load_gib_per_s": gib_per_s(nbytes, pool_s),
         "pool_load_ratio_to_get": get_s / pool_s,
+        "engine_pool_load_gib_per_s": gib_per_s(nbytes, engine_s),
+        "engine_pool_load_ratio_to_get": get_s / engine_s,
         "load_then_scatter_gib_per_s": gib_per_s(nbytes, scatter_s),
         "lookup_tokens": lookup_tokens,
         "lookup_128k_tokens_ms": hash_ms + lookup_ms,
@@ -172,6 +187,8 @@ def summary(r: dict[str, Any]) -> str:
             f"  get             {r['get_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['get_ratio_to_memcpy']:.2f}",
             f"  into a pool     {r['pool_load_gib_per_s']:7.2f} GiB/s  ratio to get {r['pool_load_ratio_to_get']:.2f}"
             f"  (load + scatter: {r['load_then_scatter_gib_per_s']:.2f} GiB/s)",
+            f"  engine job      {r['engine_pool_load_gib_per_s']:7.2f} GiB/s  ratio to get "
+            f"{r['engine_pool_load_ratio_to_get']:.2f}  (the same load as a TransferEngine paged job)",
             f"  lookup {r['lookup_tokens']} tokens: {r['lookup_128k_tokens_ms']:.3f} ms "
             f"(hash {r['lookup_hash_ms']:.3f} ms + index {r['lookup_index_ms']:.3f} ms; "
             f"hash from a list {r['lookup_hash_from_list_ms']:.3f} ms)",

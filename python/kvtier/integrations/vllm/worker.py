@@ -4,22 +4,28 @@ Each step the scheduler sends `LoadSpec`s and `SaveSpec`s (token ids, the reques
 which of its blocks, and vLLM block ids). The worker hashes the tokens into kvtier's chained keys
 in its own namespace, so the scheduler never needs the namespace.
 
-Loads (`start_loads`) run on a thread: `Store.load_into_pool` copies each leased object straight
-into vLLM's per-layer cache tensors (one copy from DRAM, no staging array), layer by layer,
-advancing a `LayerProgress`; `wait_layer(l)` returns (GIL released while it waits) as soon as
-layer l of every block is in place, so attention on the first layers overlaps the copy of the
-later ones. With `load_async`, a hit is loaded between steps instead (`start_async_loads`): the
-request sits outside the forward until `finished_async_loads` reports it to vLLM. A block the store cannot give (evicted, checksum failure, server down) is a *load
-error*: its vLLM block id (and those after it in the request) is reported so vLLM recomputes it
-and discards the step's output for that request, and the request's saves of that step are
-dropped (their KV was computed over the missing block). A checksum verdict comes after the last
-layer, which is why a failed block is still reported even though its layers were announced.
+Every load and save is a `TransferEngine` job over vLLM's cache tensors as a `PagedPool`
+(docs/transfer.md §5, docs/vllm.md): one job per request, run on the engine's store workers
+(loads queue before saves) as one store call, `Store.load_into_pool` / `Store.put_from_pool`,
+which copy each block straight between the store's DRAM objects and vLLM's per-layer tensors.
 
-Saves (`submit_saves`) run on a second thread, after the step's forward: `Store.put_from_pool`
-stores the full blocks straight from vLLM's cache (one copy into DRAM). vLLM must not free a
+Loads (`start_loads`): a load job leases the request's hit prefix and announces its layers as they
+land; `wait_layer(l)` (`TransferEngine.wait_layer`, GIL released) returns as soon as layer l of
+every block of the step's jobs is in place, so attention on the first layers overlaps the copy of
+the later ones. Synchronous loads wait for the jobs in `start_loads`. With `load_async`, a hit is
+loaded between steps (`start_async_loads`): the request sits outside the forward until
+`finished_async_loads` reports it to vLLM. A block whose job outcome is not "done" (a miss after
+eviction, "read_failed" for a checksum failure, a server down) is a *load error*: its vLLM block
+id (and those after it in the request) is reported so vLLM recomputes it and discards the step's
+output for that request, and the step's saves are dropped (their KV was computed over the missing
+block). A checksum verdict comes after the last layer, which is why a failed block is still
+reported even though its layers were announced.
+
+Saves (`submit_saves`) are store jobs submitted after the step's forward. vLLM must not free a
 request's blocks before its saves are done: `finished()` reports a finished request only once its
-queued saves completed, and `drain()` (before a preemption frees blocks, and at shutdown) waits for
-all of them.
+save jobs completed, and `drain()` (before a preemption frees blocks, and at shutdown) waits for
+all of them. Jobs are collected (`TransferEngine.finished` / `wait`) under one lock, so the lookup
+thread and the model runner never collect the same job.
 """
 
 from __future__ import annotations
@@ -27,10 +33,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +47,21 @@ import numpy.typing as npt
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.keys import BlockKeys
 from kvtier.layout import PagedPool
-from kvtier.store import LayerProgress, Store
+from kvtier.store import Store
+from kvtier.transfer import FinishedJob, TransferConfig, TransferEngine, TransferError
 
 log = logging.getLogger("kvtier.vllm")
+
+#: The worker's engine: paged jobs only, so the staged pipeline gets the smallest buffers; two store
+#: workers so a load never waits for a save in progress; bounds far above a step's jobs.
+ENGINE_CONFIG = TransferConfig(
+    chunk_blocks=1,
+    buffer_chunks=1,
+    store_workers=2,
+    jobs_in_flight_max=1 << 16,
+    inflight_bytes_max=1 << 50,
+    job_blocks_max=1 << 24,
+)
 
 
 @dataclass(frozen=True)
@@ -70,11 +88,17 @@ class SaveSpec:
 
 @dataclass
 class _LoadJob:
+    """One step's (or one async batch's) loads: an engine job per spec (None: nothing to load)."""
+
     specs: list[LoadSpec]
-    progress: list[LayerProgress]  # one per spec: each load announces its own layers
-    thread: threading.Thread | None = None
+    jobs: list[tuple[npt.NDArray[np.int64], int | None]] = field(default_factory=list)
+    broken: bool = False  # submission raised: every block of every spec is an error
+    done: bool = False
     errors: set[int] = field(default_factory=set)
     failed_reqs: set[str] = field(default_factory=set)
+
+    def ids(self) -> list[int]:
+        return [j for _, j in self.jobs if j is not None]
 
 
 class WorkerSide:
@@ -91,24 +115,21 @@ class WorkerSide:
         self.stats_file = Path(stats_file) if stats_file else None
         self.counters: Counter[str] = Counter()  # ints, and float second totals (names ending in _s)
         self._lock = threading.Lock()
+        self.engine = TransferEngine(store, ENGINE_CONFIG)
+        # Collecting jobs (engine.finished / wait) and the maps below; taken before `_lock`.
+        self._collect = threading.RLock()
+        self._results: dict[int, FinishedJob] = {}  # collected load jobs not yet read
+        self._save_jobs: dict[int, str] = {}  # save jobs not yet collected -> request
         self._job: _LoadJob | None = None
-        # Loads between steps (`load_async`): running, and done but not yet reported to vLLM.
+        # Loads between steps (`load_async`), not yet reported to vLLM.
         self._async_running: list[_LoadJob] = []
-        self._async_done: list[_LoadJob] = []
         self._load_errors: set[int] = set()
         # Load failures of the current step, kept until its saves are planned (vLLM may ask for the
         # load errors first, with speculative decoding): read and cleared by submit_saves only.
         self._step_failed = False
-        # Saves: a queue served by one thread; per-request counts of queued saves.
-        self._saves: queue.Queue[tuple[SaveSpec, BlockKeys] | None] = queue.Queue()
-        self._pending: Counter[str] = Counter()
-        self._submitted = 0  # saves queued so far; the one save thread completes them in order
-        self._completed = 0
+        self._pending: Counter[str] = Counter()  # per request: save jobs not yet collected
         self._saw_saves: set[str] = set()
         self._awaiting: set[str] = set()
-        self._idle = threading.Condition(self._lock)
-        self._saver = threading.Thread(target=self._save_loop, name="kvtier-save", daemon=True)
-        self._saver.start()
 
     @property
     def paged(self) -> PagedKV:
@@ -126,13 +147,10 @@ class WorkerSide:
         return self.namespace.block_keys(arr, extra)
 
     def lookup(self, tokens: npt.NDArray[np.uint32], extra: bytes) -> int:
-        """Cached blocks of `tokens`, counting every save queued before this call: vLLM hands a
+        """Cached blocks of `tokens`, counting every save submitted before this call: vLLM hands a
         request's output back before its (delayed) save is done, and the user's next turn must hit."""
         t0 = time.perf_counter()
-        with self._lock:
-            target = self._submitted
-            while self._completed < target:
-                self._idle.wait()
+        self._wait_saves()
         t1 = time.perf_counter()
         hit = self.store.lookup(self.keys(tokens, extra)).hit_blocks
         with self._lock:
@@ -142,97 +160,134 @@ class WorkerSide:
             self.counters["lookup_hit_blocks"] += hit
         return hit
 
+    # ---------------------------------------------------------------- jobs
+    def _submit(self, load: bool, keys: BlockKeys, ids: npt.NDArray[np.int64]) -> int:
+        submit = self.engine.submit_load if load else self.engine.submit_store
+        try:
+            return submit(keys, self.pool, ids)
+        except TransferError:  # a bound: collect what finished, and try once more
+            self._poll()
+            return submit(keys, self.pool, ids)
+
+    def _absorb(self, jobs: Iterable[FinishedJob]) -> None:
+        """Files collected jobs (caller holds `_collect`): saves settle their request now, loads
+        wait in `_results` for their step."""
+        for j in jobs:
+            req = self._save_jobs.pop(j.id, None)
+            if req is None:
+                self._results[j.id] = j
+                continue
+            failed = [o for o in j.outcomes if o not in ("done", "rejected")]
+            if failed:
+                log.error("kvtier save of request %s: %d blocks failed (%s)", req, len(failed), failed[0])
+            with self._lock:
+                self.counters["saves"] += 1
+                self.counters["saved_blocks"] += j.done_blocks
+                self.counters["save_rejected"] += j.outcomes.count("rejected")
+                self.counters["save_failed_blocks"] += len(failed)
+                self._pending[req] -= 1
+                if self._pending[req] <= 0:
+                    del self._pending[req]
+
+    def _poll(self) -> None:
+        with self._collect:
+            self._absorb(self.engine.finished())
+
+    def _wait_saves(self) -> None:
+        """Waits for every save job submitted so far."""
+        with self._collect:
+            self._absorb(self.engine.wait(list(self._save_jobs)))
+
     # ---------------------------------------------------------------- loads
+    def _submit_loads(self, specs: list[LoadSpec]) -> _LoadJob:
+        job = _LoadJob(specs)
+        try:
+            for spec in specs:
+                ids = self.paged.check_ids(spec.block_ids)
+                keys = self.keys(spec.tokens, spec.extra)[spec.start : spec.start + ids.size]
+                ok = len(keys) == ids.size and ids.size > 0
+                job.jobs.append((ids, self._submit(True, keys, ids) if ok else None))
+        except Exception:
+            log.exception("kvtier load failed; every block of these loads is reported for recompute")
+            job.broken = True
+            with self._lock:
+                self.counters["load_exceptions"] += 1
+        return job
+
+    def _complete(self, job: _LoadJob) -> None:
+        """Waits for the job's engine jobs and turns their outcomes into load errors."""
+        if job.done:
+            return
+        job.done = True
+        with self._collect:
+            self._absorb(self.engine.wait([i for i in job.ids() if i not in self._results]))
+            results = {i: self._results.pop(i) for i in job.ids()}
+        if job.broken:
+            for spec in job.specs:
+                job.errors.update(spec.block_ids)
+                job.failed_reqs.add(spec.req_id)
+            return
+        for spec, (ids, jid) in zip(job.specs, job.jobs, strict=True):
+            outcomes = results[jid].outcomes if jid is not None else ()
+            loaded = next((i for i, o in enumerate(outcomes) if o != "done"), len(outcomes))
+            if loaded < ids.size:
+                job.errors.update(int(b) for b in ids[loaded:])
+                job.failed_reqs.add(spec.req_id)
+            with self._lock:
+                self.counters["loads"] += 1
+                self.counters["loaded_blocks"] += loaded
+                self.counters["load_error_blocks"] += ids.size - loaded
+        with self._lock:  # seconds the jobs ran, for the load's share of TTFT (kvtier bench vllm)
+            elapsed = max((r.elapsed_s for r in results.values()), default=0.0)
+            self.counters["load_s"] += elapsed  # type: ignore[assignment]
+
     def start_loads(self, specs: list[LoadSpec], layerwise: bool = True) -> None:
         """Starts this step's loads; synchronous unless `layerwise`."""
         self.finish_loads()  # a previous step's job is always waited on by then; be safe
         if not specs:
             return
-        job = _LoadJob(specs, [LayerProgress() for _ in specs])
-        self._job = job
+        self._job = self._submit_loads(specs)
         with self._lock:
             self.counters["layerwise_jobs" if layerwise else "synchronous_jobs"] += 1
-        if layerwise:
-            job.thread = threading.Thread(
-                target=self._run_loads, args=(job,), name="kvtier-load", daemon=True
-            )
-            job.thread.start()
-        else:
-            self._run_loads(job)
-
-    def _run_loads(self, job: _LoadJob) -> None:
-        t0 = time.perf_counter()
-        try:
-            for spec, progress in zip(job.specs, job.progress, strict=True):
-                ids = self.paged.check_ids(spec.block_ids)
-                keys = self.keys(spec.tokens, spec.extra)[spec.start : spec.start + ids.size]
-                loaded = 0
-                if len(keys) == ids.size and ids.size:
-                    with self.store.lease(keys) as lease:
-                        n = min(lease.hit_blocks, ids.size)
-                        if n:
-                            report = self.store.load_into_pool(lease, self.pool, ids[:n], progress=progress)
-                            loaded = report.loaded_blocks
-                progress.close()
-                if loaded < ids.size:
-                    job.errors.update(int(b) for b in ids[loaded:])
-                    job.failed_reqs.add(spec.req_id)
-                with self._lock:
-                    self.counters["loads"] += 1
-                    self.counters["loaded_blocks"] += loaded
-                    self.counters["load_error_blocks"] += ids.size - loaded
-            with self._lock:  # seconds, for the load's share of TTFT (kvtier bench vllm)
-                self.counters["load_s"] += time.perf_counter() - t0  # type: ignore[assignment]
-        except BaseException:
-            log.exception("kvtier load failed; every block of this step's loads is reported for recompute")
-            for spec in job.specs:
-                job.errors.update(spec.block_ids)
-                job.failed_reqs.add(spec.req_id)
-            with self._lock:
-                self.counters["load_exceptions"] += 1
-        finally:
-            for progress in job.progress:
-                progress.close()
+        if not layerwise:
+            self._complete(self._job)
 
     def start_async_loads(self, specs: list[LoadSpec]) -> None:
         """Starts loads for requests outside this step's forward (vLLM holds them in
         WAITING_FOR_REMOTE_KVS); `finished_async_loads` reports them once every block is in place
         or failed. Nothing in the forward waits for them."""
-        job = _LoadJob(specs, [LayerProgress() for _ in specs])
-
-        def run() -> None:
-            self._run_loads(job)
-            with self._lock:
-                self._async_running.remove(job)
-                self._async_done.append(job)
-
+        job = self._submit_loads(specs)
         with self._lock:
             self.counters["async_jobs"] += 1
-            self._async_running.append(job)
-        job.thread = threading.Thread(target=run, name="kvtier-async-load", daemon=True)
-        job.thread.start()
+        self._async_running.append(job)
 
     def finished_async_loads(self) -> set[str]:
         """Requests whose async loads ended since the last call; their failed blocks join the load
         errors (`take_load_errors`), which vLLM reads after this in the same pass."""
-        with self._lock:
-            done, self._async_done = self._async_done, []
+        self._poll()
         reqs: set[str] = set()
-        for job in done:
-            self._load_errors |= job.errors
-            reqs.update(spec.req_id for spec in job.specs)
+        for job in list(self._async_running):
+            if all(i in self._results for i in job.ids()):
+                self._complete(job)
+                self._async_running.remove(job)
+                self._load_errors |= job.errors
+                reqs.update(spec.req_id for spec in job.specs)
         return reqs
 
     def wait_layer(self, layer: int | None) -> None:
         """Waits until `layer`'s blocks of this step's loads are in place; `None` (a layer the
         connector cannot place): until every layer's are."""
         job = self._job
-        if job is None:
+        if job is None or job.done:
             return
         last = self.paged.num_layers - 1 if layer is None else layer
         t0 = time.perf_counter()
-        for progress in job.progress:
-            progress.wait(last)
+        for jid in job.ids():
+            try:
+                self.engine.wait_layer(jid, last)
+            except TransferError:
+                if jid not in self._results:  # not collected (so not finished): a real error
+                    raise
         waited = time.perf_counter() - t0
         with self._lock:  # seconds the forward stood still for loads (overlap = load_s - this)
             self.counters["load_wait_s"] += waited  # type: ignore[assignment]
@@ -242,8 +297,7 @@ class WorkerSide:
         job, self._job = self._job, None
         if job is None:
             return set()
-        if job.thread is not None:
-            job.thread.join()
+        self._complete(job)
         self._load_errors |= job.errors
         if job.failed_reqs:
             self._step_failed = True
@@ -257,8 +311,10 @@ class WorkerSide:
     # ---------------------------------------------------------------- saves
     def submit_saves(self, specs: list[SaveSpec]) -> None:
         self.finish_loads()
-        # Any load failure drops every save of the step: other requests (a shared prefix block,
-        # another TP rank through the all-reduce) may have computed over the missing block.
+        # Any load failure drops every save of this rank's step: other requests (a shared prefix
+        # block) may have computed over the missing block. Other TP ranks cannot see this rank's
+        # failure: the scheduler holds a loading step's saves back until vLLM applied every rank's
+        # load errors (connector.py, `deferred`).
         failed, self._step_failed = self._step_failed, False
         for spec in specs:
             with self._lock:
@@ -276,38 +332,22 @@ class WorkerSide:
                     len(spec.block_ids),
                 )
                 continue
-            with self._lock:
-                self._pending[spec.req_id] += 1
-                self._submitted += 1
-            self._saves.put((spec, keys))
-
-    def _save_loop(self) -> None:
-        while True:
-            item = self._saves.get()
-            if item is None:
-                return
-            spec, keys = item
-            try:
-                report = self.store.put_from_pool(keys, self.pool, spec.block_ids)
+            # Registered under the collect lock: no one collects the job before it is known.
+            with self._collect:
+                try:
+                    jid = self._submit(False, keys, np.asarray(spec.block_ids, dtype=np.int64))
+                except Exception:
+                    log.exception("kvtier save of request %s failed; those blocks stay uncached", spec.req_id)
+                    with self._lock:
+                        self.counters["save_exceptions"] += 1
+                    continue
+                self._save_jobs[jid] = spec.req_id
                 with self._lock:
-                    self.counters["saves"] += 1
-                    self.counters["saved_blocks"] += report.stored
-                    self.counters["save_already_present"] += report.already_present
-                    self.counters["save_rejected"] += report.rejected
-            except Exception:
-                log.exception("kvtier save of request %s failed; those blocks stay uncached", spec.req_id)
-                with self._lock:
-                    self.counters["save_exceptions"] += 1
-            finally:
-                with self._lock:
-                    self._completed += 1
-                    self._pending[spec.req_id] -= 1
-                    if self._pending[spec.req_id] <= 0:
-                        del self._pending[spec.req_id]
-                    self._idle.notify_all()
+                    self._pending[spec.req_id] += 1
 
     def finished(self, finished_req_ids: set[str]) -> set[str]:
         """Of the requests vLLM finished (now or earlier) whose blocks wait on saves, those done."""
+        self._poll()
         with self._lock:
             self._awaiting |= finished_req_ids & self._saw_saves
             done = {r for r in self._awaiting if self._pending[r] == 0}
@@ -316,10 +356,8 @@ class WorkerSide:
         return done
 
     def drain(self) -> None:
-        """Waits until every queued save is done (before vLLM may overwrite blocks)."""
-        with self._lock:
-            while self._pending:
-                self._idle.wait()
+        """Waits until every submitted save is done (before vLLM may overwrite blocks)."""
+        self._wait_saves()
 
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
@@ -338,12 +376,9 @@ class WorkerSide:
 
     def close(self) -> None:
         self.finish_loads()
-        with self._lock:
-            running = [j.thread for j in self._async_running if j.thread is not None]
-        for thread in running:
-            thread.join()
+        for job in self._async_running:
+            self._complete(job)
+        self._async_running.clear()
         self.drain()
-        self._saves.put(None)
-        self._saver.join(timeout=30)
         self.store.flush()
         self.write_stats()
