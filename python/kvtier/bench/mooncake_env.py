@@ -90,12 +90,17 @@ def mooncake_master(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
             time.sleep(0.1)
         yield spec
     finally:
-        proc.terminate()  # only the process started here, by its pid
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ends a server this bench started (by its pid only): SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _listening(port: int) -> bool:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step
+from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step, stop
 from kvtier.bench.peers_ssd import filesystem_of
 from kvtier.errors import KvtierError
 
@@ -244,12 +244,7 @@ def _mooncake(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
                 time.sleep(0.2)
             yield spec
         finally:
-            holder.terminate()  # only the process started here, by its pid
-            try:
-                holder.wait(10)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                holder.wait()
+            stop(holder)
 
 
 def run(
