@@ -224,6 +224,26 @@ def test_ranks_get_their_own_ssd_subdirectory(tmp_path: Path) -> None:
     ]
 
 
+def test_ranks_serve_metrics_on_their_own_ports(tmp_path: Path) -> None:
+    # Each rank's process holds its own store, so each needs its own endpoint: port + process index.
+    from kvtier.integrations.sglang.config import BackendSettings, Parallelism
+    from kvtier.testing.redis import free_port
+
+    for _ in range(5):  # the picked ports may be taken before the stores bind them
+        port = free_port()
+        try:
+            ranks = [backend(host_pool(), {"metrics_port": port}, tp_rank=r, tp_size=2) for r in range(2)]
+            break
+        except ConfigError as e:
+            if "cannot serve metrics" not in str(e):
+                raise
+    assert [b.store.config.metrics_port for b in ranks] == [port, port + 1]
+    settings = BackendSettings.from_extra_config({"metrics_port": 9000})
+    pp = Parallelism(tp_rank=1, tp_size=2, pp_rank=1, pp_size=2)
+    assert pp.process_index == 3
+    assert settings.store_config(ranks[0].pages.geometry, "m", pp, "tag").metrics_port == 9003
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

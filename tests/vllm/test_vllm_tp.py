@@ -124,6 +124,12 @@ def test_each_rank_gets_its_own_ssd_pool_and_stats_file(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="ssd_devices"):
         devices.store_config(geometry, "m", None, "", TP, "cpu", 1)
+    metrics = ConnectorSettings.from_extra_config({"metrics_port": 9464})
+    assert [metrics.store_config(geometry, "m", None, "", TP, "cpu", r).metrics_port for r in range(TP)] == [
+        9464,
+        9465,
+    ]
+    assert metrics.store_config(geometry, "m", None, "", 1, "cpu", 0).metrics_port == 9464
     assert per_rank_path("/x/stats.json", 1, TP) == "/x/stats.rank1.json"
     assert per_rank_path("/x/stats.json", 0, 1) == "/x/stats.json"
     assert per_rank_path(None, 1, TP) is None

@@ -76,6 +76,11 @@ class Parallelism:
         return 0 if self.is_mla else self.tp_rank
 
     @property
+    def process_index(self) -> int:
+        """This rank's index among all of SGLang's ranks (TP fastest, then PP, then CP)."""
+        return self.tp_rank + self.tp_size * (self.pp_rank + self.pp_size * self.cp_rank)
+
+    @property
     def directory_name(self) -> str:
         """A per-process SSD subdirectory when SGLang runs several ranks (an SSD pool has one owner)."""
         if (self.tp_size, self.pp_size, self.cp_size) == (1, 1, 1):
@@ -143,6 +148,10 @@ class BackendSettings:
         # A serving process commits its DRAM tier at start, as the vLLM connector does (first-touch
         # faults ran at 0.8 GB/s on the 2-core VM: batch_set into fresh pages was 0.40 of memcpy).
         fields.setdefault("dram_prefault", True)
+        port = fields.get("metrics_port")
+        if isinstance(port, int) and not isinstance(port, bool):
+            # One metrics endpoint per process's store: port + the process's index over TP, PP, CP.
+            fields["metrics_port"] = port + parallel.process_index
         fields["geometry"] = geometry.to_dict()
         fields["model_id"] = namespace_model_id(name, parallel, layout_tag)
         fields["rank"] = parallel.namespace_rank

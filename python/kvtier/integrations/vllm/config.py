@@ -121,6 +121,13 @@ class ConnectorSettings:
                     "under it)"
                 )
             fields["ssd_directory"] = str(Path(str(fields["ssd_directory"])) / f"rank{rank}")
+        if (
+            tp_size > 1
+            and isinstance(fields.get("metrics_port"), int)
+            and not isinstance(fields["metrics_port"], bool)
+        ):
+            # One metrics endpoint per rank's store (each in its own worker process): port + rank.
+            fields["metrics_port"] = fields["metrics_port"] + rank
         fields["geometry"] = geometry.to_dict()
         fields["model_id"] = model_fingerprint(user_model or model, revision, tp_size, layout, variant)
         fields["rank"] = rank
