@@ -153,7 +153,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             "file": (partial(_generic_set, file, pool, slots=src), partial(_generic_get, file, pool, slots=dst), file),
         }  # fmt: skip
         if mooncake is not None:
-            mc = _mooncake(config, mooncake, pool, 2 * page_bytes * pages + (256 << 20))
+            # Room for every repeat: Mooncake keeps objects read in the last seconds (its lease TTL)
+            # through clear(), so a repeat may not find the previous one's space free yet.
+            mc = _mooncake(config, mooncake, pool, (repeats + 1) * page_bytes * pages + (256 << 20))
             sides["mooncake"] = (
                 partial(mc.batch_set_v1, host_indices=src),
                 partial(mc.batch_get_v1, host_indices=dst),
