@@ -9,8 +9,17 @@ from typing import Any
 import pytest
 
 from kvtier.errors import ConfigError, SimError, TraceError
+from kvtier.radix import Tier
 from kvtier.sched import make_policy
-from kvtier.sched.base import LoadMode, Policy, SchedulerDecision, SchedulerView, policy_names, register
+from kvtier.sched.base import (
+    LoadMode,
+    Phase,
+    Policy,
+    SchedulerDecision,
+    SchedulerView,
+    policy_names,
+    register,
+)
 from kvtier.sched.batching import admit_fcfs, schedule_running
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
@@ -23,6 +32,8 @@ from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link
 from kvtier.sim.run import run
+from kvtier.sim.state import SimRequest
+from kvtier.sim.view import WaitingViews, admitted_view
 from kvtier.sim.workload import mooncake_block_hit_rate
 
 BT = 16  # block tokens
@@ -402,3 +413,39 @@ def test_ssd_tier_is_striped_over_the_nodes_ssds() -> None:
     assert len(ssd_links) >= 2
     reads = [link["bytes_in"] for link in ssd_links]
     assert max(reads) - min(reads) <= len(ssd_links)  # even split, to the byte
+
+
+def test_waiting_views_are_built_as_read_and_closed_after_the_step() -> None:
+    """Issue 20: a step costs what the policy reads; the head's views are built lazily, match the
+    prefix index at the step, and cannot be read once the step's decision is taken."""
+    _, engine, _, _ = make_engine()
+    requests = [req(i, 0.0, (1, 2, 100 + i)) for i in range(5)]
+    for r in requests:
+        engine.requests[r.req_id] = SimRequest(r)
+        engine._enqueue(engine.requests[r.req_id])
+    engine.tree.insert((1, 2), Tier.DEVICE, 0.0)
+    view = engine.view()
+    assert isinstance(view.waiting, WaitingViews)
+    assert len(view.waiting) == 5
+    head = view.waiting[0]
+    assert head.req_id == 0 and head.cached_tokens == (2 * BT, 0, 0, 0)
+    assert view.waiting[0] is head  # built once
+    assert [r.req_id for r in view.waiting[1:3]] == [1, 2]
+    assert view.waiting[-1].req_id == 4
+    with pytest.raises(IndexError):
+        view.waiting[5]
+    view.waiting.close()
+    assert view.waiting[2].req_id == 2  # already built: still readable
+    with pytest.raises(SimError, match="after the step"):
+        view.waiting[3]
+
+
+def test_an_admitted_requests_view_is_rebuilt_only_when_it_changes() -> None:
+    r = SimRequest(req(7, 0.0, (1, 2)), phase=Phase.SWAPPED, computed_tokens=2 * BT, admitted=True)
+    first = admitted_view(r)
+    assert admitted_view(r) is first
+    r.generated_tokens += 1
+    second = admitted_view(r)
+    assert second is not first and second.generated_tokens == 1
+    r.phase = Phase.RUNNING
+    assert admitted_view(r).phase is Phase.RUNNING

@@ -545,3 +545,25 @@ def test_azure_bad_header(tmp_path: Path) -> None:
     path.write_text("")
     with pytest.raises(TraceError, match=f"{re.escape(str(path))}:1: header"):
         list(azure_workload(block_tokens=16, path=path))
+
+
+def test_mooncake_copies_run_back_to_back_with_fresh_hash_ids() -> None:
+    one = list(mooncake_workload(block_tokens=512))
+    three = list(mooncake_workload(block_tokens=512, copies=3))
+    assert len(three) == 3 * len(one)
+    assert [r.req_id for r in three] == list(range(len(three)))
+    n, top = len(one), max(max(r.block_keys) for r in one)
+    gap = (one[-1].arrival_s - one[0].arrival_s) / (n - 1)
+    for k in (1, 2):
+        copy = three[k * n : (k + 1) * n]
+        assert copy[0].arrival_s == pytest.approx(k * (one[-1].arrival_s + gap))
+        assert copy[0].arrival_s > three[k * n - 1].arrival_s
+        for a, b in zip(one, copy, strict=True):
+            assert b.block_keys == tuple(key + k * (top + 1) for key in a.block_keys)
+            assert b.arrival_s - copy[0].arrival_s == pytest.approx(a.arrival_s)
+    assert all(a.arrival_s <= b.arrival_s for a, b in pairwise(three))
+    # No prefix is shared across copies: each copy hits as the trace alone does.
+    assert mooncake_block_hit_rate(copies=3) == pytest.approx(mooncake_block_hit_rate())
+    assert len(list(mooncake_workload(block_tokens=512, copies=3, max_requests=n + 5))) == n + 5
+    with pytest.raises(ConfigError, match="`copies`"):
+        mooncake_workload(block_tokens=512, copies=0)

@@ -1,9 +1,15 @@
 """``kvtier bench sim``: how fast the simulator replays the Mooncake synthetic trace (3,993 requests,
 ~15K-token inputs) on one H100 with the ``hicache`` baseline, and whether an infinite-capacity
-replay reproduces the trace's block hit rate as computed directly from its ``hash_ids``."""
+replay reproduces the trace's block hit rate as computed directly from its ``hash_ids``.
+
+:func:`scaling` replays the trace and back-to-back copies of it (fresh ``hash_ids`` per copy: 4
+copies are ~16K requests, 25 ~100K) under every policy on one overloaded engine, and fits the wall
+time's scaling exponent in the number of requests (issue 20: at most 1.1)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from kvtier.sim.config import SimConfig
@@ -14,17 +20,37 @@ from kvtier.sim.workload.mooncake import default_trace_path
 MOONCAKE = {"name": "mooncake"}
 
 
-def config(max_requests: int | None = None) -> SimConfig:
+#: The policies :func:`scaling` replays (``rotasched`` is SuperInfer's; ``dualpath`` runs on its own
+#: P/D cluster, one node of prefill and one of decode GPUs).
+SCALING_POLICIES = (
+    "fcfs",
+    "lmcache",
+    "hicache",
+    "strata",
+    "shadowserve_async",
+    "rotasched",
+    "dualpath",
+    "composed",
+)
+
+
+def config(max_requests: int | None = None, policy: str = "hicache", copies: int = 1) -> SimConfig:
     workload: dict[str, Any] = dict(MOONCAKE)
     if max_requests is not None:
         workload["max_requests"] = max_requests
+    if copies > 1:
+        workload["copies"] = copies
+    extra: dict[str, Any] = {}
+    if policy.startswith("dualpath"):
+        extra = {"prefill_engines": 8, "decode_engines": 8}  # one node each (h100-sxm: 8 GPUs)
     return SimConfig(
-        name="mooncake-h100-hicache",
+        name=f"mooncake-h100-{policy}",
         hardware="h100-sxm",
         model="llama-3.1-8b",
-        policy={"name": "hicache"},
+        policy={"name": policy},
         block_tokens=512,
         workload=workload,
+        **extra,
     )
 
 
@@ -67,6 +93,46 @@ def run(max_requests: int | None = None, show: bool = True) -> dict[str, Any]:
         "mooncake_synthetic_direct_hit_rate": direct,
         "infinite_minus_direct": infinite["hit_rate_blocks"] - direct,
     }
+
+
+def scaling(
+    policies: Sequence[str] = SCALING_POLICIES,
+    copies: Sequence[int] = (1, 4, 25),
+    max_requests: int | None = None,
+) -> dict[str, Any]:
+    """Wall seconds and events per wall second of each policy on ``copies`` back-to-back copies of
+    the bundled trace (the first ``max_requests`` requests of each replay if given), and per policy
+    the exponent ``k`` of ``wall_s ~ requests**k`` fitted by least squares on log-log axes."""
+    rows: list[dict[str, Any]] = []
+    exponents: dict[str, float | None] = {}
+    for policy in policies:
+        points: list[tuple[float, float]] = []
+        for n_copies in copies:
+            result = run_sim(config(max_requests, policy, n_copies))
+            wall = result["wall_s"]
+            rows.append(
+                {
+                    "policy": policy,
+                    "copies": n_copies,
+                    "requests": result["requests"],
+                    "wall_s": wall,
+                    "events": result["events"],
+                    "events_per_wall_s": result["events"] / wall if wall > 0 else math.inf,
+                }
+            )
+            points.append((float(result["requests"]), wall))
+        exponents[policy] = scaling_exponent(points)
+    return {"bench": "sim_scaling", "rows": rows, "scaling_exponent": exponents}
+
+
+def scaling_exponent(points: Sequence[tuple[float, float]]) -> float | None:
+    """Slope of ``log(wall_s)`` against ``log(requests)`` (least squares); None under two sizes."""
+    xy = [(math.log(n), math.log(w)) for n, w in points if n > 0 and w > 0]
+    if len({x for x, _ in xy}) < 2:
+        return None
+    mx = sum(x for x, _ in xy) / len(xy)
+    my = sum(y for _, y in xy) / len(xy)
+    return sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
 
 
 def summary(r: dict[str, Any]) -> str:

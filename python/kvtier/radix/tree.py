@@ -186,27 +186,31 @@ class HiRadixTree:
         ``own_queue_marks``: in-queue marks the caller itself holds on these keys (a waiting request
         marks its own blocks); only marks beyond them count as another request's delay hit.
         """
-        path = self._walk(keys)
+        # One walk, ending with the resident run and the marked run after the device prefix.
         tiers: list[Tier] = []
-        device_prefix = 0
-        for node in path:
-            fastest = _FASTEST_OF_MASK[node.residency]
-            if fastest is None:
-                break
-            if fastest is Tier.DEVICE and device_prefix == len(tiers):
-                device_prefix += 1
-            tiers.append(fastest)
+        path: list[_Node] = []  # the resident run
         in_queue = in_flight = transient = 0
-        for node in path[device_prefix:]:
-            queued = node.in_queue > own_queue_marks
-            if not (queued or node.in_flight):
+        resident = marked = device_run = True
+        node = self._root
+        for key in keys:
+            if (child := node.children.get(key)) is None or not (resident or marked):
                 break
-            transient += 1
-            in_queue += queued
-            in_flight += node.in_flight > 0
+            node = child
+            fastest = _FASTEST_OF_MASK[node.residency] if resident else None
+            if fastest is not None:
+                tiers.append(fastest)
+                path.append(node)
+                if device_run and fastest is Tier.DEVICE:
+                    continue  # the transient run starts after the device prefix
+            resident = resident and fastest is not None
+            device_run = False
+            if marked and (marked := bool((queued := node.in_queue > own_queue_marks) or node.in_flight)):
+                transient += 1
+                in_queue += queued
+                in_flight += node.in_flight > 0
         if now_s is not None:
             self._advance_clock(now_s)
-            self._touch(path[: len(tiers)], now_s)
+            self._touch(path, now_s)
         return Match(len(tiers), tuple(tiers), in_queue, in_flight, transient)
 
     # ----- residency -----
@@ -307,9 +311,7 @@ class HiRadixTree:
                 raise AssertionError(f"lock: no hold ends at the first {start} keys, nothing to extend")
         lrus = self._lru
         for key in keys[start:]:
-            child = node.children.get(key)
-            if child is None:
-                child = self._new_child(node, key)
+            child = node.children.get(key) or self._new_child(node, key)
             node.child_locks += 1
             node = child
             node.lock += 1
@@ -430,11 +432,9 @@ class HiRadixTree:
         path: list[_Node] = []
         node = self._root
         for key in keys:
-            child = node.children.get(key)
-            if child is None:
+            if (child := node.children.get(key)) is None:
                 break
-            path.append(child)
-            node = child
+            path.append(node := child)
         return path
 
     def _existing_path(self, keys: Sequence[int], what: str) -> list[_Node]:
@@ -513,8 +513,7 @@ class HiRadixTree:
         if on:
             node = self._root
             for i, key in enumerate(keys):
-                child = node.children.get(key)
-                node = self._new_child(node, key) if child is None else child
+                node = node.children.get(key) or self._new_child(node, key)
                 if i >= start:
                     setattr(node, field, getattr(node, field) + 1)
             return

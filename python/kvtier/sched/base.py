@@ -9,7 +9,7 @@ the same policy instance can drive the CPU reference engine. Policies are regist
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
@@ -74,8 +74,15 @@ class CostEstimates(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SchedulerView:
+    """What a policy sees of one engine at the start of a step.
+
+    ``waiting`` is the queue's head in order; a simulated engine builds its entries as the policy
+    reads them (a waiting request's view needs a prefix lookup), so it is valid only while the
+    policy decides this step: read it inside :meth:`Policy.schedule`, never keep it.
+    """
+
     now_s: float
-    waiting: tuple[RequestView, ...]
+    waiting: Sequence[RequestView]
     running: tuple[RequestView, ...]
     fetching: tuple[RequestView, ...]
     swapped: tuple[RequestView, ...]

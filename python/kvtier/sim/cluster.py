@@ -155,5 +155,4 @@ class Cluster:
 
 def _load(e: Engine) -> float:
     """Outstanding work of an engine, in tokens (prompt left to compute plus running requests)."""
-    waiting = sum(e.requests[rid].req.prompt_tokens for _, rid in e.waiting)
-    return float(waiting + len(e.running) + len(e.fetching))
+    return float(e.waiting_prompt_tokens + len(e.running) + len(e.fetching))

@@ -36,7 +36,7 @@ from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.state import SimRequest
 from kvtier.sim.swap import Swaps
 from kvtier.sim.tiers import LowerTiers
-from kvtier.sim.view import build_view, cap_prefix
+from kvtier.sim.view import WaitingViews, build_view, cap_prefix
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,7 @@ class Engine:
         self.tree = HiRadixTree({Tier.DEVICE: None, Tier.HOST: None, Tier.SSD: None, Tier.REMOTE: None})
         self.requests: dict[int, SimRequest] = {}
         self.waiting: list[tuple[float, int]] = []  # (arrival_s, req_id), kept sorted
+        self.waiting_prompt_tokens = 0  # summed over the waiting requests (the router's load)
         self.running: list[SimRequest] = []
         self.fetching: dict[int, SimRequest] = {}
         self.private_blocks = 0
@@ -159,6 +160,7 @@ class Engine:
     def _enqueue(self, r: SimRequest) -> None:
         """Waiting: its blocks are marked in-queue (Strata §4.3.1 transient nodes)."""
         bisect.insort(self.waiting, (r.req.arrival_s, r.req_id))
+        self.waiting_prompt_tokens += r.req.prompt_tokens
         self.tree.mark_in_queue(r.keys, True)
         r.queue_marked = True
 
@@ -195,7 +197,11 @@ class Engine:
         if self.policy.swap_copy.eager:
             self.swaps.rotate_synced_blocks(self.config.offload_priority)
         step = Step(self, start_s=self.loop.now_s)
-        execute(self.policy.schedule(self.view()), self, step)
+        view = self.view()
+        decision = self.policy.schedule(view)
+        if isinstance(view.waiting, WaitingViews):
+            view.waiting.close()  # built against this instant's prefix index
+        execute(decision, self, step)
         if step.empty():
             self.stepping = False
             if self.fetching:
@@ -262,6 +268,7 @@ class Engine:
         r.hit_tokens[0] = device_tokens
         r.admitted = True
         del self.waiting[self._waiting_index(r)]
+        self.waiting_prompt_tokens -= r.req.prompt_tokens
         r.phase = Phase.RUNNING
         self.running.append(r)
 

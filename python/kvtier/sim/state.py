@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtier.sched.base import Phase
+from kvtier.sched.base import Phase, RequestView
 from kvtier.sim.request import Request
 
 
@@ -34,6 +34,7 @@ class SimRequest:
     # Eager block rotation (SwapCopy.eager): full blocks whose host copy was issued / has landed.
     host_copied_blocks: int = 0
     host_synced_blocks: int = 0
+    view: RequestView | None = None  # its last view while admitted (kvtier.sim.view.admitted_view)
 
     @property
     def req_id(self) -> int:

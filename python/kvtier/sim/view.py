@@ -6,13 +6,21 @@ prefix per tier from the prefix index, capped at the whole blocks before its las
 least one token is computed: it yields the first new token's logits), and the blocks of it that a
 queued or running request is bringing (in-queue, in-flight). Swapped requests whose copy is still in
 flight are not shown: there is nothing to order for them yet.
+
+Incremental, so that a step costs what the policy reads, not the queue's length (issue 20): the
+waiting requests' views (each a prefix lookup) are built when the policy first reads them
+(:class:`WaitingViews`; FCFS policies stop at the first request that does not fit), and an admitted
+request's view is kept on the request and rebuilt only when its phase or token counts changed (a
+swapped request's view is the same step after step). A waiting request's lookup is not kept: the
+prefix index changes every step (inserted blocks, marks), so it would rarely be reused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol, overload
 
+from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree, Tier
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.sim.core import EventLoop
@@ -60,11 +68,56 @@ class ViewedEngine(Protocol):
     def available_device_blocks(self) -> int: ...
 
 
+class WaitingViews(Sequence[RequestView]):
+    """The waiting queue's head as request views, each built on its first read.
+
+    Valid while the policy decides the step it was built for: the engine calls :meth:`close` once
+    the decision is back, and a later read raises (it would see the prefix index of a later step).
+    """
+
+    __slots__ = ("_engine", "_requests", "_views")
+
+    def __init__(self, engine: ViewedEngine, requests: list[SimRequest]) -> None:
+        self._engine: ViewedEngine | None = engine
+        self._requests = requests
+        self._views: list[RequestView | None] = [None] * len(requests)
+
+    def close(self) -> None:
+        self._engine = None
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    @overload
+    def __getitem__(self, i: int) -> RequestView: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[RequestView, ...]: ...
+    def __getitem__(self, i: int | slice) -> RequestView | tuple[RequestView, ...]:
+        if isinstance(i, slice):
+            return tuple(self._get(j) for j in range(*i.indices(len(self._requests))))
+        if i < 0:
+            i += len(self._requests)
+        if not 0 <= i < len(self._requests):
+            raise IndexError("waiting view index out of range")
+        return self._get(i)
+
+    def __iter__(self) -> Iterator[RequestView]:
+        for i in range(len(self._requests)):
+            yield self._get(i)
+
+    def _get(self, i: int) -> RequestView:
+        view = self._views[i]
+        if view is None:
+            if self._engine is None:
+                raise SimError("a waiting request's view was read after the step it was built for")
+            view = self._views[i] = request_view(self._engine, self._requests[i])
+        return view
+
+
 def build_view(engine: ViewedEngine) -> SchedulerView:
     config, tree = engine.config, engine.tree
-    waiting = tuple(
-        request_view(engine, engine.requests[rid]) for _, rid in engine.waiting[: config.view_waiting_max]
-    )
+    requests = engine.requests
+    waiting = WaitingViews(engine, [requests[rid] for _, rid in engine.waiting[: config.view_waiting_max]])
     return SchedulerView(
         now_s=engine.loop.now_s,
         waiting=waiting,
@@ -82,17 +135,33 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
     )
 
 
+def admitted_view(r: SimRequest) -> RequestView:
+    """An admitted request's view: kept on the request while its phase and token counts stay."""
+    view = r.view
+    if (
+        view is not None
+        and view.phase is r.phase
+        and view.computed_tokens == r.computed_tokens
+        and view.generated_tokens == r.generated_tokens
+    ):
+        return view
+    view = r.view = _view(r, (0, 0, 0, 0), 0, 0)
+    return view
+
+
 def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
-    cached = (0, 0, 0, 0)
-    in_queue = in_flight = 0
-    if not r.admitted:
-        m = engine.tree.match(r.keys, own_queue_marks=int(r.queue_marked))
-        bt = engine.config.block_tokens
-        per_tier = [0, 0, 0, 0]
-        for tier in m.tiers:
-            per_tier[tier] += bt
-        cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
-        in_queue, in_flight = m.in_queue_blocks * bt, m.in_flight_blocks * bt
+    if r.admitted:
+        return admitted_view(r)
+    m = engine.tree.match(r.keys, own_queue_marks=int(r.queue_marked))
+    bt = engine.config.block_tokens
+    per_tier = [0, 0, 0, 0]
+    for tier in m.tiers:
+        per_tier[tier] += bt
+    cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
+    return _view(r, cached, m.in_queue_blocks * bt, m.in_flight_blocks * bt)
+
+
+def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
     return RequestView(
         req_id=r.req_id,
         arrival_s=r.req.arrival_s,

@@ -6,7 +6,11 @@ prefix KV), one id per block, ``ceil(input_length / 512)`` of them. They become 
 ``block_keys`` as they are, so the run's ``block_tokens`` must be 512: the trace fixes the block size.
 
 ``arrival_s = (timestamp - first timestamp) / 1000 * time_scale``: ``time_scale`` 0.5 replays twice as
-fast, 2 half as fast. Every request is open-loop (the trace has no dependencies). The file is read
+fast, 2 half as fast. Every request is open-loop (the trace has no dependencies). ``copies`` > 1
+replays the trace that many times back to back (copy ``k`` starts one trace span plus one mean
+inter-arrival gap after copy ``k - 1``), each copy with fresh ``hash_ids`` (offset by ``k`` times one
+more than the trace's largest id): a longer trace at the same rate, sharing no prefix across copies,
+for measuring how the simulator scales with the number of requests (``kvtier bench sim``). The file is read
 line by line as requests are consumed, so a replay holds one line at a time. A malformed line (bad
 JSON, a missing or mistyped field, a length < 1, a wrong number of ``hash_ids``, a timestamp earlier
 than the line before) raises :class:`~kvtier.errors.TraceError` naming the file and line number.
@@ -14,6 +18,7 @@ than the line before) raises :class:`~kvtier.errors.TraceError` naming the file 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -29,6 +34,7 @@ from kvtier.sim.workload.common import (
     find_trace,
     num_blocks,
     require_block_tokens,
+    require_int,
 )
 
 MOONCAKE_TRACE = "mooncake_synthetic_trace.jsonl"
@@ -52,10 +58,11 @@ def mooncake_workload(
     time_scale: float = 1.0,
     max_requests: int | None = None,
     seed: int = 0,
+    copies: int = 1,
 ) -> Iterator[Request]:
-    """Requests of the trace at ``path`` (default: the bundled synthetic trace), the first
-    ``max_requests`` of them if given. ``seed`` is unused (a replay draws nothing); it is accepted so
-    that every workload takes the run's seed."""
+    """Requests of the trace at ``path`` (default: the bundled synthetic trace), ``copies`` times
+    back to back (see the module doc), the first ``max_requests`` of them if given. ``seed`` is unused
+    (a replay draws nothing); it is accepted so that every workload takes the run's seed."""
     if require_block_tokens(block_tokens) != MOONCAKE_BLOCK_TOKENS:
         raise ConfigError(
             f"workload parameter `block_tokens` is {block_tokens}; expected {MOONCAKE_BLOCK_TOKENS}: "
@@ -64,15 +71,16 @@ def mooncake_workload(
         )
     time_scale, limit = check_replay_params(time_scale, max_requests)
     trace = check_trace_path(path, MOONCAKE_TRACE)
+    copies = require_int("copies", copies, 1)
 
     def generate() -> Iterator[Request]:
         first_ms: float | None = None
-        for req_id, record in enumerate(islice(read_mooncake(trace), limit)):
+        for req_id, (offset_ms, record) in enumerate(islice(_copied(trace, copies), limit)):
             if first_ms is None:
                 first_ms = record.timestamp_ms
             yield Request(
                 req_id=req_id,
-                arrival_s=(record.timestamp_ms - first_ms) / 1000.0 * time_scale,
+                arrival_s=(record.timestamp_ms + offset_ms - first_ms) / 1000.0 * time_scale,
                 prompt_tokens=record.input_length,
                 output_tokens=record.output_length,
                 block_keys=record.hash_ids,
@@ -81,21 +89,43 @@ def mooncake_workload(
     return generate()
 
 
+def _copied(trace: Path, copies: int) -> Iterator[tuple[float, MooncakeRecord]]:
+    """(time offset in ms, record) of ``copies`` back-to-back copies of the trace, each with its
+    ``hash_ids`` shifted past every id of the copies before it. One copy is read lazily as is."""
+    if copies == 1:
+        yield from ((0.0, record) for record in read_mooncake(trace))
+        return
+    first_ms = last_ms = 0.0
+    max_id, count = -1, 0
+    for record in read_mooncake(trace):  # a first pass: the span and the id range of one copy
+        if count == 0:
+            first_ms = record.timestamp_ms
+        last_ms, count = record.timestamp_ms, count + 1
+        max_id = max(max_id, *record.hash_ids)
+    period_ms = (last_ms - first_ms) + (last_ms - first_ms) / max(count - 1, 1)
+    for k in range(copies):
+        shift = k * (max_id + 1)
+        for record in read_mooncake(trace):
+            ids = record.hash_ids if shift == 0 else tuple(i + shift for i in record.hash_ids)
+            yield k * period_ms, dataclasses.replace(record, hash_ids=ids)
+
+
 def default_trace_path() -> Path:
     """The bundled Mooncake synthetic trace (see :func:`~kvtier.sim.workload.common.find_trace`)."""
     return find_trace(MOONCAKE_TRACE)
 
 
 def mooncake_block_hit_rate(
-    path: str | os.PathLike[str] | None = None, max_requests: int | None = None
+    path: str | os.PathLike[str] | None = None, max_requests: int | None = None, copies: int = 1
 ) -> float:
     """Fraction of all blocks (``hash_ids`` occurrences) whose id appeared in an earlier request: the
-    hit rate of an infinite cache replaying the trace (its first ``max_requests`` requests if given).
-    0.6396 for the bundled trace."""
+    hit rate of an infinite cache replaying the trace (``copies`` times, as :func:`mooncake_workload`
+    does; its first ``max_requests`` requests if given). 0.6396 for the bundled trace."""
     _, limit = check_replay_params(1.0, max_requests)
+    copies = require_int("copies", copies, 1)
     seen: set[int] = set()
     blocks = hits = 0
-    for record in islice(read_mooncake(check_trace_path(path, MOONCAKE_TRACE)), limit):
+    for _, record in islice(_copied(check_trace_path(path, MOONCAKE_TRACE), copies), limit):
         blocks += len(record.hash_ids)
         hits += sum(1 for hash_id in record.hash_ids if hash_id in seen)
         seen.update(record.hash_ids)
