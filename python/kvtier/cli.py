@@ -219,6 +219,15 @@ def _bench_remote(args: argparse.Namespace) -> None:
 def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
+    if args.scaling:
+        policies = args.policies.split(",") if args.policies else sim.SCALING_POLICIES
+        copies = [int(c) for c in _floats(args.copies, "--copies") if c.is_integer()]
+        if len(copies) != len(args.copies.split(",")):
+            raise KvtierError(
+                f"--copies is {args.copies!r}; expected comma-separated whole numbers such as 1,4,25"
+            )
+        _emit(sim.scaling(policies, copies, args.max_requests), args.json, sim.scaling_summary)
+        return
     result = sim.run(max_requests=args.max_requests, show=not args.json)
     _emit(result, args.json, sim.summary)
 
@@ -397,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
         "sim", help="simulator speed: Mooncake trace replay wall time; hit-rate check"
     )
     bsim.add_argument("--max-requests", type=_positive, default=None, help="replay only the first N requests")
+    bsim.add_argument(
+        "--scaling", action="store_true", help="every policy on trace copies: wall s, events/s, exponent"
+    )
+    bsim.add_argument(
+        "--copies", default="1,4,25", help="--scaling: back-to-back copies of the trace (default 1,4,25)"
+    )
+    bsim.add_argument("--policies", default=None, help="--scaling: comma-separated policies (default all)")
     bsim.add_argument("--json", action="store_true")
     bsim.set_defaults(func=_bench_sim)
     bcodec = bench_sub.add_parser(

@@ -147,3 +147,15 @@ def summary(r: dict[str, Any]) -> str:
             f"from hash_ids {r['mooncake_synthetic_direct_hit_rate']:.4%}",
         ]
     )
+
+
+def scaling_summary(r: dict[str, Any]) -> str:
+    lines = ["sim scaling: copies of the Mooncake synthetic trace (fresh hash ids per copy), one H100"]
+    for row in r["rows"]:
+        lines.append(
+            f"  {row['policy']:12s} {row['requests']:7d} requests  {row['wall_s']:8.1f} s wall  "
+            f"{row['events_per_wall_s']:8.0f} events/s"
+        )
+    for policy, k in r["scaling_exponent"].items():
+        lines.append(f"  {policy:12s} scaling exponent {'-' if k is None else f'{k:.3f}'}")
+    return "\n".join(lines)
