@@ -24,6 +24,8 @@ pub mod metrics;
 mod node;
 pub mod pipeline;
 pub mod resp;
+#[cfg(feature = "test-hooks")]
+pub mod testing;
 pub mod tier;
 pub mod tls;
 

@@ -5,80 +5,12 @@
 //! Needs the server binary on PATH (`make test` installs the Debian package); without it these
 //! tests print why and pass vacuously, so `cargo test` still works on a bare machine.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvtier_core::tier::{Located, ReadOutcome, Tier};
 use kvtier_remote::pipeline::{HeaderSpec, Res, SetItem};
+use kvtier_remote::testing::{free_port, server_binary, LoopbackServer as Server};
 use kvtier_remote::{key_name, RemoteConfig, RemoteError, RemoteTier};
-
-fn server_binary() -> Option<String> {
-    ["valkey-server", "redis-server"].into_iter().map(String::from).find(|b| {
-        Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A server on a loopback port, killed by pid on drop.
-struct Server {
-    child: Option<Child>,
-    port: u16,
-    binary: String,
-    password: Option<String>,
-}
-
-impl Server {
-    fn start(binary: &str, port: u16, password: Option<&str>) -> Server {
-        let mut s =
-            Server { child: None, port, binary: binary.to_string(), password: password.map(String::from) };
-        s.restart();
-        s
-    }
-
-    fn restart(&mut self) {
-        let mut cmd = Command::new(&self.binary);
-        cmd.args([
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]);
-        if let Some(p) = &self.password {
-            cmd.args(["--requirepass", p]);
-        }
-        self.child = Some(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn config(url: &str) -> RemoteConfig {
     RemoteConfig {
@@ -117,7 +49,7 @@ macro_rules! need_server {
 #[test]
 fn round_trip_with_pins() {
     let binary = need_server!();
-    let server = Server::start(&binary, free_port(), None);
+    let server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let keys: Vec<u128> = (1..=8).collect();
     let payloads: Vec<Vec<u8>> = (0..8).map(payload).collect();
@@ -148,7 +80,7 @@ fn round_trip_with_pins() {
 #[test]
 fn garbage_values_are_counted_misses_and_deleted() {
     let binary = need_server!();
-    let server = Server::start(&binary, free_port(), None);
+    let server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let good = payload(1);
     tier.put(NS, &[1, 2, 3, 4], &[&good, &good, &good, &good]);
@@ -183,7 +115,7 @@ fn garbage_values_are_counted_misses_and_deleted() {
 fn a_key_of_the_wrong_type_is_a_counted_miss_and_deleted() {
     use std::io::{Read, Write};
     let binary = need_server!();
-    let server = Server::start(&binary, free_port(), None);
+    let server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let name = key_name("kvtier:", NS, 9);
     let mut raw = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
@@ -248,7 +180,7 @@ fn down_at_start_then_up_then_killed_then_restarted() {
 #[test]
 fn wrong_or_missing_password_is_an_error_at_start() {
     let binary = need_server!();
-    let server = Server::start(&binary, free_port(), Some("sesame"));
+    let server = Server::start_anywhere(&binary, Some("sesame"));
     let wrong =
         RemoteTier::open(config(&format!("redis://:nope@127.0.0.1:{}", server.port)), NS).unwrap_err();
     assert!(matches!(&wrong, RemoteError::Auth { reply, .. } if reply.contains("WRONGPASS")), "{wrong}");
@@ -261,7 +193,7 @@ fn wrong_or_missing_password_is_an_error_at_start() {
 #[test]
 fn whole_prefixes_are_confirmed_by_one_multi_key_exists() {
     let binary = need_server!();
-    let mut server = Server::start(&binary, free_port(), None);
+    let mut server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let keys: Vec<u128> = (1000..1600).collect(); // two locate chunks (512 + 88)
     let p = payload(1);

@@ -8,15 +8,13 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::keys;
 use kvtier_core::checksum::checksum;
 use kvtier_core::{BlockKey, Dtype, Geometry, Namespace, ObjectHeader};
 use kvtier_remote::pipeline::{HeaderSpec, SetItem};
+use kvtier_remote::testing::{server_binary, LoopbackServer};
 use kvtier_remote::{key_name, RemoteClient};
 use kvtier_store::{
     RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierCodec,
@@ -316,17 +314,8 @@ fn bad_codec_config_is_a_clear_error() {
 
 // ---- remote ----
 
-fn server_binary() -> Option<String> {
-    ["valkey-server", "redis-server"].into_iter().map(String::from).find(|b| {
-        Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
-    })
-}
-
-/// A loopback server, killed by pid on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
+/// A loopback server (kvtier-remote's test harness), killed by pid on drop.
+struct Server(LoopbackServer);
 
 impl Server {
     fn start() -> Option<Server> {
@@ -334,33 +323,11 @@ impl Server {
             eprintln!("no redis-server/valkey-server on PATH: remote codec tests skipped");
             return None;
         };
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(Server { child, port })
+        Some(Server(LoopbackServer::start_anywhere(&binary, None)))
     }
 
     fn config(&self, prefix: &str) -> RemoteConfig {
-        RemoteConfig {
-            key_prefix: prefix.into(),
-            ..RemoteConfig::single(&format!("redis://127.0.0.1:{}", self.port))
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        RemoteConfig { key_prefix: prefix.into(), ..RemoteConfig::single(&self.0.url()) }
     }
 }
 

@@ -1,0 +1,151 @@
+//! A loopback `redis-server` / `valkey-server` for the Rust test suites (only with the
+//! `test-hooks` feature): the one harness the remote and store crates' tests start servers with.
+//!
+//! Two ways a loopback server test used to fail at random, both closed here:
+//! - a port picked with `bind(0)` lies in the kernel's ephemeral range, so an outgoing connection
+//!   (any test's client) could take it before the server bound it; [`free_port`] picks ports
+//!   outside that range (as `kvtier.testing.redis.free_port` does in Python);
+//! - "the server is up" was a successful `connect`, but a connect to a not-yet-bound port in the
+//!   ephemeral range can connect to itself (TCP simultaneous open); [`LoopbackServer`] waits for
+//!   a real `PING` reply from the server instead.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// `valkey-server` or `redis-server`, whichever is on PATH.
+pub fn server_binary() -> Option<String> {
+    ["valkey-server", "redis-server"].into_iter().map(String::from).find(|b| {
+        Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    })
+}
+
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|v| v.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// A loopback TCP port that was free a moment ago, outside the ephemeral range.
+pub fn free_port() -> u16 {
+    let (lo, hi) = ephemeral_range();
+    let candidates: Vec<u16> = (10_000..lo).chain(hi.saturating_add(1)..=65_000).collect();
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    let mut x = seed | 1;
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17; // xorshift64
+        let Some(&port) = candidates.get((x % candidates.len().max(1) as u64) as usize) else { break };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    TcpListener::bind("127.0.0.1:0").expect("a loopback port").local_addr().expect("its address").port()
+}
+
+/// A server on a loopback port, killed by pid on drop.
+pub struct LoopbackServer {
+    child: Option<Child>,
+    pub port: u16,
+    binary: String,
+    password: Option<String>,
+}
+
+impl LoopbackServer {
+    /// Starts `binary` on `port` and waits until it answers `PING` (panics after 10 s).
+    pub fn start(binary: &str, port: u16, password: Option<&str>) -> LoopbackServer {
+        let mut s = LoopbackServer {
+            child: None,
+            port,
+            binary: binary.to_string(),
+            password: password.map(String::from),
+        };
+        s.restart();
+        s
+    }
+
+    /// Starts a server on a fresh port, moving to another port when the picked one was taken
+    /// before the server bound it.
+    pub fn start_anywhere(binary: &str, password: Option<&str>) -> LoopbackServer {
+        for _ in 0..5 {
+            let mut s = LoopbackServer {
+                child: None,
+                port: free_port(),
+                binary: binary.to_string(),
+                password: password.map(String::from),
+            };
+            if s.try_start() {
+                return s;
+            }
+        }
+        panic!("{binary} did not start on any of 5 free ports");
+    }
+
+    /// (Re)starts the server on its port; panics if it does not answer within 10 s.
+    pub fn restart(&mut self) {
+        assert!(self.try_start(), "{} did not start on port {}", self.binary, self.port);
+    }
+
+    fn try_start(&mut self) -> bool {
+        let mut cmd = Command::new(&self.binary);
+        let port = self.port.to_string();
+        cmd.args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        if let Some(p) = &self.password {
+            cmd.args(["--requirepass", p]);
+        }
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn the server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if answers_ping(self.port) {
+                self.child = Some(child);
+                return true;
+            }
+            if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false; // exited (its port was taken) or never answered
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (by its pid); a later [`restart`](Self::restart) reuses the port.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("kill the server");
+            c.wait().expect("reap the server");
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for LoopbackServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether a Redis server answers on `port` (`+PONG`, or `-NOAUTH` when it wants a password):
+/// a self-connected socket or another program answers neither.
+fn answers_ping(port: u16) -> bool {
+    let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = c.set_read_timeout(Some(Duration::from_millis(500)));
+    if c.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    match c.read(&mut reply) {
+        Ok(n) => reply[..n].starts_with(b"+PONG") || reply[..n].starts_with(b"-NOAUTH"),
+        Err(_) => false,
+    }
+}
