@@ -220,13 +220,8 @@ def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
     if args.scaling:
-        policies = args.policies.split(",") if args.policies else sim.SCALING_POLICIES
-        copies = [int(c) for c in _floats(args.copies, "--copies") if c.is_integer()]
-        if len(copies) != len(args.copies.split(",")):
-            raise KvtierError(
-                f"--copies is {args.copies!r}; expected comma-separated whole numbers such as 1,4,25"
-            )
-        _emit(sim.scaling(policies, copies, args.max_requests), args.json, sim.scaling_summary)
+        result = sim.scaling_from_flags(args.policies, args.copies, args.max_requests)
+        _emit(result, args.json, sim.scaling_summary)
         return
     result = sim.run(max_requests=args.max_requests, show=not args.json)
     _emit(result, args.json, sim.summary)

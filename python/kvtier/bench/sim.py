@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kvtier.errors import KvtierError
 from kvtier.sim.config import SimConfig
 from kvtier.sim.run import run as run_sim
 from kvtier.sim.workload import mooncake_block_hit_rate
@@ -159,3 +160,15 @@ def scaling_summary(r: dict[str, Any]) -> str:
     for policy, k in r["scaling_exponent"].items():
         lines.append(f"  {policy:12s} scaling exponent {'-' if k is None else f'{k:.3f}'}")
     return "\n".join(lines)
+
+
+def scaling_from_flags(policies: str | None, copies: str, max_requests: int | None) -> dict[str, Any]:
+    """:func:`scaling` from ``kvtier bench sim --scaling``'s flags (comma-separated lists)."""
+    names = policies.split(",") if policies else list(SCALING_POLICIES)
+    unknown = [p for p in names if p not in SCALING_POLICIES]
+    if unknown:
+        raise KvtierError(f"--policies names {unknown}; expected some of {list(SCALING_POLICIES)}")
+    parts = copies.split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise KvtierError(f"--copies is {copies!r}; expected comma-separated whole numbers such as 1,4,25")
+    return scaling(names, [int(p) for p in parts], max_requests)
