@@ -180,12 +180,9 @@ def main() -> None:
     engine.abort_request([r for r, n in names.items() if n in background])
     result: dict[str, Any] = {"arrivals": {b: arrivals[b] for b in background}, "loads": loads}
     if spec.get("connector") is not None:
-        from kvtier.integrations.vllm import lookup
+        from kvtier.integrations.vllm.run import close_local_workers
 
-        for fn in list(lookup._registry.values()):
-            worker = fn.__self__  # type: ignore[attr-defined]  # the WorkerSide serving lookups
-            worker.close()
-            result["stats"] = worker.stats()
+        result |= close_local_workers()
     print("RESULT " + json.dumps(result), flush=True)
 
 

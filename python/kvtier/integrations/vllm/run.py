@@ -79,13 +79,21 @@ def main() -> None:
     result: dict[str, object] = {"rounds": rounds}
     if spec.get("connector") is not None and not spec.get("multiprocess", False):
         # Single process: the worker is here; finish its saves and make the SSD tier durable.
-        from kvtier.integrations.vllm import lookup
-
-        for fn in list(lookup._registry.values()):
-            worker = fn.__self__  # type: ignore[attr-defined]  # the WorkerSide serving lookups
-            worker.close()
-            result["stats"] = worker.stats()
+        result |= close_local_workers()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def close_local_workers() -> dict[str, object]:
+    """Closes the connector workers of this process (single-process vLLM: their saves finish and
+    the SSD tier is made durable); ``{"stats": ...}`` of the last one, or nothing without one."""
+    from kvtier.integrations.vllm import lookup
+
+    out: dict[str, object] = {}
+    for fn in list(lookup._registry.values()):
+        worker = fn.__self__  # type: ignore[attr-defined]  # the WorkerSide serving lookups
+        worker.close()
+        out["stats"] = worker.stats()
+    return out
 
 
 if __name__ == "__main__":
