@@ -52,7 +52,7 @@ def test_defect5_store_config_repr_and_str_redact_passwords_and_to_dict_keeps_th
         assert "'redis://alice:***@127.0.0.1:7001'" in text
         assert text.startswith("StoreConfig(geometry=Geometry(")
     assert config.remote_urls == urls  # the config itself keeps the real URLs
-    assert config.to_dict()["remote_urls"] == list(urls)
+    assert config.to_dict()["remote"]["urls"] == list(urls)
     assert kvtier.StoreConfig.from_dict(config.to_dict()) == config
 
 
@@ -159,18 +159,21 @@ def test_defect8_out_of_range_sizes_are_config_errors_naming_the_key(key: str, v
 
 
 def _numeric_fields() -> list[str]:
-    """Every StoreConfig field annotated int or float (optional or not), plus the bandwidth list."""
+    """The key path of every StoreConfig key annotated int or float (optional or not), in the
+    top level and in each section, plus the bandwidth list."""
     names = []
-    for f in dataclasses.fields(kvtier.StoreConfig):
-        kinds = {t.strip() for t in str(f.type).split("|")}
-        if f.init and kinds & {"int", "float"} and kinds <= {"int", "float", "None"}:
-            names.append(f.name)
-    return [*names, "ssd_bandwidth_bytes_per_s"]
+    sections = {"": kvtier.StoreConfig, "dram.": kvtier.DramConfig, "ssd.": kvtier.SsdConfig}
+    for prefix, cls in {**sections, "remote.": kvtier.RemoteConfig}.items():
+        for f in dataclasses.fields(cls):
+            kinds = {t.strip() for t in str(f.type).split("|")}
+            if f.init and kinds & {"int", "float"} and kinds <= {"int", "float", "None"}:
+                names.append(prefix + f.name)
+    return [*names, "ssd.bandwidth_bytes_per_s"]
 
 
 def test_defect8_numeric_fields_are_all_covered() -> None:
     names = _numeric_fields()
-    for expected in ("dram_capacity_bytes", "remote_inflight_bytes_max", "lease_ttl_s", "ssd_codec_level"):
+    for expected in ("dram.capacity_bytes", "remote.inflight_bytes_max", "lease_ttl_s", "ssd.codec_level"):
         assert expected in names
     assert len(names) >= 20
 
@@ -180,19 +183,21 @@ _HUGE_CASES = [
     pytest.param(key, value, id=f"{key}-{name}")
     for key in _numeric_fields()
     for value, name in ((10**30, "1e30"), (10**400, "1e400"), (10**5000, "1e5000"))
-    if not (key == "ssd_bandwidth_bytes_per_s" and value == 10**30)
+    if not (key == "ssd.bandwidth_bytes_per_s" and value == 10**30)
 ]
 
 
 @pytest.mark.parametrize(("key", "value"), _HUGE_CASES)
 def test_defect8_every_numeric_field_rejects_huge_ints_with_a_config_error(key: str, value: int) -> None:
     fields: dict[str, Any] = {
-        "ssd_directory": "/nonexistent-kvtier-dir",
-        "remote_urls": "redis://127.0.0.1:1",
-        key: (value,) if key == "ssd_bandwidth_bytes_per_s" else value,
+        "ssd": {"directory": "/nonexistent-kvtier-dir"},
+        "remote": {"urls": "redis://127.0.0.1:1"},
     }
-    if key.endswith("_codec_level"):
-        fields[key.removesuffix("_level")] = "lossless"
+    section, _, name = key.rpartition(".")
+    where = fields.setdefault(section, {}) if section else fields
+    where[name] = (value,) if name == "bandwidth_bytes_per_s" else value
+    if name == "codec_level":
+        where["codec"] = "lossless"
     with pytest.raises(ConfigError, match=f"`{key}"):
         kvtier.Store(kvtier.StoreConfig(geometry=GEOMETRY, **fields))
 

@@ -1,4 +1,4 @@
-"""Codecs per lower tier (``ssd_codec``, ``remote_codec``): blocks written to SSD or the remote
+"""Codecs per lower tier (``ssd.codec``, ``remote.codec``): blocks written to SSD or the remote
 tier are encoded and their object header records the codec; loads decode by that header whatever
 the reader's own codec settings are; undecodable objects are counted misses; bad settings are
 clear errors naming the key. ``quant`` is checked against the bound documented in
@@ -293,20 +293,27 @@ def test_undecodable_remote_values_are_counted_misses(redis: LocalRedis) -> None
 # ---- configuration ----
 
 
+SSD = {"directory": "/nonexistent-kvtier-dir"}
+REMOTE = {"urls": "redis://127.0.0.1:1"}
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"ssd_codec": "gzip"}, "`ssd_codec` is 'gzip'"),
+        ({"ssd": {**SSD, "codec": "gzip"}}, "`ssd.codec` is 'gzip'"),
         (
-            {"remote_codec": "lossless", "remote_codec_backend": "brotli"},
-            "`remote_codec_backend` is 'brotli'",
+            {"remote": {**REMOTE, "codec": "lossless", "codec_backend": "brotli"}},
+            "`remote.codec_backend` is 'brotli'",
         ),
         (
-            {"ssd_codec": "lossless", "ssd_codec_backend": "deflate", "ssd_codec_level": 40},
-            "`ssd_codec_level`",
+            {"ssd": {**SSD, "codec": "lossless", "codec_backend": "deflate", "codec_level": 40}},
+            "`ssd.codec_level`",
         ),
-        ({"ssd_codec": "lossless", "ssd_codec_backend": "lz4", "ssd_codec_level": 3}, "`ssd_codec_level`"),
-        ({"ssd_codec": "raw", "ssd_codec_backend": "zstd"}, "apply to 'lossless' only"),
+        (
+            {"ssd": {**SSD, "codec": "lossless", "codec_backend": "lz4", "codec_level": 3}},
+            "`ssd.codec_level`",
+        ),
+        ({"ssd": {**SSD, "codec": "raw", "codec_backend": "zstd"}}, "apply to 'lossless' only"),
     ],
 )
 def test_bad_codec_config(fields: dict[str, Any], message: str) -> None:
@@ -315,16 +322,15 @@ def test_bad_codec_config(fields: dict[str, Any], message: str) -> None:
 
 
 def test_quant_needs_fp16_without_extra_groups(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="`remote_codec` is 'quant', which needs fp16"):
-        kvtier.StoreConfig(geometry=kvtier.Geometry(4, 2, 64, "bf16", 16), model_id="m", remote_codec="quant")
+    with pytest.raises(ConfigError, match=r"`remote\.codec` is 'quant', which needs fp16"):
+        kvtier.StoreConfig(
+            geometry=kvtier.Geometry(4, 2, 64, "bf16", 16), model_id="m", remote={**REMOTE, "codec": "quant"}
+        )
     # Two layers: CacheGen's 32-bin layers do not fit half the fp16 size; the store says so.
     config = kvtier.StoreConfig(
         geometry=kvtier.Geometry(2, 2, 64, "fp16", 16),
         model_id="m",
-        ssd_directory=str(tmp_path),
-        ssd_capacity_bytes="1MiB",
-        ssd_probe_bytes=0,
-        ssd_codec="quant",
+        ssd=kvtier.SsdConfig(directory=str(tmp_path), capacity_bytes="1MiB", probe_bytes=0, codec="quant"),
     )
     with pytest.raises(ConfigError, match=r"ssd_codec \(quant\).*half"):
         kvtier.Store(config)
@@ -332,9 +338,31 @@ def test_quant_needs_fp16_without_extra_groups(tmp_path: Path) -> None:
 
 def test_codec_keys_from_dict_and_defaults() -> None:
     config = kvtier.StoreConfig.from_dict(
-        {"geometry": GEOMETRY.to_dict(), "model_id": "m", "ssd_codec": "lossless", "remote_codec": "quant"}
+        {
+            "geometry": GEOMETRY.to_dict(),
+            "model_id": "m",
+            "ssd": {**SSD, "codec": "lossless"},
+            "remote": {**REMOTE, "codec": "quant"},
+        }
     )
-    assert config.ssd_codec_backend == "zstd"  # lossless defaults to zstd
-    assert config.remote_codec == "quant" and config.remote_codec_backend is None
+    assert config.ssd is not None and config.ssd.codec_backend == "zstd"  # lossless defaults to zstd
+    assert (
+        config.remote is not None and config.remote.codec == "quant" and config.remote.codec_backend is None
+    )
     assert kvtier.StoreConfig.from_dict(config.to_dict()) == config
-    assert kvtier.StoreConfig(geometry=GEOMETRY, model_id="m").ssd_codec == "raw"
+    assert kvtier.SsdConfig(directory="/d").codec == "raw"
+
+
+def test_flat_codec_keys_without_their_tier_are_still_checked() -> None:
+    # The deprecated flat spelling: no tier without ssd_directory / remote_urls, but the values
+    # are checked as before, and the error names the key as it was given.
+    with (
+        pytest.warns(DeprecationWarning, match=r"use `ssd\.codec`"),
+        pytest.raises(ConfigError, match=r"`ssd\.codec` is 'gzip'.*deprecated `ssd_codec`"),
+    ):
+        kvtier.StoreConfig(geometry=GEOMETRY, model_id="m", ssd_codec="gzip")
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="`remote_codec_backend`"):
+        kvtier.StoreConfig(geometry=GEOMETRY, remote_codec="lossless", remote_codec_backend="brotli")
+    with pytest.warns(DeprecationWarning):
+        config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="m", ssd_codec="lossless")
+    assert config.ssd is None

@@ -8,7 +8,7 @@ Public API::
 
 from kvtier import errors, keys, layout, objects
 from kvtier._core import __version__
-from kvtier.config import StoreConfig
+from kvtier.config import DramConfig, RemoteConfig, SsdConfig, StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import ExtraGroup, Geometry
 from kvtier.keys import BlockKeys, Namespace, block_keys
@@ -17,6 +17,7 @@ from kvtier.transfer import DuplexEngine, TransferConfig, TransferEngine
 
 __all__ = [
     "BlockKeys",
+    "DramConfig",
     "DuplexEngine",
     "ExtraGroup",
     "Geometry",
@@ -26,6 +27,8 @@ __all__ = [
     "Lookup",
     "Namespace",
     "PutReport",
+    "RemoteConfig",
+    "SsdConfig",
     "Store",
     "StoreConfig",
     "StoreStats",

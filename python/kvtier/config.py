@@ -1,62 +1,64 @@
-"""Store configuration: a frozen, validated dataclass, built in code, from a dict, or from YAML.
+"""Store configuration: a frozen, validated dataclass with ``dram``, ``ssd`` and ``remote`` sections
+(as the Rust store has them), built in code, from a dict, or from YAML::
 
-Unknown keys are errors (a misspelt key silently ignored is a misconfigured cache). Sizes may be
-ints (bytes) or strings with a unit: ``"512MiB"``, ``"4GiB"``, ``"1.5GB"``.
+    StoreConfig(geometry=Geometry.llama3_8b(), dram=DramConfig(capacity_bytes="1GiB"),
+                ssd=SsdConfig(directory="/mnt/nvme/kvtier"))
+    StoreConfig.from_dict({"geometry": "llama-3-8b", "dram": {"capacity_bytes": "1GiB"},
+                           "ssd": {"directory": "/mnt/nvme/kvtier"}})
+
+Every key is declared once with its check (:mod:`kvtier.schema`, :mod:`kvtier.config_sections`);
+unknown keys are errors (a misspelt key silently ignored is a misconfigured cache), and every
+error is a :class:`ConfigError` naming the key path and the expected value. Sizes may be ints
+(bytes) or strings with a unit: ``"512MiB"``, ``"4GiB"``, ``"1.5GB"``.
+
+The flat keys of earlier releases (``dram_capacity_bytes``, ``ssd_directory``, ``remote_urls``,
+...) still work for one release, each with a DeprecationWarning naming its new key
+(``dram.capacity_bytes``, ``ssd.directory``, ``remote.urls``): see :data:`FLAT_KEYS`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
 from fractions import Fraction
-from pathlib import Path, PurePath
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import yaml
 
+from kvtier.config_sections import DramConfig, RemoteConfig, SsdConfig
 from kvtier.errors import ConfigError, shown
 from kvtier.geometry import Geometry
 from kvtier.keys import Namespace
-from kvtier.remote import check_remote, normalize_urls, redact_url, remote_options
+from kvtier.schema import (
+    U64_MAX,
+    Section,
+    choice,
+    integer,
+    key,
+    nest_flat_keys,
+    optional,
+    parse_size,
+    section,
+    text,
+)
 
-EVICTION_POLICIES = ("lru", "s3fifo")
-SSD_DURABILITY = ("none", "fsync")
-SSD_PLACEMENTS = ("bandwidth", "round_robin")
-SSD_IO_ENGINES = ("auto", "io_uring", "pread")
+__all__ = ["U64_MAX", "DramConfig", "RemoteConfig", "SsdConfig", "StoreConfig", "parse_size", "read_yaml"]
 
-# Bounds the Rust store enforces (crates/kvtier-store/src/config.rs), checked here first so a bad
-# value is a ConfigError naming the field before any Rust code runs.
 #: Longest lease TTL: ``LEASE_TTL_MAX``, 365 days.
 LEASE_TTL_MAX_S = 365 * 24 * 3600
-#: Largest DRAM tier: ``DRAM_CAPACITY_BYTES_MAX``, ``isize::MAX`` (what one mapping may span).
-DRAM_CAPACITY_BYTES_MAX = sys.maxsize
 #: Longest ``model_id`` / ``cache_salt`` in UTF-8 bytes: ``NAMESPACE_FIELD_BYTES_MAX`` (kvtier-core).
 NAMESPACE_FIELD_BYTES_MAX = 4096
-#: SSD pool bounds (crates/kvtier-pool/src/ssd/config.rs, kvtier-store/src/config.rs).
-SSD_DEVICES_MAX = 64
-SSD_IO_DEPTH_MAX = 256
-SSD_PROBE_BYTES_MAX = 4 * 2**30
-SSD_ADMISSION_K_MAX = 2**20
-#: Largest size any field takes (the Rust side holds sizes as ``u64``).
-U64_MAX = 2**64 - 1
 #: Bytes of a stored object's header; objects take whole 4 KiB pages (docs/formats.md).
 OBJECT_HEADER_BYTES = 64
 PAGE_BYTES = 4096
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+#: The flat keys of earlier releases -> their key paths (deprecated; they go in the next release).
+FLAT_KEYS: dict[str, str] = {
+    "dram_capacity_bytes": "dram.capacity_bytes",
+    "dram_prefault": "dram.prefault",
+    **{f"ssd_{k}": f"ssd.{k}" for k in SsdConfig.names()},
+    **{f"remote_{k}": f"remote.{k}" for k in RemoteConfig.names()},
 }
 
 
@@ -81,184 +83,115 @@ def read_yaml(path: str | Path, what: str) -> Any:
         ) from None
 
 
-_SIZE = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([a-zA-Z]*)\s*")
-#: Most digits after the point a size string may have (each one is exact, none is rounded away).
-_SIZE_FRACTION_DIGITS_MAX = 64
+def _geometry(value: Any, path: str) -> Geometry:
+    if isinstance(value, Geometry):
+        return value
+    if isinstance(value, Mapping | str):
+        return Geometry.from_dict(value)
+    raise ConfigError(
+        f"`{path}` is {type(value).__name__}; expected kvtier.Geometry, a mapping or a preset name"
+    )
 
 
-def parse_size(value: object, name: str, hi: int = U64_MAX) -> int:
-    """Bytes from an int or a string such as ``"4GiB"`` or ``"1.5GB"`` (computed exactly, rounded
-    down to whole bytes), at most ``hi``; raises :class:`ConfigError` naming ``name``."""
-    size: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    elif isinstance(value, str):
-        m = _SIZE.fullmatch(value)
-        if m and m.group(3).lower() in _UNITS:
-            whole, fraction = m.group(1).lstrip("0"), (m.group(2) or "").rstrip("0")
-            if len(whole) > len(str(hi)):  # more digits than hi: too large (no huge int built)
-                raise ConfigError(f"`{name}` is {shown(value)}; expected a size of at most {hi} bytes")
-            if len(fraction) <= _SIZE_FRACTION_DIGITS_MAX:
-                scale = 10 ** len(fraction)
-                size = (
-                    (int(whole or "0") * scale + int(fraction or "0")) * _UNITS[m.group(3).lower()] // scale
-                )
-    if size is None or size < 0:
+def _namespace_text(nonempty: bool) -> Any:
+    what = "a non-empty string" if nonempty else "a string"
+
+    def check(value: Any, path: str) -> str:
+        value = text(nonempty, what)(value, path)
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise ConfigError(f"`{path}` cannot be encoded as UTF-8 ({e.reason}); expected text") from None
+        if size > NAMESPACE_FIELD_BYTES_MAX:
+            raise ConfigError(
+                f"`{path}` is {size} bytes in UTF-8 ({value[:32]!r}...); expected at most "
+                f"{NAMESPACE_FIELD_BYTES_MAX} bytes"
+            )
+        return str(value)
+
+    return check
+
+
+def _lease_ttl(ttl: Any, path: str) -> float:
+    """The Rust store's bounds: more than 0 once rounded to whole nanoseconds (as Rust's
+    ``Duration::try_from_secs_f64`` rounds), at most :data:`LEASE_TTL_MAX_S`. Rejects NaN, infinities
+    and ints too large for a float without converting them."""
+    ok = (
+        not isinstance(ttl, bool)
+        and isinstance(ttl, int | float)
+        and 0 < ttl <= LEASE_TTL_MAX_S  # False for NaN; no float conversion of huge ints
+        and Fraction(ttl) * 10**9 >= Fraction(1, 2)  # rounds to at least 1 ns (ties cannot occur)
+    )
+    if not ok:
         raise ConfigError(
-            f"`{name}` is {shown(value)}; expected a size in bytes such as 4294967296 or '4GiB'"
+            f"`{path}` is {shown(ttl)}; expected a positive number of seconds (at least 1 ns once "
+            f"rounded to nanoseconds) and at most {LEASE_TTL_MAX_S} ({LEASE_TTL_MAX_S // 86400} days)"
         )
-    if size > hi:
-        raise ConfigError(f"`{name}` is {shown(value)}; expected a size of at most {hi} bytes")
-    return size
+    return ttl  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True)
-class StoreConfig:
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig(Section):
     """Everything a :class:`kvtier.Store` needs. Validated at construction."""
 
-    geometry: Geometry
-    model_id: str = "unnamed-model"
-    cache_salt: str = ""
-    rank: int = 0
-    layout_version: int = 1
-    dram_capacity_bytes: int = 4 * 2**30
-    eviction: str = "lru"
-    copy_threads: int = 0
-    lease_ttl_s: float = 30.0
-    leases_max: int = 4096
-    dram_prefault: bool = False
+    LABEL: ClassVar[str] = "store config"
+    geometry: Geometry = key(_geometry)
+    model_id: str = key(_namespace_text(True), "unnamed-model")
+    cache_salt: str = key(_namespace_text(False), "")
+    rank: int = key(integer(0, 2**32 - 1), 0)
+    layout_version: int = key(integer(0, 2**32 - 1), 1)
+    #: DRAM's eviction policy (the SSD pool evicts by it too).
+    eviction: str = key(choice("lru", "s3fifo"), "lru")
+    #: Workers copying objects in put/load (0: one per core).
+    copy_threads: int = key(integer(0, 256), 0)
+    #: How long a lease pins its blocks if it is never released.
+    lease_ttl_s: float = key(_lease_ttl, 30.0)
+    leases_max: int = key(integer(1, 2**24), 4096)
     #: Serve Prometheus metrics of this store on ``http://metrics_addr:metrics_port/metrics``
     #: (docs/metrics.md); ``None``: no endpoint. Stores of one process may share a port.
-    metrics_port: int | None = None
-    metrics_addr: str = "127.0.0.1"
-    #: The SSD tier below DRAM: a directory holding its index log, bandwidth cache and lock (and
-    #: its one device file when ``ssd_devices`` is empty). ``None``: DRAM only.
-    ssd_directory: str | None = None
-    #: Device paths (raw block devices, or files created and pre-allocated there).
-    ssd_devices: tuple[str, ...] = ()
-    #: Object space over all devices, split equally (used when the pool is created).
-    ssd_capacity_bytes: int = 8 * 2**30
-    #: When ``put`` returns for SSD writes: ``"none"`` (written, logged in the page cache) or
-    #: ``"fsync"`` (data and index on stable storage).
-    ssd_durability: str = "none"
-    #: A block is written to SSD only after this many accesses (its put is one, each lease one more).
-    ssd_admission_k: int = 1
-    #: ``"bandwidth"`` (Unified KV pooling, Algorithm 1) or ``"round_robin"``.
-    ssd_placement: str = "bandwidth"
-    #: Bytes/s per device, instead of the start-up probe.
-    ssd_bandwidth_bytes_per_s: tuple[float, ...] | None = None
-    ssd_io_engine: str = "auto"
-    ssd_io_depth: int = 8
-    #: Bytes the bandwidth probe writes and reads per device (0: no probe, equal shares).
-    ssd_probe_bytes: int = 64 * 2**20
-    #: Also write blocks to SSD when they are put (default: when DRAM evicts them).
-    ssd_write_through: bool = False
-    #: Copy blocks loaded from SSD into DRAM.
-    ssd_promote_on_hit: bool = True
-    #: O_DIRECT (falls back to buffered I/O, with a warning, where a file system rejects it).
-    ssd_direct_io: bool = True
-    #: When the pool is created, write superblocks over device files or block devices that hold
-    #: other data. Without it such a device is refused (the pool takes only new or empty files,
-    #: blank block devices and its own devices): a mistyped path never destroys a file.
-    ssd_format_devices: bool = False
-    #: Codec blocks are encoded with as they are written to SSD: ``"raw"``, ``"lossless"`` (with
-    #: ``ssd_codec_backend`` zstd|lz4|deflate, optional ``ssd_codec_level``) or ``"quant"`` (CacheGen's
-    #: bins; fp16 geometry without extra groups). Each stored object records its codec, so reads
-    #: never depend on this setting. DRAM always holds raw blocks.
-    ssd_codec: str = "raw"
-    ssd_codec_backend: str | None = None
-    ssd_codec_level: int | None = None
-    #: The remote tier below DRAM (and SSD): ``redis://[user[:password]@]host[:port][/db]``, or
-    #: seed nodes with ``remote_cluster``. Empty: no remote tier. See ``docs/remote.md``.
-    remote_urls: tuple[str, ...] = ()
-    remote_cluster: bool = False
-    remote_username: str | None = None
-    remote_password: str | None = field(default=None, repr=False)
-    #: Expiry of stored objects, from the write that created them (``None``: none).
-    remote_ttl_s: float | None = None
-    remote_connect_timeout_s: float = 1.0
-    remote_io_timeout_s: float = 5.0
-    #: A failed server is not tried again for this long, doubling up to the max; its keys miss.
-    remote_reconnect_backoff_min_s: float = 0.05
-    remote_reconnect_backoff_max_s: float = 2.0
-    #: Value bytes one pipeline may have sent and not had answered.
-    remote_inflight_bytes_max: int = 64 * 2**20
-    remote_connections_per_node_max: int = 8
-    remote_key_prefix: str = "kvtier:"
-    #: TLS (with ``rediss://`` URLs): the CA that signed the server certificate (default: the
-    #: Mozilla roots built in), a client certificate and key (mutual TLS), the name to verify.
-    remote_tls_ca_file: str | None = None
-    remote_tls_cert_file: str | None = None
-    remote_tls_key_file: str | None = None
-    remote_tls_server_name: str | None = None
-    #: Write every put to the remote tier (shared at once); false: only what DRAM evicts.
-    remote_write_through: bool = True
-    #: Copy blocks loaded from the remote tier into DRAM.
-    remote_promote_on_hit: bool = True
-    #: Codec of blocks written to the remote tier (as ``ssd_codec``).
-    remote_codec: str = "raw"
-    remote_codec_backend: str | None = None
-    remote_codec_level: int | None = None
+    metrics_port: int | None = key(optional(integer(1, 65535)), None)
+    metrics_addr: str = key(text(nonempty=True, what="a host address"), "127.0.0.1")
+    dram: DramConfig = key(section(DramConfig, absent=DramConfig()), DramConfig())
+    #: The SSD tier below DRAM; ``None``: none.
+    ssd: SsdConfig | None = key(section(SsdConfig), None)
+    #: The remote tier below DRAM (and SSD); ``None``: none. See ``docs/remote.md``.
+    remote: RemoteConfig | None = key(section(RemoteConfig), None)
     namespace: Namespace = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.geometry, Geometry):
-            raise ConfigError(f"`geometry` is {type(self.geometry).__name__}; expected kvtier.Geometry")
-        if not isinstance(self.model_id, str) or not self.model_id:
-            raise ConfigError(f"`model_id` is {shown(self.model_id)}; expected a non-empty string")
-        if not isinstance(self.cache_salt, str):
-            raise ConfigError(f"`cache_salt` is {shown(self.cache_salt)}; expected a string")
-        _namespace_field("model_id", self.model_id)
-        _namespace_field("cache_salt", self.cache_salt)
-        capacity = parse_size(self.dram_capacity_bytes, "dram_capacity_bytes", DRAM_CAPACITY_BYTES_MAX)
-        if capacity < self.geometry.block_bytes:
+    def check(self) -> None:
+        g = self.geometry
+        if self.dram.capacity_bytes < g.block_bytes:
             raise ConfigError(
-                f"`dram_capacity_bytes` is {capacity}; expected at least one block "
-                f"({self.geometry.block_bytes} bytes)"
+                f"`dram.capacity_bytes` is {self.dram.capacity_bytes}; expected at least one block "
+                f"({g.block_bytes} bytes)"
             )
-        object.__setattr__(self, "dram_capacity_bytes", capacity)
-        if self.eviction not in EVICTION_POLICIES:
-            raise ConfigError(
-                f"`eviction` is {shown(self.eviction)}; expected one of {list(EVICTION_POLICIES)}"
-            )
-        _int_in("copy_threads", self.copy_threads, 0, 256)
-        _int_in("leases_max", self.leases_max, 1, 2**24)
-        _int_in("rank", self.rank, 0, 2**32 - 1)
-        _int_in("layout_version", self.layout_version, 0, 2**32 - 1)
-        if not isinstance(self.dram_prefault, bool):
-            raise ConfigError(f"`dram_prefault` is {shown(self.dram_prefault)}; expected true or false")
-        _check_lease_ttl(self.lease_ttl_s)
-        if self.metrics_port is not None:
-            _int_in("metrics_port", self.metrics_port, 1, 65535)
-        if not isinstance(self.metrics_addr, str) or not self.metrics_addr:
-            raise ConfigError(f"`metrics_addr` is {shown(self.metrics_addr)}; expected a host address")
-        self._check_ssd()
-        object.__setattr__(self, "remote_urls", normalize_urls(self.remote_urls))
-        object.__setattr__(
-            self,
-            "remote_inflight_bytes_max",
-            parse_size(self.remote_inflight_bytes_max, "remote_inflight_bytes_max"),
-        )
-        check_remote(self)
-        for tier in ("ssd", "remote"):
-            _check_codec(self, tier)
-        namespace = Namespace(self.model_id, self.geometry, self.cache_salt, self.rank, self.layout_version)
+        if self.ssd is not None:
+            n = max(1, len(self.ssd.devices))
+            size = self.ssd_object_bytes
+            if self.ssd.capacity_bytes < n * size:
+                raise ConfigError(
+                    f"`ssd.capacity_bytes` is {self.ssd.capacity_bytes}; expected at least one "
+                    f"{size}-byte object per device ({n} x {size} = {n * size} bytes)"
+                )
+        for tier in (self.ssd, self.remote):
+            if tier is not None and tier.codec == "quant" and (g.dtype != "fp16" or g.extra_groups):
+                raise ConfigError(
+                    f"`{tier.key_path('codec')}` is 'quant', which needs fp16 KV with no extra groups; "
+                    f"the geometry is {g.dtype} with {len(g.extra_groups)} extra group(s) (use 'lossless' or 'raw')"
+                )
+        namespace = Namespace(self.model_id, g, self.cache_salt, self.rank, self.layout_version)
         object.__setattr__(self, "namespace", namespace)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StoreConfig:
-        """From a mapping; ``geometry`` may be a mapping or a preset name such as ``"llama-3-8b"``."""
+        """From a mapping (nested sections, or the deprecated flat keys); ``geometry`` may be a
+        mapping or a preset name such as ``"llama-3-8b"``."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"store config must be a mapping; got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(data) - known, key=repr)  # YAML keys may be ints, None, ...
-        if unknown:
-            raise ConfigError(f"unknown store config key(s) {unknown}; expected some of {sorted(known)}")
         if "geometry" not in data:
             raise ConfigError("store config has no `geometry`; expected a mapping or a preset name")
-        fields = dict(data)
-        fields["geometry"] = Geometry.from_dict(fields["geometry"])
-        return cls(**fields)
+        cls.check_known(data, also=FLAT_KEYS)  # before ** (YAML keys may be ints, None, ...)
+        return cls(**data)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> StoreConfig:
@@ -270,25 +203,10 @@ class StoreConfig:
             raise ConfigError(f"store config {str(path)!r} must hold a mapping; got {type(data).__name__}")
         return cls.from_dict(data)
 
-    def __repr__(self) -> str:
-        """The dataclass repr, with passwords in ``remote_urls`` redacted (``remote_password`` is
-        left out); :meth:`to_dict` keeps the real URLs."""
-        parts = []
-        for f in dataclasses.fields(self):
-            if f.repr:
-                value = getattr(self, f.name)
-                if f.name == "remote_urls":
-                    value = tuple(redact_url(u) if isinstance(u, str) else u for u in value)
-                parts.append(f"{f.name}={value!r}")
-        return f"{type(self).__name__}({', '.join(parts)})"
-
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        """Nested plain data (the real remote URLs and password included): from_dict's input."""
+        out = super().to_dict()
         out["geometry"] = self.geometry.to_dict()
-        out["ssd_devices"] = list(self.ssd_devices)
-        out["remote_urls"] = list(self.remote_urls)
-        if self.ssd_bandwidth_bytes_per_s is not None:
-            out["ssd_bandwidth_bytes_per_s"] = list(self.ssd_bandwidth_bytes_per_s)
         return out
 
     @property
@@ -303,176 +221,78 @@ class StoreConfig:
 
     def ssd_options(self) -> dict[str, Any] | None:
         """The SSD settings as the extension takes them, or ``None`` without an SSD tier."""
-        if self.ssd_directory is None:
-            return None
-        return {
-            "directory": self.ssd_directory,
-            "devices": list(self.ssd_devices),
-            "capacity_bytes": self.ssd_capacity_bytes,
-            "durability": self.ssd_durability,
-            "placement": self.ssd_placement,
-            "bandwidth_bytes_per_s": None
-            if self.ssd_bandwidth_bytes_per_s is None
-            else [float(b) for b in self.ssd_bandwidth_bytes_per_s],
-            "io_engine": self.ssd_io_engine,
-            "io_depth": self.ssd_io_depth,
-            "probe_bytes": self.ssd_probe_bytes,
-            "direct_io": self.ssd_direct_io,
-            "format_devices": self.ssd_format_devices,
-            "admission_k": self.ssd_admission_k,
-            "write_through": self.ssd_write_through,
-            "promote_on_hit": self.ssd_promote_on_hit,
-            **self._codec_options("ssd"),
-        }
+        return None if self.ssd is None else self.ssd.options()
 
     def remote_options(self) -> dict[str, Any] | None:
         """The remote settings as the extension takes them, or ``None`` without a remote tier."""
-        options = remote_options(self)
-        if options is not None:
-            options.update(self._codec_options("remote"))
-        return options
+        return None if self.remote is None else self.remote.options()
 
-    def _codec_options(self, tier: str) -> dict[str, Any]:
-        return {
-            "codec": getattr(self, f"{tier}_codec"),
-            "codec_backend": getattr(self, f"{tier}_codec_backend"),
-            "codec_level": getattr(self, f"{tier}_codec_level"),
-        }
+    if not TYPE_CHECKING:
 
-    def _check_ssd(self) -> None:
-        """Validates (and normalises) the ``ssd_*`` fields."""
-        directory = self.ssd_directory
-        if directory is not None:
-            if isinstance(directory, PurePath):
-                directory = str(directory)
-            if not isinstance(directory, str) or not directory:
-                raise ConfigError(f"`ssd_directory` is {directory!r}; expected a directory path or None")
-            object.__setattr__(self, "ssd_directory", directory)
-        devices = self.ssd_devices
-        if isinstance(devices, str | bytes) or not isinstance(devices, Sequence):
-            raise ConfigError(f"`ssd_devices` is {devices!r}; expected a list of device or file paths")
-        devices = tuple(str(d) if isinstance(d, PurePath) else d for d in devices)
-        for d in devices:
-            if not isinstance(d, str) or not d:
-                raise ConfigError(f"`ssd_devices` holds {d!r}; expected non-empty paths")
-        if len(set(devices)) != len(devices):
+        def __getattr__(self, name: str) -> Any:
+            """The deprecated flat attributes (``config.ssd_directory``: ``config.ssd.directory``)."""
+            new = FLAT_KEYS.get(name)
+            if new is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            warnings.warn(f"StoreConfig.{name} is deprecated; use .{new}", DeprecationWarning, stacklevel=2)
+            sec, _, rest = new.partition(".")
+            part = object.__getattribute__(self, sec)
+            if part is None:  # no such tier: the section's default (None, (), ...)
+                default = _SECTIONS[sec].__dataclass_fields__[rest].default
+                return None if default is MISSING else default
+            return getattr(part, rest)
+
+
+_SECTIONS: dict[str, type[Section]] = {"dram": DramConfig, "ssd": SsdConfig, "remote": RemoteConfig}
+_dataclass_init = StoreConfig.__init__
+
+
+def nest_store_keys(data: Mapping[str, Any], what: str = "store config") -> tuple[dict[str, Any], list[str]]:
+    """``data`` with the deprecated flat keys moved into their sections (each with a
+    DeprecationWarning naming the new key, :func:`kvtier.schema.nest_flat_keys`), and the flat keys
+    that were given. As before the sections, flat SSD keys without ``ssd_directory`` make no SSD
+    tier (they are checked all the same) and flat remote keys without ``remote_urls`` no remote tier."""
+    flat = [k for k in data if k in FLAT_KEYS]
+    if not flat:
+        return dict(data), []
+    out = nest_flat_keys(data, FLAT_KEYS, what)
+    ssd, remote = out.get("ssd"), out.get("remote")
+    if isinstance(ssd, Mapping) and ssd.get("directory") is None and "ssd" not in data:
+        if ssd.get("devices"):
             raise ConfigError(
-                f"`ssd_devices` lists a device twice ({list(devices)}); expected distinct devices"
+                "`ssd_devices` is set but `ssd_directory` is None; expected a directory for the index "
+                "log (or drop ssd_devices)"
             )
-        if len(devices) > SSD_DEVICES_MAX:
-            raise ConfigError(f"`ssd_devices` has {len(devices)} devices; expected at most {SSD_DEVICES_MAX}")
-        object.__setattr__(self, "ssd_devices", devices)
-        if devices and directory is None:
-            raise ConfigError(
-                "`ssd_devices` is set but `ssd_directory` is None; expected a directory for the index log "
-                "(or drop ssd_devices)"
-            )
-        n = max(1, len(devices))
-        capacity = parse_size(self.ssd_capacity_bytes, "ssd_capacity_bytes")
-        size = self.ssd_object_bytes
-        if capacity < n * size:
-            raise ConfigError(
-                f"`ssd_capacity_bytes` is {capacity}; expected at least one {size}-byte object "
-                f"per device ({n} x {size} = {n * size} bytes)"
-            )
-        object.__setattr__(self, "ssd_capacity_bytes", capacity)
-        _choice("ssd_durability", self.ssd_durability, SSD_DURABILITY)
-        _choice("ssd_placement", self.ssd_placement, SSD_PLACEMENTS)
-        _choice("ssd_io_engine", self.ssd_io_engine, SSD_IO_ENGINES)
-        _int_in("ssd_admission_k", self.ssd_admission_k, 1, SSD_ADMISSION_K_MAX)
-        _int_in("ssd_io_depth", self.ssd_io_depth, 1, SSD_IO_DEPTH_MAX)
-        probe = parse_size(self.ssd_probe_bytes, "ssd_probe_bytes", SSD_PROBE_BYTES_MAX)
-        object.__setattr__(self, "ssd_probe_bytes", probe)
-        for name in ("ssd_write_through", "ssd_promote_on_hit", "ssd_direct_io", "ssd_format_devices"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"`{name}` is {shown(getattr(self, name))}; expected true or false")
-        bandwidths = self.ssd_bandwidth_bytes_per_s
-        if bandwidths is not None:
-            ok = isinstance(bandwidths, Sequence) and not isinstance(bandwidths, str | bytes)
-            values = tuple(bandwidths) if ok else ()
-            if not ok or len(values) != n:
-                raise ConfigError(
-                    f"`ssd_bandwidth_bytes_per_s` is {bandwidths!r}; expected one number of bytes/s per "
-                    f"device ({n})"
-                )
-            for i, b in enumerate(values):
-                # Compared exactly (no float conversion of a huge int); the extension takes f64s.
-                if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b <= sys.float_info.max:
-                    raise ConfigError(
-                        f"`ssd_bandwidth_bytes_per_s[{i}]` is {shown(b)}; expected a positive number of bytes/s"
-                    )
-            object.__setattr__(self, "ssd_bandwidth_bytes_per_s", values)
+        with_flat_hint(flat, lambda: SsdConfig.from_dict({**ssd, "directory": "-"}))
+        del out["ssd"]
+    if isinstance(remote, Mapping) and not remote.get("urls") and "remote" not in data:
+        with_flat_hint(flat, lambda: RemoteConfig.from_dict({**remote, "urls": "redis://127.0.0.1"}))
+        del out["remote"]
+    return out, flat
 
 
-#: Codecs a lower tier may encode with, lossless backends, and each backend's levels
-#: (crates/kvtier-codec/src/streams.rs).
-TIER_CODECS: tuple[str, ...] = ("raw", "lossless", "quant")
-CODEC_BACKEND_LEVELS: dict[str, tuple[int, int]] = {"zstd": (-7, 22), "lz4": (0, 0), "deflate": (1, 12)}
+T = TypeVar("T")
 
 
-def _check_codec(c: StoreConfig, tier: str) -> None:
-    """Validates ``<tier>_codec``, ``<tier>_codec_backend`` and ``<tier>_codec_level``."""
-    codec = getattr(c, f"{tier}_codec")
-    backend = getattr(c, f"{tier}_codec_backend")
-    level = getattr(c, f"{tier}_codec_level")
-    _choice(f"{tier}_codec", codec, TIER_CODECS)
-    if codec != "lossless":
-        if backend is not None or level is not None:
-            raise ConfigError(
-                f"`{tier}_codec_backend`/`{tier}_codec_level` are set but `{tier}_codec` is {codec!r}; "
-                f"they apply to 'lossless' only"
-            )
-    else:
-        if backend is None:
-            backend = "zstd"
-            object.__setattr__(c, f"{tier}_codec_backend", backend)
-        _choice(f"{tier}_codec_backend", backend, tuple(CODEC_BACKEND_LEVELS))
-        if level is not None:
-            lo, hi = CODEC_BACKEND_LEVELS[backend]
-            _int_in(f"{tier}_codec_level", level, lo, hi)
-    if codec == "quant":
-        g = c.geometry
-        if g.dtype != "fp16" or g.extra_groups:
-            raise ConfigError(
-                f"`{tier}_codec` is 'quant', which needs fp16 KV with no extra groups; the geometry is "
-                f"{g.dtype} with {len(g.extra_groups)} extra group(s) (use 'lossless' or 'raw')"
-            )
-
-
-def _check_lease_ttl(ttl: object) -> None:
-    """The Rust store's bounds: more than 0 once rounded to whole nanoseconds (as Rust's
-    ``Duration::try_from_secs_f64`` rounds), at most :data:`LEASE_TTL_MAX_S`. Rejects NaN, infinities
-    and ints too large for a float without converting them."""
-    ok = (
-        not isinstance(ttl, bool)
-        and isinstance(ttl, int | float)
-        and 0 < ttl <= LEASE_TTL_MAX_S  # False for NaN; no float conversion of huge ints
-        and Fraction(ttl) * 10**9 >= Fraction(1, 2)  # rounds to at least 1 ns (ties cannot occur)
-    )
-    if not ok:
-        raise ConfigError(
-            f"`lease_ttl_s` is {shown(ttl)}; expected a positive number of seconds (at least 1 ns once "
-            f"rounded to nanoseconds) and at most {LEASE_TTL_MAX_S} ({LEASE_TTL_MAX_S // 86400} days)"
-        )
-
-
-def _namespace_field(name: str, value: str) -> None:
+def with_flat_hint(flat: list[str], build: Callable[[], T]) -> T:
+    """``build()``; a ConfigError naming the new path of a deprecated flat key in ``flat`` also
+    names that key (the one the user wrote)."""
     try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as e:
-        raise ConfigError(f"`{name}` cannot be encoded as UTF-8 ({e.reason}); expected text") from None
-    if size > NAMESPACE_FIELD_BYTES_MAX:
-        raise ConfigError(
-            f"`{name}` is {size} bytes in UTF-8 ({value[:32]!r}...); expected at most "
-            f"{NAMESPACE_FIELD_BYTES_MAX} bytes"
-        )
+        return build()
+    except ConfigError as e:
+        names = [old for old in flat if f"`{FLAT_KEYS[old]}" in str(e)]
+        if not names:
+            raise
+        given = ", ".join(f"`{n}`" for n in names)
+        raise ConfigError(f"{e} (given as the deprecated {given})") from None
 
 
-def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"`{name}` is {shown(value)}; expected one of {list(choices)}")
+def _init(self: StoreConfig, **kwargs: Any) -> None:
+    """StoreConfig's constructor: the dataclass one, after the deprecated flat keys are moved into
+    their sections (:func:`nest_store_keys`)."""
+    StoreConfig.check_known(kwargs, also=FLAT_KEYS)
+    data, flat = nest_store_keys(kwargs)
+    with_flat_hint(flat, lambda: _dataclass_init(self, **data))
 
 
-def _int_in(name: str, value: object, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"`{name}` is {shown(value)}; expected an int in [{lo}, {hi}]")
+StoreConfig.__init__ = _init  # type: ignore[method-assign]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.config import StoreConfig
+from kvtier.config import DramConfig, StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
@@ -53,7 +53,9 @@ def run(
 ) -> dict[str, Any]:
     geometry = Geometry.llama3_8b()
     store = Store(
-        StoreConfig(geometry=geometry, model_id="demo/llama-3-8b", dram_capacity_bytes=dram_capacity)
+        StoreConfig(
+            geometry=geometry, model_id="demo/llama-3-8b", dram=DramConfig(capacity_bytes=dram_capacity)
+        )
     )
     copier = Copier()
     pool = alloc_pool(geometry, pool_blocks)

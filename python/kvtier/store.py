@@ -1,7 +1,7 @@
 """The kvtier store: put KV objects for consecutive block keys, find the longest cached prefix,
 lease it so eviction cannot take it, and load it into your buffers.
 
->>> store = Store(StoreConfig(geometry=Geometry.llama3_8b(), dram_capacity_bytes="1GiB"))
+>>> store = Store(StoreConfig(geometry=Geometry.llama3_8b(), dram=DramConfig(capacity_bytes="1GiB")))
 >>> keys = store.namespace.block_keys(tokens)
 >>> store.put(keys, objects)                      # objects: (len(keys), block_bytes) array
 >>> with store.lease(keys) as lease:              # pins the hit prefix
@@ -110,13 +110,13 @@ class StoreStats:
     leases_expired: int
     #: Blocks DRAM gave up that are now in the SSD tier (written there, or already there).
     demoted_blocks: int
-    #: Blocks DRAM gave up without writing them to SSD (fewer accesses than ``ssd_admission_k``).
+    #: Blocks DRAM gave up without writing them to SSD (fewer accesses than ``ssd.admission_k``).
     admission_skipped: int
     #: Blocks DRAM gave up that the SSD tier refused (full of leased blocks, or an I/O error).
     demotion_failed: int
     #: Blocks loaded from SSD and copied into DRAM.
     promoted_blocks: int
-    #: Blocks written to SSD at put time (``ssd_write_through``).
+    #: Blocks written to SSD at put time (``ssd.write_through``).
     written_through: int
     #: Blocks DRAM evicted without trying SSD (after a put's bounded demotion rounds).
     dropped_evictions: int
@@ -217,15 +217,15 @@ class Lease:
 
 
 class Store:
-    """A KV-cache store over the tier hierarchy: DRAM, then (with ``ssd_directory``) an SSD pool.
+    """A KV-cache store over the tier hierarchy: DRAM, then (with an ``ssd`` section) an SSD pool.
 
     With an SSD tier, blocks DRAM gives up are written to SSD first (write-back; after
-    ``ssd_admission_k`` accesses), lookups report ``"ssd"`` for blocks found there, loads from SSD
+    ``ssd.admission_k`` accesses), lookups report ``"ssd"`` for blocks found there, loads from SSD
     verify every checksum and copy the blocks back into DRAM, and a restarted store finds what
     the pool kept (its index log is replayed when the store opens).
 
-    With ``remote_urls``, a Redis/Valkey server (or cluster) is the last tier: puts are written
-    through to it (or DRAM's victims are, with ``remote_write_through=False``), lookups report
+    With a ``remote`` section, a Redis/Valkey server (or cluster) is the last tier: puts are written
+    through to it (or DRAM's victims are, with ``remote.write_through=False``), lookups report
     ``"remote"`` for blocks only it holds, and loads verify every object and copy it into DRAM.
     Stores in other processes with the same namespace share those blocks. A server that is down
     gives counted misses, never exceptions (``docs/remote.md``).
@@ -243,12 +243,12 @@ class Store:
             config.layout_version,
             config.cache_salt,
             config.rank,
-            config.dram_capacity_bytes,
+            config.dram.capacity_bytes,
             config.eviction,
             config.copy_threads,
             float(config.lease_ttl_s),
             config.leases_max,
-            config.dram_prefault,
+            config.dram.prefault,
             config.ssd_options(),
             config.remote_options(),
         )
@@ -462,7 +462,7 @@ class Store:
         return self._core.remote_metrics()
 
     def flush(self) -> None:
-        """Makes every block the SSD tier holds durable now (``ssd_durability="none"`` otherwise
+        """Makes every block the SSD tier holds durable now (``ssd.durability="none"`` otherwise
         leaves the index log's tail to the page cache until the store closes)."""
         self._core.flush()
 

@@ -63,7 +63,7 @@ def _positive(name: str, value: object) -> None:
 class TransferConfig:
     """Shape and bounds of a :class:`TransferEngine` (units in the names).
 
-    How blocks are stored is the store's configuration (``ssd_codec``, ``remote_codec``): a load
+    How blocks are stored is the store's configuration (``ssd.codec``, ``remote.codec``): a load
     moves each block's bytes as its tier stores them and decodes them by the codec the stored
     object records; a store job puts raw blocks and the store encodes them per tier.
     """

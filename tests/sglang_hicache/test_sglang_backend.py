@@ -210,7 +210,7 @@ def test_mla_with_several_ranks_and_no_shared_tier_is_refused_at_start(tmp_path:
     # SGLang writes MLA pages from rank 0 only; without a tier the ranks share, rank 1 would
     # miss every page, so the backend refuses the configuration when SGLang registers its pool.
     for extra in ({"dram_capacity_bytes": "1MiB"}, ssd(tmp_path)):
-        with pytest.raises(ConfigError, match="remote_urls"):
+        with pytest.raises(ConfigError, match=r"`remote\.urls`"):
             backend(host_pool("mla", "page_first"), extra, model="mla", tp_rank=1, tp_size=2)
     single = backend(host_pool("mla", "page_first"), ssd(tmp_path), model="mla", tp_rank=0, tp_size=1)
     assert single.batch_exists(page_keys("m", 1)) == 0

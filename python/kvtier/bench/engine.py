@@ -99,23 +99,23 @@ def ttft(
     result["ttft_recompute_s"] = base
 
     stores = {
-        "dram": llm_store_config(dram_capacity_bytes=(num_blocks + 8) * OBJECT_BYTES),
+        "dram": llm_store_config(dram={"capacity_bytes": (num_blocks + 8) * OBJECT_BYTES}),
         "ssd": llm_store_config(
-            dram_capacity_bytes=2 * OBJECT_BYTES,
-            ssd_directory=directory or tempfile.mkdtemp(prefix="kvtier-bench-engine-"),
-            ssd_capacity_bytes=(num_blocks + 8) * OBJECT_BYTES * 2,
-            ssd_probe_bytes=0,
-            ssd_write_through=True,
-            ssd_promote_on_hit=False,
+            dram={"capacity_bytes": 2 * OBJECT_BYTES},
+            ssd={
+                "directory": directory or tempfile.mkdtemp(prefix="kvtier-bench-engine-"),
+                "capacity_bytes": (num_blocks + 8) * OBJECT_BYTES * 2,
+                "probe_bytes": 0,
+                "write_through": True,
+                "promote_on_hit": False,
+            },
         ),
     }
     server = _start_redis()
     if server is not None:
         stores["remote"] = llm_store_config(
-            dram_capacity_bytes=2 * OBJECT_BYTES,
-            remote_urls=(server.url,),
-            remote_write_through=True,
-            remote_promote_on_hit=False,
+            dram={"capacity_bytes": 2 * OBJECT_BYTES},
+            remote={"urls": (server.url,), "write_through": True, "promote_on_hit": False},
         )
     try:
         result.update(

@@ -4,10 +4,10 @@ objects and token ids; the table's rows are in :mod:`kvtier.bench.peers`).
 
 - ``ssd_put``: kvtier ``Store.put`` with ``ssd_write_through`` (DRAM big enough for every block,
   so the put writes each block to DRAM and, before it returns, to SSD; O_DIRECT,
-  ``ssd_durability="none"``) against ``LMCacheEngine.store`` (``LocalCPUBackend`` + ``LocalDiskBackend``,
+  ``ssd.durability="none"``) against ``LMCacheEngine.store`` (``LocalCPUBackend`` + ``LocalDiskBackend``,
   which writes one file per chunk from its own threads) timed until its pending writes are done:
   every chunk in the backend's index and no put task left.
-- ``ssd_durable_put``: kvtier with ``ssd_durability="fsync"`` against the same LMCache put
+- ``ssd_durable_put``: kvtier with ``ssd.durability="fsync"`` against the same LMCache put
   followed by ``fsync`` of each new file and of the directory (LMCache has no durable mode); the
   ``ssd_put`` files are fsynced before it, untimed, so no writeback of theirs is left pending.
 - ``ssd_cold_get``: kvtier in a fresh process opening the ``ssd_put`` directory (DRAM empty:
@@ -150,7 +150,7 @@ def _memcpy_s(copy: Callable[[], object]) -> float:
 
 # ---------------------------------------------------------------- kvtier (kvtier's environment)
 def _kvtier_store(spec: dict[str, Any], directory: Path, durability: str, nbytes: int) -> Any:
-    from kvtier.config import StoreConfig
+    from kvtier.config import DramConfig, SsdConfig, StoreConfig
     from kvtier.geometry import Geometry
     from kvtier.store import Store
 
@@ -158,14 +158,16 @@ def _kvtier_store(spec: dict[str, Any], directory: Path, durability: str, nbytes
         StoreConfig(
             geometry=Geometry.llama3_8b(),
             model_id="bench-peers-ssd",
-            dram_capacity_bytes=int(1.1 * nbytes) + 2**26,  # every block and the warm-up: no eviction
-            dram_prefault=True,
+            # room for every block and the warm-up: no eviction
+            dram=DramConfig(capacity_bytes=int(1.1 * nbytes) + 2**26, prefault=True),
             copy_threads=int(spec.get("copy_threads", 0)),
-            ssd_directory=str(directory),
-            ssd_capacity_bytes=int(1.1 * nbytes) + 2**26,
-            ssd_durability=durability,
-            ssd_write_through=True,
-            ssd_probe_bytes=0,  # one device: nothing to share out
+            ssd=SsdConfig(
+                directory=str(directory),
+                capacity_bytes=int(1.1 * nbytes) + 2**26,
+                durability=durability,
+                write_through=True,
+                probe_bytes=0,  # one device: nothing to share out
+            ),
         )
     )
 

@@ -111,7 +111,7 @@ def best(fn: Callable[[], object], repeats: int) -> float:
 # ---------------------------------------------------------------- kvtier (kvtier's environment)
 def kvtier_dram(spec: dict[str, Any]) -> dict[str, Any]:
     from kvtier import _core
-    from kvtier.config import StoreConfig
+    from kvtier.config import DramConfig, StoreConfig
     from kvtier.geometry import Geometry
     from kvtier.layout import PagedPool
     from kvtier.store import Store
@@ -125,8 +125,7 @@ def kvtier_dram(spec: dict[str, Any]) -> dict[str, Any]:
     config = StoreConfig(
         geometry=geometry,
         model_id="bench-peers",
-        dram_capacity_bytes=int(3.3 * objs.nbytes),
-        dram_prefault=True,
+        dram=DramConfig(capacity_bytes=int(3.3 * objs.nbytes), prefault=True),
         copy_threads=int(spec.get("copy_threads", 0)),
     )
     store = Store(config)  # room for the warm-up, plain and pool puts: no eviction, as LMCache's clears
@@ -174,7 +173,7 @@ def kvtier_dram(spec: dict[str, Any]) -> dict[str, Any]:
 def kvtier_lookup(spec: dict[str, Any]) -> dict[str, Any]:
     """Hash + lookup of the prompt, all blocks present; the small geometry of ``kvtier bench
     store``'s lookup (lookup cost does not depend on block size)."""
-    from kvtier.config import StoreConfig
+    from kvtier.config import DramConfig, StoreConfig
     from kvtier.geometry import Geometry
     from kvtier.store import Store
 
@@ -183,7 +182,9 @@ def kvtier_lookup(spec: dict[str, Any]) -> dict[str, Any]:
     n = count // BLOCK_TOKENS
     store = Store(
         StoreConfig(
-            geometry=geometry, model_id="bench-peers-lookup", dram_capacity_bytes=3 * n * geometry.block_bytes
+            geometry=geometry,
+            model_id="bench-peers-lookup",
+            dram=DramConfig(capacity_bytes=3 * n * geometry.block_bytes),
         )
     )
     array = np.random.default_rng(1).integers(0, 128_000, count)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.bench.timing import best_seconds, gib_per_s, memcpy_seconds, touched
-from kvtier.config import StoreConfig
+from kvtier.config import DramConfig, StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
 from kvtier.layout import PagedPool, gather, scatter
@@ -43,9 +43,8 @@ def run(
     config = StoreConfig(
         geometry=geometry,
         model_id="bench",
-        dram_capacity_bytes=int(2.2 * nbytes),
+        dram=DramConfig(capacity_bytes=int(2.2 * nbytes), prefault=True),
         copy_threads=threads,
-        dram_prefault=True,
     )
     store = Store(config)
     objects = touched(nbytes, 7).reshape(n, geometry.block_bytes)
@@ -160,7 +159,9 @@ def _lookup_128k(tokens: int, repeats: int) -> tuple[float, float, float]:
     n = tokens // geometry.block_tokens
     store = Store(
         StoreConfig(
-            geometry=geometry, model_id="bench-lookup", dram_capacity_bytes=n * 3 * geometry.block_bytes
+            geometry=geometry,
+            model_id="bench-lookup",
+            dram=DramConfig(capacity_bytes=n * 3 * geometry.block_bytes),
         )
     )
     prompt = np.random.default_rng(1).integers(0, 128_000, tokens)

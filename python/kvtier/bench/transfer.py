@@ -1,7 +1,7 @@
 """``kvtier bench transfer``: the transfer engine against limits measured in the same run.
 
 - **Pipeline** (ShadowServe §4.2-4.3): a ``--total`` (64 MiB) load of blocks that sit in an SSD
-  tier configured with ``ssd_codec="quant"`` (CacheGen bins + deflate: each block is stored as
+  tier configured with ``ssd.codec="quant"`` (CacheGen bins + deflate: each block is stored as
   its encoded codec object, about a quarter of its size), through read (the encoded bytes, O_DIRECT)
   → decompress → dequantize → scatter. ``bytes_read_ratio`` = bytes the read stage read from the
   tiers ÷ the decoded bytes loaded. ``pipeline_ratio_to_sequential`` = pipelined wall time ÷ the same stage code run
@@ -34,7 +34,7 @@ import numpy as np
 
 from kvtier import layout
 from kvtier.bench.timing import TwoMemcpys, best_seconds, gib_per_s, memcpy_seconds
-from kvtier.config import StoreConfig
+from kvtier.config import DramConfig, SsdConfig, StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
 from kvtier.progress import progress
@@ -77,12 +77,14 @@ def _pipeline(total_bytes: int, repeats: int, threads: int, directory: str, step
     config = StoreConfig(
         geometry=geometry,
         model_id="bench-transfer",
-        dram_capacity_bytes=object_bytes,  # one block: every other block lives on SSD
-        ssd_directory=directory,
-        ssd_capacity_bytes=(n + 8) * object_bytes,
-        ssd_promote_on_hit=False,
-        ssd_probe_bytes=0,
-        ssd_codec="quant",
+        dram=DramConfig(capacity_bytes=object_bytes),  # one block: every other block lives on SSD
+        ssd=SsdConfig(
+            directory=directory,
+            capacity_bytes=(n + 8) * object_bytes,
+            promote_on_hit=False,
+            probe_bytes=0,
+            codec="quant",
+        ),
         leases_max=64,
     )
     store = Store(config)
@@ -146,7 +148,7 @@ def _pipeline(total_bytes: int, repeats: int, threads: int, directory: str, step
     baseline_s = min(sequential_s, chunk_sequential_s)
     return {
         "pipeline_geometry": "Llama-3-8B-like (32 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
-        "pipeline_codec": "SSD tier ssd_codec=quant (CacheGen bins + deflate level 6)",
+        "pipeline_codec": "SSD tier ssd.codec=quant (CacheGen bins + deflate level 6)",
         "bytes_read_ratio": bytes_read_ratio,
         "ssd_encoded_blocks": store.stats().ssd_encoded_blocks,
         "pipeline_bytes": loaded,

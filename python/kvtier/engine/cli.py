@@ -79,17 +79,19 @@ def _llm(args: argparse.Namespace) -> LLM:
 
     store = None
     if args.dram_capacity is not None:
-        fields: dict[str, Any] = {"dram_capacity_bytes": parse_size(args.dram_capacity, "--dram-capacity")}
+        fields: dict[str, Any] = {
+            "dram": {"capacity_bytes": parse_size(args.dram_capacity, "--dram-capacity")}
+        }
         if args.ssd_dir is not None:
-            fields.update(
-                ssd_directory=args.ssd_dir,
-                ssd_capacity_bytes=parse_size(args.ssd_capacity, "--ssd-capacity"),
-                ssd_probe_bytes=0,
-                ssd_write_through=True,  # a later process finds the KV even if DRAM never evicted it
-            )
+            fields["ssd"] = {
+                "directory": args.ssd_dir,
+                "capacity_bytes": parse_size(args.ssd_capacity, "--ssd-capacity"),
+                "probe_bytes": 0,
+                "write_through": True,  # a later process finds the KV even if DRAM never evicted it
+            }
         if args.remote_url:
             # Written through, so another process (or node) finds the KV on the server at once.
-            fields.update(remote_urls=(args.remote_url,), remote_write_through=True)
+            fields["remote"] = {"urls": (args.remote_url,), "write_through": True}
         store = llm_store_config(args.block_tokens, **fields)
     elif args.ssd_dir is not None or args.remote_url:
         raise EngineInputError("--ssd-dir and --remote-url need --dram-capacity (those tiers sit below DRAM)")

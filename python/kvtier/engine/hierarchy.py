@@ -183,7 +183,7 @@ class TransferEngineKvTransfer(KvTransfer):
 
 def promote(store: Store, keys: BlockKeys) -> int:
     """Reads the held prefix of ``keys`` once, so that the store promotes its SSD and remote hits
-    into DRAM (``*_promote_on_hit``); returns the blocks that moved up. A tier holding some of them
+    into DRAM (``promote_on_hit``); returns the blocks that moved up. A tier holding some of them
     with promotion off raises: the prefetch could not be carried out."""
     if not len(keys):
         return 0
@@ -192,10 +192,10 @@ def promote(store: Store, keys: BlockKeys) -> int:
         if not below:
             return 0
         config = store.config
-        for tier, promotes in (("ssd", config.ssd_promote_on_hit), ("remote", config.remote_promote_on_hit)):
-            if tier in below and not promotes:
+        for tier, section in (("ssd", config.ssd), ("remote", config.remote)):
+            if tier in below and section is not None and not section.promote_on_hit:
                 raise EngineError(
-                    f"the store does not promote {tier} hits (`{tier}_promote_on_hit`): no prefetch"
+                    f"the store does not promote {tier} hits (`{tier}.promote_on_hit`): no prefetch"
                 )
         staging = np.empty((lease.hit_blocks, store.block_bytes), dtype=np.uint8)
         store.load(lease, staging)

@@ -1,6 +1,6 @@
 """``kvtier.engine.LLM``: the engine behind one call, as in vLLM's offline API.
 
->>> llm = LLM(store=llm_store_config(dram_capacity_bytes="1GiB"))   # or LLM() for no store
+>>> llm = LLM(store=llm_store_config(dram={"capacity_bytes": "1GiB"}))   # or LLM() for no store
 >>> [out] = llm.generate(["What is the capital of France?"], SamplingParams(max_tokens=16), chat=True)
 >>> out.text
 'The capital of France is Paris.'
@@ -48,7 +48,7 @@ def llm_store_config(
     **fields: Any,
 ) -> StoreConfig:
     """A :class:`StoreConfig` whose geometry and model id match the engine's pool (SmolLM2-135M,
-    fp32, ``block_tokens``); ``fields`` are the other StoreConfig fields (DRAM, ``ssd_*``)."""
+    fp32, ``block_tokens``); ``fields`` are the other StoreConfig fields (``dram``, ``ssd``, ...)."""
     from kvtier.geometry import Geometry
 
     geometry = Geometry(num_layers, num_kv_heads, head_dim, "fp32", block_tokens)

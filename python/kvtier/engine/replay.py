@@ -64,17 +64,19 @@ def replay(
     """Runs the workload once under ``setup`` (see the module doc)."""
     store: Store | None = None
     if setup == "dram":
-        store = Store(llm_store_config(dram_capacity_bytes="512MiB"))
+        store = Store(llm_store_config(dram={"capacity_bytes": "512MiB"}))
     elif setup == "ssd":
         directory = ssd_directory or tempfile.mkdtemp(prefix="kvtier-demo-ssd-")
         store = Store(
             llm_store_config(
-                dram_capacity_bytes=741_376,  # one object: everything else is read from SSD
-                ssd_directory=directory,
-                ssd_capacity_bytes="1GiB",
-                ssd_probe_bytes=0,
-                ssd_write_through=True,
-                ssd_promote_on_hit=False,
+                dram={"capacity_bytes": 741_376},  # one object: everything else is read from SSD
+                ssd={
+                    "directory": directory,
+                    "capacity_bytes": "1GiB",
+                    "probe_bytes": 0,
+                    "write_through": True,
+                    "promote_on_hit": False,
+                },
             )
         )
     elif setup == "remote":
@@ -82,10 +84,8 @@ def replay(
             raise EngineError("the remote set-up needs a server URL")
         store = Store(
             llm_store_config(
-                dram_capacity_bytes=741_376,  # one object: everything else comes from the server
-                remote_urls=(remote_url,),
-                remote_write_through=True,
-                remote_promote_on_hit=False,
+                dram={"capacity_bytes": 741_376},  # one object: everything else comes from the server
+                remote={"urls": (remote_url,), "write_through": True, "promote_on_hit": False},
             )
         )
     elif setup not in SETUPS:

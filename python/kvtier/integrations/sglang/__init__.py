@@ -5,7 +5,7 @@ Launch SGLang with::
     --enable-hierarchical-cache --hicache-storage-backend dynamic
     --hicache-storage-backend-extra-config '{"backend_name": "kvtier",
         "module_path": "kvtier.integrations.sglang", "class_name": "KvtierHiCacheStorage",
-        "interface_v1": 1, "dram_capacity_bytes": "8GiB"}'
+        "interface_v1": 1, "dram": {"capacity_bytes": "8GiB"}}'
 
 The extra config takes `StoreConfig` fields (geometry and rank come from SGLang) or
 `{"config_file": "kvtier.yaml"}`. `KvtierHiCacheStorage` imports SGLang and torch;

@@ -75,12 +75,12 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """Opens the store for this pool's pages (closing one opened for an earlier pool)."""
         pages = HostPages.from_host_pool(mem_pool_host)
         config = self.settings.store_config(pages.geometry, self.model_name, self.parallel, pages.layout_tag)
-        if self.parallel.is_mla and self.parallel.tp_size > 1 and not config.remote_urls:
+        if self.parallel.is_mla and self.parallel.tp_size > 1 and config.remote is None:
             # SGLang backs up MLA pages from one writer rank only (`is_storage_writer`), and a DRAM
             # or SSD tier belongs to one process: every other rank would miss on every page.
             raise ConfigError(
                 f"an MLA model with tp_size={self.parallel.tp_size} needs a remote tier "
-                "(`remote_urls`): SGLang stores MLA pages from rank 0 only, and the other ranks "
+                "(`remote.urls`): SGLang stores MLA pages from rank 0 only, and the other ranks "
                 "read them through the one tier processes share"
             )
         self.close()

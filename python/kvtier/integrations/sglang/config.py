@@ -2,8 +2,9 @@
 torch import here).
 
 The extra config holds SGLang's own keys (`backend_name`, `module_path`, `class_name`,
-`interface_v1`, ...: taken by SGLang, ignored here), `StoreConfig` fields, or `config_file` naming
-a kvtier YAML file of them. SGLang decides the geometry (from its host KV pool) and the rank, so
+`interface_v1`, ...: taken by SGLang, ignored here), `StoreConfig` keys (nested sections:
+`{"dram": {"capacity_bytes": "8GiB"}}`), or `config_file` naming a kvtier YAML file of them; all of
+them parse through kvtier's one config schema. SGLang decides the geometry (from its host KV pool) and the rank, so
 those keys are refused. Every bad key or value is a `ConfigError` naming it, raised when SGLang
 constructs the backend, before any page moves.
 
@@ -11,7 +12,7 @@ The namespace keeps apart what must never be read across: the model (SGLang's mo
 `model_id` given here), the TP size and rank, the pipeline stage, the context-parallel rank and
 the host pool's layout and dtype. MLA KV is the same on every TP rank, so MLA pages leave out the
 TP rank and size: SGLang backs them up from one writer rank (`is_storage_writer`), and the other
-ranks read that one copy through the remote tier, so MLA with TP > 1 requires `remote_urls`.
+ranks read that one copy through the remote tier, so MLA with TP > 1 requires a `remote` section.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kvtier.config import StoreConfig
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
-from kvtier.integrations._config import store_fields
+from kvtier.integrations._config import StoreKeys, store_fields
+from kvtier.schema import Section, key, optional, text
 
 SOURCE = "hicache-storage-backend-extra-config"
 # Keys SGLang reads (or adds) in the same extra config; they are not the backend's.
@@ -41,10 +43,17 @@ SGLANG_KEYS = frozenset(
         "hicache_storage_pass_prefix_keys",
     }
 )
-# The backend's own options, beside the StoreConfig fields.
-BACKEND_DEFAULTS: dict[str, Any] = {
-    "config_file": None,  # a kvtier YAML file of StoreConfig fields (merged under inline fields)
-}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendOptions(Section):
+    """The backend's own options, beside the StoreConfig keys."""
+
+    LABEL: ClassVar[str] = "backend options"
+    #: A kvtier YAML file of StoreConfig keys (merged under the inline ones).
+    config_file: str | None = key(optional(text(nonempty=True, what="a path to a kvtier YAML file")), None)
+
+
 # Decided by SGLang, not by the user.
 FROM_ENGINE = ("geometry", "rank")
 # A stand-in geometry that lets every other field be validated before SGLang's pool is known.
@@ -102,7 +111,7 @@ def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str) -> st
 
 @dataclass(frozen=True)
 class BackendSettings:
-    store_fields: dict[str, Any]
+    store_keys: StoreKeys
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> BackendSettings:
@@ -111,20 +120,21 @@ class BackendSettings:
         if extra is not None and not isinstance(extra, Mapping):
             raise ConfigError(f"{SOURCE} is {type(extra).__name__}; expected a JSON object")
         rest = {k: v for k, v in (extra or {}).items() if k not in SGLANG_KEYS}
-        options = {k: rest.pop(k, v) for k, v in BACKEND_DEFAULTS.items()}
-        fields = store_fields(
+        names = BackendOptions.names()
+        options = BackendOptions.from_dict({k: rest.pop(k) for k in names if k in rest})
+        keys = store_fields(
             rest,
-            options["config_file"],
+            options.config_file,
             source=SOURCE,
             engine="SGLang",
             from_engine=FROM_ENGINE,
-            option_names=[*BACKEND_DEFAULTS, *sorted(SGLANG_KEYS)],
+            option_names=[*names, *sorted(SGLANG_KEYS)],
             options_label="backend or SGLang keys",
         )
-        model = fields.get("model_id")
+        model = keys.fields.get("model_id")
         if model is not None and (not isinstance(model, str) or not model):
             raise ConfigError(f"`model_id` is {model!r}; expected a non-empty string")
-        settings = cls(store_fields=fields)
+        settings = cls(store_keys=keys)
         settings.store_config(_PROBE_GEOMETRY, "probe-model", Parallelism(), "probe", probe=True)
         return settings
 
@@ -139,15 +149,16 @@ class BackendSettings:
     ) -> StoreConfig:
         """The StoreConfig of one backend. A user `model_id` stands for SGLang's model name (to
         share KV between two paths of the same weights); the parallel layout and the host layout
-        stay in the id. With several ranks, each opens its own subdirectory of `ssd_directory`."""
-        fields = dict(self.store_fields)
+        stay in the id. With several ranks, each opens its own subdirectory of `ssd.directory`."""
+        fields = self.store_keys.sections()
         user_model = fields.pop("model_id", None)
         name = user_model or model
         if not name:
             raise ConfigError(f"SGLang gave no model name; set `model_id` in the {SOURCE}")
         # A serving process commits its DRAM tier at start, as the vLLM connector does (first-touch
         # faults ran at 0.8 GB/s on the 2-core VM: batch_set into fresh pages was 0.40 of memcpy).
-        fields.setdefault("dram_prefault", True)
+        if isinstance(fields.setdefault("dram", {}), dict):
+            fields["dram"].setdefault("prefault", True)
         port = fields.get("metrics_port")
         if isinstance(port, int) and not isinstance(port, bool):
             # One metrics endpoint per process's store: port + the process's index over TP, PP, CP.
@@ -155,17 +166,18 @@ class BackendSettings:
         fields["geometry"] = geometry.to_dict()
         fields["model_id"] = namespace_model_id(name, parallel, layout_tag)
         fields["rank"] = parallel.namespace_rank
-        directory = fields.get("ssd_directory")
-        if directory is not None and parallel.directory_name and not probe:
+        ssd = fields.get("ssd")
+        directory = ssd.get("directory") if isinstance(ssd, dict) else None
+        if isinstance(ssd, dict) and directory is not None and parallel.directory_name and not probe:
             if not isinstance(directory, str | Path):
-                raise ConfigError(f"`ssd_directory` is {directory!r}; expected a directory path or None")
+                raise ConfigError(f"`ssd.directory` is {directory!r}; expected a directory path")
             sub = Path(directory) / parallel.directory_name
             try:
                 sub.mkdir(exist_ok=True)  # the parent must exist: a mistyped path is not created
             except OSError as e:
                 raise ConfigError(
-                    f"`ssd_directory` {str(directory)!r}: cannot create this rank's subdirectory "
+                    f"`ssd.directory` {str(directory)!r}: cannot create this rank's subdirectory "
                     f"{sub.name!r}: {e.strerror or e}; expected an existing, writable directory"
                 ) from None
-            fields["ssd_directory"] = str(sub)
-        return StoreConfig.from_dict(fields)
+            ssd["directory"] = str(sub)
+        return self.store_keys.build(fields)

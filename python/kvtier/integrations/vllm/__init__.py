@@ -5,7 +5,7 @@ Launch vLLM with::
     --kv-transfer-config '{"kv_connector": "KvtierConnector",
                            "kv_connector_module_path": "kvtier.integrations.vllm",
                            "kv_role": "kv_both",
-                           "kv_connector_extra_config": {"dram_capacity_bytes": "8GiB"}}'
+                           "kv_connector_extra_config": {"dram": {"capacity_bytes": "8GiB"}}}'
 
 The extra config takes `StoreConfig` fields (geometry, model id and rank come from vLLM) or
 `{"config_file": "kvtier.yaml"}`. This module imports vLLM; `kvtier.integrations.vllm.config`,

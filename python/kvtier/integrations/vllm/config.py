@@ -1,7 +1,8 @@
 """The connector's settings, read from vLLM's `kv_connector_extra_config` (no vLLM import here).
 
-The extra config holds `StoreConfig` fields, or `config_file` naming a kvtier YAML file with them,
-plus a few connector options. vLLM decides the geometry (from the model and the KV cache), the
+The extra config holds `StoreConfig` keys (nested sections: `{"dram": {"capacity_bytes": "8GiB"}}`),
+or `config_file` naming a kvtier YAML file with them, plus a few connector options
+(:class:`ConnectorOptions`); all of them parse through kvtier's one config schema. vLLM decides the geometry (from the model and the KV cache), the
 model id (its model name, revision, TP size and KV layout) and the rank, so those keys are refused:
 two engines can then share a tier only when their KV bytes mean the same thing. Every bad key or
 value is a `ConfigError` naming it, raised while vLLM starts.
@@ -14,36 +15,52 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kvtier.config import StoreConfig
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, shown
 from kvtier.geometry import Geometry
-from kvtier.integrations._config import store_fields
+from kvtier.integrations._config import StoreKeys, store_fields
+from kvtier.schema import Section, boolean, choice, key, optional, seconds, text
 
-# Connector options, beside the StoreConfig fields.
-CONNECTOR_DEFAULTS: dict[str, Any] = {
-    "config_file": None,  # a kvtier YAML file of StoreConfig fields (merged under inline fields)
-    "lookup_timeout_s": 5.0,  # scheduler -> worker lookup round trip; past it the lookup is a miss
-    # true: start_load_kv returns at once, each layer waits for its own blocks; false: loads finish
-    # in start_load_kv; "auto": layerwise where the KV cache is not in host memory (on a CPU engine
-    # the copy competes with the forward for the same cores: docs/benchmarks.md, 2026-11-26)
-    "layerwise": "auto",
-    # true: a hit is loaded between steps (vLLM's asynchronous load: the request waits in
-    # WAITING_FOR_REMOTE_KVS while the others keep running); false: within the step that needs it
-    "load_async": False,
-    "load_failure_policy": "recompute",  # vLLM's kv_load_failure_policy: a failed block is recomputed
-    "stats_file": None,  # the worker writes its counters here (JSON) after each step that moved them
-}
 # Decided by vLLM, not by the user.
 FROM_ENGINE = ("geometry", "rank")
 # vLLM dtype names -> kvtier's.
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
 
 
+def _layerwise(value: Any, path: str) -> bool | None:
+    if not isinstance(value, bool) and value != "auto":
+        raise ConfigError(f'`{path}` is {shown(value)}; expected true, false or "auto"')
+    return None if value == "auto" else value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectorOptions(Section):
+    """The connector's own options, beside the StoreConfig keys."""
+
+    LABEL: ClassVar[str] = "connector options"
+    #: A kvtier YAML file of StoreConfig keys (merged under the inline ones).
+    config_file: str | None = key(optional(text(nonempty=True, what="a path to a kvtier YAML file")), None)
+    #: Scheduler -> worker lookup round trip; past it the lookup is a miss.
+    lookup_timeout_s: float = key(seconds(0, 600), 5.0)
+    #: true: start_load_kv returns at once, each layer waits for its own blocks; false: loads
+    #: finish in start_load_kv; "auto" (None here): layerwise where the KV cache is not in host
+    #: memory (on a CPU engine the copy competes with the forward for the same cores:
+    #: docs/benchmarks.md, 2026-11-26).
+    layerwise: bool | None = key(_layerwise, "auto")
+    #: true: a hit is loaded between steps (vLLM's asynchronous load: the request waits in
+    #: WAITING_FOR_REMOTE_KVS while the others keep running); false: within the step that needs it.
+    load_async: bool = key(boolean(), False)
+    #: vLLM's kv_load_failure_policy: a failed block is recomputed, or the request fails.
+    load_failure_policy: str = key(choice("recompute", "fail"), "recompute")
+    #: The worker writes its counters here (JSON) after each step that moved them.
+    stats_file: str | None = key(optional(text(what="a path")), None)
+
+
 @dataclass(frozen=True)
 class ConnectorSettings:
-    store_fields: dict[str, Any]
+    store_keys: StoreKeys
     lookup_timeout_s: float
     layerwise: bool | None  # None: decided by where vLLM's KV cache lives (`resolve_layerwise`)
     load_async: bool
@@ -53,37 +70,24 @@ class ConnectorSettings:
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
         extra = dict(extra or {})
-        options = {k: extra.pop(k, v) for k, v in CONNECTOR_DEFAULTS.items()}
-        fields = store_fields(
+        names = ConnectorOptions.names()
+        options = ConnectorOptions.from_dict({k: extra.pop(k) for k in names if k in extra})
+        keys = store_fields(
             extra,
-            options["config_file"],
+            options.config_file,
             source="kv_connector_extra_config",
             engine="vLLM",
             from_engine=FROM_ENGINE,
-            option_names=CONNECTOR_DEFAULTS,
+            option_names=names,
             options_label="connector options",
         )
-        timeout = options["lookup_timeout_s"]
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 600:
-            raise ConfigError(f"`lookup_timeout_s` is {timeout!r}; expected seconds in (0, 600]")
-        if not isinstance(options["layerwise"], bool) and options["layerwise"] != "auto":
-            raise ConfigError(f'`layerwise` is {options["layerwise"]!r}; expected true, false or "auto"')
-        if not isinstance(options["load_async"], bool):
-            raise ConfigError(f"`load_async` is {options['load_async']!r}; expected true or false")
-        if options["load_failure_policy"] not in ("recompute", "fail"):
-            raise ConfigError(
-                f"`load_failure_policy` is {options['load_failure_policy']!r}; expected 'recompute' or 'fail'"
-            )
-        stats_file = options["stats_file"]
-        if stats_file is not None and not isinstance(stats_file, str):
-            raise ConfigError(f"`stats_file` is {stats_file!r}; expected a path")
         return cls(
-            store_fields=fields,
-            lookup_timeout_s=float(timeout),
-            layerwise=None if options["layerwise"] == "auto" else options["layerwise"],
-            load_async=options["load_async"],
-            load_failure_policy=options["load_failure_policy"],
-            stats_file=stats_file,
+            store_keys=keys,
+            lookup_timeout_s=options.lookup_timeout_s,
+            layerwise=options.layerwise,
+            load_async=options.load_async,
+            load_failure_policy=options.load_failure_policy,
+            stats_file=options.stats_file,
         )
 
     def resolve_layerwise(self, device_type: str) -> bool:
@@ -103,35 +107,34 @@ class ConnectorSettings:
         """The worker's StoreConfig. A user `model_id` stands for vLLM's model name (to share KV
         between two paths of the same weights); revision, variant (see :func:`model_variant`),
         TP size and layout stay in the id."""
-        fields = dict(self.store_fields)
+        fields = self.store_keys.sections()
         user_model = fields.pop("model_id", None)
         if user_model is not None and (not isinstance(user_model, str) or not user_model):
             raise ConfigError(f"`model_id` is {user_model!r}; expected a non-empty string")
         # A serving process commits its DRAM tier at start (as LMCache pins its buffer): first-touch
         # page faults ran at 0.8 GB/s on the 2-core VM, so a 4K-token save into fresh arena pages
         # took 230 ms instead of 10, and the next request's lookup waited for it.
-        fields.setdefault("dram_prefault", True)
-        if tp_size > 1 and fields.get("ssd_directory") is not None:
+        if isinstance(fields.setdefault("dram", {}), dict):
+            fields["dram"].setdefault("prefault", True)
+        ssd = fields.get("ssd")
+        if tp_size > 1 and isinstance(ssd, dict) and ssd.get("directory") is not None:
             # An SSD pool is opened by one process: each rank's worker gets its own under the
             # directory (the connector creates it), holding that rank's shard of every block.
-            if fields.get("ssd_devices"):
+            if ssd.get("devices"):
                 raise ConfigError(
-                    "`ssd_devices` with tensor_parallel_size > 1: each TP rank opens its own SSD pool, "
-                    "so one device list cannot serve them; use `ssd_directory` alone (a pool per rank "
+                    "`ssd.devices` with tensor_parallel_size > 1: each TP rank opens its own SSD pool, "
+                    "so one device list cannot serve them; use `ssd.directory` alone (a pool per rank "
                     "under it)"
                 )
-            fields["ssd_directory"] = str(Path(str(fields["ssd_directory"])) / f"rank{rank}")
-        if (
-            tp_size > 1
-            and isinstance(fields.get("metrics_port"), int)
-            and not isinstance(fields["metrics_port"], bool)
-        ):
+            ssd["directory"] = str(Path(str(ssd["directory"])) / f"rank{rank}")
+        port = fields.get("metrics_port")
+        if tp_size > 1 and isinstance(port, int) and not isinstance(port, bool):
             # One metrics endpoint per rank's store (each in its own worker process): port + rank.
-            fields["metrics_port"] = fields["metrics_port"] + rank
+            fields["metrics_port"] = port + rank
         fields["geometry"] = geometry.to_dict()
         fields["model_id"] = model_fingerprint(user_model or model, revision, tp_size, layout, variant)
         fields["rank"] = rank
-        return StoreConfig.from_dict(fields)
+        return self.store_keys.build(fields)
 
 
 def per_rank_path(path: str | None, rank: int, tp_size: int) -> str | None:

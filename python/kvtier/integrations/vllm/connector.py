@@ -295,8 +295,8 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except Exception:  # parallel state not initialised (single process)
             rank = 0
         config = self._settings.store_config(self._geometry, *self._model, self._tp_size, layout, rank)
-        if self._tp_size > 1 and config.ssd_directory is not None:
-            Path(config.ssd_directory).mkdir(mode=0o700, exist_ok=True)  # this rank's pool
+        if self._tp_size > 1 and config.ssd is not None:
+            Path(config.ssd.directory).mkdir(mode=0o700, exist_ok=True)  # this rank's pool
         paged = PagedKV(layers, layout)
         stats_file = per_rank_path(self._settings.stats_file, rank, self._tp_size)
         self._worker = WorkerSide(Store(config), paged, stats_file)
