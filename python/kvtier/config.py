@@ -239,7 +239,9 @@ class StoreConfig(Section):
             part = object.__getattribute__(self, sec)
             if part is None:  # no such tier: the section's default (None, (), ...)
                 default = _SECTIONS[sec].__dataclass_fields__[rest].default
-                return None if default is MISSING else default
+                if default is MISSING:  # as the flat keys had it: no directory, no URLs
+                    return () if rest == "urls" else None
+                return default
             return getattr(part, rest)
 
 
