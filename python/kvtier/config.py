@@ -282,11 +282,17 @@ def with_flat_hint(flat: list[str], build: Callable[[], T]) -> T:
     try:
         return build()
     except ConfigError as e:
-        names = [old for old in flat if f"`{FLAT_KEYS[old]}" in str(e)]
-        if not names:
-            raise
-        given = ", ".join(f"`{n}`" for n in names)
-        raise ConfigError(f"{e} (given as the deprecated {given})") from None
+        raise flat_hint(flat, e) from None
+
+
+def flat_hint(flat: list[str], error: ConfigError) -> ConfigError:
+    """``error``, or, where it names the new path of a deprecated flat key in ``flat``, a
+    ConfigError that also names that key."""
+    names = [old for old in flat if f"`{FLAT_KEYS[old]}" in str(error)]
+    if not names:
+        return error
+    given = ", ".join(f"`{n}`" for n in names)
+    return ConfigError(f"{error} (given as the deprecated {given})")
 
 
 def _init(self: StoreConfig, **kwargs: Any) -> None:

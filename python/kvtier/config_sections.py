@@ -108,7 +108,7 @@ class SsdConfig(_LowerTier):
     #: ``devices`` is empty).
     directory: str = key(text(nonempty=True, what="a directory path"))
     #: Device paths (raw block devices, or files created and pre-allocated there).
-    devices: tuple[str, ...] = key(paths(SSD_DEVICES_MAX), ())
+    devices: tuple[str, ...] = key(paths(SSD_DEVICES_MAX, noun="device or file"), ())
     #: Object space over all devices, split equally (used when the pool is created).
     capacity_bytes: int = key(size(), 8 * 2**30)
     #: When ``put`` returns for SSD writes: ``"none"`` (page cache) or ``"fsync"`` (stable storage).

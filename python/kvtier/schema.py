@@ -163,20 +163,21 @@ def optional(inner: Check) -> Check:
     return check
 
 
-def paths(most: int) -> Check:
-    """A list of distinct, non-empty paths (at most ``most``), as a tuple of strings."""
+def paths(most: int, noun: str = "path") -> Check:
+    """A list of distinct, non-empty paths (at most ``most``), as a tuple of strings; ``noun``
+    names one in messages."""
 
     def check(value: Any, path: str) -> tuple[str, ...]:
         if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-            raise ConfigError(f"`{path}` is {shown(value)}; expected a list of device or file paths")
+            raise ConfigError(f"`{path}` is {shown(value)}; expected a list of {noun} paths")
         out = tuple(str(d) if isinstance(d, PurePath) else d for d in value)
         for d in out:
             if not isinstance(d, str) or not d:
                 raise ConfigError(f"`{path}` holds {shown(d)}; expected non-empty paths")
         if len(set(out)) != len(out):
-            raise ConfigError(f"`{path}` lists a path twice ({list(out)}); expected distinct paths")
+            raise ConfigError(f"`{path}` lists a {noun} twice ({list(out)}); expected distinct {noun}s")
         if len(out) > most:
-            raise ConfigError(f"`{path}` has {len(out)} paths; expected at most {most}")
+            raise ConfigError(f"`{path}` has {len(out)} {noun}s; expected at most {most}")
         return out
 
     return check

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.config import StoreConfig, nest_store_keys, read_yaml, with_flat_hint
+from kvtier.config import StoreConfig, flat_hint, nest_store_keys, read_yaml, with_flat_hint
 from kvtier.errors import ConfigError
 
 #: The sections of a StoreConfig: a config file's and the inline ones are merged key by key.
@@ -37,6 +37,10 @@ class StoreKeys:
     def build(self, fields: Mapping[str, Any]) -> StoreConfig:
         """``StoreConfig.from_dict(fields)``; an error about a flat key's value names that key too."""
         return with_flat_hint(list(self.flat), lambda: StoreConfig.from_dict(fields))
+
+    def error(self, message: str) -> ConfigError:
+        """A ConfigError of ``message``, naming too the deprecated flat keys it is about."""
+        return flat_hint(list(self.flat), ConfigError(message))
 
 
 def store_fields(

@@ -121,7 +121,7 @@ class ConnectorSettings:
             # An SSD pool is opened by one process: each rank's worker gets its own under the
             # directory (the connector creates it), holding that rank's shard of every block.
             if ssd.get("devices"):
-                raise ConfigError(
+                raise self.store_keys.error(
                     "`ssd.devices` with tensor_parallel_size > 1: each TP rank opens its own SSD pool, "
                     "so one device list cannot serve them; use `ssd.directory` alone (a pool per rank "
                     "under it)"
