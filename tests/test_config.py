@@ -111,7 +111,41 @@ def test_binding_rejects_bad_lease_ttl_without_panicking(ttl: float) -> None:
     # a PanicException from Duration::from_secs_f64.
     g = kvtier.Geometry(1, 1, 8)
     with pytest.raises(ConfigError, match="lease_ttl_s"):
-        kvtier._core.Store(g._handle, "m", 1, "", 0, 2**16, "lru", 1, ttl, 16, False)
+        kvtier._core.Store(core_config(g, lease_ttl_s=ttl))
+
+
+def core_config(g: kvtier.Geometry, **top: object) -> dict[str, object]:
+    """The one nested mapping ``_core.Store`` takes (``StoreConfig.core_config()`` writes it)."""
+    base = {"geometry": g._handle, "model_id": "m", "cache_salt": "", "rank": 0, "layout_version": 1}
+    return {**base, "copy_threads": 1, "leases_max": 16, "dram": {"capacity_bytes": 2**16}, **top}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_id": None}, "store config has no `model_id`"),
+        ({"dram": {"capacity_bytes": "lots"}}, r"`dram\.capacity_bytes`: .*int"),
+        ({"dram": 5}, r"`dram` is .*int.*; expected a mapping"),
+        ({"ssd": {"directory": "/nonexistent", "io_depth": "deep"}}, "io_depth"),
+        ({"remote": {"urls": ["redis://h"], "codec": "gzip"}}, "remote_codec is"),
+        ({"geometry": "llama-3-8b"}, "`geometry`"),
+    ],
+)
+def test_binding_parses_the_one_nested_mapping_naming_bad_keys(
+    change: dict[str, object], message: str
+) -> None:
+    # The whole config crosses into Rust as one mapping; what Python did not check (it may be
+    # called without StoreConfig) is a ConfigError naming the key path, never a panic.
+    with pytest.raises(ConfigError, match=message):
+        kvtier._core.Store(core_config(kvtier.Geometry(1, 1, 8), **change))
+
+
+def test_binding_mapping_is_what_store_config_writes() -> None:
+    config = kvtier.StoreConfig(
+        geometry=kvtier.Geometry(1, 1, 8), model_id="m", dram={"capacity_bytes": 2**16}
+    )
+    core = kvtier._core.Store(config.core_config())
+    assert bytes(core.namespace_hash) == config.namespace.hash
 
 
 @pytest.mark.parametrize("capacity", [2**70, 2**64, 2**63, "20000000TiB"])

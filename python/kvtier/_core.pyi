@@ -43,22 +43,7 @@ class LayerProgress:
 class Store:
     namespace_hash: bytes
     block_bytes: int
-    def __init__(
-        self,
-        geometry: CoreGeometry,
-        model_id: str,
-        layout_version: int,
-        cache_salt: str,
-        rank: int,
-        dram_capacity_bytes: int,
-        eviction: str,
-        copy_threads: int,
-        lease_ttl_s: float,
-        leases_max: int,
-        dram_prefault: bool,
-        ssd: dict[str, Any] | None = None,
-        remote: dict[str, Any] | None = None,
-    ) -> None: ...
+    def __init__(self, config: dict[str, Any]) -> None: ...
     def put(
         self, namespace_hash: bytes, keys: bytes, objects: Any
     ) -> tuple[int, int, int, int, int, int, int]: ...

@@ -237,21 +237,7 @@ class Store:
         self.config = config
         self.namespace: Namespace = config.namespace
         self.block_bytes = config.geometry.block_bytes
-        self._core = _core.Store(
-            config.geometry._handle,
-            config.model_id,
-            config.layout_version,
-            config.cache_salt,
-            config.rank,
-            config.dram.capacity_bytes,
-            config.eviction,
-            config.copy_threads,
-            float(config.lease_ttl_s),
-            config.leases_max,
-            config.dram.prefault,
-            config.ssd_options(),
-            config.remote_options(),
-        )
+        self._core = _core.Store(config.core_config())
         assert bytes(self._core.namespace_hash) == self.namespace.hash
         if config.metrics_port is not None:
             from kvtier.metrics import serve

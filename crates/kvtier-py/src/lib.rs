@@ -14,6 +14,7 @@ mod paged;
 mod remote;
 mod ssd;
 mod store;
+mod store_config;
 mod tokens;
 mod transfer;
 

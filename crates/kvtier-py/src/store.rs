@@ -1,39 +1,20 @@
 //! The `Store` for Python: put/lookup/lease/load/release over caller buffers, GIL released
 //! while bytes move. Namespace checks happen here and again in the Rust store.
 
-use std::time::Duration;
-
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use kvtier_core::Namespace;
-use kvtier_store::config::LEASE_TTL_MAX;
-use kvtier_store::{Store as CoreStore, StoreConfig, StoreError, TierCodec};
+use kvtier_store::{Store as CoreStore, StoreError};
 
 use crate::blocks::{block_buffers, split_mut, split_ref};
 use crate::buffer::ensure_disjoint;
-use crate::errors::{config_error, key_err, kvtier_error};
-use crate::geometry::CoreGeometry;
+use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
-use crate::remote::{metrics_dict as remote_metrics_dict, store_remote_config};
-use crate::ssd::{metrics_dict, store_ssd_config};
+use crate::remote::metrics_dict as remote_metrics_dict;
+use crate::ssd::metrics_dict;
+use crate::store_config::store_config;
 use crate::{keys_from, u128_from};
-
-/// The `codec`, `codec_backend` and `codec_level` entries of a tier's options dict (absent:
-/// raw); errors name the `<tier>_codec*` config keys.
-fn tier_codec(d: &Bound<'_, PyDict>, tier: &str) -> PyResult<TierCodec> {
-    fn item<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-        match d.get_item(key)? {
-            Some(v) if !v.is_none() => Ok(Some(v.extract()?)),
-            _ => Ok(None),
-        }
-    }
-    let name: String = item(d, "codec")?.unwrap_or_else(|| "raw".to_string());
-    let backend: Option<String> = item(d, "codec_backend")?;
-    let level: Option<i64> = item(d, "codec_level")?;
-    TierCodec::parse(tier, &name, backend.as_deref(), level).map_err(store_err)
-}
 
 fn store_err(e: StoreError) -> PyErr {
     let class = match &e {
@@ -64,67 +45,14 @@ pub struct Store {
     pub(crate) inner: CoreStore,
 }
 
-/// `lease_ttl_s` as a `Duration`, within the bounds the store enforces: more than 0 once rounded
-/// to nanoseconds, at most [`LEASE_TTL_MAX`]. NaN, infinities and values past `u64` seconds are
-/// errors here, not panics.
-fn lease_ttl(lease_ttl_s: f64) -> PyResult<Duration> {
-    match Duration::try_from_secs_f64(lease_ttl_s) {
-        Ok(ttl) if !ttl.is_zero() && ttl <= LEASE_TTL_MAX => Ok(ttl),
-        _ => Err(config_error(format!(
-            "lease_ttl_s is {lease_ttl_s}; expected a positive number of seconds (at least 1 ns \
-             once rounded to nanoseconds) and at most {} ({} days)",
-            LEASE_TTL_MAX.as_secs(),
-            LEASE_TTL_MAX.as_secs() / 86_400
-        ))),
-    }
-}
-
 #[pymethods]
 impl Store {
+    /// A store from the one nested mapping `kvtier.StoreConfig.core_config()` writes
+    /// (`crate::store_config`).
     #[new]
-    #[pyo3(signature = (geometry, model_id, layout_version, cache_salt, rank, dram_capacity_bytes, eviction, copy_threads, lease_ttl_s, leases_max, dram_prefault, ssd=None, remote=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        geometry: &CoreGeometry,
-        model_id: String,
-        layout_version: u32,
-        cache_salt: String,
-        rank: u32,
-        dram_capacity_bytes: u64,
-        eviction: String,
-        copy_threads: usize,
-        lease_ttl_s: f64,
-        leases_max: usize,
-        dram_prefault: bool,
-        ssd: Option<&Bound<'_, PyDict>>,
-        remote: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Self> {
-        let namespace =
-            Namespace { model_id, geometry: geometry.inner.clone(), layout_version, cache_salt, rank };
+    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let (namespace, config) = store_config(config)?;
         namespace.hash().map_err(key_err)?;
-        let config = StoreConfig {
-            dram_capacity_bytes,
-            eviction,
-            copy_threads,
-            lease_ttl: lease_ttl(lease_ttl_s)?,
-            leases_max,
-            dram_prefault,
-            ssd: ssd
-                .map(|d| {
-                    let mut c = store_ssd_config(d)?;
-                    c.codec = tier_codec(d, "ssd")?;
-                    Ok::<_, PyErr>(c)
-                })
-                .transpose()?,
-            remote: remote
-                .map(|d| {
-                    let mut c = store_remote_config(d)?;
-                    c.codec = tier_codec(d, "remote")?;
-                    Ok::<_, PyErr>(c)
-                })
-                .transpose()?,
-        };
         let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;
         Ok(Store { inner })
     }
