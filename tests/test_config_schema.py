@@ -159,6 +159,12 @@ def test_a_flat_keys_error_names_the_key_as_given() -> None:
         kvtier.StoreConfig(geometry=GEOMETRY, ssd_directory="/d", ssd_io_depth=0)
 
 
+def test_the_hint_names_only_the_flat_key_at_fault() -> None:
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError) as info:
+        kvtier.StoreConfig(geometry=GEOMETRY, ssd_directory="/d", ssd_codec="lossless", ssd_codec_level=99)
+    assert str(info.value).endswith("(given as the deprecated `ssd_codec_level`)")
+
+
 def test_a_key_given_flat_and_nested_is_an_error() -> None:
     with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="both given; expected only"):
         kvtier.StoreConfig(geometry=GEOMETRY, ssd={"directory": "/d", "io_depth": 2}, ssd_io_depth=4)

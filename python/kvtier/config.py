@@ -18,6 +18,7 @@ The flat keys of earlier releases (``dram_capacity_bytes``, ``ssd_directory``, `
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
@@ -306,7 +307,7 @@ def with_flat_hint(flat: list[str], build: Callable[[], T]) -> T:
 def flat_hint(flat: list[str], error: ConfigError) -> ConfigError:
     """``error``, or, where it names the new path of a deprecated flat key in ``flat``, a
     ConfigError that also names that key."""
-    names = [old for old in flat if f"`{FLAT_KEYS[old]}" in str(error)]
+    names = [old for old in flat if re.search(rf"`{re.escape(FLAT_KEYS[old])}[`\[]", str(error))]
     if not names:
         return error
     given = ", ".join(f"`{n}`" for n in names)

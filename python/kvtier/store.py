@@ -126,14 +126,14 @@ class StoreStats:
     remote_write_failed: int
     #: Leased blocks gone when loaded (a remote server dropped them, or is down): misses.
     load_missing: int
-    #: Blocks the SSD codec (``ssd_codec``) encoded as they were written, their raw bytes and the
+    #: Blocks the SSD codec (``ssd.codec``) encoded as they were written, their raw bytes and the
     #: bytes stored (object header + codec payload); blocks stored raw because the codec refused
     #: them (NaN/inf for ``quant``) or they would not shrink.
     ssd_encoded_blocks: int
     ssd_encoded_bytes_before: int
     ssd_encoded_bytes_after: int
     ssd_encode_fallbacks: int
-    #: The same for the remote tier (``remote_codec``).
+    #: The same for the remote tier (``remote.codec``).
     remote_encoded_blocks: int
     remote_encoded_bytes_before: int
     remote_encoded_bytes_after: int

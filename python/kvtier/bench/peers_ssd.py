@@ -2,7 +2,7 @@
 one side per process (called from :mod:`kvtier.bench.peers_worker`, which hands over the round's
 objects and token ids; the table's rows are in :mod:`kvtier.bench.peers`).
 
-- ``ssd_put``: kvtier ``Store.put`` with ``ssd_write_through`` (DRAM big enough for every block,
+- ``ssd_put``: kvtier ``Store.put`` with ``ssd.write_through`` (DRAM big enough for every block,
   so the put writes each block to DRAM and, before it returns, to SSD; O_DIRECT,
   ``ssd.durability="none"``) against ``LMCacheEngine.store`` (``LocalCPUBackend`` + ``LocalDiskBackend``,
   which writes one file per chunk from its own threads) timed until its pending writes are done:
