@@ -29,7 +29,7 @@ def redact_url(url: str) -> str:
     return str(_core.redact_url(url))
 
 
-def check_url(url: object, name: str = "remote_urls") -> str:
+def check_url(url: object, name: str = "remote.urls") -> str:
     """``url`` if the Rust client parses it (scheme, user, host name or IP address, port
     1-65535, database number); else a :class:`ConfigError` naming ``name`` whose message shows
     the URL with its password redacted."""

@@ -140,9 +140,9 @@ def _lookup_ms(urls: list[str], cluster: bool, blocks: int, repeats: int) -> flo
     fields: dict[str, Any] = {
         "geometry": geometry,
         "model_id": "bench-lookup",
-        "dram_capacity_bytes": "16MiB",
+        "dram": {"capacity_bytes": "16MiB"},
+        "remote": {"urls": tuple(urls), "cluster": cluster, "key_prefix": "kvtier-bench:"},
     }
-    fields |= {"remote_urls": tuple(urls), "remote_cluster": cluster, "remote_key_prefix": "kvtier-bench:"}
     writer = kvtier.Store(kvtier.StoreConfig(**fields))
     keys = writer.namespace.block_keys(np.arange(blocks * 4, dtype=np.uint32))
     writer.put(keys, np.zeros((blocks, geometry.block_bytes), dtype=np.uint8))

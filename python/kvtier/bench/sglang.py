@@ -144,7 +144,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     mooncake = spec.get("mooncake")
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-sglang-", dir=spec.get("directory")) as tmp:
-        kv = KvtierHiCacheStorage(config({"dram_capacity_bytes": int(page_bytes * pages * 1.5)}, "bench"), {})
+        kv = KvtierHiCacheStorage(
+            config({"dram": {"capacity_bytes": int(page_bytes * pages * 1.5)}}, "bench"), {}
+        )
         kv.register_mem_pool_host(pool)
         file = HiCacheFile(config({"file_storage_path": str(Path(tmp) / "pages")}, "bench"))
         file.register_mem_pool_host(pool)
@@ -285,7 +287,7 @@ def _exists(
     pool = _pool(n, 1, 1, 8)
     slots = pool.alloc(n * PAGE_TOKENS)
     keys = [f"prefix-page{i}" for i in range(n)]
-    kv = KvtierHiCacheStorage(config({"dram_capacity_bytes": "64MiB"}, "bench-exists"), {})
+    kv = KvtierHiCacheStorage(config({"dram": {"capacity_bytes": "64MiB"}}, "bench-exists"), {})
     kv.register_mem_pool_host(pool)
     file = HiCacheFile(config({"file_storage_path": str(directory)}, "bench-exists"))
     kv.batch_set_v1(keys, slots)

@@ -45,6 +45,14 @@ SUFFIX_TOKENS = 16
 VOCAB = 49152  # SmolLM2's
 
 
+def _ssd_connector(pool: Path, **ssd: Any) -> dict[str, Any]:
+    """The connector's extra config of the SSD cases: 2 GiB of DRAM over a 2 GiB pool in ``pool``."""
+    return {
+        "dram": {"capacity_bytes": "2GiB"},
+        "ssd": {"directory": str(pool), "capacity_bytes": "2GiB", **ssd},
+    }
+
+
 def _run(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
     return run_worker(venv, "kvtier.integrations.vllm.run", [], "vLLM run", 1800, spec=spec)
 
@@ -94,23 +102,32 @@ def run(
     say("kvtier DRAM")
     r = _run(
         venv,
-        {**base, "connector": {"dram_capacity_bytes": "2GiB"}, "prompts": [[warm], [prompts[0]], *measured]},
+        {
+            **base,
+            "connector": {"dram": {"capacity_bytes": "2GiB"}},
+            "prompts": [[warm], [prompts[0]], *measured],
+        },
     )
     cases["kvtier_dram"], stats["kvtier_dram"] = _ttfts(r, 2), r.get("stats", {})
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-vllm-") as tmp:
         pool = Path(tmp) / "pool"
         pool.mkdir()
-        ssd = {"dram_capacity_bytes": "2GiB", "ssd_directory": str(pool), "ssd_capacity_bytes": "2GiB"}
         say("kvtier SSD (store, then a fresh process loads)")
         _run(
-            venv, {**base, "connector": {**ssd, "ssd_write_through": True}, "prompts": [[warm], [prompts[0]]]}
+            venv,
+            {
+                **base,
+                "connector": _ssd_connector(pool, write_through=True),
+                "prompts": [[warm], [prompts[0]]],
+            },
         )
         r = _run(
-            venv, {**base, "connector": {**ssd, "ssd_promote_on_hit": False}, "prompts": [[warm], *measured]}
+            venv,
+            {**base, "connector": _ssd_connector(pool, promote_on_hit=False), "prompts": [[warm], *measured]},
         )
         cases["kvtier_ssd"], stats["kvtier_ssd"] = _ttfts(r, 1), r.get("stats", {})
         with LocalRedis(Path(tmp) / "redis") as server:
-            remote = {"dram_capacity_bytes": "2GiB", "remote_urls": [server.url]}
+            remote = {"dram": {"capacity_bytes": "2GiB"}, "remote": {"urls": [server.url]}}
             say("kvtier Redis (store, then a fresh process loads)")
             _run(venv, {**base, "connector": remote, "prompts": [[warm], [prompts[0]]]})
             r = _run(
@@ -184,7 +201,6 @@ def concurrent(
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-vllm-") as tmp:
         pool = Path(tmp) / "pool"
         pool.mkdir()
-        ssd = {"dram_capacity_bytes": "2GiB", "ssd_directory": str(pool), "ssd_capacity_bytes": "2GiB"}
         say(f"concurrent: store a {prefix_tokens}-token prefix in an SSD pool")
         base = {k: spec[k] for k in ("model", "dtype", "max_model_len", "gpu_memory_utilization")}
         _run(
@@ -192,11 +208,11 @@ def concurrent(
             {
                 **base,
                 "max_tokens": 1,
-                "connector": {**ssd, "ssd_write_through": True},
+                "connector": _ssd_connector(pool, write_through=True),
                 "prompts": [[prompts[0]]],
             },
         )
-        return vllm_concurrent.measure(worker, spec, {**ssd, "ssd_promote_on_hit": False}, repeats, say)
+        return vllm_concurrent.measure(worker, spec, _ssd_connector(pool, promote_on_hit=False), repeats, say)
 
 
 def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
