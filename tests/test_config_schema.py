@@ -124,7 +124,8 @@ def test_flat_attributes_still_read_with_a_warning() -> None:
         ({"ssd": {"directory": "/d", "io_depth": True}}, r"`ssd\.io_depth` is True; expected an int"),
         ({"ssd": {"directory": "/d", "durability": "sync"}}, r"`ssd\.durability` is 'sync'; expected one of"),
         ({"ssd": {"directory": "/d", "capacity": 1}}, r"unknown `ssd` section key\(s\) \['capacity'\]"),
-        ({"ssd": {"io_depth": 4}}, r"`ssd\.directory` is missing"),
+        ({"ssd": {"io_depth": 4}}, r"`ssd\.directory` is missing; expected a directory path"),
+        ({"remote": {"ttl_s": 5}}, r"`remote\.urls` is missing; expected a URL such as"),
         ({"ssd": "fast"}, r"`ssd` is 'fast'; expected a mapping of SsdConfig keys"),
         (
             {"dram": {"capacity_bytes": "4 parsecs"}},

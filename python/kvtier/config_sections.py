@@ -106,7 +106,7 @@ class SsdConfig(_LowerTier):
     PATH: ClassVar[str] = "ssd"
     #: Holds the pool's index log, bandwidth cache and lock (and its one device file when
     #: ``devices`` is empty).
-    directory: str = key(text(nonempty=True, what="a directory path"))
+    directory: str = key(text(nonempty=True, what="a directory path"), expected="a directory path")
     #: Device paths (raw block devices, or files created and pre-allocated there).
     devices: tuple[str, ...] = key(paths(SSD_DEVICES_MAX, noun="device or file"), ())
     #: Object space over all devices, split equally (used when the pool is created).
@@ -188,7 +188,7 @@ class RemoteConfig(_LowerTier):
 
     PATH: ClassVar[str] = "remote"
     #: ``redis://[user[:password]@]host[:port][/db]`` (``rediss://``: TLS), or seed nodes with ``cluster``.
-    urls: tuple[str, ...] = key(_urls)
+    urls: tuple[str, ...] = key(_urls, expected="a URL such as 'redis://127.0.0.1:6379' or a list of them")
     cluster: bool = key(boolean(), False)
     username: str | None = key(_OPTIONAL_TEXT, None)
     password: str | None = key(_OPTIONAL_TEXT, None, repr=False)

@@ -198,9 +198,10 @@ def section(cls: type[S], absent: S | None = None) -> Check:
     return check
 
 
-def key(check: Check, default: Any = MISSING, *, repr: bool = True) -> Any:
-    """A field of a :class:`Section`, parsed by ``check``; without ``default`` it is required."""
-    return field(default=default, metadata={"check": check}, repr=repr)
+def key(check: Check, default: Any = MISSING, *, repr: bool = True, expected: str = "a value") -> Any:
+    """A field of a :class:`Section`, parsed by ``check``; without ``default`` it is required, and
+    ``expected`` says what it takes when it is missing."""
+    return field(default=default, metadata={"check": check, "expected": expected}, repr=repr)
 
 
 # --- sections -----------------------------------------------------------------------------------
@@ -243,7 +244,10 @@ class Section:
         cls.check_known(data)
         for f in dataclasses.fields(cls):
             if f.init and f.default is MISSING and f.default_factory is MISSING and f.name not in data:
-                raise ConfigError(f"`{cls.key_path(f.name)}` is missing; it has no default")
+                expected = f.metadata.get("expected", "a value")
+                raise ConfigError(
+                    f"`{cls.key_path(f.name)}` is missing; expected {expected} (it has no default)"
+                )
         return cls(**data)
 
     @classmethod
