@@ -95,6 +95,7 @@ def test_flat_keys_still_work_with_a_warning_naming_each_new_key() -> None:
     with pytest.warns(DeprecationWarning) as caught:
         flat = kvtier.StoreConfig.from_dict(FLAT)
     assert flat == kvtier.StoreConfig.from_dict(NESTED)
+    assert {w.filename for w in caught} == {__file__}  # each warning points at the caller's line
     named = {str(w.message) for w in caught}
     for old in ("dram_capacity_bytes", "ssd_io_depth", "remote_ttl_s"):
         assert any(f"`{old}` is deprecated" in m and f"use `{FLAT_KEYS[old]}`" in m for m in named), old

@@ -21,7 +21,9 @@ unknown keys refused); a nested section is a field declared with :func:`section`
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
@@ -283,7 +285,7 @@ def nest_flat_keys(data: Mapping[str, Any], renames: Mapping[str, str], what: st
         warnings.warn(
             f"{what} key `{old}` is deprecated (it goes in the next release); use `{new}`",
             DeprecationWarning,
-            stacklevel=4,
+            stacklevel=_outside_kvtier(),
         )
         nested = out.get(sec)
         if isinstance(nested, Section):
@@ -296,3 +298,12 @@ def nest_flat_keys(data: Mapping[str, Any], renames: Mapping[str, str], what: st
             raise ConfigError(f"`{old}` and `{new}` are both given; expected only `{new}`")
         out[sec] = {**nested, name: out.pop(old)}
     return out
+
+
+def _outside_kvtier() -> int:
+    """The ``stacklevel`` of the first caller outside the kvtier package (the user's line)."""
+    package = os.path.dirname(__file__) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
