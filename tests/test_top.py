@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtier import Store, StoreConfig
+from kvtier import Store, StoreConfig, layout
 from kvtier.geometry import Geometry
 from kvtier.metrics import namespace_label
 from kvtier.testing.redis import free_port
+from kvtier.transfer import TransferEngine
 
 GEOMETRY = Geometry(num_layers=2, num_kv_heads=2, head_dim=64, dtype="fp16", block_tokens=16)
 
@@ -38,6 +39,7 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
     stop = threading.Event()
     objects = np.random.default_rng(0).integers(0, 255, (4, GEOMETRY.block_bytes), dtype=np.uint8)
     out = np.empty_like(objects)
+    engine, pool = TransferEngine(store), layout.alloc_pool(GEOMETRY, 4)
 
     def traffic() -> None:
         i = 0
@@ -47,8 +49,12 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
             store.lookup(
                 store.namespace.block_keys(np.arange(10**6 + i * 64, 10**6 + i * 64 + 64, dtype=np.uint32))
             )
-            with store.lease(keys) as lease:
-                store.load(lease, out)
+            if i % 2:
+                with store.lease(keys) as lease:
+                    store.load(lease, out)
+            else:  # through a transfer engine: its stages show in their own table
+                [job] = engine.wait([engine.submit_load(keys, pool, range(4))])
+                assert job.done_blocks == 4
             i += 1
 
     worker = threading.Thread(target=traffic)
@@ -75,6 +81,11 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
     assert cells[5].endswith("/s") and not cells[5].startswith("0 B"), cells  # put bandwidth
     assert cells[6].endswith("/s") and not cells[6].startswith("0 B"), cells  # loaded bandwidth
     assert "SSD devices" in text and "ssd" in text
+    assert "transfer engines" in text, text
+    for stage in ("read", "scatter"):
+        row = next(line for line in text.splitlines() if ns in line and f" {stage} " in line and "/s" in line)
+        cells = [c.strip() for c in row.split("│")[1:-1]]
+        assert cells[1] == stage and int(cells[2]) >= 1 and not cells[4].startswith("0 B"), cells
 
 
 def test_top_names_the_url_it_cannot_read() -> None:
