@@ -5,14 +5,13 @@ throw-away redis-server under DIR), then `kvtier top http://127.0.0.1:PORT/metri
 """
 
 import sys
-import time
+import threading
 from pathlib import Path
-
-import numpy as np
 
 from kvtier import Store, StoreConfig, layout
 from kvtier.geometry import Geometry
 from kvtier.testing.redis import LocalRedis
+from kvtier.testing.traffic import store_traffic
 from kvtier.transfer import TransferEngine
 
 port = int(sys.argv[1])
@@ -34,20 +33,5 @@ with LocalRedis(root / "redis") as redis:
         )
     )
     engine, pool = TransferEngine(store), layout.alloc_pool(g, 4)
-    objects = np.random.default_rng(0).integers(0, 255, (4, g.block_bytes), dtype=np.uint8)
-    out = np.empty_like(objects)
-    print("ready", flush=True)
-    i = 0
-    while True:
-        keys = store.namespace.block_keys(np.arange(i * 64, i * 64 + 64, dtype=np.uint32))
-        store.put(keys, objects)
-        store.lookup(
-            store.namespace.block_keys(np.arange(10**6 + i * 64, 10**6 + i * 64 + 64, dtype=np.uint32))
-        )
-        if i % 2:
-            with store.lease(keys) as lease:
-                store.load(lease, out)
-        else:
-            engine.wait([engine.submit_load(keys, pool, range(4))])
-        i += 1
-        time.sleep(0.002)
+    print(f"serving traffic; watch it with: kvtier top http://127.0.0.1:{port}/metrics", flush=True)
+    store_traffic(store, engine, pool, threading.Event(), pause_s=0.002)

@@ -8,12 +8,11 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
-
 from kvtier import Store, StoreConfig, layout
 from kvtier.geometry import Geometry
 from kvtier.metrics import namespace_label
 from kvtier.testing.redis import free_port
+from kvtier.testing.traffic import store_traffic
 from kvtier.transfer import TransferEngine
 
 GEOMETRY = Geometry(num_layers=2, num_kv_heads=2, head_dim=64, dtype="fp16", block_tokens=16)
@@ -37,27 +36,8 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
                 raise
     assert store is not None
     stop = threading.Event()
-    objects = np.random.default_rng(0).integers(0, 255, (4, GEOMETRY.block_bytes), dtype=np.uint8)
-    out = np.empty_like(objects)
     engine, pool = TransferEngine(store), layout.alloc_pool(GEOMETRY, 4)
-
-    def traffic() -> None:
-        i = 0
-        while not stop.is_set():
-            keys = store.namespace.block_keys(np.arange(i * 64, i * 64 + 64, dtype=np.uint32))
-            store.put(keys, objects)
-            store.lookup(
-                store.namespace.block_keys(np.arange(10**6 + i * 64, 10**6 + i * 64 + 64, dtype=np.uint32))
-            )
-            if i % 2:
-                with store.lease(keys) as lease:
-                    store.load(lease, out)
-            else:  # through a transfer engine: its stages show in their own table
-                [job] = engine.wait([engine.submit_load(keys, pool, range(4))])
-                assert job.done_blocks == 4
-            i += 1
-
-    worker = threading.Thread(target=traffic)
+    worker = threading.Thread(target=store_traffic, args=(store, engine, pool, stop))
     worker.start()
     try:
         url = f"http://127.0.0.1:{port}/metrics"
