@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier import Store, StoreConfig
+from kvtier import Store, StoreConfig, layout
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
 from kvtier.keys import block_keys
 from kvtier.metrics import METRICS, namespace_label, parse
 from kvtier.testing.redis import LocalRedis, free_port
+from kvtier.transfer import TransferEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 GEOMETRY = Geometry(num_layers=2, num_kv_heads=2, head_dim=16, dtype="fp16", block_tokens=16)
@@ -71,6 +72,10 @@ def test_scrape_of_a_store_with_every_tier_moves_with_real_traffic(tmp_path: Pat
         with store.lease(keys) as lease:
             store.load(lease, out)
         assert np.array_equal(out, objects)
+        engine = TransferEngine(store)  # its stages join the store's metrics
+        pool = layout.alloc_pool(GEOMETRY, 8)
+        [job] = engine.wait([engine.submit_load(keys, pool, range(8))])
+        assert job.done_blocks == 8
         text1, after = scrape(store)
 
     def delta(name: str, **labels: str) -> float:
@@ -78,8 +83,8 @@ def test_scrape_of_a_store_with_every_tier_moves_with_real_traffic(tmp_path: Pat
 
     assert delta("kvtier_store_put_blocks_total") == 8
     assert delta("kvtier_store_put_bytes_total") == 8 * GEOMETRY.block_bytes
-    assert delta("kvtier_store_hit_blocks_total") == 8
-    assert delta("kvtier_store_loaded_blocks_total") == 8
+    assert delta("kvtier_store_hit_blocks_total") == 16  # 8 by store.load, 8 by the engine's job
+    assert delta("kvtier_store_loaded_blocks_total") == 16
     assert value(after, "kvtier_store_leases_active", namespace=ns) == 0
     assert delta("kvtier_tier_objects", tier="dram") == 8
     assert delta("kvtier_tier_used_bytes", tier="dram") > 0
@@ -90,6 +95,15 @@ def test_scrape_of_a_store_with_every_tier_moves_with_real_traffic(tmp_path: Pat
     assert delta("kvtier_remote_bytes_total", op="set") >= 8 * GEOMETRY.block_bytes
     assert value(after, "kvtier_remote_connects_total", namespace=ns) >= 1
     assert value(after, "kvtier_remote_latency_seconds", op="set", quantile="0.99", namespace=ns) > 0
+    assert value(after, "kvtier_transfer_engines", namespace=ns) == 1
+    for stage in ("read", "scatter"):
+        assert (
+            value(after, "kvtier_transfer_stage_bytes_total", stage=stage, namespace=ns)
+            == 8 * GEOMETRY.block_bytes
+        )
+        assert value(after, "kvtier_transfer_stage_busy_seconds_total", stage=stage, namespace=ns) > 0
+    assert value(after, "kvtier_transfer_stage_workers", stage="read", namespace=ns) >= 1
+    assert value(before, "kvtier_transfer_engines", namespace=ns) == 0
     for text in (text0, text1):
         assert PASSWORD not in text and "redis://" not in text and "metrics-test" not in text
         assert str(tmp_path) not in text  # SSD device paths stay out too
@@ -128,6 +142,7 @@ def test_every_declared_metric_is_exported_and_no_other(tmp_path: Path) -> None:
                 ssd_capacity_bytes="16MiB", ssd_probe_bytes=0, remote_urls=(redis.url,), metrics_port=port,
             )
         )  # fmt: skip
+        engine = TransferEngine(store)  # noqa: F841  # alive during the scrape: its stages are exported
         _, samples = scrape(store)
     exported = {n for (n, ls), _ in samples.items() if n.startswith("kvtier_")}
     declared = {f"kvtier_{m.name}" for m in METRICS}

@@ -8,12 +8,12 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
-
-from kvtier import Store, StoreConfig
+from kvtier import Store, StoreConfig, layout
 from kvtier.geometry import Geometry
 from kvtier.metrics import namespace_label
 from kvtier.testing.redis import free_port
+from kvtier.testing.traffic import store_traffic
+from kvtier.transfer import TransferEngine
 
 GEOMETRY = Geometry(num_layers=2, num_kv_heads=2, head_dim=64, dtype="fp16", block_tokens=16)
 
@@ -36,22 +36,8 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
                 raise
     assert store is not None
     stop = threading.Event()
-    objects = np.random.default_rng(0).integers(0, 255, (4, GEOMETRY.block_bytes), dtype=np.uint8)
-    out = np.empty_like(objects)
-
-    def traffic() -> None:
-        i = 0
-        while not stop.is_set():
-            keys = store.namespace.block_keys(np.arange(i * 64, i * 64 + 64, dtype=np.uint32))
-            store.put(keys, objects)
-            store.lookup(
-                store.namespace.block_keys(np.arange(10**6 + i * 64, 10**6 + i * 64 + 64, dtype=np.uint32))
-            )
-            with store.lease(keys) as lease:
-                store.load(lease, out)
-            i += 1
-
-    worker = threading.Thread(target=traffic)
+    engine, pool = TransferEngine(store), layout.alloc_pool(GEOMETRY, 4)
+    worker = threading.Thread(target=store_traffic, args=(store, engine, pool, stop))
     worker.start()
     try:
         url = f"http://127.0.0.1:{port}/metrics"
@@ -75,6 +61,11 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
     assert cells[5].endswith("/s") and not cells[5].startswith("0 B"), cells  # put bandwidth
     assert cells[6].endswith("/s") and not cells[6].startswith("0 B"), cells  # loaded bandwidth
     assert "SSD devices" in text and "ssd" in text
+    assert "transfer engines" in text, text
+    for stage in ("read", "scatter"):
+        row = next(line for line in text.splitlines() if ns in line and f" {stage} " in line and "/s" in line)
+        cells = [c.strip() for c in row.split("│")[1:-1]]
+        assert cells[1] == stage and int(cells[2]) >= 1 and not cells[4].startswith("0 B"), cells
 
 
 def test_top_names_the_url_it_cannot_read() -> None:

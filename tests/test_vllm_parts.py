@@ -3,6 +3,7 @@ the worker against a real Store. The connector inside a real vLLM is tests/vllm 
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import kvtier
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.integrations.vllm import lookup
+from kvtier.integrations.vllm import stats as vstats
 from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, model_variant, request_extra
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
@@ -333,3 +335,25 @@ def test_finished_waits_for_a_requests_save_jobs() -> None:
     finally:
         gate.set()
         w.close()
+
+
+def test_every_worker_counter_reaches_vllms_metrics_and_docs() -> None:
+    """Each counter the worker keeps is exported on vLLM's metrics path and listed in the docs."""
+    root = Path(__file__).resolve().parents[1]
+    src = (root / "python" / "kvtier" / "integrations" / "vllm" / "worker.py").read_text()
+    kept = {n for expr in re.findall(r"counters\[([^\]]+)\]", src) for n in re.findall(r'"(\w+)"', expr)}
+    assert {"lookups", "loaded_blocks", "saved_blocks", "layerwise_jobs", "synchronous_jobs"} <= kept
+    assert kept - set(vstats.COUNTERS) == set(), "worker counters vLLM never sees"
+    doc = (root / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(vllm:kvtier_[a-z_]+)`", doc))
+    assert listed == {vstats.metric_name(n) for n in vstats.COUNTERS}
+    assert vstats.metric_name("load_s") == "vllm:kvtier_load_seconds_total"
+
+
+def test_stats_delta_reports_growth_only_and_refuses_a_falling_counter() -> None:
+    seen = {"lookups": 2, "load_s": 0.5, "not_exported": 1}
+    now = {"lookups": 5, "load_s": 0.75, "saved_blocks": 0, "not_exported": 9, "loaded_blocks": 4}
+    assert vstats.delta(now, seen) == {"lookups": 3, "load_s": 0.25, "loaded_blocks": 4}
+    assert vstats.delta(now, now) == {}
+    with pytest.raises(ValueError, match="'lookups' went down"):
+        vstats.delta(seen, now)

@@ -17,6 +17,7 @@ from kvtier import report
 from kvtier.config import parse_size
 from kvtier.errors import KvtierError
 from kvtier.remote import check_url
+from kvtier.sim import size as sim_size
 
 
 def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
@@ -447,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("--out", default=None, help="write the result JSON here")
     sim_run.add_argument("--json", action="store_true")
     sim_run.set_defaults(func=_sim_run)
+    sim_size.add_command(sim_sub, _emit)
     sim_sweep = sim_sub.add_parser("sweep", help="run a config over request rates and policies; plot")
     sim_sweep.add_argument("config")
     sim_sweep.add_argument("--rates", required=True, help="comma-separated request rates, e.g. 0.5,1,2")

@@ -9,7 +9,8 @@ gone (garbage-collected) leaves the scrape.
 
 Labels: ``namespace`` (the first 8 bytes of the store's namespace hash, hex: never the model id,
 a URL or a password), ``tier`` (dram, ssd, remote), ``device`` (the SSD device's index), ``op``
-(exists, get, set, del), ``quantile`` (0.5, 0.99: latencies are the tiers' own p50/p99, exported
+(exists, get, set, del), ``stage`` (the transfer engine's read, decompress, dequantize,
+scatter), ``quantile`` (0.5, 0.99: latencies are the tiers' own p50/p99, exported
 as gauges). :data:`METRICS` is the one list of every metric; docs/metrics.md is checked against it.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +35,15 @@ class Store(Protocol):
     def tier_stats(self) -> Mapping[str, Any]: ...
     def ssd_metrics(self) -> dict[str, Any] | None: ...
     def remote_metrics(self) -> dict[str, Any] | None: ...
+
+
+class Engine(Protocol):
+    """What the metrics read of a :class:`kvtier.transfer.TransferEngine` (which imports this)."""
+
+    store: Any
+
+    def stage_stats(self) -> Sequence[Any]: ...  # name, workers, busy_s, bytes, chunks, stored_bytes
+    def jobs(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,14 @@ TIER_GAUGES = ("objects", "pinned_objects", "doomed_objects", "used_bytes", "cap
 TIER_COUNTERS = ("stored", "evictions", "rejected", "checksum_failures")
 SSD_DEVICE_COUNTERS = ("bytes_read", "bytes_written", "read_ops", "write_ops", "io_errors")
 SSD_DEVICE_GAUGES = ("queue_depth", "queue_depth_max", "used_bytes", "capacity_bytes", "objects")
+#: StageStats field -> help; summed over the store's engines per stage (bytes: decoded block bytes;
+#: stored_bytes: bytes as the tiers hold them, read stage only).
+TRANSFER_STAGE_COUNTERS = {
+    "busy_seconds": "busy time, all workers",
+    "bytes": "block bytes processed",
+    "chunks": "chunks processed",
+    "stored_bytes": "bytes read as the tiers store them (read stage)",
+}
 REMOTE_OP_COUNTERS = ("batches", "keys", "bytes", "errors")
 REMOTE_FAULTS = (
     "connects", "reconnects", "connect_failures", "auth_failures", "down_misses",
@@ -115,6 +133,13 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("remote_nodes", "gauge", (), "remote server nodes known"),
     Metric("remote_nodes_down", "gauge", (), "remote server nodes marked down"),
+    Metric("transfer_engines", "gauge", (), "transfer engines built on the store"),
+    Metric("transfer_jobs", "gauge", (), "transfer jobs not yet collected, over those engines"),
+    *(
+        Metric(f"transfer_stage_{f}_total", "counter", ("stage",), f"transfer engine stage {what}")
+        for f, what in TRANSFER_STAGE_COUNTERS.items()
+    ),
+    Metric("transfer_stage_workers", "gauge", ("stage",), "transfer engine stage workers"),
 )
 _BY_NAME = {m.name: m for m in METRICS}
 
@@ -160,6 +185,37 @@ def samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
             yield f"remote_{f}_total", {}, float(remote[f])
         yield "remote_nodes", {}, float(remote["nodes"])
         yield "remote_nodes_down", {}, float(remote["nodes_down"])
+    yield from _transfer_samples(store)
+
+
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_engines_lock = threading.Lock()
+
+
+def watch_engine(engine: Engine) -> None:
+    """Exports `engine`'s stage statistics with its store's metrics while the engine lives."""
+    with _engines_lock:
+        _engines.add(engine)
+
+
+def _transfer_samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
+    with _engines_lock:
+        engines = [e for e in _engines if e.store is store]
+    yield "transfer_engines", {}, float(len(engines))
+    yield "transfer_jobs", {}, float(sum(e.jobs() for e in engines))
+    totals: dict[str, dict[str, float]] = {}
+    for engine in engines:
+        for st in engine.stage_stats():
+            row = totals.setdefault(st.name, dict.fromkeys(("workers", *TRANSFER_STAGE_COUNTERS), 0.0))
+            row["workers"] += st.workers
+            row["busy_seconds"] += st.busy_s
+            row["bytes"] += st.bytes
+            row["chunks"] += st.chunks
+            row["stored_bytes"] += st.stored_bytes
+    for stage, row in totals.items():
+        for f in TRANSFER_STAGE_COUNTERS:
+            yield f"transfer_stage_{f}_total", {"stage": stage}, row[f]
+        yield "transfer_stage_workers", {"stage": stage}, row["workers"]
 
 
 class StoreCollector:

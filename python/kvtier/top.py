@@ -3,7 +3,8 @@
 Every ``--interval`` seconds it scrapes ``/metrics`` (a store started with ``metrics_port``,
 docs/metrics.md) and shows, per store (its ``namespace`` label) and tier: occupancy, objects,
 hit rate, bytes put and loaded per second, evictions per second; per SSD device and per remote
-operation: bandwidth and p99 latency. Rates are differences of two scrapes. ``--once`` prints one
+operation: bandwidth and p99 latency; per transfer-engine stage: workers, share of their time
+busy, and bytes per second. Rates are differences of two scrapes. ``--once`` prints one
 view (two scrapes ``--interval`` apart) and exits, for scripts and logs.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from kvtier.errors import KvtierError
 from kvtier.metrics import parse
+from kvtier.transfer import STAGE_NAMES
 
 Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -112,6 +114,22 @@ def tables(new: Samples, old: Samples, seconds: float) -> list[Any]:
                 f"{errors.get((ns, op), 0.0):.1f}", f"{down.get((ns,), 0.0):.0f}",
             )  # fmt: skip
         out.append(remote)
+    staged = _rate(new, old, "kvtier_transfer_stage_bytes_total", seconds, "namespace", "stage")
+    if staged:
+        busy = _rate(new, old, "kvtier_transfer_stage_busy_seconds_total", seconds, "namespace", "stage")
+        workers = _by(new, "kvtier_transfer_stage_workers", "namespace", "stage")
+        transfer = Table(title="transfer engines", title_justify="left")
+        for col in ("namespace", "stage", "workers", "busy", "bytes/s"):
+            transfer.add_column(col, justify="left" if col in ("namespace", "stage") else "right")
+        for ns, stage in sorted(
+            staged, key=lambda k: (k[0], STAGE_NAMES.index(k[1]) if k[1] in STAGE_NAMES else 9)
+        ):
+            n = workers.get((ns, stage), 0.0)
+            transfer.add_row(
+                ns, stage, f"{n:.0f}", f"{busy.get((ns, stage), 0.0) / n:.0%}" if n else "-",
+                f"{_bytes(staged[ns, stage])}/s",
+            )  # fmt: skip
+        out.append(transfer)
     return out
 
 

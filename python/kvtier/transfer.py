@@ -189,6 +189,10 @@ class TransferEngine:
             c.job_blocks_max,
             c.allocate_per_chunk,
         )
+        if store.config.metrics_port is not None:  # its stage statistics join the store's metrics
+            from kvtier.metrics import watch_engine
+
+            watch_engine(self)
 
     def _check(self, keys: BlockKeys, pool: np.ndarray) -> int:
         self._check_keys(keys)

@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from kvtier.integrations.vllm.stats import metric_name
 from kvtier.testing.redis import LocalRedis, command
 
 BLOCK = 128
@@ -58,11 +61,13 @@ def flip_redis_values(server: LocalRedis) -> int:
 
 
 def test_dram_hits_in_multiprocess_vllm_are_token_identical(vllm_run: Any, tmp_path: Path) -> None:
-    """vLLM's default mode: scheduler and worker in separate processes; lookups cross a socket."""
+    """vLLM's default mode: scheduler and worker in separate processes; lookups cross a socket.
+    The connector's counters also reach vLLM's own metrics in the front-end process."""
     stats = tmp_path / "stats.json"
     r = vllm_run(
         {
             "multiprocess": True,
+            "metrics": True,
             "connector": {"dram_capacity_bytes": "1GiB", "stats_file": str(stats)},
             "prompts": [[PROMPT], [PROMPT], "+turn"],
         }
@@ -79,6 +84,17 @@ def test_dram_hits_in_multiprocess_vllm_are_token_identical(vllm_run: Any, tmp_p
     assert worker["load_error_blocks"] == 0, worker
     # `layerwise: "auto"` on a CPU KV cache: loads finish in start_load_kv (no layerwise job).
     assert worker["synchronous_jobs"] >= 2 and worker.get("layerwise_jobs", 0) == 0, worker
+    # vLLM's metrics path (worker -> engine core -> front end): the worker's counts, exactly. Saves
+    # may finish after the last step (nothing asks for stats then), so those only up to the file's.
+    metrics = r["vllm_metrics"]
+    for name in ("lookups", "lookup_hit_blocks", "loads", "loaded_blocks", "synchronous_jobs"):
+        assert metrics[metric_name(name)] == worker[name], (name, metrics, worker)
+    assert 0 < metrics[metric_name("saved_blocks")] <= worker["saved_blocks"], (metrics, worker)
+    assert metrics[metric_name("load_error_blocks")] == 0
+    assert metrics[metric_name("load_s")] == pytest.approx(worker["load_s"]) and worker["load_s"] > 0, (
+        metrics,
+        worker,
+    )
 
 
 def test_ssd_pool_is_shared_by_two_vllm_processes_and_corruption_is_recomputed(

@@ -21,6 +21,7 @@ from test_vllm_connector import BLOCK, PROMPT, STORY, expected_cached, flip_ssd_
 
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.config import ConnectorSettings, geometry_for, per_rank_path
+from kvtier.integrations.vllm.stats import metric_name
 
 TP = 2
 # PROMPT and a follow-up of more than two more blocks: a partial hit whose first step loads
@@ -74,7 +75,7 @@ def test_tp2_ranks_store_and_load_their_own_shards_and_one_corrupt_rank_is_recom
     # for its finish (TP > 1: see below); round 4 must find every block of it on both ranks.
     one = {"prompts": [OTHER], "max_tokens": 1}
     rounds = [[PROMPT], [PROMPT], one, one]
-    a = vllm_run({**base, "connector": connector(stats_a), "prompts": rounds}, env_extra=env)
+    a = vllm_run({**base, "connector": connector(stats_a), "prompts": rounds, "metrics": True}, env_extra=env)
     first, second, third, fourth = (only(a, r) for r in range(4))
     n = expected_cached(first["prompt_tokens"]) // BLOCK
     assert n >= 3 and len(set(first["token_ids"])) > 1, first  # varied tokens: wrong KV would show
@@ -90,6 +91,14 @@ def test_tp2_ranks_store_and_load_their_own_shards_and_one_corrupt_rank_is_recom
         assert s["load_error_blocks"] == 0, (rank, s)
         assert list((pool / f"rank{rank}").glob("*.kvtd")), rank  # its own SSD pool
     assert not list(pool.glob("*.kvtd"))  # no pool shared by the ranks
+    # vLLM's metrics path sums the ranks' stats (its KV output aggregator) before its front end.
+    ranks = rank_stats(stats_a)
+    for name in ("lookups", "lookup_hit_blocks", "loads", "loaded_blocks"):
+        assert a["vllm_metrics"][metric_name(name)] == sum(s[name] for s in ranks), (
+            name,
+            a["vllm_metrics"],
+            ranks,
+        )
 
     # A fresh engine (both ranks' DRAM empty): a longer prompt whose first blocks are in each
     # rank's SSD pool, so its first step loads them and computes new whole blocks. Only rank 1's

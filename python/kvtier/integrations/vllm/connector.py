@@ -33,6 +33,8 @@ from kvtier.integrations.vllm.config import (
 )
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.integrations.vllm.lookup import LookupClient, LookupServer
+from kvtier.integrations.vllm.prom import KvtierConnectorStats, KvtierPromMetrics
+from kvtier.integrations.vllm.stats import delta
 from kvtier.integrations.vllm.worker import LoadSpec, SaveSpec, WorkerSide
 from kvtier.store import Store
 
@@ -153,7 +155,8 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._server: LookupServer | None = None
             self._layers: dict[str, int] = {}
             self._layerwise = True  # until register_kv_caches sees where the KV cache lives
-            self._stats_seen: dict[str, int] = {}
+            self._stats_seen: dict[str, float] = {}  # counters when the stats file was written
+            self._reported: dict[str, float] = {}  # counters when vLLM last took our stats
             self._late_finished: set[str] = set()  # finished requests with late saves, until done
 
     # ================================================================ scheduler side
@@ -346,11 +349,36 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # blocks move to the load errors here, so vLLM sees them no later than the finish.
         loaded = self._worker.finished_async_loads()
         # Called every step, also while vLLM waits for delayed saves: the file stays current.
-        counters = dict(self._worker.counters)
+        counters = self._worker.counter_snapshot()
         if counters != self._stats_seen:
             self._stats_seen = counters
             self._worker.write_stats()
         return (done or None), (loaded or None)
+
+    # ================================================================ metrics (vLLM's own path)
+    def get_kv_connector_stats(self) -> KvtierConnectorStats | None:
+        """This worker's counter growth since vLLM last asked (after every step); vLLM sums it over
+        workers and steps and feeds `KvtierPromMetrics` in its front end (prom.py)."""
+        if self._role == KVConnectorRole.SCHEDULER or self._worker is None:
+            return None
+        now = self._worker.counter_snapshot()
+        grown = delta(now, self._reported)
+        self._reported = now
+        return KvtierConnectorStats(data=grown) if grown else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvtierConnectorStats:
+        return KvtierConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvtierPromMetrics:
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return set() if self._worker is None else self._worker.take_load_errors()

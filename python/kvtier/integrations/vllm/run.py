@@ -8,9 +8,10 @@ long prompt list passes the kernel's 128 KiB limit on one argument); the spec ho
 a list of token ids; or "+turn" to extend the previous round's first prompt with its output and a
 new question; or `{"prompts": [...], "max_tokens": n}` for a round of its own length),
 `max_tokens`, `multiprocess`, `prefix_caching`, `engine` (more `LLM` arguments, such as
-`tensor_parallel_size`), and `connector` (the `kv_connector_extra_config`, or null for plain
-vLLM) with `kv_role`. Each round reports its wall time: with `max_tokens=1` that is the
-request's TTFT.
+`tensor_parallel_size`), `connector` (the `kv_connector_extra_config`, or null for plain
+vLLM) with `kv_role`, and `metrics` (true: vLLM keeps its stats, and the result's `vllm_metrics`
+holds every `vllm:kvtier_*` counter in vLLM's Prometheus registry, summed over labels). Each round
+reports its wall time: with `max_tokens=1` that is the request's TTFT.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     kwargs: dict[str, object] = {}
     if not spec.get("multiprocess", False):
         kwargs["distributed_executor_backend"] = "uni"
+    if spec.get("metrics", False):
+        kwargs["disable_log_stats"] = False
     if spec.get("connector") is not None:
         kwargs["kv_transfer_config"] = {
             "kv_connector": "KvtierConnector",
@@ -77,10 +80,27 @@ def main() -> None:
         ]
         rounds.append({"wall_s": wall, "outputs": previous})
     result: dict[str, object] = {"rounds": rounds}
+    if spec.get("metrics", False):
+        result["vllm_metrics"] = kvtier_metrics()
     if spec.get("connector") is not None and not spec.get("multiprocess", False):
         # Single process: the worker is here; finish its saves and make the SSD tier durable.
         result |= close_local_workers()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def kvtier_metrics() -> dict[str, float]:
+    """The connector's counters in vLLM's Prometheus registry (what its `/metrics` serves), as
+    `{"vllm:kvtier_<name>_total": value summed over labels}`. Read from the registry itself:
+    `LLM.get_metrics()` rounds counters down to integers, seconds included."""
+    from prometheus_client import REGISTRY
+
+    out: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        if family.name.startswith("vllm:kvtier_"):
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
 
 
 def close_local_workers() -> dict[str, object]:

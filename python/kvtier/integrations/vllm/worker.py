@@ -360,6 +360,11 @@ class WorkerSide:
         self._wait_saves()
 
     # ---------------------------------------------------------------- stats
+    def counter_snapshot(self) -> dict[str, float]:
+        """The counters now, read under the lock (jobs finish on other threads)."""
+        with self._lock:
+            return dict(self.counters)
+
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
         with self._lock:
