@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kvtier import Store, StoreConfig, layout
+from kvtier import DramConfig, RemoteConfig, SsdConfig, Store, StoreConfig, layout
 from kvtier.geometry import Geometry
 from kvtier.testing.redis import LocalRedis
 from kvtier.testing.traffic import store_traffic
@@ -23,12 +23,11 @@ with LocalRedis(root / "redis") as redis:
         StoreConfig(
             geometry=g,
             model_id="top-demo",
-            dram_capacity_bytes="4MiB",
-            ssd_directory=str(root / "ssd"),
-            ssd_capacity_bytes="16MiB",
-            ssd_write_through=True,
-            ssd_probe_bytes=0,
-            remote_urls=(redis.url,),
+            dram=DramConfig(capacity_bytes="4MiB"),
+            ssd=SsdConfig(
+                directory=str(root / "ssd"), capacity_bytes="16MiB", write_through=True, probe_bytes=0
+            ),
+            remote=RemoteConfig(urls=(redis.url,)),
             metrics_port=port,
         )
     )
