@@ -16,13 +16,12 @@ use kvtier_store::RemoteStoreConfig;
 use crate::blocks::{block_buffers, split_mut, split_ref};
 use crate::buffer::ensure_disjoint;
 use crate::errors::{config_error, kvtier_error};
+use crate::store_config::item;
 use crate::{keys_from, u128_from};
 
+/// The `remote` section's `key` (`None` when absent or None); errors name `remote.<key>`.
 fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-    match d.get_item(key)? {
-        Some(v) if !v.is_none() => Ok(Some(v.extract()?)),
-        _ => Ok(None),
-    }
+    item(d, key, &format!("remote.{key}"))
 }
 
 fn seconds(name: &str, v: f64) -> PyResult<Duration> {
@@ -79,10 +78,10 @@ pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
     if let Some(t) = d.get_item("tls")?.filter(|t| !t.is_none()) {
         let t = t.downcast::<PyDict>()?;
         c.tls = Some(TlsConfig {
-            ca_file: get(t, "ca_file")?,
-            cert_file: get(t, "cert_file")?,
-            key_file: get(t, "key_file")?,
-            server_name: get(t, "server_name")?,
+            ca_file: item(t, "ca_file", "remote.tls_ca_file")?,
+            cert_file: item(t, "cert_file", "remote.tls_cert_file")?,
+            key_file: item(t, "key_file", "remote.tls_key_file")?,
+            server_name: item(t, "server_name", "remote.tls_server_name")?,
         });
     }
     Ok(c)

@@ -14,14 +14,12 @@ use kvtier_store::SsdStoreConfig;
 
 use crate::blocks::{block_buffers, split_mut, split_ref};
 use crate::errors::{config_error, kvtier_error};
+use crate::store_config::item;
 use crate::{keys_from, u128_from};
 
+/// The `ssd` section's `key` (`None` when absent or None); errors name `ssd.<key>`.
 fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-    match d.get_item(key)? {
-        None => Ok(None),
-        Some(v) if v.is_none() => Ok(None),
-        Some(v) => v.extract().map(Some).map_err(|e| config_error(format!("ssd `{key}`: {e}"))),
-    }
+    item(d, key, &format!("ssd.{key}"))
 }
 
 fn pool_err(e: PoolError) -> PyErr {
@@ -38,7 +36,7 @@ fn parse<T>(value: Option<String>, parse: fn(&str) -> Result<T, PoolError>, defa
 /// The pool part of an ssd config dict (keys as in `kvtier.config.StoreConfig`, without `ssd_`).
 pub fn pool_config(d: &Bound<'_, PyDict>) -> PyResult<SsdConfig> {
     let directory: String =
-        get(d, "directory")?.ok_or_else(|| config_error("ssd config has no `directory`".into()))?;
+        get(d, "directory")?.ok_or_else(|| config_error("ssd config has no `ssd.directory`".into()))?;
     let mut c = SsdConfig::new(directory);
     if let Some(devices) = get::<Vec<String>>(d, "devices")? {
         c.devices = devices.into_iter().map(PathBuf::from).collect();

@@ -19,7 +19,11 @@ use crate::remote::store_remote_config;
 use crate::ssd::store_ssd_config;
 
 /// The value of `key` in `d` (`None` when absent or None); `path` names it in errors.
-fn item<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str, path: &str) -> PyResult<Option<T>> {
+pub(crate) fn item<'py, T: FromPyObject<'py>>(
+    d: &Bound<'py, PyDict>,
+    key: &str,
+    path: &str,
+) -> PyResult<Option<T>> {
     match d.get_item(key)? {
         Some(v) if !v.is_none() => v.extract().map(Some).map_err(|e| config_error(format!("`{path}`: {e}"))),
         _ => Ok(None),
