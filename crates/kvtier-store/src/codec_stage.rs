@@ -23,9 +23,11 @@ use kvtier_codec::Codec;
 use kvtier_core::checksum::checksum;
 use kvtier_core::object::decode_object;
 use kvtier_core::{BlockKey, Dtype, Geometry, ObjectHeader, OBJECT_HEADER_BYTES};
+use kvtier_pool::TierKind;
 
 use crate::config::TierCodec;
 use crate::error::StoreError;
+use crate::stats::{bump, Counters};
 
 /// The configured encoder of one lower tier (`None` inside: raw, nothing to encode).
 pub(crate) struct TierEncoder {
@@ -140,6 +142,28 @@ impl Encoded {
             e.objects.push(object);
         }
         e
+    }
+
+    /// Adds this batch to the codec counters of `tier` (SSD or remote).
+    pub(crate) fn count(&self, c: &Counters, tier: TierKind) {
+        let (blocks, before, after, fallbacks) = match tier {
+            TierKind::Ssd => (
+                &c.ssd_encoded_blocks,
+                &c.ssd_encoded_bytes_before,
+                &c.ssd_encoded_bytes_after,
+                &c.ssd_encode_fallbacks,
+            ),
+            _ => (
+                &c.remote_encoded_blocks,
+                &c.remote_encoded_bytes_before,
+                &c.remote_encoded_bytes_after,
+                &c.remote_encode_fallbacks,
+            ),
+        };
+        bump(blocks, self.objects.len() - self.fallbacks);
+        bump(before, self.bytes_before);
+        bump(after, self.bytes_after);
+        bump(fallbacks, self.fallbacks);
     }
 
     /// The bytes to store for item `i`: its codec object, or `raw` itself.
