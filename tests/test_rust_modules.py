@@ -176,7 +176,8 @@ def module_graph(src: Path, crate: str) -> Graph:
         uses = [(u.start(), u.group(1)) for u in re.finditer(r"\buse\s+([^;]+);", text)]
         paths = [(at, p) for at, tree in uses for p in expand_use(tree)]
         outside = re.sub(r"\buse\s+[^;]+;", lambda u: " " * len(u.group(0)), text)
-        for m in re.finditer(r"(?<![\w:])((?:crate|super|self)(?:\s*::\s*\w+)+)", outside):
+        heads = "|".join(["crate", "super", "self", *sorted(children)])
+        for m in re.finditer(rf"(?<![\w:])((?:{heads})(?:\s*::\s*\w+)+)", outside):
             paths.append((m.start(), re.split(r"\s*::\s*", m.group(1))))
         for at, path in paths:
             target = resolve(module, path, children, known, reexports)
@@ -267,7 +268,7 @@ def test_a_cycle_between_modules_is_found_and_named(tmp_path: Path) -> None:
         {
             "lib.rs": "mod a;\nmod b;\nmod c;\npub use a::Thing;\npub use std::fmt;\n",
             "a.rs": "//! Uses b.\nuse crate::b::{self, B};\npub struct Thing;\n",
-            "b/mod.rs": "mod inner;\npub struct B;\nfn f() { crate::c::g(); crate::fmt::x(); }\n",
+            "b/mod.rs": "mod inner;\npub struct B;\nfn f() { crate::c::g(); crate::fmt::x(); }\nfn h() { inner::k(); }\n",
             "b/inner.rs": "use super::B;\n",
             "c.rs": "// crate::b is only mentioned\npub fn g() { let _ = crate::Thing; }\n"
             "#[cfg(test)]\nmod tests { use crate::b::B; }\n",
@@ -275,7 +276,7 @@ def test_a_cycle_between_modules_is_found_and_named(tmp_path: Path) -> None:
     )
     graph = module_graph(src, "demo")
     assert graph["demo::a"] == {"demo::b": 2}
-    assert graph["demo::b"] == {"demo::c": 3}
+    assert graph["demo::b"] == {"demo::c": 3, "demo::b::inner": 4}  # a child named in code
     assert graph["demo::b::inner"] == {"demo::b": 1}
     assert graph["demo::c"] == {"demo::a": 2}  # through the root's re-export
     assert cycles(graph) == [["demo::a", "demo::b", "demo::c", "demo::a"]]

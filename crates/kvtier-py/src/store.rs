@@ -10,7 +10,7 @@ use kvtier_core::Namespace;
 use kvtier_store::config::LEASE_TTL_MAX;
 use kvtier_store::{Store as CoreStore, StoreConfig, StoreError, TierCodec};
 
-use crate::blocks::{block_buffers, split_mut, split_ref};
+use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
 use crate::buffer::ensure_disjoint;
 use crate::errors::{config_error, key_err, kvtier_error};
 use crate::geometry::CoreGeometry;
@@ -18,7 +18,6 @@ use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::{metrics_dict as remote_metrics_dict, store_remote_config};
 use crate::ssd::{metrics_dict, store_ssd_config};
-use crate::{keys_from, u128_from};
 
 /// The `codec`, `codec_backend` and `codec_level` entries of a tier's options dict (absent:
 /// raw); errors name the `<tier>_codec*` config keys.
