@@ -75,7 +75,12 @@ pub(crate) unsafe fn split_ref<'a>(
     what: &str,
 ) -> PyResult<Vec<&'a [u8]>> {
     check_blocks(bufs, count, block_bytes, what)?;
-    Ok(bufs.iter().filter(|b| b.len() > 0).flat_map(|b| b.as_slice().chunks_exact(block_bytes)).collect())
+    // SAFETY: the caller keeps the buffers live and unwritten while the slices are alive.
+    Ok(bufs
+        .iter()
+        .filter(|b| b.len() > 0)
+        .flat_map(|b| unsafe { b.as_slice() }.chunks_exact(block_bytes))
+        .collect())
 }
 
 /// Splits buffers into `count` writable block slices of `block_bytes` each.
@@ -93,6 +98,7 @@ pub(crate) unsafe fn split_mut<'a>(
     Ok(bufs
         .iter()
         .filter(|b| b.len() > 0)
-        .flat_map(|b| b.as_mut_slice().chunks_exact_mut(block_bytes))
+        // SAFETY: the caller's buffers are live, writable, disjoint and not otherwise viewed.
+        .flat_map(|b| unsafe { b.as_mut_slice() }.chunks_exact_mut(block_bytes))
         .collect())
 }
