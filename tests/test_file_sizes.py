@@ -29,8 +29,6 @@ ALLOWED: Mapping[str, Allowed] = {
     "crates/kvtier-core/src/layout.rs": Allowed(612, 18, "gather/scatter plans and copies in one file"),
     "crates/kvtier-pool/src/dram/mod.rs": Allowed(522, 18, "the DRAM tier's facade"),
     "crates/kvtier-remote/src/config.rs": Allowed(513, 18, "URL parsing and settings checks in one file"),
-    "crates/kvtier-store/src/hierarchy.rs": Allowed(597, 18, "item 3: tiers own their bytes"),
-    "crates/kvtier-store/src/store.rs": Allowed(708, 18, "item 3: the store holds tiers as trait objects"),
     "crates/kvtier-transfer/src/duplex.rs": Allowed(511, 18, "the duplex swap engine in one file"),
     "crates/kvtier-transfer/src/engine.rs": Allowed(808, 18, "the pipeline's job table and workers"),
     "python/kvtier/radix/tree.py": Allowed(532, 18, "the HiRadixTree in one file"),

@@ -4,7 +4,7 @@
 //! body length u32. The payload is exactly `24 + params_len + body_len` bytes: a reader never
 //! guesses a size, and any disagreement is a typed error.
 
-use crate::CodecError;
+use crate::error::CodecError;
 
 pub const MAGIC: [u8; 4] = *b"KVCP";
 pub const VERSION: u16 = 1;

@@ -29,88 +29,17 @@
 //! assert_eq!(out, kv);
 //! ```
 
+mod codec;
+pub mod decoder;
 mod error;
 pub mod header;
+mod ids;
 pub mod lossless;
 pub mod quant;
 pub mod raw;
 pub mod streams;
 
+pub use codec::Codec;
+pub use decoder::{decode, decode_into, decoded_len};
 pub use error::CodecError;
-
-/// Codec ids, as recorded in the object header's `codec id` field.
-pub const CODEC_RAW: u16 = 0;
-pub const CODEC_LOSSLESS: u16 = 1;
-pub const CODEC_QUANT: u16 = 2;
-
-/// Names of the known codecs, indexed by id.
-pub const CODEC_NAMES: [&str; 3] = ["raw", "lossless", "quant"];
-
-/// A codec: configured for encoding; any instance decodes any payload of its id (the payload
-/// header carries the parameters).
-pub trait Codec: Send + Sync {
-    /// The id recorded in object and payload headers.
-    fn id(&self) -> u16;
-    /// The registry name (`raw`, `lossless`, `quant`).
-    fn name(&self) -> &'static str;
-    /// An upper bound on the payload size for an input of `input_len` bytes.
-    fn max_encoded_len(&self, input_len: usize) -> usize;
-    /// Encodes `input` into `out` (at least `max_encoded_len` bytes); returns the payload length.
-    fn encode(&self, input: &[u8], out: &mut [u8]) -> Result<usize, CodecError>;
-    /// Decodes `payload` into `out`; returns the decoded length.
-    fn decode(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
-        decode(self.id(), payload, out)
-    }
-}
-
-/// The id of the codec called `name`, or `None`.
-pub fn codec_id(name: &str) -> Option<u16> {
-    CODEC_NAMES.iter().position(|n| *n == name).map(|i| i as u16)
-}
-
-/// Decoded size of a payload of codec `codec_id`, from its header alone.
-pub fn decoded_len(codec_id: u16, payload: &[u8]) -> Result<usize, CodecError> {
-    match codec_id {
-        CODEC_RAW if payload.is_empty() => Err(CodecError::EmptyInput),
-        CODEC_RAW => Ok(payload.len()),
-        CODEC_LOSSLESS | CODEC_QUANT => {
-            let framed = header::parse(payload, codec_id)?;
-            usize::try_from(framed.decoded_len)
-                .map_err(|_| CodecError::InvalidParam { what: "decoded length", value: framed.decoded_len })
-        }
-        id => Err(CodecError::UnknownCodec { id }),
-    }
-}
-
-/// Decodes a payload of codec `codec_id` (from the object header) into `out`; returns the
-/// decoded length. Errors if the payload says another codec, or on any corruption.
-pub fn decode(codec_id: u16, payload: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
-    match codec_id {
-        CODEC_RAW => raw::decode(payload, out),
-        CODEC_LOSSLESS => lossless::decode(payload, out),
-        CODEC_QUANT => quant::decode(payload, out),
-        id => Err(CodecError::UnknownCodec { id }),
-    }
-}
-
-/// Checks that `out` can hold `needed` bytes.
-pub(crate) fn check_out(needed: u64, out: &[u8]) -> Result<usize, CodecError> {
-    if (out.len() as u64) < needed {
-        return Err(CodecError::OutputTooSmall { needed, have: out.len() as u64 });
-    }
-    Ok(needed as usize)
-}
-
-/// A thread's reusable scratch buffer (decoders run on many threads at once).
-pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < len {
-            s.resize(len, 0);
-        }
-        f(&mut s[..len])
-    })
-}
+pub use ids::{codec_id, CODEC_LOSSLESS, CODEC_NAMES, CODEC_QUANT, CODEC_RAW};

@@ -8,9 +8,12 @@
 //! zero bytes, then the stream table with one stream per plane (plane `i` holds byte `i` of
 //! every element).
 
-use crate::header::{self, Reader, HEADER_LEN};
+use crate::codec::Codec;
+use crate::error::CodecError;
+use crate::header::{self, HEADER_LEN};
+use crate::ids::{check_out, with_scratch, CODEC_LOSSLESS};
 use crate::streams::{self, Backend, Stage};
-use crate::{check_out, with_scratch, Codec, CodecError, CODEC_LOSSLESS};
+pub use crate::streams::{shuffle2, unshuffle2};
 
 /// Byte-plane shuffle + a lossless backend.
 #[derive(Debug, Clone, Copy)]
@@ -84,57 +87,6 @@ impl Codec for LosslessCodec {
             body_len as u32,
         );
         Ok(HEADER_LEN + self.params_len() + body_len)
-    }
-}
-
-/// Decodes a `lossless` payload into `out`.
-pub fn decode(payload: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
-    let framed = header::parse(payload, CODEC_LOSSLESS)?;
-    let n = check_out(framed.decoded_len, out)?;
-    let mut r = Reader::new(framed.params, "lossless params");
-    let planes = r.u8()? as usize;
-    if !(1..=2).contains(&planes) || !n.is_multiple_of(planes) {
-        return Err(CodecError::InvalidParam { what: "element bytes", value: planes as u64 });
-    }
-    if r.bytes(3)? != [0, 0, 0] {
-        return Err(CodecError::InvalidParam { what: "lossless reserved bytes", value: 1 });
-    }
-    let plane_len = n / planes;
-    let (backend, parts) = streams::parse_streams(&mut r, &vec![plane_len; planes], framed.body)?;
-    if r.remaining() != 0 {
-        return Err(CodecError::LengthMismatch {
-            what: "lossless params",
-            declared: framed.params.len() as u64,
-            actual: (framed.params.len() - r.remaining()) as u64,
-        });
-    }
-    let out = &mut out[..n];
-    if planes == 1 {
-        streams::decode_stream(backend, &parts[0], out)?;
-        return Ok(n);
-    }
-    with_scratch(n, |scratch| {
-        let (lo, hi) = scratch.split_at_mut(plane_len);
-        streams::decode_stream(backend, &parts[0], lo)?;
-        streams::decode_stream(backend, &parts[1], hi)?;
-        unshuffle2(lo, hi, out);
-        Ok(n)
-    })
-}
-
-/// Splits 16-bit little-endian values into low and high byte planes.
-pub fn shuffle2(input: &[u8], lo: &mut [u8], hi: &mut [u8]) {
-    for ((pair, l), h) in input.chunks_exact(2).zip(lo.iter_mut()).zip(hi.iter_mut()) {
-        *l = pair[0];
-        *h = pair[1];
-    }
-}
-
-/// Interleaves low and high byte planes back into 16-bit little-endian values.
-pub fn unshuffle2(lo: &[u8], hi: &[u8], out: &mut [u8]) {
-    for ((pair, &l), &h) in out.chunks_exact_mut(2).zip(lo).zip(hi) {
-        pair[0] = l;
-        pair[1] = h;
     }
 }
 

@@ -16,9 +16,12 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::header::{self, Reader, HEADER_LEN};
+use crate::codec::Codec;
+use crate::decoder::code_bytes;
+use crate::error::CodecError;
+use crate::header::{self, HEADER_LEN};
+use crate::ids::{check_out, with_scratch, CODEC_QUANT};
 use crate::streams::{self, Backend, Stage};
-use crate::{check_out, with_scratch, Codec, CodecError, CODEC_QUANT};
 
 /// Bins for layers `< early_layers`, and for the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,14 +198,6 @@ fn half_levels(bins: u8) -> u8 {
     (bins - 1) / 2
 }
 
-fn code_bytes(bins: u8, head_dim: usize) -> usize {
-    if bins <= 16 {
-        head_dim / 2
-    } else {
-        head_dim
-    }
-}
-
 /// Vector-wise binning + a lossless stage.
 #[derive(Debug, Clone)]
 pub struct QuantCodec {
@@ -269,7 +264,7 @@ impl Codec for QuantCodec {
             // Scale high bytes (exponents) compress; low bytes mostly do not: separate streams.
             let mut planes = vec![0u8; 2 * shape.num_vectors];
             let (slo, shi) = planes.split_at_mut(shape.num_vectors);
-            crate::lossless::shuffle2(scales, slo, shi);
+            crate::streams::shuffle2(scales, slo, shi);
             streams::encode_streams(self.config.stage, &[slo, shi, codes], &mut params[table_at..], body)
         })?;
         header::write_header(head, CODEC_QUANT, shape.decoded_len as u64, params_len as u32, body_len as u32);
@@ -351,85 +346,4 @@ fn quantize(shape: &Shape, input: &[u8], scales: &mut [u8], codes: &mut [u8]) {
 fn bytemuck_u16_as_f16(bits: &[u16]) -> &[f16] {
     // SAFETY: f16 is `repr(transparent)` over u16: same size, alignment and validity.
     unsafe { std::slice::from_raw_parts(bits.as_ptr().cast::<f16>(), bits.len()) }
-}
-
-/// Decodes a `quant` payload into `out` (fp16 `BlockFirst` bytes).
-pub fn decode(payload: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
-    let framed = header::parse(payload, CODEC_QUANT)?;
-    let mut r = Reader::new(framed.params, "quant params");
-    let _first_layer = r.u16()?;
-    let num_layers = r.u16()?;
-    let tokens = r.u32()?;
-    let heads = r.u16()?;
-    let head_dim = r.u16()?;
-    if r.bytes(4)? != [0, 0, 0, 0] {
-        return Err(CodecError::InvalidParam { what: "quant reserved bytes", value: 1 });
-    }
-    let key_bins = r.bytes(num_layers as usize)?;
-    let value_bins = r.bytes(num_layers as usize)?;
-    let shape = Shape::new(num_layers, tokens, heads, head_dim, key_bins, value_bins)?;
-    if framed.decoded_len != shape.decoded_len as u64 {
-        return Err(CodecError::LengthMismatch {
-            what: "decoded length",
-            declared: framed.decoded_len,
-            actual: shape.decoded_len as u64,
-        });
-    }
-    let n = check_out(framed.decoded_len, out)?;
-    let raw_lens = [shape.num_vectors, shape.num_vectors, shape.codes_len];
-    let (backend, parts) = streams::parse_streams(&mut r, &raw_lens, framed.body)?;
-    if r.remaining() != 0 {
-        return Err(CodecError::InvalidParam {
-            what: "quant params trailing bytes",
-            value: r.remaining() as u64,
-        });
-    }
-    with_scratch(shape.quantized_len(), |q| {
-        let (scales, codes) = q.split_at_mut(2 * shape.num_vectors);
-        let (lo, hi) = scales.split_at_mut(shape.num_vectors);
-        streams::decode_stream(backend, &parts[0], lo)?;
-        streams::decode_stream(backend, &parts[1], hi)?;
-        streams::decode_stream(backend, &parts[2], codes)?;
-        dequantize(&shape, lo, hi, codes, &mut out[..n])?;
-        Ok(n)
-    })
-}
-
-fn dequantize(shape: &Shape, lo: &[u8], hi: &[u8], codes: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
-    let d = shape.head_dim;
-    let mut values = vec![0f32; d];
-    let mut halves = vec![f16::ZERO; d];
-    let mut code_pos = 0;
-    for (segment, &bins) in shape.segment_bins.iter().enumerate() {
-        let width = code_bytes(bins, d);
-        let half = half_levels(bins);
-        for v in 0..shape.vectors_per_segment {
-            let index = segment * shape.vectors_per_segment + v;
-            let scale_bits = u16::from_le_bytes([lo[index], hi[index]]);
-            if scale_bits & 0x8000 != 0 || scale_bits & 0x7c00 == 0x7c00 {
-                return Err(CodecError::Corrupt { backend: "quant scale" });
-            }
-            let s = f16::from_bits(scale_bits).to_f32();
-            let step = s / half as f32;
-            let src = &codes[code_pos..code_pos + width];
-            let level = |c: u8| (c.min(2 * half) as f32 - half as f32) * step;
-            if width == d {
-                for (x, &c) in values.iter_mut().zip(src) {
-                    *x = level(c);
-                }
-            } else {
-                for (pair, &c) in values.chunks_exact_mut(2).zip(src) {
-                    pair[0] = level(c & 0x0f);
-                    pair[1] = level(c >> 4);
-                }
-            }
-            halves.convert_from_f32_slice(&values);
-            let dst = &mut out[index * 2 * d..(index + 1) * 2 * d];
-            for (pair, h) in dst.chunks_exact_mut(2).zip(&halves) {
-                pair.copy_from_slice(&h.to_bits().to_le_bytes());
-            }
-            code_pos += width;
-        }
-    }
-    Ok(())
 }

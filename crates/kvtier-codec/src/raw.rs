@@ -1,6 +1,8 @@
 //! `raw` (id 0): the payload is the chunk itself, as the object format stores it.
 
-use crate::{check_out, Codec, CodecError, CODEC_RAW};
+use crate::codec::Codec;
+use crate::error::CodecError;
+use crate::ids::{check_out, CODEC_RAW};
 
 /// The identity codec.
 #[derive(Debug, Clone, Copy, Default)]

@@ -9,8 +9,8 @@
 
 use std::cell::RefCell;
 
+use crate::error::CodecError;
 use crate::header::Reader;
-use crate::CodecError;
 
 /// A lossless backend; the code is what the stream table records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,13 +138,19 @@ pub struct Stream<'a> {
     pub raw_len: usize,
 }
 
+/// A stream slot before [`parse_streams`] fills it.
+pub const NO_STREAM: Stream<'static> = Stream { compressed: false, stored: &[], raw_len: 0 };
+
 /// Parses a table of exactly `raw_lens.len()` streams whose raw lengths must equal `raw_lens`,
-/// and splits `body` among them (their stored lengths must add up to the body exactly).
+/// and splits `body` among them (their stored lengths must add up to the body exactly) into
+/// `parts[..raw_lens.len()]`, without allocating. Returns the table's backend.
 pub fn parse_streams<'a>(
     r: &mut Reader<'_>,
     raw_lens: &[usize],
     body: &'a [u8],
-) -> Result<(Backend, Vec<Stream<'a>>), CodecError> {
+    parts: &mut [Stream<'a>],
+) -> Result<Backend, CodecError> {
+    assert!(parts.len() >= raw_lens.len(), "one slot per stream");
     let backend = Backend::from_code(r.u8()?)?;
     let level = r.u8()? as i8;
     backend.check_level(level)?;
@@ -155,9 +161,8 @@ pub fn parse_streams<'a>(
     if r.u8()? != 0 {
         return Err(CodecError::InvalidParam { what: "stream table reserved byte", value: 1 });
     }
-    let mut out = Vec::with_capacity(count);
     let mut pos = 0usize;
-    for &expected in raw_lens {
+    for (&expected, part) in raw_lens.iter().zip(parts.iter_mut()) {
         let mode = r.u8()?;
         if mode > 1 || (mode == 1 && backend == Backend::None) {
             return Err(CodecError::InvalidParam { what: "stream mode", value: mode as u64 });
@@ -186,7 +191,7 @@ pub fn parse_streams<'a>(
             needed: pos as u64 + stored_len as u64,
             have: body.len() as u64,
         })?;
-        out.push(Stream { compressed: mode == 1, stored: &body[pos..end], raw_len });
+        *part = Stream { compressed: mode == 1, stored: &body[pos..end], raw_len };
         pos = end;
     }
     if pos != body.len() {
@@ -196,7 +201,7 @@ pub fn parse_streams<'a>(
             actual: pos as u64,
         });
     }
-    Ok((backend, out))
+    Ok(backend)
 }
 
 /// Decodes one stream into `dst` (exactly its raw length).
@@ -256,4 +261,19 @@ fn compress(stage: Stage, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, C
             libdeflater::Compressor::new(level).deflate_compress(src, dst).ok()
         }
     })
+}
+/// Splits 16-bit little-endian values into low and high byte planes.
+pub fn shuffle2(input: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+    for ((pair, l), h) in input.chunks_exact(2).zip(lo.iter_mut()).zip(hi.iter_mut()) {
+        *l = pair[0];
+        *h = pair[1];
+    }
+}
+
+/// Interleaves low and high byte planes back into 16-bit little-endian values.
+pub fn unshuffle2(lo: &[u8], hi: &[u8], out: &mut [u8]) {
+    for ((pair, &l), &h) in out.chunks_exact_mut(2).zip(lo).zip(hi) {
+        pair[0] = l;
+        pair[1] = h;
+    }
 }

@@ -29,7 +29,8 @@ pub mod noop;
 pub mod ssd;
 pub use kvtier_core::tier;
 
-pub use dram::{object_extent_bytes, Demotion, DramTier, Victim};
+pub use dram::demote::{Demotion, Victim};
+pub use dram::{object_extent_bytes, DramTier};
 pub use error::PoolError;
 pub use eviction::{by_name as eviction_by_name, EvictionPolicy, POLICY_NAMES};
 pub use extent::{Extent, ExtentAllocator, PAGE_BYTES};

@@ -8,6 +8,22 @@ use pyo3::types::{PyList, PyTuple};
 use crate::buffer::{Buffer, Format};
 use crate::errors::buffer_error;
 
+/// A 16-byte little-endian id (a namespace hash, a key) from a caller's bytes.
+pub(crate) fn u128_from(bytes: &[u8], what: &str) -> PyResult<u128> {
+    let arr: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| buffer_error(format!("{what} has {} bytes; expected 16", bytes.len())))?;
+    Ok(u128::from_le_bytes(arr))
+}
+
+/// Block keys from a caller's bytes (16 little-endian bytes each).
+pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
+    if !raw.len().is_multiple_of(16) {
+        return Err(buffer_error(format!("keys have {} bytes; expected a multiple of 16", raw.len())));
+    }
+    Ok(raw.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
+}
+
 /// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
 /// per block. (Other sequences are not taken apart here: a numpy array is a sequence too. The
 /// Python wrapper turns any sequence of blocks into a list.)
@@ -59,7 +75,12 @@ pub(crate) unsafe fn split_ref<'a>(
     what: &str,
 ) -> PyResult<Vec<&'a [u8]>> {
     check_blocks(bufs, count, block_bytes, what)?;
-    Ok(bufs.iter().filter(|b| b.len() > 0).flat_map(|b| b.as_slice().chunks_exact(block_bytes)).collect())
+    // SAFETY: the caller keeps the buffers live and unwritten while the slices are alive.
+    Ok(bufs
+        .iter()
+        .filter(|b| b.len() > 0)
+        .flat_map(|b| unsafe { b.as_slice() }.chunks_exact(block_bytes))
+        .collect())
 }
 
 /// Splits buffers into `count` writable block slices of `block_bytes` each.
@@ -77,6 +98,7 @@ pub(crate) unsafe fn split_mut<'a>(
     Ok(bufs
         .iter()
         .filter(|b| b.len() > 0)
-        .flat_map(|b| b.as_mut_slice().chunks_exact_mut(block_bytes))
+        // SAFETY: the caller's buffers are live, writable, disjoint and not otherwise viewed.
+        .flat_map(|b| unsafe { b.as_mut_slice() }.chunks_exact_mut(block_bytes))
         .collect())
 }

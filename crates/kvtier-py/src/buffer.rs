@@ -159,7 +159,9 @@ impl Buffer {
         if self.len() == 0 {
             return &[];
         }
-        std::slice::from_raw_parts(self.ptr(), self.len())
+        // SAFETY: the held buffer view keeps `ptr()..ptr() + len()` alive; the caller rules out
+        // writers while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len()) }
     }
 
     /// The bytes, writable.
@@ -171,7 +173,8 @@ impl Buffer {
         if self.len() == 0 {
             return &mut [];
         }
-        std::slice::from_raw_parts_mut(self.ptr(), self.len())
+        // SAFETY: as `as_slice`; the caller acquired it writable and holds no other slice of it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len()) }
     }
 }
 

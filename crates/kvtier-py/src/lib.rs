@@ -23,22 +23,9 @@ use pyo3::types::PyBytes;
 
 use kvtier_core::object::{decode_object as core_decode, encode_object as core_encode, CODEC_RAW};
 
+use crate::blocks::u128_from;
 use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, key_err, object_err};
-
-pub(crate) fn u128_from(bytes: &[u8], what: &str) -> PyResult<u128> {
-    let arr: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| buffer_error(format!("{what} has {} bytes; expected 16", bytes.len())))?;
-    Ok(u128::from_le_bytes(arr))
-}
-
-pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
-    if !raw.len().is_multiple_of(16) {
-        return Err(buffer_error(format!("keys have {} bytes; expected a multiple of 16", raw.len())));
-    }
-    Ok(raw.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
-}
 
 /// Keys of every full block of `tokens` (a list or tuple of ints, or a 1-D integer buffer; see
 /// `tokens.rs`), as `n * 16` bytes.

@@ -13,11 +13,9 @@ use kvtier_remote::pipeline::{GetItem, HeaderSpec, Res, SetItem};
 use kvtier_remote::{key_name, OpMetrics, RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
 use kvtier_store::RemoteStoreConfig;
 
-use crate::blocks::{block_buffers, split_mut, split_ref};
+use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
 use crate::buffer::ensure_disjoint;
-use crate::errors::{config_error, kvtier_error};
-use crate::store_config::item;
-use crate::{keys_from, u128_from};
+use crate::errors::{config_error, item, kvtier_error};
 
 /// The `remote` section's `key` (`None` when absent or None); errors name `remote.<key>`.
 fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {

@@ -12,10 +12,8 @@ use kvtier_pool::ssd::{baseline, placement, SsdMetrics};
 use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, SsdConfig, SsdTier, Tier};
 use kvtier_store::SsdStoreConfig;
 
-use crate::blocks::{block_buffers, split_mut, split_ref};
-use crate::errors::{config_error, kvtier_error};
-use crate::store_config::item;
-use crate::{keys_from, u128_from};
+use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
+use crate::errors::{config_error, item, kvtier_error};
 
 /// The `ssd` section's `key` (`None` when absent or None); errors name `ssd.<key>`.
 fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {

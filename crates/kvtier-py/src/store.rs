@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use kvtier_store::{Store as CoreStore, StoreError};
 
-use crate::blocks::{block_buffers, split_mut, split_ref};
+use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
 use crate::buffer::ensure_disjoint;
 use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
@@ -14,7 +14,6 @@ use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::metrics_dict as remote_metrics_dict;
 use crate::ssd::metrics_dict;
 use crate::store_config::store_config;
-use crate::{keys_from, u128_from};
 
 fn store_err(e: StoreError) -> PyErr {
     let class = match &e {

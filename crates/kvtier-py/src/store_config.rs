@@ -13,22 +13,10 @@ use kvtier_core::Namespace;
 use kvtier_store::config::LEASE_TTL_MAX;
 use kvtier_store::{StoreConfig, StoreError, TierCodec};
 
-use crate::errors::config_error;
+use crate::errors::{config_error, item};
 use crate::geometry::CoreGeometry;
 use crate::remote::store_remote_config;
 use crate::ssd::store_ssd_config;
-
-/// The value of `key` in `d` (`None` when absent or None); `path` names it in errors.
-pub(crate) fn item<'py, T: FromPyObject<'py>>(
-    d: &Bound<'py, PyDict>,
-    key: &str,
-    path: &str,
-) -> PyResult<Option<T>> {
-    match d.get_item(key)? {
-        Some(v) if !v.is_none() => v.extract().map(Some).map_err(|e| config_error(format!("`{path}`: {e}"))),
-        _ => Ok(None),
-    }
-}
 
 fn required<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
     item(d, key, key)?.ok_or_else(|| config_error(format!("store config has no `{key}`")))

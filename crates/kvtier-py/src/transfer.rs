@@ -16,10 +16,10 @@ use kvtier_transfer::{
     TransferConfig, TransferEngine as CoreEngine, TransferError,
 };
 
+use crate::blocks::keys_from;
 use crate::buffer::{Buffer, Format};
 use crate::errors::{buffer_error, kvtier_error};
 use crate::geometry::CoreGeometry;
-use crate::keys_from;
 use crate::paged::paged_pool;
 use crate::store::Store;
 

@@ -52,15 +52,19 @@ pub mod config;
 pub mod error;
 mod hierarchy;
 mod lease;
+mod levels;
 pub mod stats;
 mod store;
+mod types;
 
 pub use config::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
 pub use error::StoreError;
-pub use hierarchy::TierWrites;
 pub use kvtier_core::{BlockKey, Namespace};
 pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};
 pub use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig, TierKind, TierStats};
 pub use kvtier_remote::{RemoteConfig, RemoteMetrics};
 pub use stats::StoreStats;
-pub use store::{Lease, LoadReport, Lookup, PoolLoadReport, PutReport, Store, StoredBlock, StoredLoadReport};
+pub use store::Store;
+pub use types::{
+    Lease, LoadReport, Lookup, PoolLoadReport, PutReport, StoredBlock, StoredLoadReport, TierWrites,
+};

@@ -560,7 +560,7 @@ impl Shared {
     /// The caller holds `task` (so owns its slot) and keeps no other reference to its forms.
     #[allow(clippy::mut_from_ref)]
     unsafe fn forms(&self, task: &Task) -> &mut [StoredBlock] {
-        &mut *self.slots[task.slot].forms.get()
+        unsafe { &mut *self.slots[task.slot].forms.get() } // SAFETY: as the caller promises
     }
 
     /// Pointer to stage buffer `b` of the task's chunk.

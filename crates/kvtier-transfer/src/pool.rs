@@ -104,14 +104,16 @@ impl PoolBuffer {
     /// # Safety
     /// No job may be writing the bytes read while the slice lives.
     pub unsafe fn as_slice(&self) -> &[u8] {
-        std::slice::from_raw_parts(self.ptr(), self.len())
+        // SAFETY: `ptr()..ptr() + len()` is this live buffer; the caller rules out writers.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len()) }
     }
 
     /// # Safety
     /// No job may be reading or writing the buffer while the slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.ptr(), self.len())
+        // SAFETY: `ptr()..ptr() + len()` is this live buffer; the caller rules out other access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len()) }
     }
 }
 
@@ -145,9 +147,14 @@ impl PoolShape {
 
     /// Streaming where large ([`kvtier_core::copy`]): the writer must
     /// [`fence`](kvtier_core::copy::fence) before publishing the bytes.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` writable for `len` bytes, not overlapping, and nobody else
+    /// accesses `dst` meanwhile.
     #[inline]
     unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize) {
-        kvtier_core::copy::copy_unfenced(dst, src, len)
+        // SAFETY: as this function's contract.
+        unsafe { kvtier_core::copy::copy_unfenced(dst, src, len) }
     }
 
     /// Byte offset of segment (layer, k|v) of `block` in the pool.
@@ -162,15 +169,21 @@ impl PoolShape {
     /// readable bytes, and nobody else accesses the destination bytes.
     pub unsafe fn scatter_layer(&self, pool: *mut u8, object: *const u8, block: usize, layer: usize) {
         for kv in 0..2 {
-            let src = object.add((2 * layer + kv) * self.seg);
-            self.copy(src, pool.add(self.segment_off(layer, kv, block)), self.seg);
+            // SAFETY: `block < num_blocks` and `layer < layers` keep both ranges inside the
+            // pool of this shape and the `block_bytes` object; the caller owns the destination.
+            unsafe {
+                let src = object.add((2 * layer + kv) * self.seg);
+                self.copy(src, pool.add(self.segment_off(layer, kv, block)), self.seg);
+            }
         }
     }
 
     /// Copies the extra groups of `object` into pool block `block`. Safety as [`Self::scatter_layer`].
     pub unsafe fn scatter_groups(&self, pool: *mut u8, object: *const u8, block: usize) {
         for &(region, len, object_off) in &self.groups {
-            self.copy(object.add(object_off), pool.add(region + block * len), len);
+            // SAFETY: each group's region holds `num_blocks * len` bytes and its piece of the
+            // object `len` bytes at `object_off`; as [`Self::scatter_layer`] otherwise.
+            unsafe { self.copy(object.add(object_off), pool.add(region + block * len), len) };
         }
     }
 
@@ -180,14 +193,18 @@ impl PoolShape {
     /// As [`Self::scatter_layer`], with the directions swapped: nobody writes the pool block
     /// meanwhile, and nobody else accesses `object`.
     pub unsafe fn gather_block(&self, pool: *const u8, block: usize, object: *mut u8) {
-        for layer in 0..self.layers {
-            for kv in 0..2 {
-                let dst = object.add((2 * layer + kv) * self.seg);
-                self.copy(pool.add(self.segment_off(layer, kv, block)), dst, self.seg);
+        // SAFETY: every offset is inside the pool of this shape (`block < num_blocks`) and the
+        // `block_bytes` object, as in [`Self::scatter_layer`]; the caller owns `object`.
+        unsafe {
+            for layer in 0..self.layers {
+                for kv in 0..2 {
+                    let dst = object.add((2 * layer + kv) * self.seg);
+                    self.copy(pool.add(self.segment_off(layer, kv, block)), dst, self.seg);
+                }
             }
-        }
-        for &(region, len, object_off) in &self.groups {
-            self.copy(pool.add(region + block * len), object.add(object_off), len);
+            for &(region, len, object_off) in &self.groups {
+                self.copy(pool.add(region + block * len), object.add(object_off), len);
+            }
         }
     }
 
@@ -195,7 +212,10 @@ impl PoolShape {
     /// (`2 * seg` bytes). Safety as [`Self::gather_block`].
     pub unsafe fn gather_segment(&self, pool: *const u8, block: usize, layer: usize, out: *mut u8) {
         for kv in 0..2 {
-            self.copy(pool.add(self.segment_off(layer, kv, block)), out.add(kv * self.seg), self.seg);
+            // SAFETY: as [`Self::gather_block`]; `out` holds `2 * seg` writable bytes.
+            unsafe {
+                self.copy(pool.add(self.segment_off(layer, kv, block)), out.add(kv * self.seg), self.seg)
+            };
         }
     }
 }

@@ -32,7 +32,8 @@ impl Forms {
     /// Entries `first..first + count`. Safety: in bounds, and no other live reference to them.
     #[allow(clippy::mut_from_ref)]
     unsafe fn chunk(&self, first: usize, count: usize) -> &mut [StoredBlock] {
-        std::slice::from_raw_parts_mut(self.0.add(first), count)
+        // SAFETY: the caller keeps `first..first + count` in bounds and unaliased.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(first), count) }
     }
 }
 

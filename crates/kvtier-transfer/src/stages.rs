@@ -75,7 +75,8 @@ pub(crate) unsafe fn read_chunk(
 ) -> (usize, Needs) {
     let mut needs = Needs::default();
     let Some(lease) = job.lease else { return (0, needs) };
-    let buf = std::slice::from_raw_parts_mut(buf, count * block_bytes);
+    // SAFETY: the caller lends `count * block_bytes` bytes nobody else accesses.
+    let buf = unsafe { std::slice::from_raw_parts_mut(buf, count * block_bytes) };
     let result = scratch.with(buf, block_bytes, |dst| foreign(|| store.load_range_stored(lease, first, dst)));
     let report = match result {
         Ok(report) => report,
@@ -125,8 +126,12 @@ pub(crate) unsafe fn decompress_chunk(
         if form.codec_id == CODEC_RAW || !job.is_pending(first + i) {
             continue;
         }
-        let payload = std::slice::from_raw_parts(src.add(i * block_bytes + form.offset), form.len);
-        let out = std::slice::from_raw_parts_mut(dst.add(i * block_bytes), block_bytes);
+        // SAFETY: block `i < count` of each buffer; the read stage put the payload at
+        // `offset..offset + len` within its `block_bytes` slot; nobody else accesses `dst`.
+        let (payload, out) = unsafe {
+            let payload = std::slice::from_raw_parts(src.add(i * block_bytes + form.offset), form.len);
+            (payload, std::slice::from_raw_parts_mut(dst.add(i * block_bytes), block_bytes))
+        };
         let result = match form.codec_id {
             CODEC_LOSSLESS => codec::decompress_lossless(payload, out, scratch),
             _ => codec::decompress_quant(payload, out),
@@ -155,9 +160,14 @@ pub(crate) unsafe fn dequantize_chunk(
         if form.codec_id != CODEC_QUANT || !job.is_pending(first + i) {
             continue;
         }
-        let payload = std::slice::from_raw_parts(src.add(i * block_bytes + form.offset), form.len);
-        let quantized = std::slice::from_raw_parts(mid.add(i * block_bytes), block_bytes);
-        let out = std::slice::from_raw_parts_mut(dst.add(i * block_bytes), block_bytes);
+        // SAFETY: as in [`decompress_chunk`], for the three buffers of block `i < count`.
+        let (payload, quantized, out) = unsafe {
+            (
+                std::slice::from_raw_parts(src.add(i * block_bytes + form.offset), form.len),
+                std::slice::from_raw_parts(mid.add(i * block_bytes), block_bytes),
+                std::slice::from_raw_parts_mut(dst.add(i * block_bytes), block_bytes),
+            )
+        };
         if codec::dequantize(payload, quantized, out).is_err() {
             job.settle(first + i, BlockOutcome::DecodeFailed);
         }
@@ -185,13 +195,17 @@ pub(crate) unsafe fn scatter_chunk(
     let bb = shape.block_bytes;
     let pool = job.pool.ptr();
     let ok = |i: usize| job.is_pending(first + i);
-    let src = |i: usize| bufs[final_buffer(&forms[i])].add(i * bb);
+    // SAFETY: block `i < count` of a stage buffer of `count * bb` bytes.
+    let src = |i: usize| unsafe { bufs[final_buffer(&forms[i])].add(i * bb) };
     for i in (0..count).filter(|&i| ok(i)) {
-        shape.scatter_groups(pool, src(i), job.block_ids[first + i] as usize);
+        // SAFETY: the pool is live, its block id was checked in range when the job was made,
+        // and the caller guarantees nobody else writes the chunk's pool blocks.
+        unsafe { shape.scatter_groups(pool, src(i), job.block_ids[first + i] as usize) };
     }
     for layer in 0..shape.layers {
         for i in (0..count).filter(|&i| ok(i)) {
-            shape.scatter_layer(pool, src(i), job.block_ids[first + i] as usize, layer);
+            // SAFETY: as for the groups above.
+            unsafe { shape.scatter_layer(pool, src(i), job.block_ids[first + i] as usize, layer) };
         }
         kvtier_core::copy::fence(); // streaming stores land before the layer is published
         job.layer_chunks_done[layer].fetch_add(1, Ordering::SeqCst);
@@ -230,8 +244,11 @@ pub(crate) unsafe fn finish_chunk(
             let decoded: Vec<Option<&[u8]>> = (0..count)
                 .map(|i| {
                     (job.outcome(first + i) == BlockOutcome::Done).then(|| {
-                        let src = bufs[final_buffer(&forms[i])].add(i * block_bytes);
-                        std::slice::from_raw_parts(src, block_bytes)
+                        // SAFETY: block `i < count` of the stage buffer that holds it decoded.
+                        unsafe {
+                            let src = bufs[final_buffer(&forms[i])].add(i * block_bytes);
+                            std::slice::from_raw_parts(src, block_bytes)
+                        }
                     })
                 })
                 .collect();

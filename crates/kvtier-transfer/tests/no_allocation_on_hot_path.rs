@@ -22,18 +22,25 @@ static FOREIGN_LARGEST: AtomicUsize = AtomicUsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         record(layout);
-        System.alloc(layout)
+        // SAFETY: forwarded with this function's contract.
+        unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         record(layout);
-        System.alloc_zeroed(layout)
+        // SAFETY: forwarded with this function's contract.
+        unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        record(Layout::from_size_align_unchecked(new_size, layout.align()));
-        System.realloc(ptr, layout, new_size)
+        // SAFETY: `realloc`'s contract makes `new_size` with `layout`'s alignment a valid
+        // layout; the call is forwarded with that contract.
+        unsafe {
+            record(Layout::from_size_align_unchecked(new_size, layout.align()));
+            System.realloc(ptr, layout, new_size)
+        }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
+        // SAFETY: forwarded with this function's contract.
+        unsafe { System.dealloc(ptr, layout) }
     }
 }
 

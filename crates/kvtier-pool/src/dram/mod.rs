@@ -27,31 +27,24 @@ use kvtier_core::checksum::{copy_hashing, copy_with_checksum, Xxh3};
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::paged::PagedPool;
 use kvtier_core::parallel::WorkerPool;
-use kvtier_core::{BlockKey, ObjectHeader, OBJECT_HEADER_BYTES};
+use kvtier_core::{BlockKey, ObjectHeader};
 use parking_lot::Mutex;
 
-mod demote;
+pub mod demote;
 mod into_pool;
 mod state;
 
-pub use demote::{Demotion, Victim};
-
-use state::{DramState, Entry, EntryState, PinnedAt};
+pub use state::object_extent_bytes;
+use state::{DramState, Entry, EntryState, PinnedAt, HEADER};
 
 use crate::arena::Arena;
 use crate::error::{integrity, IntegrityError, PoolError};
 use crate::eviction::EvictionPolicy;
-use crate::extent::{round_up_to_pages, ExtentAllocator, PAGE_BYTES};
+use crate::extent::{ExtentAllocator, PAGE_BYTES};
 use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 
-const HEADER: usize = OBJECT_HEADER_BYTES;
 /// Unit of parallel prefaulting, in bytes.
 const PREFAULT_CHUNK_BYTES: usize = 64 << 20;
-
-/// Bytes an object with `payload_len` payload bytes occupies in the arena.
-pub fn object_extent_bytes(payload_len: u64) -> u64 {
-    round_up_to_pages(HEADER as u64 + payload_len)
-}
 
 /// What a put copies from: the caller's payload slices, or blocks of an engine's paged pool.
 enum Payloads<'a> {

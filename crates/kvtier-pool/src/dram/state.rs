@@ -3,12 +3,11 @@
 
 use std::collections::HashMap;
 
-use kvtier_core::{BlockKey, ObjectHeader};
+use kvtier_core::{BlockKey, ObjectHeader, OBJECT_HEADER_BYTES};
 
-use super::{object_extent_bytes, HEADER};
 use crate::arena::Arena;
 use crate::eviction::EvictionPolicy;
-use crate::extent::{Extent, ExtentAllocator};
+use crate::extent::{round_up_to_pages, Extent, ExtentAllocator};
 use crate::hash::{key_map, KeyMap};
 use crate::tier::EntryRef;
 
@@ -42,6 +41,14 @@ impl Entry {
     pub(super) fn visible(&self) -> bool {
         matches!(self.state, EntryState::Ready | EntryState::Demoting)
     }
+}
+
+/// Bytes of the object header in front of each payload.
+pub(super) const HEADER: usize = OBJECT_HEADER_BYTES;
+
+/// Bytes an object with `payload_len` payload bytes occupies in the arena.
+pub fn object_extent_bytes(payload_len: u64) -> u64 {
+    round_up_to_pages(HEADER as u64 + payload_len)
 }
 
 /// A generation that left the index while pinned; freed on its last unpin.

@@ -8,7 +8,7 @@
 use kvtier_core::BlockKey;
 
 use super::list::KeyList;
-use super::EvictionPolicy;
+use super::policy::EvictionPolicy;
 
 #[derive(Debug)]
 pub struct Lru {

@@ -19,7 +19,7 @@
 use kvtier_core::BlockKey;
 
 use super::list::KeyList;
-use super::EvictionPolicy;
+use super::policy::EvictionPolicy;
 
 /// Share of resident blocks the small queue aims for, in percent (the paper's 10%).
 pub const SMALL_QUEUE_PERCENT: usize = 10;

@@ -1,9 +1,12 @@
 //! Per-device I/O metrics: bytes, operations, errors, queue depth and latency percentiles.
 //! Updated with relaxed atomics by the device worker and the submitting threads; read as a
-//! [`DeviceMetricsSnapshot`].
+//! [`DeviceMetricsSnapshot`]; and the pool's whole report, [`SsdMetrics`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use super::recovery::RecoveryStats;
+use crate::tier::TierStats;
 
 /// Sub-buckets per power of two: latencies are recorded to within 1/8 (12.5%) of their value.
 const SUB_BITS: u32 = 3;
@@ -151,6 +154,45 @@ impl std::fmt::Debug for DeviceMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.snapshot().fmt(f)
     }
+}
+
+/// One device of the pool, as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsdDeviceReport {
+    pub path: String,
+    pub direct_io: bool,
+    pub block_device: bool,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    /// Fraction of each batch placed here by Algorithm 1.
+    pub placement_share: f64,
+    pub throttle_bytes_per_s: f64,
+    pub objects: u64,
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+    pub io: DeviceMetricsSnapshot,
+}
+
+/// Everything the pool counts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsdMetrics {
+    pub engine: &'static str,
+    pub durability: &'static str,
+    pub placement: &'static str,
+    pub bandwidth_source: String,
+    pub devices: Vec<SsdDeviceReport>,
+    pub tier: TierStats,
+    pub lookup_hits: u64,
+    pub lookup_misses: u64,
+    pub write_failures: u64,
+    pub read_io_errors: u64,
+    pub log_failures: u64,
+    pub log_records: u64,
+    pub log_bytes: u64,
+    pub log_generation: u64,
+    pub compactions: u64,
+    pub recovery: RecoveryStats,
+    pub warnings: Vec<String>,
 }
 
 #[cfg(test)]

@@ -34,13 +34,13 @@ pub mod files;
 pub mod format;
 pub mod log;
 pub mod metrics;
+pub use metrics::{SsdDeviceReport, SsdMetrics};
 pub mod placement;
 pub mod probe;
 pub mod recovery;
 mod state;
 pub mod throttle;
 mod tier_impl;
-pub use tier_impl::{SsdDeviceReport, SsdMetrics};
 mod worker;
 mod writes;
 

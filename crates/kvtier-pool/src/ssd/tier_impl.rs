@@ -1,11 +1,11 @@
-//! [`Tier`] for the SSD pool, batched reads grouped by device, and the pool's metrics.
+//! [`Tier`] for the SSD pool, batched reads grouped by device, and the pool's metrics
+//! ([`SsdMetrics`], defined in `metrics.rs`).
 
 use kvtier_core::BlockKey;
 
 use super::buffer::AlignedBuf;
 use super::device::transfer_exact;
-use super::metrics::DeviceMetricsSnapshot;
-use super::recovery::RecoveryStats;
+use super::metrics::{SsdDeviceReport, SsdMetrics};
 use super::state::{Entry, EntryState, PinnedAt};
 use super::worker::{Op, OpKind, OpResult, Pending};
 use super::writes::Source;
@@ -15,45 +15,6 @@ use crate::extent::PAGE_BYTES;
 use crate::tier::IntegrityError;
 use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 use kvtier_core::checksum::checksum;
-
-/// One device of the pool, as reported.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SsdDeviceReport {
-    pub path: String,
-    pub direct_io: bool,
-    pub block_device: bool,
-    pub read_bytes_per_s: f64,
-    pub write_bytes_per_s: f64,
-    /// Fraction of each batch placed here by Algorithm 1.
-    pub placement_share: f64,
-    pub throttle_bytes_per_s: f64,
-    pub objects: u64,
-    pub used_bytes: u64,
-    pub capacity_bytes: u64,
-    pub io: DeviceMetricsSnapshot,
-}
-
-/// Everything the pool counts.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SsdMetrics {
-    pub engine: &'static str,
-    pub durability: &'static str,
-    pub placement: &'static str,
-    pub bandwidth_source: String,
-    pub devices: Vec<SsdDeviceReport>,
-    pub tier: TierStats,
-    pub lookup_hits: u64,
-    pub lookup_misses: u64,
-    pub write_failures: u64,
-    pub read_io_errors: u64,
-    pub log_failures: u64,
-    pub log_records: u64,
-    pub log_bytes: u64,
-    pub log_generation: u64,
-    pub compactions: u64,
-    pub recovery: RecoveryStats,
-    pub warnings: Vec<String>,
-}
 
 impl SsdTier {
     /// Stores payloads that already sit in page-aligned whole pages (e.g. DRAM extents being

@@ -14,26 +14,12 @@
 
 use kvtier_core::copy;
 use kvtier_core::paged::PagedPool;
+use kvtier_core::{BlockKey, LayoutError};
 use kvtier_pool::{ReadOutcome, TierKind};
 
-use super::{PutReport, Store};
+use super::Store;
 use crate::error::StoreError;
-use crate::hierarchy::{HierarchyPut, TierWrites};
-use kvtier_core::{BlockKey, LayoutError};
-
-/// What a load into a pool did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolLoadReport {
-    /// Blocks `0..loaded_blocks` of the call all verified (the consecutive prefix an engine may
-    /// count as cached).
-    pub loaded_blocks: usize,
-    /// Positions (in the call's block table) of every block that did not verify or was gone:
-    /// its pool block holds no usable bytes.
-    pub failed: Vec<usize>,
-    /// Blocks that failed verification in this load (each stored copy is counted in the store's
-    /// stats once).
-    pub checksum_failures: usize,
-}
+use crate::types::{HierarchyPut, PoolLoadReport, PutReport, TierWrites};
 
 impl Store {
     /// Copies leased blocks `first..first + block_ids.len()` into pool blocks `block_ids`,
@@ -88,7 +74,7 @@ impl Store {
         let entries: Vec<_> = in_dram.iter().map(|&i| blocks[i].entry).collect();
         let dram_ids: Vec<usize> = in_dram.iter().map(|&i| ids[i]).collect();
         let mut dram_outcomes = vec![ReadOutcome::NotPinned; in_dram.len()];
-        self.dram.read_pinned_into_pool(
+        self.hierarchy.dram.read_pinned_into_pool(
             self.namespace_hash,
             &entries,
             pool,
@@ -149,7 +135,7 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<usize>, _>>()?;
-        if self.ssd.is_some() || self.remote.is_some() {
+        if self.hierarchy.has_lower() {
             let bb = self.block_bytes;
             let mut staged = self.staging.take(ids.len() * bb);
             for (&b, object) in ids.iter().zip(staged.chunks_mut(bb)) {
@@ -161,7 +147,7 @@ impl Store {
             return self.put(namespace_hash, keys, &objects);
         }
         self.reclaim_expired(&mut self.leases.lock());
-        let report = self.dram.put_from_pool(self.namespace_hash, keys, pool, &ids);
+        let report = self.hierarchy.dram.put_from_pool(self.namespace_hash, keys, pool, &ids);
         let writes = TierWrites { dram: report.stored, ..TierWrites::default() };
         Ok(self.count_put(HierarchyPut { report, writes }, keys.len()))
     }

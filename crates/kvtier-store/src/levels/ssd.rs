@@ -1,0 +1,225 @@
+//! The SSD level: the SSD pool and the codec its blocks are written in (`ssd.codec`). On SSD a
+//! payload of exactly `block_bytes` is a raw block, read straight into its destination; any
+//! other length is a codec object, read whole and decoded by the codec id in its own header
+//! ([`crate::codec_stage`]).
+
+use std::sync::Arc;
+
+use kvtier_core::checksum::checksum;
+use kvtier_core::BlockKey;
+use kvtier_pool::{EntryRef, PoolError, ReadOutcome, SsdTier, Tier, TierKind, TierPutReport, PAGE_BYTES};
+
+use super::{ExtentPayload, Level, LevelRead};
+use crate::codec_stage::{decode_stored, par_each, verify_stored, Encoded, TierEncoder};
+use crate::config::SsdStoreConfig;
+use crate::error::StoreError;
+use crate::stats::{bump, Counters};
+use crate::types::StoredBlock;
+
+/// The SSD pool with the encoder of the blocks written to it.
+pub(crate) struct SsdLevel {
+    pub tier: Arc<SsdTier>,
+    encoder: TierEncoder,
+    block_bytes: usize,
+}
+
+/// One SSD codec object to decode: item, stored bytes, destination, outcome, whether decoding
+/// failed.
+type DecodeItem<'a> = (usize, &'a [u8], &'a mut [u8], ReadOutcome, bool);
+
+/// The codec objects of one read: items `coded` of `entries`, of SSD payload lengths `lens`.
+struct Coded<'a> {
+    ns: u128,
+    entries: &'a [EntryRef],
+    coded: &'a [usize],
+    lens: &'a [Option<u64>],
+}
+
+impl SsdLevel {
+    /// Opens (and recovers from its index log) the SSD pool of `config`, for blocks of
+    /// `block_bytes` evicted by `eviction`.
+    pub(crate) fn open(
+        config: &SsdStoreConfig,
+        eviction: &str,
+        block_bytes: usize,
+        encoder: TierEncoder,
+    ) -> Result<SsdLevel, StoreError> {
+        let mut pool = config.pool.clone();
+        pool.min_object_bytes = (block_bytes as u64).div_ceil(PAGE_BYTES).max(1) * PAGE_BYTES;
+        pool.eviction = eviction.to_string();
+        let tier = Arc::new(SsdTier::open(pool).map_err(|e| match e {
+            PoolError::SsdConfig(message) => StoreError::Config(format!("ssd: {message}")),
+            other => StoreError::Tier(other),
+        })?);
+        Ok(SsdLevel { tier, encoder, block_bytes })
+    }
+
+    /// Writes whole blocks (write-through), encoded by the SSD codec.
+    pub(crate) fn put(&self, ns: u128, keys: &[BlockKey], objects: &[&[u8]], c: &Counters) -> TierPutReport {
+        if self.encoder.is_raw() {
+            return self.tier.put(ns, keys, objects);
+        }
+        let encoded = Encoded::new(&self.encoder, ns, keys, objects);
+        encoded.count(c, TierKind::Ssd);
+        let stored: Vec<&[u8]> = (0..keys.len()).map(|i| encoded.stored(i, objects[i])).collect();
+        self.tier.put(ns, keys, &stored)
+    }
+
+    /// Writes DRAM victims straight from their extents (demotion). Raw blocks go to the device
+    /// from the extents' pages without a copy (O_DIRECT). Through a codec, each payload is first
+    /// checked against the checksum DRAM recorded (the encoded form gets a checksum of its own,
+    /// so a DRAM bit flip must be caught here, not baked in; a mismatch counts in
+    /// `demotion_failed`).
+    pub(crate) fn put_extents(
+        &self,
+        ns: u128,
+        keys: &[BlockKey],
+        extents: &[ExtentPayload<'_>],
+        c: &Counters,
+    ) -> TierPutReport {
+        if self.encoder.is_raw() {
+            return self.tier.put_pages(ns, keys, extents);
+        }
+        let mut ok_keys = Vec::with_capacity(keys.len());
+        let mut raw = Vec::with_capacity(keys.len());
+        for (&key, &(pages, len, sum)) in keys.iter().zip(extents) {
+            let payload = &pages[..len as usize];
+            if checksum(payload) == sum {
+                ok_keys.push(key);
+                raw.push(payload);
+            } else {
+                bump(&c.demotion_failed, 1);
+            }
+        }
+        self.put(ns, &ok_keys, &raw, c)
+    }
+
+    /// The codec objects of a read with `forms`: each
+    /// read into the front of its destination and verified in place ([`verify_stored`]), never
+    /// decoded. One that does not fit its destination or fails verification is `Corrupt` and
+    /// listed in `undecodable`.
+    fn read_stored(
+        &self,
+        Coded { ns, entries, coded, lens }: Coded<'_>,
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+        forms: &mut [StoredBlock],
+        undecodable: &mut Vec<BlockKey>,
+    ) {
+        let len = |i: usize| lens[i].map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+        let mut fit = vec![false; entries.len()];
+        for &i in coded {
+            if len(i) <= dst[i].len() {
+                fit[i] = true;
+            } else {
+                outcomes[i] = ReadOutcome::Corrupt;
+                undecodable.push(entries[i].key);
+            }
+        }
+        let items: Vec<usize> = coded.iter().copied().filter(|&i| fit[i]).collect();
+        let ce: Vec<EntryRef> = items.iter().map(|&i| entries[i]).collect();
+        let mut cout = vec![ReadOutcome::NotPinned; items.len()];
+        {
+            let mut cd: Vec<&mut [u8]> =
+                dst.iter_mut().enumerate().filter(|(i, _)| fit[*i]).map(|(i, d)| &mut d[..len(i)]).collect();
+            self.tier.read_pinned(ns, &ce, &mut cd, &mut cout);
+        }
+        for (&i, mut o) in items.iter().zip(cout) {
+            if o == ReadOutcome::Loaded {
+                match verify_stored(ns, entries[i].key, &dst[i][..len(i)], self.block_bytes) {
+                    Ok((codec_id, offset, len)) => forms[i] = StoredBlock { codec_id, offset, len },
+                    Err(()) => {
+                        o = ReadOutcome::Corrupt;
+                        undecodable.push(entries[i].key);
+                    }
+                }
+            }
+            outcomes[i] = o;
+        }
+    }
+
+    /// The codec objects `coded` of a decoding read: each read whole into a buffer of its size,
+    /// then decoded into its destination (in parallel). One that fails to decode is `Corrupt`
+    /// and listed in `undecodable`.
+    fn read_decoded(
+        &self,
+        Coded { ns, entries, coded, lens }: Coded<'_>,
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+        undecodable: &mut Vec<BlockKey>,
+    ) {
+        let ce: Vec<EntryRef> = coded.iter().map(|&i| entries[i]).collect();
+        let mut bufs: Vec<Vec<u8>> =
+            coded.iter().map(|&i| vec![0u8; lens[i].expect("sized") as usize]).collect();
+        let mut cout = vec![ReadOutcome::NotPinned; coded.len()];
+        {
+            let mut cd: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            self.tier.read_pinned(ns, &ce, &mut cd, &mut cout);
+        }
+        let mut slots: Vec<Option<&mut [u8]>> = dst.iter_mut().map(|d| Some(&mut **d)).collect();
+        let mut work: Vec<DecodeItem<'_>> = coded
+            .iter()
+            .zip(cout)
+            .zip(&bufs)
+            .map(|((&i, o), buf)| (i, &buf[..], slots[i].take().expect("each item once"), o, false))
+            .collect();
+        let bytes = work.len() * self.block_bytes;
+        par_each(&mut work, bytes, |(i, buf, d, o, failed)| {
+            if *o == ReadOutcome::Loaded && decode_stored(ns, entries[*i].key, buf, d).is_err() {
+                *o = ReadOutcome::Corrupt;
+                *failed = true;
+            }
+        });
+        for (i, _, _, o, failed) in work {
+            outcomes[i] = o;
+            if failed {
+                undecodable.push(entries[i].key);
+            }
+        }
+    }
+}
+
+impl Level for SsdLevel {
+    fn tier(&self) -> &dyn Tier {
+        &*self.tier
+    }
+
+    /// Raw blocks (payload of exactly `block_bytes`) straight from the device; codec objects
+    /// decoded (or, with `forms`, verified in place). Undecodable copies are dropped from SSD.
+    fn read(
+        &self,
+        ns: u128,
+        entries: &[EntryRef],
+        dst: &mut [&mut [u8]],
+        outcomes: &mut [ReadOutcome],
+        forms: Option<&mut [StoredBlock]>,
+    ) -> LevelRead {
+        let lens: Vec<Option<u64>> = entries.iter().map(|e| self.tier.pinned_payload_len(e)).collect();
+        let is_object = |i: usize| lens[i].is_some_and(|l| l != self.block_bytes as u64);
+        let direct: Vec<usize> = (0..entries.len()).filter(|&i| !is_object(i)).collect();
+        let coded: Vec<usize> = (0..entries.len()).filter(|&i| is_object(i)).collect();
+        if !direct.is_empty() {
+            let de: Vec<EntryRef> = direct.iter().map(|&i| entries[i]).collect();
+            let mut dd: Vec<&mut [u8]> =
+                dst.iter_mut().enumerate().filter(|(i, _)| !is_object(*i)).map(|(_, d)| &mut **d).collect();
+            let mut dout = vec![ReadOutcome::NotPinned; direct.len()];
+            self.tier.read_pinned(ns, &de, &mut dd, &mut dout);
+            for (&i, o) in direct.iter().zip(dout) {
+                outcomes[i] = o;
+            }
+        }
+        if coded.is_empty() {
+            return LevelRead::default();
+        }
+        let mut undecodable = Vec::new();
+        let batch = Coded { ns, entries, coded: &coded, lens: &lens };
+        match forms {
+            Some(forms) => self.read_stored(batch, dst, outcomes, forms, &mut undecodable),
+            None => self.read_decoded(batch, dst, outcomes, &mut undecodable),
+        }
+        if !undecodable.is_empty() {
+            self.tier.remove(ns, &undecodable);
+        }
+        LevelRead { decode_failures: undecodable.len() }
+    }
+}
