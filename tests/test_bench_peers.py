@@ -161,6 +161,14 @@ def test_summary_renders_the_table_and_the_reasons() -> None:
     assert remote and "not run: mooncake holder did not start: setup returned -1 |" in remote[0]
     assert "ssd: not in this bench yet" in lines
     assert "more detail" not in text  # one line per reason in the table; the JSON keeps it all
+    assert not any(ln.startswith("remote rows:") for ln in lines)  # no server recorded, none shown
+    result["redis_server"] = {
+        "binary": "/usr/bin/redis-server",
+        "version": "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64",
+        "malloc_conf": "muzzy_decay_ms:-1",
+    }
+    lines = peers.summary(result).splitlines()
+    assert "remote rows: Redis server v=7.0.15, MALLOC_CONF=muzzy_decay_ms:-1" in lines
 
 
 def _ssd_round(kvtier_s: tuple[float, float, float], lmcache_s: tuple[float, float, float]) -> dict[str, Any]:

@@ -271,8 +271,9 @@ def run(
     if stamp.get("mooncake_unavailable"):
         unavailable["mooncake"] = str(stamp["mooncake_unavailable"])
     per_round: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, _redis(tmp, parts) as redis_url:
-        base["redis_url"] = redis_url
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, _redis(tmp, parts) as redis:
+        base["redis_url"] = redis.get("redis_url")
+        base["redis_server"] = redis.get("redis_server")
         base["ssd_root"] = str(Path(ssd_dir or tmp).resolve())
         with _servers(venv, Path(tmp), unavailable, "remote" in parts) as mooncake:
             base |= mooncake
@@ -300,6 +301,7 @@ def run(
         "ssd_bytes": ssd_bytes,
         "ssd_filesystem": ssd_filesystem,
         "versions": stamp["versions"],
+        "redis_server": base["redis_server"],
         "python": sys.version.split()[0],
         "unavailable": unavailable,
         "not_measured": NOT_MEASURED,
@@ -309,15 +311,19 @@ def run(
 
 
 @contextmanager
-def _redis(tmp: str, parts: tuple[str, ...]) -> Iterator[str | None]:
-    """A loopback Redis for kvtier's remote row, when that part runs."""
+def _redis(tmp: str, parts: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """A loopback Redis for kvtier's remote row, when that part runs, set up for 4 MiB values as
+    docs/remote.md recommends (jemalloc keeps freed reply buffers: ``LARGE_VALUE_MALLOC_CONF``);
+    yields its URL and what ran (binary, version, ``MALLOC_CONF``), or ``{}``."""
     if "remote" not in parts:
-        yield None
+        yield {}
         return
-    from kvtier.testing.redis import LocalRedis
+    from kvtier.testing.redis import LARGE_VALUE_MALLOC_CONF, LocalRedis
 
-    with LocalRedis(tmp) as redis:
-        yield redis.url
+    with LocalRedis(tmp, malloc_conf=LARGE_VALUE_MALLOC_CONF) as redis:
+        version = subprocess.run([redis.server, "--version"], capture_output=True, text=True).stdout.strip()
+        server = {"binary": redis.server, "version": version, "malloc_conf": LARGE_VALUE_MALLOC_CONF}
+        yield {"redis_url": redis.url, "redis_server": server}
 
 
 @contextmanager
@@ -401,6 +407,9 @@ def summary(r: dict[str, Any]) -> str:
             f"ssd rows: {r.get('ssd_bytes', 0) / 2**20:.0f} MiB per round on {r.get('ssd_filesystem')}; kvtier "
             "write-through, O_DIRECT; LMCache LocalDiskBackend, buffered, timed until its writes are done"
         )
+    if r.get("redis_server"):
+        rs = r["redis_server"]
+        lines.append(f"remote rows: {rs['version'].split(' sha=')[0]}, MALLOC_CONF={rs['malloc_conf']}")
     lines += [
         "",
         "| work | kvtier ÷ memcpy | peer ÷ memcpy | kvtier speed ÷ peer | peer | load avg 1m |",

@@ -15,6 +15,7 @@ Every wait is bounded (:data:`SERVER_START_TIMEOUT_S`, :data:`CLUSTER_FORM_TIMEO
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import socket
@@ -23,6 +24,14 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+#: jemalloc settings for a server that serves multi-MiB values (``LocalRedis(malloc_conf=...)``).
+#: redis-server copies each GET reply into a freshly allocated buffer; with jemalloc's default
+#: ``muzzy_decay_ms:0`` the freed buffer's pages go back to the kernel at once, so the next 4 MiB
+#: reply faults in and zeroes 1024 new pages (measured with ``perf``: ~40% of the server's time
+#: per 4 MiB GET). ``muzzy_decay_ms:-1`` keeps them (they are ``MADV_FREE``, so the kernel can
+#: still reclaim them under memory pressure). docs/remote.md recommends it for deployments.
+LARGE_VALUE_MALLOC_CONF = "muzzy_decay_ms:-1"
 
 #: How long to wait for a started server to answer, and for a cluster to form (bounded loops).
 SERVER_START_TIMEOUT_S = 10.0
@@ -165,7 +174,8 @@ class LocalRedis:
     by pid. ``password`` sets ``requirepass``; ``cluster`` enables cluster mode; ``tls`` =
     (CA file, server certificate, server key) serves TLS only (``rediss://``) on the port;
     ``tls_client`` = (certificate, key) makes clients present a certificate the CA signed (mutual
-    TLS); the fixture's own commands use that one."""
+    TLS); the fixture's own commands use that one. ``malloc_conf`` is passed to the server as
+    ``MALLOC_CONF`` (jemalloc's settings; see :data:`LARGE_VALUE_MALLOC_CONF`)."""
 
     def __init__(
         self,
@@ -174,8 +184,10 @@ class LocalRedis:
         cluster: bool = False,
         tls: tuple[str, str, str] | None = None,
         tls_client: tuple[str, str] | None = None,
+        malloc_conf: str | None = None,
     ) -> None:
         self.server, self.cli = server_binaries()
+        self.malloc_conf = malloc_conf
         self.password = password
         self.cluster = cluster
         self.tls = tls
@@ -251,7 +263,8 @@ class LocalRedis:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.workdir / "nodes.conf")]
             args += ["--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"]
             args += ["--cluster-allow-reads-when-down", "yes"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = None if self.malloc_conf is None else {**os.environ, "MALLOC_CONF": self.malloc_conf}
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
