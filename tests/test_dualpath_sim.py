@@ -148,11 +148,11 @@ def test_pe_step_traffic_classes_are_isolated_unless_switched_off() -> None:
 
 
 def _ready_request(cluster: DualPathCluster) -> Any:
-    from kvtier.sim.dualpath import _Req
+    from kvtier.sim.gpu_engine import GroupRequest
     from kvtier.sim.request import Request
 
     req = Request(1, 0.0, 10_000, 10, tuple(range(157)))
-    r = _Req(req, hit_tokens=9_600, computed_tokens=9_600, pe=cluster.pes[0].engine_id)
+    r = GroupRequest(req, hit_tokens=9_600, computed_tokens=9_600, pe=cluster.pes[0].engine_id)
     r.de, r.side = cluster.des[0].engine_id, "de"
     return r
 

@@ -223,8 +223,7 @@ class DualPathScheduler(GlobalScheduler):
         if not self.round_robin:
             self.waiting.append(req)
             return
-        pes = [e for group in cluster.loads(Role.PREFILL) for e in group]
-        des = [e for group in cluster.loads(Role.DECODE) for e in group]
+        pes, des = cluster.loads(Role.PREFILL), cluster.loads(Role.DECODE)
         pe, de = pes[self._rr_pe % len(pes)], des[self._rr_de % len(des)]
         self._rr_pe += 1
         self._rr_de += 1
@@ -238,11 +237,11 @@ class DualPathScheduler(GlobalScheduler):
     def fetch(self, cluster: ClusterState) -> None:
         if not (self.waiting or self.de_queue or any(self.private.values())):
             return
-        n = len(cluster.loads(Role.PREFILL))
+        n = cluster.groups(Role.PREFILL)
         for k in range(n):  # PE groups fetch in turn
             if not self.waiting:
                 break
-            reports = cluster.loads(Role.PREFILL)[(self._rr_group + k) % n]
+            reports = cluster.loads(Role.PREFILL, (self._rr_group + k) % n)
             # Lazily: the fetch stops at the first request no PE takes (long queues cost O(taken)).
             for rid, eid in schedule_pe_fetch(
                 iter(self.waiting), reports, self.short_queue_tokens, self.unfinished_limit_tokens
@@ -254,14 +253,14 @@ class DualPathScheduler(GlobalScheduler):
                 self.de_queue.append(req)
         self._rr_group += 1
         if self.de_queue:  # DE phase 1: the global queue drains into the groups' private queues
-            groups = dict(enumerate(cluster.loads(Role.DECODE)))
+            groups = {g: cluster.loads(Role.DECODE, g) for g in range(cluster.groups(Role.DECODE))}
             for gi, reqs in assign_de_groups(self.de_queue, groups).items():
                 self.private.setdefault(gi, []).extend(reqs)
             self.de_queue.clear()
         for gi, queue in sorted(self.private.items()):  # DE phase 2
             if not queue:
                 continue
-            reports = cluster.loads(Role.DECODE)[gi]
+            reports = cluster.loads(Role.DECODE, gi)
             placed = schedule_de_group(queue, reports, _decode_tokens)
             for rid, eid in placed:
                 side = "pe"

@@ -70,8 +70,12 @@ class Placement:
 class ClusterState(Protocol):
     """What a global scheduler reads of a cluster and asks of it."""
 
-    def loads(self, role: Role) -> Sequence[Sequence[EngineLoad]]:
-        """The reports of the engines of ``role``, by group (one group where there are none)."""
+    def groups(self, role: Role) -> int:
+        """How many groups the engines of ``role`` form (1 where the cluster has no groups)."""
+        ...
+
+    def loads(self, role: Role, group: int | None = None) -> Sequence[EngineLoad]:
+        """The reports, now, of the engines of ``role``: of one group, or all (in group order)."""
         ...
 
     def read_queue_tokens(self, engine_id: int) -> int:
@@ -115,7 +119,7 @@ class RoundRobin(GlobalScheduler):
         self._next = 0
 
     def arrive(self, req: PendingRequest, cluster: ClusterState) -> None:
-        engines = _flat(cluster.loads(Role.PREFILL))
+        engines = _engines(cluster)
         if len(engines) > 1:
             self._next = (self._next + 1) % len(engines)
             engines = engines[self._next :]
@@ -126,14 +130,14 @@ class LeastLoaded(GlobalScheduler):
     name = "least_loaded"
 
     def arrive(self, req: PendingRequest, cluster: ClusterState) -> None:
-        cluster.place(Placement(req.req_id, least_loaded(_flat(cluster.loads(Role.PREFILL)))))
+        cluster.place(Placement(req.req_id, least_loaded(_engines(cluster))))
 
 
 class PrefixAware(GlobalScheduler):
     name = "prefix_aware"
 
     def arrive(self, req: PendingRequest, cluster: ClusterState) -> None:
-        engines = _flat(cluster.loads(Role.PREFILL))
+        engines = _engines(cluster)
         chosen = least_loaded(engines)
         if len(engines) > 1:
             hits = {e.engine_id: cluster.prefix_blocks(req.req_id, e.engine_id) for e in engines}
@@ -148,8 +152,8 @@ def least_loaded(engines: Sequence[EngineLoad]) -> int:
     return min(engines, key=lambda e: e.unfinished_tokens).engine_id
 
 
-def _flat(groups: Sequence[Sequence[EngineLoad]]) -> list[EngineLoad]:
-    engines = [e for group in groups for e in group]
+def _engines(cluster: ClusterState) -> Sequence[EngineLoad]:
+    engines = cluster.loads(Role.PREFILL)
     if not engines:
         raise ConfigError("a cluster needs at least one engine")
     return engines

@@ -97,9 +97,12 @@ class Cluster:
             raise SimError(f"global scheduler {self.scheduler.name!r} did not place request {req.req_id}")
         return engine
 
-    def loads(self, role: Role) -> list[list[EngineLoad]]:
+    def groups(self, role: Role) -> int:
+        return 1
+
+    def loads(self, role: Role, group: int | None = None) -> list[EngineLoad]:
         engines = self.engines if role is Role.PREFILL else self.decode_engines
-        return [[EngineLoad(i, 0, len(e.requests), _load(e), 0) for i, e in enumerate(engines)]]
+        return [EngineLoad(i, 0, len(e.requests), _load(e), 0) for i, e in enumerate(engines)]
 
     def read_queue_tokens(self, engine_id: int) -> int:
         return 0  # reads are each engine's own (its links), not a node queue
@@ -152,7 +155,7 @@ class Cluster:
         if r.generated_tokens >= r.req.output_tokens:
             self._finished(r)
             return
-        decode = self.decode_engines[least_loaded(self.loads(Role.DECODE)[0])]
+        decode = self.decode_engines[least_loaded(self.loads(Role.DECODE))]
         nbytes = r.req.prompt_tokens * prefill_engine.cost.kv_bytes_per_token
         if self.pd_link is None:
             raise SimError("a P/D cluster needs a pd_link for the KV transfer")

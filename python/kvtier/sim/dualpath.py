@@ -39,26 +39,25 @@ collectives are not modelled.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from kvtier.errors import SimError
-from kvtier.sched.base import LoadOrder, Phase, Policy, RequestView, SchedulerView
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
-from kvtier.sched.executor import execute
 from kvtier.sched.placement import EngineLoad, PendingRequest, Placement, Role
 from kvtier.sim.arrivals import Arrivals
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import STEP_OVERHEAD_S
 from kvtier.sim.ep_cost import EpCost, PrefillEstimates
+from kvtier.sim.gpu_engine import GpuEngine, GroupRequest, ViewShape
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.metrics import Metrics, RequestRecord
 from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
-from kvtier.sim.topology import EngineSlot, Topology
+from kvtier.sim.topology import Topology
 
 TTFT_WINDOW_S = 150.0  # §7.4: the steady-state test's sliding window
 DECODE_TOKENS_PER_EVENT = 16  # decode tokens a DE advances per simulated event (see the module docs)
@@ -71,114 +70,8 @@ A2A_BYTES_PER_HIDDEN = 3
 
 
 @dataclass(eq=False)
-class _Req:
-    req: Request
-    hit_tokens: int
-    pe: int = -1
-    de: int = -1
-    side: str = "pe"  # where its hit KV was read to: "pe" or "de" buffer
-    computed_tokens: int = 0
-    generated_tokens: int = 0
-    first_token_s: float | None = None
-    max_tbt_s: float = 0.0
-    epoch: int = 0  # never leaves a PE once there (no preemption): the executor's epochs hold
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.req.prompt_tokens
-
-    @property
-    def req_id(self) -> int:
-        return self.req.req_id
-
-    @property
-    def phase(self) -> Phase:
-        return Phase.RUNNING if self.computed_tokens > self.hit_tokens else Phase.WAITING
-
-    @property
-    def prefill_done(self) -> bool:
-        return self.computed_tokens >= self.prompt_tokens
-
-
-@dataclass(eq=False)
-class _Engine:
-    slot: EngineSlot
-    unfinished_requests: int = 0
-    unfinished_tokens: int = 0
-    queue: list[_Req] = field(default_factory=list)  # PE: assigned, hit KV read; DE: running
-    incoming: list[_Req] = field(default_factory=list)  # DE: KV landed, joins at the next event
-    free_hbm_tokens: int = 0  # DE: KV tokens its HBM still holds
-    stepping: bool = False
-
-    @property
-    def engine_id(self) -> int:
-        return self.slot.engine_id
-
-    @property
-    def cnic(self) -> Link:
-        return self.slot.cnic
-
-    def take(self, r: _Req) -> None:
-        self.unfinished_requests += 1
-        self.unfinished_tokens += r.prompt_tokens
-
-    def drop(self, r: _Req) -> None:
-        self.unfinished_requests -= 1
-        self.unfinished_tokens -= r.prompt_tokens
-
-
-class _PrefillBackend:
-    """A PE as the decision executor's backend: prefill chunks only. A PE's requests never leave it
-    (no preemption, swap, decode or separate load: its KV streams in with the step), so the other
-    orders raise."""
-
-    def __init__(self, policy: Policy, pe: _Engine, requests: dict[int, _Req]) -> None:
-        self.policy = policy
-        self._pe = pe
-        self._requests = requests
-
-    def error(self, message: str) -> SimError:
-        return SimError(message)
-
-    def find(self, req_id: int) -> _Req | None:
-        return self._requests.get(req_id)
-
-    def _cannot(self, what: str, r: _Req) -> None:
-        raise SimError(f"policy {self.policy.name!r}: a DualPath PE cannot {what} (request {r.req_id})")
-
-    def preempt(self, r: _Req) -> None:
-        self._cannot("preempt", r)
-
-    def swap_out(self, r: _Req) -> None:
-        self._cannot("swap out", r)
-
-    def swap_in(self, r: _Req) -> None:
-        self._cannot("swap in", r)
-
-    def end_swaps(self) -> None:
-        pass
-
-    def plan_prefill(
-        self, plan: list[tuple[_Req, int]], r: _Req, tokens: int, load: LoadOrder | None
-    ) -> None:
-        if r.pe != self._pe.engine_id or r not in self._pe.queue:
-            raise SimError(f"policy {self.policy.name!r} prefills request {r.req_id}, not on this PE")
-        if tokens > 0:  # its hit KV (``load``) streams in with the step (_pe_step_io)
-            plan.append((r, tokens))
-
-    def plan_decode(self, plan: list[tuple[_Req, int]], r: _Req) -> None:
-        self._cannot("decode", r)
-
-    def start_load(self, r: _Req, load: LoadOrder) -> None:
-        self._cannot("load outside a step", r)
-
-    def prefetch(self, r: _Req, load: LoadOrder) -> None:
-        self._cannot("prefetch", r)
-
-
-@dataclass(eq=False)
 class _PeGroup:
-    engines: list[_Engine]
+    engines: list[GpuEngine]
     stepping: bool = False
 
 
@@ -201,8 +94,23 @@ class DualPathCluster:
         self.block_tokens = config.block_tokens
         self.topology = Topology.from_config(config, self.hw, self.loop)
         self.links = self.topology.links
+        pe_weights = self.cost.weight_bytes_per_gpu(config.prefill_engines)
+        pe_hbm = self.hw.hbm_capacity_bytes * config.gpu_memory_utilization - pe_weights
+        pe_hbm_blocks = max(1, int((pe_hbm - ACTIVATION_RESERVE_BYTES) // self._bytes(self.block_tokens)))
+        layers = self.model.num_layers
+        shape = ViewShape(
+            pe_hbm_blocks * (layers if policy.layerwise else 1),
+            self.block_tokens,
+            layers,
+            self.cost.kv_bytes_per_token,
+            PrefillEstimates(self.cost),
+        )
+        self.requests: dict[int, GroupRequest] = {}
         self.engines = {
-            role: [[_Engine(slot) for slot in group.engines] for group in self.topology.groups[role]]
+            role: [
+                [GpuEngine(slot, role, policy, self.requests, shape) for slot in group.engines]
+                for group in self.topology.groups[role]
+            ]
             for role in (Role.PREFILL, Role.DECODE)
         }
         self.pe_groups = [_PeGroup(engines) for engines in self.engines[Role.PREFILL]]
@@ -217,11 +125,6 @@ class DualPathCluster:
             raise SimError(f"{self.model.name!r} leaves no HBM for KV on a DE of {self.hw.name!r}")
         for de in self.des:
             de.free_hbm_tokens = int(hbm // self.cost.kv_bytes_per_token)
-        pe_weights = self.cost.weight_bytes_per_gpu(len(self.pes))
-        pe_hbm = self.hw.hbm_capacity_bytes * config.gpu_memory_utilization - pe_weights
-        self.pe_hbm_blocks = max(
-            1, int((pe_hbm - ACTIVATION_RESERVE_BYTES) // self._bytes(self.block_tokens))
-        )
         # §6.1 / App. A.4 thresholds in tokens: alpha s of one node's storage NIC, beta s of one GPU's
         # prefill of the workload's mean request shape (profiled in advance).
         snic = self.hw.storage_nic_bytes_per_s * self.topology.gpus_per_node
@@ -230,7 +133,6 @@ class DualPathCluster:
             short_queue_tokens=int(policy.short_read_queue_s * snic / self.cost.kv_bytes_per_token),
             unfinished_limit_tokens=int(self._gpu_tokens_per_s() * policy.unfinished_limit_s),
         )
-        self.requests: dict[int, _Req] = {}
         self._next_hit: dict[int, int] = {}
         self.arrivals = Arrivals(self.loop, self._arrive)
         self._kick_pending = False
@@ -256,7 +158,7 @@ class DualPathCluster:
 
     def _arrive(self, req: Request) -> None:
         hit = min(self._next_hit.pop(req.req_id, 0), req.prompt_tokens - 1)
-        r = _Req(req, hit, computed_tokens=hit)
+        r = GroupRequest(req, hit, computed_tokens=hit)
         self.requests[req.req_id] = r
         pending = PendingRequest(req.req_id, req.prompt_tokens, hit, req.output_tokens)
         self.scheduler.arrive(pending, self)
@@ -273,20 +175,23 @@ class DualPathCluster:
         self._kick_pending = False
         self.scheduler.fetch(self)
 
-    def loads(self, role: Role) -> list[list[EngineLoad]]:
+    def groups(self, role: Role) -> int:
+        return len(self.engines[role])
+
+    def loads(self, role: Role, group: int | None = None) -> list[EngineLoad]:
+        groups = self.engines[role]
+        chosen = range(len(groups)) if group is None else (group,)
         return [
-            [
-                EngineLoad(
-                    e.engine_id,
-                    gi,
-                    e.unfinished_requests,
-                    e.unfinished_tokens,
-                    e.slot.node.read_queue_tokens,
-                    e.free_hbm_tokens,
-                )
-                for e in group
-            ]
-            for gi, group in enumerate(self.engines[role])
+            EngineLoad(
+                e.engine_id,
+                gi,
+                e.unfinished_requests,
+                e.unfinished_tokens,
+                e.slot.node.read_queue_tokens,
+                e.free_hbm_tokens,
+            )
+            for gi in chosen
+            for e in groups[gi]
         ]
 
     def read_queue_tokens(self, engine_id: int) -> int:
@@ -307,12 +212,12 @@ class DualPathCluster:
         self._read(r, self.by_id[r.pe], e, placement.read_side or "pe")
 
     @staticmethod
-    def _de_need_tokens(r: _Req) -> int:
+    def _de_need_tokens(r: GroupRequest) -> int:
         return r.prompt_tokens + r.req.output_tokens
 
     # Storage reads (§4.1): into the PE's or the DE's node buffer ------------------------------------
 
-    def _read(self, r: _Req, pe: _Engine, de: _Engine, side: str) -> None:
+    def _read(self, r: GroupRequest, pe: GpuEngine, de: GpuEngine, side: str) -> None:
         r.side = side
 
         def landed() -> None:
@@ -330,53 +235,18 @@ class DualPathCluster:
 
     # PE groups (§6.2) ---------------------------------------------------------------------------
 
-    def _kick_pe(self, pe: _Engine) -> None:
+    def _kick_pe(self, pe: GpuEngine) -> None:
         group = self._group_of[pe.engine_id]
         if not group.stepping:
             group.stepping = True
             self.loop.after(0.0, EventKind.WAKE, partial(self._pe_step, group))
 
-    def _pe_view(self, pe: _Engine) -> SchedulerView:
-        running: list[RequestView] = []
-        waiting: list[RequestView] = []
-        for r in pe.queue:
-            started = r.phase is Phase.RUNNING
-            view = RequestView(
-                req_id=r.req.req_id,
-                arrival_s=r.req.arrival_s,
-                phase=r.phase,
-                prompt_tokens=r.prompt_tokens,
-                computed_tokens=r.computed_tokens if started else 0,
-                generated_tokens=0,
-                cached_tokens=(0, 0 if started else r.hit_tokens, 0, 0),
-            )
-            (running if started else waiting).append(view)
-        layers = self.model.num_layers
-        blocks = self.pe_hbm_blocks * (layers if self.policy.layerwise else 1)
-        return SchedulerView(
-            now_s=self.loop.now_s,
-            waiting=tuple(waiting),
-            running=tuple(running),
-            fetching=(),
-            swapped=(),
-            free_device_blocks=blocks,
-            free_host_blocks=None,
-            block_tokens=self.block_tokens,
-            max_batch_tokens=2**31,
-            max_running=2**31,
-            num_layers=layers,
-            cost=PrefillEstimates(self.cost),
-            kv_bytes_per_token=self.cost.kv_bytes_per_token,
-        )
-
     def _pe_step(self, group: _PeGroup) -> None:
         """One lockstep forward of a PE group: every PE's quota-packed batch (§6.2)."""
-        plans: list[tuple[_Engine, list[tuple[_Req, int]]]] = []
+        plans: list[tuple[GpuEngine, list[tuple[GroupRequest, int]]]] = []
         for pe in group.engines:
             if pe.queue:  # the policy's batch, through the one decision executor
-                chunks: list[tuple[_Req, int]] = []
-                backend = _PrefillBackend(self.policy, pe, self.requests)
-                execute(self.policy.schedule(self._pe_view(pe)), backend, chunks)
+                chunks = pe.plan(self.loop.now_s).prefill
                 if chunks:
                     plans.append((pe, chunks))
         if not plans:
@@ -417,7 +287,7 @@ class DualPathCluster:
             link.submit(nbytes, direction, partial(landed, kind), segment, priority)
 
     def _pe_step_io(
-        self, plans: Sequence[tuple[_Engine, Sequence[tuple[_Req, int]]]]
+        self, plans: Sequence[tuple[GpuEngine, Sequence[tuple[GroupRequest, int]]]]
     ) -> list[tuple[Link, int, Direction, int, int, str]]:
         """The transfers a PE group step waits for: layer-block KV streams and the EP all-to-all."""
         io: list[tuple[Link, int, Direction, int, int, str]] = []
@@ -447,7 +317,10 @@ class DualPathCluster:
         return io
 
     def _pe_step_end(
-        self, group: _PeGroup, plans: Sequence[tuple[_Engine, Sequence[tuple[_Req, int]]]], start: float
+        self,
+        group: _PeGroup,
+        plans: Sequence[tuple[GpuEngine, Sequence[tuple[GroupRequest, int]]]],
+        start: float,
     ) -> None:
         now = self.loop.now_s
         self.metrics.steps += 1
@@ -470,7 +343,7 @@ class DualPathCluster:
 
     # DEs ------------------------------------------------------------------------------------------
 
-    def _to_de(self, r: _Req, pe: _Engine) -> None:
+    def _to_de(self, r: GroupRequest, pe: GpuEngine) -> None:
         """Prompt KV to the DE buffer (all of it on the PE path, the new tokens on the DE path),
         then the DE's H2D, both through CNICs (§4.1, §5.2)."""
         de = self.by_id[r.de]
@@ -504,24 +377,22 @@ class DualPathCluster:
         for link, nbytes, direction in legs:
             link.submit(nbytes, direction, leg_done, segment, kv_priority)
 
-    def _de_step(self, de: _Engine) -> None:
+    def _de_step(self, de: GpuEngine) -> None:
         """Decodes every running request (§6.2) for up to DECODE_TOKENS_PER_EVENT tokens."""
         joined, de.incoming = de.incoming, []
         de.queue.extend(joined)
-        if not de.queue:
+        now = self.loop.now_s
+        batch = de.plan(now).decode if de.queue else []  # the policy's batch, through the executor
+        if not batch:
             de.stepping = False
             return
         de.stepping = True
-        left = min(r.req.output_tokens - r.generated_tokens for r in de.queue)
+        left = min(r.req.output_tokens - r.generated_tokens for r in batch)
         k = max(1, min(DECODE_TOKENS_PER_EVENT, left))
-        step_s = self.cost.decode_step_s(
-            [r.prompt_tokens + r.generated_tokens for r in de.queue], len(self.des)
-        )
-        now = self.loop.now_s
+        step_s = self.cost.decode_step_s([r.prompt_tokens + r.generated_tokens for r in batch], len(self.des))
         for r in joined:
             assert r.first_token_s is not None
             self.metrics.ttst_s.add(now + step_s - r.first_token_s)
-        batch = list(de.queue)
 
         def end() -> None:
             self.metrics.steps += 1
@@ -535,7 +406,7 @@ class DualPathCluster:
 
         self.loop.after(k * step_s, EventKind.STEP_END, end)
 
-    def _finish(self, de: _Engine, r: _Req) -> None:
+    def _finish(self, de: GpuEngine, r: GroupRequest) -> None:
         now = self.loop.now_s
         assert r.first_token_s is not None
         bt = self.block_tokens
