@@ -12,10 +12,10 @@ from kvtier.sched import make_policy
 from kvtier.sched.dualpath import DualPath
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventLoop
-from kvtier.sim.dualpath import KV_PRIORITY, MODEL_PRIORITY, DualPathCluster, is_dualpath
+from kvtier.sim.dualpath import KV_PRIORITY, MODEL_PRIORITY, DualPathCluster
 from kvtier.sim.models import load_model
 from kvtier.sim.resources import Direction, Link, Transfer
-from kvtier.sim.run import run
+from kvtier.sim.run import build, run
 
 
 def test_low_priority_kv_traffic_yields_to_model_traffic() -> None:
@@ -73,9 +73,17 @@ def workload_requests(cfg: SimConfig) -> int:
     return sum(1 for _ in workload(cfg))
 
 
-def test_dualpath_configs_run_on_the_dualpath_cluster_and_others_do_not() -> None:
-    assert is_dualpath(config("dualpath")) and is_dualpath(config("dualpath_basic"))
-    assert not is_dualpath(config("fcfs"))
+def test_dualpath_policies_name_their_global_scheduler_which_needs_node_groups() -> None:
+    """The policy's global scheduler (§6.1) picks the cluster: DualPath's runs on PE/DE node
+    groups; a router runs any policy on engines; a router cannot drive DualPath's groups."""
+    for name in ("dualpath", "dualpath_basic", "dualpath_oracle"):
+        assert isinstance(build(config(name)).cluster, DualPathCluster)
+    small = {"model": "llama-3.1-8b", "block_tokens": 16}  # fits one GPU without EP
+    assert not isinstance(build(config("fcfs", **small)).cluster, DualPathCluster)
+    routed = build(config("dualpath", router="least_loaded", **small)).cluster
+    assert not isinstance(routed, DualPathCluster)
+    with pytest.raises(ConfigError):
+        config("dualpath", router="dualpath")
 
 
 def test_end_to_end_every_turn_finishes_and_hits_its_previous_turn() -> None:
@@ -140,11 +148,11 @@ def test_pe_step_traffic_classes_are_isolated_unless_switched_off() -> None:
 
 
 def _ready_request(cluster: DualPathCluster) -> Any:
-    from kvtier.sim.dualpath import _Req
+    from kvtier.sim.gpu_engine import GroupRequest
     from kvtier.sim.request import Request
 
     req = Request(1, 0.0, 10_000, 10, tuple(range(157)))
-    r = _Req(req, hit_tokens=9_600, computed_tokens=9_600, pe=cluster.pes[0].engine_id)
+    r = GroupRequest(req, hit_tokens=9_600, computed_tokens=9_600, pe=cluster.pes[0].engine_id)
     r.de, r.side = cluster.des[0].engine_id, "de"
     return r
 

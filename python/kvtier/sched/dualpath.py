@@ -6,8 +6,9 @@ group, a group is all PEs or all DEs, §6.1). A request's hit KV is read from st
 PE's node buffer (*PE read path*) or into the DE's node buffer and then streamed to the PE over the
 compute network (*DE read path*, §4.1). Scheduling has two levels:
 
-* **Inter-engine** (§6.1), pure functions on :class:`EngineLoad` reports, used by the simulator's
-  global scheduler (:mod:`kvtier.sim.dualpath`) and testable on hand-built reports:
+* **Inter-engine** (§6.1), pure functions on :class:`EngineLoad` reports, testable on hand-built
+  reports, driven by :class:`DualPathScheduler` (a :class:`~kvtier.sched.placement.GlobalScheduler`,
+  the interface the routers of colocated clusters share):
 
   - :func:`pe_category` / :func:`schedule_pe_fetch`: when a PE group fetches, each engine is
     *overloaded* (unfinished tokens ``t > beta``), on a node with a *short* disk read queue
@@ -42,13 +43,21 @@ GPU can process for beta seconds") lost their values in our copy of the paper; t
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import LoadMode, LoadOrder, Policy, SchedulerDecision, SchedulerView, register
+from kvtier.sched.placement import (
+    ClusterState,
+    EngineLoad,
+    GlobalScheduler,
+    PendingRequest,
+    Placement,
+    Role,
+)
 
 COMPUTE_QUOTA_S = 0.3  # App. A.4: "Compute Quota Threshold is set to 300ms"
 # App. A.4's alpha and beta (values missing from our copy): the short read queue holds what a node's storage
@@ -58,31 +67,13 @@ SHORT_READ_QUEUE_S = 1.0
 UNFINISHED_LIMIT_S = 4.0
 READ_PATHS = ("dual", "pe")
 SCHEDULERS = ("dualpath", "round_robin")
+# §6.1: "all engines in one group proactively fetch tasks together regularly": the global scheduler
+# runs at most once per interval, when something changed (an arrival, a finished step or read).
+FETCH_INTERVAL_S = 0.05
 
 
 # ----------------------------------------------------------------------------------------------
 # Inter-engine scheduling (§6.1)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What an engine reports when its group fetches (§6.1): ``r``, ``t``, ``q`` (and DE HBM)."""
-
-    engine_id: int
-    group: int
-    unfinished_requests: int  # r_e: requests assigned to it and not finished
-    unfinished_tokens: int  # t_e: their total tokens
-    read_queue_tokens: int  # q: the disk read queue of its node, in tokens
-    free_hbm_tokens: int = 0  # DEs: KV tokens its free HBM holds
-
-
-@dataclass(frozen=True, slots=True)
-class PendingRequest:
-    """A request waiting for an engine: its token count (the load proxy, §6.1) and hit tokens."""
-
-    req_id: int
-    tokens: int
-    hit_tokens: int = 0
 
 
 class Category(IntEnum):
@@ -199,6 +190,93 @@ def choose_read_path(pe_queue_tokens: int, de_queue_tokens: int) -> str:
     return "de" if de_queue_tokens < pe_queue_tokens else "pe"
 
 
+class DualPathScheduler(GlobalScheduler):
+    """DualPath's global scheduler (§6.1) on a cluster of PE and DE groups: arrivals queue; each
+    fetch lets the PE groups take from the queue in turn (:func:`schedule_pe_fetch`), drains the
+    global DE queue into the groups' private queues (:func:`assign_de_groups`), places their heads
+    on DEs (:func:`schedule_de_group`) and picks each read's side (:func:`choose_read_path`). With
+    the ablation's ``scheduler="round_robin"`` every arrival is placed at once instead: engines
+    and (with two read paths) read sides in turn.
+
+    ``short_queue_tokens`` and ``unfinished_limit_tokens`` are App. A.4's alpha and beta in tokens
+    (the cluster converts the policy's seconds with its NIC and GPU rates)."""
+
+    name = "dualpath"
+    topology = "node_groups"
+
+    def __init__(self, policy: DualPath, short_queue_tokens: int, unfinished_limit_tokens: int) -> None:
+        self.read_paths = policy.read_paths
+        self.round_robin = policy.scheduler == "round_robin"
+        self.fetch_interval_s = None if self.round_robin else FETCH_INTERVAL_S
+        self.short_queue_tokens = short_queue_tokens
+        self.unfinished_limit_tokens = unfinished_limit_tokens
+        self.waiting: deque[PendingRequest] = deque()  # global PE queue (FIFO)
+        self.de_queue: list[PendingRequest] = []  # PE assigned, waiting for DE phase 1
+        self.private: dict[int, list[PendingRequest]] = {}  # DE group -> phase 1's private queue
+        self._pe: dict[int, int] = {}  # req_id -> its PE, until its DE is chosen
+        self._rr_group = self._rr_pe = self._rr_de = self._rr_side = 0
+
+    def pending(self) -> int:
+        return len(self.waiting)
+
+    def arrive(self, req: PendingRequest, cluster: ClusterState) -> None:
+        if not self.round_robin:
+            self.waiting.append(req)
+            return
+        pes, des = cluster.loads(Role.PREFILL), cluster.loads(Role.DECODE)
+        pe, de = pes[self._rr_pe % len(pes)], des[self._rr_de % len(des)]
+        self._rr_pe += 1
+        self._rr_de += 1
+        side = "pe"
+        if self.read_paths == "dual":
+            side = "pe" if self._rr_side % 2 == 0 else "de"
+            self._rr_side += 1
+        cluster.place(Placement(req.req_id, pe.engine_id, Role.PREFILL))
+        cluster.place(Placement(req.req_id, de.engine_id, Role.DECODE, side))
+
+    def fetch(self, cluster: ClusterState) -> None:
+        if not (self.waiting or self.de_queue or any(self.private.values())):
+            return
+        n = cluster.groups(Role.PREFILL)
+        for k in range(n):  # PE groups fetch in turn
+            if not self.waiting:
+                break
+            reports = cluster.loads(Role.PREFILL, (self._rr_group + k) % n)
+            # Lazily: the fetch stops at the first request no PE takes (long queues cost O(taken)).
+            for rid, eid in schedule_pe_fetch(
+                iter(self.waiting), reports, self.short_queue_tokens, self.unfinished_limit_tokens
+            ):
+                req = self.waiting.popleft()
+                assert req.req_id == rid, "PE fetch assigns the waiting queue's head in order"
+                self._pe[rid] = eid
+                cluster.place(Placement(rid, eid, Role.PREFILL))
+                self.de_queue.append(req)
+        self._rr_group += 1
+        if self.de_queue:  # DE phase 1: the global queue drains into the groups' private queues
+            groups = {g: cluster.loads(Role.DECODE, g) for g in range(cluster.groups(Role.DECODE))}
+            for gi, reqs in assign_de_groups(self.de_queue, groups).items():
+                self.private.setdefault(gi, []).extend(reqs)
+            self.de_queue.clear()
+        for gi, queue in sorted(self.private.items()):  # DE phase 2
+            if not queue:
+                continue
+            reports = cluster.loads(Role.DECODE, gi)
+            placed = schedule_de_group(queue, reports, _decode_tokens)
+            for rid, eid in placed:
+                side = "pe"
+                if self.read_paths == "dual":
+                    pe_queue = cluster.read_queue_tokens(self._pe[rid])
+                    side = choose_read_path(pe_queue, cluster.read_queue_tokens(eid))
+                del self._pe[rid]
+                cluster.place(Placement(rid, eid, Role.DECODE, side))
+            del queue[: len(placed)]
+
+
+def _decode_tokens(req: PendingRequest) -> int:
+    """The KV a request takes on a DE: prompt plus output."""
+    return req.tokens + req.output_tokens
+
+
 # ----------------------------------------------------------------------------------------------
 # Intra-engine scheduling (§6.2)
 
@@ -245,6 +323,7 @@ class DualPath(Policy):
     """DualPath (§4-§6). Parameters switch the §7.5 ablation's parts; see the module docs."""
 
     name = "dualpath"
+    global_scheduler = "dualpath"  # its inter-engine half: DualPathScheduler (§6.1)
     offload = "none"
     zero_io = False  # Oracle (§7.2): no reads, H2D/D2H or P/D transfers  # KV persists through storage (the simulator's DE writes), not host tiers
 

@@ -118,10 +118,12 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
         get(rid, "load")
     prefills = [(get(rid, "prefill"), tokens) for rid, tokens in decision.prefill]
     decodes = [get(rid, "decode") for rid in decision.decode]
-    planned = [r.req_id for r, _ in prefills] + [r.req_id for r in decodes]
+    planned = [rid for rid, _ in decision.prefill]
+    planned.extend(decision.decode)
     if len(set(planned)) != len(planned):
         raise backend.error(f"policy {name!r} plans a request twice in one step: {sorted(planned)}")
-    epochs = {r.req_id: r.epoch for r, _ in prefills} | {r.req_id: r.epoch for r in decodes}
+    prefill_epochs = [r.epoch for r, _ in prefills]
+    decode_epochs = [r.epoch for r in decodes]
     for rid in decision.preempt:
         backend.preempt(expect(get(rid, "preempt"), Phase.RUNNING, "preempts"))
     for rid in decision.swap_out:
@@ -129,16 +131,16 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
     for rid in decision.swap_in:
         backend.swap_in(expect(get(rid, "swap in"), Phase.SWAPPED, "swaps in"))
     backend.end_swaps()
-    for r, tokens in prefills:
-        if r.epoch == epochs[r.req_id]:  # else it left the device while this step was planned
+    for (r, tokens), epoch in zip(prefills, prefill_epochs, strict=True):
+        if r.epoch == epoch:  # else it left the device while this step was planned
             load = loads.pop(r.req_id, None)
             if load is not None and load.target == "host":
                 raise backend.error(
                     f"policy {name!r} prefills request {r.req_id} and prefetches it to host in one step"
                 )
             backend.plan_prefill(plan, r, tokens, load)
-    for r in decodes:
-        if r.epoch != epochs[r.req_id]:
+    for r, epoch in zip(decodes, decode_epochs, strict=True):
+        if r.epoch != epoch:
             continue
         if r.phase is not Phase.RUNNING or not r.prefill_done:
             raise backend.error(

@@ -1,8 +1,9 @@
 """Engines put together: colocated engines behind a router, or P/D-disaggregated groups.
 
-The cluster owns request lifecycles across engines: open-loop arrivals are pulled lazily from
-the workload iterator (one ahead, so memory stays bounded), closed-loop requests wait for their
-parent to finish plus a think time, and finished requests are folded into the metrics.
+The cluster owns request lifecycles across engines: arrivals come from
+:class:`~kvtier.sim.arrivals.Arrivals` (shared with the DualPath cluster), a global scheduler
+(:mod:`kvtier.sched.placement`: a router) picks each request's engine, and finished requests are
+folded into the metrics.
 
 P/D: a prefill engine computes the prompt (and the first token), then the request's KV crosses
 the compute network to a decode engine, which decodes it to the end (DualPath §2, Fig. 1).
@@ -12,19 +13,26 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from functools import partial
 
 from kvtier.errors import ConfigError, SimError
 from kvtier.sched.base import Phase
-from kvtier.sim.core import EventKind, EventLoop
+from kvtier.sched.placement import (
+    EngineLoad,
+    GlobalScheduler,
+    PendingRequest,
+    Placement,
+    Role,
+    least_loaded,
+    make_router,
+)
+from kvtier.sim.arrivals import Arrivals
+from kvtier.sim.core import EventLoop
 from kvtier.sim.engine import Engine
 from kvtier.sim.events.arrival import deliver
 from kvtier.sim.metrics import Metrics, RequestRecord
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.state import SimRequest
-
-ROUTERS = ("round_robin", "least_loaded", "prefix_aware")
 
 
 class Cluster:
@@ -35,20 +43,19 @@ class Cluster:
         engines: list[Engine],
         decode_engines: list[Engine] | None = None,
         pd_link: Link | None = None,
-        router: str = "least_loaded",
+        router: str | GlobalScheduler = "least_loaded",
         max_outstanding: int | None = None,
     ) -> None:
-        if router not in ROUTERS:
-            raise ConfigError(f"unknown router {router!r}; expected one of {list(ROUTERS)}")
         if not engines:
             raise ConfigError("a cluster needs at least one engine")
+        self.scheduler = make_router(router) if isinstance(router, str) else router
+        if self.scheduler.fetch_interval_s is not None or self.scheduler.topology != "engines":
+            raise ConfigError(f"global scheduler {self.scheduler.name!r} does not place requests on arrival")
         self.loop = loop
         self.metrics = metrics
         self.engines = engines  # colocated engines, or the prefill engines of a P/D cluster
         self.decode_engines = decode_engines or []
         self.pd_link = pd_link
-        self.router = router
-        self._rr = 0
         # A benchmark client's concurrency cap (Strata §5.1: at most 128 in-flight queries): an
         # arrival beyond it waits at the client and is sent, its TTFT clock starting then, when a
         # request finishes. None: open loop, every arrival is sent at once.
@@ -57,8 +64,9 @@ class Cluster:
         self.max_outstanding = max_outstanding
         self.outstanding = 0
         self.held: deque[Request] = deque()
-        self._children: dict[int, list[Request]] = {}
-        self._source: Iterator[Request] | None = None
+        self.arrivals = Arrivals(loop, self._arrive)
+        self._placing: Request | None = None
+        self._placed: Engine | None = None
         self.finished = 0
         for e in engines:
             e.on_finish = self._finished
@@ -67,21 +75,11 @@ class Cluster:
         for d in self.decode_engines:
             d.on_finish = self._finished
 
-    # Arrivals ---------------------------------------------------------------------------------
+    # Arrivals and placement ----------------------------------------------------------------------
 
     def feed(self, requests: Iterator[Request]) -> None:
-        """Streams ``requests`` in: the next open-loop arrival is scheduled when the previous lands."""
-        self._source = requests
-        self._pull()
-
-    def _pull(self) -> None:
-        assert self._source is not None
-        for req in self._source:
-            if req.parent_id is not None:
-                self._children.setdefault(req.parent_id, []).append(req)
-                continue
-            self.loop.schedule(req.arrival_s, EventKind.ARRIVAL, partial(self._arrive, req))
-            return
+        """Streams ``requests`` in (:class:`~kvtier.sim.arrivals.Arrivals`)."""
+        self.arrivals.feed(requests)
 
     def _arrive(self, req: Request) -> None:
         if self.max_outstanding is not None and self.outstanding >= self.max_outstanding:
@@ -89,21 +87,39 @@ class Cluster:
         else:
             self.outstanding += 1
             deliver(self, req)
-        if req.parent_id is None:
-            self._pull()
 
     def route(self, req: Request) -> Engine:
-        engines = self.engines
-        if len(engines) == 1:
-            return engines[0]
-        if self.router == "round_robin":
-            self._rr = (self._rr + 1) % len(engines)
-            return engines[self._rr]
-        if self.router == "prefix_aware":
-            best = max(engines, key=lambda e: (e.tree.match(req.block_keys).keys_matched, -_load(e)))
-            if best.tree.match(req.block_keys).keys_matched > 0:
-                return best
-        return min(engines, key=_load)
+        """The engine the global scheduler places ``req`` on."""
+        self._placing, self._placed = req, None
+        self.scheduler.arrive(PendingRequest(req.req_id, req.prompt_tokens, 0, req.output_tokens), self)
+        engine, self._placing, self._placed = self._placed, None, None
+        if engine is None:
+            raise SimError(f"global scheduler {self.scheduler.name!r} did not place request {req.req_id}")
+        return engine
+
+    def groups(self, role: Role) -> int:
+        return 1
+
+    def loads(self, role: Role, group: int | None = None) -> list[EngineLoad]:
+        engines = self.engines if role is Role.PREFILL else self.decode_engines
+        return [EngineLoad(i, 0, len(e.requests), _load(e), 0) for i, e in enumerate(engines)]
+
+    def read_queue_tokens(self, engine_id: int) -> int:
+        return 0  # reads are each engine's own (its links), not a node queue
+
+    def prefix_blocks(self, req_id: int, engine_id: int) -> int:
+        assert self._placing is not None and self._placing.req_id == req_id
+        return self.engines[engine_id].tree.match(self._placing.block_keys).keys_matched
+
+    def place(self, placement: Placement) -> None:
+        if placement.role is not Role.PREFILL or self._placing is None:
+            raise SimError(
+                f"global scheduler {self.scheduler.name!r} places a request twice or on a decode engine"
+            )
+        self._placed = self.engines[placement.engine_id]
+
+    def unfinished_requests(self) -> int:
+        return sum(len(e.requests) for e in self.engines + self.decode_engines)
 
     # Completion ---------------------------------------------------------------------------------
 
@@ -130,9 +146,7 @@ class Cluster:
             sent.arrival_s = now
             self.outstanding += 1
             deliver(self, sent)
-        for child in self._children.pop(r.req_id, []):
-            child.arrival_s = now + child.think_time_s
-            self.loop.schedule(child.arrival_s, EventKind.ARRIVAL, partial(self._arrive, child))
+        self.arrivals.finished(r.req_id, now)
 
     def _prefill_done(self, r: SimRequest) -> None:
         """P/D: the prefill engine hands the request (and its KV) to a decode engine."""
@@ -141,7 +155,7 @@ class Cluster:
         if r.generated_tokens >= r.req.output_tokens:
             self._finished(r)
             return
-        decode = min(self.decode_engines, key=_load)
+        decode = self.decode_engines[least_loaded(self.loads(Role.DECODE))]
         nbytes = r.req.prompt_tokens * prefill_engine.cost.kv_bytes_per_token
         if self.pd_link is None:
             raise SimError("a P/D cluster needs a pd_link for the KV transfer")
@@ -153,6 +167,6 @@ class Cluster:
         self.pd_link.submit(nbytes, Direction.OUT, arrived, segment_bytes=nbytes, priority=1)
 
 
-def _load(e: Engine) -> float:
+def _load(e: Engine) -> int:
     """Outstanding work of an engine, in tokens (prompt left to compute plus running requests)."""
-    return float(e.waiting_prompt_tokens + len(e.running) + len(e.fetching))
+    return e.waiting_prompt_tokens + len(e.running) + len(e.fetching)

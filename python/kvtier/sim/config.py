@@ -29,6 +29,7 @@ from typing import Any
 
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
+from kvtier.sched.placement import ROUTERS
 
 _INF_WORDS = ("inf", "unbounded", "infinite")
 
@@ -44,7 +45,9 @@ class SimConfig:
     engines: int = 1
     prefill_engines: int = 0
     decode_engines: int = 0
-    router: str = "least_loaded"
+    # The global scheduler (kvtier.sched.placement: round_robin, least_loaded, prefix_aware); None:
+    # the one the policy names (DualPath's, §6.1), else least_loaded.
+    router: str | None = None
     block_tokens: int = 16
     max_batch_tokens: int = 8192
     max_running: int = 256
@@ -73,6 +76,8 @@ class SimConfig:
                 raise ConfigError(f"sim `{name}` is {value!r}; expected an int >= 0")
         if (self.prefill_engines > 0) != (self.decode_engines > 0):
             raise ConfigError("P/D needs both `prefill_engines` and `decode_engines` >= 1 (or neither)")
+        if self.router is not None and self.router not in ROUTERS:
+            raise ConfigError(f"unknown router {self.router!r}; expected one of {list(ROUTERS)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"`gpu_memory_utilization` is {self.gpu_memory_utilization}; expected in (0, 1]"

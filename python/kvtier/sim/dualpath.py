@@ -1,38 +1,30 @@
 """A DualPath cluster (DualPath §4-§6): PE and DE groups, two KV read paths, traffic isolation.
 
-Built by :func:`run_dualpath` when a config's policy is a :class:`~kvtier.sched.dualpath.DualPath`
-(``dualpath``, ``dualpath_basic``, ``dualpath_oracle``); ``prefill_engines`` / ``decode_engines``
-count GPUs (one engine per GPU, §4), ``gpus_per_node`` of the hardware profile packs them into
-nodes, and each node is one engine group (§6.1).
+Built by :func:`kvtier.sim.run.build` when the global scheduler needs node groups (the policy
+``dualpath``, ``dualpath_basic`` or ``dualpath_oracle`` names
+:class:`~kvtier.sched.dualpath.DualPathScheduler`). The cluster's shape (PE and DE groups, one per
+node; storage NICs with their disk read queues; a compute NIC per GPU) is its
+:class:`~kvtier.sim.topology.Topology`; which engines serve a request, and which side its stored KV
+is read to, is the global scheduler's (:class:`~kvtier.sched.placement.GlobalScheduler`); arrivals
+(:class:`~kvtier.sim.arrivals.Arrivals`) and metrics (:class:`~kvtier.sim.metrics.Metrics`) are
+the ones every cluster uses. What is left here is the mechanism of the two engine kinds:
 
-Resources, per node and per GPU (hardware profile numbers):
-
-- one **storage NIC** per node (``storage_nic_bytes_per_s`` x GPUs per node; 400 Gbps on the
-  paper's testbed, §7.2) in front of a **disk read queue**: reads wait FIFO and at most
-  :data:`READ_WINDOW` run at once; the queue's length in tokens is what engines report (``q``).
-  Groups fetch work every :data:`FETCH_INTERVAL_S` while something changed.
-  Storage objects are *full blocks* (all layers of ``block_tokens`` tokens, App. A.5). DE writes of
-  new KV go out the same NIC (its other direction).
-- one **compute NIC** per GPU (``compute_nic_bytes_per_s`` per direction). Every byte in or out of a
-  GPU crosses it (§5.2, CNIC-assisted H2D/D2H): layerwise KV streaming into the PE (from its own
-  buffer: loopback; from a DE buffer: the DE's CNIC out and the PE's in), prompt KV to the DE buffer
-  and the DE's H2D. Streams move *layer blocks* (one layer of a block, App. A.5).
-- **traffic isolation** (§5.1): the model's EP all-to-all runs in priority class 0, KV transfers in
-  class 1, KV writes in class 2 (:class:`~kvtier.sim.resources.Link` is strictly prioritised: KV
-  uses the bandwidth the collectives leave). Policy ``traffic_isolation: false`` puts KV in class 0.
-
-Engines:
-
-- **PE groups** step in lockstep (DP attention + EP FFN, §6.2): each PE packs its batch with the
-  policy's ``schedule`` (compute quota, binary-search chunking); a group step computes the slowest
-  PE's attention, the group's FFN (its tokens' linear FLOPs spread evenly over its GPUs), and waits
-  for its EP all-to-all on every CNIC. Layerwise prefill: a batch's context KV streams in during
-  the step, which ends at ``max(compute end, last KV landed + one layer)``; without it (Basic), the
-  batch's KV must fit in HBM and the step computes after its load.
+- **PE groups** step in lockstep (DP attention + EP FFN, §6.2): each PE's batch is its policy's
+  decision (compute quota, binary-search chunking) carried out by the decision executor
+  (:func:`kvtier.sched.executor.execute`) with the PE as backend; a group step computes the
+  slowest PE's attention, the group's FFN (its tokens' linear FLOPs spread evenly over its GPUs),
+  and waits for its EP all-to-all on every CNIC. Layerwise prefill: a batch's context KV streams
+  in during the step, which ends at ``max(compute end, last KV landed + one layer)``; without it
+  (Basic), the batch's KV must fit in HBM and the step computes after its load. Streams move
+  *layer blocks* (one layer of a block, App. A.5); storage objects are *full blocks*.
+- **The P/D hand-off** (§4.1, §5.2): prompt KV to the DE buffer (all of it on the PE path, the new
+  tokens on the DE path), then the DE's H2D, both through CNICs.
 - **DEs** decode every running request each step (§6.2). To keep the event count low a DE advances
   its batch :data:`DECODE_TOKENS_PER_EVENT` tokens per event (less if a request finishes sooner);
   a request whose KV lands mid-run joins at the next event. On finishing, the request's new KV
   (append + generated tokens) is written to storage.
+- **Traffic isolation** (§5.1): the EP all-to-all runs in priority class 0, KV transfers in class 1
+  (the bandwidth the collectives leave). Policy ``traffic_isolation: false`` puts KV in class 0.
 
 Requests: an agent's turn has its previous turn's whole blocks in storage (DualPath App. A.4:
 hits only within a trajectory, no eviction); the rest is computed. TTFT is the PE's first token,
@@ -46,37 +38,27 @@ collectives are not modelled.
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from kvtier.errors import ConfigError, SimError
-from kvtier.sched.base import Phase, RequestView, SchedulerView
-from kvtier.sched.dualpath import (
-    DualPath,
-    EngineLoad,
-    PendingRequest,
-    assign_de_groups,
-    choose_read_path,
-    schedule_de_group,
-    schedule_pe_fetch,
-)
+from kvtier.errors import SimError
+from kvtier.sched.dualpath import DualPath, DualPathScheduler
+from kvtier.sched.placement import EngineLoad, PendingRequest, Placement, Role
+from kvtier.sim.arrivals import Arrivals
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventKind, EventLoop
-from kvtier.sim.cost import BANDWIDTH_EFFICIENCY, MFU_DECODE, MFU_PREFILL, STEP_OVERHEAD_S
-from kvtier.sim.hardware import HardwareProfile, load_hardware
-from kvtier.sim.metrics import LogHistogram, Metrics, RequestRecord
-from kvtier.sim.models import ModelProfile, load_model
+from kvtier.sim.cost import STEP_OVERHEAD_S
+from kvtier.sim.ep_cost import EpCost, PrefillEstimates
+from kvtier.sim.gpu_engine import GpuEngine, GroupRequest, ViewShape
+from kvtier.sim.hardware import load_hardware
+from kvtier.sim.metrics import Metrics, RequestRecord
+from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
+from kvtier.sim.topology import Topology
 
-READ_WINDOW = 1  # storage reads in flight per storage NIC: FIFO at the NIC's rate; the rest queue
-# §6.1: "all engines in one group proactively fetch tasks together regularly": the global scheduler
-# runs at most once per interval, when something changed (an arrival, a finished step or read).
-FETCH_INTERVAL_S = 0.05
 TTFT_WINDOW_S = 150.0  # §7.4: the steady-state test's sliding window
 DECODE_TOKENS_PER_EVENT = 16  # decode tokens a DE advances per simulated event (see the module docs)
 MODEL_PRIORITY = 0  # §5.1: inference collectives in the high-priority virtual lane
@@ -88,117 +70,15 @@ A2A_BYTES_PER_HIDDEN = 3
 
 
 @dataclass(eq=False)
-class _Req:
-    req: Request
-    hit_tokens: int
-    pe: int = -1
-    de: int = -1
-    side: str = "pe"  # where its hit KV was read to: "pe" or "de" buffer
-    computed_tokens: int = 0
-    generated_tokens: int = 0
-    ready: bool = False  # hit KV is in a buffer
-    first_token_s: float | None = None
-    max_tbt_s: float = 0.0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.req.prompt_tokens
-
-
-@dataclass(eq=False)
-class _Node:
-    index: int
-    snic: Link
-    reads: deque[tuple[int, int, Callable[[], None]]] = field(default_factory=deque)
-    reads_in_flight: int = 0
-    read_queue_tokens: int = 0  # queued + in flight (the §6.1 ``q``)
-
-
-@dataclass(eq=False)
-class _Engine:
-    engine_id: int
-    node: _Node
-    cnic: Link
-    unfinished_requests: int = 0
-    unfinished_tokens: int = 0
-    queue: list[_Req] = field(default_factory=list)  # PE: assigned, hit KV read; DE: running
-    incoming: list[_Req] = field(default_factory=list)  # DE: KV landed, joins at the next event
-    free_hbm_tokens: int = 0  # DE: KV tokens its HBM still holds
+class _PeGroup:
+    engines: list[GpuEngine]
     stepping: bool = False
-
-
-@dataclass(eq=False)
-class _Group:
-    index: int
-    engines: list[_Engine]
-    stepping: bool = False
-    private_queue: list[PendingRequest] = field(default_factory=list)  # DE phase 1 → phase 2
-
-
-class EpCost:
-    """Step times of one GPU under DP attention + EP MoE (the roofline of kvtier.sim.cost with the
-    experts spread over ``ep`` GPUs; prefill is compute bound, decode reads its weight share)."""
-
-    def __init__(self, hw: HardwareProfile, model: ModelProfile) -> None:
-        self.hw = hw
-        self.model = model
-        self.kv_bytes_per_token = model.kv_bytes_per_token
-        idx = (model.index_head_dim + 4) * model.num_layers if model.index_topk else 0
-        self.indexer_bytes_per_token = idx
-        self.prefill_flops_per_s = hw.gpu_bf16_flops_per_s * MFU_PREFILL
-
-    def attention_s(self, new_tokens: int, context_tokens: int) -> float:
-        return self.model.attention_flops(new_tokens, context_tokens) / self.prefill_flops_per_s
-
-    def linear_s(self, tokens: int) -> float:
-        return tokens * self.model.linear_flops_per_token / self.prefill_flops_per_s
-
-    def weight_bytes_per_gpu(self, ep: int) -> float:
-        m = self.model
-        return (m.total_params - m.routed_expert_params * (1 - 1 / ep)) * m.weight_dtype_bytes
-
-    def decode_step_s(self, contexts: Sequence[int], ep: int) -> float:
-        m = self.model
-        if not contexts:
-            return 0.0
-        # attention_flops(1, c) summed in closed form: c + 1 pairs per token, top-k of them attended
-        context = sum(contexts)
-        attended = (
-            sum(min(c + 1, m.index_topk) for c in contexts) if m.index_topk else context + len(contexts)
-        )
-        per_pair = 2.0 * m.num_attention_heads * (m.qk_head_dim + m.v_head_dim)
-        indexer = 2.0 * m.index_n_heads * m.index_head_dim * (context + len(contexts))
-        flops = len(contexts) * m.linear_flops_per_token + m.num_layers * (per_pair * attended + indexer)
-        compute_s = flops / (self.hw.gpu_bf16_flops_per_s * MFU_DECODE)
-        if m.index_topk:  # sparse attention reads the top-k latents and every indexer key
-            read = sum(min(c, m.index_topk) for c in contexts)
-            kv = read * (self.kv_bytes_per_token - self.indexer_bytes_per_token)
-            kv += context * self.indexer_bytes_per_token
-        else:
-            kv = context * self.kv_bytes_per_token
-        memory_s = (self.weight_bytes_per_gpu(ep) + kv) / (self.hw.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY)
-        return max(compute_s, memory_s) + STEP_OVERHEAD_S
-
-
-class _Estimates:
-    """What the policy's compute quota weighs (§6.2): a request's attention time on one GPU."""
-
-    def __init__(self, cost: EpCost) -> None:
-        self._cost = cost
-
-    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
-        return self._cost.attention_s(new_tokens, context_tokens)
-
-    def load_s(self, tokens: int, tier: str, mode: Any, segment_tokens: int | None) -> float:
-        return 0.0
 
 
 class DualPathCluster:
-    """PE/DE groups, nodes with storage and compute NICs, the global scheduler (§6.1)."""
+    """PE/DE groups on a :class:`Topology`, driven by a :class:`DualPathScheduler` (§6.1)."""
 
     def __init__(self, config: SimConfig, policy: DualPath) -> None:
-        if not config.disaggregated:
-            raise ConfigError("policy dualpath needs `prefill_engines` and `decode_engines` (GPUs)")
         self.config = config
         self.policy = policy
         self.zero_io = bool(getattr(policy, "zero_io", False))
@@ -207,27 +87,36 @@ class DualPathCluster:
         self.cost = EpCost(self.hw, self.model)
         self.loop = EventLoop()
         self.metrics = Metrics(slo_ttft_s=config.slo.get("ttft_s"), slo_tpot_s=config.slo.get("tpot_s"))
-        self.ttst = LogHistogram()
-        # Online runs: TTFT of requests arriving in the horizon's second half (past the warm-up of
-        # agents arriving into an empty cluster), for the steady-state SLO check of §7.4.
-        self.measure_from_s = config.max_sim_s / 2 if config.max_sim_s is not None else 0.0
-        self.late_ttft = LogHistogram()
-        # TTFT by window of first-token time (sum, count): its trend tells a steady state from a
-        # slowly filling queue (§7.4's steady-state test compares sliding windows).
-        self.ttft_windows: dict[int, list[float]] = {}
+        self.metrics.ttft_window_s = TTFT_WINDOW_S
+        # Online runs: steady-state TTFT of requests arriving in the horizon's second half (past the
+        # warm-up of agents arriving into an empty cluster), for §7.4's SLO check.
+        self.metrics.measure_from_s = config.max_sim_s / 2 if config.max_sim_s is not None else 0.0
         self.block_tokens = config.block_tokens
-        self.links: dict[str, Link] = {}
-        g = self.hw.gpus_per_node
-        for what, n in (
-            ("prefill_engines", config.prefill_engines),
-            ("decode_engines", config.decode_engines),
-        ):
-            if n % g:
-                raise ConfigError(f"`{what}` is {n}; expected a multiple of {g} GPUs per node")
-        self.pe_groups = self._groups("p", config.prefill_engines // g, 0)
-        self.de_groups = self._groups("d", config.decode_engines // g, len(self.pe_groups))
-        self.pes = [e for grp in self.pe_groups for e in grp.engines]
-        self.des = [e for grp in self.de_groups for e in grp.engines]
+        self.topology = Topology.from_config(config, self.hw, self.loop)
+        self.links = self.topology.links
+        pe_weights = self.cost.weight_bytes_per_gpu(config.prefill_engines)
+        pe_hbm = self.hw.hbm_capacity_bytes * config.gpu_memory_utilization - pe_weights
+        pe_hbm_blocks = max(1, int((pe_hbm - ACTIVATION_RESERVE_BYTES) // self._bytes(self.block_tokens)))
+        layers = self.model.num_layers
+        shape = ViewShape(
+            pe_hbm_blocks * (layers if policy.layerwise else 1),
+            self.block_tokens,
+            layers,
+            self.cost.kv_bytes_per_token,
+            PrefillEstimates(self.cost),
+        )
+        self.requests: dict[int, GroupRequest] = {}
+        self.engines = {
+            role: [
+                [GpuEngine(slot, role, policy, self.requests, shape) for slot in group.engines]
+                for group in self.topology.groups[role]
+            ]
+            for role in (Role.PREFILL, Role.DECODE)
+        }
+        self.pe_groups = [_PeGroup(engines) for engines in self.engines[Role.PREFILL]]
+        self._group_of = {e.engine_id: g for g in self.pe_groups for e in g.engines}
+        self.pes = [e for group in self.pe_groups for e in group.engines]
+        self.des = [e for group in self.engines[Role.DECODE] for e in group]
         self.by_id = {e.engine_id: e for e in self.pes + self.des}
         self.bytes_written = 0  # new KV persisted by DEs (full blocks, §4.1)
         weights = self.cost.weight_bytes_per_gpu(len(self.des))
@@ -236,47 +125,18 @@ class DualPathCluster:
             raise SimError(f"{self.model.name!r} leaves no HBM for KV on a DE of {self.hw.name!r}")
         for de in self.des:
             de.free_hbm_tokens = int(hbm // self.cost.kv_bytes_per_token)
-        pe_weights = self.cost.weight_bytes_per_gpu(len(self.pes))
-        pe_hbm = self.hw.hbm_capacity_bytes * config.gpu_memory_utilization - pe_weights
-        self.pe_hbm_blocks = max(
-            1, int((pe_hbm - ACTIVATION_RESERVE_BYTES) // self._bytes(self.block_tokens))
-        )
         # §6.1 / App. A.4 thresholds in tokens: alpha s of one node's storage NIC, beta s of one GPU's
         # prefill of the workload's mean request shape (profiled in advance).
-        snic = self.hw.storage_nic_bytes_per_s * g
-        self.short_queue_tokens = int(policy.short_read_queue_s * snic / self.cost.kv_bytes_per_token)
-        self.unfinished_limit_tokens = self._gpu_tokens_per_s() * policy.unfinished_limit_s
-        self.waiting: deque[_Req] = deque()  # global PE queue (FIFO)
-        self.de_queue: list[_Req] = []  # PE assigned, waiting for phase 1
-        self.requests: dict[int, _Req] = {}
-        self._children: dict[int, list[Request]] = {}
+        snic = self.hw.storage_nic_bytes_per_s * self.topology.gpus_per_node
+        self.scheduler = DualPathScheduler(
+            policy,
+            short_queue_tokens=int(policy.short_read_queue_s * snic / self.cost.kv_bytes_per_token),
+            unfinished_limit_tokens=int(self._gpu_tokens_per_s() * policy.unfinished_limit_s),
+        )
         self._next_hit: dict[int, int] = {}
-        self._source: Iterator[Request] | None = None
+        self.arrivals = Arrivals(self.loop, self._arrive)
         self._kick_pending = False
-        self._rr_pe = self._rr_de = self._rr_side = 0
-        self._rr_group = 0
         self.pe_busy_s = 0.0
-
-    # Construction -------------------------------------------------------------------------------
-
-    def _groups(self, prefix: str, nodes: int, first_node: int) -> list[_Group]:
-        g = self.hw.gpus_per_node
-        snic_bw = self.hw.storage_nic_bytes_per_s * g
-        cnic_bw = self.hw.compute_nic_bytes_per_s
-        if snic_bw <= 0 or cnic_bw <= 0:
-            raise ConfigError(f"dualpath needs storage and compute NICs; {self.hw.name!r} lacks one")
-        groups = []
-        for n in range(nodes):
-            name = f"{prefix}{n}"
-            node = _Node(first_node + n, Link(self.loop, f"{name}.snic", snic_bw, snic_bw))
-            self.links[node.snic.name] = node.snic
-            engines = []
-            for i in range(g):
-                cnic = Link(self.loop, f"{name}.gpu{i}.cnic", cnic_bw, cnic_bw)
-                self.links[cnic.name] = cnic
-                engines.append(_Engine(len(self.links), node, cnic))
-            groups.append(_Group(n, engines))
-        return groups
 
     def _bytes(self, tokens: int) -> int:
         return tokens * self.cost.kv_bytes_per_token
@@ -291,136 +151,76 @@ class DualPathCluster:
         step = self.cost.attention_s(int(new), int(context)) + self.cost.linear_s(int(new))
         return (new + context) / step
 
-    # Arrivals -----------------------------------------------------------------------------------
+    # Arrivals and global scheduling (§6.1) --------------------------------------------------------
 
     def feed(self, requests: Iterator[Request]) -> None:
-        self._source = requests
-        self._pull()
+        self.arrivals.feed(requests)
 
-    def _pull(self) -> None:
-        assert self._source is not None
-        for req in self._source:
-            if req.parent_id is not None:
-                self._children.setdefault(req.parent_id, []).append(req)
-                continue
-            self.loop.schedule(req.arrival_s, EventKind.ARRIVAL, partial(self._arrive, req, True))
-            return
-
-    def _arrive(self, req: Request, pull: bool) -> None:
+    def _arrive(self, req: Request) -> None:
         hit = min(self._next_hit.pop(req.req_id, 0), req.prompt_tokens - 1)
-        r = _Req(req, hit, computed_tokens=hit)
+        r = GroupRequest(req, hit, computed_tokens=hit)
         self.requests[req.req_id] = r
-        if self.policy.scheduler == "round_robin":
-            self._assign_round_robin(r)
-        else:
-            self.waiting.append(r)
-            self.kick()
-        if pull:
-            self._pull()
-
-    # Global scheduling (§6.1) -----------------------------------------------------------------
+        pending = PendingRequest(req.req_id, req.prompt_tokens, hit, req.output_tokens)
+        self.scheduler.arrive(pending, self)
+        self.kick()
 
     def kick(self) -> None:
-        if not self._kick_pending and self.policy.scheduler == "dualpath":
+        """The global scheduler fetches within its interval (when it fetches at all)."""
+        interval = self.scheduler.fetch_interval_s
+        if interval is not None and not self._kick_pending:
             self._kick_pending = True
-            self.loop.after(FETCH_INTERVAL_S, EventKind.WAKE, self._schedule)
+            self.loop.after(interval, EventKind.WAKE, self._fetch)
 
-    def _report(self, e: _Engine, group: int) -> EngineLoad:
-        return EngineLoad(
-            e.engine_id,
-            group,
-            e.unfinished_requests,
-            e.unfinished_tokens,
-            e.node.read_queue_tokens,
-            e.free_hbm_tokens,
-        )
-
-    def _schedule(self) -> None:
+    def _fetch(self) -> None:
         self._kick_pending = False
-        if not (self.waiting or self.de_queue or any(g.private_queue for g in self.de_groups)):
+        self.scheduler.fetch(self)
+
+    def groups(self, role: Role) -> int:
+        return len(self.engines[role])
+
+    def loads(self, role: Role, group: int | None = None) -> list[EngineLoad]:
+        groups = self.engines[role]
+        chosen = range(len(groups)) if group is None else (group,)
+        return [
+            EngineLoad(
+                e.engine_id,
+                gi,
+                e.unfinished_requests,
+                e.unfinished_tokens,
+                e.slot.node.read_queue_tokens,
+                e.free_hbm_tokens,
+            )
+            for gi in chosen
+            for e in groups[gi]
+        ]
+
+    def read_queue_tokens(self, engine_id: int) -> int:
+        return self.by_id[engine_id].slot.node.read_queue_tokens
+
+    def prefix_blocks(self, req_id: int, engine_id: int) -> int:
+        return 0  # no engine caches: hit KV is read from storage (App. A.4)
+
+    def place(self, placement: Placement) -> None:
+        r = self.requests[placement.req_id]
+        e = self.by_id[placement.engine_id]
+        e.take(r)
+        if placement.role is Role.PREFILL:
+            r.pe = e.engine_id
             return
-        by_id = self.by_id
-        n = len(self.pe_groups)
-        for k in range(n):  # PE groups fetch in turn
-            if not self.waiting:
-                break
-            group = self.pe_groups[(self._rr_group + k) % n]
-            reports = [self._report(e, group.index) for e in group.engines]
-            # Lazily: the fetch stops at the first request no PE takes (long queues cost O(taken)).
-            heads = (PendingRequest(r.req.req_id, r.prompt_tokens, r.hit_tokens) for r in self.waiting)
-            for rid, eid in schedule_pe_fetch(
-                heads, reports, self.short_queue_tokens, int(self.unfinished_limit_tokens)
-            ):
-                r = self.waiting.popleft()
-                assert r.req.req_id == rid, "PE fetch assigns the waiting queue's head in order"
-                self._take(by_id[eid], r)
-                r.pe = eid
-                self.de_queue.append(r)
-        self._rr_group += 1
-        if self.de_queue:  # DE phase 1: the global queue drains into the groups' private queues
-            groups = {g.index: [self._report(e, g.index) for e in g.engines] for g in self.de_groups}
-            pending = [PendingRequest(r.req.req_id, r.prompt_tokens, r.hit_tokens) for r in self.de_queue]
-            for gi, reqs in assign_de_groups(pending, groups).items():
-                self.de_groups[gi].private_queue.extend(reqs)
-            self.de_queue.clear()
-        for group in self.de_groups:  # DE phase 2
-            if not group.private_queue:
-                continue
-            reports = [self._report(e, group.index) for e in group.engines]
-            placed = schedule_de_group(group.private_queue, reports, self._de_need)
-            for rid, eid in placed:
-                r = self.requests[rid]
-                de = by_id[eid]
-                self._take(de, r)
-                de.free_hbm_tokens -= self._de_need_tokens(r)
-                r.de = eid
-                pe = by_id[r.pe]
-                side = "pe"
-                if self.policy.read_paths == "dual":
-                    side = choose_read_path(pe.node.read_queue_tokens, de.node.read_queue_tokens)
-                self._read(r, pe, de, side)
-            del group.private_queue[: len(placed)]
+        e.free_hbm_tokens -= self._de_need_tokens(r)
+        r.de = e.engine_id
+        self._read(r, self.by_id[r.pe], e, placement.read_side or "pe")
 
-    def _de_need(self, p: PendingRequest) -> int:
-        return self._de_need_tokens(self.requests[p.req_id])
-
-    def _de_need_tokens(self, r: _Req) -> int:
+    @staticmethod
+    def _de_need_tokens(r: GroupRequest) -> int:
         return r.prompt_tokens + r.req.output_tokens
 
-    @staticmethod
-    def _take(e: _Engine, r: _Req) -> None:
-        e.unfinished_requests += 1
-        e.unfinished_tokens += r.prompt_tokens
+    # Storage reads (§4.1): into the PE's or the DE's node buffer ------------------------------------
 
-    @staticmethod
-    def _drop(e: _Engine, r: _Req) -> None:
-        e.unfinished_requests -= 1
-        e.unfinished_tokens -= r.prompt_tokens
-
-    def _assign_round_robin(self, r: _Req) -> None:
-        """The ablation's scheduler: engines and (with two paths) read sides in turn."""
-        pe = self.pes[self._rr_pe % len(self.pes)]
-        de = self.des[self._rr_de % len(self.des)]
-        self._rr_pe += 1
-        self._rr_de += 1
-        side = "pe"
-        if self.policy.read_paths == "dual":
-            side = "pe" if self._rr_side % 2 == 0 else "de"
-            self._rr_side += 1
-        r.pe, r.de = pe.engine_id, de.engine_id
-        self._take(pe, r)
-        self._take(de, r)
-        de.free_hbm_tokens -= self._de_need_tokens(r)
-        self._read(r, pe, de, side)
-
-    # Storage reads (§4.1) -----------------------------------------------------------------------
-
-    def _read(self, r: _Req, pe: _Engine, de: _Engine, side: str) -> None:
+    def _read(self, r: GroupRequest, pe: GpuEngine, de: GpuEngine, side: str) -> None:
         r.side = side
-        node = pe.node if side == "pe" else de.node
 
         def landed() -> None:
-            r.ready = True
             pe.queue.append(r)
             self._kick_pe(pe)
             self.kick()
@@ -428,75 +228,25 @@ class DualPathCluster:
         if r.hit_tokens == 0 or self.zero_io:
             self.loop.after(0.0, EventKind.TRANSFER_DONE, landed)
             return
-        node.read_queue_tokens += r.hit_tokens
-        node.reads.append((r.hit_tokens, self._bytes(r.hit_tokens), landed))
-        self._next_read(node)
-
-    def _next_read(self, node: _Node) -> None:
-        while node.reads and node.reads_in_flight < READ_WINDOW:
-            tokens, nbytes, landed = node.reads.popleft()
-            node.reads_in_flight += 1
-
-            def done(_t: Transfer, tokens: int = tokens, landed: Callable[[], None] = landed) -> None:
-                node.reads_in_flight -= 1
-                node.read_queue_tokens -= tokens
-                landed()
-                self._next_read(node)
-
-            # Full blocks: all layers of block_tokens tokens per storage object (App. A.5).
-            node.snic.submit(nbytes, Direction.IN, done, self._bytes(self.block_tokens), KV_PRIORITY)
+        node = pe.slot.node if side == "pe" else de.slot.node
+        # Full blocks: all layers of block_tokens tokens per storage object (App. A.5).
+        segment = self._bytes(self.block_tokens)
+        node.read(r.hit_tokens, self._bytes(r.hit_tokens), segment, KV_PRIORITY, landed)
 
     # PE groups (§6.2) ---------------------------------------------------------------------------
 
-    def _pe_group_of(self, pe: _Engine) -> _Group:
-        return self.pe_groups[pe.node.index]
-
-    def _kick_pe(self, pe: _Engine) -> None:
-        group = self._pe_group_of(pe)
+    def _kick_pe(self, pe: GpuEngine) -> None:
+        group = self._group_of[pe.engine_id]
         if not group.stepping:
             group.stepping = True
             self.loop.after(0.0, EventKind.WAKE, partial(self._pe_step, group))
 
-    def _pe_view(self, pe: _Engine) -> SchedulerView:
-        running: list[RequestView] = []
-        waiting: list[RequestView] = []
-        for r in pe.queue:
-            started = r.computed_tokens > r.hit_tokens
-            view = RequestView(
-                req_id=r.req.req_id,
-                arrival_s=r.req.arrival_s,
-                phase=Phase.RUNNING if started else Phase.WAITING,
-                prompt_tokens=r.prompt_tokens,
-                computed_tokens=r.computed_tokens if started else 0,
-                generated_tokens=0,
-                cached_tokens=(0, 0 if started else r.hit_tokens, 0, 0),
-            )
-            (running if started else waiting).append(view)
-        layers = self.model.num_layers
-        blocks = self.pe_hbm_blocks * (layers if self.policy.layerwise else 1)
-        return SchedulerView(
-            now_s=self.loop.now_s,
-            waiting=tuple(waiting),
-            running=tuple(running),
-            fetching=(),
-            swapped=(),
-            free_device_blocks=blocks,
-            free_host_blocks=None,
-            block_tokens=self.block_tokens,
-            max_batch_tokens=2**31,
-            max_running=2**31,
-            num_layers=layers,
-            cost=_Estimates(self.cost),
-            kv_bytes_per_token=self.cost.kv_bytes_per_token,
-        )
-
-    def _pe_step(self, group: _Group) -> None:
+    def _pe_step(self, group: _PeGroup) -> None:
         """One lockstep forward of a PE group: every PE's quota-packed batch (§6.2)."""
-        plans: list[tuple[_Engine, list[tuple[_Req, int]]]] = []
+        plans: list[tuple[GpuEngine, list[tuple[GroupRequest, int]]]] = []
         for pe in group.engines:
-            if pe.queue:
-                decision = self.policy.schedule(self._pe_view(pe))
-                chunks = [(self.requests[rid], n) for rid, n in decision.prefill if n > 0]
+            if pe.queue:  # the policy's batch, through the one decision executor
+                chunks = pe.plan(self.loop.now_s).prefill
                 if chunks:
                     plans.append((pe, chunks))
         if not plans:
@@ -537,7 +287,7 @@ class DualPathCluster:
             link.submit(nbytes, direction, partial(landed, kind), segment, priority)
 
     def _pe_step_io(
-        self, plans: Sequence[tuple[_Engine, Sequence[tuple[_Req, int]]]]
+        self, plans: Sequence[tuple[GpuEngine, Sequence[tuple[GroupRequest, int]]]]
     ) -> list[tuple[Link, int, Direction, int, int, str]]:
         """The transfers a PE group step waits for: layer-block KV streams and the EP all-to-all."""
         io: list[tuple[Link, int, Direction, int, int, str]] = []
@@ -567,7 +317,10 @@ class DualPathCluster:
         return io
 
     def _pe_step_end(
-        self, group: _Group, plans: Sequence[tuple[_Engine, Sequence[tuple[_Req, int]]]], start: float
+        self,
+        group: _PeGroup,
+        plans: Sequence[tuple[GpuEngine, Sequence[tuple[GroupRequest, int]]]],
+        start: float,
     ) -> None:
         now = self.loop.now_s
         self.metrics.steps += 1
@@ -580,13 +333,9 @@ class DualPathCluster:
                     continue
                 r.first_token_s = now
                 r.generated_tokens = 1
-                if r.req.arrival_s >= self.measure_from_s:
-                    self.late_ttft.add(now - r.req.arrival_s)
-                window = self.ttft_windows.setdefault(int(now // TTFT_WINDOW_S), [0.0, 0.0])
-                window[0] += now - r.req.arrival_s
-                window[1] += 1
+                self.metrics.first_token(r.req.arrival_s, now)
                 pe.queue.remove(r)
-                self._drop(pe, r)
+                pe.drop(r)
                 self._to_de(r, pe)
         group.stepping = False
         self._pe_step(group)
@@ -594,7 +343,7 @@ class DualPathCluster:
 
     # DEs ------------------------------------------------------------------------------------------
 
-    def _to_de(self, r: _Req, pe: _Engine) -> None:
+    def _to_de(self, r: GroupRequest, pe: GpuEngine) -> None:
         """Prompt KV to the DE buffer (all of it on the PE path, the new tokens on the DE path),
         then the DE's H2D, both through CNICs (§4.1, §5.2)."""
         de = self.by_id[r.de]
@@ -628,24 +377,22 @@ class DualPathCluster:
         for link, nbytes, direction in legs:
             link.submit(nbytes, direction, leg_done, segment, kv_priority)
 
-    def _de_step(self, de: _Engine) -> None:
+    def _de_step(self, de: GpuEngine) -> None:
         """Decodes every running request (§6.2) for up to DECODE_TOKENS_PER_EVENT tokens."""
         joined, de.incoming = de.incoming, []
         de.queue.extend(joined)
-        if not de.queue:
+        now = self.loop.now_s
+        batch = de.plan(now).decode if de.queue else []  # the policy's batch, through the executor
+        if not batch:
             de.stepping = False
             return
         de.stepping = True
-        left = min(r.req.output_tokens - r.generated_tokens for r in de.queue)
+        left = min(r.req.output_tokens - r.generated_tokens for r in batch)
         k = max(1, min(DECODE_TOKENS_PER_EVENT, left))
-        step_s = self.cost.decode_step_s(
-            [r.prompt_tokens + r.generated_tokens for r in de.queue], len(self.des)
-        )
-        now = self.loop.now_s
+        step_s = self.cost.decode_step_s([r.prompt_tokens + r.generated_tokens for r in batch], len(self.des))
         for r in joined:
             assert r.first_token_s is not None
-            self.ttst.add(now + step_s - r.first_token_s)
-        batch = list(de.queue)
+            self.metrics.ttst_s.add(now + step_s - r.first_token_s)
 
         def end() -> None:
             self.metrics.steps += 1
@@ -659,7 +406,7 @@ class DualPathCluster:
 
         self.loop.after(k * step_s, EventKind.STEP_END, end)
 
-    def _finish(self, de: _Engine, r: _Req) -> None:
+    def _finish(self, de: GpuEngine, r: GroupRequest) -> None:
         now = self.loop.now_s
         assert r.first_token_s is not None
         bt = self.block_tokens
@@ -677,7 +424,7 @@ class DualPathCluster:
             )
         )
         de.free_hbm_tokens += self._de_need_tokens(r)
-        self._drop(de, r)
+        de.drop(r)
         del self.requests[r.req.req_id]
         new_tokens = r.prompt_tokens + r.req.output_tokens - r.hit_tokens
         if not self.zero_io:
@@ -685,19 +432,20 @@ class DualPathCluster:
             # lowest class on directions no read or load uses, so they delay nothing: counted, not
             # simulated (two transfers fewer per request).
             self.bytes_written += self._bytes(max(new_tokens, 0))
-        for child in self._children.pop(r.req.req_id, []):
+        for child in self.arrivals.children(r.req.req_id):
             self._next_hit[child.req_id] = (r.prompt_tokens + r.req.output_tokens) // bt * bt
-            child.arrival_s = now + child.think_time_s
-            self.loop.schedule(child.arrival_s, EventKind.ARRIVAL, partial(self._arrive, child, False))
+            self.arrivals.follow(child, now)
         self.kick()
 
     # Results --------------------------------------------------------------------------------------
 
+    def unfinished_requests(self) -> int:
+        return len(self.requests) + self.scheduler.pending()
+
     def result(self) -> dict[str, Any]:
         span = max(self.loop.now_s, 1e-12)
         snics: dict[str, dict[str, float]] = {}
-        for group in self.pe_groups + self.de_groups:
-            link = group.engines[0].node.snic
+        for link in self.topology.storage_nics():
             busy = link.busy_s()
             snics[link.name] = {
                 "utilisation_in": busy[0] / span,
@@ -708,48 +456,6 @@ class DualPathCluster:
         reads = [v["bytes_in"] for v in snics.values()]
         mean = sum(reads) / len(reads)
         out["storage_nic_read_max_over_mean"] = max(reads) / mean if mean > 0 else 1.0
-        out["ttst_s"] = self.ttst.summary()
-        out["ttft_steady_s"] = self.late_ttft.summary()
-        out["ttft_windows"] = [
-            [k * TTFT_WINDOW_S, total / count, count]
-            for k, (total, count) in sorted(self.ttft_windows.items())
-        ]
         out["bytes_written"] = float(self.bytes_written)
         out["pe_busy_fraction"] = self.pe_busy_s / (span * len(self.pe_groups))
         return out
-
-
-def run_dualpath(config: SimConfig, requests: Iterator[Request]) -> dict[str, Any]:
-    """Runs ``config`` (a DualPath policy) on ``requests`` and returns run.run's result fields."""
-    from kvtier.sched import make_policy
-
-    wall_start = time.perf_counter()
-    spec = dict(config.policy)
-    policy = make_policy(str(spec.pop("name")), **spec)
-    if not isinstance(policy, DualPath):
-        raise ConfigError(f"policy {policy.name!r} is not a DualPath policy")
-    cluster = DualPathCluster(config, policy)
-    cluster.feed(requests)
-    cluster.loop.run(until_s=config.max_sim_s)
-    result = cluster.result()
-    result.update(
-        {
-            "config": config.name,
-            "policy": dict(config.policy),
-            "hardware": cluster.hw.name,
-            "model": cluster.model.name,
-            "events": cluster.loop.events_run,
-            "sim_time_s": cluster.loop.now_s,
-            "wall_s": time.perf_counter() - wall_start,
-            "unfinished_requests": len(cluster.requests) + len(cluster.waiting),
-        }
-    )
-    return result
-
-
-def is_dualpath(config: SimConfig) -> bool:
-    """Whether ``config`` runs on the DualPath cluster (its policy is a DualPath policy)."""
-    from kvtier.sched import make_policy
-
-    spec = dict(config.policy)
-    return isinstance(make_policy(str(spec.pop("name")), **spec), DualPath)

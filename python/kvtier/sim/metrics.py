@@ -111,6 +111,25 @@ class Metrics:
     preemptions: int = 0
     matched_blocks: int = 0
     prompt_blocks: int = 0
+    # First tokens as they happen (:meth:`first_token`; a cluster that calls it sets
+    # ``ttft_window_s``): TTFT of requests arriving from ``measure_from_s`` on (past an online run's
+    # warm-up), and TTFT by window of first-token time (sum, count), whose trend tells a steady
+    # state from a slowly filling queue (DualPath §7.4's steady-state test). TTST: first token to
+    # the decode engine's first step, in a P/D cluster.
+    ttft_window_s: float | None = None
+    measure_from_s: float = 0.0
+    ttft_steady_s: LogHistogram = field(default_factory=LogHistogram)
+    ttft_windows: dict[int, list[float]] = field(default_factory=dict)
+    ttst_s: LogHistogram = field(default_factory=LogHistogram)
+
+    def first_token(self, arrival_s: float, now_s: float) -> None:
+        """A request's first token, now (also counted at its finish by :meth:`add_request`)."""
+        if arrival_s >= self.measure_from_s:
+            self.ttft_steady_s.add(now_s - arrival_s)
+        if self.ttft_window_s is not None:
+            window = self.ttft_windows.setdefault(int(now_s // self.ttft_window_s), [0.0, 0.0])
+            window[0] += now_s - arrival_s
+            window[1] += 1
 
     def add_request(self, r: RequestRecord) -> None:
         self.requests += 1
@@ -138,6 +157,17 @@ class Metrics:
         self.slo_tbt_gaps_met += self.slo_tpot_s is None or gap_s <= self.slo_tpot_s
 
     def result(self, links: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        out = self._result(links)
+        if self.ttft_window_s is not None:
+            out["ttst_s"] = self.ttst_s.summary()
+            out["ttft_steady_s"] = self.ttft_steady_s.summary()
+            out["ttft_windows"] = [
+                [k * self.ttft_window_s, total / count, count]
+                for k, (total, count) in sorted(self.ttft_windows.items())
+            ]
+        return out
+
+    def _result(self, links: dict[str, dict[str, float]] | None) -> dict[str, Any]:
         makespan = max(self.last_finish_s - min(self.first_arrival_s, self.last_finish_s), 1e-12)
         n = max(self.requests, 1)
         hits = {tier: self.hit_tokens[i] / max(self.prompt_tokens, 1) for i, tier in enumerate(_TIERS)}

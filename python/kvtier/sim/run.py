@@ -6,18 +6,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.radix import Tier
 from kvtier.sched import make_policy
+from kvtier.sched.base import Policy
+from kvtier.sched.dualpath import DualPath, DualPathScheduler
+from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel, make_cost_model
+from kvtier.sim.dualpath import DualPathCluster
 from kvtier.sim.engine import Engine, EngineConfig
 from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.metrics import Metrics
@@ -31,15 +35,30 @@ from kvtier.sim.workload import make_workload
 ACTIVATION_RESERVE_BYTES = 4 * 2**30
 
 
+class SimCluster(Protocol):
+    """What a run needs of a cluster: :class:`Cluster` (engines behind a global scheduler, each with
+    its own links) or :class:`DualPathCluster` (engine groups on a node :class:`Topology`)."""
+
+    def feed(self, requests: Iterator[Request]) -> None: ...
+    def unfinished_requests(self) -> int: ...
+
+
 @dataclass
 class Simulation:
     config: SimConfig
     loop: EventLoop
-    cluster: Cluster
+    cluster: SimCluster
     metrics: Metrics
     links: dict[str, Link]
     hardware: HardwareProfile
     model: ModelProfile
+    report: Callable[[], dict[str, Any]] | None = None  # the cluster's own results, where it has them
+
+    def result(self) -> dict[str, Any]:
+        """Metrics and link statistics (the run-level fields are :func:`run`'s)."""
+        if self.report is not None:
+            return self.report()
+        return self.metrics.result(_link_stats(self))
 
 
 def device_blocks(config: SimConfig, hw: HardwareProfile, model: ModelProfile, cost: CostModel) -> int:
@@ -57,9 +76,27 @@ def device_blocks(config: SimConfig, hw: HardwareProfile, model: ModelProfile, c
     return blocks
 
 
+def global_scheduler(config: SimConfig, policy: Policy) -> GlobalScheduler | str:
+    """The run's global scheduler: ``router`` where the config names one, else the one the policy
+    names (DualPath's, §6.1), else ``least_loaded``. A name where it needs a cluster to build it."""
+    if config.router is not None:
+        return make_router(config.router)
+    name = getattr(policy, "global_scheduler", None)
+    return make_router("least_loaded") if name is None else str(name)
+
+
 def build(config: SimConfig) -> Simulation:
     hw = load_hardware(config.hardware)
     model = load_model(config.model)
+    policy_spec = dict(config.policy)
+    policy_name = str(policy_spec.pop("name"))
+    probe = make_policy(policy_name, **policy_spec)
+    scheduler = global_scheduler(config, probe)
+    if isinstance(scheduler, str):  # needs node groups: DualPath's PE/DE groups and NICs
+        if scheduler != DualPathScheduler.name or not isinstance(probe, DualPath):
+            raise ConfigError(f"global scheduler {scheduler!r} needs a dualpath policy; got {policy_name!r}")
+        dp = DualPathCluster(config, probe)
+        return Simulation(config, dp.loop, dp, dp.metrics, dp.links, dp.hw, dp.model, dp.result)
     cost_spec = dict(config.cost)
     cost = make_cost_model(str(cost_spec.pop("kind", "roofline")), hw, model, tp=config.tp, **cost_spec)
     loop = EventLoop()
@@ -107,9 +144,6 @@ def build(config: SimConfig) -> Simulation:
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
-        probe = make_policy(
-            str(config.policy["name"]), **{k: v for k, v in config.policy.items() if k != "name"}
-        )
         pool = build_pool(
             PoolSpec.from_mapping(config.pool),
             probe,
@@ -125,8 +159,6 @@ def build(config: SimConfig) -> Simulation:
             engine_config, host_blocks=pool.host_blocks, ssd_blocks=pool.ssd_blocks
         )
         links.update((d.name, d) for d in pool.devices)
-    policy_spec = dict(config.policy)
-    policy_name = policy_spec.pop("name")
 
     def engine(name: str) -> Engine:
         spec = hw.host_link
@@ -161,10 +193,10 @@ def build(config: SimConfig) -> Simulation:
             raise ConfigError(f"P/D needs a compute NIC; hardware {hw.name!r} has none")
         pd_link = Link(loop, "pd", pd_bw, pd_bw)
         links["pd"] = pd_link
-        cluster = Cluster(loop, metrics, prefill, decode, pd_link, router=config.router)
+        cluster = Cluster(loop, metrics, prefill, decode, pd_link, router=scheduler)
     else:
         engines = [engine(f"e{i}") for i in range(config.engines)]
-        cluster = Cluster(loop, metrics, engines, router=config.router)
+        cluster = Cluster(loop, metrics, engines, router=scheduler)
     cluster.max_outstanding = config.max_outstanding_requests  # checked >= 1 by SimConfig
     return Simulation(config, loop, cluster, metrics, links, hw, model)
 
@@ -181,19 +213,14 @@ def run(
     config: SimConfig, show_progress: bool = False, expected_requests: int | None = None
 ) -> dict[str, Any]:
     """Runs ``config`` to completion (or ``max_sim_s``) and returns its results."""
-    from kvtier.sim.dualpath import is_dualpath, run_dualpath
-
     wall_start = time.perf_counter()
-    if is_dualpath(config):  # PE/DE groups with two read paths: its own cluster (kvtier.sim.dualpath)
-        requests = workload(config)
-        return run_dualpath(config, _counting(requests, expected_requests) if show_progress else requests)
     sim = build(config)
     requests = workload(config)
     if show_progress:  # counts requests as they are pulled in (arrivals), total when known
         requests = _counting(requests, expected_requests)
     sim.cluster.feed(requests)
     sim.loop.run(until_s=config.max_sim_s)
-    result = sim.metrics.result(_link_stats(sim))
+    result = sim.result()
     result.update(
         {
             "config": config.name,
@@ -203,7 +230,7 @@ def run(
             "events": sim.loop.events_run,
             "sim_time_s": sim.loop.now_s,
             "wall_s": time.perf_counter() - wall_start,
-            "unfinished_requests": sum(len(e.requests) for e in _all_engines(sim.cluster)),
+            "unfinished_requests": sim.cluster.unfinished_requests(),
         }
     )
     return result
@@ -211,10 +238,6 @@ def run(
 
 def _counting(requests: Iterator[Request], total: int | None) -> Iterator[Request]:
     yield from progress(requests, total, "sim")
-
-
-def _all_engines(cluster: Cluster) -> list[Engine]:
-    return cluster.engines + cluster.decode_engines
 
 
 def _link_stats(sim: Simulation) -> dict[str, dict[str, float]]:
