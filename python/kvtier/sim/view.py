@@ -22,6 +22,7 @@ from typing import Protocol, overload
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix.counts import prefix_counts
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
@@ -152,27 +153,43 @@ def admitted_view(r: SimRequest) -> RequestView:
 def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     if r.admitted:
         return admitted_view(r)
-    m = engine.tree.match(r.keys, own_queue_marks=int(r.queue_marked))
+    per_tier, in_queue, in_flight = prefix_counts(engine.tree, r.keys, int(r.queue_marked))
     bt = engine.config.block_tokens
-    per_tier = [0, 0, 0, 0]
-    for tier in m.tiers:
-        per_tier[tier] += bt
-    cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
-    return _view(r, cached, m.in_queue_blocks * bt, m.in_flight_blocks * bt)
+    req = r.req
+    # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
+    left = (req.prompt_tokens - 1) // bt
+    d = min(per_tier[0], left) if left > 0 else 0
+    h = min(per_tier[1], left - d) if left > d else 0
+    left -= d + h
+    s = min(per_tier[2], left) if left > 0 else 0
+    m = min(per_tier[3], left - s) if left > s else 0
+    return RequestView(
+        r.req_id,
+        req.arrival_s,
+        r.phase,
+        req.prompt_tokens,
+        r.computed_tokens,
+        r.generated_tokens,
+        (d * bt, h * bt, s * bt, m * bt),
+        in_queue * bt,
+        in_flight * bt,
+        req.block_keys,
+    )
 
 
 def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
+    req = r.req
     return RequestView(
-        req_id=r.req_id,
-        arrival_s=r.req.arrival_s,
-        phase=r.phase,
-        prompt_tokens=r.req.prompt_tokens,
-        computed_tokens=r.computed_tokens,
-        generated_tokens=r.generated_tokens,
-        cached_tokens=cached,
-        in_queue_tokens=in_queue,
-        in_flight_tokens=in_flight,
-        block_keys=r.keys,
+        req.req_id,
+        req.arrival_s,
+        r.phase,
+        req.prompt_tokens,
+        r.computed_tokens,
+        r.generated_tokens,
+        cached,
+        in_queue,
+        in_flight,
+        req.block_keys,
     )
 
 
