@@ -17,17 +17,65 @@ prefix index changes every step (inserted blocks, marks), so it would rarely be 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol, overload
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree, Tier
 from kvtier.radix.counts import prefix_counts
-from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.state import SimRequest
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
+_SET = tuple(getattr(RequestView, name).__set__ for name in _FIELDS)  # the slots' own setters
+if _FIELDS != (
+    "req_id",
+    "arrival_s",
+    "phase",
+    "prompt_tokens",
+    "computed_tokens",
+    "generated_tokens",
+    "cached_tokens",
+    "in_queue_tokens",
+    "in_flight_tokens",
+    "block_keys",
+):
+    raise ImportError(f"RequestView's fields changed ({_FIELDS}): update kvtier.sim.view._new_view")
+_s0, _s1, _s2, _s3, _s4, _s5, _s6, _s7, _s8, _s9 = _SET
+_object_new = object.__new__
+
+
+def _new_view(
+    req_id: int,
+    arrival_s: float,
+    phase: Phase,
+    prompt_tokens: int,
+    computed_tokens: int,
+    generated_tokens: int,
+    cached_tokens: tuple[int, int, int, int],
+    in_queue_tokens: int,
+    in_flight_tokens: int,
+    block_keys: tuple[int, ...],
+) -> RequestView:
+    """``RequestView(...)`` (positional), built through its slots: the frozen dataclass's own
+    ``__init__`` sets each field through ``object.__setattr__``, twice as slow, and the engine builds
+    one view per running request per step (issue 20). The result is equal, field for field."""
+    v: RequestView = _object_new(RequestView)
+    _s0(v, req_id)
+    _s1(v, arrival_s)
+    _s2(v, phase)
+    _s3(v, prompt_tokens)
+    _s4(v, computed_tokens)
+    _s5(v, generated_tokens)
+    _s6(v, cached_tokens)
+    _s7(v, in_queue_tokens)
+    _s8(v, in_flight_tokens)
+    _s9(v, block_keys)
+    return v
 
 
 class ViewConfig(Protocol):
@@ -163,7 +211,7 @@ def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     left -= d + h
     s = min(per_tier[2], left) if left > 0 else 0
     m = min(per_tier[3], left - s) if left > s else 0
-    return RequestView(
+    return _new_view(
         r.req_id,
         req.arrival_s,
         r.phase,
@@ -179,7 +227,7 @@ def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
 
 def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
     req = r.req
-    return RequestView(
+    return _new_view(
         req.req_id,
         req.arrival_s,
         r.phase,
