@@ -18,7 +18,7 @@ prefix index changes every step (inserted blocks, marks), so it would rarely be 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, overload
 
 from kvtier.errors import SimError
@@ -170,9 +170,9 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
     return SchedulerView(
         now_s=engine.loop.now_s,
         waiting=waiting,
-        running=tuple(request_view(engine, r) for r in engine.running),
-        fetching=tuple(request_view(engine, r) for r in engine.fetching.values()),
-        swapped=tuple(request_view(engine, r) for r in engine.swapped.values() if not r.swap_pending),
+        running=_views(engine, engine.running),
+        fetching=_views(engine, engine.fetching.values()),
+        swapped=_views(engine, [r for r in engine.swapped.values() if not r.swap_pending]),
         free_device_blocks=engine.available_device_blocks(),
         free_host_blocks=(config.host_blocks - tree.used_blocks(Tier.HOST)) if config.host_blocks else None,
         block_tokens=config.block_tokens,
@@ -182,6 +182,37 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         cost=Estimates(engine.cost, engine.load_paths),
         kv_bytes_per_token=engine.cost.kv_bytes_per_token,
     )
+
+
+def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
+    """``request_view`` of each, with :func:`admitted_view` inline (one per running request per step)."""
+    out = []
+    for r in requests:
+        if not r.admitted:
+            out.append(request_view(engine, r))
+            continue
+        v = r.view
+        if (
+            v is None
+            or v.phase is not r.phase
+            or v.computed_tokens != r.computed_tokens
+            or v.generated_tokens != r.generated_tokens
+        ):
+            req = r.req
+            v = r.view = _new_view(
+                req.req_id,
+                req.arrival_s,
+                r.phase,
+                req.prompt_tokens,
+                r.computed_tokens,
+                r.generated_tokens,
+                (0, 0, 0, 0),
+                0,
+                0,
+                req.block_keys,
+            )
+        out.append(v)
+    return tuple(out)
 
 
 def admitted_view(r: SimRequest) -> RequestView:
