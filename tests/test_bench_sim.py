@@ -23,7 +23,8 @@ def test_scaling_reports_every_run() -> None:
     out = scaling(("fcfs",), copies=(1, 2), max_requests=20)
     assert [row["requests"] for row in out["rows"]] == [20, 20]
     assert all(row["events_per_wall_s"] > 0 for row in out["rows"])
-    assert out["scaling_exponent"] == {"fcfs": None}  # one size: no fit
+    assert all(row["cpu_s"] > 0 for row in out["rows"])
+    assert out["scaling_exponent"] == out["scaling_exponent_cpu"] == {"fcfs": None}  # one size: no fit
 
 
 def test_cli_scaling_prints_each_run_and_the_exponent() -> None:
@@ -37,6 +38,6 @@ def test_cli_scaling_prints_each_run_and_the_exponent() -> None:
     r = json.loads(proc.stdout)
     assert [(row["policy"], row["copies"]) for row in r["rows"]] == [("fcfs", 1), ("fcfs", 2)]
     assert r["rows"][1]["requests"] == 2 * r["rows"][0]["requests"] == 2 * 3993
-    assert r["scaling_exponent"]["fcfs"] is not None
+    assert r["scaling_exponent"]["fcfs"] is not None and r["scaling_exponent_cpu"]["fcfs"] is not None
     bad = subprocess.run([*cmd[:-1], "1.5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--copies" in bad.stderr

@@ -49,6 +49,7 @@ before the forward pass), the path of the §3.1 static policies.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -289,7 +290,7 @@ class RotaSched(Policy):
         self.xfer_blocks = xfer_blocks
         self.transfer = transfer
         self.swap_copy = transfer_engine(transfer)
-        self._seen: dict[int, _Seen] = {}
+        self._seen: OrderedDict[int, _Seen] = OrderedDict()  # in order of last sight
         # Swapped out, copy not landed yet: (device blocks still held, when) per request.
         self._pending_out: dict[int, tuple[int, float]] = {}
 
@@ -318,26 +319,38 @@ class RotaSched(Policy):
         return max(0.0, now_s - r.arrival_s - self.beta_f * self.ttft_slo_s)
 
     def observe(self, view: SchedulerView) -> None:
-        """Updates t_last and t_run from this view; forgets requests unseen for a while."""
+        """Updates t_last and t_run from this view; forgets requests unseen for a while.
+
+        ``_seen`` is kept in order of last sight (a request seen now moves to the end), so the
+        requests to forget are a run at its head: no scan of every remembered request per step."""
         now = view.now_s
-        for r in (*view.running, *view.swapped, *view.waiting, *view.fetching):
-            self._pending_out.pop(r.req_id, None)  # visible again: its swap-out copy has landed
-            tokens = r.computed_tokens + r.generated_tokens
-            seen = self._seen.get(r.req_id)
-            if seen is None:
-                last_s = now if r.generated_tokens else r.arrival_s
-                self._seen[r.req_id] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now)
-                continue
-            if r.generated_tokens > seen.generated:
-                seen.last_token_s = now
-            if r.phase is Phase.RUNNING and seen.phase is not Phase.RUNNING:
-                seen.run_start_s = now
-            seen.phase, seen.generated, seen.seen_s = r.phase, r.generated_tokens, now
-            seen.prev_tokens, seen.tokens = seen.tokens, tokens
-        for rid in [rid for rid, s in self._seen.items() if now - s.seen_s > _FORGET_S]:
-            del self._seen[rid]
-        for rid in [rid for rid, (_, t) in self._pending_out.items() if now - t > _FORGET_S]:
-            del self._pending_out[rid]
+        seen_map, pending_out = self._seen, self._pending_out
+        running = Phase.RUNNING
+        for group in (view.running, view.swapped, view.waiting, view.fetching):
+            for r in group:
+                rid = r.req_id
+                if pending_out:
+                    pending_out.pop(rid, None)  # visible again: its swap-out copy has landed
+                tokens = r.computed_tokens + r.generated_tokens
+                seen = seen_map.get(rid)
+                if seen is None:
+                    last_s = now if r.generated_tokens else r.arrival_s
+                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now)
+                    continue
+                seen_map.move_to_end(rid)
+                if r.generated_tokens > seen.generated:
+                    seen.last_token_s = now
+                if r.phase is running and seen.phase is not running:
+                    seen.run_start_s = now
+                seen.phase, seen.generated, seen.seen_s = r.phase, r.generated_tokens, now
+                seen.prev_tokens, seen.tokens = seen.tokens, tokens
+        while seen_map:
+            rid = next(iter(seen_map))
+            if not now - seen_map[rid].seen_s > _FORGET_S:
+                break
+            del seen_map[rid]
+        for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
+            del pending_out[rid]
 
     def synced_blocks(self, r: RequestView, block_tokens: int) -> int:
         """Blocks full at the previous view: their eager host copy started then (§4.3.2)."""
@@ -354,13 +367,37 @@ class RotaSched(Policy):
         """
         self.observe(view)
         now, bt = view.now_s, view.block_tokens
-        requests = (*view.running, *view.waiting, *view.swapped)
-        blocks = {r.req_id: kv_blocks(r, bt) for r in requests}
+        seen_map = self._seen  # observe() saw every request below
+        # blk(r) (kv_blocks), VLT (vlt) and the running batch's claims (running_claims) in one pass.
+        blocks: dict[int, int] = {}
+        candidates: list[tuple[float, RequestView]] = []
+        claims = sum(claim(r, bt) for r in view.running)
+        wait_s = self.beta_f * self.ttft_slo_s
+        alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
+        for group, phase in (
+            (view.running, Phase.RUNNING),
+            (view.waiting, Phase.WAITING),
+            (view.swapped, Phase.SWAPPED),
+        ):
+            for r in group:
+                if r.phase is not phase:  # not where a simulator shows it: the general path
+                    blocks[r.req_id] = kv_blocks(r, bt)
+                    candidates.append((self.vlt(r, now), r))
+                elif phase is Phase.WAITING:
+                    blocks[r.req_id] = -(-r.prompt_tokens // bt) - r.cached_tokens[0] // bt
+                    candidates.append((max(0.0, now - r.arrival_s - wait_s), r))
+                elif phase is Phase.RUNNING:
+                    blocks[r.req_id] = -(-(r.computed_tokens + r.generated_tokens) // bt)
+                    candidates.append((-(now - seen_map[r.req_id].run_start_s), r))
+                else:
+                    blocks[r.req_id] = -(-(r.computed_tokens + r.generated_tokens) // bt)
+                    lag = now - seen_map[r.req_id].last_token_s - lag_s
+                    candidates.append((alpha * max(0.0, lag), r))
+        # lvf orders by (-VLT, arrival, id), a total order: the order built here does not matter.
         # B_HBM: free blocks less the running batch's claims, plus those of earlier swap-outs still
         # copying (already rotated out: counting them again would preempt twice for one need).
         pending = sum(held for held, _ in self._pending_out.values())
-        free_hbm = view.free_device_blocks - running_claims(view) + pending
-        candidates = [(self.vlt(r, now), r) for r in requests]
+        free_hbm = view.free_device_blocks - claims + pending
         preempted, prioritised = lvf(candidates, blocks, free_hbm, self.xfer_blocks)
         released = 0
         for r in preempted:

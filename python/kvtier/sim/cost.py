@@ -216,9 +216,8 @@ class RooflineCostModel:
             c.new_tokens * m.linear_flops_per_token + m.attention_flops(c.new_tokens, c.context_tokens)
             for c in batch.prefills
         )
-        decode_flops = sum(
-            m.linear_flops_per_token + m.attention_flops(1, ctx) for ctx in batch.decode_context_tokens
-        )
+        linear, attention = m.linear_flops_per_token, m.attention_flops  # once, not per decode
+        decode_flops = sum(linear + attention(1, ctx) for ctx in batch.decode_context_tokens)
         compute_s = prefill_flops / (gpu_flops * self.mfu_prefill) + decode_flops / (
             gpu_flops * self.mfu_decode
         )

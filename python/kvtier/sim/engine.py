@@ -297,9 +297,14 @@ class Engine:
         step.add_prefill(r, n, PrefillChunk(n, r.computed_tokens + loaded))
 
     def plan_decode(self, step: Step, r: SimRequest) -> None:
-        if not self._allocate(r, r.req.prompt_tokens + r.generated_tokens + 1, exclude=r):
+        context = r.req.prompt_tokens + r.generated_tokens
+        # _allocate's test inline: most decodes stay inside the blocks they hold.
+        held = r.locked_blocks + r.private_blocks + r.reserved_blocks
+        if -(-(context + 1) // self.config.block_tokens) > held and not self._allocate(
+            r, context + 1, exclude=r
+        ):
             return
-        step.add_decode(r, r.req.prompt_tokens + r.generated_tokens)
+        step.add_decode(r, context)
 
     def _allocate(self, r: SimRequest, tokens_on_device: int, exclude: SimRequest) -> bool:
         """Grows ``r``'s private blocks to cover ``tokens_on_device``; preempts others if needed."""

@@ -26,12 +26,17 @@ class LogHistogram:
         self.max = -math.inf
 
     def add(self, value: float) -> None:
+        # min()/max() spelled as comparisons (same results; this runs once per generated token).
         self.count += 1
         self.total += value
-        self.min = min(self.min, value)
-        self.max = max(self.max, value)
-        index = int(math.log(max(value, self._floor) / self._floor) / self._log_base)
-        self._buckets[index] = self._buckets.get(index, 0) + 1
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+        floor = self._floor
+        index = int(math.log((floor if floor > value else value) / floor) / self._log_base)
+        buckets = self._buckets
+        buckets[index] = buckets.get(index, 0) + 1
 
     def mean(self) -> float:
         return self.total / self.count if self.count else math.nan

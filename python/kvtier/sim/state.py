@@ -35,14 +35,13 @@ class SimRequest:
     host_copied_blocks: int = 0
     host_synced_blocks: int = 0
     view: RequestView | None = None  # its last view while admitted (kvtier.sim.view.admitted_view)
+    # req.req_id and req.block_keys, copied once: read on every step of every running request.
+    req_id: int = field(init=False)
+    keys: tuple[int, ...] = field(init=False)
 
-    @property
-    def req_id(self) -> int:
-        return self.req.req_id
-
-    @property
-    def keys(self) -> tuple[int, ...]:
-        return self.req.block_keys
+    def __post_init__(self) -> None:
+        self.req_id = self.req.req_id
+        self.keys = self.req.block_keys
 
     @property
     def prefill_done(self) -> bool:

@@ -17,16 +17,65 @@ prefix index changes every step (inserted blocks, marks), so it would rarely be 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, overload
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree, Tier
-from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+from kvtier.radix.counts import prefix_counts
+from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.state import SimRequest
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
+_SET = tuple(getattr(RequestView, name).__set__ for name in _FIELDS)  # the slots' own setters
+if _FIELDS != (
+    "req_id",
+    "arrival_s",
+    "phase",
+    "prompt_tokens",
+    "computed_tokens",
+    "generated_tokens",
+    "cached_tokens",
+    "in_queue_tokens",
+    "in_flight_tokens",
+    "block_keys",
+):
+    raise ImportError(f"RequestView's fields changed ({_FIELDS}): update kvtier.sim.view._new_view")
+_s0, _s1, _s2, _s3, _s4, _s5, _s6, _s7, _s8, _s9 = _SET
+_object_new = object.__new__
+
+
+def _new_view(
+    req_id: int,
+    arrival_s: float,
+    phase: Phase,
+    prompt_tokens: int,
+    computed_tokens: int,
+    generated_tokens: int,
+    cached_tokens: tuple[int, int, int, int],
+    in_queue_tokens: int,
+    in_flight_tokens: int,
+    block_keys: tuple[int, ...],
+) -> RequestView:
+    """``RequestView(...)`` (positional), built through its slots: the frozen dataclass's own
+    ``__init__`` sets each field through ``object.__setattr__``, twice as slow, and the engine builds
+    one view per running request per step (issue 20). The result is equal, field for field."""
+    v: RequestView = _object_new(RequestView)
+    _s0(v, req_id)
+    _s1(v, arrival_s)
+    _s2(v, phase)
+    _s3(v, prompt_tokens)
+    _s4(v, computed_tokens)
+    _s5(v, generated_tokens)
+    _s6(v, cached_tokens)
+    _s7(v, in_queue_tokens)
+    _s8(v, in_flight_tokens)
+    _s9(v, block_keys)
+    return v
 
 
 class ViewConfig(Protocol):
@@ -121,9 +170,9 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
     return SchedulerView(
         now_s=engine.loop.now_s,
         waiting=waiting,
-        running=tuple(request_view(engine, r) for r in engine.running),
-        fetching=tuple(request_view(engine, r) for r in engine.fetching.values()),
-        swapped=tuple(request_view(engine, r) for r in engine.swapped.values() if not r.swap_pending),
+        running=_views(engine, engine.running),
+        fetching=_views(engine, engine.fetching.values()),
+        swapped=_views(engine, [r for r in engine.swapped.values() if not r.swap_pending]),
         free_device_blocks=engine.available_device_blocks(),
         free_host_blocks=(config.host_blocks - tree.used_blocks(Tier.HOST)) if config.host_blocks else None,
         block_tokens=config.block_tokens,
@@ -133,6 +182,37 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         cost=Estimates(engine.cost, engine.load_paths),
         kv_bytes_per_token=engine.cost.kv_bytes_per_token,
     )
+
+
+def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
+    """``request_view`` of each, with :func:`admitted_view` inline (one per running request per step)."""
+    out = []
+    for r in requests:
+        if not r.admitted:
+            out.append(request_view(engine, r))
+            continue
+        v = r.view
+        if (
+            v is None
+            or v.phase is not r.phase
+            or v.computed_tokens != r.computed_tokens
+            or v.generated_tokens != r.generated_tokens
+        ):
+            req = r.req
+            v = r.view = _new_view(
+                req.req_id,
+                req.arrival_s,
+                r.phase,
+                req.prompt_tokens,
+                r.computed_tokens,
+                r.generated_tokens,
+                (0, 0, 0, 0),
+                0,
+                0,
+                req.block_keys,
+            )
+        out.append(v)
+    return tuple(out)
 
 
 def admitted_view(r: SimRequest) -> RequestView:
@@ -152,27 +232,43 @@ def admitted_view(r: SimRequest) -> RequestView:
 def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     if r.admitted:
         return admitted_view(r)
-    m = engine.tree.match(r.keys, own_queue_marks=int(r.queue_marked))
+    per_tier, in_queue, in_flight = prefix_counts(engine.tree, r.keys, int(r.queue_marked))
     bt = engine.config.block_tokens
-    per_tier = [0, 0, 0, 0]
-    for tier in m.tiers:
-        per_tier[tier] += bt
-    cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
-    return _view(r, cached, m.in_queue_blocks * bt, m.in_flight_blocks * bt)
+    req = r.req
+    # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
+    left = (req.prompt_tokens - 1) // bt
+    d = min(per_tier[0], left) if left > 0 else 0
+    h = min(per_tier[1], left - d) if left > d else 0
+    left -= d + h
+    s = min(per_tier[2], left) if left > 0 else 0
+    m = min(per_tier[3], left - s) if left > s else 0
+    return _new_view(
+        r.req_id,
+        req.arrival_s,
+        r.phase,
+        req.prompt_tokens,
+        r.computed_tokens,
+        r.generated_tokens,
+        (d * bt, h * bt, s * bt, m * bt),
+        in_queue * bt,
+        in_flight * bt,
+        req.block_keys,
+    )
 
 
 def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
-    return RequestView(
-        req_id=r.req_id,
-        arrival_s=r.req.arrival_s,
-        phase=r.phase,
-        prompt_tokens=r.req.prompt_tokens,
-        computed_tokens=r.computed_tokens,
-        generated_tokens=r.generated_tokens,
-        cached_tokens=cached,
-        in_queue_tokens=in_queue,
-        in_flight_tokens=in_flight,
-        block_keys=r.keys,
+    req = r.req
+    return _new_view(
+        req.req_id,
+        req.arrival_s,
+        r.phase,
+        req.prompt_tokens,
+        r.computed_tokens,
+        r.generated_tokens,
+        cached,
+        in_queue,
+        in_flight,
+        req.block_keys,
     )
 
 
