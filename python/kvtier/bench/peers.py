@@ -87,9 +87,17 @@ ROWS = (
     Row("remote_get", "remote get, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "get", "mooncake", False),
     Row(
         "ssd_put",
-        "SSD put (write-through vs LocalDiskBackend, writes done)",
+        "SSD put, both in the page cache (write-through, direct_io=False vs LocalDiskBackend, writes done)",
         "ssd",
         "ssd_put",
+        "lmcache",
+        True,
+    ),
+    Row(
+        "ssd_direct_put",
+        "SSD put, kvtier on the device (O_DIRECT) vs LMCache in the page cache",
+        "ssd",
+        "ssd_direct_put",
         "lmcache",
         True,
     ),
@@ -151,6 +159,12 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument(
         "--ssd-dir", default=None, help="where the ssd rows write (default: the system temp dir)"
     )
+    cmd.add_argument(
+        "--ssd-codec",
+        default="raw",
+        choices=("raw", "lossless"),
+        help="kvtier's ssd.codec in the ssd rows (default raw; lossless: byte planes + zstd)",
+    )
     cmd.add_argument("--json", action="store_true")
 
     def main(args: argparse.Namespace) -> None:
@@ -168,6 +182,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
         result = run(
             Path(args.venv), args.rounds, sizes["--bytes"][1], args.threads, show=not args.json,
             parts=args.parts, ssd_bytes=sizes["--ssd-bytes"][1], ssd_dir=args.ssd_dir,
+            ssd_codec=args.ssd_codec,
         )  # fmt: skip
         emit(result, args.json, summary)
 
@@ -256,6 +271,7 @@ def run(
     parts: tuple[str, ...] = tuple(PARTS),
     ssd_bytes: int = 2**29,
     ssd_dir: str | None = None,
+    ssd_codec: str = "raw",
 ) -> dict[str, Any]:
     """Every row of ``parts``, ``rounds`` times, kvtier and the peer alternating; see the module docs."""
     stamp = ensure_venv(venv, show)
@@ -266,6 +282,7 @@ def run(
         "lookup_repeats": 20,
         "copy_threads": threads,
         "ssd_bytes": ssd_bytes,
+        "ssd_codec": ssd_codec,
     }
     unavailable: dict[str, str] = {}
     if stamp.get("mooncake_unavailable"):
@@ -300,6 +317,7 @@ def run(
         "copy_threads": threads,
         "ssd_bytes": ssd_bytes,
         "ssd_filesystem": ssd_filesystem,
+        "ssd_codec": ssd_codec,
         "versions": stamp["versions"],
         "redis_server": base["redis_server"],
         "python": sys.version.split()[0],
@@ -404,8 +422,10 @@ def summary(r: dict[str, Any]) -> str:
     ]
     if "ssd" in parts:
         lines.append(
-            f"ssd rows: {r.get('ssd_bytes', 0) / 2**20:.0f} MiB per round on {r.get('ssd_filesystem')}; kvtier "
-            "write-through, O_DIRECT; LMCache LocalDiskBackend, buffered, timed until its writes are done"
+            f"ssd rows: {r.get('ssd_bytes', 0) / 2**20:.0f} MiB of KV-like bf16 values per round on "
+            f"{r.get('ssd_filesystem')}; kvtier write-through, codec {r.get('ssd_codec', 'raw')}, put into the "
+            "page cache (direct_io=False), O_DIRECT put, fsync put, O_DIRECT cold get; LMCache "
+            "LocalDiskBackend, buffered, timed until its writes are done"
         )
     if r.get("redis_server"):
         rs = r["redis_server"]
