@@ -114,7 +114,7 @@ ROWS = (
 PARTS = {"dram": "lmcache", "lookup": "lmcache", "remote": "mooncake", "ssd": "lmcache"}
 NOT_MEASURED = {
     "lmcache_odirect": "LMCache's LocalDiskBackend with extra_config use_odirect=True (off by default) is "
-    "not measured: the ssd rows run its default, buffered file I/O (kvtier's SSD tier: O_DIRECT)",
+    "not measured: the ssd rows run its default, buffered file I/O (kvtier: buffered in ssd_put, O_DIRECT in the others)",
 }
 
 

@@ -1,15 +1,20 @@
 """The SSD rows of ``kvtier bench peers``: kvtier's SSD tier against LMCache's ``LocalDiskBackend``,
 one side per process (called from :mod:`kvtier.bench.peers_worker`, which hands over the round's
-objects and token ids; the table's rows are in :mod:`kvtier.bench.peers`).
+objects and token ids; the table's rows are in :mod:`kvtier.bench.peers`). The objects are
+KV-like bf16 values (:func:`kv_objects`), the same bytes on both sides.
 
-- ``ssd_put``: kvtier ``Store.put`` with ``ssd.write_through`` (DRAM big enough for every block,
-  so the put writes each block to DRAM and, before it returns, to SSD; O_DIRECT,
-  ``ssd.durability="none"``) against ``LMCacheEngine.store`` (``LocalCPUBackend`` + ``LocalDiskBackend``,
-  which writes one file per chunk from its own threads) timed until its pending writes are done:
-  every chunk in the backend's index and no put task left.
-- ``ssd_durable_put``: kvtier with ``ssd.durability="fsync"`` against the same LMCache put
-  followed by ``fsync`` of each new file and of the directory (LMCache has no durable mode); the
-  ``ssd_put`` files are fsynced before it, untimed, so no writeback of theirs is left pending.
+- ``ssd_put``: like for like, both sides' bytes in the page cache when the clock stops: kvtier
+  ``Store.put`` with ``ssd.write_through``, ``ssd.durability="none"`` and ``ssd.direct_io=False``
+  (DRAM big enough for every block, so the put copies each block to DRAM and, before it returns,
+  hands it to the kernel: buffered writes) against ``LMCacheEngine.store`` (``LocalCPUBackend`` +
+  ``LocalDiskBackend``, which writes one file per chunk from its own threads) timed until its
+  pending writes are done: every chunk in the backend's index and no put task left.
+- ``ssd_direct_put``: kvtier the same with O_DIRECT (its default: on the device when ``put``
+  returns) against the same LMCache put (its figure reused): kvtier guarantees more here.
+- ``ssd_durable_put``: kvtier with ``ssd.durability="fsync"`` (O_DIRECT + ``fdatasync``) against
+  the same LMCache put followed by ``fsync`` of each new file and of the directory (LMCache has
+  no durable mode); the ``ssd_put`` files are fsynced before it, untimed, so no writeback of
+  theirs is left pending. Both sides' bytes are on stable storage when the clock stops.
 - ``ssd_cold_get``: kvtier in a fresh process opening the ``ssd_put`` directory (DRAM empty:
   every block from the device, O_DIRECT) against LMCache's retrieve after its CPU copies were
   cleared and its files fsynced and dropped from the page cache (``POSIX_FADV_DONTNEED``);
