@@ -36,9 +36,12 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
         "get_ratio_to_memcpy",
         "pool_load_ratio_to_get",
         "engine_pool_load_ratio_to_get",
+        "pool_put_ratio_to_put",
         "lookup_128k_tokens_ms",
     ):
         assert result[key] > 0
+    assert result["load_vs_memcpy"] == result["get_ratio_to_memcpy"]  # issue 19's names
+    assert result["put_vs_memcpy"] == result["put_ratio_to_memcpy"]
 
 
 def test_bad_size_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kvtier_core::checksum::{copy_hashing, copy_with_checksum, Xxh3};
+use kvtier_core::checksum::copy_with_checksum;
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::paged::PagedPool;
 use kvtier_core::parallel::WorkerPool;
@@ -32,9 +32,11 @@ use parking_lot::Mutex;
 
 pub mod demote;
 mod into_pool;
+mod payloads;
 pub mod pinned;
 mod state;
 
+use payloads::{Payloads, WriteJob};
 pub use state::object_extent_bytes;
 use state::{DramState, Entry, EntryState, PinnedAt, HEADER};
 
@@ -47,63 +49,11 @@ use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, T
 /// Unit of parallel prefaulting, in bytes.
 const PREFAULT_CHUNK_BYTES: usize = 64 << 20;
 
-/// What a put copies from: the caller's payload slices, or blocks of an engine's paged pool.
-enum Payloads<'a> {
-    Slices(&'a [&'a [u8]]),
-    Pool { pool: &'a PagedPool, blocks: &'a [usize] },
-}
-
-impl Payloads<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Payloads::Slices(s) => s.len(),
-            Payloads::Pool { blocks, .. } => blocks.len(),
-        }
-    }
-
-    fn payload_len(&self, item: usize) -> usize {
-        match self {
-            Payloads::Slices(s) => s[item].len(),
-            Payloads::Pool { pool, .. } => pool.block_bytes(),
-        }
-    }
-
-    /// Copies item `item` into `dst` (its payload length); returns its checksum. Fences.
-    fn copy_into(&self, item: usize, dst: &mut [u8]) -> u64 {
-        match self {
-            Payloads::Slices(s) => copy_with_checksum(dst, s[item]),
-            Payloads::Pool { pool, blocks } => {
-                let mut hasher = Xxh3::new();
-                for layer in 0..pool.num_layers() {
-                    for (region, off, len) in pool.layer_pieces(layer) {
-                        // SAFETY: the block id was checked in range by `put_from_pool`, so the
-                        // piece lies inside its region, which the pool's builder promised live;
-                        // the caller does not write blocks being stored; `dst` is this item's
-                        // own extent, `off + len <= block_bytes` (regions tile the object).
-                        unsafe {
-                            let src = std::slice::from_raw_parts(pool.piece(region, blocks[item]), len);
-                            copy_hashing(dst[off..off + len].as_mut_ptr(), src, &mut hasher);
-                        }
-                    }
-                }
-                kvtier_core::copy::fence();
-                hasher.digest()
-            }
-        }
-    }
-}
-
 /// The host-memory tier.
 pub struct DramTier {
     arena: Arena,
     workers: Arc<WorkerPool>,
     state: Mutex<DramState>,
-}
-
-struct WriteJob {
-    item: usize,
-    offset: usize,
-    extent_len: usize,
 }
 
 struct ReadJob<'a> {
@@ -265,7 +215,7 @@ impl DramTier {
         let jobs = self.reserve(namespace, keys, payloads, evict, &mut report, refused);
         let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
         let total_bytes = jobs.iter().map(|j| payloads.payload_len(j.item)).sum();
-        self.workers.for_each(&jobs, total_bytes, |job| {
+        self.workers.for_each(&payloads.copy_order(&jobs), total_bytes, |job| {
             self.write_object(namespace, keys[job.item], payloads, job);
         });
         abandon.armed = false;
