@@ -60,6 +60,23 @@ def test_load_into_pool_and_put_from_pool_at_every_alignment(shift: int) -> None
     store.check_integrity()
 
 
+def test_put_from_pool_in_runs_of_consecutive_blocks_keeps_each_object_whole() -> None:
+    """A put copies runs of consecutive pool blocks region by region (``dram/payloads.rs``):
+    each object must still get exactly its own block's bytes and checksum."""
+    store = odd_store(64)
+    _, pool = shifted_pool(16, 7, 0)
+    pool[:] = np.random.default_rng(11).integers(0, 256, pool.size, dtype=np.uint8)
+    ids = np.array([10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 5, 13, 12])  # descending runs, a repeat
+    keys = store.namespace.block_keys(np.arange(ids.size * ODD.block_tokens, dtype=np.uint32))
+    assert store.put_from_pool(keys, PagedPool.layer_first(ODD, pool), ids).stored == ids.size
+    out = np.zeros((ids.size, ODD.block_bytes), np.uint8)
+    with store.lease(keys) as lease:
+        assert store.load(lease, out).loaded_blocks == ids.size  # every checksum verifies
+    assert np.array_equal(out, gather(ODD, pool, ids))
+    assert store.stats().checksum_failures == 0
+    store.check_integrity()
+
+
 def test_a_tampered_object_is_refused_at_an_odd_alignment() -> None:
     store = odd_store()
     objects = np.random.default_rng(9).integers(0, 256, (5, ODD.block_bytes), dtype=np.uint8)

@@ -158,18 +158,27 @@ impl DramTier {
         jobs
     }
 
-    fn write_object(&self, namespace: u128, key: BlockKey, payloads: &Payloads<'_>, job: &WriteJob) {
-        let arena = &self.arena;
-        // SAFETY: the extent belongs to a writing entry reserved by this batch; nothing else
-        // reads or writes it until the entry is published under the lock.
-        let extent = unsafe { arena.bytes_mut(job.offset, job.extent_len) };
-        let len = payloads.payload_len(job.item);
-        let (dst, rest) = extent.split_at_mut(len);
-        let sum = payloads.copy_into(job.item, dst);
-        let (head, padding) = rest.split_at_mut(HEADER);
-        let header = ObjectHeader::with_checksum(namespace, key, CODEC_RAW, len as u64, sum);
-        head.copy_from_slice(&header.encode());
-        padding.fill(0);
+    /// Writes the objects of `run` (a task of [`Payloads::copy_runs`]): payloads, then headers.
+    fn write_run(&self, namespace: u128, keys: &[BlockKey], payloads: &Payloads<'_>, run: &[&WriteJob]) {
+        // SAFETY: each extent belongs to a writing entry reserved by this batch (distinct
+        // extents); nothing else reads or writes it until the entry is published under the lock.
+        let mut extents: Vec<&mut [u8]> =
+            run.iter().map(|job| unsafe { self.arena.bytes_mut(job.offset, job.extent_len) }).collect();
+        let items: Vec<usize> = run.iter().map(|job| job.item).collect();
+        let (mut dsts, mut rests): (Vec<&mut [u8]>, Vec<&mut [u8]>) = extents
+            .iter_mut()
+            .zip(&items)
+            .map(|(extent, &item)| extent.split_at_mut(payloads.payload_len(item)))
+            .unzip();
+        let sums = payloads.copy_run(&items, &mut dsts);
+        for ((rest, &item), sum) in rests.iter_mut().zip(&items).zip(sums) {
+            let len = payloads.payload_len(item) as u64;
+            let (head, padding) = rest.split_at_mut(HEADER);
+            head.copy_from_slice(
+                &ObjectHeader::with_checksum(namespace, keys[item], CODEC_RAW, len, sum).encode(),
+            );
+            padding.fill(0);
+        }
     }
 
     /// Stores a batch like [`Tier::put`], evicting only with `evict`; without it, items that do
@@ -215,8 +224,8 @@ impl DramTier {
         let jobs = self.reserve(namespace, keys, payloads, evict, &mut report, refused);
         let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
         let total_bytes = jobs.iter().map(|j| payloads.payload_len(j.item)).sum();
-        self.workers.for_each(&payloads.copy_order(&jobs), total_bytes, |job| {
-            self.write_object(namespace, keys[job.item], payloads, job);
+        self.workers.for_each(&payloads.copy_runs(&jobs), total_bytes, |run| {
+            self.write_run(namespace, keys, payloads, run);
         });
         abandon.armed = false;
         drop(abandon);
