@@ -132,3 +132,22 @@ def test_the_model_error_on_prefix_hits_is_the_simulators(smollm2, tmp_path: Pat
     )
     expected = [(TRUE.step_time_s(s.shape) - s.seconds) / s.seconds for s in engine_steps]
     assert r["step_mean_error"] == pytest.approx(sum(expected) / len(expected))
+
+
+def test_a_turn_sent_the_moment_its_parent_finishes_joins_the_next_step(tmp_path: Path) -> None:
+    from kvtier.engine.config import EngineConfig
+    from kvtier.sim.validate import _canonical, simulate
+
+    a = Turn(0, None, [1] * 32, [2, 3], 2, 0.0, 0.0)
+    b = Turn(1, None, [5] * 32, [6] * 5, 5, 0.0, 0.0)
+    follow = Turn(2, 0, a.prompt + a.output + [7] * 14, [8, 9], 2, 0.0, 0.0)
+    shapes: list[BatchShape] = []
+    config = EngineConfig(num_blocks=64, max_batch_tokens=256, max_running=16)
+    simulate([a, b, follow], config, _calibration(tmp_path), step_shapes=shapes)
+    # Step 2's decode finishes a; as in the engine's loop, the next step prefills its follow-up
+    # (after the 32 tokens a left cached) beside b's decode, not one step later.
+    assert [_canonical(s) for s in shapes[:3]] == [
+        (((32, 0), (32, 0)), ()),
+        ((), (33, 33)),
+        (((16, 32),), (34,)),
+    ]
