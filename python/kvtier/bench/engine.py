@@ -212,6 +212,7 @@ def run(
     validation: bool = True,
     validation_conversations: int = 4,
     validation_turns: int = 3,
+    validation_repeats: int = 3,
     calibration: str = "cpu-smollm2-135m",
 ) -> dict[str, Any]:
     """The engine's figures; with ``validation``, also the calibrated simulator's error on a held-out
@@ -237,12 +238,16 @@ def run(
             conversations=validation_conversations,
             turns=validation_turns,
             threads=threads,
+            repeats=validation_repeats,
             model=model,
             tokenizer=tokenizer,
         )
         validation_result["sim_validation"] = check
         validation_result["sim_ttft_error"] = check["sim_ttft_error"]
         validation_result["sim_tpot_error"] = check["sim_tpot_error"]
+        # The engine's own spread over the repeated runs: the noise floor the errors are judged against.
+        validation_result["engine_ttft_noise"] = check["engine_ttft_noise"]
+        validation_result["engine_tpot_noise"] = check["engine_tpot_noise"]
     with threadpool_limits(limits=threads, user_api="blas"):
         result: dict[str, Any] = {
             "model": "SmolLM2-135M-Instruct (fp32, numpy)",
@@ -284,11 +289,15 @@ def summary(r: dict[str, Any]) -> str:
         )
         lines.append(
             f"    mean TTFT {v['engine_mean_ttft_s']:.3f} s engine, {v['sim_mean_ttft_s']:.3f} s sim: "
-            f"error {r['sim_ttft_error']:.3f} (target <= 0.15)"
+            f"error {r['sim_ttft_error']:.3f} (target <= 0.10)"
         )
         lines.append(
             f"    mean TPOT {v['engine_mean_tpot_s']:.4f} s engine, {v['sim_mean_tpot_s']:.4f} s sim: "
-            f"error {r['sim_tpot_error']:.3f} (target <= 0.15)"
+            f"error {r['sim_tpot_error']:.3f} (target <= 0.10)"
+        )
+        lines.append(
+            f"    engine's own spread over {v['engine_runs']} runs (noise floor): TTFT "
+            f"{v['engine_ttft_noise']:.3f}, TPOT {v['engine_tpot_noise']:.3f}"
         )
         if v.get("calibration_machine_differences"):
             from kvtier.sim.machine import REFIT
