@@ -223,6 +223,7 @@ impl TransferEngine {
     }
 
     /// The sequential baseline: returns (job, seconds per stage).
+    #[cfg(feature = "bench-baselines")]
     #[pyo3(signature = (keys, pool, block_ids, num_blocks=None, per_chunk=false))]
     fn load_sequential(
         &self,
