@@ -9,6 +9,7 @@ mod baselines;
 mod blocks;
 mod buffer;
 mod codec;
+mod dicts;
 mod errors;
 mod geometry;
 mod layout;

@@ -14,6 +14,7 @@ use kvtier_store::RemoteStoreConfig;
 
 use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
 use crate::buffer::ensure_disjoint;
+use crate::dicts::add_counters;
 use crate::errors::{config_error, item, kvtier_error};
 
 /// The `remote` section's `key` (`None` when absent or None); errors name `remote.<key>`.
@@ -112,25 +113,7 @@ pub fn metrics_dict<'py>(py: Python<'py>, m: &RemoteMetrics) -> PyResult<Bound<'
     for (name, op) in [("exists", &m.exists), ("get", &m.get), ("set", &m.set), ("del", &m.del)] {
         d.set_item(name, op_dict(py, op)?)?;
     }
-    for (k, v) in [
-        ("connects", m.connects),
-        ("reconnects", m.reconnects),
-        ("connect_failures", m.connect_failures),
-        ("auth_failures", m.auth_failures),
-        ("down_misses", m.down_misses),
-        ("down_skipped_writes", m.down_skipped_writes),
-        ("missing_on_get", m.missing_on_get),
-        ("bad_magic", m.bad_magic),
-        ("bad_length", m.bad_length),
-        ("bad_checksum", m.bad_checksum),
-        ("foreign_objects", m.foreign_objects),
-        ("redirects", m.redirects),
-        ("slot_refreshes", m.slot_refreshes),
-        ("nodes", m.nodes),
-        ("nodes_down", m.nodes_down),
-    ] {
-        d.set_item(k, v)?;
-    }
+    add_counters(&d, m)?;
     Ok(d)
 }
 

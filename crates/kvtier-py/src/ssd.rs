@@ -13,6 +13,7 @@ use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, S
 use kvtier_store::SsdStoreConfig;
 
 use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
+use crate::dicts::add_counters;
 use crate::errors::{config_error, item, kvtier_error};
 
 /// The `ssd` section's `key` (`None` when absent or None); errors name `ssd.<key>`.
@@ -90,27 +91,8 @@ pub fn metrics_dict<'py>(py: Python<'py>, m: &SsdMetrics) -> PyResult<Bound<'py,
     d.set_item("durability", m.durability)?;
     d.set_item("placement", m.placement)?;
     d.set_item("bandwidth_source", &m.bandwidth_source)?;
-    for (k, v) in [
-        ("lookup_hits", m.lookup_hits),
-        ("lookup_misses", m.lookup_misses),
-        ("write_failures", m.write_failures),
-        ("read_io_errors", m.read_io_errors),
-        ("log_failures", m.log_failures),
-        ("log_records", m.log_records),
-        ("log_bytes", m.log_bytes),
-        ("log_generation", m.log_generation),
-        ("compactions", m.compactions),
-        ("objects", m.tier.objects),
-        ("pinned_objects", m.tier.pinned_objects),
-        ("used_bytes", m.tier.used_bytes),
-        ("capacity_bytes", m.tier.capacity_bytes),
-        ("stored", m.tier.stored),
-        ("evictions", m.tier.evictions),
-        ("rejected", m.tier.rejected),
-        ("checksum_failures", m.tier.checksum_failures),
-    ] {
-        d.set_item(k, v)?;
-    }
+    add_counters(&d, m)?;
+    add_counters(&d, &m.tier)?;
     let r = PyDict::new(py);
     r.set_item("records", m.recovery.records)?;
     r.set_item("recovered_objects", m.recovery.recovered_objects)?;
