@@ -4,7 +4,7 @@
 //! values through the remote tier's raw client. Every buffer is checked (bytes, sizes,
 //! writability, disjointness); the GIL is released while they run.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
@@ -31,52 +31,37 @@ pub fn ssd_raw_sequential(
         .map_err(|e| kvtier_error("StoreError", format!("raw device loop on {}: {e}", path.display())))
 }
 
-/// Runs one file-per-object pass `what` ("write" or "read") in `directory`, the GIL released;
-/// errors name the pass and the directory.
-fn file_per_object(
+/// Seconds of one pass of the file-per-object backend in `directory`: `write` writes `count`
+/// files of `buffer` (one object), then syncfs; otherwise reads the `count` files back (cold:
+/// their cached pages dropped first) into `buffer` (checked writable).
+#[pyfunction]
+pub fn ssd_file_per_object(
     py: Python<'_>,
-    directory: &Path,
-    what: &str,
-    run: impl FnOnce() -> std::io::Result<f64> + Send,
+    directory: PathBuf,
+    count: usize,
+    buffer: &Bound<'_, PyAny>,
+    write: bool,
 ) -> PyResult<f64> {
-    py.allow_threads(run).map_err(|e| {
+    let buf = Buffer::get(buffer, if write { "object" } else { "out" }, !write, Format::Bytes)?;
+    let result = if write {
+        // SAFETY: read-only view of a live buffer.
+        let bytes = unsafe { buf.as_slice() };
+        py.allow_threads(|| baseline::file_per_object_write(&directory, count, bytes))
+    } else {
+        // SAFETY: writable, live buffer; this is its only view.
+        let bytes = unsafe { buf.as_mut_slice() };
+        py.allow_threads(|| baseline::file_per_object_read(&directory, count, bytes))
+    };
+    let what = if write { "write" } else { "read" };
+    result.map_err(|e| {
         kvtier_error("StoreError", format!("file-per-object {what} in {}: {e}", directory.display()))
     })
-}
-
-/// Seconds to write `count` files of `object` into `directory`, then syncfs.
-#[pyfunction]
-pub fn ssd_file_per_object_write(
-    py: Python<'_>,
-    directory: PathBuf,
-    count: usize,
-    object: &Bound<'_, PyAny>,
-) -> PyResult<f64> {
-    let buf = Buffer::get(object, "object", false, Format::Bytes)?;
-    // SAFETY: read-only view of a live buffer.
-    let bytes = unsafe { buf.as_slice() };
-    file_per_object(py, &directory, "write", || baseline::file_per_object_write(&directory, count, bytes))
-}
-
-/// Seconds to read the `count` files back (cold: their cached pages dropped first) into `out`.
-#[pyfunction]
-pub fn ssd_file_per_object_read(
-    py: Python<'_>,
-    directory: PathBuf,
-    count: usize,
-    out: &Bound<'_, PyAny>,
-) -> PyResult<f64> {
-    let buf = Buffer::get(out, "out", true, Format::Bytes)?;
-    // SAFETY: writable, live buffer; this is its only view.
-    let bytes = unsafe { buf.as_mut_slice() };
-    file_per_object(py, &directory, "read", || baseline::file_per_object_read(&directory, count, bytes))
 }
 
 /// Adds the baseline functions to `_core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ssd_raw_sequential, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd_file_per_object_write, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd_file_per_object_read, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd_file_per_object, m)?)?;
     Ok(())
 }
 

@@ -3,8 +3,9 @@
 
 use pyo3::prelude::*;
 
-use kvtier_core::layout;
+use kvtier_core::layout::{self, CopyStats};
 use kvtier_core::parallel::WorkerPool;
+use kvtier_core::{Geometry, LayoutError};
 
 use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, layout_err};
@@ -56,23 +57,15 @@ impl Copier {
         out: &Bound<'_, PyAny>,
         per_segment: bool,
     ) -> PyResult<(u64, u64, u64)> {
-        let pool = Buffer::get(pool, "pool", false, Format::Bytes)?;
-        let out = Buffer::get(out, "out", true, Format::Bytes)?;
-        ensure_disjoint(&pool, &out)?;
-        let ids = block_ids_of(block_ids)?;
-        let g = &geometry.inner;
-        let stats = py.allow_threads(|| {
-            // SAFETY: pool and out are live, disjoint buffers; out was acquired writable; the ids
-            // are our own copy.
-            let (src, dst) = unsafe { (pool.as_slice(), out.as_mut_slice()) };
+        let (src, dst) =
+            (Buffer::get(pool, "pool", false, Format::Bytes)?, Buffer::get(out, "out", true, Format::Bytes)?);
+        self.copy(py, geometry, src, dst, block_ids, |g, src, ids, dst| {
             if per_segment {
-                layout::gather_contiguous_per_segment(g, src, num_blocks, &ids, dst)
+                layout::gather_contiguous_per_segment(g, src, num_blocks, ids, dst)
             } else {
-                layout::gather_contiguous(g, src, num_blocks, &ids, dst, &self.workers)
+                layout::gather_contiguous(g, src, num_blocks, ids, dst, &self.workers)
             }
-        });
-        let s = stats.map_err(layout_err)?;
-        Ok((s.bytes, s.segments, s.copies))
+        })
     }
 
     /// Objects → pool blocks. Returns (bytes, segments, copies after merging).
@@ -87,21 +80,39 @@ impl Copier {
         pool: &Bound<'_, PyAny>,
         per_segment: bool,
     ) -> PyResult<(u64, u64, u64)> {
-        let objects = Buffer::get(objects, "objects", false, Format::Bytes)?;
-        let pool = Buffer::get(pool, "pool", true, Format::Bytes)?;
-        ensure_disjoint(&pool, &objects)?;
+        let (src, dst) = (
+            Buffer::get(objects, "objects", false, Format::Bytes)?,
+            Buffer::get(pool, "pool", true, Format::Bytes)?,
+        );
+        self.copy(py, geometry, src, dst, block_ids, |g, src, ids, dst| {
+            if per_segment {
+                layout::scatter_contiguous_per_segment(g, src, num_blocks, ids, dst)
+            } else {
+                layout::scatter_contiguous(g, src, num_blocks, ids, dst, &self.workers)
+            }
+        })
+    }
+}
+
+impl Copier {
+    /// Runs one layout copy from `src` into `dst` (acquired writable; checked disjoint here)
+    /// with the GIL released. Returns (bytes, segments, copies after merging).
+    fn copy(
+        &self,
+        py: Python<'_>,
+        geometry: &CoreGeometry,
+        src: Buffer,
+        dst: Buffer,
+        block_ids: &Bound<'_, PyAny>,
+        run: impl FnOnce(&Geometry, &[u8], &[u64], &mut [u8]) -> Result<CopyStats, LayoutError> + Send,
+    ) -> PyResult<(u64, u64, u64)> {
+        ensure_disjoint(&dst, &src)?;
         let ids = block_ids_of(block_ids)?;
         let g = &geometry.inner;
-        let stats = py.allow_threads(|| {
-            // SAFETY: pool and objects are live, disjoint buffers; pool was acquired writable;
-            // the ids are our own copy.
-            let (src, dst) = unsafe { (objects.as_slice(), pool.as_mut_slice()) };
-            if per_segment {
-                layout::scatter_contiguous_per_segment(g, src, num_blocks, &ids, dst)
-            } else {
-                layout::scatter_contiguous(g, src, num_blocks, &ids, dst, &self.workers)
-            }
-        });
+        // SAFETY: src and dst are live, disjoint buffers; dst was acquired writable; the ids are
+        // our own copy.
+        let stats =
+            py.allow_threads(|| run(g, unsafe { src.as_slice() }, &ids, unsafe { dst.as_mut_slice() }));
         let s = stats.map_err(layout_err)?;
         Ok((s.bytes, s.segments, s.copies))
     }
