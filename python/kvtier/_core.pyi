@@ -18,16 +18,14 @@ class CoreGeometry:
 class Copier:
     threads: int
     def __init__(self, threads: int) -> None: ...
-    def gather(
-        self, geometry: CoreGeometry, pool: Any, num_blocks: int, block_ids: Any, out: Any, per_segment: bool
-    ) -> tuple[int, int, int]: ...
-    def scatter(
+    def copy(
         self,
+        gather: bool,
         geometry: CoreGeometry,
-        objects: Any,
+        src: Any,
         num_blocks: int,
         block_ids: Any,
-        pool: Any,
+        dst: Any,
         per_segment: bool,
     ) -> tuple[int, int, int]: ...
 

@@ -3,9 +3,8 @@
 
 use pyo3::prelude::*;
 
-use kvtier_core::layout::{self, CopyStats};
+use kvtier_core::layout;
 use kvtier_core::parallel::WorkerPool;
-use kvtier_core::{Geometry, LayoutError};
 
 use crate::buffer::{ensure_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, layout_err};
@@ -45,74 +44,37 @@ impl Copier {
         self.workers.threads()
     }
 
-    /// Pool blocks → objects. Returns (bytes, segments, copies after merging).
+    /// Pool blocks → objects (`gather`: `src` the pool, `dst` the objects) or objects → pool
+    /// blocks, with the GIL released. Returns (bytes, segments, copies after merging).
     #[allow(clippy::too_many_arguments)]
-    fn gather(
-        &self,
-        py: Python<'_>,
-        geometry: &CoreGeometry,
-        pool: &Bound<'_, PyAny>,
-        num_blocks: u64,
-        block_ids: &Bound<'_, PyAny>,
-        out: &Bound<'_, PyAny>,
-        per_segment: bool,
-    ) -> PyResult<(u64, u64, u64)> {
-        let (src, dst) =
-            (Buffer::get(pool, "pool", false, Format::Bytes)?, Buffer::get(out, "out", true, Format::Bytes)?);
-        self.copy(py, geometry, src, dst, block_ids, |g, src, ids, dst| {
-            if per_segment {
-                layout::gather_contiguous_per_segment(g, src, num_blocks, ids, dst)
-            } else {
-                layout::gather_contiguous(g, src, num_blocks, ids, dst, &self.workers)
-            }
-        })
-    }
-
-    /// Objects → pool blocks. Returns (bytes, segments, copies after merging).
-    #[allow(clippy::too_many_arguments)]
-    fn scatter(
-        &self,
-        py: Python<'_>,
-        geometry: &CoreGeometry,
-        objects: &Bound<'_, PyAny>,
-        num_blocks: u64,
-        block_ids: &Bound<'_, PyAny>,
-        pool: &Bound<'_, PyAny>,
-        per_segment: bool,
-    ) -> PyResult<(u64, u64, u64)> {
-        let (src, dst) = (
-            Buffer::get(objects, "objects", false, Format::Bytes)?,
-            Buffer::get(pool, "pool", true, Format::Bytes)?,
-        );
-        self.copy(py, geometry, src, dst, block_ids, |g, src, ids, dst| {
-            if per_segment {
-                layout::scatter_contiguous_per_segment(g, src, num_blocks, ids, dst)
-            } else {
-                layout::scatter_contiguous(g, src, num_blocks, ids, dst, &self.workers)
-            }
-        })
-    }
-}
-
-impl Copier {
-    /// Runs one layout copy from `src` into `dst` (acquired writable; checked disjoint here)
-    /// with the GIL released. Returns (bytes, segments, copies after merging).
     fn copy(
         &self,
         py: Python<'_>,
+        gather: bool,
         geometry: &CoreGeometry,
-        src: Buffer,
-        dst: Buffer,
+        src: &Bound<'_, PyAny>,
+        num_blocks: u64,
         block_ids: &Bound<'_, PyAny>,
-        run: impl FnOnce(&Geometry, &[u8], &[u64], &mut [u8]) -> Result<CopyStats, LayoutError> + Send,
+        dst: &Bound<'_, PyAny>,
+        per_segment: bool,
     ) -> PyResult<(u64, u64, u64)> {
-        ensure_disjoint(&dst, &src)?;
+        let (src_name, dst_name) = if gather { ("pool", "out") } else { ("objects", "pool") };
+        let src = Buffer::get(src, src_name, false, Format::Bytes)?;
+        let dst = Buffer::get(dst, dst_name, true, Format::Bytes)?;
+        ensure_disjoint(&src, &dst)?;
         let ids = block_ids_of(block_ids)?;
-        let g = &geometry.inner;
-        // SAFETY: src and dst are live, disjoint buffers; dst was acquired writable; the ids are
-        // our own copy.
-        let stats =
-            py.allow_threads(|| run(g, unsafe { src.as_slice() }, &ids, unsafe { dst.as_mut_slice() }));
+        let (g, workers) = (&geometry.inner, &self.workers);
+        let stats = py.allow_threads(|| {
+            // SAFETY: src and dst are live, disjoint buffers; dst was acquired writable; the ids
+            // are our own copy.
+            let (src, dst) = unsafe { (src.as_slice(), dst.as_mut_slice()) };
+            match (gather, per_segment) {
+                (true, true) => layout::gather_contiguous_per_segment(g, src, num_blocks, &ids, dst),
+                (true, false) => layout::gather_contiguous(g, src, num_blocks, &ids, dst, workers),
+                (false, true) => layout::scatter_contiguous_per_segment(g, src, num_blocks, &ids, dst),
+                (false, false) => layout::scatter_contiguous(g, src, num_blocks, &ids, dst, workers),
+            }
+        });
         let s = stats.map_err(layout_err)?;
         Ok((s.bytes, s.segments, s.copies))
     }
