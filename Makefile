@@ -30,6 +30,8 @@ lint: $(VENV)/.deps
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo check -p kvtier-py --quiet   # the shipped extension: no test hooks (only tests turn them on)
+	# The library crates as shipped: no test hooks, no bench baselines (kvtier-py turns those on).
+	cargo clippy --quiet -p kvtier-core -p kvtier-codec -p kvtier-pool -p kvtier-remote -p kvtier-store -p kvtier-transfer -- -D warnings
 	$(VENV)/bin/ruff check python tests
 	$(VENV)/bin/ruff format --check python tests
 	$(VENV)/bin/mypy --strict python/kvtier

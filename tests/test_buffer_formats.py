@@ -154,6 +154,6 @@ def test_token_buffers_must_be_integers_and_block_id_buffers_their_exact_type() 
     pool = layout.alloc_pool(g, 4)
     out = np.empty((1, g.block_bytes), np.uint8)
     with pytest.raises(BufferError, match="uint64"):
-        copier._core.gather(g._handle, pool, 4, np.array([1.0]), out, False)
+        copier._core.copy(True, g._handle, pool, 4, np.array([1.0]), out, False)
     with pytest.raises(BufferError, match="uint64"):
-        copier._core.gather(g._handle, pool, 4, np.array([1], dtype=object), out, False)
+        copier._core.copy(True, g._handle, pool, 4, np.array([1], dtype=object), out, False)

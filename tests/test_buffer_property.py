@@ -37,7 +37,7 @@ Functions covered (one target each; ``[arg]`` is the argument drawn, the others 
 
 Not covered: ``codec.encode(..., "quant")`` (its numeric checks need fp16 geometry and data this
 file does not draw; it takes the same buffer path as ``lossless``), and the bench-only
-``_core.ssd_file_per_object_*`` and ``_core.ssd_raw_sequential`` (they write files and drop the
+``_core.ssd_file_per_object`` and ``_core.ssd_raw_sequential`` (they write files and drop the
 page cache).
 
 Crash isolation: the hypothesis searches run in a child process (this file run as a script),

@@ -283,7 +283,7 @@ class Copier:
         if out is None:
             out = np.empty((ids.size, geometry.block_bytes), dtype=np.uint8)
         _check_objects(geometry, out, ids.size, "out", writable=True)
-        self._core.gather(geometry._handle, pool, num_blocks, ids, out, per_segment)
+        self._core.copy(True, geometry._handle, pool, num_blocks, ids, out, per_segment)
         return out
 
     def scatter(
@@ -301,7 +301,9 @@ class Copier:
             raise BufferError("pool is read-only; expected a writable array")
         ids = _block_ids(block_ids, num_blocks)
         _check_objects(geometry, objects, ids.size, "objects", writable=False)
-        return CopyStats(*self._core.scatter(geometry._handle, objects, num_blocks, ids, pool, per_segment))
+        return CopyStats(
+            *self._core.copy(False, geometry._handle, objects, num_blocks, ids, pool, per_segment)
+        )
 
 
 def _check_objects(geometry: Geometry, arr: np.ndarray, count: int, what: str, writable: bool) -> None:

@@ -210,8 +210,7 @@ class TransferEngine:
             regions, layers = pool.regions, pool.layer_regions
             return int(self._core.submit_paged(load, keys.raw, regions, layers, pool.num_blocks, block_ids))
         n = self._check(keys, pool)
-        submit = self._core.submit_load if load else self._core.submit_store
-        return int(submit(keys.raw, pool, block_ids, n))
+        return int(self._core.submit(load, keys.raw, pool, block_ids, n))
 
     def submit_load(
         self,

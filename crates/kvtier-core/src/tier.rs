@@ -133,21 +133,23 @@ pub enum ReadOutcome {
     Missing,
 }
 
-/// Counters and gauges of one tier.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TierStats {
-    /// Ready (visible) objects.
-    pub objects: u64,
-    /// Ready objects with at least one pin.
-    pub pinned_objects: u64,
-    /// Doomed objects still held by pins.
-    pub doomed_objects: u64,
-    pub used_bytes: u64,
-    pub capacity_bytes: u64,
-    pub stored: u64,
-    pub evictions: u64,
-    pub rejected: u64,
-    pub checksum_failures: u64,
+crate::counters! {
+    /// Counters and gauges of one tier.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct TierStats {
+        /// Ready (visible) objects.
+        pub objects: u64,
+        /// Ready objects with at least one pin.
+        pub pinned_objects: u64,
+        /// Doomed objects still held by pins.
+        pub doomed_objects: u64,
+        pub used_bytes: u64,
+        pub capacity_bytes: u64,
+        pub stored: u64,
+        pub evictions: u64,
+        pub rejected: u64,
+        pub checksum_failures: u64,
+    }
 }
 
 /// One level of the store's hierarchy. Implementations are internally synchronised.

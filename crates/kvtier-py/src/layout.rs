@@ -44,62 +44,35 @@ impl Copier {
         self.workers.threads()
     }
 
-    /// Pool blocks → objects. Returns (bytes, segments, copies after merging).
+    /// Pool blocks → objects (`gather`: `src` the pool, `dst` the objects) or objects → pool
+    /// blocks, with the GIL released. Returns (bytes, segments, copies after merging).
     #[allow(clippy::too_many_arguments)]
-    fn gather(
+    fn copy(
         &self,
         py: Python<'_>,
+        gather: bool,
         geometry: &CoreGeometry,
-        pool: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
         num_blocks: u64,
         block_ids: &Bound<'_, PyAny>,
-        out: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
         per_segment: bool,
     ) -> PyResult<(u64, u64, u64)> {
-        let pool = Buffer::get(pool, "pool", false, Format::Bytes)?;
-        let out = Buffer::get(out, "out", true, Format::Bytes)?;
-        ensure_disjoint(&pool, &out)?;
+        let (src_name, dst_name) = if gather { ("pool", "out") } else { ("objects", "pool") };
+        let src = Buffer::get(src, src_name, false, Format::Bytes)?;
+        let dst = Buffer::get(dst, dst_name, true, Format::Bytes)?;
+        ensure_disjoint(&src, &dst)?;
         let ids = block_ids_of(block_ids)?;
-        let g = &geometry.inner;
+        let (g, workers) = (&geometry.inner, &self.workers);
         let stats = py.allow_threads(|| {
-            // SAFETY: pool and out are live, disjoint buffers; out was acquired writable; the ids
+            // SAFETY: src and dst are live, disjoint buffers; dst was acquired writable; the ids
             // are our own copy.
-            let (src, dst) = unsafe { (pool.as_slice(), out.as_mut_slice()) };
-            if per_segment {
-                layout::gather_contiguous_per_segment(g, src, num_blocks, &ids, dst)
-            } else {
-                layout::gather_contiguous(g, src, num_blocks, &ids, dst, &self.workers)
-            }
-        });
-        let s = stats.map_err(layout_err)?;
-        Ok((s.bytes, s.segments, s.copies))
-    }
-
-    /// Objects → pool blocks. Returns (bytes, segments, copies after merging).
-    #[allow(clippy::too_many_arguments)]
-    fn scatter(
-        &self,
-        py: Python<'_>,
-        geometry: &CoreGeometry,
-        objects: &Bound<'_, PyAny>,
-        num_blocks: u64,
-        block_ids: &Bound<'_, PyAny>,
-        pool: &Bound<'_, PyAny>,
-        per_segment: bool,
-    ) -> PyResult<(u64, u64, u64)> {
-        let objects = Buffer::get(objects, "objects", false, Format::Bytes)?;
-        let pool = Buffer::get(pool, "pool", true, Format::Bytes)?;
-        ensure_disjoint(&pool, &objects)?;
-        let ids = block_ids_of(block_ids)?;
-        let g = &geometry.inner;
-        let stats = py.allow_threads(|| {
-            // SAFETY: pool and objects are live, disjoint buffers; pool was acquired writable;
-            // the ids are our own copy.
-            let (src, dst) = unsafe { (objects.as_slice(), pool.as_mut_slice()) };
-            if per_segment {
-                layout::scatter_contiguous_per_segment(g, src, num_blocks, &ids, dst)
-            } else {
-                layout::scatter_contiguous(g, src, num_blocks, &ids, dst, &self.workers)
+            let (src, dst) = unsafe { (src.as_slice(), dst.as_mut_slice()) };
+            match (gather, per_segment) {
+                (true, true) => layout::gather_contiguous_per_segment(g, src, num_blocks, &ids, dst),
+                (true, false) => layout::gather_contiguous(g, src, num_blocks, &ids, dst, workers),
+                (false, true) => layout::scatter_contiguous_per_segment(g, src, num_blocks, &ids, dst),
+                (false, false) => layout::scatter_contiguous(g, src, num_blocks, &ids, dst, workers),
             }
         });
         let s = stats.map_err(layout_err)?;

@@ -4,9 +4,12 @@
 //! validates its buffers, then releases the GIL for the copy or hash. Errors are raised as the
 //! classes of `kvtier.errors`.
 
+#[cfg(feature = "bench-baselines")]
+mod baselines;
 mod blocks;
 mod buffer;
 mod codec;
+mod dicts;
 mod errors;
 mod geometry;
 mod layout;
@@ -122,9 +125,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remote::redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(remote::check_url, m)?)?;
     m.add_function(wrap_pyfunction!(ssd::ssd_placement_counts, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd::ssd_raw_sequential, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd::ssd_file_per_object_write, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd::ssd_file_per_object_read, m)?)?;
+    #[cfg(feature = "bench-baselines")]
+    baselines::register(m)?;
     m.add_function(wrap_pyfunction!(block_keys, m)?)?;
     m.add_function(wrap_pyfunction!(encode_object, m)?)?;
     m.add_function(wrap_pyfunction!(decode_object, m)?)?;

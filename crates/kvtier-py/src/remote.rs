@@ -1,6 +1,6 @@
 //! The remote tier for Python: the store's `remote` options dict → [`RemoteStoreConfig`],
 //! metrics as dicts, and `RemotePool` — the tier on its own (benchmarks, tests, tools), with
-//! raw GET/SET of plain values for the raw-client baseline. The GIL is released while bytes
+//! raw GET/SET of plain values for the raw-client baseline (`bench-baselines` feature). The GIL is released while bytes
 //! move.
 
 use std::time::Duration;
@@ -9,12 +9,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use kvtier_pool::{ReadOutcome, Tier};
-use kvtier_remote::pipeline::{GetItem, HeaderSpec, Res, SetItem};
-use kvtier_remote::{key_name, OpMetrics, RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
+use kvtier_remote::{OpMetrics, RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
 use kvtier_store::RemoteStoreConfig;
 
 use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
 use crate::buffer::ensure_disjoint;
+use crate::dicts::add_counters;
 use crate::errors::{config_error, item, kvtier_error};
 
 /// The `remote` section's `key` (`None` when absent or None); errors name `remote.<key>`.
@@ -113,25 +113,7 @@ pub fn metrics_dict<'py>(py: Python<'py>, m: &RemoteMetrics) -> PyResult<Bound<'
     for (name, op) in [("exists", &m.exists), ("get", &m.get), ("set", &m.set), ("del", &m.del)] {
         d.set_item(name, op_dict(py, op)?)?;
     }
-    for (k, v) in [
-        ("connects", m.connects),
-        ("reconnects", m.reconnects),
-        ("connect_failures", m.connect_failures),
-        ("auth_failures", m.auth_failures),
-        ("down_misses", m.down_misses),
-        ("down_skipped_writes", m.down_skipped_writes),
-        ("missing_on_get", m.missing_on_get),
-        ("bad_magic", m.bad_magic),
-        ("bad_length", m.bad_length),
-        ("bad_checksum", m.bad_checksum),
-        ("foreign_objects", m.foreign_objects),
-        ("redirects", m.redirects),
-        ("slot_refreshes", m.slot_refreshes),
-        ("nodes", m.nodes),
-        ("nodes_down", m.nodes_down),
-    ] {
-        d.set_item(k, v)?;
-    }
+    add_counters(&d, m)?;
     Ok(d)
 }
 
@@ -142,20 +124,6 @@ fn outcome_name(o: ReadOutcome) -> &'static str {
         ReadOutcome::CorruptKnown => "corrupt_known",
         ReadOutcome::NotPinned => "not_pinned",
         ReadOutcome::Missing => "missing",
-    }
-}
-
-fn res_name(r: Res) -> &'static str {
-    match r {
-        Res::Failed => "failed",
-        Res::Bool(true) => "ok",
-        Res::Bool(false) => "no",
-        Res::Filled => "loaded",
-        Res::Nil => "missing",
-        Res::WrongLength => "wrong_length",
-        Res::Redirect => "redirect",
-        Res::WrongType => "wrong_type",
-        Res::ServerError => "server_error",
     }
 }
 
@@ -181,7 +149,7 @@ impl RemotePool {
     /// The server key of block `key` (16 bytes).
     fn key_name<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
         let key = u128_from(key, "key")?;
-        Ok(PyBytes::new(py, &key_name(&self.tier.client().config().key_prefix, self.namespace, key)))
+        Ok(PyBytes::new(py, &self.tier.key_name(self.namespace, key)))
     }
 
     /// Stores objects of `block_bytes` each. Returns (stored, already_present, rejected).
@@ -235,6 +203,7 @@ impl RemotePool {
 
     /// Plain `SET name value` of each value of `value_bytes` (the raw-client baseline; also plants
     /// test values). Returns one result name per name.
+    #[cfg(feature = "bench-baselines")]
     fn raw_set(
         &self,
         py: Python<'_>,
@@ -242,17 +211,11 @@ impl RemotePool {
         values: &Bound<'_, PyAny>,
         value_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
-        let bufs = block_buffers(values, "values", false)?;
-        // SAFETY: live buffers, only read.
-        let slices = unsafe { split_ref(&bufs, names.len(), value_bytes, "values")? };
-        let items: Vec<SetItem<'_>> =
-            slices.iter().map(|v| SetItem { header: HeaderSpec::None, payload: v }).collect();
-        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-        let r = py.allow_threads(|| self.tier.client().set(&name_refs, &items, false));
-        Ok(r.into_iter().map(res_name).collect())
+        crate::baselines::raw_set(py, &self.tier, &names, values, value_bytes)
     }
 
     /// Plain `GET name` of each name into `out` (values of exactly `value_bytes`), no checks.
+    #[cfg(feature = "bench-baselines")]
     fn raw_get(
         &self,
         py: Python<'_>,
@@ -260,26 +223,13 @@ impl RemotePool {
         out: &Bound<'_, PyAny>,
         value_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
-        let bufs = block_buffers(out, "out", true)?;
-        for (i, a) in bufs.iter().enumerate() {
-            for b in &bufs[i + 1..] {
-                ensure_disjoint(a, b)?;
-            }
-        }
-        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
-        let dst = unsafe { split_mut(&bufs, names.len(), value_bytes, "out")? };
-        let items: Vec<GetItem<'_>> =
-            dst.into_iter().map(|d| GetItem { with_header: false, header: [0u8; 64], dst: d }).collect();
-        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-        let (r, _) = py.allow_threads(|| self.tier.client().get(&name_refs, items));
-        Ok(r.into_iter().map(res_name).collect())
+        crate::baselines::raw_get(py, &self.tier, &names, out, value_bytes)
     }
 
     /// Plain `DEL name` of each name; returns how many existed.
+    #[cfg(feature = "bench-baselines")]
     fn raw_del(&self, py: Python<'_>, names: Vec<Vec<u8>>) -> usize {
-        let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-        let r = py.allow_threads(|| self.tier.client().del(&name_refs));
-        r.into_iter().filter(|r| *r == Res::Bool(true)).count()
+        crate::baselines::raw_del(py, &self.tier, &names)
     }
 
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

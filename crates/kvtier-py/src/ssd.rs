@@ -1,6 +1,6 @@
 //! The SSD pool for Python: its config (a dict from `kvtier.config`), its metrics as dicts, the
-//! pool-level `SsdPool` (benchmarks and tests; users go through `Store`), Algorithm 1's counts,
-//! and the raw-device and file-per-object baselines of `kvtier bench ssd`.
+//! pool-level `SsdPool` (benchmarks and tests; users go through `Store`) and Algorithm 1's
+//! counts. The baselines of `kvtier bench ssd` are in `baselines`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use kvtier_pool::ssd::{baseline, placement, SsdMetrics};
+use kvtier_pool::ssd::{placement, SsdMetrics};
 use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, SsdConfig, SsdTier, Tier};
 use kvtier_store::SsdStoreConfig;
 
 use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
+use crate::dicts::add_counters;
 use crate::errors::{config_error, item, kvtier_error};
 
 /// The `ssd` section's `key` (`None` when absent or None); errors name `ssd.<key>`.
@@ -90,27 +91,8 @@ pub fn metrics_dict<'py>(py: Python<'py>, m: &SsdMetrics) -> PyResult<Bound<'py,
     d.set_item("durability", m.durability)?;
     d.set_item("placement", m.placement)?;
     d.set_item("bandwidth_source", &m.bandwidth_source)?;
-    for (k, v) in [
-        ("lookup_hits", m.lookup_hits),
-        ("lookup_misses", m.lookup_misses),
-        ("write_failures", m.write_failures),
-        ("read_io_errors", m.read_io_errors),
-        ("log_failures", m.log_failures),
-        ("log_records", m.log_records),
-        ("log_bytes", m.log_bytes),
-        ("log_generation", m.log_generation),
-        ("compactions", m.compactions),
-        ("objects", m.tier.objects),
-        ("pinned_objects", m.tier.pinned_objects),
-        ("used_bytes", m.tier.used_bytes),
-        ("capacity_bytes", m.tier.capacity_bytes),
-        ("stored", m.tier.stored),
-        ("evictions", m.tier.evictions),
-        ("rejected", m.tier.rejected),
-        ("checksum_failures", m.tier.checksum_failures),
-    ] {
-        d.set_item(k, v)?;
-    }
+    add_counters(&d, m)?;
+    add_counters(&d, &m.tier)?;
     let r = PyDict::new(py);
     r.set_item("records", m.recovery.records)?;
     r.set_item("recovered_objects", m.recovery.recovered_objects)?;
@@ -269,51 +251,4 @@ pub fn ssd_placement_counts(bandwidths: Vec<f64>, n: usize) -> PyResult<Vec<usiz
         return Err(config_error("bandwidths is empty; expected one per device".into()));
     }
     Ok(placement::algorithm1_counts(&bandwidths, n))
-}
-
-/// Seconds of a raw sequential O_DIRECT loop over `path` (see `kvtier_pool::ssd::baseline`).
-#[pyfunction]
-pub fn ssd_raw_sequential(
-    py: Python<'_>,
-    path: PathBuf,
-    total_bytes: u64,
-    chunk_bytes: usize,
-    write: bool,
-    depth: usize,
-    buffer_bytes: usize,
-) -> PyResult<f64> {
-    py.allow_threads(|| baseline::raw_sequential(&path, total_bytes, chunk_bytes, write, depth, buffer_bytes))
-        .map_err(|e| kvtier_error("StoreError", format!("raw device loop on {}: {e}", path.display())))
-}
-
-/// Seconds to write `count` files of `object` into `directory`, then syncfs.
-#[pyfunction]
-pub fn ssd_file_per_object_write(
-    py: Python<'_>,
-    directory: PathBuf,
-    count: usize,
-    object: &Bound<'_, PyAny>,
-) -> PyResult<f64> {
-    let buf = crate::buffer::Buffer::get(object, "object", false, crate::buffer::Format::Bytes)?;
-    // SAFETY: read-only view of a live buffer.
-    let bytes = unsafe { buf.as_slice() };
-    py.allow_threads(|| baseline::file_per_object_write(&directory, count, bytes)).map_err(|e| {
-        kvtier_error("StoreError", format!("file-per-object write in {}: {e}", directory.display()))
-    })
-}
-
-/// Seconds to read the `count` files back (cold: their cached pages dropped first) into `out`.
-#[pyfunction]
-pub fn ssd_file_per_object_read(
-    py: Python<'_>,
-    directory: PathBuf,
-    count: usize,
-    out: &Bound<'_, PyAny>,
-) -> PyResult<f64> {
-    let buf = crate::buffer::Buffer::get(out, "out", true, crate::buffer::Format::Bytes)?;
-    // SAFETY: writable, live buffer; this is its only view.
-    let bytes = unsafe { buf.as_mut_slice() };
-    py.allow_threads(|| baseline::file_per_object_read(&directory, count, bytes)).map_err(|e| {
-        kvtier_error("StoreError", format!("file-per-object read in {}: {e}", directory.display()))
-    })
 }

@@ -8,6 +8,7 @@ use kvtier_store::{Store as CoreStore, StoreError};
 
 use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
 use crate::buffer::ensure_disjoint;
+use crate::dicts::counters_dict;
 use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
@@ -189,67 +190,14 @@ impl Store {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
-        let d = PyDict::new(py);
-        for (k, v) in [
-            ("lookups", s.lookups),
-            ("hit_blocks", s.hit_blocks),
-            ("miss_blocks", s.miss_blocks),
-            ("put_blocks", s.put_blocks),
-            ("put_bytes", s.put_bytes),
-            ("loaded_blocks", s.loaded_blocks),
-            ("loaded_bytes", s.loaded_bytes),
-            ("evictions", s.evictions),
-            ("rejected_puts", s.rejected_puts),
-            ("checksum_failures", s.checksum_failures),
-            ("leases_active", s.leases_active),
-            ("leases_expired", s.leases_expired),
-            ("demoted_blocks", s.demoted_blocks),
-            ("admission_skipped", s.admission_skipped),
-            ("demotion_failed", s.demotion_failed),
-            ("promoted_blocks", s.promoted_blocks),
-            ("written_through", s.written_through),
-            ("dropped_evictions", s.dropped_evictions),
-            ("remote_written", s.remote_written),
-            ("remote_write_failed", s.remote_write_failed),
-            ("load_missing", s.load_missing),
-            ("ssd_encoded_blocks", s.ssd_encoded_blocks),
-            ("ssd_encoded_bytes_before", s.ssd_encoded_bytes_before),
-            ("ssd_encoded_bytes_after", s.ssd_encoded_bytes_after),
-            ("ssd_encode_fallbacks", s.ssd_encode_fallbacks),
-            ("remote_encoded_blocks", s.remote_encoded_blocks),
-            ("remote_encoded_bytes_before", s.remote_encoded_bytes_before),
-            ("remote_encoded_bytes_after", s.remote_encoded_bytes_after),
-            ("remote_encode_fallbacks", s.remote_encode_fallbacks),
-            ("decode_failures", s.decode_failures),
-            ("objects", s.objects),
-            ("used_bytes", s.used_bytes),
-            ("capacity_bytes", s.capacity_bytes),
-        ] {
-            d.set_item(k, v)?;
-        }
-        Ok(d)
+        counters_dict(py, &self.inner.stats())
     }
 
     /// Per tier (name → counters), fastest first.
     fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         for (kind, t) in self.inner.tier_stats() {
-            let d = PyDict::new(py);
-            for (k, v) in [
-                ("objects", t.objects),
-                ("pinned_objects", t.pinned_objects),
-                ("doomed_objects", t.doomed_objects),
-                ("used_bytes", t.used_bytes),
-                ("capacity_bytes", t.capacity_bytes),
-                ("stored", t.stored),
-                ("evictions", t.evictions),
-                ("rejected", t.rejected),
-                ("checksum_failures", t.checksum_failures),
-            ] {
-                d.set_item(k, v)?;
-            }
-            out.set_item(kind.name(), d)?;
+            out.set_item(kind.name(), counters_dict(py, &t)?)?;
         }
         Ok(out)
     }

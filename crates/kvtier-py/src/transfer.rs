@@ -136,28 +136,33 @@ impl TransferEngine {
         Ok(TransferEngine { inner, buffers: Mutex::new(HashMap::new()), block_bytes })
     }
 
-    #[pyo3(signature = (keys, pool, block_ids, num_blocks=None))]
-    fn submit_load(
+    /// A job into (`load`) or from a pool buffer of whole blocks; returns the job id.
+    #[pyo3(signature = (load, keys, pool, block_ids, num_blocks=None))]
+    fn submit(
         &self,
         py: Python<'_>,
+        load: bool,
         keys: &[u8],
         pool: &Bound<'_, PyAny>,
         block_ids: &[u8],
         num_blocks: Option<u64>,
     ) -> PyResult<u64> {
-        self.submit(py, true, keys, pool, block_ids, num_blocks)
-    }
-
-    #[pyo3(signature = (keys, pool, block_ids, num_blocks=None))]
-    fn submit_store(
-        &self,
-        py: Python<'_>,
-        keys: &[u8],
-        pool: &Bound<'_, PyAny>,
-        block_ids: &[u8],
-        num_blocks: Option<u64>,
-    ) -> PyResult<u64> {
-        self.submit(py, false, keys, pool, block_ids, num_blocks)
+        let keys = keys_from(keys)?;
+        let ids = ids_from(block_ids)?;
+        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
+        // The GIL stays held (submission only leases and queues): no other Python thread can
+        // collect the job before its buffer is registered, and the buffer map's lock is only
+        // ever taken with the GIL held, so the two locks cannot deadlock.
+        let _ = py;
+        let mut buffers = lock(&self.buffers);
+        let id = if load {
+            self.inner.submit_load(&keys, r, &ids)
+        } else {
+            self.inner.submit_store(&keys, r, &ids)
+        }
+        .map_err(transfer_err)?;
+        buffers.insert(id, vec![buf]);
+        Ok(id)
     }
 
     /// A job into (`load`) or from an engine pool given as regions (see `kvtier_core::paged`).
@@ -223,6 +228,7 @@ impl TransferEngine {
     }
 
     /// The sequential baseline: returns (job, seconds per stage).
+    #[cfg(feature = "bench-baselines")]
     #[pyo3(signature = (keys, pool, block_ids, num_blocks=None, per_chunk=false))]
     fn load_sequential(
         &self,
@@ -245,33 +251,6 @@ impl TransferEngine {
 }
 
 impl TransferEngine {
-    fn submit(
-        &self,
-        py: Python<'_>,
-        load: bool,
-        keys: &[u8],
-        pool: &Bound<'_, PyAny>,
-        block_ids: &[u8],
-        num_blocks: Option<u64>,
-    ) -> PyResult<u64> {
-        let keys = keys_from(keys)?;
-        let ids = ids_from(block_ids)?;
-        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
-        // The GIL stays held (submission only leases and queues): no other Python thread can
-        // collect the job before its buffer is registered, and the buffer map's lock is only
-        // ever taken with the GIL held, so the two locks cannot deadlock.
-        let _ = py;
-        let mut buffers = lock(&self.buffers);
-        let id = if load {
-            self.inner.submit_load(&keys, r, &ids)
-        } else {
-            self.inner.submit_store(&keys, r, &ids)
-        }
-        .map_err(transfer_err)?;
-        buffers.insert(id, vec![buf]);
-        Ok(id)
-    }
-
     /// Drops the buffers of collected jobs (the GIL is held: this runs inside a method).
     fn collect(&self, jobs: &[FinishedJob]) -> Vec<JobTuple> {
         let mut buffers = lock(&self.buffers);

@@ -115,37 +115,40 @@ pub struct OpMetrics {
     pub latency_p99_s: f64,
 }
 
-/// A snapshot of the remote tier's metrics.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RemoteMetrics {
-    pub exists: OpMetrics,
-    pub get: OpMetrics,
-    pub set: OpMetrics,
-    pub del: OpMetrics,
-    /// Connections opened, and those opened after a failure (reconnects).
-    pub connects: u64,
-    pub reconnects: u64,
-    pub connect_failures: u64,
-    /// Connections the server refused to authenticate (after start; at start it is an error).
-    pub auth_failures: u64,
-    /// Keys looked up or loaded as misses because their server was down or failed mid-batch.
-    pub down_misses: u64,
-    /// Keys not written because their server was down or failed mid-batch.
-    pub down_skipped_writes: u64,
-    /// Keys that existed at lookup and were gone at load (TTL, server eviction, restart).
-    pub missing_on_get: u64,
-    /// Values that are not kvtier objects: bad magic/version/header, wrong length, payload
-    /// checksum mismatch, or another namespace's (or key's) object. Each is a miss and is deleted.
-    pub bad_magic: u64,
-    pub bad_length: u64,
-    pub bad_checksum: u64,
-    pub foreign_objects: u64,
-    /// Cluster: MOVED/ASK replies, and slot-map refreshes.
-    pub redirects: u64,
-    pub slot_refreshes: u64,
-    /// Nodes known and nodes now in reconnect backoff.
-    pub nodes: u64,
-    pub nodes_down: u64,
+kvtier_core::counters! {
+    /// A snapshot of the remote tier's metrics.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct RemoteMetrics {
+        pub exists: OpMetrics,
+        pub get: OpMetrics,
+        pub set: OpMetrics,
+        pub del: OpMetrics,
+        ..
+        /// Connections opened, and those opened after a failure (reconnects).
+        pub connects: u64,
+        pub reconnects: u64,
+        pub connect_failures: u64,
+        /// Connections the server refused to authenticate (after start; at start it is an error).
+        pub auth_failures: u64,
+        /// Keys looked up or loaded as misses because their server was down or failed mid-batch.
+        pub down_misses: u64,
+        /// Keys not written because their server was down or failed mid-batch.
+        pub down_skipped_writes: u64,
+        /// Keys that existed at lookup and were gone at load (TTL, server eviction, restart).
+        pub missing_on_get: u64,
+        /// Values that are not kvtier objects: bad magic/version/header, wrong length, payload
+        /// checksum mismatch, or another namespace's (or key's) object. Each is a miss and is deleted.
+        pub bad_magic: u64,
+        pub bad_length: u64,
+        pub bad_checksum: u64,
+        pub foreign_objects: u64,
+        /// Cluster: MOVED/ASK replies, and slot-map refreshes.
+        pub redirects: u64,
+        pub slot_refreshes: u64,
+        /// Nodes known and nodes now in reconnect backoff.
+        pub nodes: u64,
+        pub nodes_down: u64,
+    }
 }
 
 impl Counters {

@@ -90,27 +90,22 @@ fn int_reply(conn: &mut Conn) -> io::Result<Res> {
 
 /// `EXISTS name` per item.
 pub fn exists(conn: &mut Conn, names: &[&[u8]], out: &mut [Res]) -> io::Result<()> {
-    sliding(
-        conn,
-        names.len(),
-        |_| 1,
-        SMALL_COMMANDS_INFLIGHT_MAX,
-        |c, i| c.write_command(&[b"EXISTS", names[i]]),
-        |c, i| {
-            out[i] = int_reply(c)?;
-            Ok(())
-        },
-    )
+    per_name(conn, b"EXISTS", names, out)
 }
 
 /// `DEL name` per item.
 pub fn del(conn: &mut Conn, names: &[&[u8]], out: &mut [Res]) -> io::Result<()> {
+    per_name(conn, b"DEL", names, out)
+}
+
+/// `command name` per item, each answered by an integer.
+fn per_name(conn: &mut Conn, command: &[u8], names: &[&[u8]], out: &mut [Res]) -> io::Result<()> {
     sliding(
         conn,
         names.len(),
         |_| 1,
         SMALL_COMMANDS_INFLIGHT_MAX,
-        |c, i| c.write_command(&[b"DEL", names[i]]),
+        |c, i| c.write_command(&[command, names[i]]),
         |c, i| {
             out[i] = int_reply(c)?;
             Ok(())

@@ -70,8 +70,16 @@ impl RemoteTier {
         })
     }
 
+    /// The raw client under the tier (the raw-client baseline and the tests reach the server
+    /// through it, bypassing the object format).
+    #[cfg(any(feature = "bench-baselines", feature = "test-hooks"))]
     pub fn client(&self) -> &RemoteClient {
         &self.client
+    }
+
+    /// The server key of block `key` of `namespace`.
+    pub fn key_name(&self, namespace: u128, key: BlockKey) -> Vec<u8> {
+        key_name(&self.client.config().key_prefix, namespace, key)
     }
 
     pub fn metrics(&self) -> RemoteMetrics {

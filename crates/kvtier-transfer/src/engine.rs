@@ -509,11 +509,11 @@ impl TransferEngine {
     }
 
     /// Runs a load with the same stage code, without pipelining: the baselines of
-    /// `pipeline_ratio_to_sequential`. Default: stage after stage over the whole request, each
-    /// stage with its configured workers (whole-request buffers, allocated before timing).
-    /// `per_chunk`: one thread takes each chunk through all stages before the next, in one
-    /// chunk-sized region (the pipeline's buffer locality, no overlap at all). Returns the job
-    /// and each stage's seconds.
+    /// `pipeline_ratio_to_sequential` (`bench-baselines` feature). Default: stage after stage
+    /// over the whole request, each stage with its configured workers (whole-request buffers,
+    /// allocated before timing). `per_chunk`: one thread takes each chunk through all stages
+    /// before the next, in one chunk-sized region (the pipeline's buffer locality, no overlap).
+    #[cfg(feature = "bench-baselines")]
     pub fn load_sequential(
         &self,
         keys: &[BlockKey],

@@ -60,6 +60,7 @@ mod error;
 pub mod hot_path;
 mod job;
 mod pool;
+#[cfg(feature = "bench-baselines")]
 mod sequential;
 mod stages;
 mod store_calls;

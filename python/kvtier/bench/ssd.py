@@ -178,8 +178,8 @@ def _vs_files(root: Path, size: int, count: int, repeats: int, depth: int, engin
     ) as pool:
         for r in range(repeats):
             files.mkdir()
-            best["fw"] = min(best["fw"], _core.ssd_file_per_object_write(str(files), count, objects[0]))
-            best["fr"] = min(best["fr"], _core.ssd_file_per_object_read(str(files), count, one))
+            best["fw"] = min(best["fw"], _core.ssd_file_per_object(str(files), count, objects[0], True))
+            best["fr"] = min(best["fr"], _core.ssd_file_per_object(str(files), count, one, False))
             shutil.rmtree(files)
             key = 1 + r * count
             best["pw"] = min(best["pw"], _put_all(pool, objects, key))

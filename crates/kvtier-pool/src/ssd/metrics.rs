@@ -173,26 +173,29 @@ pub struct SsdDeviceReport {
     pub io: DeviceMetricsSnapshot,
 }
 
-/// Everything the pool counts.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SsdMetrics {
-    pub engine: &'static str,
-    pub durability: &'static str,
-    pub placement: &'static str,
-    pub bandwidth_source: String,
-    pub devices: Vec<SsdDeviceReport>,
-    pub tier: TierStats,
-    pub lookup_hits: u64,
-    pub lookup_misses: u64,
-    pub write_failures: u64,
-    pub read_io_errors: u64,
-    pub log_failures: u64,
-    pub log_records: u64,
-    pub log_bytes: u64,
-    pub log_generation: u64,
-    pub compactions: u64,
-    pub recovery: RecoveryStats,
-    pub warnings: Vec<String>,
+kvtier_core::counters! {
+    /// Everything the pool counts.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct SsdMetrics {
+        pub engine: &'static str,
+        pub durability: &'static str,
+        pub placement: &'static str,
+        pub bandwidth_source: String,
+        pub devices: Vec<SsdDeviceReport>,
+        pub tier: TierStats,
+        pub recovery: RecoveryStats,
+        pub warnings: Vec<String>,
+        ..
+        pub lookup_hits: u64,
+        pub lookup_misses: u64,
+        pub write_failures: u64,
+        pub read_io_errors: u64,
+        pub log_failures: u64,
+        pub log_records: u64,
+        pub log_bytes: u64,
+        pub log_generation: u64,
+        pub compactions: u64,
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@
 //! appending (and syncing) records and publishing their entries, so a compaction's snapshot can
 //! never miss an object whose record went to the log it replaces.
 
+#[cfg(feature = "bench-baselines")]
 pub mod baseline;
 pub mod buffer;
 pub mod config;

@@ -14,6 +14,7 @@ pub(crate) mod ssd;
 
 use std::sync::Arc;
 
+use kvtier_core::checksum::checksum;
 use kvtier_core::BlockKey;
 use kvtier_pool::{EntryRef, ReadOutcome, Tier};
 
@@ -22,6 +23,25 @@ use crate::types::StoredBlock;
 /// One DRAM victim's payload as it sits in its extent: `(pages, payload_len, checksum)` — the
 /// payload starts the page-aligned extent, and its checksum comes from the DRAM header.
 pub(crate) type ExtentPayload<'a> = (&'a [u8], u64, u64);
+
+/// The keys and payloads of the extents whose payload still matches its DRAM checksum (a
+/// level encoding them must not encode flipped bytes under a fresh checksum), and how many
+/// did not.
+pub(crate) fn verified_extents<'a>(
+    keys: &[BlockKey],
+    extents: &[ExtentPayload<'a>],
+) -> (Vec<BlockKey>, Vec<&'a [u8]>, usize) {
+    let (mut ok_keys, mut payloads) = (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len()));
+    for (&key, &(pages, len, sum)) in keys.iter().zip(extents) {
+        let payload = &pages[..len as usize];
+        if checksum(payload) == sum {
+            ok_keys.push(key);
+            payloads.push(payload);
+        }
+    }
+    let failed = keys.len() - ok_keys.len();
+    (ok_keys, payloads, failed)
+}
 
 /// The typed outcome of one level's batch read, besides the per-block [`ReadOutcome`]s.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

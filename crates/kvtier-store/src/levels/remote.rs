@@ -5,12 +5,11 @@
 
 use std::sync::Arc;
 
-use kvtier_core::checksum::checksum;
 use kvtier_core::{BlockKey, OBJECT_HEADER_BYTES};
 use kvtier_pool::{EntryRef, ReadOutcome, Tier, TierKind, TierPutReport};
 use kvtier_remote::RemoteTier;
 
-use super::{select, ExtentPayload, Level, LevelRead};
+use super::{select, verified_extents, ExtentPayload, Level, LevelRead};
 use crate::codec_stage::{decode_stored, verify_stored, Encoded, TierEncoder};
 use crate::config::StoreConfig;
 use crate::error::StoreError;
@@ -100,14 +99,14 @@ impl RemoteLevel {
         extents: &[ExtentPayload<'_>],
         c: &Counters,
     ) -> TierPutReport {
-        let payloads: Vec<&[u8]> = extents.iter().map(|&(pages, len, _)| &pages[..len as usize]).collect();
-        let checksums: Vec<u64> = extents.iter().map(|&(_, _, sum)| sum).collect();
         if self.encoder.is_raw() {
+            let payloads: Vec<&[u8]> =
+                extents.iter().map(|&(pages, len, _)| &pages[..len as usize]).collect();
+            let checksums: Vec<u64> = extents.iter().map(|&(_, _, sum)| sum).collect();
             return self.put(ns, keys, &payloads, Some(&checksums), c);
         }
-        let ok: Vec<usize> = (0..keys.len()).filter(|&i| checksum(payloads[i]) == checksums[i]).collect();
-        bump(&c.remote_write_failed, keys.len() - ok.len());
-        let (keys, payloads) = select(keys, &payloads, &ok);
+        let (keys, payloads, failed) = verified_extents(keys, extents);
+        bump(&c.remote_write_failed, failed);
         self.put(ns, &keys, &payloads, None, c)
     }
 }

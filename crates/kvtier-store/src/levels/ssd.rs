@@ -5,11 +5,10 @@
 
 use std::sync::Arc;
 
-use kvtier_core::checksum::checksum;
 use kvtier_core::BlockKey;
 use kvtier_pool::{EntryRef, PoolError, ReadOutcome, SsdTier, Tier, TierKind, TierPutReport, PAGE_BYTES};
 
-use super::{ExtentPayload, Level, LevelRead};
+use super::{verified_extents, ExtentPayload, Level, LevelRead};
 use crate::codec_stage::{decode_stored, par_each, verify_stored, Encoded, TierEncoder};
 use crate::config::SsdStoreConfig;
 use crate::error::StoreError;
@@ -80,17 +79,8 @@ impl SsdLevel {
         if self.encoder.is_raw() {
             return self.tier.put_pages(ns, keys, extents);
         }
-        let mut ok_keys = Vec::with_capacity(keys.len());
-        let mut raw = Vec::with_capacity(keys.len());
-        for (&key, &(pages, len, sum)) in keys.iter().zip(extents) {
-            let payload = &pages[..len as usize];
-            if checksum(payload) == sum {
-                ok_keys.push(key);
-                raw.push(payload);
-            } else {
-                bump(&c.demotion_failed, 1);
-            }
-        }
+        let (ok_keys, raw, failed) = verified_extents(keys, extents);
+        bump(&c.demotion_failed, failed);
         self.put(ns, &ok_keys, &raw, c)
     }
 
