@@ -10,18 +10,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kvtier import report
 from kvtier.config import parse_size
 from kvtier.errors import KvtierError
 from kvtier.remote import check_url
+from kvtier.results import emit as _emit
 from kvtier.sim import size as sim_size
-
-
-def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
-    print(json.dumps(result, sort_keys=True) if as_json else summary(result))
 
 
 def _directory(path: str | None, flag: str) -> str | None:

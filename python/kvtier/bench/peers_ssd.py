@@ -32,10 +32,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # the peers' environment has no kvtier: types only
+    from kvtier.bench.peers_protocol import Spec, WorkerResult
 
 PAGE_BYTES = 4096
 WARM_BLOCKS = 16  # kvtier's warm-up put: one LMCache chunk's worth
@@ -149,7 +152,7 @@ def _memcpy_s(copy: Callable[[], object]) -> float:
 
 
 # ---------------------------------------------------------------- kvtier (kvtier's environment)
-def _kvtier_store(spec: dict[str, Any], directory: Path, durability: str, nbytes: int) -> Any:
+def _kvtier_store(spec: Spec, directory: Path, durability: str, nbytes: int) -> Any:
     from kvtier.config import DramConfig, SsdConfig, StoreConfig
     from kvtier.geometry import Geometry
     from kvtier.store import Store
@@ -173,7 +176,7 @@ def _kvtier_store(spec: dict[str, Any], directory: Path, durability: str, nbytes
 
 
 def _kvtier_put(
-    spec: dict[str, Any], directory: Path, durability: str, objs: Array, warm: list[int], plain: list[int]
+    spec: Spec, directory: Path, durability: str, objs: Array, warm: list[int], plain: list[int]
 ) -> tuple[float, list[bool]]:
     """One store in ``directory``: a warm-up put, then the timed put of every object; the
     seconds and whether each device ran O_DIRECT. The store closes on return (index log
@@ -195,7 +198,7 @@ def _kvtier_put(
     return seconds, [bool(d["direct_io"]) for d in metrics["devices"]]
 
 
-def kvtier_ssd(spec: dict[str, Any], objs: Array, tokens_of: TokensOf, worker: Path) -> dict[str, Any]:
+def kvtier_ssd(spec: Spec, objs: Array, tokens_of: TokensOf, worker: Path) -> WorkerResult:
     """Both puts here (one store per durability, each its own directory), the cold get in a fresh
     process (``kvtier_ssd_cold_get``) over the ``ssd_put`` directory once this one closed it."""
     from kvtier import _core
@@ -212,7 +215,8 @@ def kvtier_ssd(spec: dict[str, Any], objs: Array, tokens_of: TokensOf, worker: P
             direct_io += direct
             gc.collect()
         resident = drop_from_page_cache(files_under(root / "ssd_put"))  # O_DIRECT: ~nothing to drop
-        child = {**spec, "ssd_directory": str(root / "ssd_put")}
+        child = spec.copy()
+        child["ssd_directory"] = str(root / "ssd_put")
         cmd = [sys.executable, "-P", str(worker), "kvtier", "ssd_cold_get", json.dumps(child)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -228,7 +232,7 @@ def kvtier_ssd(spec: dict[str, Any], objs: Array, tokens_of: TokensOf, worker: P
     return {"memcpy_s": memcpy_s, "bytes": objs.nbytes, "ops": ops, "config": config}
 
 
-def kvtier_ssd_cold_get(spec: dict[str, Any], objs: Array, tokens_of: TokensOf) -> dict[str, Any]:
+def kvtier_ssd_cold_get(spec: Spec, objs: Array, tokens_of: TokensOf) -> WorkerResult:
     """A fresh store over the ``ssd_put`` directory: DRAM empty, so every block is read from SSD."""
     from kvtier.errors import KvtierError
 
@@ -284,7 +288,7 @@ def _wait_for_disk(disk: Any, chunks: int) -> None:
         time.sleep(0.001)
 
 
-def lmcache_ssd(objs: Array, tokens_of: TokensOf, engine: Any, chunk_tokens: int) -> dict[str, Any]:
+def lmcache_ssd(objs: Array, tokens_of: TokensOf, engine: Any, chunk_tokens: int) -> WorkerResult:
     """``engine``: a fresh LMCacheEngine (one per round: its ``LocalDiskBackend.remove`` never
     lowers ``current_cache_size``) with a CPU backend and a ``LocalDiskBackend`` in an empty
     directory, both with room for the warm-up and both puts."""
