@@ -46,7 +46,7 @@ class Geometry:
     block_tokens: int = 16
     extra_groups: tuple[ExtraGroup, ...] = ()
     _handle: _core.CoreGeometry = field(init=False, repr=False, compare=False)
-    _sizes: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _sizes: _core.GeometrySizes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_tokens"):

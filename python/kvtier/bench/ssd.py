@@ -209,7 +209,7 @@ def _striping(
     capacity = 2 * _extent(LARGE) * count + 2**20
     common = {"io_depth": depth, "io_engine": engine}
 
-    def measure(name: str, throttles: list[float], **options: Any) -> tuple[float, dict[str, Any]]:
+    def measure(name: str, throttles: list[float], **options: Any) -> tuple[float, _core.SsdMetrics]:
         devices = [str(root / name / f"dev{i}.kvtd") for i in range(len(throttles))]
         with _Pool(
             root, name, capacity, devices=devices, throttle_bytes_per_s=throttles, **options, **common
