@@ -218,11 +218,13 @@ def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
     if args.scaling:
-        result = sim.scaling_from_flags(args.policies, args.copies, args.max_requests)
-        _emit(result, args.json, sim.scaling_summary)
+        _emit(
+            sim.scaling_from_flags(args.policies, args.copies, args.max_requests),
+            args.json,
+            sim.scaling_summary,
+        )
         return
-    result = sim.run(max_requests=args.max_requests, show=not args.json)
-    _emit(result, args.json, sim.summary)
+    _emit(sim.run(max_requests=args.max_requests, show=not args.json), args.json, sim.summary)
 
 
 def _bench_transfer(args: argparse.Namespace) -> None:
