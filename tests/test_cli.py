@@ -20,9 +20,25 @@ def test_demo_json_runs_and_hits(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(t["hit_tokens"] > 0 for t in later_turns)
 
 
+#: The keys ``kvtier bench layout|store --json`` printed before their results became typed classes.
+LAYOUT_KEYS = (
+    "bench geometry tokens blocks bytes segments threads repeats memcpy_gib_per_s gather_gib_per_s "
+    "scatter_gib_per_s gather_per_segment_gib_per_s scatter_per_segment_gib_per_s gather_ratio_to_memcpy "
+    "scatter_ratio_to_memcpy speedup_vs_per_segment gather_speedup_vs_per_segment scatter_speedup_vs_per_segment"
+)
+STORE_KEYS = (
+    "bench object_bytes objects bytes copy_threads repeats memcpy_gib_per_s put_gib_per_s get_gib_per_s "
+    "put_ratio_to_memcpy get_ratio_to_memcpy pool_load_gib_per_s pool_load_ratio_to_get "
+    "engine_pool_load_gib_per_s engine_pool_load_ratio_to_get load_then_scatter_gib_per_s lookup_tokens "
+    "lookup_128k_tokens_ms lookup_hash_ms lookup_index_ms lookup_hash_from_list_ms evictions checksum_failures"
+)
+
+
 def test_bench_layout_json_small(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "layout", "--json", "--tokens", "256", "--repeats", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert set(result) == set(LAYOUT_KEYS.split()) and result["bench"] == "layout"
+    assert result["geometry"]["num_layers"] == 32
     for key in ("gather_ratio_to_memcpy", "scatter_ratio_to_memcpy", "speedup_vs_per_segment"):
         assert result[key] > 0
 
@@ -31,6 +47,7 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["bench", "store", "--json", "--total", "16MiB", "--repeats", "1", "--lookup-tokens", "4096"]
     assert cli.main(args) == 0
     result = json.loads(capsys.readouterr().out)
+    assert set(result) == set(STORE_KEYS.split()) and result["bench"] == "store"
     for key in (
         "put_ratio_to_memcpy",
         "get_ratio_to_memcpy",
