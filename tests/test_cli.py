@@ -7,12 +7,22 @@ import pytest
 
 from kvtier import cli
 
+#: The keys ``kvtier demo --json`` printed before its result became a typed class.
+DEMO_KEYS = (
+    "demo geometry conversations turns prompt_tokens hit_tokens token_hit_rate loaded_bytes put_bytes "
+    "load_gib_per_s put_gib_per_s store per_turn"
+)
+DEMO_STORE_KEYS = "objects used_bytes capacity_bytes evictions checksum_failures hit_blocks miss_blocks"
+
 
 def test_demo_json_runs_and_hits(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         cli.main(["demo", "--json", "--conversations", "2", "--turns", "3", "--dram-capacity", "1GiB"]) == 0
     )
     result = json.loads(capsys.readouterr().out)
+    assert set(result) == set(DEMO_KEYS.split()) and result["demo"] == "multi-turn"
+    assert set(result["store"]) == set(DEMO_STORE_KEYS.split())
+    assert set(result["per_turn"][0]) == {"turn", "conversation", "prompt_tokens", "hit_tokens"}
     assert result["hit_tokens"] > 0
     assert 0 < result["token_hit_rate"] < 1
     assert result["store"]["checksum_failures"] == 0
