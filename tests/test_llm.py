@@ -268,10 +268,16 @@ def test_replay_demo_reuses_each_tier_with_identical_outputs(parts, tmp_path: Pa
     from kvtier.engine import replay
 
     model, tokenizer = parts
-    result = replay.run(
+    replayed = replay.run(
         conversations=1, turns=2, max_tokens=4, ssd_directory=str(tmp_path), model=model, tokenizer=tokenizer
     )
+    result = json.loads(json.dumps(replayed.as_dict()))  # as --json prints it
+    assert set(result) == {"conversations", "turns", "max_tokens", "identical_outputs", "setups"}
     setups = result["setups"]
+    assert set(setups["dram"]) == {
+        "ttft_s_per_turn", "ttft_s_mean_later_turns", "speedup_vs_recompute", "prefill_tokens", "reused_tokens",
+        "wall_s",
+    }  # fmt: skip
     assert result["identical_outputs"]
     assert setups["recompute"]["reused_tokens"] == {"device": 0, "host": 0, "ssd": 0, "remote": 0}
     assert setups["dram"]["reused_tokens"]["host"] > 0
@@ -279,7 +285,7 @@ def test_replay_demo_reuses_each_tier_with_identical_outputs(parts, tmp_path: Pa
     assert setups["remote"]["reused_tokens"]["remote"] > 0
     assert setups["device"]["reused_tokens"]["device"] > 0
     assert setups["dram"]["prefill_tokens"] < setups["recompute"]["prefill_tokens"]
-    assert "recompute" in replay.summary(result)
+    assert "recompute" in replay.summary(replayed)
 
 
 def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:

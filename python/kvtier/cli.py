@@ -58,13 +58,13 @@ def _demo(args: argparse.Namespace) -> None:
     if args.engine:
         from kvtier.engine import replay
 
-        engine_result = replay.run(
+        replayed = replay.run(
             conversations=args.conversations,
             turns=args.turns,
             ssd_directory=_directory(args.ssd_dir, "--ssd-dir"),
             show=not args.json,
         )
-        _emit(engine_result, args.json, replay.summary)
+        _emit(replayed, args.json, replay.summary)
         return
     result = demo.run(
         conversations=args.conversations,
