@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from kvtier.config import DramConfig, StoreConfig
 from kvtier.errors import KvtierError
-from kvtier.geometry import Geometry
+from kvtier.geometry import Geometry, GeometryDict
 from kvtier.keys import BlockKeys
 from kvtier.layout import Copier, alloc_pool
 from kvtier.progress import progress
@@ -50,7 +49,7 @@ class DemoStore(Result):
 class DemoResult(Result):
     """What ``kvtier demo`` reports."""
 
-    geometry: dict[str, Any]
+    geometry: GeometryDict
     conversations: int
     turns: int
     prompt_tokens: int

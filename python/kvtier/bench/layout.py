@@ -4,13 +4,12 @@ ids and BlockFirst objects, against one contiguous memcpy of the same bytes (mea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from kvtier.bench.timing import best_seconds, gib_per_s, memcpy_seconds, touched
 from kvtier.errors import KvtierError
-from kvtier.geometry import Geometry
+from kvtier.geometry import Geometry, GeometryDict
 from kvtier.layout import Copier, kv_view
 from kvtier.progress import progress
 from kvtier.results import Result
@@ -20,7 +19,7 @@ from kvtier.results import Result
 class LayoutBench(Result):
     """What ``kvtier bench layout`` reports (GiB/s are best of ``repeats``)."""
 
-    geometry: dict[str, Any]
+    geometry: GeometryDict
     tokens: int
     blocks: int
     bytes: int
