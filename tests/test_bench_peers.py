@@ -178,20 +178,21 @@ def test_summary_renders_the_table_and_the_reasons() -> None:
 
 
 def _ssd_round(kvtier_s: tuple[float, float, float], lmcache_s: tuple[float, float, float]) -> dict[str, Any]:
+    """Seconds of put, durable put and cold get per side; the O_DIRECT-put row takes each side's
+    put time (LMCache's worker reports its one put under both)."""
     ops = ("ssd_put", "ssd_durable_put", "ssd_cold_get")
-    return {
-        "ssd": {
-            "kvtier": {"memcpy_s": 0.05, "ops": dict(zip(ops, kvtier_s, strict=True))},
-            "lmcache": {"memcpy_s": 0.04, "ops": dict(zip(ops, lmcache_s, strict=True))},
-            "load_avg_1m": 3.0,
-        }
-    }
+
+    def side(memcpy_s: float, seconds: tuple[float, float, float]) -> dict[str, Any]:
+        timed = dict(zip(ops, seconds, strict=True))
+        return {"memcpy_s": memcpy_s, "ops": {**timed, "ssd_direct_put": timed["ssd_put"]}}
+
+    return {"ssd": {"kvtier": side(0.05, kvtier_s), "lmcache": side(0.04, lmcache_s), "load_avg_1m": 3.0}}
 
 
 def test_ssd_rows_are_ratios_of_their_own_part_and_only_selected_parts_are_rows() -> None:
     per_round = [_ssd_round((0.5, 1.0, 0.25), (0.5 * k, 2.0, 0.4)) for k in (1, 2, 1.1, 0.5, 1)]
     rows = _rows_of(peers_table.aggregate(per_round, {}, ("ssd",)))
-    assert set(rows) == {"ssd_put", "ssd_durable_put", "ssd_cold_get"}
+    assert set(rows) == {"ssd_put", "ssd_direct_put", "ssd_durable_put", "ssd_cold_get"}
     assert rows["ssd_put"]["speed_ratio"]["rounds"] == pytest.approx([1, 2, 1.1, 0.5, 1])
     assert rows["ssd_put"]["speed_ratio"]["median"] == pytest.approx(1.0)
     assert rows["ssd_durable_put"]["speed_ratio"]["median"] == pytest.approx(2.0)
@@ -219,7 +220,8 @@ def test_summary_of_the_ssd_part_names_its_size_and_file_system() -> None:
         rows=peers_table.aggregate(per_round, {}, ("ssd",)),
     )
     text = peers_table.summary(result)
-    assert "ssd rows: 512 MiB per round on ext4 (/dev/vda)" in text
+    assert "ssd rows: 512 MiB of KV-like bf16 values per round on ext4 (/dev/vda)" in text
+    assert "put into the page cache (direct_io=False)" in text
     assert "| **1.60 (1.60-1.60)** | lmcache | 3.00 (3.00-3.00) |" in text
     assert "DRAM store" not in text
     assert "use_odirect" in text  # what the rows leave out is printed with them
@@ -259,7 +261,8 @@ def test_filesystem_of_names_the_root_mount() -> None:
 
 def test_kvtier_ssd_side_stores_and_reads_back_cold_in_a_fresh_process(tmp_path: Path) -> None:
     """kvtier's side of the ssd part, as the bench runs it (32 MiB): its checks (every block
-    written through, O_DIRECT, the cold get's bytes equal and read from the device) pass."""
+    written through, buffered for ``ssd_put`` and O_DIRECT for the others, the cold get's bytes
+    equal and read from the device) pass."""
     if peers_ssd.filesystem_of(tmp_path).split()[0] in ("tmpfs", "ramfs", "overlay"):
         pytest.skip("no O_DIRECT here")
     spec = {"seed": 3, "ssd_bytes": 32 * 2**20, "ssd_root": str(tmp_path), "copy_threads": 1}
@@ -269,16 +272,16 @@ def test_kvtier_ssd_side_stores_and_reads_back_cold_in_a_fresh_process(tmp_path:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1][len("RESULT ") :])
-    assert set(result["ops"]) == {"ssd_put", "ssd_durable_put", "ssd_cold_get"}
+    assert set(result["ops"]) == {"ssd_put", "ssd_direct_put", "ssd_durable_put", "ssd_cold_get"}
     assert all(seconds > 0 for seconds in result["ops"].values())
     assert result["bytes"] == 32 * 2**20
     assert "O_DIRECT" in result["config"]
     assert list(tmp_path.iterdir()) == []  # its directories are gone
 
 
-#: The keys ``kvtier bench peers --json`` has printed since its first release (docs/benchmarks.md).
+#: The keys ``kvtier bench peers --json`` prints (docs/benchmarks.md).
 PEERS_KEYS = {
-    "bench", "bytes", "rounds", "parts", "copy_threads", "ssd_bytes", "ssd_filesystem", "versions",
+    "bench", "bytes", "rounds", "parts", "copy_threads", "ssd_bytes", "ssd_filesystem", "ssd_codec", "versions",
     "redis_server", "python", "unavailable", "not_measured", "rows", "per_round",
 }  # fmt: skip
 ROW_KEYS = {
@@ -336,3 +339,27 @@ def test_a_worker_result_parses_into_its_typed_fields() -> None:
     )
     assert got == {"ops": {"store": 1.0, "get": 0.5}, "memcpy_s": 0.25, "bytes": 4, "config": "c"}
     assert isinstance(got["ops"]["store"], float)
+
+
+def test_kv_objects_are_kv_like_reproducible_and_never_repeat() -> None:
+    """The SSD rows' bytes: bf16 values drawn per channel from real KV, the same for a seed in
+    every process, compressible about as real bf16 KV is (random bytes are not), no two
+    objects equal."""
+    from kvtier import codec
+
+    objs = peers_ssd.kv_objects(3, 7)
+    assert objs.shape == (3, 2 * 2**20) and objs.dtype == np.uint8
+    assert np.array_equal(objs, peers_ssd.kv_objects(3, 7))
+    assert not np.array_equal(objs[0], objs[1]) and not np.array_equal(objs, peers_ssd.kv_objects(3, 8))
+    values = objs.view(np.uint16).astype(np.uint32) << 16
+    floats = values.view(np.float32)
+    assert np.isfinite(floats).all() and 0.05 < float(np.abs(floats).mean()) < 5
+    ratio = objs[0].nbytes / len(codec.encode(objs[0], "lossless", backend="zstd"))
+    assert 1.2 < ratio < 1.6  # real bf16 KV from the fixture: 1.38
+    random = np.random.default_rng(0).integers(0, 256, objs[0].size, dtype=np.uint8)
+    assert random.nbytes / len(codec.encode(random, "lossless", backend="zstd")) < 1.01
+
+
+def test_bf16_bits_round_to_nearest_even() -> None:
+    x = np.array([1.0, -2.5, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 0.0], dtype=np.float32)
+    assert peers_ssd.bf16_bits(x).tolist() == [0x3F80, 0xC020, 0x3F80, 0x3F82, 0]

@@ -237,6 +237,84 @@ def test_flipped_byte_on_disk_is_a_counted_miss(tmp_path: Path) -> None:
     store.check_integrity()
 
 
+def _unaligned(objects: np.ndarray) -> np.ndarray:
+    """A copy of ``objects`` 16 bytes past a page boundary (as a caller's buffer often is)."""
+    raw = np.empty(objects.nbytes + 4096 + 16, dtype=np.uint8)
+    start = -raw.ctypes.data % 4096 + 16
+    out = raw[start : start + objects.nbytes].reshape(objects.shape)
+    out[:] = objects
+    return out
+
+
+def _flip_on_device(directory: Path, payload: np.ndarray) -> None:
+    device = directory / "device-0.kvtd"
+    data = bytearray(device.read_bytes())
+    at = data.find(payload[:256].tobytes())
+    assert at > 0 and at % 4096 == 0
+    with open(device, "r+b") as f:
+        f.seek(at + 1000)
+        f.write(bytes([data[at + 1000] ^ 0x40]))
+        os.fsync(f.fileno())
+
+
+@pytest.mark.parametrize(("durability", "direct_io"), [("none", True), ("fsync", True), ("none", False)])
+def test_write_through_from_dram_pages_and_caller_buffers(
+    tmp_path: Path, durability: str, direct_io: bool
+) -> None:
+    """Write-through writes the copies DRAM holds from their pages and the rest (DRAM full of
+    leased blocks) from the caller's unaligned buffers; a fresh store reads every one back
+    (O_DIRECT), and a byte flipped on the device is refused."""
+    opts = {"ssd_write_through": True, "ssd_durability": durability, "ssd_direct_io": direct_io}
+    store = make_store(tmp_path, dram_blocks=4, **opts)
+    a_keys = store.namespace.block_keys(range(0, 16 * 4))
+    a = payloads(a_keys)
+    assert store.put(a_keys, _unaligned(a)).stored == 4
+    assert store.stats().written_through == 4
+    b_keys = store.namespace.block_keys(range(1000, 1000 + 16 * 3))
+    b = payloads(b_keys)
+    with store.lease(a_keys) as lease:  # DRAM full and pinned: B cannot go there
+        assert lease.hit_blocks == 4
+        report = store.put(b_keys, _unaligned(b))
+    assert report.stored == 3 and store.stats().written_through == 7
+    assert store.lookup(b_keys).tiers == ("ssd",) * 3
+    metrics = store.ssd_metrics()
+    assert metrics is not None and metrics["devices"][0]["bytes_written"] == 7 * BLOCK
+    assert metrics["devices"][0]["direct_io"] is direct_io
+    del lease, store  # the lease holds the store: both go, so the directory's lock is released
+    again = make_store(tmp_path, dram_blocks=8)  # O_DIRECT reads, DRAM empty
+    assert again.lookup(a_keys).tiers == ("ssd",) * 4
+    for keys, objects in ((a_keys, a), (b_keys, b)):
+        report, out = load_all(again, keys)
+        assert report.loaded_blocks == len(objects) and np.array_equal(out, objects)
+    del again
+    _flip_on_device(tmp_path, a[1])
+    third = make_store(tmp_path, dram_blocks=8)
+    report, out = load_all(third, a_keys)
+    assert (report.loaded_blocks, report.checksum_failures) == (1, 1)
+    assert np.array_equal(out[0], a[0]) and third.lookup(a_keys).hit_blocks == 1
+    third.check_integrity()
+
+
+def test_a_corrupt_dram_copy_written_through_is_refused_from_ssd(tmp_path: Path) -> None:
+    """Write-through writes the DRAM copy with the checksum DRAM recorded (no second pass over
+    it): a DRAM bit flip reaches SSD flagged, and a read from SSD refuses it, never serves it."""
+    opts = {"ssd_capacity_bytes": 4 * BLOCK, "ssd_write_through": True}
+    store = make_store(tmp_path, dram_blocks=8, **opts)
+    a_keys, a = put_prompt(store, 0, 4)
+    put_prompt(store, 1000, 4)  # SSD holds 4 objects: A leaves it, stays in DRAM
+    metrics = store.ssd_metrics()
+    assert metrics is not None and metrics["evictions"] == 4
+    assert store._corrupt_for_test(a_keys[1], 1000)
+    assert store.put(a_keys, a).already_present == 4  # in DRAM: written through from its pages
+    del store
+    fresh = make_store(tmp_path, dram_blocks=8, ssd_capacity_bytes=4 * BLOCK)
+    assert fresh.lookup(a_keys).tiers == ("ssd",) * 4
+    report, out = load_all(fresh, a_keys)
+    assert (report.loaded_blocks, report.checksum_failures) == (1, 1)
+    assert np.array_equal(out[0], a[0])
+    fresh.check_integrity()
+
+
 def test_a_restarted_store_recovers_from_the_index_log(tmp_path: Path) -> None:
     store = make_store(tmp_path, dram_blocks=4, ssd_write_through=True, ssd_durability="fsync")
     keys, objects = put_prompt(store, 0, 10)

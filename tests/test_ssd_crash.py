@@ -27,10 +27,12 @@ WRITER = textwrap.dedent(
     import kvtier
 
     directory, durability, capacity, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    direct_io = sys.argv[5] == "1"
     geometry = kvtier.Geometry(2, 2, 64, "fp16", 16)
     store = kvtier.Store(kvtier.StoreConfig(
         geometry=geometry, model_id="crash", dram_capacity_bytes=8 * 20480, ssd_directory=directory,
         ssd_capacity_bytes=capacity, ssd_probe_bytes=0, ssd_write_through=True, ssd_durability=durability,
+        ssd_direct_io=direct_io,
     ))
     prompt = start
     print("READY", flush=True)
@@ -53,10 +55,21 @@ def payload(key: int) -> np.ndarray:
     return np.random.default_rng(key & (2**64 - 1)).integers(0, 256, GEOMETRY.block_bytes, dtype=np.uint8)
 
 
-def write_and_kill(directory: Path, durability: str, capacity: int, start: int, acks: int) -> list[int]:
+def write_and_kill(
+    directory: Path, durability: str, capacity: int, start: int, acks: int, direct_io: bool = True
+) -> list[int]:
     """Runs the writer from prompt ``start``; SIGKILLs it after ``acks`` acknowledged puts."""
     child = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(directory), durability, str(capacity), str(start)],
+        [
+            sys.executable,
+            "-c",
+            WRITER,
+            str(directory),
+            durability,
+            str(capacity),
+            str(start),
+            str(int(direct_io)),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -125,12 +138,13 @@ def test_fsync_every_acknowledged_block_survives_sigkill(tmp_path: Path) -> None
         start = max(acked) + 2
 
 
-@pytest.mark.parametrize("durability", ["none", "fsync"])
-def test_never_wrong_bytes_with_eviction(tmp_path: Path, durability: str) -> None:
+@pytest.mark.parametrize(("durability", "direct_io"), [("none", True), ("fsync", True), ("none", False)])
+def test_never_wrong_bytes_with_eviction(tmp_path: Path, durability: str, direct_io: bool) -> None:
+    """Also with ``direct_io=False``: write-through into the page cache, read back with O_DIRECT."""
     capacity = 48 * GEOMETRY.block_bytes  # constant SSD eviction and extent reuse
     start = 0
     for _ in range(2):
-        acked = write_and_kill(tmp_path, durability, capacity, start, acks=15)
+        acked = write_and_kill(tmp_path, durability, capacity, start, acks=15, direct_io=direct_io)
         store = reopen(tmp_path, durability, capacity)
         store.check_integrity()
         hits = sum(check_prompt(store, p) for p in range(start, max(acked) + 2))

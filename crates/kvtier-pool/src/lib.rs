@@ -30,6 +30,7 @@ pub mod ssd;
 pub use kvtier_core::tier;
 
 pub use dram::demote::{Demotion, Victim};
+pub use dram::pinned::{PinnedPage, PinnedPages};
 pub use dram::{object_extent_bytes, DramTier};
 pub use error::PoolError;
 pub use eviction::{by_name as eviction_by_name, EvictionPolicy, POLICY_NAMES};

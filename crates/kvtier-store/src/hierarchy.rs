@@ -12,6 +12,10 @@
 //! want it. Bounded: at most [`DEMOTION_ROUNDS_MAX`] rounds per put (other threads may take the
 //! room freed); after that DRAM evicts without demoting, counted.
 //!
+//! **SSD write-through** (`ssd.write_through`): after the DRAM put, the blocks DRAM now holds are
+//! written to SSD from their pinned DRAM extents (as demotion does: O_DIRECT, no staging copy,
+//! the DRAM header's checksum), the rest from the caller's buffers.
+//!
 //! **Remote write-through** (the default): a put also writes to the remote tier the blocks DRAM
 //! did not already hold, and those it held that the server lacks (one `EXISTS` batch: the
 //! server may have restarted), so stores in other processes see them at once. A server that is
@@ -212,7 +216,7 @@ impl Hierarchy {
             // Blocks DRAM had no room for that SSD held before this put (already present there).
             let on_ssd_before: Vec<bool> = pending.iter().map(|&i| ssd.tier.contains(ns, keys[i])).collect();
             if self.policy.ssd_write_through {
-                let r = ssd.put(ns, keys, objects, c);
+                let r = self.write_through(c, ssd, keys, objects);
                 bump(&c.written_through, r.stored);
                 writes.ssd += r.stored;
             }
@@ -232,6 +236,42 @@ impl Hierarchy {
             pending = unplaced;
         }
         LocalPut { report: total, writes, unplaced: pending }
+    }
+
+    /// Writes `keys` to SSD (write-through): the copies DRAM holds now straight from their
+    /// pinned DRAM pages (page-aligned: O_DIRECT without a staging copy, the checksum from the
+    /// DRAM header instead of a second pass; through a codec each is first checked against that
+    /// checksum), the others (DRAM had no room) from the caller's `objects`.
+    fn write_through(
+        &self,
+        c: &Counters,
+        ssd: &SsdLevel,
+        keys: &[BlockKey],
+        objects: &[&[u8]],
+    ) -> TierPutReport {
+        let ns = self.namespace_hash;
+        let mut from_dram = vec![false; keys.len()];
+        let mut total = TierPutReport::default();
+        {
+            let pinned = self.dram.pin_pages(ns, keys);
+            let (mut pk, mut pe): (Vec<BlockKey>, Vec<ExtentPayload<'_>>) = (Vec::new(), Vec::new());
+            for (i, p) in pinned.pages().iter().enumerate() {
+                if let Some(sum) = p.checksum.filter(|_| p.payload_len == objects[p.item].len() as u64) {
+                    from_dram[p.item] = true;
+                    pk.push(keys[p.item]);
+                    pe.push((pinned.payload_pages(i), p.payload_len, sum));
+                }
+            }
+            if !pk.is_empty() {
+                add(&mut total, ssd.put_extents(ns, &pk, &pe, c));
+            }
+        }
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| !from_dram[i]).collect();
+        if !rest.is_empty() {
+            let (rk, ro) = select(keys, objects, &rest);
+            add(&mut total, ssd.put(ns, &rk, &ro, c));
+        }
+        total
     }
 
     /// Writes the victims of `demotion` to SSD (admitted ones) and to a write-back remote tier

@@ -99,6 +99,12 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument(
         "--ssd-dir", default=None, help="where the ssd rows write (default: the system temp dir)"
     )
+    cmd.add_argument(
+        "--ssd-codec",
+        default="raw",
+        choices=("raw", "lossless"),
+        help="kvtier's ssd.codec in the ssd rows (default raw; lossless: byte planes + zstd)",
+    )
     cmd.add_argument("--json", action="store_true")
 
     def main(args: argparse.Namespace) -> None:
@@ -116,6 +122,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
         result = run(
             Path(args.venv), args.rounds, sizes["--bytes"][1], args.threads, show=not args.json,
             parts=args.parts, ssd_bytes=sizes["--ssd-bytes"][1], ssd_dir=args.ssd_dir,
+            ssd_codec=args.ssd_codec,
         )  # fmt: skip
         emit(result, args.json, summary)
 
@@ -226,6 +233,7 @@ def run(
     parts: tuple[str, ...] = tuple(PARTS),
     ssd_bytes: int = 2**29,
     ssd_dir: str | None = None,
+    ssd_codec: str = "raw",
 ) -> PeersResult:
     """Every row of ``parts``, ``rounds`` times, kvtier and the peer alternating; see the module docs."""
     stamp = ensure_venv(venv, show)
@@ -236,6 +244,7 @@ def run(
         "lookup_repeats": 20,
         "copy_threads": threads,
         "ssd_bytes": ssd_bytes,
+        "ssd_codec": ssd_codec,
     }
     unavailable: dict[str, str] = {}
     if stamp.get("mooncake_unavailable"):
@@ -270,6 +279,7 @@ def run(
         copy_threads=threads,
         ssd_bytes=ssd_bytes,
         ssd_filesystem=ssd_filesystem,
+        ssd_codec=ssd_codec,
         versions=stamp["versions"],
         redis_server=base["redis_server"],
         python=sys.version.split()[0],

@@ -16,6 +16,7 @@ class Spec(TypedDict, total=False):
     lookup_repeats: int
     copy_threads: int
     ssd_bytes: int
+    ssd_codec: str  # kvtier's ssd.codec in the ssd rows
     ssd_root: str
     ssd_directory: str  # the cold get's: the ``ssd_put`` directory it reopens
     redis_url: str | None
@@ -38,4 +39,5 @@ class WorkerResult(TypedDict, total=False):
     get_s: float
     resident_bytes: int
     device_read_bytes: int
+    stored_bytes: int  # the cold get: bytes its objects hold on the device (after the codec)
     error: str

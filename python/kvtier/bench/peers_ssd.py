@@ -1,15 +1,20 @@
 """The SSD rows of ``kvtier bench peers``: kvtier's SSD tier against LMCache's ``LocalDiskBackend``,
 one side per process (called from :mod:`kvtier.bench.peers_worker`, which hands over the round's
-objects and token ids; the table's rows are in :mod:`kvtier.bench.peers`).
+objects and token ids; the table's rows are in :mod:`kvtier.bench.peers`). The objects are
+KV-like bf16 values (:func:`kv_objects`), the same bytes on both sides.
 
-- ``ssd_put``: kvtier ``Store.put`` with ``ssd.write_through`` (DRAM big enough for every block,
-  so the put writes each block to DRAM and, before it returns, to SSD; O_DIRECT,
-  ``ssd.durability="none"``) against ``LMCacheEngine.store`` (``LocalCPUBackend`` + ``LocalDiskBackend``,
-  which writes one file per chunk from its own threads) timed until its pending writes are done:
-  every chunk in the backend's index and no put task left.
-- ``ssd_durable_put``: kvtier with ``ssd.durability="fsync"`` against the same LMCache put
-  followed by ``fsync`` of each new file and of the directory (LMCache has no durable mode); the
-  ``ssd_put`` files are fsynced before it, untimed, so no writeback of theirs is left pending.
+- ``ssd_put``: like for like, both sides' bytes in the page cache when the clock stops: kvtier
+  ``Store.put`` with ``ssd.write_through``, ``ssd.durability="none"`` and ``ssd.direct_io=False``
+  (DRAM big enough for every block, so the put copies each block to DRAM and, before it returns,
+  hands it to the kernel: buffered writes) against ``LMCacheEngine.store`` (``LocalCPUBackend`` +
+  ``LocalDiskBackend``, which writes one file per chunk from its own threads) timed until its
+  pending writes are done: every chunk in the backend's index and no put task left.
+- ``ssd_direct_put``: kvtier the same with O_DIRECT (its default: on the device when ``put``
+  returns) against the same LMCache put (its figure reused): kvtier guarantees more here.
+- ``ssd_durable_put``: kvtier with ``ssd.durability="fsync"`` (O_DIRECT + ``fdatasync``) against
+  the same LMCache put followed by ``fsync`` of each new file and of the directory (LMCache has
+  no durable mode); the ``ssd_put`` files are fsynced before it, untimed, so no writeback of
+  theirs is left pending. Both sides' bytes are on stable storage when the clock stops.
 - ``ssd_cold_get``: kvtier in a fresh process opening the ``ssd_put`` directory (DRAM empty:
   every block from the device, O_DIRECT) against LMCache's retrieve after its CPU copies were
   cleared and its files fsynced and dropped from the page cache (``POSIX_FADV_DONTNEED``);
@@ -67,6 +72,44 @@ def aligned_like(objs: Array) -> Array:
     arr: Array = raw[start : start + objs.nbytes].reshape(objs.shape)
     arr.fill(0)  # faulted in (np.zeros maps pages lazily): an engine's buffers are resident
     return arr
+
+
+FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "smollm2_kv.npz"
+KV_SHAPE = (32, 2, 16, 8, 128)  # Llama-3-8B BlockFirst object: layer, K|V, token, kv head, dim
+
+
+def bf16_bits(values: Array) -> Array:
+    """``values`` (any float dtype) as bf16 bit patterns (``uint16``), rounded to nearest even."""
+    u = values.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def kv_objects(count: int, seed: int, fixture: Path = FIXTURE) -> Array:
+    """``count`` Llama-3-8B-shaped bf16 KV objects (``(count, 2 MiB)`` uint8) whose values follow
+    real KV: each element of channel (layer, K|V, head, dim) is drawn, independently per token,
+    from the values that channel took in the SmolLM2-135M fixture (real KV from the reference
+    engine; channel ``(l % 30, kv, h % 3, d % 64)``: 320 tokens each), rounded to bf16. So each
+    channel has the sign/exponent spread of real KV (what a lossless codec can exploit), but no
+    object or run of bytes repeats (uniform random bytes, the bench's first version, compress not
+    at all; real KV does). The same ``seed`` gives the same bytes in every process."""
+    real = np.load(fixture)["kv"]  # [block, layer, K|V, token, head, dim] fp16
+    samples = bf16_bits(real).transpose(1, 2, 4, 5, 0, 3).reshape(*real.shape[1:3], *real.shape[4:], -1)
+    layers, kinds, heads, dims = KV_SHAPE[0], KV_SHAPE[1], KV_SHAPE[3], KV_SHAPE[4]
+    table = samples[
+        np.arange(layers)[:, None, None, None] % samples.shape[0],
+        np.arange(kinds)[None, :, None, None],
+        np.arange(heads)[None, None, :, None] % samples.shape[2],
+        np.arange(dims)[None, None, None, :] % samples.shape[3],
+    ]  # [layer, K|V, head, dim, sample]
+    per = table.shape[-1]
+    flat = table.reshape(-1)
+    channel = np.arange(layers * kinds * heads * dims, dtype=np.int32).reshape(layers, kinds, 1, heads, dims)
+    base = np.broadcast_to(channel * per, KV_SHAPE)
+    rng = np.random.default_rng(seed)
+    out = np.empty((count, int(np.prod(KV_SHAPE))), dtype=np.uint16)
+    for i in range(count):
+        np.take(flat, (base + rng.integers(0, per, KV_SHAPE, dtype=np.int32)).reshape(-1), out=out[i])
+    return out.view(np.uint8)
 
 
 def files_under(directory: Path) -> list[Path]:
@@ -152,7 +195,17 @@ def _memcpy_s(copy: Callable[[], object]) -> float:
 
 
 # ---------------------------------------------------------------- kvtier (kvtier's environment)
-def _kvtier_store(spec: Spec, directory: Path, durability: str, nbytes: int) -> Any:
+# kvtier's timed puts, each in a store and directory of its own: (op, ssd.durability, ssd.direct_io).
+# ``ssd_put`` hands the bytes to the kernel (page cache), as LMCache's buffered writes; the cold
+# get reads its directory back with O_DIRECT in a fresh process.
+KVTIER_PUTS = (
+    ("ssd_put", "none", False),
+    ("ssd_direct_put", "none", True),
+    ("ssd_durable_put", "fsync", True),
+)
+
+
+def _kvtier_store(spec: Spec, directory: Path, durability: str, nbytes: int, direct: bool = True) -> Any:
     from kvtier.config import DramConfig, SsdConfig, StoreConfig
     from kvtier.geometry import Geometry
     from kvtier.store import Store
@@ -169,6 +222,8 @@ def _kvtier_store(spec: Spec, directory: Path, durability: str, nbytes: int) -> 
                 capacity_bytes=int(1.1 * nbytes) + 2**26,
                 durability=durability,
                 write_through=True,
+                direct_io=direct,
+                codec=str(spec.get("ssd_codec", "raw")),
                 probe_bytes=0,  # one device: nothing to share out
             ),
         )
@@ -176,14 +231,19 @@ def _kvtier_store(spec: Spec, directory: Path, durability: str, nbytes: int) -> 
 
 
 def _kvtier_put(
-    spec: Spec, directory: Path, durability: str, objs: Array, warm: list[int], plain: list[int]
+    spec: Spec,
+    directory: Path,
+    mode: tuple[str, bool],
+    objs: Array,
+    warm: list[int],
+    plain: list[int],
 ) -> tuple[float, list[bool]]:
-    """One store in ``directory``: a warm-up put, then the timed put of every object; the
-    seconds and whether each device ran O_DIRECT. The store closes on return (index log
-    flushed, lock released)."""
+    """One store in ``directory`` with ``mode`` (durability, O_DIRECT): a warm-up put, then the
+    timed put of every object; the seconds and whether each device ran O_DIRECT. The store
+    closes on return (index log flushed, lock released)."""
     n = len(objs)
     directory.mkdir()
-    store = _kvtier_store(spec, directory, durability, objs.nbytes)
+    store = _kvtier_store(spec, directory, mode[0], objs.nbytes, direct=mode[1])
     keys_of = store.namespace.block_keys
     report = store.put(keys_of(warm), objs[:WARM_BLOCKS])
     _check(report.stored == WARM_BLOCKS, f"{directory.name}: warm-up stored {report.stored}")
@@ -207,14 +267,16 @@ def kvtier_ssd(spec: Spec, objs: Array, tokens_of: TokensOf, worker: Path) -> Wo
     memcpy_s = _memcpy_s(lambda: _core.memcpy(out, objs))
     warm = tokens_of(0)[: WARM_BLOCKS * (len(tokens_of(0)) // len(objs))]
     ops: dict[str, float] = {}
-    direct_io: list[bool] = []
     with tempfile.TemporaryDirectory(prefix="kvtier-peers-ssd-", dir=spec["ssd_root"]) as tmp:
         root = Path(tmp)
-        for op, durability, phase in (("ssd_put", "none", 1), ("ssd_durable_put", "fsync", 2)):
-            ops[op], direct = _kvtier_put(spec, root / op, durability, objs, warm, tokens_of(phase))
-            direct_io += direct
+        for op, durability, direct_io in KVTIER_PUTS:
+            ops[op], direct = _kvtier_put(spec, root / op, (durability, direct_io), objs, warm, tokens_of(1))
+            _check(
+                bool(direct) and all(d == direct_io for d in direct),
+                f"{op}: O_DIRECT {direct}, asked {direct_io}",
+            )
             gc.collect()
-        resident = drop_from_page_cache(files_under(root / "ssd_put"))  # O_DIRECT: ~nothing to drop
+        resident = drop_from_page_cache(files_under(root / "ssd_put"))  # fsync, then out of the page cache
         child = spec.copy()
         child["ssd_directory"] = str(root / "ssd_put")
         cmd = [sys.executable, "-P", str(worker), "kvtier", "ssd_cold_get", json.dumps(child)]
@@ -223,13 +285,24 @@ def kvtier_ssd(spec: Spec, objs: Array, tokens_of: TokensOf, worker: Path) -> Wo
         _check(proc.returncode == 0 and bool(lines), f"cold get: {(proc.stdout + proc.stderr)[-1500:]}")
         cold = json.loads(lines[-1][len("RESULT ") :])
         ops["ssd_cold_get"] = float(cold["get_s"])
-    _check(bool(direct_io) and all(direct_io), f"the SSD tier fell back to buffered I/O: {direct_io}")
     config = (
-        f"write-through, DRAM holds all, O_DIRECT, probe off, copy_threads={spec.get('copy_threads', 0)}; "
+        f"write-through, DRAM holds all, probe off, codec {spec.get('ssd_codec', 'raw')}, "
+        f"copy_threads={spec.get('copy_threads', 0)}; ssd_put buffered (direct_io=False), the other puts "
+        "O_DIRECT; "
         f"cold get: fresh process, {resident + int(cold['resident_bytes'])} B of pool files cached, "
-        f"{cold['device_read_bytes']} B read from the device"
+        f"{cold['device_read_bytes']} B read from the device ({cold['stored_bytes']} B stored)"
     )
     return {"memcpy_s": memcpy_s, "bytes": objs.nbytes, "ops": ops, "config": config}
+
+
+def _stored_bytes(spec: Spec, objs: Array) -> int:
+    """Bytes kvtier's SSD objects of ``objs`` hold: the objects themselves, or through the
+    ``lossless`` codec (zstd, its default level) their encodings, computed here the same way."""
+    if spec.get("ssd_codec", "raw") == "raw":
+        return int(objs.nbytes)
+    from kvtier import codec
+
+    return sum(len(codec.encode(o, "lossless", backend="zstd")) for o in objs)
 
 
 def kvtier_ssd_cold_get(spec: Spec, objs: Array, tokens_of: TokensOf) -> WorkerResult:
@@ -264,13 +337,19 @@ def kvtier_ssd_cold_get(spec: Spec, objs: Array, tokens_of: TokensOf) -> WorkerR
     get_s, loaded = _timed(lambda: get(plain, out))
     device_read = device_read_bytes() - read_before
     _check(loaded == n and np.array_equal(out, objs), f"cold get loaded {loaded} of {n} or wrong bytes")
-    _check(device_read >= objs.nbytes, f"cold get read {device_read} B from the device, not {objs.nbytes}")
+    stored = _stored_bytes(spec, objs)
+    _check(device_read >= stored, f"cold get read {device_read} B from the device, not {stored}")
     stats = store.stats()
     _check(
         stats.promoted_blocks == n + WARM_BLOCKS and stats.checksum_failures == 0,
         f"not all from SSD: {stats}",
     )
-    return {"get_s": get_s, "resident_bytes": resident, "device_read_bytes": device_read}
+    return {
+        "get_s": get_s,
+        "resident_bytes": resident,
+        "device_read_bytes": device_read,
+        "stored_bytes": stored,
+    }
 
 
 # ---------------------------------------------------------------- LMCache (the peer environment)
@@ -345,5 +424,5 @@ def lmcache_ssd(objs: Array, tokens_of: TokensOf, engine: Any, chunk_tokens: int
         f"buffered writes from its default 4 I/O threads); cold get: {resident} B of chunk files cached, "
         f"{device_read} B read from the device"
     )
-    ops = {"ssd_put": put_s, "ssd_durable_put": durable_put_s, "ssd_cold_get": get_s}
+    ops = {"ssd_put": put_s, "ssd_direct_put": put_s, "ssd_durable_put": durable_put_s, "ssd_cold_get": get_s}
     return {"memcpy_s": memcpy_s, "bytes": objs.nbytes, "ops": ops, "config": config}

@@ -41,9 +41,17 @@ ROWS = (
     Row("remote_get", "remote get, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "get", "mooncake", False),
     Row(
         "ssd_put",
-        "SSD put (write-through vs LocalDiskBackend, writes done)",
+        "SSD put, both in the page cache (write-through, direct_io=False vs LocalDiskBackend, writes done)",
         "ssd",
         "ssd_put",
+        "lmcache",
+        True,
+    ),
+    Row(
+        "ssd_direct_put",
+        "SSD put, kvtier on the device (O_DIRECT) vs LMCache in the page cache",
+        "ssd",
+        "ssd_direct_put",
         "lmcache",
         True,
     ),
@@ -60,7 +68,7 @@ ROWS = (
 PARTS = {"dram": "lmcache", "lookup": "lmcache", "remote": "mooncake", "ssd": "lmcache"}
 NOT_MEASURED = {
     "lmcache_odirect": "LMCache's LocalDiskBackend with extra_config use_odirect=True (off by default) is "
-    "not measured: the ssd rows run its default, buffered file I/O (kvtier's SSD tier: O_DIRECT)",
+    "not measured: the ssd rows run its default, buffered file I/O (kvtier: buffered in ssd_put, O_DIRECT in the others)",
 }
 
 
@@ -99,6 +107,7 @@ class PeersResult(Result):
     rows: list[PeerRow]
     ssd_bytes: int = 0
     ssd_filesystem: str | None = None
+    ssd_codec: str = "raw"  # kvtier's ssd.codec in the ssd rows
     redis_server: dict[str, str] | None = None
     python: str = ""
     per_round: list[Round] = field(default_factory=list)
@@ -184,8 +193,10 @@ def summary(r: PeersResult) -> str:
     ]
     if "ssd" in parts:
         lines.append(
-            f"ssd rows: {r.ssd_bytes / 2**20:.0f} MiB per round on {r.ssd_filesystem}; kvtier "
-            "write-through, O_DIRECT; LMCache LocalDiskBackend, buffered, timed until its writes are done"
+            f"ssd rows: {r.ssd_bytes / 2**20:.0f} MiB of KV-like bf16 values per round on "
+            f"{r.ssd_filesystem}; kvtier write-through, codec {r.ssd_codec}, put into the "
+            "page cache (direct_io=False), O_DIRECT put, fsync put, O_DIRECT cold get; LMCache "
+            "LocalDiskBackend, buffered, timed until its writes are done"
         )
     if r.redis_server:
         rs = r.redis_server

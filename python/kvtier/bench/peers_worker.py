@@ -363,9 +363,10 @@ def _peers_ssd() -> Any:
 
 
 def _ssd_objects(spec: Spec) -> tuple[Array, Callable[[int], list[int]]]:
-    sized = spec.copy()
-    sized["bytes"] = spec["ssd_bytes"]
-    objs = objects(sized)
+    """The SSD rows' objects: KV-like bf16 values (``peers_ssd.kv_objects``), not random bytes."""
+    per_chunk = CHUNK_TOKENS // BLOCK_TOKENS
+    count = int(spec["ssd_bytes"]) // BLOCK_BYTES // per_chunk * per_chunk  # whole LMCache chunks
+    objs = _peers_ssd().kv_objects(count, 1000 + int(spec["seed"]))
     return objs, lambda phase: tokens(spec, phase, len(objs) * BLOCK_TOKENS)
 
 

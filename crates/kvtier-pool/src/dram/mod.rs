@@ -32,6 +32,7 @@ use parking_lot::Mutex;
 
 pub mod demote;
 mod into_pool;
+pub mod pinned;
 mod state;
 
 pub use state::object_extent_bytes;
