@@ -32,17 +32,10 @@ class DemoTurn(Result):
     hit_tokens: int
 
 
-@dataclass(frozen=True)
-class DemoStore(Result):
-    """The store's counters at the end of the demo."""
-
-    objects: int
-    used_bytes: int
-    capacity_bytes: int
-    evictions: int
-    checksum_failures: int
-    hit_blocks: int
-    miss_blocks: int
+#: The store's counters the demo reports at its end (:class:`kvtier.store.StoreStats` fields).
+STORE_COUNTERS = (
+    "objects", "used_bytes", "capacity_bytes", "evictions", "checksum_failures", "hit_blocks", "miss_blocks"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,7 @@ class DemoResult(Result):
     put_bytes: int
     load_gib_per_s: float
     put_gib_per_s: float
-    store: DemoStore
+    store: dict[str, int]  # STORE_COUNTERS
     per_turn: list[DemoTurn]
     demo: str = "multi-turn"
 
@@ -161,15 +154,7 @@ def run(
         put_bytes=totals.put_bytes,
         load_gib_per_s=totals.loaded_bytes / max(totals.load_seconds, 1e-12) / 2**30,
         put_gib_per_s=totals.put_bytes / max(totals.put_seconds, 1e-12) / 2**30,
-        store=DemoStore(
-            objects=stats.objects,
-            used_bytes=stats.used_bytes,
-            capacity_bytes=stats.capacity_bytes,
-            evictions=stats.evictions,
-            checksum_failures=stats.checksum_failures,
-            hit_blocks=stats.hit_blocks,
-            miss_blocks=stats.miss_blocks,
-        ),
+        store={name: int(getattr(stats, name)) for name in STORE_COUNTERS},
         per_turn=totals.turns,
     )
 
@@ -188,7 +173,7 @@ def summary(r: DemoResult) -> str:
         "came from the store instead of prefill",
         f"  loaded {r.loaded_bytes / 2**30:.2f} GiB at {r.load_gib_per_s:.2f} GiB/s (lease+load+scatter); "
         f"stored {r.put_bytes / 2**30:.2f} GiB at {r.put_gib_per_s:.2f} GiB/s (gather+put)",
-        f"  store: {s.objects} objects, {s.used_bytes / 2**20:.0f} of {s.capacity_bytes / 2**20:.0f} MiB, "
-        f"{s.evictions} evictions, {s.checksum_failures} checksum failures; every loaded block verified",
+        f"  store: {s['objects']} objects, {s['used_bytes'] / 2**20:.0f} of {s['capacity_bytes'] / 2**20:.0f} MiB, "
+        f"{s['evictions']} evictions, {s['checksum_failures']} checksum failures; every loaded block verified",
     ]
     return "\n".join(lines)
