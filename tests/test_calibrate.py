@@ -21,16 +21,22 @@ from kvtier.sim.cost import (
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
 
-TRUE = FittedCostModel(1024, 30, base_s=0.02, token_s=0.002, pair_s=3e-6, seq_s=0.004, decode_pair_s=1e-6)
+TRUE = FittedCostModel(
+    1024, 30, base_s=0.02, token_s=0.002, pair_s=3e-6, seq_s=0.004, decode_pair_s=1e-6, multi_token_s=0.03
+)
 
 
 def test_features_and_step_time() -> None:
     batch = BatchShape((PrefillChunk(4, 10),), (7, 9))
-    assert FittedCostModel.features(batch) == (1.0, 6.0, 4 * 10 + 4 * 5 / 2, 3.0, 8.0 + 10.0)
-    expected = 0.02 + 0.002 * 6 + 3e-6 * 50 + 0.004 * 3 + 1e-6 * 18
+    assert FittedCostModel.features(batch) == (1.0, 6.0, 4 * 10 + 4 * 5 / 2, 3.0, 7.0 + 9.0, 1.0)
+    expected = 0.02 + 0.002 * 6 + 3e-6 * 50 + 0.004 * 3 + 1e-6 * 16 + 0.03
     assert TRUE.step_time_s(batch) == pytest.approx(expected)
     assert TRUE.step_time_s(BatchShape()) == 0.0
-    assert TRUE.prefill_time_s(8, 0) == pytest.approx(0.02 + 0.016 + 3e-6 * 36 + 0.004)
+    assert TRUE.prefill_time_s(8, 0) == pytest.approx(0.02 + 0.016 + 3e-6 * 36 + 0.004 + 0.03)
+    # A one-token step (one decode, or a one-token prefill) has no multi-token cost.
+    one = BatchShape((), (99,))
+    assert FittedCostModel.features(one)[-1] == 0.0
+    assert TRUE.step_time_s(one) == pytest.approx(0.02 + 0.002 + 0.004 + 1e-6 * 99)
 
 
 def test_fit_recovers_known_coefficients() -> None:
@@ -42,7 +48,9 @@ def test_fit_recovers_known_coefficients() -> None:
 
 
 def test_report_holds_out_every_other_step_and_predicts_the_grid() -> None:
-    samples = [Sample(shape, TRUE.step_time_s(shape)) for shape in QUICK_SHAPES * 2]
+    # An odd count of shapes, so that both halves hold every kind of step (one-token ones included).
+    shapes = (*QUICK_SHAPES, BatchShape((), (80,)))
+    samples = [Sample(shape, TRUE.step_time_s(shape)) for shape in shapes * 2]
     grid = [Sample(QUICK_SHAPES[0], 2 * TRUE.step_time_s(QUICK_SHAPES[0]))]
     r = report(samples, grid, kv_bytes_per_token=1024, num_layers=30, model="m", blas_threads=1)
     assert r["kind"] == "fitted" and r["engine_steps"] == len(samples)
@@ -56,7 +64,7 @@ def test_report_holds_out_every_other_step_and_predicts_the_grid() -> None:
 
 def test_fit_keeps_coefficients_non_negative() -> None:
     # Times that fall with more tokens would need a negative token_s: the fit refuses it.
-    samples = [Sample(BatchShape((PrefillChunk(n, 0),)), 1.0 / n) for n in (8, 16, 32, 64, 128)]
+    samples = [Sample(BatchShape((PrefillChunk(n, 0),)), 1.0 / n) for n in (8, 16, 32, 64, 128, 256)]
     fitted = fit(samples, 1024, 30)
     assert all(getattr(fitted, name) >= 0 for name in COEFFICIENTS)
 

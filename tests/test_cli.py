@@ -30,7 +30,7 @@ def test_demo_json_runs_and_hits(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(t["hit_tokens"] > 0 for t in later_turns)
 
 
-#: The keys ``kvtier bench layout|store --json`` printed before their results became typed classes.
+#: The keys ``kvtier bench layout|store --json`` print.
 LAYOUT_KEYS = (
     "bench geometry tokens blocks bytes segments threads repeats memcpy_gib_per_s gather_gib_per_s "
     "scatter_gib_per_s gather_per_segment_gib_per_s scatter_per_segment_gib_per_s gather_ratio_to_memcpy "
@@ -38,8 +38,9 @@ LAYOUT_KEYS = (
 )
 STORE_KEYS = (
     "bench object_bytes objects bytes copy_threads repeats memcpy_gib_per_s put_gib_per_s get_gib_per_s "
-    "put_ratio_to_memcpy get_ratio_to_memcpy pool_load_gib_per_s pool_load_ratio_to_get "
-    "engine_pool_load_gib_per_s engine_pool_load_ratio_to_get load_then_scatter_gib_per_s lookup_tokens "
+    "put_ratio_to_memcpy get_ratio_to_memcpy put_vs_memcpy load_vs_memcpy pool_load_gib_per_s pool_load_ratio_to_get "
+    "engine_pool_load_gib_per_s engine_pool_load_ratio_to_get load_then_scatter_gib_per_s pool_put_gib_per_s "
+    "pool_put_ratio_to_put lookup_tokens "
     "lookup_128k_tokens_ms lookup_hash_ms lookup_index_ms lookup_hash_from_list_ms evictions checksum_failures"
 )
 
@@ -63,9 +64,12 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
         "get_ratio_to_memcpy",
         "pool_load_ratio_to_get",
         "engine_pool_load_ratio_to_get",
+        "pool_put_ratio_to_put",
         "lookup_128k_tokens_ms",
     ):
         assert result[key] > 0
+    assert result["load_vs_memcpy"] == result["get_ratio_to_memcpy"]  # issue 19's names
+    assert result["put_vs_memcpy"] == result["put_ratio_to_memcpy"]
 
 
 def test_bad_size_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:

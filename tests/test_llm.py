@@ -291,7 +291,7 @@ def test_replay_demo_reuses_each_tier_with_identical_outputs(parts, tmp_path: Pa
 ENGINE_BENCH_KEYS = (
     "model blas_threads repeats prefix_tokens new_tokens prefill_prompt_tokens prefill_tokens_per_s "
     "decode_tokens_per_s_batch_1 decode_tokens_per_s_batch_8 ttft_recompute_s sim_validation sim_ttft_error "
-    "sim_tpot_error"
+    "sim_tpot_error engine_ttft_noise engine_tpot_noise"
 )
 TIER_KEYS = (
     ("ttft_", "_hit_s"), ("ttft_", "_hit_ratio"), ("ttft_", "_hit_speedup"), ("", "_load_s"), ("", "_reused_tokens")

@@ -74,9 +74,9 @@ def test_loading_a_calibration_from_elsewhere_warns_once_with_the_refit_command(
 def test_validation_reports_whether_its_calibration_was_fitted_here(tmp_path: Path) -> None:
     turns = [Turn(0, None, [1] * 32, [2] * 4, 4, ttft_s=0.5, tpot_s=0.05)]
     sim = {"ttft_s": {"mean": 0.6}, "tpot_s": {"mean": 0.05}, "requests": 1}
-    here = compare(turns, sim, _fitted(tmp_path, "here.yaml", fingerprint()))
+    here = compare([turns], sim, _fitted(tmp_path, "here.yaml", fingerprint()))
     assert here["calibration_fitted_here"] and here["calibration_machine_differences"] == []
     assert here["sim_ttft_error"] == pytest.approx(0.2)
-    packaged = compare(turns, sim, "cpu-smollm2-135m")  # fitted before machines were recorded
+    packaged = compare([turns], sim, "cpu-smollm2-135m")  # fitted before machines were recorded
     assert not packaged["calibration_fitted_here"]
     assert "records no machine" in packaged["calibration_machine_differences"][0]

@@ -86,14 +86,27 @@ fn has_avx2() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn stream_avx2(dst: *mut u8, src: *const u8, len: usize) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
+    use std::arch::x86_64::{
+        __m128i, __m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_loadu_si128, _mm_stream_si128,
+    };
     // SAFETY (whole body): every access stays inside `dst..dst + len` / `src..src + len`, which
-    // the caller promised valid and disjoint; streaming stores go to 32-byte-aligned addresses.
+    // the caller promised valid and disjoint; 32-byte streaming stores go to 32-byte-aligned
+    // addresses, 16-byte ones to 16-byte-aligned addresses.
     unsafe {
-        // Head: up to the destination's next 32-byte boundary.
-        let head = dst.align_offset(32).min(len);
+        // Head: plain stores only up to the destination's next 16-byte boundary (none for numpy
+        // arrays and arena extents), then one 16-byte streaming store if needed for 32. A plain
+        // store into a line that streaming stores have just sent to memory reads the line back
+        // first: numpy arrays start 16 bytes past a page, so plain 32-byte heads and tails cost
+        // two such reads per copy, which paid off per 64 KiB chunk but not per 32 KiB pool piece.
+        let head = dst.align_offset(16).min(len);
         ptr::copy_nonoverlapping(src, dst, head);
         let (mut d, mut s, mut left) = (dst.add(head), src.add(head), len - head);
+        if left >= 16 && d.align_offset(32) != 0 {
+            _mm_stream_si128(d.cast::<__m128i>(), _mm_loadu_si128(s.cast::<__m128i>()));
+            d = d.add(16);
+            s = s.add(16);
+            left -= 16;
+        }
         while left >= 128 {
             let a = _mm256_loadu_si256(s.cast::<__m256i>());
             let b = _mm256_loadu_si256(s.add(32).cast::<__m256i>());
@@ -107,6 +120,19 @@ unsafe fn stream_avx2(dst: *mut u8, src: *const u8, len: usize) {
             s = s.add(128);
             left -= 128;
         }
+        // Tail: streaming down to the last 16-byte step, plain stores below it.
+        while left >= 32 {
+            _mm256_stream_si256(d.cast::<__m256i>(), _mm256_loadu_si256(s.cast::<__m256i>()));
+            d = d.add(32);
+            s = s.add(32);
+            left -= 32;
+        }
+        if left >= 16 {
+            _mm_stream_si128(d.cast::<__m128i>(), _mm_loadu_si128(s.cast::<__m128i>()));
+            d = d.add(16);
+            s = s.add(16);
+            left -= 16;
+        }
         ptr::copy_nonoverlapping(s, d, left);
     }
 }
@@ -118,8 +144,9 @@ mod tests {
     #[test]
     fn copies_every_length_and_alignment() {
         let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        for len in [0, 1, 31, 4095, 4096, 4097, 8191, 12_345, 16_384] {
-            for (so, d_off) in [(0, 0), (1, 0), (0, 3), (5, 17), (32, 64), (0, 16)] {
+        for len in [0, 1, 31, 4095, 4096, 4097, 4112, 4127, 4144, 8191, 12_345, 16_384] {
+            for (so, d_off) in [(0, 0), (1, 0), (0, 3), (5, 17), (32, 64), (0, 16), (3, 48), (0, 8), (7, 24)]
+            {
                 let mut dst = vec![0xeeu8; len + 100];
                 // SAFETY: both ranges are inside their vectors.
                 unsafe { copy_unfenced(dst.as_mut_ptr().add(d_off), src.as_ptr().add(so), len) };

@@ -26,7 +26,9 @@ from kvtier.sched import make_policy
 from kvtier.sim.calibrate import DEFAULT_SHAPES, QUICK_SHAPES, Sample, report, summary, write
 from kvtier.sim.cost import BatchShape, PrefillChunk
 
-__all__ = ["calibrate", "engine_run_samples", "measure_engine_steps", "summary", "warm_up", "write"]
+__all__ = [
+    "calibrate", "engine_run_samples", "logged_samples", "measure_engine_steps", "summary", "warm_up", "write",
+]  # fmt: skip
 
 
 def measure_engine_steps(
@@ -45,7 +47,7 @@ def measure_engine_steps(
     samples = []
     for i, shape in enumerate(shapes):
         seqs = [(c.new_tokens, c.context_tokens) for c in shape.prefills]
-        seqs += [(1, ctx) for ctx in shape.decode_context_tokens]
+        seqs += [(1, ctx - 1) for ctx in shape.decode_context_tokens]  # the simulator's context
         needs = [-(-(new + ctx) // block_tokens) for new, ctx in seqs]
         pool = PagedKvPool(geometry, sum(needs))
         tables, first = [], 0
@@ -114,9 +116,19 @@ def engine_run_samples(
             if sent < count:
                 send(sent)
                 sent += 1
+    return logged_samples(engine)
+
+
+def logged_samples(engine: Engine) -> list[Sample]:
+    """The engine's :attr:`~kvtier.engine.scheduler.Engine.step_log` as :class:`Sample` s (empty if
+    it logged nothing), in the simulator's terms: a decode's context counts the token it decodes
+    (the engine logs the tokens already in KV, one fewer); a prefill chunk's is its computed tokens
+    on both sides."""
     return [
-        Sample(BatchShape(tuple(PrefillChunk(n, c) for n, c in prefills), tuple(decodes)), seconds)
-        for prefills, decodes, seconds in engine.step_log
+        Sample(
+            BatchShape(tuple(PrefillChunk(n, c) for n, c in prefills), tuple(c + 1 for c in decodes)), seconds
+        )
+        for prefills, decodes, seconds in engine.step_log or ()
     ]
 
 

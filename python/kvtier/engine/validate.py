@@ -5,15 +5,17 @@ A held-out multi-turn chat workload — none of its batch shapes is one the cali
 for real on this engine (``fcfs``, chunked prefill, continuous batching, device prefix cache; each
 conversation's next turn is sent the moment its previous reply finishes, and re-sends the whole
 history). :mod:`kvtier.sim.validate` then runs the same requests in the simulator with the
-``fitted`` cost model and the engine's sizes, and compares mean TTFT and TPOT. The engine imports
-the simulator here, never the other way round (issue 18).
+``fitted`` cost model and the engine's sizes, and compares mean TTFT and TPOT, the engine's own
+spread over repeated runs (the noise floor the errors are judged against), and the batch shapes
+both ran (the model's error on the engine's own steps). The engine imports the simulator here,
+never the other way round (issue 18).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvtier.engine.calibrate import warm_up
+from kvtier.engine.calibrate import logged_samples, warm_up
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.model import Model, load
 from kvtier.engine.sampling import SamplingParams
@@ -21,6 +23,8 @@ from kvtier.engine.scheduler import Engine
 from kvtier.engine.tokenizer import Tokenizer
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
+from kvtier.sim.calibrate import Sample
+from kvtier.sim.cost import BatchShape
 from kvtier.sim.validate import Turn, compare, simulate
 
 QUESTIONS: tuple[tuple[str, ...], ...] = (
@@ -44,8 +48,10 @@ def run_engine(
     turns: int,
     reply_tokens: int,
     engine_config: EngineConfig,
+    step_log: list[Sample] | None = None,
 ) -> list[Turn]:
-    """The workload on the real engine (closed loop, zero think time); one :class:`Turn` per request."""
+    """The workload on the real engine (closed loop, zero think time); one :class:`Turn` per request.
+    ``step_log``, a list, receives the engine's steps (batch shape and wall time)."""
     if not 1 <= conversations <= len(QUESTIONS) or not 1 <= turns <= len(QUESTIONS[0]):
         raise ConfigError(
             f"{conversations} conversations x {turns} turns; expected at most {len(QUESTIONS)} x {len(QUESTIONS[0])}"
@@ -54,6 +60,8 @@ def run_engine(
         raise ConfigError(f"reply_tokens is {reply_tokens}; expected >= 2 (TPOT needs two tokens)")
     warm_up(model)
     engine = Engine(model, make_policy("fcfs"), engine_config)
+    if step_log is not None:
+        engine.step_log = []
     params = SamplingParams(max_tokens=reply_tokens, ignore_eos=True)
     where: dict[int, tuple[int, int, int | None]] = {}  # req_id -> (conversation, turn, parent)
     for c in range(conversations):
@@ -80,6 +88,8 @@ def run_engine(
                 follow = tokenizer.encode(f"\n{QUESTIONS[c][t + 1]}\n")
                 rid = engine.add_request(list(out.prompt_token_ids) + list(out.token_ids) + follow, params)
                 where[rid] = (c, t + 1, out.request_id)
+    if step_log is not None:
+        step_log.extend(logged_samples(engine))
     return sorted(turns_out, key=lambda x: x.req_id)
 
 
@@ -90,18 +100,29 @@ def validate(
     turns: int = 3,
     reply_tokens: int = 12,
     threads: int = 1,
+    repeats: int = 3,
     model: Model | None = None,
     tokenizer: Tokenizer | None = None,
 ) -> dict[str, Any]:
-    """Runs the held-out workload on the engine and in the simulator; returns both and the errors."""
+    """Runs the held-out workload ``repeats`` times on the engine and once in the simulator; returns
+    both, the errors against the engine's mean over the runs, and the engine's own spread."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     if model is None or tokenizer is None:
         model, tokenizer = load()
+    if repeats < 1:
+        raise ConfigError(f"repeats is {repeats}; expected >= 1")
     config = EngineConfig(num_blocks=512, max_batch_tokens=256, max_running=16)
+    runs: list[list[Turn]] = []
+    engine_steps: list[Sample] = []
     with threadpool_limits(limits=threads, user_api="blas"):
-        turns_run = run_engine(
-            model, tokenizer, conversations=conversations, turns=turns, reply_tokens=reply_tokens,
-            engine_config=config,
-        )  # fmt: skip
-    return compare(turns_run, simulate(turns_run, config, calibration), calibration)
+        for i in range(repeats):
+            log = engine_steps if i == 0 else None
+            run = run_engine(
+                model, tokenizer, conversations=conversations, turns=turns, reply_tokens=reply_tokens,
+                engine_config=config, step_log=log,
+            )  # fmt: skip
+            runs.append(run)
+    sim_steps: list[BatchShape] = []
+    sim = simulate(runs[0], config, calibration, step_shapes=sim_steps)
+    return compare(runs, sim, calibration, engine_steps=engine_steps, sim_steps=sim_steps)

@@ -3,7 +3,7 @@
 Open-loop requests are pulled lazily from the workload iterator, one ahead (the next is scheduled
 when the previous lands), so memory stays bounded however long the trace. A closed-loop request
 (the next turn of a chat or an agent, :attr:`Request.parent_id`) is held until its parent finishes
-and arrives ``think_time_s`` later (:meth:`Arrivals.follow`).
+and arrives ``think_time_s`` later (:meth:`Arrivals.follow`; at once with none).
 """
 
 from __future__ import annotations
@@ -47,9 +47,15 @@ class Arrivals:
         return self._children.pop(req_id, [])
 
     def follow(self, child: Request, parent_finish_s: float) -> None:
-        """``child`` arrives its think time after its parent finished."""
+        """``child`` arrives its think time after its parent finished. With no think time it lands at
+        once: a client that sends the next turn the moment a reply ends has it in the engine's next
+        step, as the reference engine's loop does (an event at the same instant would land after
+        that step had started, a whole step late)."""
         child.arrival_s = parent_finish_s + child.think_time_s
-        self.loop.schedule(child.arrival_s, EventKind.ARRIVAL, partial(self._land, child))
+        if child.think_time_s == 0:
+            self._land(child)
+        else:
+            self.loop.schedule(child.arrival_s, EventKind.ARRIVAL, partial(self._land, child))
 
     def finished(self, req_id: int, now_s: float) -> None:
         """``req_id`` finished at ``now_s``: its children follow."""

@@ -5,7 +5,7 @@ analytical guess. Calibration replaces the guess with measurements (Vidur's appr
 real engine's steps, fit a predictor). The measuring is the reference engine's
 (:mod:`kvtier.engine.calibrate`: its loop's step log on a calibration workload, and standalone
 forward passes over :data:`DEFAULT_SHAPES`); this module is the simulator's half, which needs no
-engine: it fits :class:`kvtier.sim.cost.FittedCostModel`'s five non-negative coefficients to
+engine: it fits :class:`kvtier.sim.cost.FittedCostModel`'s six non-negative coefficients to
 :class:`Sample` s by least squares on relative error (:func:`fit`), holding every other step out
 of a first fit and reporting that fit's error (:func:`report`). The held-out *workload* check (real
 chat turns, closed loop) is :mod:`kvtier.engine.validate` with :mod:`kvtier.sim.validate`.
@@ -84,7 +84,7 @@ class Sample:
 
 def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative coefficients minimising the squared *relative* error of ``x @ c`` against ``y``
-    (rows scaled by 1/y), by trying every subset of free coefficients (there are only five)."""
+    (rows scaled by 1/y), by trying every subset of free coefficients (there are only six)."""
     xs, ys = x / y[:, None], np.ones_like(y)
     best, best_err = np.zeros(x.shape[1]), float("inf")
     for k in range(1, x.shape[1] + 1):
@@ -164,7 +164,8 @@ def report(
 def write(result: dict[str, Any], path: Path) -> None:
     header = (
         "# Fitted by `kvtier sim calibrate` (kvtier.sim.calibrate): step_s = base_s + token_s x tokens\n"
-        "# + pair_s x prefill attention pairs + decode_pair_s x decode attention pairs + seq_s x sequences,\n"
+        "# + pair_s x prefill attention pairs + decode_pair_s x decode attention pairs + seq_s x sequences\n"
+        "# + multi_token_s x [two or more tokens in the step],\n"
         "# on this machine's engine steps (see kvtier.sim.cost.FittedCostModel).\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,10 @@ log = logging.getLogger("kvtier.sim")
 #: Packaged calibration files (``calibration: NAME`` in a sim config names one of them).
 CALIBRATIONS = Path(__file__).parent / "profiles" / "calibration"
 #: :class:`FittedCostModel`'s coefficients, in the order of :meth:`FittedCostModel.features`.
-COEFFICIENTS = ("base_s", "token_s", "pair_s", "seq_s", "decode_pair_s")
+COEFFICIENTS = ("base_s", "token_s", "pair_s", "seq_s", "decode_pair_s", "multi_token_s")
+#: Coefficients added after calibration files were first written: a file without one fitted a
+#: model without that term, which is the term at 0.
+LATER_COEFFICIENTS = frozenset({"multi_token_s"})
 
 
 @dataclass(frozen=True)
@@ -274,10 +277,16 @@ class FittedCostModel:
 
         step_s = base_s + token_s x new tokens + pair_s x prefill attention pairs
                  + decode_pair_s x decode attention pairs + seq_s x sequences
+                 + multi_token_s x [two or more new tokens]
 
     where attention pairs are the (query, key) pairs the step's attention scores: ``new x context +
-    new (new + 1) / 2`` per prefill chunk, ``context + 1`` per decode (a decode reads its whole
-    context for one query: memory bound, unlike a prefill's GEMMs, hence its own rate). Empty: 0.
+    new (new + 1) / 2`` per prefill chunk, ``context`` per decode (the simulator's decode context
+    counts the token it decodes; a decode reads its whole context for one query: memory bound,
+    unlike a prefill's GEMMs, hence its own rate). Empty: 0.
+    ``multi_token_s`` is the step that computes more than one token row: the reference engine's
+    weight products of a one-token step run as matrix-vector products (OpenBLAS forwards a
+    one-row GEMM to GEMV), about 35 ms for SmolLM2, while two rows already cost about 70 ms
+    (docs/simulator.md, "Where the fitted model holds").
     """
 
     kv_bytes_per_token: int
@@ -287,30 +296,34 @@ class FittedCostModel:
     pair_s: float
     seq_s: float
     decode_pair_s: float = 0.0
+    multi_token_s: float = 0.0
 
     def __post_init__(self) -> None:
-        coefficients = (self.base_s, self.token_s, self.pair_s, self.seq_s, self.decode_pair_s)
+        coefficients = (
+            self.base_s, self.token_s, self.pair_s, self.seq_s, self.decode_pair_s, self.multi_token_s
+        )  # fmt: skip
         if self.kv_bytes_per_token < 1 or self.num_layers < 1 or min(coefficients) < 0:
             raise ConfigError(f"bad FittedCostModel {self}: sizes >= 1 and coefficients >= 0 expected")
 
     @staticmethod
-    def features(batch: BatchShape) -> tuple[float, float, float, float, float]:
-        """``(1, tokens, prefill pairs, sequences, decode pairs)``: what the coefficients multiply,
-        in the order of :data:`COEFFICIENTS`."""
+    def features(batch: BatchShape) -> tuple[float, float, float, float, float, float]:
+        """``(1, tokens, prefill pairs, sequences, decode pairs, [tokens >= 2])``: what the
+        coefficients multiply, in the order of :data:`COEFFICIENTS`."""
         pairs = sum(
             c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2 for c in batch.prefills
         )
-        decode_pairs = sum(ctx + 1 for ctx in batch.decode_context_tokens)
+        decode_pairs = sum(batch.decode_context_tokens)
         seqs = len(batch.prefills) + len(batch.decode_context_tokens)
-        return (1.0, float(batch.num_tokens), float(pairs), float(seqs), float(decode_pairs))
+        multi = float(batch.num_tokens >= 2)
+        return (1.0, float(batch.num_tokens), float(pairs), float(seqs), float(decode_pairs), multi)
 
     def step_time_s(self, batch: BatchShape) -> float:
         if batch.is_empty:
             return 0.0
-        _, tokens, pairs, seqs, decode_pairs = self.features(batch)
+        _, tokens, pairs, seqs, decode_pairs, multi = self.features(batch)
         return (
             self.base_s + self.token_s * tokens + self.pair_s * pairs + self.seq_s * seqs
-            + self.decode_pair_s * decode_pairs
+            + self.decode_pair_s * decode_pairs + self.multi_token_s * multi
         )  # fmt: skip
 
     def prefill_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
@@ -332,9 +345,17 @@ def read_calibration(name_or_path: str) -> dict[str, Any]:
         known = sorted(p.stem for p in CALIBRATIONS.glob("*.yaml"))
         raise ConfigError(f"calibration {name_or_path!r} is neither a file nor one of {known}")
     data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"calibration {path} is not a mapping of coefficients; rerun `kvtier sim calibrate`"
+        )
+    data = {**{k: 0.0 for k in LATER_COEFFICIENTS}, **data}
     missing = [k for k in COEFFICIENTS if not isinstance(data.get(k), (int, float))]
     if missing:
         raise ConfigError(f"calibration {path} lacks numeric {missing}; rerun `kvtier sim calibrate`")
+    negative = [k for k in COEFFICIENTS if data[k] < 0]
+    if negative:
+        raise ConfigError(f"calibration {path} has negative {negative}; rerun `kvtier sim calibrate`")
     return dict(data)
 
 

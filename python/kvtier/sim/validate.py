@@ -9,7 +9,12 @@ cache; each conversation's next turn is sent the moment its previous reply finis
 the whole history). The same requests — prompt lengths, output lengths, block keys derived from the
 real token ids (so prefix hits match), closed-loop parents — then run in the simulator with the
 ``fitted`` cost model and the engine's sizes. The errors are ``|sim - engine| / engine`` of the mean
-TTFT and the mean TPOT.
+TTFT and the mean TPOT, the engine's figure being the mean over repeated runs; the same workload's
+spread over those runs (``engine_ttft_noise``, ``engine_tpot_noise``: (max - min) / mean of the
+runs' means) is the noise floor the errors are judged against. :func:`compare` also reports the
+cost model's error on the engine's own steps of the first run (their batch shapes and times), and
+whether the simulator computed the same batch shapes: a prefix hit is a prefill chunk after its
+cached tokens on both sides, so the model's step error on such a workload is the simulator's.
 
 The engine also caches the blocks of each reply, and the next turn's prompt contains that reply:
 each simulated request therefore carries ``finish_keys`` (the keys of its prompt + reply blocks,
@@ -25,8 +30,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kvtier.errors import ConfigError
+from kvtier.sim.calibrate import Sample
+from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
-from kvtier.sim.cost import read_calibration
+from kvtier.sim.cost import BatchShape, CostModel, FittedCostModel, load_calibration, read_calibration
 from kvtier.sim.machine import differences
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.request import Request
@@ -71,8 +79,43 @@ class EngineSizes(StepSizes, Protocol):
     def device_prefix_cache(self) -> bool: ...
 
 
-def simulate(turns: Sequence[Turn], engine_config: EngineSizes, calibration: str) -> dict[str, Any]:
-    """The same requests in the simulator with the fitted cost model; returns its results."""
+@dataclass
+class _Recorded:
+    """A cost model that keeps every batch shape the simulated engine asks it to time."""
+
+    cost: CostModel
+    shapes: list[BatchShape]
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        if not batch.is_empty:
+            self.shapes.append(batch)
+        return self.cost.step_time_s(batch)
+
+    def prefill_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
+        return self.cost.prefill_time_s(new_tokens, context_tokens)
+
+    def transfer_work_s(
+        self, nbytes: int, segment_bytes: int, bandwidth_bytes_per_s: float, per_segment_overhead_s: float
+    ) -> float:
+        return self.cost.transfer_work_s(nbytes, segment_bytes, bandwidth_bytes_per_s, per_segment_overhead_s)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.cost.kv_bytes_per_token
+
+    @property
+    def num_layers(self) -> int:
+        return self.cost.num_layers
+
+
+def simulate(
+    turns: Sequence[Turn],
+    engine_config: EngineSizes,
+    calibration: str,
+    step_shapes: list[BatchShape] | None = None,
+) -> dict[str, Any]:
+    """The same requests in the simulator with the fitted cost model; returns its results.
+    ``step_shapes``, a list, receives the batch shape of every step the simulator computed."""
     config = SimConfig(
         name="engine-validation",
         hardware="cpu",
@@ -87,6 +130,11 @@ def simulate(turns: Sequence[Turn], engine_config: EngineSizes, calibration: str
         cost={"kind": "fitted", "calibration": calibration},
     )
     sim = build(config)
+    if step_shapes is not None:
+        if not isinstance(sim.cluster, Cluster) or len(sim.cluster.engines) != 1:
+            raise ConfigError("the engine validation simulates one colocated engine")
+        engine = sim.cluster.engines[0]
+        engine.cost = _Recorded(engine.cost, step_shapes)
     requests = [
         Request(
             t.req_id,
@@ -107,14 +155,57 @@ def simulate(turns: Sequence[Turn], engine_config: EngineSizes, calibration: str
     return sim.metrics.result()
 
 
-def compare(turns: Sequence[Turn], sim: dict[str, Any], calibration: str) -> dict[str, Any]:
-    """The engine's and the simulator's mean TTFT and TPOT, and the errors ``|sim - engine| / engine``."""
-    engine_ttft = float(np.mean([t.ttft_s for t in turns]))
-    engine_tpot = float(np.mean([t.tpot_s for t in turns]))
+def _spread(values: Sequence[float]) -> float:
+    return (max(values) - min(values)) / float(np.mean(values))
+
+
+def _canonical(shape: BatchShape) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """A batch shape with its sequences in a canonical order (the two sides order a batch apiece)."""
+    chunks = tuple(sorted((c.new_tokens, c.context_tokens) for c in shape.prefills))
+    return chunks, tuple(sorted(shape.decode_context_tokens))
+
+
+def step_errors(
+    calibration: str, engine_steps: Sequence[Sample], sim_steps: Sequence[BatchShape]
+) -> dict[str, Any]:
+    """The fitted model's signed relative error on the engine's own steps (``(predicted - measured)
+    / measured``: its mean and mean absolute value), and whether the simulator computed the same
+    batch shapes in the same order."""
+    if not engine_steps:
+        return {"engine_steps": 0, "sim_steps": len(sim_steps)}
+    model = FittedCostModel(1, 1, **load_calibration(calibration))
+    errors = [(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in engine_steps]
+    same = [_canonical(s.shape) for s in engine_steps] == [_canonical(s) for s in sim_steps]
+    return {
+        "engine_steps": len(engine_steps),
+        "sim_steps": len(sim_steps),
+        "sim_steps_match_engine": same,
+        "step_mean_error": float(np.mean(errors)),
+        "step_mean_abs_error": float(np.mean(np.abs(errors))),
+    }
+
+
+def compare(
+    runs: Sequence[Sequence[Turn]],
+    sim: dict[str, Any],
+    calibration: str,
+    *,
+    engine_steps: Sequence[Sample] = (),
+    sim_steps: Sequence[BatchShape] = (),
+) -> dict[str, Any]:
+    """The engine's (mean over ``runs``, the same workload repeated) and the simulator's mean TTFT and
+    TPOT, the errors ``|sim - engine| / engine``, the engine's own spread over the runs, and
+    :func:`step_errors`."""
+    if not runs or not all(runs):
+        raise ConfigError("compare needs at least one engine run with finished requests")
+    ttfts = [float(np.mean([t.ttft_s for t in turns])) for turns in runs]
+    tpots = [float(np.mean([t.tpot_s for t in turns])) for turns in runs]
+    engine_ttft, engine_tpot = float(np.mean(ttfts)), float(np.mean(tpots))
     sim_ttft, sim_tpot = float(sim["ttft_s"]["mean"]), float(sim["tpot_s"]["mean"])
     differs = differences(read_calibration(calibration).get("machine"))
     return {
-        "requests": len(turns),
+        "requests": len(runs[0]),
+        "engine_runs": len(runs),
         "calibration": calibration,
         # Empty when the calibration was fitted on this kind of machine; else what differs (and the
         # errors below say little about the model: refit with `kvtier sim calibrate`).
@@ -126,5 +217,11 @@ def compare(turns: Sequence[Turn], sim: dict[str, Any], calibration: str) -> dic
         "sim_mean_tpot_s": sim_tpot,
         "sim_ttft_error": abs(sim_ttft - engine_ttft) / engine_ttft,
         "sim_tpot_error": abs(sim_tpot - engine_tpot) / engine_tpot,
+        # The same workload's own spread over the engine runs (0 with one run): the noise floor.
+        "engine_ttft_noise": _spread(ttfts),
+        "engine_tpot_noise": _spread(tpots),
+        "engine_run_mean_ttft_s": ttfts,
+        "engine_run_mean_tpot_s": tpots,
         "sim_requests": int(sim["requests"]),
+        **step_errors(calibration, engine_steps, sim_steps),
     }

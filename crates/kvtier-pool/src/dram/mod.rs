@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kvtier_core::checksum::{copy_hashing, copy_with_checksum, Xxh3};
+use kvtier_core::checksum::copy_with_checksum;
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::paged::PagedPool;
 use kvtier_core::parallel::WorkerPool;
@@ -32,9 +32,11 @@ use parking_lot::Mutex;
 
 pub mod demote;
 mod into_pool;
+mod payloads;
 pub mod pinned;
 mod state;
 
+use payloads::{Payloads, WriteJob};
 pub use state::object_extent_bytes;
 use state::{DramState, Entry, EntryState, PinnedAt, HEADER};
 
@@ -47,63 +49,11 @@ use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, T
 /// Unit of parallel prefaulting, in bytes.
 const PREFAULT_CHUNK_BYTES: usize = 64 << 20;
 
-/// What a put copies from: the caller's payload slices, or blocks of an engine's paged pool.
-enum Payloads<'a> {
-    Slices(&'a [&'a [u8]]),
-    Pool { pool: &'a PagedPool, blocks: &'a [usize] },
-}
-
-impl Payloads<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Payloads::Slices(s) => s.len(),
-            Payloads::Pool { blocks, .. } => blocks.len(),
-        }
-    }
-
-    fn payload_len(&self, item: usize) -> usize {
-        match self {
-            Payloads::Slices(s) => s[item].len(),
-            Payloads::Pool { pool, .. } => pool.block_bytes(),
-        }
-    }
-
-    /// Copies item `item` into `dst` (its payload length); returns its checksum. Fences.
-    fn copy_into(&self, item: usize, dst: &mut [u8]) -> u64 {
-        match self {
-            Payloads::Slices(s) => copy_with_checksum(dst, s[item]),
-            Payloads::Pool { pool, blocks } => {
-                let mut hasher = Xxh3::new();
-                for layer in 0..pool.num_layers() {
-                    for (region, off, len) in pool.layer_pieces(layer) {
-                        // SAFETY: the block id was checked in range by `put_from_pool`, so the
-                        // piece lies inside its region, which the pool's builder promised live;
-                        // the caller does not write blocks being stored; `dst` is this item's
-                        // own extent, `off + len <= block_bytes` (regions tile the object).
-                        unsafe {
-                            let src = std::slice::from_raw_parts(pool.piece(region, blocks[item]), len);
-                            copy_hashing(dst[off..off + len].as_mut_ptr(), src, &mut hasher);
-                        }
-                    }
-                }
-                kvtier_core::copy::fence();
-                hasher.digest()
-            }
-        }
-    }
-}
-
 /// The host-memory tier.
 pub struct DramTier {
     arena: Arena,
     workers: Arc<WorkerPool>,
     state: Mutex<DramState>,
-}
-
-struct WriteJob {
-    item: usize,
-    offset: usize,
-    extent_len: usize,
 }
 
 struct ReadJob<'a> {
@@ -208,18 +158,27 @@ impl DramTier {
         jobs
     }
 
-    fn write_object(&self, namespace: u128, key: BlockKey, payloads: &Payloads<'_>, job: &WriteJob) {
-        let arena = &self.arena;
-        // SAFETY: the extent belongs to a writing entry reserved by this batch; nothing else
-        // reads or writes it until the entry is published under the lock.
-        let extent = unsafe { arena.bytes_mut(job.offset, job.extent_len) };
-        let len = payloads.payload_len(job.item);
-        let (dst, rest) = extent.split_at_mut(len);
-        let sum = payloads.copy_into(job.item, dst);
-        let (head, padding) = rest.split_at_mut(HEADER);
-        let header = ObjectHeader::with_checksum(namespace, key, CODEC_RAW, len as u64, sum);
-        head.copy_from_slice(&header.encode());
-        padding.fill(0);
+    /// Writes the objects of `run` (a task of [`Payloads::copy_runs`]): payloads, then headers.
+    fn write_run(&self, namespace: u128, keys: &[BlockKey], payloads: &Payloads<'_>, run: &[&WriteJob]) {
+        // SAFETY: each extent belongs to a writing entry reserved by this batch (distinct
+        // extents); nothing else reads or writes it until the entry is published under the lock.
+        let mut extents: Vec<&mut [u8]> =
+            run.iter().map(|job| unsafe { self.arena.bytes_mut(job.offset, job.extent_len) }).collect();
+        let items: Vec<usize> = run.iter().map(|job| job.item).collect();
+        let (mut dsts, mut rests): (Vec<&mut [u8]>, Vec<&mut [u8]>) = extents
+            .iter_mut()
+            .zip(&items)
+            .map(|(extent, &item)| extent.split_at_mut(payloads.payload_len(item)))
+            .unzip();
+        let sums = payloads.copy_run(&items, &mut dsts);
+        for ((rest, &item), sum) in rests.iter_mut().zip(&items).zip(sums) {
+            let len = payloads.payload_len(item) as u64;
+            let (head, padding) = rest.split_at_mut(HEADER);
+            head.copy_from_slice(
+                &ObjectHeader::with_checksum(namespace, keys[item], CODEC_RAW, len, sum).encode(),
+            );
+            padding.fill(0);
+        }
     }
 
     /// Stores a batch like [`Tier::put`], evicting only with `evict`; without it, items that do
@@ -265,8 +224,8 @@ impl DramTier {
         let jobs = self.reserve(namespace, keys, payloads, evict, &mut report, refused);
         let mut abandon = AbandonOnPanic { tier: self, keys, jobs: &jobs, armed: true };
         let total_bytes = jobs.iter().map(|j| payloads.payload_len(j.item)).sum();
-        self.workers.for_each(&jobs, total_bytes, |job| {
-            self.write_object(namespace, keys[job.item], payloads, job);
+        self.workers.for_each(&payloads.copy_runs(&jobs), total_bytes, |run| {
+            self.write_run(namespace, keys, payloads, run);
         });
         abandon.armed = false;
         drop(abandon);
