@@ -4,6 +4,7 @@ benchmark: ``kvtier bench peers``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvtier.bench import peers, peers_ssd
+from kvtier.bench import peers, peers_ssd, peers_table
 from kvtier.cli import build_parser
 
 
@@ -86,7 +87,7 @@ def _round(kvtier_scale: float, lmcache_scale: float, load: float) -> dict[str, 
 
 
 def _rows(per_round: list[dict[str, Any]], unavailable: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {row["key"]: row for row in peers.aggregate(per_round, unavailable)}
+    return {row.key: row.as_dict() for row in peers_table.aggregate(per_round, unavailable)}
 
 
 def test_ratios_are_per_round_then_median_and_range() -> None:
@@ -130,25 +131,27 @@ def test_a_failed_worker_in_any_round_voids_its_rows_with_the_error() -> None:
 
 
 def test_every_row_names_a_part_the_bench_runs() -> None:
-    assert {row.part for row in peers.ROWS} == set(peers.PARTS)
-    assert all(peers.PARTS[row.part] == row.peer for row in peers.ROWS)
-    assert len({row.key for row in peers.ROWS}) == len(peers.ROWS)
+    assert {row.part for row in peers_table.ROWS} == set(peers_table.PARTS)
+    assert all(peers_table.PARTS[row.part] == row.peer for row in peers_table.ROWS)
+    assert len({row.key for row in peers_table.ROWS}) == len(peers_table.ROWS)
 
 
 def test_summary_renders_the_table_and_the_reasons() -> None:
     per_round = [_round(1, 2, 1.0) for _ in range(5)]
     unavailable = {"mooncake": "mooncake holder did not start: setup returned -1\nmore detail"}
-    result = {
-        "bytes": 2**30,
-        "rounds": 5,
-        "copy_threads": 0,
-        "versions": {"lmcache": "0.5.6", "torch": "2.13.0", "mooncake-transfer-engine-non-cuda": None},
-        "unavailable": unavailable,
-        "not_measured": {"ssd": "not in this bench yet"},
-        "rows": peers.aggregate(per_round, unavailable),
-    }
-    json.dumps(result)  # the --json output is plain JSON
-    text = peers.summary(result)
+    result = peers_table.PeersResult(
+        bytes=2**30,
+        rounds=5,
+        parts=list(peers_table.PARTS),
+        copy_threads=0,
+        versions={"lmcache": "0.5.6", "torch": "2.13.0", "mooncake-transfer-engine-non-cuda": None},
+        unavailable=unavailable,
+        not_measured={"ssd": "not in this bench yet"},
+        rows=peers_table.aggregate(per_round, unavailable),
+        per_round=per_round,
+    )
+    json.dumps(result.as_dict())  # the --json output is plain JSON
+    text = peers_table.summary(result)
     lines = text.splitlines()
     assert "1.00 GiB" in lines[0] and "lmcache 0.5.6" in lines[0] and "torch 2.13.0" in lines[0]
     assert "| work | kvtier ÷ memcpy | peer ÷ memcpy | kvtier speed ÷ peer | peer | load avg 1m |" in lines
@@ -162,12 +165,15 @@ def test_summary_renders_the_table_and_the_reasons() -> None:
     assert "ssd: not in this bench yet" in lines
     assert "more detail" not in text  # one line per reason in the table; the JSON keeps it all
     assert not any(ln.startswith("remote rows:") for ln in lines)  # no server recorded, none shown
-    result["redis_server"] = {
-        "binary": "/usr/bin/redis-server",
-        "version": "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64",
-        "malloc_conf": "muzzy_decay_ms:-1",
-    }
-    lines = peers.summary(result).splitlines()
+    result = dataclasses.replace(
+        result,
+        redis_server={
+            "binary": "/usr/bin/redis-server",
+            "version": "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64",
+            "malloc_conf": "muzzy_decay_ms:-1",
+        },
+    )
+    lines = peers_table.summary(result).splitlines()
     assert "remote rows: Redis server v=7.0.15, MALLOC_CONF=muzzy_decay_ms:-1" in lines
 
 
@@ -185,7 +191,7 @@ def _ssd_round(kvtier_s: tuple[float, float, float], lmcache_s: tuple[float, flo
 
 def test_ssd_rows_are_ratios_of_their_own_part_and_only_selected_parts_are_rows() -> None:
     per_round = [_ssd_round((0.5, 1.0, 0.25), (0.5 * k, 2.0, 0.4)) for k in (1, 2, 1.1, 0.5, 1)]
-    rows = _rows_of(peers.aggregate(per_round, {}, ("ssd",)))
+    rows = _rows_of(peers_table.aggregate(per_round, {}, ("ssd",)))
     assert set(rows) == {"ssd_put", "ssd_direct_put", "ssd_durable_put", "ssd_cold_get"}
     assert rows["ssd_put"]["speed_ratio"]["rounds"] == pytest.approx([1, 2, 1.1, 0.5, 1])
     assert rows["ssd_put"]["speed_ratio"]["median"] == pytest.approx(1.0)
@@ -194,26 +200,26 @@ def test_ssd_rows_are_ratios_of_their_own_part_and_only_selected_parts_are_rows(
     assert rows["ssd_cold_get"]["kvtier_vs_memcpy"]["median"] == pytest.approx(0.2)  # 0.05 / 0.25
     assert rows["ssd_cold_get"]["peer_vs_memcpy"]["median"] == pytest.approx(0.1)  # 0.04 / 0.4
     # With every part selected, the parts that did not run say so instead of giving figures.
-    everything = _rows_of(peers.aggregate(per_round, {}))
+    everything = _rows_of(peers_table.aggregate(per_round, {}))
     assert everything["dram_store"]["not_run"] == "no rounds ran"
     assert everything["ssd_put"]["speed_ratio"]["median"] == pytest.approx(1.0)
 
 
 def test_summary_of_the_ssd_part_names_its_size_and_file_system() -> None:
     per_round = [_ssd_round((0.5, 1.0, 0.25), (1.0, 2.0, 0.4)) for _ in range(5)]
-    result = {
-        "bytes": 2**30,
-        "rounds": 5,
-        "copy_threads": 0,
-        "parts": ["ssd"],
-        "ssd_bytes": 2**29,
-        "ssd_filesystem": "ext4 (/dev/vda)",
-        "versions": {"lmcache": "0.5.6"},
-        "unavailable": {},
-        "not_measured": peers.NOT_MEASURED,
-        "rows": peers.aggregate(per_round, {}, ("ssd",)),
-    }
-    text = peers.summary(result)
+    result = peers_table.PeersResult(
+        bytes=2**30,
+        rounds=5,
+        copy_threads=0,
+        parts=["ssd"],
+        ssd_bytes=2**29,
+        ssd_filesystem="ext4 (/dev/vda)",
+        versions={"lmcache": "0.5.6"},
+        unavailable={},
+        not_measured=peers_table.NOT_MEASURED,
+        rows=peers_table.aggregate(per_round, {}, ("ssd",)),
+    )
+    text = peers_table.summary(result)
     assert "ssd rows: 512 MiB of KV-like bf16 values per round on ext4 (/dev/vda)" in text
     assert "put into the page cache (direct_io=False)" in text
     assert "| **1.60 (1.60-1.60)** | lmcache | 3.00 (3.00-3.00) |" in text
@@ -221,8 +227,8 @@ def test_summary_of_the_ssd_part_names_its_size_and_file_system() -> None:
     assert "use_odirect" in text  # what the rows leave out is printed with them
 
 
-def _rows_of(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {row["key"]: row for row in rows}
+def _rows_of(rows: list[peers_table.PeerRow]) -> dict[str, dict[str, Any]]:
+    return {row.key: row.as_dict() for row in rows}
 
 
 def test_aligned_like_is_page_aligned_zeroed_and_shaped() -> None:
@@ -271,6 +277,68 @@ def test_kvtier_ssd_side_stores_and_reads_back_cold_in_a_fresh_process(tmp_path:
     assert result["bytes"] == 32 * 2**20
     assert "O_DIRECT" in result["config"]
     assert list(tmp_path.iterdir()) == []  # its directories are gone
+
+
+#: The keys ``kvtier bench peers --json`` prints (docs/benchmarks.md).
+PEERS_KEYS = {
+    "bench", "bytes", "rounds", "parts", "copy_threads", "ssd_bytes", "ssd_filesystem", "ssd_codec", "versions",
+    "redis_server", "python", "unavailable", "not_measured", "rows", "per_round",
+}  # fmt: skip
+ROW_KEYS = {
+    "key",
+    "label",
+    "peer",
+    "kvtier_s",
+    "peer_s",
+    "speed_ratio",
+    "kvtier_vs_memcpy",
+    "peer_vs_memcpy",
+    "load_avg_1m",
+}
+
+
+def test_the_json_keys_are_unchanged() -> None:
+    per_round = [_round(1, 2, 1.0) for _ in range(5)]
+    result = peers_table.PeersResult(
+        bytes=2**30, rounds=5, parts=["dram", "lookup"], copy_threads=0, versions={}, unavailable={},
+        not_measured={}, rows=peers_table.aggregate(per_round, {}, ("dram", "lookup")), per_round=per_round,
+    )  # fmt: skip
+    out = json.loads(json.dumps(result.as_dict()))
+    assert set(out) == PEERS_KEYS and out["bench"] == "peers"
+    rows = {row["key"]: row for row in out["rows"]}
+    assert set(rows["dram_store"]) == ROW_KEYS
+    assert set(rows["lookup_list"]) == ROW_KEYS - {"kvtier_vs_memcpy", "peer_vs_memcpy"}
+    assert set(rows["dram_store"]["speed_ratio"]) == {"median", "min", "max", "rounds"}
+    assert out["per_round"] == per_round
+    not_run = peers_table.aggregate([], {"lmcache": "why"}, ("dram",))[0].as_dict()
+    assert not_run == {"key": "dram_store", "label": not_run["label"], "peer": "lmcache", "not_run": "why"}
+
+
+@pytest.mark.parametrize(
+    ("result", "field"),
+    [
+        ([], "is not a JSON object"),
+        ({"ops": [1.0]}, "`ops` is [1.0]; expected dict"),
+        ({"ops": {"store": "fast"}}, "ops: `store` is 'fast'; expected float"),
+        ({"ops": {"store": 1.0}, "memcpy_s": None}, "`memcpy_s` is None; expected float"),
+        ({"ops": {}, "bytes": 1.5}, "`bytes` is 1.5; expected int"),
+        ({"ops": {}, "bytes": True}, "`bytes` is True; expected int"),
+    ],
+)
+def test_an_ill_typed_worker_result_is_an_error_naming_the_field(result: object, field: str) -> None:
+    from kvtier.errors import KvtierError
+
+    with pytest.raises(KvtierError, match="kvtier dram worker's RESULT") as e:
+        peers.parse_result(result, "kvtier dram worker's RESULT")
+    assert field in str(e.value)
+
+
+def test_a_worker_result_parses_into_its_typed_fields() -> None:
+    got = peers.parse_result(
+        {"ops": {"store": 1, "get": 0.5}, "memcpy_s": 0.25, "bytes": 4, "config": "c"}, "w"
+    )
+    assert got == {"ops": {"store": 1.0, "get": 0.5}, "memcpy_s": 0.25, "bytes": 4, "config": "c"}
+    assert isinstance(got["ops"]["store"], float)
 
 
 def test_kv_objects_are_kv_like_reproducible_and_never_repeat() -> None:

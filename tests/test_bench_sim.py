@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.bench.sim import SCALING_POLICIES, config, scaling, scaling_exponent
+from kvtier.bench.sim import SCALING_POLICIES, SimBench, config, scaling, scaling_exponent
 
 
 def test_scaling_exponent_is_the_log_log_slope() -> None:
@@ -20,7 +20,7 @@ def test_every_policy_has_a_config() -> None:
 
 
 def test_scaling_reports_every_run() -> None:
-    out = scaling(("fcfs",), copies=(1, 2), max_requests=20)
+    out = scaling(("fcfs",), copies=(1, 2), max_requests=20).as_dict()  # as --json prints it
     assert [row["requests"] for row in out["rows"]] == [20, 20]
     assert all(row["events_per_wall_s"] > 0 for row in out["rows"])
     assert all(row["cpu_s"] > 0 for row in out["rows"])
@@ -41,3 +41,20 @@ def test_cli_scaling_prints_each_run_and_the_exponent() -> None:
     assert r["scaling_exponent"]["fcfs"] is not None and r["scaling_exponent_cpu"]["fcfs"] is not None
     bad = subprocess.run([*cmd[:-1], "1.5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--copies" in bad.stderr
+
+
+def test_the_json_keys_are_unchanged() -> None:
+    out = scaling(("fcfs",), copies=(1,), max_requests=5).as_dict()
+    assert (
+        set(out) == {"bench", "rows", "scaling_exponent", "scaling_exponent_cpu"}
+        and out["bench"] == "sim_scaling"
+    )
+    row_keys = {"policy", "copies", "requests", "wall_s", "cpu_s", "events", "events_per_wall_s"}
+    assert [set(row) for row in out["rows"]] == [row_keys]
+    bench = SimBench(3993, 1.0, 3993.0, 10, 5.0, {"mean": 0.1}, {"total": 0.5}, 0.4, 0.4, 0.0).as_dict()
+    assert set(bench) == {
+        "bench", "requests", "mooncake_synthetic_wall_s", "requests_per_wall_s", "events", "sim_time_s",
+        "ttft_s", "hit_rate_tokens", "mooncake_synthetic_infinite_hit_rate", "mooncake_synthetic_direct_hit_rate",
+        "infinite_minus_direct",
+    }  # fmt: skip
+    assert bench["bench"] == "sim" and bench["ttft_s"] == {"mean": 0.1}

@@ -7,12 +7,22 @@ import pytest
 
 from kvtier import cli
 
+#: The keys ``kvtier demo --json`` printed before its result became a typed class.
+DEMO_KEYS = (
+    "demo geometry conversations turns prompt_tokens hit_tokens token_hit_rate loaded_bytes put_bytes "
+    "load_gib_per_s put_gib_per_s store per_turn"
+)
+DEMO_STORE_KEYS = "objects used_bytes capacity_bytes evictions checksum_failures hit_blocks miss_blocks"
+
 
 def test_demo_json_runs_and_hits(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         cli.main(["demo", "--json", "--conversations", "2", "--turns", "3", "--dram-capacity", "1GiB"]) == 0
     )
     result = json.loads(capsys.readouterr().out)
+    assert set(result) == set(DEMO_KEYS.split()) and result["demo"] == "multi-turn"
+    assert set(result["store"]) == set(DEMO_STORE_KEYS.split())
+    assert set(result["per_turn"][0]) == {"turn", "conversation", "prompt_tokens", "hit_tokens"}
     assert result["hit_tokens"] > 0
     assert 0 < result["token_hit_rate"] < 1
     assert result["store"]["checksum_failures"] == 0
@@ -20,9 +30,26 @@ def test_demo_json_runs_and_hits(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(t["hit_tokens"] > 0 for t in later_turns)
 
 
+#: The keys ``kvtier bench layout|store --json`` print.
+LAYOUT_KEYS = (
+    "bench geometry tokens blocks bytes segments threads repeats memcpy_gib_per_s gather_gib_per_s "
+    "scatter_gib_per_s gather_per_segment_gib_per_s scatter_per_segment_gib_per_s gather_ratio_to_memcpy "
+    "scatter_ratio_to_memcpy speedup_vs_per_segment gather_speedup_vs_per_segment scatter_speedup_vs_per_segment"
+)
+STORE_KEYS = (
+    "bench object_bytes objects bytes copy_threads repeats memcpy_gib_per_s put_gib_per_s get_gib_per_s "
+    "put_ratio_to_memcpy get_ratio_to_memcpy put_vs_memcpy load_vs_memcpy pool_load_gib_per_s pool_load_ratio_to_get "
+    "engine_pool_load_gib_per_s engine_pool_load_ratio_to_get load_then_scatter_gib_per_s pool_put_gib_per_s "
+    "pool_put_ratio_to_put lookup_tokens "
+    "lookup_128k_tokens_ms lookup_hash_ms lookup_index_ms lookup_hash_from_list_ms evictions checksum_failures"
+)
+
+
 def test_bench_layout_json_small(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "layout", "--json", "--tokens", "256", "--repeats", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert set(result) == set(LAYOUT_KEYS.split()) and result["bench"] == "layout"
+    assert result["geometry"]["num_layers"] == 32
     for key in ("gather_ratio_to_memcpy", "scatter_ratio_to_memcpy", "speedup_vs_per_segment"):
         assert result[key] > 0
 
@@ -31,6 +58,7 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["bench", "store", "--json", "--total", "16MiB", "--repeats", "1", "--lookup-tokens", "4096"]
     assert cli.main(args) == 0
     result = json.loads(capsys.readouterr().out)
+    assert set(result) == set(STORE_KEYS.split()) and result["bench"] == "store"
     for key in (
         "put_ratio_to_memcpy",
         "get_ratio_to_memcpy",

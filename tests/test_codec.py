@@ -95,3 +95,41 @@ def test_bad_inputs_raise_codec_errors(blocks: np.ndarray) -> None:
     corrupt[24 + 16 + 2 * GEOMETRY.num_layers] = 9  # stream table: backend code
     with pytest.raises(codec.CodecError, match="unknown lossless backend 9"):
         codec.decode(bytes(corrupt), "quant")
+
+
+#: Every key ``kvtier bench codec --json --no-agreement`` printed before its result became typed
+#: classes (recorded from that version).
+BENCH_KEYS = """
+block_bytes blocks deflate_decode_gbit_per_s_all_cores deflate_decode_gbit_per_s_per_core
+deflate_decode_gbit_per_s_pool_1_thread deflate_encode_gbit_per_s_per_core deflate_lossless_ratio
+deflate_quant_ratio fixture lossless_ratio lz4_decode_gbit_per_s_per_core lz4_encode_gbit_per_s_per_core
+lz4_lossless_ratio lz4_quant_ratio memcpy_gbit_per_s_per_core none_quant_ratio quant_curve
+quant_decode_gbit_per_s_per_core quant_encode_gbit_per_s_per_core quant_ratio threads
+zstd_decode_gbit_per_s_per_core zstd_encode_gbit_per_s_per_core zstd_lossless_ratio zstd_quant_ratio
+"""
+
+
+def test_bench_codec_json_keys_are_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvtier import cli
+
+    assert cli.main(["bench", "codec", "--repeats", "1", "--no-agreement", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == set(BENCH_KEYS.split())
+    assert (
+        out["lossless_ratio"] == out["deflate_lossless_ratio"]
+        and out["quant_ratio"] == out["deflate_quant_ratio"]
+    )
+    for row in out["quant_curve"]:
+        keys = {"setting", "refused"} if "refused" in row else {"setting", "ratio", *QUANT_ERROR_KEYS}
+        assert set(row) == keys, row
+
+
+QUANT_ERROR_KEYS = (
+    "max_abs_error",
+    "mean_abs_error",
+    "mean_abs_value",
+    "relative_error_per_layer",
+    "relative_error_max",
+)

@@ -42,10 +42,19 @@ def test_fp32_objects_agree_exactly_and_quant_keeps_most_tokens(engine: tuple[Mo
         ),
     )
     # fp16 rounding of a 135M model's KV rarely flips a greedy token; over 24 steps allow none.
-    assert result["fp32"]["agreement"] == 1.0
-    assert result["quant"]["agreement"] >= 0.75, result["quant"]
-    assert result["coarse"]["agreement"] < result["quant"]["agreement"], result
-    assert len(result["quant"]["per_prompt"]) == 2
+    v = result.variants
+    assert v["fp32"].agreement == 1.0
+    assert v["quant"].agreement >= 0.75, v["quant"]
+    assert v["coarse"].agreement < v["quant"].agreement, result
+    assert len(v["quant"].per_prompt) == 2
+    # As `kvtier bench codec --json` prints it: each variant under its name beside the run's sizes.
+    out = result.as_dict()
+    assert set(out) == {"prompts", "steps", "block_tokens", "fp32", "quant", "coarse"}
+    assert out["quant"] == {
+        "agreement": v["quant"].agreement,
+        "first_token_agreement": v["quant"].first_token_agreement,
+        "per_prompt": v["quant"].per_prompt,
+    }
 
 
 def test_bad_input(engine: tuple[Model, Tokenizer]) -> None:

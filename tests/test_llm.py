@@ -268,10 +268,16 @@ def test_replay_demo_reuses_each_tier_with_identical_outputs(parts, tmp_path: Pa
     from kvtier.engine import replay
 
     model, tokenizer = parts
-    result = replay.run(
+    replayed = replay.run(
         conversations=1, turns=2, max_tokens=4, ssd_directory=str(tmp_path), model=model, tokenizer=tokenizer
     )
+    result = json.loads(json.dumps(replayed.as_dict()))  # as --json prints it
+    assert set(result) == {"conversations", "turns", "max_tokens", "identical_outputs", "setups"}
     setups = result["setups"]
+    assert set(setups["dram"]) == {
+        "ttft_s_per_turn", "ttft_s_mean_later_turns", "speedup_vs_recompute", "prefill_tokens", "reused_tokens",
+        "wall_s",
+    }  # fmt: skip
     assert result["identical_outputs"]
     assert setups["recompute"]["reused_tokens"] == {"device": 0, "host": 0, "ssd": 0, "remote": 0}
     assert setups["dram"]["reused_tokens"]["host"] > 0
@@ -279,14 +285,24 @@ def test_replay_demo_reuses_each_tier_with_identical_outputs(parts, tmp_path: Pa
     assert setups["remote"]["reused_tokens"]["remote"] > 0
     assert setups["device"]["reused_tokens"]["device"] > 0
     assert setups["dram"]["prefill_tokens"] < setups["recompute"]["prefill_tokens"]
-    assert "recompute" in replay.summary(result)
+    assert "recompute" in replay.summary(replayed)
+
+
+ENGINE_BENCH_KEYS = (
+    "model blas_threads repeats prefix_tokens new_tokens prefill_prompt_tokens prefill_tokens_per_s "
+    "decode_tokens_per_s_batch_1 decode_tokens_per_s_batch_8 ttft_recompute_s sim_validation sim_ttft_error "
+    "sim_tpot_error engine_ttft_noise engine_tpot_noise"
+)
+TIER_KEYS = (
+    ("ttft_", "_hit_s"), ("ttft_", "_hit_ratio"), ("ttft_", "_hit_speedup"), ("", "_load_s"), ("", "_reused_tokens")
+)  # fmt: skip
 
 
 def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:
     from kvtier.bench import engine as bench
 
     model, tokenizer = parts
-    r = bench.run(
+    result = bench.run(
         prefix_tokens=64,
         new_tokens=8,
         decode_steps=2,
@@ -298,6 +314,9 @@ def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:
         validation_conversations=2,
         validation_turns=2,
     )
+    r = json.loads(json.dumps(result.as_dict()))  # as --json prints it, with the keys it always had
+    tiers = [f"{p}{tier}{s}" for tier in ("dram", "ssd", "remote") for p, s in TIER_KEYS]
+    assert set(r) == {*ENGINE_BENCH_KEYS.split(), *tiers}
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s_batch_1", "decode_tokens_per_s_batch_8"):
         assert r[key] > 0
     for tier in ("dram", "ssd", "remote"):
@@ -318,7 +337,7 @@ def test_engine_bench_reports_every_figure(parts, tmp_path: Path) -> None:
         # on two cores; 0.05-0.08 quiet, docs/benchmarks.md), so this fails only when the simulator
         # overestimates twofold: a wrong or misread calibration, or sizes that differ from the engine's.
         assert r[f"sim_{metric}_error"] < 1.0, (metric, engine_s, sim_s)
-    assert "recompute" in bench.summary(r) and "calibrated simulator" in bench.summary(r)
+    assert "recompute" in bench.summary(result) and "calibrated simulator" in bench.summary(result)
 
 
 def test_a_second_engine_process_hits_the_first_ones_ssd_cache(tmp_path: Path) -> None:

@@ -10,9 +10,61 @@ import sys
 
 from kvtier.bench import transfer
 
+#: Every key ``kvtier bench transfer --json`` printed before its result became typed classes.
+KEYS = set(
+    [
+        "pipeline_geometry",
+        "pipeline_codec",
+        "bytes_read_ratio",
+        "ssd_encoded_blocks",
+        "pipeline_bytes",
+        "pipeline_blocks",
+        "pipeline_chunk_blocks",
+        "pipeline_buffer_chunks",
+        "pipeline_ssd_fraction",
+        "threads",
+        "calibration_stage_rates_gib_per_s",
+        "stage_workers",
+        "stage_seconds",
+        "whole_request_stage_seconds",
+        "whole_request_sequential_s",
+        "sequential_s",
+        "pipelined_s",
+        "slowest_stage",
+        "pipeline_ratio_to_sequential",
+        "pipeline_ratio_to_whole_request_sequential",
+        "pipeline_ratio_to_slowest_stage",
+        "chunk_stage_seconds",
+        "chunk_sequential_s",
+        "pipeline_ratio_to_chunk_sequential",
+        "pipelined_gib_per_s",
+        "per_chunk_allocation_s",
+        "preallocated_speedup",
+        "duplex_geometry",
+        "swap_blocks",
+        "swap_bytes",
+        "segments_per_block",
+        "segment_bytes",
+        "memcpy_gib_per_s",
+        "batched_swap_out_gib_per_s",
+        "per_segment_swap_out_gib_per_s",
+        "batched_ratio_to_memcpy",
+        "batched_speedup_vs_per_segment",
+        "duplex_s",
+        "serial_s",
+        "duplex_ratio_to_serial",
+        "memcpy_two_serial_s",
+        "memcpy_two_at_once_s",
+        "duplex_limit_ratio",
+        "duplex_ratio_to_limit",
+    ]
+)
+
 
 def test_bench_reports_every_ratio() -> None:
-    r = transfer.run(total_bytes=4 * 2**20, repeats=1, threads=4, swap_blocks=2, show=False)
+    result = transfer.run(total_bytes=4 * 2**20, repeats=1, threads=4, swap_blocks=2, show=False)
+    r = result.as_dict()  # as --json prints it
+    assert set(r) == KEYS
     for key in (
         "pipeline_ratio_to_sequential",
         "pipeline_ratio_to_slowest_stage",
@@ -35,7 +87,7 @@ def test_bench_reports_every_ratio() -> None:
     assert r["segments_per_block"] == 128
     assert math.isclose(r["duplex_limit_ratio"], r["memcpy_two_at_once_s"] / r["memcpy_two_serial_s"])
     assert math.isclose(r["duplex_ratio_to_limit"], r["duplex_ratio_to_serial"] / r["duplex_limit_ratio"])
-    assert "pipelined" in transfer.summary(r)
+    assert "pipelined" in transfer.summary(result)
 
 
 def test_cli_json() -> None:

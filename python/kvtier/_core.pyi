@@ -1,6 +1,95 @@
 """Type stubs of the Rust extension. Use the Python wrappers (kvtier.Store, kvtier.layout, ...)."""
 
-from typing import Any
+from typing import Any, TypedDict
+
+class GeometrySizes(TypedDict):
+    dtype: str
+    dtype_bytes: int
+    segment_bytes: int
+    layer_block_bytes: int
+    kv_block_bytes: int
+    block_bytes: int
+    bytes_per_token: int
+    pool_bytes_per_block: int
+
+class SsdRecovery(TypedDict):
+    records: int
+    recovered_objects: int
+    invalid_records: int
+    overwritten_entries: int
+    dropped_tail_bytes: int
+    seconds: float
+
+class SsdDevice(TypedDict):
+    path: str
+    direct_io: bool
+    block_device: bool
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    placement_share: float
+    throttle_bytes_per_s: float
+    objects: int
+    used_bytes: int
+    capacity_bytes: int
+    bytes_read: int
+    bytes_written: int
+    read_ops: int
+    write_ops: int
+    io_errors: int
+    queue_depth: int
+    queue_depth_max: int
+    read_p50_s: float
+    read_p99_s: float
+    write_p50_s: float
+    write_p99_s: float
+
+class SsdMetrics(TypedDict):
+    """``crates/kvtier-py/src/ssd.rs::metrics_dict``."""
+
+    engine: str
+    durability: str
+    placement: str
+    bandwidth_source: str
+    lookup_hits: int
+    lookup_misses: int
+    write_failures: int
+    read_io_errors: int
+    log_failures: int
+    log_records: int
+    log_bytes: int
+    log_generation: int
+    compactions: int
+    objects: int
+    pinned_objects: int
+    used_bytes: int
+    capacity_bytes: int
+    stored: int
+    evictions: int
+    rejected: int
+    checksum_failures: int
+    recovery: SsdRecovery
+    devices: list[SsdDevice]
+    warnings: list[str]
+
+class RemoteOp(TypedDict):
+    batches: int
+    keys: int
+    bytes: int
+    errors: int
+    latency_p50_s: float
+    latency_p99_s: float
+
+# ``crates/kvtier-py/src/remote.rs::metrics_dict`` (functional form: ``del`` is a keyword).
+RemoteMetrics = TypedDict(
+    "RemoteMetrics",
+    {
+        "exists": RemoteOp, "get": RemoteOp, "set": RemoteOp, "del": RemoteOp, "connects": int,
+        "reconnects": int, "connect_failures": int, "auth_failures": int, "down_misses": int,
+        "down_skipped_writes": int, "missing_on_get": int, "bad_magic": int, "bad_length": int,
+        "bad_checksum": int, "foreign_objects": int, "redirects": int, "slot_refreshes": int,
+        "nodes": int, "nodes_down": int,
+    },
+)  # fmt: skip
 
 class CoreGeometry:
     def __init__(
@@ -12,7 +101,7 @@ class CoreGeometry:
         block_tokens: int,
         extra_groups: list[tuple[str, int]],
     ) -> None: ...
-    def sizes(self) -> dict[str, Any]: ...
+    def sizes(self) -> GeometrySizes: ...
     def namespace_hash(self, model_id: str, layout_version: int, cache_salt: str, rank: int) -> bytes: ...
 
 class Copier:
@@ -70,8 +159,8 @@ class Store:
     def release(self, lease_id: int) -> None: ...
     def stats(self) -> dict[str, int]: ...
     def tier_stats(self) -> dict[str, dict[str, int]]: ...
-    def ssd_metrics(self) -> dict[str, Any] | None: ...
-    def remote_metrics(self) -> dict[str, Any] | None: ...
+    def ssd_metrics(self) -> SsdMetrics | None: ...
+    def remote_metrics(self) -> RemoteMetrics | None: ...
     def flush(self) -> None: ...
     def check_integrity(self) -> None: ...
     # Only with the `test-hooks` feature (make build); absent from wheels.
@@ -83,7 +172,7 @@ class SsdPool:
         self, namespace_hash: bytes, keys: bytes, objects: Any, object_bytes: int
     ) -> tuple[int, int, int, int]: ...
     def get(self, namespace_hash: bytes, keys: bytes, out: Any, object_bytes: int) -> list[str]: ...
-    def metrics(self) -> dict[str, Any]: ...
+    def metrics(self) -> SsdMetrics: ...
     def check_integrity(self) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
@@ -98,7 +187,7 @@ class RemotePool:
     def raw_set(self, names: list[bytes], values: Any, value_bytes: int) -> list[str]: ...
     def raw_get(self, names: list[bytes], out: Any, value_bytes: int) -> list[str]: ...
     def raw_del(self, names: list[bytes]) -> int: ...
-    def metrics(self) -> dict[str, Any]: ...
+    def metrics(self) -> RemoteMetrics: ...
 
 def ssd_placement_counts(bandwidths: list[float], n: int) -> list[int]: ...
 def ssd_raw_sequential(

@@ -10,18 +10,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kvtier import report
 from kvtier.config import parse_size
 from kvtier.errors import KvtierError
 from kvtier.remote import check_url
+from kvtier.results import emit as _emit
 from kvtier.sim import size as sim_size
-
-
-def _emit(result: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
-    print(json.dumps(result, sort_keys=True) if as_json else summary(result))
 
 
 def _directory(path: str | None, flag: str) -> str | None:
@@ -61,13 +58,13 @@ def _demo(args: argparse.Namespace) -> None:
     if args.engine:
         from kvtier.engine import replay
 
-        engine_result = replay.run(
+        replayed = replay.run(
             conversations=args.conversations,
             turns=args.turns,
             ssd_directory=_directory(args.ssd_dir, "--ssd-dir"),
             show=not args.json,
         )
-        _emit(engine_result, args.json, replay.summary)
+        _emit(replayed, args.json, replay.summary)
         return
     result = demo.run(
         conversations=args.conversations,
@@ -221,11 +218,13 @@ def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
     if args.scaling:
-        result = sim.scaling_from_flags(args.policies, args.copies, args.max_requests)
-        _emit(result, args.json, sim.scaling_summary)
+        _emit(
+            sim.scaling_from_flags(args.policies, args.copies, args.max_requests),
+            args.json,
+            sim.scaling_summary,
+        )
         return
-    result = sim.run(max_requests=args.max_requests, show=not args.json)
-    _emit(result, args.json, sim.summary)
+    _emit(sim.run(max_requests=args.max_requests, show=not args.json), args.json, sim.summary)
 
 
 def _bench_transfer(args: argparse.Namespace) -> None:

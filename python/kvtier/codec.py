@@ -17,7 +17,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -157,7 +157,22 @@ def decode(payload: Any, codec: str | int, out: Any = None) -> np.ndarray:
     return target[:written]
 
 
-def quant_error(original: Any, decoded: Any, geometry: Geometry) -> dict[str, Any]:
+class KvErrors(TypedDict):
+    k: list[float]
+    v: list[float]
+
+
+class QuantError(TypedDict):
+    """:func:`quant_error`'s report (JSON-ready)."""
+
+    max_abs_error: float
+    mean_abs_error: float
+    mean_abs_value: float
+    relative_error_per_layer: KvErrors
+    relative_error_max: float
+
+
+def quant_error(original: Any, decoded: Any, geometry: Geometry) -> QuantError:
     """Error of a ``quant`` round trip of whole ``BlockFirst`` fp16 objects (K and V only, as
     ``quant`` encodes them): max and mean absolute error, and relative error ``|x - y|_2 / |x|_2``
     per layer for K and V. ``original`` and ``decoded`` are buffers of the same number of bytes."""

@@ -11,17 +11,50 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from kvtier.config import DramConfig, StoreConfig
 from kvtier.errors import KvtierError
-from kvtier.geometry import Geometry
+from kvtier.geometry import Geometry, GeometryDict
 from kvtier.keys import BlockKeys
 from kvtier.layout import Copier, alloc_pool
 from kvtier.progress import progress
+from kvtier.results import Result
 from kvtier.store import Store
+
+
+@dataclass(frozen=True)
+class DemoTurn(Result):
+    turn: int
+    conversation: int
+    prompt_tokens: int
+    hit_tokens: int
+
+
+#: The store's counters the demo reports at its end (:class:`kvtier.store.StoreStats` fields).
+STORE_COUNTERS = (
+    "objects", "used_bytes", "capacity_bytes", "evictions", "checksum_failures", "hit_blocks", "miss_blocks"
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DemoResult(Result):
+    """What ``kvtier demo`` reports."""
+
+    geometry: GeometryDict
+    conversations: int
+    turns: int
+    prompt_tokens: int
+    hit_tokens: int
+    token_hit_rate: float
+    loaded_bytes: int
+    put_bytes: int
+    load_gib_per_s: float
+    put_gib_per_s: float
+    store: dict[str, int]  # STORE_COUNTERS
+    per_turn: list[DemoTurn]
+    demo: str = "multi-turn"
 
 
 @dataclass
@@ -32,7 +65,7 @@ class Totals:
     load_seconds: float = 0.0
     put_bytes: int = 0
     put_seconds: float = 0.0
-    turns: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[DemoTurn] = field(default_factory=list)
 
 
 def synthetic_block(keys: BlockKeys, index: int, block_bytes: int) -> np.ndarray:
@@ -50,7 +83,7 @@ def run(
     pool_blocks: int = 320,
     seed: int = 0,
     show: bool = True,
-) -> dict[str, Any]:
+) -> DemoResult:
     geometry = Geometry.llama3_8b()
     store = Store(
         StoreConfig(
@@ -107,57 +140,39 @@ def run(
         totals.hit_tokens += hit * geometry.block_tokens
         totals.loaded_bytes += hit * geometry.block_bytes
         totals.put_bytes += put.stored * geometry.block_bytes
-        totals.turns.append(
-            {
-                "turn": turn,
-                "conversation": conv,
-                "prompt_tokens": len(prompt),
-                "hit_tokens": hit * geometry.block_tokens,
-            }
-        )
+        totals.turns.append(DemoTurn(turn, conv, len(prompt), hit * geometry.block_tokens))
     stats = store.stats()
     store.check_integrity()
-    return {
-        "demo": "multi-turn",
-        "geometry": geometry.to_dict(),
-        "conversations": conversations,
-        "turns": turns,
-        "prompt_tokens": totals.prompt_tokens,
-        "hit_tokens": totals.hit_tokens,
-        "token_hit_rate": totals.hit_tokens / max(totals.prompt_tokens, 1),
-        "loaded_bytes": totals.loaded_bytes,
-        "put_bytes": totals.put_bytes,
-        "load_gib_per_s": totals.loaded_bytes / max(totals.load_seconds, 1e-12) / 2**30,
-        "put_gib_per_s": totals.put_bytes / max(totals.put_seconds, 1e-12) / 2**30,
-        "store": {
-            "objects": stats.objects,
-            "used_bytes": stats.used_bytes,
-            "capacity_bytes": stats.capacity_bytes,
-            "evictions": stats.evictions,
-            "checksum_failures": stats.checksum_failures,
-            "hit_blocks": stats.hit_blocks,
-            "miss_blocks": stats.miss_blocks,
-        },
-        "per_turn": totals.turns,
-    }
+    return DemoResult(
+        geometry=geometry.to_dict(),
+        conversations=conversations,
+        turns=turns,
+        prompt_tokens=totals.prompt_tokens,
+        hit_tokens=totals.hit_tokens,
+        token_hit_rate=totals.hit_tokens / max(totals.prompt_tokens, 1),
+        loaded_bytes=totals.loaded_bytes,
+        put_bytes=totals.put_bytes,
+        load_gib_per_s=totals.loaded_bytes / max(totals.load_seconds, 1e-12) / 2**30,
+        put_gib_per_s=totals.put_bytes / max(totals.put_seconds, 1e-12) / 2**30,
+        store={name: int(getattr(stats, name)) for name in STORE_COUNTERS},
+        per_turn=totals.turns,
+    )
 
 
-def summary(r: dict[str, Any]) -> str:
-    s = r["store"]
+def summary(r: DemoResult) -> str:
+    s = r.store
     lines = [
-        f"kvtier demo: {r['conversations']} conversations x {r['turns']} turns, Llama-3-8B geometry "
-        f"({r['geometry']['num_layers']} layers, bf16, {r['geometry']['block_tokens']}-token blocks)",
+        f"kvtier demo: {r.conversations} conversations x {r.turns} turns, Llama-3-8B geometry "
+        f"({r.geometry['num_layers']} layers, bf16, {r.geometry['block_tokens']}-token blocks)",
         "  turn conv  prompt_tokens  hit_tokens",
     ]
-    for t in r["per_turn"]:
-        lines.append(
-            f"  {t['turn']:4d} {t['conversation']:4d}  {t['prompt_tokens']:13d}  {t['hit_tokens']:10d}"
-        )
+    for t in r.per_turn:
+        lines.append(f"  {t.turn:4d} {t.conversation:4d}  {t.prompt_tokens:13d}  {t.hit_tokens:10d}")
     lines += [
-        f"  token hit rate {r['token_hit_rate']:.1%}: {r['hit_tokens']} of {r['prompt_tokens']} prompt tokens "
+        f"  token hit rate {r.token_hit_rate:.1%}: {r.hit_tokens} of {r.prompt_tokens} prompt tokens "
         "came from the store instead of prefill",
-        f"  loaded {r['loaded_bytes'] / 2**30:.2f} GiB at {r['load_gib_per_s']:.2f} GiB/s (lease+load+scatter); "
-        f"stored {r['put_bytes'] / 2**30:.2f} GiB at {r['put_gib_per_s']:.2f} GiB/s (gather+put)",
+        f"  loaded {r.loaded_bytes / 2**30:.2f} GiB at {r.load_gib_per_s:.2f} GiB/s (lease+load+scatter); "
+        f"stored {r.put_bytes / 2**30:.2f} GiB at {r.put_gib_per_s:.2f} GiB/s (gather+put)",
         f"  store: {s['objects']} objects, {s['used_bytes'] / 2**20:.0f} of {s['capacity_bytes'] / 2**20:.0f} MiB, "
         f"{s['evictions']} evictions, {s['checksum_failures']} checksum failures; every loaded block verified",
     ]

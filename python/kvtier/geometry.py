@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from kvtier import _core
 from kvtier.errors import ConfigError, GeometryError, shown
@@ -35,6 +35,22 @@ def _require_int(name: str, value: object) -> int:
     return value
 
 
+class ExtraGroupDict(TypedDict):
+    name: str
+    bytes_per_token: int
+
+
+class GeometryDict(TypedDict):
+    """:meth:`Geometry.to_dict`: the fields :meth:`Geometry.from_dict` reads back (JSON-ready)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    block_tokens: int
+    extra_groups: list[ExtraGroupDict]
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Validated KV geometry. Raises :class:`kvtier.errors.GeometryError` on bad values."""
@@ -46,7 +62,7 @@ class Geometry:
     block_tokens: int = 16
     extra_groups: tuple[ExtraGroup, ...] = ()
     _handle: _core.CoreGeometry = field(init=False, repr=False, compare=False)
-    _sizes: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _sizes: _core.GeometrySizes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_tokens"):
@@ -102,7 +118,7 @@ class Geometry:
         """Bytes of a ``LayerFirst`` paged pool of ``num_blocks`` blocks."""
         return int(self._sizes["pool_bytes_per_block"]) * num_blocks
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GeometryDict:
         return {
             "num_layers": self.num_layers,
             "num_kv_heads": self.num_kv_heads,
@@ -126,8 +142,8 @@ class Geometry:
         if unknown:
             raise ConfigError(f"unknown geometry key(s) {unknown}; expected some of {sorted(known)}")
         fields = dict(data)
-        base = preset(fields.pop("preset")).to_dict() if "preset" in fields else {}
-        base.update(fields)
+        base: dict[str, Any] = dict(preset(fields.pop("preset")).to_dict()) if "preset" in fields else {}
+        base.update(fields)  # user config, checked by Geometry itself
         groups = tuple(_extra_group(g) for g in base.pop("extra_groups", ()))
         try:
             return cls(**base, extra_groups=groups)
@@ -148,7 +164,14 @@ def _extra_group(data: object) -> ExtraGroup:
     raise ConfigError(f"extra group {data!r}; expected a mapping with keys 'name' and 'bytes_per_token'")
 
 
-PRESETS: dict[str, dict[str, Any]] = {
+class _Preset(TypedDict):
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+
+
+PRESETS: dict[str, _Preset] = {
     "llama-3-8b": {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bf16"},
     "llama-3-70b": {"num_layers": 80, "num_kv_heads": 8, "head_dim": 128, "dtype": "bf16"},
     "mistral-7b": {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bf16"},

@@ -20,10 +20,13 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
+
+if TYPE_CHECKING:
+    from kvtier._core import RemoteMetrics, SsdMetrics
 
 
 class Store(Protocol):
@@ -33,8 +36,8 @@ class Store(Protocol):
 
     def stats(self) -> Any: ...
     def tier_stats(self) -> Mapping[str, Any]: ...
-    def ssd_metrics(self) -> dict[str, Any] | None: ...
-    def remote_metrics(self) -> dict[str, Any] | None: ...
+    def ssd_metrics(self) -> SsdMetrics | None: ...
+    def remote_metrics(self) -> RemoteMetrics | None: ...
 
 
 class Engine(Protocol):
@@ -148,6 +151,13 @@ def namespace_label(store: Store) -> str:
     return store.namespace.hash[:8].hex()
 
 
+def _number(values: Mapping[str, object], key: str) -> float:
+    """``values[key]`` of a metrics dict looked up by a name from the lists above."""
+    value = values[key]
+    assert isinstance(value, int | float), f"metric {key} is {value!r}"
+    return float(value)
+
+
 def samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
     """Every sample of one store: (metric name without ``kvtier_``, labels, value)."""
     stats = store.stats()
@@ -163,26 +173,32 @@ def samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
     for i, dev in enumerate(ssd["devices"] if ssd else ()):
         device = {"device": str(i)}
         for f in SSD_DEVICE_COUNTERS:
-            yield f"ssd_device_{f}_total", device, float(dev[f])
+            yield f"ssd_device_{f}_total", device, _number(dev, f)
         for f in SSD_DEVICE_GAUGES:
-            yield f"ssd_device_{f}", device, float(dev[f])
+            yield f"ssd_device_{f}", device, _number(dev, f)
         for op in ("read", "write"):
             for q, key in (("0.5", "p50"), ("0.99", "p99")):
                 labels = {**device, "op": op, "quantile": q}
-                yield "ssd_device_latency_seconds", labels, float(dev[f"{op}_{key}_s"])
+                yield "ssd_device_latency_seconds", labels, _number(dev, f"{op}_{key}_s")
     remote = store.remote_metrics()
     if remote:
-        for op in ("exists", "get", "set", "del"):
+        ops = (
+            ("exists", remote["exists"]),
+            ("get", remote["get"]),
+            ("set", remote["set"]),
+            ("del", remote["del"]),
+        )
+        for op, values in ops:
             for f in REMOTE_OP_COUNTERS:
-                yield f"remote_{f}_total", {"op": op}, float(remote[op][f])
+                yield f"remote_{f}_total", {"op": op}, _number(values, f)
             for q, key in (("0.5", "p50"), ("0.99", "p99")):
                 yield (
                     "remote_latency_seconds",
                     {"op": op, "quantile": q},
-                    float(remote[op][f"latency_{key}_s"]),
+                    _number(values, f"latency_{key}_s"),
                 )
         for f in REMOTE_FAULTS:
-            yield f"remote_{f}_total", {}, float(remote[f])
+            yield f"remote_{f}_total", {}, _number(remote, f)
         yield "remote_nodes", {}, float(remote["nodes"])
         yield "remote_nodes_down", {}, float(remote["nodes_down"])
     yield from _transfer_samples(store)

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from kvtier.config import StoreConfig
 from kvtier.errors import BufferError, KvtierError, LeaseError, NamespaceError
 from kvtier.keys import BlockKeys, Namespace
 from kvtier.layout import PagedPool, _block_ids, buffer_array, is_buffer
+
+if TYPE_CHECKING:
+    from kvtier._core import RemoteMetrics, SsdMetrics
 
 ObjectsArg = np.ndarray | Sequence[np.ndarray]
 
@@ -425,7 +428,7 @@ class Store:
         """Each tier's counters, by tier name (``"dram"``, ``"ssd"``), fastest first."""
         return {name: TierStats(**values) for name, values in self._core.tier_stats().items()}
 
-    def ssd_metrics(self) -> dict[str, Any] | None:
+    def ssd_metrics(self) -> SsdMetrics | None:
         """The SSD pool's metrics (JSON-ready), or ``None`` without an SSD tier.
 
         Per device: bytes and operations read/written, I/O errors, queue depth (now and max),
@@ -435,7 +438,7 @@ class Store:
         """
         return self._core.ssd_metrics()
 
-    def remote_metrics(self) -> dict[str, Any] | None:
+    def remote_metrics(self) -> RemoteMetrics | None:
         """The remote tier's metrics (JSON-ready), or ``None`` without a remote tier.
 
         Per operation (``exists``, ``get``, ``set``, ``del``): batches, keys, bytes, errors,

@@ -32,7 +32,7 @@ def small(**changes: object) -> SimConfig:
 
 
 def test_the_answer_passes_one_engine_fewer_fails_and_the_rows_are_real_runs() -> None:
-    result = size(small(), SLO_S, attainment=0.8)
+    result = size(small(), SLO_S, attainment=0.8).as_dict()  # as --json prints it
     n = result["engines"]
     assert n is not None and n >= 2
     rows = {r["engines"]: r for r in result["runs"]}
@@ -49,9 +49,15 @@ def test_the_answer_passes_one_engine_fewer_fails_and_the_rows_are_real_runs() -
 
 def test_a_limit_too_small_reports_no_cluster() -> None:
     result = size(small(), SLO_S, attainment=0.8, max_engines=2)
-    assert result["engines"] is None
-    assert [r["engines"] for r in result["runs"]] == [1, 2]
-    assert not any(r["passes"] for r in result["runs"])
+    assert result.engines is None
+    assert [r.engines for r in result.runs] == [1, 2]
+    assert not any(r.passes for r in result.runs)
+    out = json.loads(json.dumps(result.as_dict()))
+    assert set(out) == {"engines", "ttft_slo_s", "attainment", "runs"} and out["engines"] is None
+    assert set(out["runs"][0]) == {
+        "engines", "passes", "ttft_attainment", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "requests",
+        "unfinished_requests", "wall_s",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -90,4 +96,4 @@ def test_cli_sizes_a_trace_file(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["engines"] == size(trace_config(trace, "fcfs"), SLO_S, attainment=0.8)["engines"] >= 2
+    assert out["engines"] == size(trace_config(trace, "fcfs"), SLO_S, attainment=0.8).engines >= 2

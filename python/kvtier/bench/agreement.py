@@ -32,6 +32,7 @@ from kvtier.engine.capture import capture_geometry
 from kvtier.engine.errors import EngineInputError
 from kvtier.engine.kv import PagedKvPool, pool_geometry
 from kvtier.engine.model import Model
+from kvtier.results import Result
 
 # Chat prompts (prose, code, facts), long enough for several 16-token prefix blocks.
 PROMPTS: tuple[str, ...] = (
@@ -115,6 +116,32 @@ def _decode_over_prefix(
     return out
 
 
+@dataclass(frozen=True)
+class VariantAgreement(Result):
+    agreement: float
+    first_token_agreement: float
+    per_prompt: list[float]
+
+
+@dataclass(frozen=True)
+class Agreement(Result):
+    """:func:`next_token_agreement`'s result; its JSON has each variant under its own name beside
+    ``prompts``, ``steps`` and ``block_tokens``."""
+
+    prompts: int
+    steps: int
+    block_tokens: int
+    variants: dict[str, VariantAgreement]
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "prompts": self.prompts,
+            "steps": self.steps,
+            "block_tokens": self.block_tokens,
+        }
+        return out | {name: v.as_dict() for name, v in self.variants.items()}
+
+
 def next_token_agreement(
     model: Model,
     prompts: Sequence[Sequence[int]],
@@ -122,7 +149,7 @@ def next_token_agreement(
     steps: int = 24,
     block_tokens: int = 16,
     variants: Sequence[Variant] = DEFAULT_VARIANTS,
-) -> dict[str, Any]:
+) -> Agreement:
     """Per variant: ``agreement`` (teacher-forced, over all prompts' steps), ``first_token_agreement``
     (the token right after the prompt: a cache hit's first output), plus per-prompt figures."""
     if steps < 1:
@@ -152,11 +179,12 @@ def next_token_agreement(
             got = _decode_over_prefix(model, prompt, prefix, prefix_tokens, block_tokens, reference, steps)
             matches = sum(int(a == b) for a, b in zip(got, reference, strict=True))
             per_variant[v.name].append((matches, steps, int(got[0] == reference[0])))
-    result: dict[str, Any] = {"prompts": len(prompts), "steps": steps, "block_tokens": block_tokens}
-    for name, rows in per_variant.items():
-        result[name] = {
-            "agreement": sum(r[0] for r in rows) / sum(r[1] for r in rows),
-            "first_token_agreement": sum(r[2] for r in rows) / len(rows),
-            "per_prompt": [r[0] / r[1] for r in rows],
-        }
-    return result
+    figures = {
+        name: VariantAgreement(
+            agreement=sum(r[0] for r in rows) / sum(r[1] for r in rows),
+            first_token_agreement=sum(r[2] for r in rows) / len(rows),
+            per_prompt=[r[0] / r[1] for r in rows],
+        )
+        for name, rows in per_variant.items()
+    }
+    return Agreement(len(prompts), steps, block_tokens, figures)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +17,10 @@ from kvtier import _core, codec
 from kvtier.bench.timing import best_seconds, memcpy_seconds
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
+from kvtier.results import OMIT, Result
+
+if TYPE_CHECKING:
+    from kvtier.bench.agreement import Agreement
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "smollm2_kv.npz"
 GEOMETRY = Geometry(30, 3, 64, "fp16", 16)
@@ -31,6 +36,72 @@ QUANT_CURVE: tuple[tuple[str, codec.BinRule, codec.BinRule], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class CodecFigures(Result):
+    ratio: float
+    encode_gbit_per_s_per_core: float
+    decode_gbit_per_s_per_core: float
+
+
+@dataclass(frozen=True)
+class QuantRow(Result):
+    """One setting of the quant curve: its ratio and error, or why the codec refused it."""
+
+    setting: str
+    ratio: float | None = None
+    error: codec.QuantError | None = None
+    refused: str | None = field(default=None, metadata=OMIT)
+
+    def as_dict(self) -> dict[str, object]:
+        if self.refused is not None:
+            return {"setting": self.setting, "refused": self.refused}
+        return {"setting": self.setting, "ratio": self.ratio, **(self.error or {})}
+
+
+@dataclass(frozen=True)
+class CodecBench(Result):
+    """What ``kvtier bench codec`` reports: one flat JSON object, per backend
+    ``{backend}_lossless_ratio``, ``{backend}_decode/encode_gbit_per_s_per_core`` and
+    ``{backend}_quant_ratio``, as it always has."""
+
+    fixture: str
+    blocks: int
+    block_bytes: int
+    memcpy_gbit_per_s_per_core: float
+    lossless: dict[str, CodecFigures]
+    quant: dict[str, CodecFigures]  # "none" and each lossless backend
+    threads: int
+    deflate_decode_gbit_per_s_pool_1_thread: float
+    deflate_decode_gbit_per_s_all_cores: float
+    quant_curve: list[QuantRow]
+    next_token_agreement: Agreement | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "fixture": self.fixture,
+            "blocks": self.blocks,
+            "block_bytes": self.block_bytes,
+            "memcpy_gbit_per_s_per_core": self.memcpy_gbit_per_s_per_core,
+        }
+        for backend, m in self.lossless.items():
+            out[f"{backend}_lossless_ratio"] = m.ratio
+            out[f"{backend}_decode_gbit_per_s_per_core"] = m.decode_gbit_per_s_per_core
+            out[f"{backend}_encode_gbit_per_s_per_core"] = m.encode_gbit_per_s_per_core
+        for backend, m in self.quant.items():
+            out[f"{backend}_quant_ratio"] = m.ratio
+        out["quant_decode_gbit_per_s_per_core"] = self.quant["deflate"].decode_gbit_per_s_per_core
+        out["quant_encode_gbit_per_s_per_core"] = self.quant["deflate"].encode_gbit_per_s_per_core
+        out["lossless_ratio"] = self.lossless["deflate"].ratio
+        out["quant_ratio"] = self.quant["deflate"].ratio
+        out["threads"] = self.threads
+        out["deflate_decode_gbit_per_s_pool_1_thread"] = self.deflate_decode_gbit_per_s_pool_1_thread
+        out["deflate_decode_gbit_per_s_all_cores"] = self.deflate_decode_gbit_per_s_all_cores
+        out["quant_curve"] = [row.as_dict() for row in self.quant_curve]
+        if self.next_token_agreement is not None:
+            out["next_token_agreement"] = self.next_token_agreement.as_dict()
+        return out
+
+
 def load_blocks(path: Path = FIXTURE) -> np.ndarray:
     """The fixture's blocks as ``[num_blocks, block_bytes]`` uint8."""
     if not path.exists():
@@ -43,7 +114,7 @@ def _gbit_per_s(nbytes: int, seconds: float) -> float:
     return nbytes * 8 / seconds / 1e9
 
 
-def _measure(blocks: np.ndarray, cid: str, repeats: int, **kwargs: Any) -> dict[str, float]:
+def _measure(blocks: np.ndarray, cid: str, repeats: int, **kwargs: Any) -> CodecFigures:
     payloads = [codec.encode(b, cid, geometry=GEOMETRY, **kwargs) for b in blocks]
     out = np.empty_like(blocks)
     encode_s = best_seconds(
@@ -55,11 +126,11 @@ def _measure(blocks: np.ndarray, cid: str, repeats: int, **kwargs: Any) -> dict[
     )
     if cid == "lossless" and not np.array_equal(out, blocks):
         raise KvtierError("lossless round trip differs from its input")
-    return {
-        "ratio": blocks.nbytes / sum(len(p) for p in payloads),
-        "encode_gbit_per_s_per_core": _gbit_per_s(blocks.nbytes, encode_s),
-        "decode_gbit_per_s_per_core": _gbit_per_s(blocks.nbytes, decode_s),
-    }
+    return CodecFigures(
+        ratio=blocks.nbytes / sum(len(p) for p in payloads),
+        encode_gbit_per_s_per_core=_gbit_per_s(blocks.nbytes, encode_s),
+        decode_gbit_per_s_per_core=_gbit_per_s(blocks.nbytes, decode_s),
+    )
 
 
 def _all_cores_decode(blocks: np.ndarray, threads: int, repeats: int, **kwargs: Any) -> float:
@@ -74,66 +145,63 @@ def _all_cores_decode(blocks: np.ndarray, threads: int, repeats: int, **kwargs: 
     return _gbit_per_s(out.nbytes, seconds)
 
 
-def _quant_curve(blocks: np.ndarray) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def _quant_curve(blocks: np.ndarray) -> list[QuantRow]:
+    rows: list[QuantRow] = []
     for name, keys, values in QUANT_CURVE:
         try:
             payloads = [
                 codec.encode(b, "quant", geometry=GEOMETRY, key_bins=keys, value_bins=values) for b in blocks
             ]
         except codec.CodecError as exc:  # e.g. more than half the fp16 size before deflate
-            rows.append({"setting": name, "refused": str(exc)})
+            rows.append(QuantRow(name, refused=str(exc)))
             continue
         decoded = np.stack([codec.decode(p, "quant") for p in payloads])
         error = codec.quant_error(blocks, decoded, GEOMETRY)
-        rows.append({"setting": name, "ratio": blocks.nbytes / sum(len(p) for p in payloads), **error})
+        rows.append(QuantRow(name, blocks.nbytes / sum(len(p) for p in payloads), error))
     return rows
 
 
-def run(repeats: int = 3, threads: int = 0, show: bool = True, agreement: bool = True) -> dict[str, Any]:
+def run(repeats: int = 3, threads: int = 0, show: bool = True, agreement: bool = True) -> CodecBench:
     blocks = load_blocks()
-    result: dict[str, Any] = {
-        "fixture": str(FIXTURE.name),
-        "blocks": int(blocks.shape[0]),
-        "block_bytes": int(blocks.shape[1]),
-        "memcpy_gbit_per_s_per_core": _gbit_per_s(blocks.nbytes, memcpy_seconds(blocks.nbytes, repeats)),
-    }
+    memcpy = _gbit_per_s(blocks.nbytes, memcpy_seconds(blocks.nbytes, repeats))
+    lossless: dict[str, CodecFigures] = {}
     for backend in LOSSLESS_BACKENDS:
         if show:
             print(f"bench codec: lossless {backend}", flush=True)
-        m = _measure(blocks, "lossless", repeats, backend=backend)
-        result[f"{backend}_lossless_ratio"] = m["ratio"]
-        result[f"{backend}_decode_gbit_per_s_per_core"] = m["decode_gbit_per_s_per_core"]
-        result[f"{backend}_encode_gbit_per_s_per_core"] = m["encode_gbit_per_s_per_core"]
+        lossless[backend] = _measure(blocks, "lossless", repeats, backend=backend)
+    quant: dict[str, CodecFigures] = {}
     for backend in ("none", *LOSSLESS_BACKENDS):
         if show:
             print(f"bench codec: quant {backend}", flush=True)
-        m = _measure(blocks, "quant", repeats, backend=backend)
-        result[f"{backend}_quant_ratio"] = m["ratio"]
-        if backend == "deflate":
-            result["quant_decode_gbit_per_s_per_core"] = m["decode_gbit_per_s_per_core"]
-            result["quant_encode_gbit_per_s_per_core"] = m["encode_gbit_per_s_per_core"]
-    result["lossless_ratio"] = result["deflate_lossless_ratio"]
-    result["quant_ratio"] = result["deflate_quant_ratio"]
-    result["threads"] = threads or os.cpu_count() or 1
+        quant[backend] = _measure(blocks, "quant", repeats, backend=backend)
+    threads = threads or os.cpu_count() or 1
     # Same harness on one thread, so the scaling figure is not skewed by the pool's overhead.
-    result["deflate_decode_gbit_per_s_pool_1_thread"] = _all_cores_decode(
-        blocks, 1, repeats, backend="deflate"
-    )
-    result["deflate_decode_gbit_per_s_all_cores"] = _all_cores_decode(
-        blocks, result["threads"], repeats, backend="deflate"
-    )
+    one_thread = _all_cores_decode(blocks, 1, repeats, backend="deflate")
+    all_cores = _all_cores_decode(blocks, threads, repeats, backend="deflate")
     if show:
         print("bench codec: quant curve", flush=True)
-    result["quant_curve"] = _quant_curve(blocks)
+    curve = _quant_curve(blocks)
+    agreed = None
     if agreement:
         if show:
             print("bench codec: next-token agreement on SmolLM2-135M (about 20 s)", flush=True)
-        result["next_token_agreement"] = _agreement()
-    return result
+        agreed = _agreement()
+    return CodecBench(
+        fixture=str(FIXTURE.name),
+        blocks=int(blocks.shape[0]),
+        block_bytes=int(blocks.shape[1]),
+        memcpy_gbit_per_s_per_core=memcpy,
+        lossless=lossless,
+        quant=quant,
+        threads=threads,
+        deflate_decode_gbit_per_s_pool_1_thread=one_thread,
+        deflate_decode_gbit_per_s_all_cores=all_cores,
+        quant_curve=curve,
+        next_token_agreement=agreed,
+    )
 
 
-def _agreement() -> dict[str, Any]:
+def _agreement() -> Agreement:
     from kvtier.bench.agreement import PROMPTS, next_token_agreement
     from kvtier.engine import load
 
@@ -141,44 +209,42 @@ def _agreement() -> dict[str, Any]:
     return next_token_agreement(model, [tokenizer.encode_instruct(p) for p in PROMPTS])
 
 
-def summary(result: dict[str, Any]) -> str:
+def summary(r: CodecBench) -> str:
     lines = [
-        f"codec bench on {result['fixture']} ({result['blocks']} blocks of {result['block_bytes']} B); "
-        f"memcpy {result['memcpy_gbit_per_s_per_core']:.1f} Gbit/s/core",
+        f"codec bench on {r.fixture} ({r.blocks} blocks of {r.block_bytes} B); "
+        f"memcpy {r.memcpy_gbit_per_s_per_core:.1f} Gbit/s/core",
         "lossless (byte-plane shuffle + backend): ratio, decode / encode Gbit/s per core",
     ]
-    for b in LOSSLESS_BACKENDS:
+    for b, m in r.lossless.items():
         lines.append(
-            f"  {b:8s} {result[f'{b}_lossless_ratio']:.3f}x  {result[f'{b}_decode_gbit_per_s_per_core']:.2f} / "
-            f"{result[f'{b}_encode_gbit_per_s_per_core']:.2f}"
+            f"  {b:8s} {m.ratio:.3f}x  {m.decode_gbit_per_s_per_core:.2f} / {m.encode_gbit_per_s_per_core:.2f}"
         )
     lines.append(
-        f"deflate decode on {result['threads']} threads: {result['deflate_decode_gbit_per_s_all_cores']:.2f} Gbit/s "
-        f"(same pool, 1 thread: {result['deflate_decode_gbit_per_s_pool_1_thread']:.2f}; "
+        f"deflate decode on {r.threads} threads: {r.deflate_decode_gbit_per_s_all_cores:.2f} Gbit/s "
+        f"(same pool, 1 thread: {r.deflate_decode_gbit_per_s_pool_1_thread:.2f}; "
         "target per core >= 5.0; ShadowServe host core 2.5)"
     )
-    ratios = ", ".join(f"{b} {result[f'{b}_quant_ratio']:.2f}x" for b in ("none", *LOSSLESS_BACKENDS))
+    ratios = ", ".join(f"{b} {m.ratio:.2f}x" for b, m in r.quant.items())
     lines.append(f"quant (CacheGen bins) ratio: {ratios} (target >= 3.5 with deflate)")
+    deflate = r.quant["deflate"]
     lines.append(
-        f"quant+deflate decode / encode: {result['quant_decode_gbit_per_s_per_core']:.2f} / "
-        f"{result['quant_encode_gbit_per_s_per_core']:.2f} Gbit/s per core"
+        f"quant+deflate decode / encode: {deflate.decode_gbit_per_s_per_core:.2f} / "
+        f"{deflate.encode_gbit_per_s_per_core:.2f} Gbit/s per core"
     )
-    for row in result["quant_curve"]:
-        if "refused" in row:
-            lines.append(f"  {row['setting']:24s} refused: {row['refused']}")
+    for row in r.quant_curve:
+        if row.refused is not None or row.error is None:
+            lines.append(f"  {row.setting:24s} refused: {row.refused}")
         else:
+            e = row.error
             lines.append(
-                f"  {row['setting']:24s} {row['ratio']:.2f}x  max|e| {row['max_abs_error']:.4f}  "
-                f"mean|e| {row['mean_abs_error']:.5f}  worst layer rel {row['relative_error_max']:.4f}"
+                f"  {row.setting:24s} {row.ratio:.2f}x  max|e| {e['max_abs_error']:.4f}  "
+                f"mean|e| {e['mean_abs_error']:.5f}  worst layer rel {e['relative_error_max']:.4f}"
             )
-    if "next_token_agreement" in result:
-        a = result["next_token_agreement"]
+    if r.next_token_agreement is not None:
+        a = r.next_token_agreement
         lines.append(
-            f"next-token agreement vs exact fp16 KV ({a['prompts']} prompts x {a['steps']} steps, teacher-forced):"
+            f"next-token agreement vs exact fp16 KV ({a.prompts} prompts x {a.steps} steps, teacher-forced):"
         )
-        for name, row in a.items():
-            if isinstance(row, dict):
-                lines.append(
-                    f"  {name:24s} {row['agreement']:.3f}  (first token {row['first_token_agreement']:.2f})"
-                )
+        for name, v in a.variants.items():
+            lines.append(f"  {name:24s} {v.agreement:.3f}  (first token {v.first_token_agreement:.2f})")
     return "\n".join(lines)

@@ -22,16 +22,85 @@ from __future__ import annotations
 import gc
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvtier.config import StoreConfig
 from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, llm_store_config
 from kvtier.errors import KvtierError
+from kvtier.results import Result
 from kvtier.store import Store
 
 BLOCK_TOKENS = 16
 OBJECT_BYTES = 741_376  # one 16-token fp32 SmolLM2 block in the store (payload + header, whole pages)
+
+
+@dataclass(frozen=True)
+class TierHit(Result):
+    """TTFT of a prefix hit from one tier's store (best of the repeats) and what it reused."""
+
+    ttft_hit_s: float
+    ttft_hit_ratio: float
+    ttft_hit_speedup: float
+    load_s: float
+    reused_tokens: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Ttft(Result):
+    recompute_s: float
+    hits: dict[str, TierHit]  # by tier: dram, ssd, remote (when a Redis server is installed)
+    remote_skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineBench(Result):
+    """What ``kvtier bench engine`` reports: one flat JSON object (per tier ``ttft_{tier}_hit_s``,
+    ``_ratio``, ``_speedup``, ``{tier}_load_s``, ``{tier}_reused_tokens``), as it always has."""
+
+    model: str
+    blas_threads: int
+    repeats: int
+    prefix_tokens: int
+    new_tokens: int
+    prefill_prompt_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s_batch_1: float
+    decode_tokens_per_s_batch_8: float
+    ttft: Ttft
+    sim_validation: dict[str, Any] | None = None  # kvtier.engine.validate's report
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            k: getattr(self, k)
+            for k in (
+                "model", "blas_threads", "repeats", "prefix_tokens", "new_tokens", "prefill_prompt_tokens",
+                "prefill_tokens_per_s", "decode_tokens_per_s_batch_1", "decode_tokens_per_s_batch_8",
+            )
+        }  # fmt: skip
+        out["ttft_recompute_s"] = self.ttft.recompute_s
+        for tier, hit in self.ttft.hits.items():
+            out[f"ttft_{tier}_hit_s"] = hit.ttft_hit_s
+            out[f"ttft_{tier}_hit_ratio"] = hit.ttft_hit_ratio
+            out[f"ttft_{tier}_hit_speedup"] = hit.ttft_hit_speedup
+            out[f"{tier}_load_s"] = hit.load_s
+            out[f"{tier}_reused_tokens"] = hit.reused_tokens
+        if self.ttft.remote_skipped is not None:
+            out |= {
+                "ttft_remote_hit_s": None,
+                "ttft_remote_hit_ratio": None,
+                "remote_skipped": self.ttft.remote_skipped,
+            }
+        if self.sim_validation is not None:
+            out["sim_validation"] = self.sim_validation
+            out["sim_ttft_error"] = self.sim_validation["sim_ttft_error"]
+            out["sim_tpot_error"] = self.sim_validation["sim_tpot_error"]
+            # The engine's own spread over the repeated runs: the noise floor the errors are judged against.
+            out["engine_ttft_noise"] = self.sim_validation["engine_ttft_noise"]
+            out["engine_tpot_noise"] = self.sim_validation["engine_tpot_noise"]
+        return out
 
 
 def _tokens(rng: np.random.Generator, n: int) -> list[int]:
@@ -83,7 +152,7 @@ def ttft(
     new_tokens: int,
     repeats: int,
     directory: str | None,
-) -> dict[str, Any]:
+) -> Ttft:
     rng = np.random.default_rng(3)
     prefix = _tokens(rng, prefix_tokens)
     # Each run gets its own new tokens: a run must not hit blocks an earlier run saved.
@@ -92,11 +161,8 @@ def ttft(
     num_blocks = (prefix_tokens + new_tokens) // BLOCK_TOKENS + 8
     batch_tokens = prefix_tokens + new_tokens
     one = SamplingParams(max_tokens=1, ignore_eos=True)
-    result: dict[str, Any] = {}
-
     recompute = [_llm(model, tokenizer, num_blocks, None, batch_tokens).generate([p], one)[0] for p in probes]
     base = min(o.ttft_s for o in recompute)
-    result["ttft_recompute_s"] = base
 
     stores = {
         "dram": llm_store_config(dram={"capacity_bytes": (num_blocks + 8) * OBJECT_BYTES}),
@@ -118,28 +184,25 @@ def ttft(
             remote={"urls": (server.url,), "write_through": True, "promote_on_hit": False},
         )
     try:
-        result.update(
-            _hits(
-                model,
-                tokenizer,
-                stores,
-                prefix_tokens,
-                warm,
-                probes,
-                recompute,
-                num_blocks,
-                batch_tokens,
-                base,
-            )
+        hits = _hits(
+            model,
+            tokenizer,
+            stores,
+            prefix_tokens,
+            warm,
+            probes,
+            recompute,
+            num_blocks,
+            batch_tokens,
+            base,
         )
     finally:
         if server is not None:
             server.stop()
+    skipped = None
     if server is None:
-        result["ttft_remote_hit_s"] = None
-        result["ttft_remote_hit_ratio"] = None
-        result["remote_skipped"] = "no valkey-server or redis-server installed (apt-get install redis-server)"
-    return result
+        skipped = "no valkey-server or redis-server installed (apt-get install redis-server)"
+    return Ttft(base, hits, skipped)
 
 
 def _start_redis() -> Any:
@@ -155,7 +218,7 @@ def _start_redis() -> Any:
 def _hits(
     model: Model,
     tokenizer: Tokenizer,
-    stores: dict[str, Any],
+    stores: dict[str, StoreConfig],
     prefix_tokens: int,
     warm: list[int],
     probes: list[list[int]],
@@ -163,10 +226,10 @@ def _hits(
     num_blocks: int,
     batch_tokens: int,
     base: float,
-) -> dict[str, Any]:
+) -> dict[str, TierHit]:
     """TTFT of a prefix hit from each store in ``stores`` (tier name -> config)."""
     one = SamplingParams(max_tokens=1, ignore_eos=True)
-    result: dict[str, Any] = {}
+    result: dict[str, TierHit] = {}
     for tier, config in stores.items():
         store = Store(config)
         _llm(model, tokenizer, num_blocks, store, batch_tokens).generate([warm], one)  # saves the prefix
@@ -188,11 +251,7 @@ def _hits(
             raise KvtierError(
                 f"{tier} bench: reused tokens per tier {tiers}; expected the prefix from {tier}"
             )
-        result[f"ttft_{tier}_hit_s"] = best
-        result[f"ttft_{tier}_hit_ratio"] = best / base
-        result[f"ttft_{tier}_hit_speedup"] = base / best
-        result[f"{tier}_load_s"] = load_s
-        result[f"{tier}_reused_tokens"] = tiers
+        result[tier] = TierHit(best, best / base, base / best, load_s, tiers)
         del store
         gc.collect()
     return result
@@ -214,7 +273,7 @@ def run(
     validation_turns: int = 3,
     validation_repeats: int = 3,
     calibration: str = "cpu-smollm2-135m",
-) -> dict[str, Any]:
+) -> EngineBench:
     """The engine's figures; with ``validation``, also the calibrated simulator's error on a held-out
     multi-turn workload (:mod:`kvtier.engine.validate`; ``calibration`` names the fitted cost model)."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
@@ -225,7 +284,7 @@ def run(
         model, tokenizer = load()
     # The validation runs first, in a process that has not yet built stores and large pools (their
     # threads and memory would slow the engine it times, not the simulator's prediction).
-    validation_result: dict[str, Any] = {}
+    check = None
     if validation:
         from kvtier.engine.validate import validate
 
@@ -242,58 +301,51 @@ def run(
             model=model,
             tokenizer=tokenizer,
         )
-        validation_result["sim_validation"] = check
-        validation_result["sim_ttft_error"] = check["sim_ttft_error"]
-        validation_result["sim_tpot_error"] = check["sim_tpot_error"]
-        # The engine's own spread over the repeated runs: the noise floor the errors are judged against.
-        validation_result["engine_ttft_noise"] = check["engine_ttft_noise"]
-        validation_result["engine_tpot_noise"] = check["engine_tpot_noise"]
     with threadpool_limits(limits=threads, user_api="blas"):
-        result: dict[str, Any] = {
-            "model": "SmolLM2-135M-Instruct (fp32, numpy)",
-            "blas_threads": threads,
-            "repeats": repeats,
-            "prefix_tokens": prefix_tokens,
-            "new_tokens": new_tokens,
-            "prefill_prompt_tokens": prefill_tokens,
-            "prefill_tokens_per_s": prefill_tokens_per_s(model, tokenizer, prefill_tokens, repeats),
-            "decode_tokens_per_s_batch_1": decode_tokens_per_s(model, tokenizer, 1, decode_steps, repeats),
-            "decode_tokens_per_s_batch_8": decode_tokens_per_s(model, tokenizer, 8, decode_steps, repeats),
-        }
-        result.update(ttft(model, tokenizer, prefix_tokens, new_tokens, repeats, directory))
-    result.update(validation_result)
-    return result
+        return EngineBench(
+            model="SmolLM2-135M-Instruct (fp32, numpy)",
+            blas_threads=threads,
+            repeats=repeats,
+            prefix_tokens=prefix_tokens,
+            new_tokens=new_tokens,
+            prefill_prompt_tokens=prefill_tokens,
+            prefill_tokens_per_s=prefill_tokens_per_s(model, tokenizer, prefill_tokens, repeats),
+            decode_tokens_per_s_batch_1=decode_tokens_per_s(model, tokenizer, 1, decode_steps, repeats),
+            decode_tokens_per_s_batch_8=decode_tokens_per_s(model, tokenizer, 8, decode_steps, repeats),
+            ttft=ttft(model, tokenizer, prefix_tokens, new_tokens, repeats, directory),
+            sim_validation=check,
+        )
 
 
-def summary(r: dict[str, Any]) -> str:
+def summary(r: EngineBench) -> str:
     lines = [
-        f"engine bench: {r['model']}, {r['blas_threads']} BLAS thread(s), best of {r['repeats']}",
-        f"  prefill ({r['prefill_prompt_tokens']} tokens)   {r['prefill_tokens_per_s']:8.0f} tokens/s",
-        f"  decode batch 1 / 8     {r['decode_tokens_per_s_batch_1']:8.1f} / {r['decode_tokens_per_s_batch_8']:.1f} tokens/s",
-        f"  TTFT, {r['prefix_tokens']}-token cached prefix + {r['new_tokens']} new tokens:",
-        f"    recompute            {r['ttft_recompute_s']:8.3f} s",
+        f"engine bench: {r.model}, {r.blas_threads} BLAS thread(s), best of {r.repeats}",
+        f"  prefill ({r.prefill_prompt_tokens} tokens)   {r.prefill_tokens_per_s:8.0f} tokens/s",
+        f"  decode batch 1 / 8     {r.decode_tokens_per_s_batch_1:8.1f} / {r.decode_tokens_per_s_batch_8:.1f} tokens/s",
+        f"  TTFT, {r.prefix_tokens}-token cached prefix + {r.new_tokens} new tokens:",
+        f"    recompute            {r.ttft.recompute_s:8.3f} s",
     ]
     for tier in ("dram", "ssd", "remote"):
-        if r.get(f"ttft_{tier}_hit_s") is None:
-            lines.append(f"    {tier + ' hit':20s} n/a ({r.get('remote_skipped', 'not measured')})")
+        hit = r.ttft.hits.get(tier)
+        if hit is None:
+            lines.append(f"    {tier + ' hit':20s} n/a ({r.ttft.remote_skipped or 'not measured'})")
             continue
         lines.append(
-            f"    {tier + ' hit':20s} {r[f'ttft_{tier}_hit_s']:8.3f} s  "
-            f"{r[f'ttft_{tier}_hit_ratio']:.3f}x recompute ({r[f'ttft_{tier}_hit_speedup']:.1f}x faster; "
-            f"load {r[f'{tier}_load_s']:.3f} s)"
+            f"    {tier + ' hit':20s} {hit.ttft_hit_s:8.3f} s  "
+            f"{hit.ttft_hit_ratio:.3f}x recompute ({hit.ttft_hit_speedup:.1f}x faster; load {hit.load_s:.3f} s)"
         )
-    if "sim_validation" in r:
-        v = r["sim_validation"]
+    if r.sim_validation is not None:
+        v = r.sim_validation
         lines.append(
             f"  calibrated simulator vs engine ({v['requests']} chat turns, calibration {v['calibration']}):"
         )
         lines.append(
             f"    mean TTFT {v['engine_mean_ttft_s']:.3f} s engine, {v['sim_mean_ttft_s']:.3f} s sim: "
-            f"error {r['sim_ttft_error']:.3f} (target <= 0.10)"
+            f"error {v['sim_ttft_error']:.3f} (target <= 0.10)"
         )
         lines.append(
             f"    mean TPOT {v['engine_mean_tpot_s']:.4f} s engine, {v['sim_mean_tpot_s']:.4f} s sim: "
-            f"error {r['sim_tpot_error']:.3f} (target <= 0.10)"
+            f"error {v['sim_tpot_error']:.3f} (target <= 0.10)"
         )
         lines.append(
             f"    engine's own spread over {v['engine_runs']} runs (noise floor): TTFT "

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,12 @@ def engine_python(venv: Path) -> Path:
 
 
 def run_worker(
-    venv: Path, module: str, args: list[str], what: str, timeout_s: float, spec: dict[str, Any] | None = None
+    venv: Path,
+    module: str,
+    args: list[str],
+    what: str,
+    timeout_s: float,
+    spec: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
     """Runs ``python -m module *args`` in `venv` (its libiomp5 preloaded when it has one) and
     returns the worker's result. With `spec`, the spec goes in a temporary file whose path is

@@ -3,20 +3,45 @@ ids and BlockFirst objects, against one contiguous memcpy of the same bytes (mea
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvtier.bench.timing import best_seconds, gib_per_s, memcpy_seconds, touched
 from kvtier.errors import KvtierError
-from kvtier.geometry import Geometry
+from kvtier.geometry import Geometry, GeometryDict
 from kvtier.layout import Copier, kv_view
 from kvtier.progress import progress
+from kvtier.results import Result
+
+
+@dataclass(frozen=True)
+class LayoutBench(Result):
+    """What ``kvtier bench layout`` reports (GiB/s are best of ``repeats``)."""
+
+    geometry: GeometryDict
+    tokens: int
+    blocks: int
+    bytes: int
+    segments: int
+    threads: int
+    repeats: int
+    memcpy_gib_per_s: float
+    gather_gib_per_s: float
+    scatter_gib_per_s: float
+    gather_per_segment_gib_per_s: float
+    scatter_per_segment_gib_per_s: float
+    gather_ratio_to_memcpy: float
+    scatter_ratio_to_memcpy: float
+    speedup_vs_per_segment: float
+    gather_speedup_vs_per_segment: float
+    scatter_speedup_vs_per_segment: float
+    bench: str = "layout"
 
 
 def run(
     tokens: int = 8192, repeats: int = 5, threads: int = 0, seed: int = 0, show: bool = True
-) -> dict[str, Any]:
+) -> LayoutBench:
     geometry = Geometry.llama3_8b()
     num_req_blocks = tokens // geometry.block_tokens
     if num_req_blocks < 1:
@@ -50,26 +75,25 @@ def run(
     )
     for _ in steps:
         pass
-    return {
-        "bench": "layout",
-        "geometry": geometry.to_dict(),
-        "tokens": num_req_blocks * geometry.block_tokens,
-        "blocks": num_req_blocks,
-        "bytes": nbytes,
-        "segments": num_req_blocks * 2 * geometry.num_layers,
-        "threads": copier.threads,
-        "repeats": repeats,
-        "memcpy_gib_per_s": gib_per_s(nbytes, memcpy_s),
-        "gather_gib_per_s": gib_per_s(nbytes, gather_s),
-        "scatter_gib_per_s": gib_per_s(nbytes, scatter_s),
-        "gather_per_segment_gib_per_s": gib_per_s(nbytes, gather_naive_s),
-        "scatter_per_segment_gib_per_s": gib_per_s(nbytes, scatter_naive_s),
-        "gather_ratio_to_memcpy": memcpy_s / gather_s,
-        "scatter_ratio_to_memcpy": memcpy_s / scatter_s,
-        "speedup_vs_per_segment": (gather_naive_s + scatter_naive_s) / (gather_s + scatter_s),
-        "gather_speedup_vs_per_segment": gather_naive_s / gather_s,
-        "scatter_speedup_vs_per_segment": scatter_naive_s / scatter_s,
-    }
+    return LayoutBench(
+        geometry=geometry.to_dict(),
+        tokens=num_req_blocks * geometry.block_tokens,
+        blocks=num_req_blocks,
+        bytes=nbytes,
+        segments=num_req_blocks * 2 * geometry.num_layers,
+        threads=copier.threads,
+        repeats=repeats,
+        memcpy_gib_per_s=gib_per_s(nbytes, memcpy_s),
+        gather_gib_per_s=gib_per_s(nbytes, gather_s),
+        scatter_gib_per_s=gib_per_s(nbytes, scatter_s),
+        gather_per_segment_gib_per_s=gib_per_s(nbytes, gather_naive_s),
+        scatter_per_segment_gib_per_s=gib_per_s(nbytes, scatter_naive_s),
+        gather_ratio_to_memcpy=memcpy_s / gather_s,
+        scatter_ratio_to_memcpy=memcpy_s / scatter_s,
+        speedup_vs_per_segment=(gather_naive_s + scatter_naive_s) / (gather_s + scatter_s),
+        gather_speedup_vs_per_segment=gather_naive_s / gather_s,
+        scatter_speedup_vs_per_segment=scatter_naive_s / scatter_s,
+    )
 
 
 def _verify_gather(geometry: Geometry, pool: np.ndarray, block_ids: np.ndarray, objects: np.ndarray) -> None:
@@ -81,18 +105,18 @@ def _verify_gather(geometry: Geometry, pool: np.ndarray, block_ids: np.ndarray, 
             raise KvtierError(f"gather produced wrong bytes for object {i} (pool block {block_ids[i]})")
 
 
-def summary(r: dict[str, Any]) -> str:
+def summary(r: LayoutBench) -> str:
     return "\n".join(
         [
-            f"layout bench: {r['tokens']} tokens = {r['blocks']} blocks x {r['geometry']['num_layers']} layers "
-            f"({r['bytes'] / 2**30:.2f} GiB, {r['segments']} segments), {r['threads']} copy threads",
-            f"  memcpy (limit)        {r['memcpy_gib_per_s']:7.2f} GiB/s",
-            f"  gather                {r['gather_gib_per_s']:7.2f} GiB/s  ratio to memcpy "
-            f"{r['gather_ratio_to_memcpy']:.2f}",
-            f"  scatter               {r['scatter_gib_per_s']:7.2f} GiB/s  ratio to memcpy "
-            f"{r['scatter_ratio_to_memcpy']:.2f}",
-            f"  per-segment gather    {r['gather_per_segment_gib_per_s']:7.2f} GiB/s",
-            f"  per-segment scatter   {r['scatter_per_segment_gib_per_s']:7.2f} GiB/s",
-            f"  speedup vs per-segment {r['speedup_vs_per_segment']:.2f}x",
+            f"layout bench: {r.tokens} tokens = {r.blocks} blocks x {r.geometry['num_layers']} layers "
+            f"({r.bytes / 2**30:.2f} GiB, {r.segments} segments), {r.threads} copy threads",
+            f"  memcpy (limit)        {r.memcpy_gib_per_s:7.2f} GiB/s",
+            f"  gather                {r.gather_gib_per_s:7.2f} GiB/s  ratio to memcpy "
+            f"{r.gather_ratio_to_memcpy:.2f}",
+            f"  scatter               {r.scatter_gib_per_s:7.2f} GiB/s  ratio to memcpy "
+            f"{r.scatter_ratio_to_memcpy:.2f}",
+            f"  per-segment gather    {r.gather_per_segment_gib_per_s:7.2f} GiB/s",
+            f"  per-segment scatter   {r.scatter_per_segment_gib_per_s:7.2f} GiB/s",
+            f"  speedup vs per-segment {r.speedup_vs_per_segment:.2f}x",
         ]
     )

@@ -21,20 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step, stop
+from kvtier.bench.peers_protocol import Spec, WorkerResult
 from kvtier.bench.peers_ssd import filesystem_of
+from kvtier.bench.peers_table import NOT_MEASURED, PARTS, PartRound, PeersResult, Round, aggregate, summary
 from kvtier.errors import KvtierError
+from kvtier.results import field_of
 
 LMCACHE = "lmcache==0.5.6"
 TORCH = ("torch==2.13.0", "numpy<=2.2.6")  # PyPI's torch (a CUDA build) runs on the CPU
@@ -55,67 +56,6 @@ PEER_ENV = {
     "LMCACHE_LOG_LEVEL": "WARNING",
 }
 LOOKUP_TOKENS = 131072
-
-
-@dataclass(frozen=True)
-class Row:
-    key: str
-    label: str
-    part: str  # which worker run measures it
-    op: str  # the operation's name in both workers' results
-    peer: str
-    vs_memcpy: bool  # whether each side's share of memcpy is reported
-
-
-ROWS = (
-    Row("dram_store", "DRAM store (hash + put)", "dram", "store", "lmcache", True),
-    Row(
-        "dram_retrieve", "DRAM retrieve (hash + lease + load + release)", "dram", "retrieve", "lmcache", True
-    ),
-    Row("pool_store", "store from a paged pool (put_from_pool)", "dram", "pool_store", "lmcache", True),
-    Row(
-        "pool_retrieve",
-        "retrieve into a paged pool (load_into_pool)",
-        "dram",
-        "pool_retrieve",
-        "lmcache",
-        True,
-    ),
-    Row("lookup_list", "hash + lookup of 128K tokens, Python list", "lookup", "list", "lmcache", False),
-    Row("lookup_array", "hash + lookup of 128K tokens, int64 array", "lookup", "array", "lmcache", False),
-    Row("remote_put", "remote put, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "put", "mooncake", False),
-    Row("remote_get", "remote get, 32 x 4 MiB (Redis vs Mooncake TCP)", "remote", "get", "mooncake", False),
-    Row(
-        "ssd_put",
-        "SSD put, both in the page cache (write-through, direct_io=False vs LocalDiskBackend, writes done)",
-        "ssd",
-        "ssd_put",
-        "lmcache",
-        True,
-    ),
-    Row(
-        "ssd_direct_put",
-        "SSD put, kvtier on the device (O_DIRECT) vs LMCache in the page cache",
-        "ssd",
-        "ssd_direct_put",
-        "lmcache",
-        True,
-    ),
-    Row(
-        "ssd_durable_put",
-        "SSD durable put (fsync mode vs LocalDiskBackend + fsync of its files)",
-        "ssd",
-        "ssd_durable_put",
-        "lmcache",
-        True,
-    ),
-    Row("ssd_cold_get", "SSD cold get (page cache cold, DRAM empty)", "ssd", "ssd_cold_get", "lmcache", True),
-)
-PARTS = {"dram": "lmcache", "lookup": "lmcache", "remote": "mooncake", "ssd": "lmcache"}
-NOT_MEASURED = {
-    "lmcache_odirect": "LMCache's LocalDiskBackend with extra_config use_odirect=True (off by default) is "
-    "not measured: the ssd rows run its default, buffered file I/O (kvtier: buffered in ssd_put, O_DIRECT in the others)",
-}
 
 
 def rounds_arg(text: str) -> int:
@@ -225,8 +165,9 @@ def ensure_venv(venv: Path, show: bool = True) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- servers and workers
-def worker(python: Path | str, side: str, part: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """One worker process; its RESULT, or ``{"error": ...}`` with the end of its output."""
+def worker(python: Path | str, side: str, part: str, spec: Spec) -> WorkerResult:
+    """One worker process; its RESULT, or ``{"error": ...}`` with the end of its output (or with
+    the field its RESULT lacks or gives the wrong type)."""
     env = {**os.environ, **PEER_ENV} if side != "kvtier" else None
     cmd = [str(python), "-P", str(WORKER), side, part, json.dumps(spec)]
     try:
@@ -238,14 +179,35 @@ def worker(python: Path | str, side: str, part: str, spec: dict[str, Any]) -> di
         return {
             "error": f"{side} {part} worker exit {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}"
         }
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
+    try:
+        return parse_result(json.loads(lines[-1][len("RESULT ") :]), f"{side} {part} worker's RESULT")
+    except (KvtierError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def parse_result(data: object, where: str) -> WorkerResult:
+    """A worker's RESULT (untrusted JSON) as a :class:`WorkerResult`; a :class:`KvtierError` names
+    ``where`` and the missing or ill-typed field."""
+    if not isinstance(data, dict):
+        raise KvtierError(f"{where} is not a JSON object")
+    out: WorkerResult = {}
+    if "ops" in data:
+        ops = field_of(data, "ops", dict, where)
+        out["ops"] = {str(op): field_of(ops, op, float, f"{where}: ops") for op in ops}
+    if "memcpy_s" in data:
+        out["memcpy_s"] = field_of(data, "memcpy_s", float, where)
+    if "bytes" in data:
+        out["bytes"] = field_of(data, "bytes", int, where)
+    if "config" in data:
+        out["config"] = field_of(data, "config", str, where)
+    return out
 
 
 @contextmanager
-def _mooncake(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
+def _mooncake(venv: Path, workdir: Path) -> Iterator[Spec]:
     """``mooncake_master`` (with its HTTP metadata server) and a segment-holder process."""
     with mooncake_master(venv, workdir) as master:
-        spec = {**master, "segment_bytes": 2**29}
+        spec: Spec = {"metadata": master["metadata"], "master": master["master"], "segment_bytes": 2**29}
         holder_cmd = [str(venv / "bin" / "python"), "-P", str(WORKER), "mooncake", "holder", json.dumps(spec)]
         holder_log = workdir / "holder.log"
         with open(holder_log, "wb") as log:
@@ -272,11 +234,11 @@ def run(
     ssd_bytes: int = 2**29,
     ssd_dir: str | None = None,
     ssd_codec: str = "raw",
-) -> dict[str, Any]:
+) -> PeersResult:
     """Every row of ``parts``, ``rounds`` times, kvtier and the peer alternating; see the module docs."""
     stamp = ensure_venv(venv, show)
     python = venv / "bin" / "python"
-    base: dict[str, Any] = {
+    base: Spec = {
         "bytes": total_bytes,
         "lookup_tokens": LOOKUP_TOKENS,
         "lookup_repeats": 20,
@@ -287,49 +249,49 @@ def run(
     unavailable: dict[str, str] = {}
     if stamp.get("mooncake_unavailable"):
         unavailable["mooncake"] = str(stamp["mooncake_unavailable"])
-    per_round: list[dict[str, Any]] = []
+    per_round: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, _redis(tmp, parts) as redis:
         base["redis_url"] = redis.get("redis_url")
         base["redis_server"] = redis.get("redis_server")
         base["ssd_root"] = str(Path(ssd_dir or tmp).resolve())
         with _servers(venv, Path(tmp), unavailable, "remote" in parts) as mooncake:
-            base |= mooncake
+            base.update(mooncake)
             for r in range(rounds):
-                done: dict[str, Any] = {}
+                done: Round = {}
                 for part, peer in PARTS.items():
                     if part not in parts or peer in unavailable:
                         continue
                     _say(show, f"round {r + 1}/{rounds}: {part}")
-                    spec = {**base, "seed": r}
+                    spec = base.copy()
+                    spec["seed"] = r
                     sides: list[tuple[str, Path | str]] = [("kvtier", sys.executable), (peer, python)]
-                    out: dict[str, Any] = {}
+                    out: PartRound = {}
                     for side, interpreter in sides if r % 2 == 0 else sides[::-1]:
                         out[side] = worker(interpreter, side, part, spec)
                     out["load_avg_1m"] = os.getloadavg()[0]
                     done[part] = out
                 per_round.append(done)
         ssd_filesystem = filesystem_of(Path(base["ssd_root"]))
-    return {
-        "bench": "peers",
-        "bytes": total_bytes,
-        "rounds": rounds,
-        "parts": list(parts),
-        "copy_threads": threads,
-        "ssd_bytes": ssd_bytes,
-        "ssd_filesystem": ssd_filesystem,
-        "ssd_codec": ssd_codec,
-        "versions": stamp["versions"],
-        "redis_server": base["redis_server"],
-        "python": sys.version.split()[0],
-        "unavailable": unavailable,
-        "not_measured": NOT_MEASURED,
-        "rows": aggregate(per_round, unavailable, parts),
-        "per_round": per_round,
-    }
+    return PeersResult(
+        bytes=total_bytes,
+        rounds=rounds,
+        parts=list(parts),
+        copy_threads=threads,
+        ssd_bytes=ssd_bytes,
+        ssd_filesystem=ssd_filesystem,
+        ssd_codec=ssd_codec,
+        versions=stamp["versions"],
+        redis_server=base["redis_server"],
+        python=sys.version.split()[0],
+        unavailable=unavailable,
+        not_measured=NOT_MEASURED,
+        rows=aggregate(per_round, unavailable, parts),
+        per_round=per_round,
+    )
 
 
 @contextmanager
-def _redis(tmp: str, parts: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+def _redis(tmp: str, parts: tuple[str, ...]) -> Iterator[Spec]:
     """A loopback Redis for kvtier's remote row, when that part runs, set up for 4 MiB values as
     docs/remote.md recommends (jemalloc keeps freed reply buffers: ``LARGE_VALUE_MALLOC_CONF``);
     yields its URL and what ran (binary, version, ``MALLOC_CONF``), or ``{}``."""
@@ -345,9 +307,7 @@ def _redis(tmp: str, parts: tuple[str, ...]) -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
-def _servers(
-    venv: Path, workdir: Path, unavailable: dict[str, str], wanted: bool
-) -> Iterator[dict[str, Any]]:
+def _servers(venv: Path, workdir: Path, unavailable: dict[str, str], wanted: bool) -> Iterator[Spec]:
     """Mooncake's servers when it runs; when they fail, ``unavailable["mooncake"]`` says why."""
     if "mooncake" in unavailable or not wanted:
         yield {}
@@ -363,87 +323,3 @@ def _servers(
         yield spec
     finally:
         cm.__exit__(None, None, None)
-
-
-# ---------------------------------------------------------------- aggregation and the table
-def spread(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
-
-
-def aggregate(
-    per_round: list[dict[str, Any]], unavailable: dict[str, str], parts: tuple[str, ...] = tuple(PARTS)
-) -> list[dict[str, Any]]:
-    """Per row of ``parts``: each side ÷ memcpy and kvtier's speed ÷ the peer's, per round (both
-    from the same round's processes), with median and range; or why the row did not run."""
-    rows = []
-    for row in (row for row in ROWS if row.part in parts):
-        entry: dict[str, Any] = {"key": row.key, "label": row.label, "peer": row.peer}
-        errors = [
-            side["error"]
-            for parts in per_round
-            for side in (parts.get(row.part, {}).get("kvtier", {}), parts.get(row.part, {}).get(row.peer, {}))
-            if "error" in side
-        ]
-        measured = [p[row.part] for p in per_round if row.part in p]
-        if row.peer in unavailable or errors or not measured:
-            entry["not_run"] = unavailable.get(row.peer) or (errors[0] if errors else "no rounds ran")
-            rows.append(entry)
-            continue
-        kv = [m["kvtier"] for m in measured]
-        peer = [m[row.peer] for m in measured]
-        entry["kvtier_s"] = spread([k["ops"][row.op] for k in kv])
-        entry["peer_s"] = spread([p["ops"][row.op] for p in peer])
-        entry["speed_ratio"] = spread(
-            [p["ops"][row.op] / k["ops"][row.op] for k, p in zip(kv, peer, strict=True)]
-        )
-        if row.vs_memcpy:
-            entry["kvtier_vs_memcpy"] = spread([k["memcpy_s"] / k["ops"][row.op] for k in kv])
-            entry["peer_vs_memcpy"] = spread([p["memcpy_s"] / p["ops"][row.op] for p in peer])
-        entry["load_avg_1m"] = spread([m["load_avg_1m"] for m in measured])
-        rows.append(entry)
-    return rows
-
-
-def _cell(s: dict[str, Any] | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
-
-
-def summary(r: dict[str, Any]) -> str:
-    v = r["versions"]
-    parts = r.get("parts", list(PARTS))
-    lines = [
-        f"bench peers: {r['bytes'] / 2**30:.2f} GiB of Llama-3-8B bf16 KV per round (dram rows), {r['rounds']} rounds, "
-        f"kvtier and peer alternating; lmcache {v.get('lmcache')}, mooncake "
-        f"{v.get('mooncake-transfer-engine-non-cuda')}, torch {v.get('torch')}; parts {','.join(parts)}",
-        f"kvtier copy threads {r['copy_threads']} (0 = one per core); LMCache's numpy copies use one; "
-        "memcpy is one thread; median (min-max) over rounds; speed ratio above 1 = kvtier faster",
-    ]
-    if "ssd" in parts:
-        lines.append(
-            f"ssd rows: {r.get('ssd_bytes', 0) / 2**20:.0f} MiB of KV-like bf16 values per round on "
-            f"{r.get('ssd_filesystem')}; kvtier write-through, codec {r.get('ssd_codec', 'raw')}, put into the "
-            "page cache (direct_io=False), O_DIRECT put, fsync put, O_DIRECT cold get; LMCache "
-            "LocalDiskBackend, buffered, timed until its writes are done"
-        )
-    if r.get("redis_server"):
-        rs = r["redis_server"]
-        lines.append(f"remote rows: {rs['version'].split(' sha=')[0]}, MALLOC_CONF={rs['malloc_conf']}")
-    lines += [
-        "",
-        "| work | kvtier ÷ memcpy | peer ÷ memcpy | kvtier speed ÷ peer | peer | load avg 1m |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in r["rows"]:
-        if "not_run" in row:
-            why = row["not_run"].strip().splitlines()[0][:160]
-            lines.append(f"| {row['label']} | - | - | not run: {why} | {row['peer']} | - |")
-            continue
-        lines.append(
-            f"| {row['label']} | {_cell(row.get('kvtier_vs_memcpy'))} | {_cell(row.get('peer_vs_memcpy'))} "
-            f"| **{_cell(row['speed_ratio'])}** | {row['peer']} | {_cell(row['load_avg_1m'])} |"
-        )
-    for name, why in {**r["not_measured"], **r["unavailable"]}.items():
-        lines.append(f"{name}: {why.strip().splitlines()[0][:200]}")
-    return "\n".join(lines)

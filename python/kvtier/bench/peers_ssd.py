@@ -37,10 +37,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # the peers' environment has no kvtier: types only
+    from kvtier.bench.peers_protocol import Spec, WorkerResult
 
 PAGE_BYTES = 4096
 WARM_BLOCKS = 16  # kvtier's warm-up put: one LMCache chunk's worth
@@ -202,9 +205,7 @@ KVTIER_PUTS = (
 )
 
 
-def _kvtier_store(
-    spec: dict[str, Any], directory: Path, durability: str, nbytes: int, direct: bool = True
-) -> Any:
+def _kvtier_store(spec: Spec, directory: Path, durability: str, nbytes: int, direct: bool = True) -> Any:
     from kvtier.config import DramConfig, SsdConfig, StoreConfig
     from kvtier.geometry import Geometry
     from kvtier.store import Store
@@ -230,7 +231,7 @@ def _kvtier_store(
 
 
 def _kvtier_put(
-    spec: dict[str, Any],
+    spec: Spec,
     directory: Path,
     mode: tuple[str, bool],
     objs: Array,
@@ -257,7 +258,7 @@ def _kvtier_put(
     return seconds, [bool(d["direct_io"]) for d in metrics["devices"]]
 
 
-def kvtier_ssd(spec: dict[str, Any], objs: Array, tokens_of: TokensOf, worker: Path) -> dict[str, Any]:
+def kvtier_ssd(spec: Spec, objs: Array, tokens_of: TokensOf, worker: Path) -> WorkerResult:
     """Both puts here (one store per durability, each its own directory), the cold get in a fresh
     process (``kvtier_ssd_cold_get``) over the ``ssd_put`` directory once this one closed it."""
     from kvtier import _core
@@ -276,7 +277,8 @@ def kvtier_ssd(spec: dict[str, Any], objs: Array, tokens_of: TokensOf, worker: P
             )
             gc.collect()
         resident = drop_from_page_cache(files_under(root / "ssd_put"))  # fsync, then out of the page cache
-        child = {**spec, "ssd_directory": str(root / "ssd_put")}
+        child = spec.copy()
+        child["ssd_directory"] = str(root / "ssd_put")
         cmd = [sys.executable, "-P", str(worker), "kvtier", "ssd_cold_get", json.dumps(child)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -293,7 +295,7 @@ def kvtier_ssd(spec: dict[str, Any], objs: Array, tokens_of: TokensOf, worker: P
     return {"memcpy_s": memcpy_s, "bytes": objs.nbytes, "ops": ops, "config": config}
 
 
-def _stored_bytes(spec: dict[str, Any], objs: Array) -> int:
+def _stored_bytes(spec: Spec, objs: Array) -> int:
     """Bytes kvtier's SSD objects of ``objs`` hold: the objects themselves, or through the
     ``lossless`` codec (zstd, its default level) their encodings, computed here the same way."""
     if spec.get("ssd_codec", "raw") == "raw":
@@ -303,7 +305,7 @@ def _stored_bytes(spec: dict[str, Any], objs: Array) -> int:
     return sum(len(codec.encode(o, "lossless", backend="zstd")) for o in objs)
 
 
-def kvtier_ssd_cold_get(spec: dict[str, Any], objs: Array, tokens_of: TokensOf) -> dict[str, Any]:
+def kvtier_ssd_cold_get(spec: Spec, objs: Array, tokens_of: TokensOf) -> WorkerResult:
     """A fresh store over the ``ssd_put`` directory: DRAM empty, so every block is read from SSD."""
     from kvtier.errors import KvtierError
 
@@ -365,7 +367,7 @@ def _wait_for_disk(disk: Any, chunks: int) -> None:
         time.sleep(0.001)
 
 
-def lmcache_ssd(objs: Array, tokens_of: TokensOf, engine: Any, chunk_tokens: int) -> dict[str, Any]:
+def lmcache_ssd(objs: Array, tokens_of: TokensOf, engine: Any, chunk_tokens: int) -> WorkerResult:
     """``engine``: a fresh LMCacheEngine (one per round: its ``LocalDiskBackend.remove`` never
     lowers ``current_cache_size``) with a CPU backend and a ``LocalDiskBackend`` in an empty
     directory, both with room for the warm-up and both puts."""

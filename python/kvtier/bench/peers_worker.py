@@ -25,10 +25,13 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # the peers' environment has no kvtier: types only
+    from kvtier.bench.peers_protocol import Spec, WorkerResult
 
 LAYERS, HEADS, HEAD_DIM, DTYPE_BYTES = 32, 8, 128, 2  # Llama-3-8B KV, bf16
 BLOCK_TOKENS = 16  # kvtier objects
@@ -42,7 +45,7 @@ T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- shared by both sides (numpy)
-def objects(spec: dict[str, Any]) -> Array:
+def objects(spec: Spec) -> Array:
     """The round's bytes as ``(n, BLOCK_BYTES)`` uint8 (kvtier's BlockFirst objects: per block,
     layer 0's K and V, then layer 1's ...); the same in every process of a round."""
     n = int(spec["bytes"]) // BLOCK_BYTES
@@ -51,13 +54,13 @@ def objects(spec: dict[str, Any]) -> Array:
     return rng.integers(0, 256, (n, BLOCK_BYTES), dtype=np.uint8)
 
 
-def remote_objects(spec: dict[str, Any]) -> Array:
+def remote_objects(spec: Spec) -> Array:
     """The round's ``REMOTE_OBJECTS`` objects of ``REMOTE_OBJECT_BYTES`` for the remote rows."""
     rng = np.random.default_rng(1000 + int(spec["seed"]))
     return rng.integers(0, 256, (REMOTE_OBJECTS, REMOTE_OBJECT_BYTES), dtype=np.uint8)
 
 
-def tokens(spec: dict[str, Any], phase: int, count: int) -> list[int]:
+def tokens(spec: Spec, phase: int, count: int) -> list[int]:
     """Distinct token ids per round and phase (so no phase hits what an earlier one stored)."""
     base = (int(spec["seed"]) * 8 + phase) * 1_000_000
     return list(range(base, base + count))
@@ -86,7 +89,7 @@ def pool_holds(pool: Array, objs: Array, ids: Array) -> bool:
 
 def dram_result(
     memcpy_s: float, nbytes: int, times: tuple[float, float, float, float], config: str
-) -> dict[str, Any]:
+) -> WorkerResult:
     """One side's DRAM figures, in the shape both sides report: seconds of store, retrieve, pool
     store and pool retrieve beside the memcpy of the same bytes in the same process."""
     ops = dict(zip(("store", "retrieve", "pool_store", "pool_retrieve"), times, strict=True))
@@ -109,7 +112,7 @@ def best(fn: Callable[[], object], repeats: int) -> float:
 
 
 # ---------------------------------------------------------------- kvtier (kvtier's environment)
-def kvtier_dram(spec: dict[str, Any]) -> dict[str, Any]:
+def kvtier_dram(spec: Spec) -> WorkerResult:
     from kvtier import _core
     from kvtier.config import DramConfig, StoreConfig
     from kvtier.geometry import Geometry
@@ -170,7 +173,7 @@ def kvtier_dram(spec: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def kvtier_lookup(spec: dict[str, Any]) -> dict[str, Any]:
+def kvtier_lookup(spec: Spec) -> WorkerResult:
     """Hash + lookup of the prompt, all blocks present; the small geometry of ``kvtier bench
     store``'s lookup (lookup cost does not depend on block size)."""
     from kvtier.config import DramConfig, StoreConfig
@@ -201,7 +204,7 @@ def kvtier_lookup(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ops": ops, "config": f"{n} blocks of {BLOCK_TOKENS} tokens"}
 
 
-def kvtier_remote(spec: dict[str, Any]) -> dict[str, Any]:
+def kvtier_remote(spec: Spec) -> WorkerResult:
     """kvtier's remote tier (verified objects on a loopback Redis), as ``kvtier bench remote``."""
     from kvtier.bench.remote import _Round
     from kvtier.remote import RemotePool
@@ -291,7 +294,7 @@ def _lmcache_engine(name: str, kv_shape: tuple[int, ...], cpu_gib: float, **conf
     return engine
 
 
-def lmcache_dram(spec: dict[str, Any]) -> dict[str, Any]:
+def lmcache_dram(spec: Spec) -> WorkerResult:
     objs = objects(spec)
     n = len(objs)
     ntok = n * BLOCK_TOKENS
@@ -331,7 +334,7 @@ def lmcache_dram(spec: dict[str, Any]) -> dict[str, Any]:
     return dram_result(memcpy_s, objs.nbytes, times, config)
 
 
-def lmcache_lookup(spec: dict[str, Any]) -> dict[str, Any]:
+def lmcache_lookup(spec: Spec) -> WorkerResult:
     import torch  # type: ignore[import-not-found, unused-ignore]
 
     count = int(spec["lookup_tokens"])
@@ -359,7 +362,7 @@ def _peers_ssd() -> Any:
     return module
 
 
-def _ssd_objects(spec: dict[str, Any]) -> tuple[Array, Callable[[int], list[int]]]:
+def _ssd_objects(spec: Spec) -> tuple[Array, Callable[[int], list[int]]]:
     """The SSD rows' objects: KV-like bf16 values (``peers_ssd.kv_objects``), not random bytes."""
     per_chunk = CHUNK_TOKENS // BLOCK_TOKENS
     count = int(spec["ssd_bytes"]) // BLOCK_BYTES // per_chunk * per_chunk  # whole LMCache chunks
@@ -367,17 +370,19 @@ def _ssd_objects(spec: dict[str, Any]) -> tuple[Array, Callable[[int], list[int]
     return objs, lambda phase: tokens(spec, phase, len(objs) * BLOCK_TOKENS)
 
 
-def kvtier_ssd(spec: dict[str, Any]) -> dict[str, Any]:
+def kvtier_ssd(spec: Spec) -> WorkerResult:
     objs, tokens_of = _ssd_objects(spec)
-    return dict(_peers_ssd().kvtier_ssd(spec, objs, tokens_of, os.path.abspath(__file__)))
+    result: WorkerResult = _peers_ssd().kvtier_ssd(spec, objs, tokens_of, os.path.abspath(__file__))
+    return result
 
 
-def kvtier_ssd_cold_get(spec: dict[str, Any]) -> dict[str, Any]:
+def kvtier_ssd_cold_get(spec: Spec) -> WorkerResult:
     objs, tokens_of = _ssd_objects(spec)
-    return dict(_peers_ssd().kvtier_ssd_cold_get(spec, objs, tokens_of))
+    result: WorkerResult = _peers_ssd().kvtier_ssd_cold_get(spec, objs, tokens_of)
+    return result
 
 
-def lmcache_ssd(spec: dict[str, Any]) -> dict[str, Any]:
+def lmcache_ssd(spec: Spec) -> WorkerResult:
     import shutil
     import tempfile
 
@@ -389,13 +394,14 @@ def lmcache_ssd(spec: dict[str, Any]) -> dict[str, Any]:
             f"bench-peers-ssd-{spec['seed']}", (LAYERS, 2, CHUNK_TOKENS, HEADS, HEAD_DIM), 2.3 * gib,
             local_disk=disk, max_local_disk_size=2.3 * gib,
         )  # fmt: skip
-        return dict(_peers_ssd().lmcache_ssd(objs, tokens_of, engine, CHUNK_TOKENS))
+        result: WorkerResult = _peers_ssd().lmcache_ssd(objs, tokens_of, engine, CHUNK_TOKENS)
+        return result
     finally:
         shutil.rmtree(disk, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- Mooncake Store over TCP
-def _mooncake(spec: dict[str, Any], segment_bytes: int) -> Any:
+def _mooncake(spec: Spec, segment_bytes: int) -> Any:
     from mooncake.store import MooncakeDistributedStore  # type: ignore[import-not-found, unused-ignore]
 
     store = MooncakeDistributedStore()
@@ -405,7 +411,7 @@ def _mooncake(spec: dict[str, Any], segment_bytes: int) -> Any:
     return store
 
 
-def mooncake_holder(spec: dict[str, Any]) -> dict[str, Any]:
+def mooncake_holder(spec: Spec) -> WorkerResult:
     """The segment holder: mounts ``segment_bytes`` of memory for the store and waits."""
     store = _mooncake(spec, int(spec["segment_bytes"]))
     print("READY", flush=True)
@@ -414,7 +420,7 @@ def mooncake_holder(spec: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def mooncake_remote(spec: dict[str, Any]) -> dict[str, Any]:
+def mooncake_remote(spec: Spec) -> WorkerResult:
     store = _mooncake(spec, 0)
     objs = remote_objects(spec)
     out = np.zeros_like(objs)
@@ -458,7 +464,7 @@ def mooncake_remote(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ops": {"put": put_s, "get": get_s}, "bytes": objs.nbytes}
 
 
-WORKERS: dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]] = {
+WORKERS: dict[tuple[str, str], Callable[[Spec], WorkerResult]] = {
     ("kvtier", "dram"): kvtier_dram,
     ("kvtier", "lookup"): kvtier_lookup,
     ("kvtier", "remote"): kvtier_remote,

@@ -19,20 +19,59 @@ from __future__ import annotations
 import functools
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 import kvtier
+from kvtier.config import DramConfig, RemoteConfig
 from kvtier.errors import KvtierError
 from kvtier.remote import RemotePool, check_url
+from kvtier.results import OMIT, Result
 from kvtier.testing.redis import LocalCluster, LocalRedis
 
 NS = bytes(range(16))
 OBJECT_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class RemoteFigures(Result):
+    """One setup's figures (a single server or a cluster): GiB/s and ratios are best of the
+    repeats, ``*_median_of_rounds`` the median of each round's paired ratio."""
+
+    get_ratio_to_raw_redis_median_of_rounds: float
+    set_ratio_to_raw_redis_median_of_rounds: float
+    get_ratio_to_raw_redis: float
+    set_ratio_to_raw_redis: float
+    kvtier_get_gib_per_s: float
+    kvtier_set_gib_per_s: float
+    raw_get_gib_per_s: float
+    raw_set_gib_per_s: float
+    lookup_512_keys_ms: float
+    get_p50_s: float
+    get_p99_s: float
+    errors: int
+    masters: int | None = field(default=None, metadata=OMIT)  # a cluster's
+
+
+@dataclass(frozen=True)
+class RemoteBench(Result):
+    """What ``kvtier bench remote`` reports; the top-level ratios and lookup are the single server's."""
+
+    object_bytes: int
+    objects: int
+    batch: int
+    repeats: int
+    server: str
+    single: RemoteFigures
+    get_ratio_to_raw_redis: float
+    set_ratio_to_raw_redis: float
+    lookup_512_keys_ms: float
+    cluster: RemoteFigures | None = field(default=None, metadata=OMIT)
 
 
 def _keys(first: int, n: int) -> bytes:
@@ -94,7 +133,10 @@ class _Round:
         self.pool.remove(b"".join(self.keys))
 
 
-def _transfer(pool: RemotePool, objects: npt.NDArray[np.uint8], batch: int, repeats: int) -> dict[str, float]:
+def _transfer(
+    pool: RemotePool, objects: npt.NDArray[np.uint8], batch: int, repeats: int, lookup: Callable[[], float]
+) -> RemoteFigures:
+    """Times the rounds, then ``lookup`` (ms), and reads the pool's metrics."""
     n, size = objects.shape
     out = np.zeros_like(objects)
     raw_out = np.zeros_like(objects)
@@ -122,31 +164,37 @@ def _transfer(pool: RemotePool, objects: npt.NDArray[np.uint8], batch: int, repe
         k: float(np.median([raw / ours for raw, ours in zip(times[r], times[o], strict=True)]))
         for k, r, o in (("get", "raw_get", "get"), ("set", "raw_set", "put"))
     }
-    return {
-        "get_ratio_to_raw_redis_median_of_rounds": paired["get"],
-        "set_ratio_to_raw_redis_median_of_rounds": paired["set"],
-        "get_ratio_to_raw_redis": best["raw_get"] / best["get"],
-        "set_ratio_to_raw_redis": best["raw_set"] / best["put"],
-        "kvtier_get_gib_per_s": gib / best["get"],
-        "kvtier_set_gib_per_s": gib / best["put"],
-        "raw_get_gib_per_s": gib / best["raw_get"],
-        "raw_set_gib_per_s": gib / best["raw_set"],
-    }
+    lookup_512_keys_ms = lookup()
+    m = pool.metrics()
+    return RemoteFigures(
+        get_ratio_to_raw_redis_median_of_rounds=paired["get"],
+        set_ratio_to_raw_redis_median_of_rounds=paired["set"],
+        get_ratio_to_raw_redis=best["raw_get"] / best["get"],
+        set_ratio_to_raw_redis=best["raw_set"] / best["put"],
+        kvtier_get_gib_per_s=gib / best["get"],
+        kvtier_set_gib_per_s=gib / best["put"],
+        raw_get_gib_per_s=gib / best["raw_get"],
+        raw_set_gib_per_s=gib / best["raw_set"],
+        lookup_512_keys_ms=lookup_512_keys_ms,
+        get_p50_s=m["get"]["latency_p50_s"],
+        get_p99_s=m["get"]["latency_p99_s"],
+        errors=sum(op["errors"] for op in (m["exists"], m["get"], m["set"], m["del"])),
+    )
 
 
 def _lookup_ms(urls: list[str], cluster: bool, blocks: int, repeats: int) -> float:
     """Best ``Store.lookup`` time of a ``blocks``-block prefix held only by the remote tier."""
     geometry = kvtier.Geometry(2, 2, 8, "fp16", 4)
-    fields: dict[str, Any] = {
-        "geometry": geometry,
-        "model_id": "bench-lookup",
-        "dram": {"capacity_bytes": "16MiB"},
-        "remote": {"urls": tuple(urls), "cluster": cluster, "key_prefix": "kvtier-bench:"},
-    }
-    writer = kvtier.Store(kvtier.StoreConfig(**fields))
+    config = kvtier.StoreConfig(
+        geometry=geometry,
+        model_id="bench-lookup",
+        dram=DramConfig(capacity_bytes=16 * 2**20),
+        remote=RemoteConfig(urls=tuple(urls), cluster=cluster, key_prefix="kvtier-bench:"),
+    )
+    writer = kvtier.Store(config)
     keys = writer.namespace.block_keys(np.arange(blocks * 4, dtype=np.uint32))
     writer.put(keys, np.zeros((blocks, geometry.block_bytes), dtype=np.uint8))
-    reader = kvtier.Store(kvtier.StoreConfig(**fields))
+    reader = kvtier.Store(config)
     best = np.inf
     for _ in range(repeats):
         start = time.perf_counter()
@@ -160,15 +208,9 @@ def _lookup_ms(urls: list[str], cluster: bool, blocks: int, repeats: int) -> flo
 
 def _measure(
     urls: list[str], cluster: bool, objects: npt.NDArray[np.uint8], batch: int, repeats: int
-) -> dict[str, Any]:
+) -> RemoteFigures:
     pool = RemotePool(_options(urls, cluster), NS)
-    result: dict[str, Any] = _transfer(pool, objects, batch, repeats)
-    result["lookup_512_keys_ms"] = _lookup_ms(urls, cluster, 512, max(repeats, 5))
-    m = pool.metrics()
-    result["get_p50_s"] = m["get"]["latency_p50_s"]
-    result["get_p99_s"] = m["get"]["latency_p99_s"]
-    result["errors"] = sum(m[op]["errors"] for op in ("exists", "get", "set", "del"))
-    return result
+    return _transfer(pool, objects, batch, repeats, lambda: _lookup_ms(urls, cluster, 512, max(repeats, 5)))
 
 
 @contextmanager
@@ -197,7 +239,7 @@ def run(
     objects: int = 32,
     batch: int = 16,
     repeats: int = 7,
-) -> dict[str, Any]:
+) -> RemoteBench:
     """All figures in one run; see the module docs."""
     if objects < 1 or batch < 1 or repeats < 1 or object_bytes < 1:
         raise KvtierError("objects, batch, repeats and object_bytes must be positive")
@@ -207,38 +249,37 @@ def run(
     for u in cluster_urls or ():
         check_url(u, "cluster_urls")
     data = np.random.default_rng(1).integers(0, 256, (objects, object_bytes), dtype=np.uint8)
-    result: dict[str, Any] = {
-        "object_bytes": object_bytes,
-        "objects": objects,
-        "batch": batch,
-        "repeats": repeats,
-    }
     with _single(url) as (server_url, server):
-        result["server"] = server
-        result["single"] = _measure([server_url], False, data, batch, repeats)
+        single = _measure([server_url], False, data, batch, repeats)
+    in_cluster = None
     if cluster:
         with _cluster(cluster_urls) as urls:
-            result["cluster"] = _measure(urls, True, data, batch, repeats)
-            result["cluster"]["masters"] = len(urls) if cluster_urls else 3
-    single = result["single"]
-    for k in ("get_ratio_to_raw_redis", "set_ratio_to_raw_redis", "lookup_512_keys_ms"):
-        result[k] = single[k]
-    return result
+            in_cluster = _measure(urls, True, data, batch, repeats)
+            in_cluster = replace(in_cluster, masters=len(urls) if cluster_urls else 3)
+    return RemoteBench(
+        object_bytes=object_bytes,
+        objects=objects,
+        batch=batch,
+        repeats=repeats,
+        server=server,
+        single=single,
+        get_ratio_to_raw_redis=single.get_ratio_to_raw_redis,
+        set_ratio_to_raw_redis=single.set_ratio_to_raw_redis,
+        lookup_512_keys_ms=single.lookup_512_keys_ms,
+        cluster=in_cluster,
+    )
 
 
-def summary(r: dict[str, Any]) -> str:
-    mib = r["object_bytes"] / 2**20
-    lines = [
-        f"remote tier vs raw Redis client, {r['objects']} x {mib:g} MiB objects, batches of {r['batch']}"
-    ]
-    for name in ("single", "cluster"):
-        if name not in r:
+def summary(r: RemoteBench) -> str:
+    mib = r.object_bytes / 2**20
+    lines = [f"remote tier vs raw Redis client, {r.objects} x {mib:g} MiB objects, batches of {r.batch}"]
+    for name, s in (("single", r.single), ("cluster", r.cluster)):
+        if s is None:
             continue
-        s = r[name]
         lines += [
-            f"  {name}: get {s['kvtier_get_gib_per_s']:.2f} GiB/s vs raw {s['raw_get_gib_per_s']:.2f} "
-            f"(ratio {s['get_ratio_to_raw_redis']:.2f}); set {s['kvtier_set_gib_per_s']:.2f} vs raw "
-            f"{s['raw_set_gib_per_s']:.2f} (ratio {s['set_ratio_to_raw_redis']:.2f}); "
-            f"lookup of 512 blocks {s['lookup_512_keys_ms']:.2f} ms",
+            f"  {name}: get {s.kvtier_get_gib_per_s:.2f} GiB/s vs raw {s.raw_get_gib_per_s:.2f} "
+            f"(ratio {s.get_ratio_to_raw_redis:.2f}); set {s.kvtier_set_gib_per_s:.2f} vs raw "
+            f"{s.raw_set_gib_per_s:.2f} (ratio {s.set_ratio_to_raw_redis:.2f}); "
+            f"lookup of 512 blocks {s.lookup_512_keys_ms:.2f} ms",
         ]
     return "\n".join(lines)

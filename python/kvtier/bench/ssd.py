@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy.typing as npt
 from kvtier import _core
 from kvtier.errors import KvtierError
 from kvtier.progress import progress
+from kvtier.results import OMIT, Result
 
 NS = bytes(range(16))
 OBJECT_HEADER_BYTES = 64
@@ -44,6 +46,107 @@ def _extent(object_bytes: int) -> int:
 
 def _keys(first: int, n: int) -> bytes:
     return b"".join((first + i).to_bytes(16, "little") for i in range(n))
+
+
+@dataclass(frozen=True)
+class RawVsPool(Result):
+    """The pool against a raw O_DIRECT loop over the same bytes (2 MiB objects); the ``*_depth``
+    figures run the raw loop at the pool's depth (absent with the ``pread`` engine)."""
+
+    large_objects: int
+    large_bytes: int
+    raw_read_gib_per_s: float
+    raw_write_gib_per_s: float
+    pool_read_gib_per_s: float
+    pool_write_gib_per_s: float
+    read_ratio_to_raw_device: float
+    write_ratio_to_raw_device: float
+    engine: str
+    direct_io: bool
+    read_p50_s: float
+    read_p99_s: float
+    raw_read_depth_gib_per_s: float | None = field(default=None, metadata=OMIT)
+    raw_write_depth_gib_per_s: float | None = field(default=None, metadata=OMIT)
+    read_ratio_to_raw_device_same_depth: float | None = field(default=None, metadata=OMIT)
+    write_ratio_to_raw_device_same_depth: float | None = field(default=None, metadata=OMIT)
+
+
+@dataclass(frozen=True)
+class VsFiles(Result):
+    """The pool against one file per object, at one object size."""
+
+    speedup: float
+    write_speedup: float
+    files_read_mib_per_s: float
+    files_write_mib_per_s: float
+    pool_read_mib_per_s: float
+    pool_write_mib_per_s: float
+
+
+@dataclass(frozen=True)
+class Striping(Result):
+    """Two throttled devices (3:1) read at once, bandwidth-weighted against round-robin placement."""
+
+    striping_throttle_bytes_per_s: list[float]
+    striping_alone_bytes_per_s: list[float]
+    striping_aggregate_bytes_per_s: float
+    striping_ratio_to_sum: float
+    speedup_vs_round_robin: float
+    striping_bandwidth_source: str
+    striping_probed_bytes_per_s: list[float]
+    striping_objects_per_device: list[int]
+
+
+@dataclass(frozen=True)
+class Recovery(Result):
+    recovery_objects: int
+    recovery_s: float
+    recovery_s_per_million_objects: float
+    open_s_per_million_objects: float
+
+
+@dataclass(frozen=True)
+class SsdBench(Result):
+    """What ``kvtier bench ssd`` reports: one flat JSON object (its parts' keys side by side, the
+    file-per-object figures prefixed ``small_``/``large_``), as it always has."""
+
+    directory: str
+    io_depth: int
+    load_average_1m_start: float
+    raw: RawVsPool
+    small: VsFiles
+    large: VsFiles
+    small_objects: int
+    large_file_objects: int
+    striping: Striping
+    recovery: Recovery
+    load_average_1m_end: float
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "bench": "ssd",
+            "directory": self.directory,
+            "io_depth": self.io_depth,
+            "load_average_1m_start": self.load_average_1m_start,
+            **self.raw.as_dict(),
+        }
+        for name, r in (("small", self.small), ("large", self.large)):
+            out[f"speedup_vs_file_per_object_{name}"] = r.speedup
+            out[f"write_speedup_vs_file_per_object_{name}"] = r.write_speedup
+            for k in (
+                "files_read_mib_per_s",
+                "files_write_mib_per_s",
+                "pool_read_mib_per_s",
+                "pool_write_mib_per_s",
+            ):
+                out[f"{name}_{k}"] = getattr(r, k)
+        out["small_objects"], out["large_file_objects"] = self.small_objects, self.large_file_objects
+        return {
+            **out,
+            **self.striping.as_dict(),
+            **self.recovery.as_dict(),
+            "load_average_1m_end": self.load_average_1m_end,
+        }
 
 
 class _Pool:
@@ -102,7 +205,7 @@ def _objects(n: int, size: int, seed: int) -> npt.NDArray[np.uint8]:
     return arr
 
 
-def _raw_vs_pool(root: Path, total: int, repeats: int, depth: int, engine: str) -> dict[str, Any]:
+def _raw_vs_pool(root: Path, total: int, repeats: int, depth: int, engine: str) -> RawVsPool:
     n = max(1, total // LARGE)
     total = n * LARGE
     objects = _objects(n, LARGE, 1)
@@ -145,29 +248,28 @@ def _raw_vs_pool(root: Path, total: int, repeats: int, depth: int, engine: str) 
         metrics = pool.metrics()
         direct = all(d["direct_io"] for d in metrics["devices"])
     gib = total / 2**30
-    result = {
-        "large_objects": n,
-        "large_bytes": total,
-        "raw_read_gib_per_s": gib / best["raw_r"],
-        "raw_write_gib_per_s": gib / best["raw_w"],
-        "pool_read_gib_per_s": gib / best["get"],
-        "pool_write_gib_per_s": gib / best["put"],
-        "read_ratio_to_raw_device": best["raw_r"] / best["get"],
-        "write_ratio_to_raw_device": best["raw_w"] / best["put"],
-        "engine": metrics["engine"],
-        "direct_io": direct,
-        "read_p50_s": metrics["devices"][0]["read_p50_s"],
-        "read_p99_s": metrics["devices"][0]["read_p99_s"],
-    }
-    if engine != "pread":
-        result["raw_read_depth_gib_per_s"] = gib / best["raw_r_d"]
-        result["raw_write_depth_gib_per_s"] = gib / best["raw_w_d"]
-        result["read_ratio_to_raw_device_same_depth"] = best["raw_r_d"] / best["get"]
-        result["write_ratio_to_raw_device_same_depth"] = best["raw_w_d"] / best["put"]
-    return result
+    depth_run = engine != "pread"
+    return RawVsPool(
+        large_objects=n,
+        large_bytes=total,
+        raw_read_gib_per_s=gib / best["raw_r"],
+        raw_write_gib_per_s=gib / best["raw_w"],
+        pool_read_gib_per_s=gib / best["get"],
+        pool_write_gib_per_s=gib / best["put"],
+        read_ratio_to_raw_device=best["raw_r"] / best["get"],
+        write_ratio_to_raw_device=best["raw_w"] / best["put"],
+        engine=metrics["engine"],
+        direct_io=direct,
+        read_p50_s=metrics["devices"][0]["read_p50_s"],
+        read_p99_s=metrics["devices"][0]["read_p99_s"],
+        raw_read_depth_gib_per_s=gib / best["raw_r_d"] if depth_run else None,
+        raw_write_depth_gib_per_s=gib / best["raw_w_d"] if depth_run else None,
+        read_ratio_to_raw_device_same_depth=best["raw_r_d"] / best["get"] if depth_run else None,
+        write_ratio_to_raw_device_same_depth=best["raw_w_d"] / best["put"] if depth_run else None,
+    )
 
 
-def _vs_files(root: Path, size: int, count: int, repeats: int, depth: int, engine: str) -> dict[str, float]:
+def _vs_files(root: Path, size: int, count: int, repeats: int, depth: int, engine: str) -> VsFiles:
     objects = _objects(count, size, 2)
     out = _aligned(*objects.shape)
     files = root / f"files-{size}"
@@ -187,19 +289,19 @@ def _vs_files(root: Path, size: int, count: int, repeats: int, depth: int, engin
     if not np.array_equal(one, objects[0]) or not np.array_equal(out[-1], objects[-1]):
         raise KvtierError("bench file-per-object comparison read wrong bytes")
     mib = count * size / 2**20
-    return {
-        "speedup": best["fr"] / best["pr"],
-        "write_speedup": best["fw"] / best["pw"],
-        "files_read_mib_per_s": mib / best["fr"],
-        "files_write_mib_per_s": mib / best["fw"],
-        "pool_read_mib_per_s": mib / best["pr"],
-        "pool_write_mib_per_s": mib / best["pw"],
-    }
+    return VsFiles(
+        speedup=best["fr"] / best["pr"],
+        write_speedup=best["fw"] / best["pw"],
+        files_read_mib_per_s=mib / best["fr"],
+        files_write_mib_per_s=mib / best["fw"],
+        pool_read_mib_per_s=mib / best["pr"],
+        pool_write_mib_per_s=mib / best["pw"],
+    )
 
 
 def _striping(
     root: Path, raw_read_bytes_per_s: float, count: int, repeats: int, depth: int, engine: str
-) -> dict[str, Any]:
+) -> Striping:
     # Both devices are files on this one disk: throttle them to rates whose sum the disk can
     # serve, so each behaves as an independent device (a fast one and one a third as fast).
     fast = 0.3 * raw_read_bytes_per_s
@@ -209,7 +311,7 @@ def _striping(
     capacity = 2 * _extent(LARGE) * count + 2**20
     common = {"io_depth": depth, "io_engine": engine}
 
-    def measure(name: str, throttles: list[float], **options: Any) -> tuple[float, dict[str, Any]]:
+    def measure(name: str, throttles: list[float], **options: Any) -> tuple[float, _core.SsdMetrics]:
         devices = [str(root / name / f"dev{i}.kvtd") for i in range(len(throttles))]
         with _Pool(
             root, name, capacity, devices=devices, throttle_bytes_per_s=throttles, **options, **common
@@ -223,19 +325,19 @@ def _striping(
     pair_s, pair = measure("pair", rates, probe_bytes=32 * 2**20)
     rr_s, _ = measure("pair-rr", rates, placement="round_robin", bandwidth_bytes_per_s=rates)
     aggregate = count * LARGE / pair_s
-    return {
-        "striping_throttle_bytes_per_s": rates,
-        "striping_alone_bytes_per_s": alone,
-        "striping_aggregate_bytes_per_s": aggregate,
-        "striping_ratio_to_sum": aggregate / sum(alone),
-        "speedup_vs_round_robin": rr_s / pair_s,
-        "striping_bandwidth_source": pair["bandwidth_source"],
-        "striping_probed_bytes_per_s": [d["read_bytes_per_s"] for d in pair["devices"]],
-        "striping_objects_per_device": [d["objects"] for d in pair["devices"]],
-    }
+    return Striping(
+        striping_throttle_bytes_per_s=rates,
+        striping_alone_bytes_per_s=alone,
+        striping_aggregate_bytes_per_s=aggregate,
+        striping_ratio_to_sum=aggregate / sum(alone),
+        speedup_vs_round_robin=rr_s / pair_s,
+        striping_bandwidth_source=pair["bandwidth_source"],
+        striping_probed_bytes_per_s=[d["read_bytes_per_s"] for d in pair["devices"]],
+        striping_objects_per_device=[d["objects"] for d in pair["devices"]],
+    )
 
 
-def _recovery(root: Path, objects: int, depth: int, engine: str) -> dict[str, float]:
+def _recovery(root: Path, objects: int, depth: int, engine: str) -> Recovery:
     payload = np.full((BATCH * 64, 1), 7, dtype=np.uint8)  # 1-byte payloads: one page each
     config = {"io_depth": depth, "io_engine": engine}
     with _Pool(root, "pool-recovery", objects * PAGE_BYTES + 2**20, **config) as pool:
@@ -250,12 +352,12 @@ def _recovery(root: Path, objects: int, depth: int, engine: str) -> dict[str, fl
         reopened.close()
     if recovery["recovered_objects"] != objects:
         raise KvtierError(f"recovery found {recovery['recovered_objects']} of {objects} objects")
-    return {
-        "recovery_objects": objects,
-        "recovery_s": recovery["seconds"],
-        "recovery_s_per_million_objects": recovery["seconds"] * 1e6 / objects,
-        "open_s_per_million_objects": open_s * 1e6 / objects,
-    }
+    return Recovery(
+        recovery_objects=objects,
+        recovery_s=recovery["seconds"],
+        recovery_s_per_million_objects=recovery["seconds"] * 1e6 / objects,
+        open_s_per_million_objects=open_s * 1e6 / objects,
+    )
 
 
 def run(
@@ -269,36 +371,35 @@ def run(
     io_depth: int = 8,
     io_engine: str = "auto",
     show: bool = True,
-) -> dict[str, Any]:
+) -> SsdBench:
     root = Path(tempfile.mkdtemp(prefix="kvtier-bench-ssd-", dir=directory))
     try:
         steps = iter(progress(range(5), 5, "bench ssd", enabled=show))
         next(steps)
-        result: dict[str, Any] = {"bench": "ssd", "directory": str(root.parent), "io_depth": io_depth}
         # This machine may be shared: the load says how much the CPU-side figures were disturbed.
-        result["load_average_1m_start"] = os.getloadavg()[0]
-        result.update(_raw_vs_pool(root, total_bytes, repeats, io_depth, io_engine))
+        load_start = os.getloadavg()[0]
+        raw = _raw_vs_pool(root, total_bytes, repeats, io_depth, io_engine)
         next(steps)
         small = _vs_files(root, SMALL, small_count, repeats, io_depth, io_engine)
         next(steps)
         large = _vs_files(root, LARGE, large_count, repeats, io_depth, io_engine)
-        for name, r in (("small", small), ("large", large)):
-            result[f"speedup_vs_file_per_object_{name}"] = r["speedup"]
-            result[f"write_speedup_vs_file_per_object_{name}"] = r["write_speedup"]
-            for k in (
-                "files_read_mib_per_s",
-                "files_write_mib_per_s",
-                "pool_read_mib_per_s",
-                "pool_write_mib_per_s",
-            ):
-                result[f"{name}_{k}"] = r[k]
-        result["small_objects"], result["large_file_objects"] = small_count, large_count
         next(steps)
-        raw_bps = result["raw_read_gib_per_s"] * 2**30
-        result.update(_striping(root, raw_bps, stripe_count, repeats, io_depth, io_engine))
+        striping = _striping(root, raw.raw_read_gib_per_s * 2**30, stripe_count, repeats, io_depth, io_engine)
         next(steps)
-        result.update(_recovery(root, recovery_objects, io_depth, io_engine))
-        result["load_average_1m_end"] = os.getloadavg()[0]
+        recovery = _recovery(root, recovery_objects, io_depth, io_engine)
+        result = SsdBench(
+            directory=str(root.parent),
+            io_depth=io_depth,
+            load_average_1m_start=load_start,
+            raw=raw,
+            small=small,
+            large=large,
+            small_objects=small_count,
+            large_file_objects=large_count,
+            striping=striping,
+            recovery=recovery,
+            load_average_1m_end=os.getloadavg()[0],
+        )
         for _ in steps:
             pass
         return result
@@ -306,7 +407,8 @@ def run(
         shutil.rmtree(root, ignore_errors=True)
 
 
-def summary(r: dict[str, Any]) -> str:
+def summary(result: SsdBench) -> str:
+    r = result.as_dict()  # the summary names the figures by their JSON keys
     lines = [
         f"ssd bench in {r['directory']} ({r['engine']}, depth {r['io_depth']}, O_DIRECT {r['direct_io']})",
         f"  raw O_DIRECT loop  read {r['raw_read_gib_per_s']:.2f} GiB/s  write {r['raw_write_gib_per_s']:.2f} GiB/s "

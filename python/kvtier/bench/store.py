@@ -6,6 +6,7 @@ as a ``TransferEngine`` paged job) and with two (load, then scatter), and back o
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,8 +17,42 @@ from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
 from kvtier.layout import PagedPool, gather, scatter
 from kvtier.progress import progress
+from kvtier.results import Result
 from kvtier.store import Store
 from kvtier.transfer import TransferConfig, TransferEngine
+
+
+@dataclass(frozen=True)
+class StoreBench(Result):
+    """What ``kvtier bench store`` reports (GiB/s and ms are best of ``repeats``)."""
+
+    object_bytes: int
+    objects: int
+    bytes: int
+    copy_threads: int
+    repeats: int
+    memcpy_gib_per_s: float
+    put_gib_per_s: float
+    get_gib_per_s: float
+    put_ratio_to_memcpy: float
+    get_ratio_to_memcpy: float
+    put_vs_memcpy: float
+    load_vs_memcpy: float
+    pool_load_gib_per_s: float
+    pool_load_ratio_to_get: float
+    engine_pool_load_gib_per_s: float
+    engine_pool_load_ratio_to_get: float
+    load_then_scatter_gib_per_s: float
+    pool_put_gib_per_s: float
+    pool_put_ratio_to_put: float
+    lookup_tokens: int
+    lookup_128k_tokens_ms: float
+    lookup_hash_ms: float
+    lookup_index_ms: float
+    lookup_hash_from_list_ms: float
+    evictions: int
+    checksum_failures: int
+    bench: str = "store"
 
 
 def run(
@@ -26,7 +61,7 @@ def run(
     lookup_tokens: int = 131072,
     threads: int = 0,
     show: bool = True,
-) -> dict[str, Any]:
+) -> StoreBench:
     geometry = Geometry.llama3_8b()  # 16-token blocks of 2 MiB
     n = total_bytes // geometry.block_bytes
     if n < 1:
@@ -134,35 +169,34 @@ def run(
     for _ in steps:
         pass
     stats = store.stats()
-    return {
-        "bench": "store",
-        "object_bytes": geometry.block_bytes,
-        "objects": n,
-        "bytes": nbytes,
-        "copy_threads": threads,
-        "repeats": repeats,
-        "memcpy_gib_per_s": gib_per_s(nbytes, memcpy_s),
-        "put_gib_per_s": gib_per_s(nbytes, put_s),
-        "get_gib_per_s": gib_per_s(nbytes, get_s),
-        "put_ratio_to_memcpy": memcpy_s / put_s,
-        "get_ratio_to_memcpy": memcpy_s / get_s,
-        "put_vs_memcpy": memcpy_s / put_s,  # issue 19's names for the two ratios above
-        "load_vs_memcpy": memcpy_s / get_s,
-        "pool_load_gib_per_s": gib_per_s(nbytes, pool_s),
-        "pool_load_ratio_to_get": get_s / pool_s,
-        "engine_pool_load_gib_per_s": gib_per_s(nbytes, engine_s),
-        "engine_pool_load_ratio_to_get": get_s / engine_s,
-        "load_then_scatter_gib_per_s": gib_per_s(nbytes, scatter_s),
-        "pool_put_gib_per_s": gib_per_s(nbytes, pool_put_s),
-        "pool_put_ratio_to_put": put_s / pool_put_s,
-        "lookup_tokens": lookup_tokens,
-        "lookup_128k_tokens_ms": hash_ms + lookup_ms,
-        "lookup_hash_ms": hash_ms,
-        "lookup_index_ms": lookup_ms,
-        "lookup_hash_from_list_ms": list_hash_ms,
-        "evictions": stats.evictions,
-        "checksum_failures": stats.checksum_failures,
-    }
+    return StoreBench(
+        object_bytes=geometry.block_bytes,
+        objects=n,
+        bytes=nbytes,
+        copy_threads=threads,
+        repeats=repeats,
+        memcpy_gib_per_s=gib_per_s(nbytes, memcpy_s),
+        put_gib_per_s=gib_per_s(nbytes, put_s),
+        get_gib_per_s=gib_per_s(nbytes, get_s),
+        put_ratio_to_memcpy=memcpy_s / put_s,
+        get_ratio_to_memcpy=memcpy_s / get_s,
+        put_vs_memcpy=memcpy_s / put_s,  # issue 19's names for the two ratios above
+        load_vs_memcpy=memcpy_s / get_s,
+        pool_load_gib_per_s=gib_per_s(nbytes, pool_s),
+        pool_load_ratio_to_get=get_s / pool_s,
+        engine_pool_load_gib_per_s=gib_per_s(nbytes, engine_s),
+        engine_pool_load_ratio_to_get=get_s / engine_s,
+        load_then_scatter_gib_per_s=gib_per_s(nbytes, scatter_s),
+        pool_put_gib_per_s=gib_per_s(nbytes, pool_put_s),
+        pool_put_ratio_to_put=put_s / pool_put_s,
+        lookup_tokens=lookup_tokens,
+        lookup_128k_tokens_ms=hash_ms + lookup_ms,
+        lookup_hash_ms=hash_ms,
+        lookup_index_ms=lookup_ms,
+        lookup_hash_from_list_ms=list_hash_ms,
+        evictions=stats.evictions,
+        checksum_failures=stats.checksum_failures,
+    )
 
 
 def _lookup_128k(tokens: int, repeats: int) -> tuple[float, float, float]:
@@ -195,21 +229,21 @@ def _lookup_128k(tokens: int, repeats: int) -> tuple[float, float, float]:
     return hash_s * 1e3, lookup_s * 1e3, list_s * 1e3
 
 
-def summary(r: dict[str, Any]) -> str:
+def summary(r: StoreBench) -> str:
     return "\n".join(
         [
-            f"store bench: {r['objects']} objects of {r['object_bytes'] / 2**20:.0f} MiB "
-            f"({r['bytes'] / 2**30:.2f} GiB), DRAM tier",
-            f"  memcpy (limit)  {r['memcpy_gib_per_s']:7.2f} GiB/s",
-            f"  put             {r['put_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['put_ratio_to_memcpy']:.2f}",
-            f"  get             {r['get_gib_per_s']:7.2f} GiB/s  ratio to memcpy {r['get_ratio_to_memcpy']:.2f}",
-            f"  into a pool     {r['pool_load_gib_per_s']:7.2f} GiB/s  ratio to get {r['pool_load_ratio_to_get']:.2f}"
-            f"  (load + scatter: {r['load_then_scatter_gib_per_s']:.2f} GiB/s)",
-            f"  engine job      {r['engine_pool_load_gib_per_s']:7.2f} GiB/s  ratio to get "
-            f"{r['engine_pool_load_ratio_to_get']:.2f}  (the same load as a TransferEngine paged job)",
-            f"  put from a pool {r['pool_put_gib_per_s']:7.2f} GiB/s  ratio to put {r['pool_put_ratio_to_put']:.2f}",
-            f"  lookup {r['lookup_tokens']} tokens: {r['lookup_128k_tokens_ms']:.3f} ms "
-            f"(hash {r['lookup_hash_ms']:.3f} ms + index {r['lookup_index_ms']:.3f} ms; "
-            f"hash from a list {r['lookup_hash_from_list_ms']:.3f} ms)",
+            f"store bench: {r.objects} objects of {r.object_bytes / 2**20:.0f} MiB "
+            f"({r.bytes / 2**30:.2f} GiB), DRAM tier",
+            f"  memcpy (limit)  {r.memcpy_gib_per_s:7.2f} GiB/s",
+            f"  put             {r.put_gib_per_s:7.2f} GiB/s  ratio to memcpy {r.put_ratio_to_memcpy:.2f}",
+            f"  get             {r.get_gib_per_s:7.2f} GiB/s  ratio to memcpy {r.get_ratio_to_memcpy:.2f}",
+            f"  into a pool     {r.pool_load_gib_per_s:7.2f} GiB/s  ratio to get {r.pool_load_ratio_to_get:.2f}"
+            f"  (load + scatter: {r.load_then_scatter_gib_per_s:.2f} GiB/s)",
+            f"  engine job      {r.engine_pool_load_gib_per_s:7.2f} GiB/s  ratio to get "
+            f"{r.engine_pool_load_ratio_to_get:.2f}  (the same load as a TransferEngine paged job)",
+            f"  put from a pool {r.pool_put_gib_per_s:7.2f} GiB/s  ratio to put {r.pool_put_ratio_to_put:.2f}",
+            f"  lookup {r.lookup_tokens} tokens: {r.lookup_128k_tokens_ms:.3f} ms "
+            f"(hash {r.lookup_hash_ms:.3f} ms + index {r.lookup_index_ms:.3f} ms; "
+            f"hash from a list {r.lookup_hash_from_list_ms:.3f} ms)",
         ]
     )

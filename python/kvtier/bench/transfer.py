@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from kvtier.config import DramConfig, SsdConfig, StoreConfig
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
 from kvtier.progress import progress
+from kvtier.results import Result
 from kvtier.store import Store
 from kvtier.transfer import (
     STAGE_NAMES,
@@ -51,6 +53,73 @@ from kvtier.transfer import (
 LLAMA3_8B_FP16 = Geometry(32, 8, 128, "fp16", 16)
 #: Qwen2.5-32B: 64 layers, 8 KV heads (GQA), head dim 128; fp16, 16-token blocks.
 QWEN25_32B = Geometry(64, 8, 128, "fp16", 16)
+
+
+@dataclass(frozen=True)
+class Pipeline(Result):
+    """The pipelined load of quantised blocks from SSD against its sequential baselines."""
+
+    pipeline_geometry: str
+    pipeline_codec: str
+    bytes_read_ratio: float
+    ssd_encoded_blocks: int
+    pipeline_bytes: int
+    pipeline_blocks: int
+    pipeline_chunk_blocks: int
+    pipeline_buffer_chunks: int
+    pipeline_ssd_fraction: float
+    threads: int
+    calibration_stage_rates_gib_per_s: dict[str, float]
+    stage_workers: dict[str, int]
+    stage_seconds: dict[str, float]
+    whole_request_stage_seconds: dict[str, float]
+    whole_request_sequential_s: float
+    sequential_s: float
+    pipelined_s: float
+    slowest_stage: str
+    pipeline_ratio_to_sequential: float
+    pipeline_ratio_to_whole_request_sequential: float
+    pipeline_ratio_to_slowest_stage: float
+    chunk_stage_seconds: dict[str, float]
+    chunk_sequential_s: float
+    pipeline_ratio_to_chunk_sequential: float
+    pipelined_gib_per_s: float
+    per_chunk_allocation_s: float
+    preallocated_speedup: float
+
+
+@dataclass(frozen=True)
+class Duplex(Result):
+    """Batched and duplex swaps of a Qwen2.5-32B-like request against memcpy limits."""
+
+    duplex_geometry: str
+    swap_blocks: int
+    swap_bytes: int
+    segments_per_block: int
+    segment_bytes: int
+    memcpy_gib_per_s: float
+    batched_swap_out_gib_per_s: float
+    per_segment_swap_out_gib_per_s: float
+    batched_ratio_to_memcpy: float
+    batched_speedup_vs_per_segment: float
+    duplex_s: float
+    serial_s: float
+    duplex_ratio_to_serial: float
+    memcpy_two_serial_s: float
+    memcpy_two_at_once_s: float
+    duplex_limit_ratio: float
+    duplex_ratio_to_limit: float
+
+
+@dataclass(frozen=True)
+class TransferBench(Result):
+    """What ``kvtier bench transfer`` reports: one flat JSON object of both parts' keys."""
+
+    pipeline: Pipeline
+    duplex: Duplex
+
+    def as_dict(self) -> dict[str, object]:
+        return {**self.pipeline.as_dict(), **self.duplex.as_dict()}
 
 
 def _kv_like(n: int, block_bytes: int, seed: int = 0) -> np.ndarray:
@@ -69,7 +138,7 @@ def _timed_load(engine: TransferEngine, keys: Any, pool: np.ndarray, ids: list[i
     return seconds
 
 
-def _pipeline(total_bytes: int, repeats: int, threads: int, directory: str, steps: Any) -> dict[str, Any]:
+def _pipeline(total_bytes: int, repeats: int, threads: int, directory: str, steps: Any) -> Pipeline:
     geometry = LLAMA3_8B_FP16  # 2 MiB blocks
     bb = geometry.block_bytes
     n = max(1, total_bytes // bb)
@@ -146,35 +215,35 @@ def _pipeline(total_bytes: int, repeats: int, threads: int, directory: str, step
     best_stage = {stage: min(seq[stage], chunk_seq[stage]) for stage in STAGE_NAMES}
     slowest = max(best_stage.values())
     baseline_s = min(sequential_s, chunk_sequential_s)
-    return {
-        "pipeline_geometry": "Llama-3-8B-like (32 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
-        "pipeline_codec": "SSD tier ssd.codec=quant (CacheGen bins + deflate level 6)",
-        "bytes_read_ratio": bytes_read_ratio,
-        "ssd_encoded_blocks": store.stats().ssd_encoded_blocks,
-        "pipeline_bytes": loaded,
-        "pipeline_blocks": n,
-        "pipeline_chunk_blocks": base.chunk_blocks,
-        "pipeline_buffer_chunks": base.buffer_chunks,
-        "pipeline_ssd_fraction": ssd_fraction,
-        "threads": threads,
-        "calibration_stage_rates_gib_per_s": {s: r / 2**30 for s, r in zip(STAGE_NAMES, rates, strict=True)},
-        "stage_workers": dict(zip(STAGE_NAMES, split, strict=True)),
-        "stage_seconds": best_stage,
-        "whole_request_stage_seconds": seq,
-        "whole_request_sequential_s": sequential_s,
-        "sequential_s": baseline_s,
-        "pipelined_s": pipelined_s,
-        "slowest_stage": max(best_stage, key=lambda s: best_stage[s]),
-        "pipeline_ratio_to_sequential": pipelined_s / baseline_s,
-        "pipeline_ratio_to_whole_request_sequential": pipelined_s / sequential_s,
-        "pipeline_ratio_to_slowest_stage": pipelined_s / slowest,
-        "chunk_stage_seconds": chunk_seq,
-        "chunk_sequential_s": chunk_sequential_s,
-        "pipeline_ratio_to_chunk_sequential": pipelined_s / chunk_sequential_s,
-        "pipelined_gib_per_s": gib_per_s(loaded, pipelined_s),
-        "per_chunk_allocation_s": per_chunk_s,
-        "preallocated_speedup": per_chunk_s / pipelined_s,
-    }
+    return Pipeline(
+        pipeline_geometry="Llama-3-8B-like (32 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
+        pipeline_codec="SSD tier ssd.codec=quant (CacheGen bins + deflate level 6)",
+        bytes_read_ratio=bytes_read_ratio,
+        ssd_encoded_blocks=store.stats().ssd_encoded_blocks,
+        pipeline_bytes=loaded,
+        pipeline_blocks=n,
+        pipeline_chunk_blocks=base.chunk_blocks,
+        pipeline_buffer_chunks=base.buffer_chunks,
+        pipeline_ssd_fraction=ssd_fraction,
+        threads=threads,
+        calibration_stage_rates_gib_per_s={s: r / 2**30 for s, r in zip(STAGE_NAMES, rates, strict=True)},
+        stage_workers=dict(zip(STAGE_NAMES, split, strict=True)),
+        stage_seconds=best_stage,
+        whole_request_stage_seconds=seq,
+        whole_request_sequential_s=sequential_s,
+        sequential_s=baseline_s,
+        pipelined_s=pipelined_s,
+        slowest_stage=max(best_stage, key=lambda s: best_stage[s]),
+        pipeline_ratio_to_sequential=pipelined_s / baseline_s,
+        pipeline_ratio_to_whole_request_sequential=pipelined_s / sequential_s,
+        pipeline_ratio_to_slowest_stage=pipelined_s / slowest,
+        chunk_stage_seconds=chunk_seq,
+        chunk_sequential_s=chunk_sequential_s,
+        pipeline_ratio_to_chunk_sequential=pipelined_s / chunk_sequential_s,
+        pipelined_gib_per_s=gib_per_s(loaded, pipelined_s),
+        per_chunk_allocation_s=per_chunk_s,
+        preallocated_speedup=per_chunk_s / pipelined_s,
+    )
 
 
 def engine_check(engine: TransferEngine, keys: Any, geometry: Geometry, n: int, ids: list[int]) -> np.ndarray:
@@ -187,7 +256,7 @@ def engine_check(engine: TransferEngine, keys: Any, geometry: Geometry, n: int, 
     return other
 
 
-def _duplex(swap_blocks: int, repeats: int) -> dict[str, Any]:
+def _duplex(swap_blocks: int, repeats: int) -> Duplex:
     g = QWEN25_32B
     n = swap_blocks
     bb = g.block_bytes
@@ -246,25 +315,25 @@ def _duplex(swap_blocks: int, repeats: int) -> dict[str, Any]:
                 min(memcpy_at_once_s, two_at_once),
             )
     limit = memcpy_at_once_s / memcpy_serial_s
-    return {
-        "duplex_geometry": "Qwen2.5-32B-like (64 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
-        "swap_blocks": n,
-        "swap_bytes": nbytes,
-        "segments_per_block": 2 * g.num_layers,
-        "segment_bytes": g.block_bytes // (2 * g.num_layers),
-        "memcpy_gib_per_s": gib_per_s(nbytes, memcpy_s),
-        "batched_swap_out_gib_per_s": gib_per_s(nbytes, batched_s),
-        "per_segment_swap_out_gib_per_s": gib_per_s(nbytes, per_segment_s),
-        "batched_ratio_to_memcpy": memcpy_s / batched_s,
-        "batched_speedup_vs_per_segment": per_segment_s / batched_s,
-        "duplex_s": duplex_s,
-        "serial_s": serial_s,
-        "duplex_ratio_to_serial": duplex_s / serial_s,
-        "memcpy_two_serial_s": memcpy_serial_s,
-        "memcpy_two_at_once_s": memcpy_at_once_s,
-        "duplex_limit_ratio": limit,
-        "duplex_ratio_to_limit": duplex_s / serial_s / limit,
-    }
+    return Duplex(
+        duplex_geometry="Qwen2.5-32B-like (64 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
+        swap_blocks=n,
+        swap_bytes=nbytes,
+        segments_per_block=2 * g.num_layers,
+        segment_bytes=g.block_bytes // (2 * g.num_layers),
+        memcpy_gib_per_s=gib_per_s(nbytes, memcpy_s),
+        batched_swap_out_gib_per_s=gib_per_s(nbytes, batched_s),
+        per_segment_swap_out_gib_per_s=gib_per_s(nbytes, per_segment_s),
+        batched_ratio_to_memcpy=memcpy_s / batched_s,
+        batched_speedup_vs_per_segment=per_segment_s / batched_s,
+        duplex_s=duplex_s,
+        serial_s=serial_s,
+        duplex_ratio_to_serial=duplex_s / serial_s,
+        memcpy_two_serial_s=memcpy_serial_s,
+        memcpy_two_at_once_s=memcpy_at_once_s,
+        duplex_limit_ratio=limit,
+        duplex_ratio_to_limit=duplex_s / serial_s / limit,
+    )
 
 
 def run(
@@ -274,45 +343,45 @@ def run(
     swap_blocks: int = 16,
     directory: str | None = None,
     show: bool = True,
-) -> dict[str, Any]:
+) -> TransferBench:
     threads = threads or os.cpu_count() or 1
     if total_bytes < 2**21:
         raise KvtierError(f"total_bytes is {total_bytes}; expected at least one 2 MiB block")
     steps = iter(progress(range(5), 5, "bench transfer", enabled=show))
     next(steps)
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-transfer-", dir=directory) as tmp:
-        result = _pipeline(total_bytes, repeats, threads, tmp, steps)
+        pipeline = _pipeline(total_bytes, repeats, threads, tmp, steps)
     next(steps)
-    result.update(_duplex(swap_blocks, repeats))
-    return result
+    return TransferBench(pipeline, _duplex(swap_blocks, repeats))
 
 
-def summary(r: dict[str, Any]) -> str:
-    stages = "  ".join(f"{s} {r['stage_seconds'][s] * 1e3:.1f} ms" for s in STAGE_NAMES)
-    workers = " ".join(f"{s}={r['stage_workers'][s]}" for s in STAGE_NAMES)
+def summary(r: TransferBench) -> str:
+    p, d = r.pipeline, r.duplex
+    stages = "  ".join(f"{s} {p.stage_seconds[s] * 1e3:.1f} ms" for s in STAGE_NAMES)
+    workers = " ".join(f"{s}={p.stage_workers[s]}" for s in STAGE_NAMES)
     return "\n".join(
         [
-            f"transfer bench: {r['pipeline_bytes'] / 2**20:.0f} MiB {r['pipeline_codec']} load, "
-            f"{r['pipeline_ssd_fraction']:.0%} from SSD, {r['threads']} threads ({workers})",
-            f"  read {r['bytes_read_ratio']:.3f} of the decoded bytes from the tier (encoded blocks)",
+            f"transfer bench: {p.pipeline_bytes / 2**20:.0f} MiB {p.pipeline_codec} load, "
+            f"{p.pipeline_ssd_fraction:.0%} from SSD, {p.threads} threads ({workers})",
+            f"  read {p.bytes_read_ratio:.3f} of the decoded bytes from the tier (encoded blocks)",
             f"  stages alone   {stages}  (best of the two baselines)",
-            f"  sequential     {r['whole_request_sequential_s'] * 1e3:8.1f} ms (stage after stage, whole request)",
-            f"  pipelined      {r['pipelined_s'] * 1e3:8.1f} ms  ratio to sequential "
-            f"{r['pipeline_ratio_to_sequential']:.2f} (target <= 0.7), to slowest stage "
-            f"{r['pipeline_ratio_to_slowest_stage']:.2f}",
-            f"  chunk by chunk {r['chunk_sequential_s'] * 1e3:8.1f} ms (one thread, one region)  "
-            f"pipelined ratio {r['pipeline_ratio_to_chunk_sequential']:.2f}",
-            f"  per-chunk allocation {r['per_chunk_allocation_s'] * 1e3:8.1f} ms  preallocated speedup "
-            f"{r['preallocated_speedup']:.2f}x",
-            f"duplex: {r['swap_blocks']} blocks of {r['swap_bytes'] // r['swap_blocks'] // 2**20} MiB "
-            f"({r['duplex_geometry']})",
-            f"  swap-out batched {r['batched_swap_out_gib_per_s']:.2f} GiB/s (memcpy {r['memcpy_gib_per_s']:.2f}), "
-            f"per segment {r['per_segment_swap_out_gib_per_s']:.2f} GiB/s: batched speedup "
-            f"{r['batched_speedup_vs_per_segment']:.2f}x",
-            f"  duplex in+out {r['duplex_s'] * 1e3:.1f} ms vs serial {r['serial_s'] * 1e3:.1f} ms: ratio "
-            f"{r['duplex_ratio_to_serial']:.2f} (target <= 0.75)",
-            f"  limit: two memcpys at once {r['memcpy_two_at_once_s'] * 1e3:.1f} ms vs one after the other "
-            f"{r['memcpy_two_serial_s'] * 1e3:.1f} ms: ratio {r['duplex_limit_ratio']:.2f} "
-            f"(the memory bus; duplex / limit {r['duplex_ratio_to_limit']:.2f})",
+            f"  sequential     {p.whole_request_sequential_s * 1e3:8.1f} ms (stage after stage, whole request)",
+            f"  pipelined      {p.pipelined_s * 1e3:8.1f} ms  ratio to sequential "
+            f"{p.pipeline_ratio_to_sequential:.2f} (target <= 0.7), to slowest stage "
+            f"{p.pipeline_ratio_to_slowest_stage:.2f}",
+            f"  chunk by chunk {p.chunk_sequential_s * 1e3:8.1f} ms (one thread, one region)  "
+            f"pipelined ratio {p.pipeline_ratio_to_chunk_sequential:.2f}",
+            f"  per-chunk allocation {p.per_chunk_allocation_s * 1e3:8.1f} ms  preallocated speedup "
+            f"{p.preallocated_speedup:.2f}x",
+            f"duplex: {d.swap_blocks} blocks of {d.swap_bytes // d.swap_blocks // 2**20} MiB "
+            f"({d.duplex_geometry})",
+            f"  swap-out batched {d.batched_swap_out_gib_per_s:.2f} GiB/s (memcpy {d.memcpy_gib_per_s:.2f}), "
+            f"per segment {d.per_segment_swap_out_gib_per_s:.2f} GiB/s: batched speedup "
+            f"{d.batched_speedup_vs_per_segment:.2f}x",
+            f"  duplex in+out {d.duplex_s * 1e3:.1f} ms vs serial {d.serial_s * 1e3:.1f} ms: ratio "
+            f"{d.duplex_ratio_to_serial:.2f} (target <= 0.75)",
+            f"  limit: two memcpys at once {d.memcpy_two_at_once_s * 1e3:.1f} ms vs one after the other "
+            f"{d.memcpy_two_serial_s * 1e3:.1f} ms: ratio {d.duplex_limit_ratio:.2f} "
+            f"(the memory bus; duplex / limit {d.duplex_ratio_to_limit:.2f})",
         ]
     )

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.bench import vllm_concurrent
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import KvtierError
 
@@ -169,17 +170,15 @@ def concurrent(
     background: int = 4,
     repeats: int = 1,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> vllm_concurrent.Concurrent:
     """The concurrent case (`kvtier.bench.vllm_concurrent`): load_async false against true."""
-    from kvtier.bench import vllm_concurrent
-
     model = venv / "models" / "smollm2-135m-instruct"
     if not (model / "config.json").exists():
         raise KvtierError(f"no converted model at {model}; run `make vllm-env`")
     rng = np.random.default_rng(1)
     prefix = rng.integers(100, VOCAB - 100, prefix_tokens).tolist()
     prompts = [prefix + rng.integers(100, VOCAB - 100, SUFFIX_TOKENS).tolist() for _ in range(requests + 1)]
-    spec = {
+    spec: vllm_concurrent.Spec = {
         "model": str(model),
         "dtype": dtype,
         "max_model_len": prefix_tokens + SUFFIX_TOKENS + 64,
@@ -191,7 +190,7 @@ def concurrent(
         "loaders": prompts[1:],
     }
 
-    def worker(s: dict[str, Any]) -> dict[str, Any]:
+    def worker(s: vllm_concurrent.Spec) -> dict[str, Any]:
         return run_worker(venv, "kvtier.bench.vllm_concurrent", [], "vLLM concurrent run", 1800, spec=s)
 
     def say(msg: str) -> None:
@@ -269,20 +268,20 @@ def summary(result: dict[str, Any]) -> str:
             lines.append(f"  {case:18s} {v:8.3f} s{extra}")
         lines.append(f"  lmcache: {result['lmcache']}")
     c = result.get("concurrent")
-    if c is not None:
+    if isinstance(c, vllm_concurrent.Concurrent):
         lines.append(
-            f"{c['background_requests']} requests decoding while a {c['prefix_tokens']}-token prefix hit loads "
-            f"from SSD ({c['loaders_per_process']} loads per process, {c['repeats']} process(es) per mode; "
+            f"{c.background_requests} requests decoding while a {c.prefix_tokens}-token prefix hit loads "
+            f"from SSD ({c.loaders_per_process} loads per process, {c.repeats} process(es) per mode; "
             "medians over loads):"
         )
-        for mode, row in c["modes"].items():
+        for mode, row in c.modes.items():
             lines.append(
-                f"  load_async {mode:5s}: loader TTFT {row['ttft_s_median']:.3f} s; during the load "
-                f"{row['bg_tokens_per_s_median']:.1f} tok/s, ITL max {row['bg_max_itl_s_median'] * 1e3:.0f} ms "
-                f"mean {row['bg_mean_itl_s_median'] * 1e3:.0f} ms (steady ITL "
-                f"{(row['bg_steady_itl_s_median'] or 0) * 1e3:.0f} ms)"
+                f"  load_async {mode:5s}: loader TTFT {row.ttft_s_median:.3f} s; during the load "
+                f"{row.bg_tokens_per_s_median:.1f} tok/s, ITL max {row.bg_max_itl_s_median * 1e3:.0f} ms "
+                f"mean {row.bg_mean_itl_s_median * 1e3:.0f} ms (steady ITL "
+                f"{(row.bg_steady_itl_s_median or 0) * 1e3:.0f} ms)"
             )
-        r = c["async_over_sync"]
+        r = c.async_over_sync
         lines.append(
             f"  async / sync: TTFT {r['ttft_s']:.2f}x, decode tok/s during load {r['bg_tokens_per_s']:.2f}x, "
             f"max ITL {r['bg_max_itl_s']:.2f}x, mean ITL {r['bg_mean_itl_s']:.2f}x"

@@ -24,32 +24,146 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from kvtier.errors import KvtierError
+from kvtier.results import Result, field_of
 
 MODES = {"sync": False, "async": True}  # the connector's load_async
+KEYS = ("ttft_s", "bg_tokens_per_s", "bg_max_itl_s", "bg_mean_itl_s")  # compared between the modes
 
 
-def window_metrics(result: dict[str, Any]) -> dict[str, Any]:
+class Spec(TypedDict, total=False):
+    """What the worker runs (JSON): the model, the prompts (token ids) and the connector's config."""
+
+    model: str
+    dtype: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    warm: list[int]
+    background: list[list[int]]
+    background_max_tokens: int
+    gap_steps: int
+    loaders: list[list[int]]
+    connector: dict[str, Any] | None
+
+
+class LoadRecord(TypedDict):
+    t_add: float  # seconds since the worker's start
+    t_first: float
+    steps: int
+    cached: int | None
+
+
+class WorkerRun(TypedDict):
+    """The worker's ``RESULT`` (JSON): each background request's token arrival times and each
+    loader's window; ``stats`` is the connector's, passed through."""
+
+    arrivals: dict[str, list[float]]
+    loads: list[LoadRecord]
+    stats: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class LoadWindow(Result):
+    """One loader: its TTFT, and the background's decoding while it loaded."""
+
+    ttft_s: float
+    steps: int
+    cached: int | None
+    bg_tokens_per_s: float
+    bg_max_itl_s: float
+    bg_mean_itl_s: float
+
+
+@dataclass(frozen=True)
+class Windows:
+    loads: list[LoadWindow]
+    steady_itl_s: list[float]  # ITL gaps outside every loader's window
+
+
+@dataclass(frozen=True)
+class ModeFigures(Result):
+    """One ``load_async`` mode: medians over every loader of every process."""
+
+    ttft_s_median: float
+    bg_tokens_per_s_median: float
+    bg_max_itl_s_median: float
+    bg_mean_itl_s_median: float
+    bg_steady_itl_s_median: float | None
+    per_load: list[LoadWindow]
+    worker_stats: list[dict[str, object]]
+
+
+@dataclass(frozen=True)
+class Concurrent(Result):
+    """What the concurrent case of ``kvtier bench vllm`` reports (under ``concurrent``)."""
+
+    prefix_tokens: int
+    background_requests: int
+    loaders_per_process: int
+    repeats: int
+    tier: str
+    modes: dict[str, ModeFigures]
+    async_over_sync: dict[str, float]
+
+
+def parse_run(data: Mapping[str, object], where: str = "vLLM concurrent worker's RESULT") -> WorkerRun:
+    """The worker's RESULT (untrusted JSON) as a :class:`WorkerRun`; a :class:`KvtierError` names
+    the missing or ill-typed field."""
+    arrivals = field_of(data, "arrivals", dict, where)
+    loads = field_of(data, "loads", list, where)
+    out_loads: list[LoadRecord] = []
+    for i, ld in enumerate(loads):
+        if not isinstance(ld, dict):
+            raise KvtierError(f"{where}: `loads[{i}]` is not an object")
+        at = f"{where}: loads[{i}]"
+        cached = ld.get("cached")
+        if cached is not None and (not isinstance(cached, int) or isinstance(cached, bool)):
+            raise KvtierError(f"{at}: `cached` is {cached!r}; expected int or null")
+        out_loads.append(
+            LoadRecord(
+                t_add=field_of(ld, "t_add", float, at),
+                t_first=field_of(ld, "t_first", float, at),
+                steps=field_of(ld, "steps", int, at),
+                cached=cached,
+            )
+        )
+    times = {str(name): field_of(arrivals, name, list, f"{where}: arrivals") for name in arrivals}
+    out_arrivals: dict[str, list[float]] = {}
+    for name, ts in times.items():
+        bad = [t for t in ts if not isinstance(t, int | float) or isinstance(t, bool)]
+        if bad:
+            raise KvtierError(f"{where}: `arrivals[{name!r}]` holds {bad[0]!r}; expected seconds (numbers)")
+        out_arrivals[name] = [float(t) for t in ts]
+    stats = data.get("stats", {})
+    if not isinstance(stats, dict):
+        raise KvtierError(f"{where}: `stats` is not an object")
+    return WorkerRun(arrivals=out_arrivals, loads=out_loads, stats=stats)
+
+
+def window_metrics(result: WorkerRun) -> Windows:
     """Per loader: its TTFT, and the background requests' tokens/s and ITL gaps overlapping the
     window (arrival, first token]; plus the ITL gaps outside every window (steady decoding)."""
     arrivals: list[list[float]] = list(result["arrivals"].values())
     windows = [(float(ld["t_add"]), float(ld["t_first"])) for ld in result["loads"]]
-    loads = []
+    loads: list[LoadWindow] = []
     for (a, b), ld in zip(windows, result["loads"], strict=True):
         tokens = sum(1 for ts in arrivals for t in ts if a < t <= b)
         gaps = [c - p for ts in arrivals for p, c in pairwise(ts) if c > a and p < b]
         loads.append(
-            {
-                "ttft_s": b - a,
-                "steps": ld["steps"],
-                "cached": ld["cached"],
-                "bg_tokens_per_s": tokens / (b - a),
-                "bg_max_itl_s": max(gaps, default=0.0),
-                "bg_mean_itl_s": statistics.fmean(gaps) if gaps else 0.0,
-            }
+            LoadWindow(
+                ttft_s=b - a,
+                steps=ld["steps"],
+                cached=ld["cached"],
+                bg_tokens_per_s=tokens / (b - a),
+                bg_max_itl_s=max(gaps, default=0.0),
+                bg_mean_itl_s=statistics.fmean(gaps) if gaps else 0.0,
+            )
         )
     steady = [
         c - p
@@ -57,49 +171,58 @@ def window_metrics(result: dict[str, Any]) -> dict[str, Any]:
         for p, c in pairwise(ts)
         if all(c <= a or p >= b for a, b in windows) and c > p
     ]
-    return {"loads": loads, "steady_itl_s": steady}
+    return Windows(loads, steady)
 
 
 def measure(
-    worker: Callable[[dict[str, Any]], dict[str, Any]],
-    spec: dict[str, Any],
+    worker: Callable[[Spec], Mapping[str, object]],
+    spec: Spec,
     connector: dict[str, Any],
     repeats: int,
     say: Callable[[str], None],
-) -> dict[str, Any]:
+) -> Concurrent:
     """Runs `worker` (one fresh vLLM process each) per mode and repeat, ABBA order; the summary."""
-    loads: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    loads: dict[str, list[LoadWindow]] = {m: [] for m in MODES}
     steady: dict[str, list[float]] = {m: [] for m in MODES}
-    stats: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    stats: dict[str, list[dict[str, object]]] = {m: [] for m in MODES}
     order = list(MODES)
     for r in range(repeats):
         for mode in order if r % 2 == 0 else order[::-1]:
             say(f"concurrent: load_async {MODES[mode]} (fresh process: the prefix loads from SSD)")
-            res = worker({**spec, "connector": {**connector, "load_async": MODES[mode]}})
+            run_spec = spec.copy()
+            run_spec["connector"] = {**connector, "load_async": MODES[mode]}
+            res = parse_run(worker(run_spec))
             m = window_metrics(res)
-            if not all(ld["cached"] for ld in m["loads"]):
-                raise RuntimeError(f"a loader missed kvtier in mode {mode}: {m['loads']}")
-            loads[mode] += m["loads"]
-            steady[mode] += m["steady_itl_s"]
-            stats[mode].append({k: v for k, v in res.get("stats", {}).items() if k != "store"})
-    out: dict[str, Any] = {
-        "prefix_tokens": len(spec["loaders"][0]) - 16,
-        "background_requests": len(spec["background"]),
-        "loaders_per_process": len(spec["loaders"]),
-        "repeats": repeats,
-        "tier": "ssd (fresh process, promotion off: every loader reads the SSD pool)",
-        "modes": {},
+            if not all(ld.cached for ld in m.loads):
+                raise RuntimeError(f"a loader missed kvtier in mode {mode}: {m.loads}")
+            loads[mode] += m.loads
+            steady[mode] += m.steady_itl_s
+            stats[mode].append({k: v for k, v in res["stats"].items() if k != "store"})
+
+    def median(mode: str, key: str) -> float:
+        return float(statistics.median(getattr(ld, key) for ld in loads[mode]))
+
+    modes = {
+        mode: ModeFigures(
+            ttft_s_median=median(mode, "ttft_s"),
+            bg_tokens_per_s_median=median(mode, "bg_tokens_per_s"),
+            bg_max_itl_s_median=median(mode, "bg_max_itl_s"),
+            bg_mean_itl_s_median=median(mode, "bg_mean_itl_s"),
+            bg_steady_itl_s_median=statistics.median(steady[mode]) if steady[mode] else None,
+            per_load=loads[mode],
+            worker_stats=stats[mode],
+        )
+        for mode in MODES
     }
-    keys = ("ttft_s", "bg_tokens_per_s", "bg_max_itl_s", "bg_mean_itl_s")
-    for mode in MODES:
-        row: dict[str, Any] = {f"{k}_median": statistics.median(ld[k] for ld in loads[mode]) for k in keys}
-        row["bg_steady_itl_s_median"] = statistics.median(steady[mode]) if steady[mode] else None
-        row["per_load"] = loads[mode]
-        row["worker_stats"] = stats[mode]
-        out["modes"][mode] = row
-    a, s = out["modes"]["async"], out["modes"]["sync"]
-    out["async_over_sync"] = {k: a[f"{k}_median"] / s[f"{k}_median"] for k in keys}
-    return out
+    return Concurrent(
+        prefix_tokens=len(spec["loaders"][0]) - 16,
+        background_requests=len(spec["background"]),
+        loaders_per_process=len(spec["loaders"]),
+        repeats=repeats,
+        tier="ssd (fresh process, promotion off: every loader reads the SSD pool)",
+        modes=modes,
+        async_over_sync={k: median("async", k) / median("sync", k) for k in KEYS},
+    )
 
 
 def main() -> None:
@@ -158,7 +281,7 @@ def main() -> None:
         add(name, tokens, bg)
     while any(len(arrivals[b]) < 2 for b in background):  # all prefilled and decoding
         step()
-    loads: list[dict[str, Any]] = []
+    loads: list[LoadRecord] = []
     one = SamplingParams(temperature=0, max_tokens=1)
     for k, tokens in enumerate(spec["loaders"]):
         for _ in range(spec["gap_steps"]):
@@ -170,9 +293,7 @@ def main() -> None:
         while not arrivals[name]:
             step()
             steps += 1
-        loads.append(
-            {"t_add": t_add, "t_first": arrivals[name][0], "steps": steps, "cached": cached.get(name)}
-        )
+        loads.append(LoadRecord(t_add=t_add, t_first=arrivals[name][0], steps=steps, cached=cached.get(name)))
         if any(len(arrivals[b]) >= spec["background_max_tokens"] for b in background):
             raise RuntimeError("a background request finished during the run; raise background_max_tokens")
     for _ in range(spec["gap_steps"]):

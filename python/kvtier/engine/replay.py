@@ -22,7 +22,6 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.errors import EngineError
@@ -30,6 +29,7 @@ from kvtier.engine.llm import LLM, llm_store_config
 from kvtier.engine.model import Model, load
 from kvtier.engine.sampling import SamplingParams
 from kvtier.engine.tokenizer import Tokenizer
+from kvtier.results import Result
 from kvtier.store import Store
 
 QUESTIONS = (
@@ -39,6 +39,29 @@ QUESTIONS = (
     ("Name a planet.", "Is it larger than Earth?", "How far is it from the Sun?", "Does it have moons?"),
 )
 SETUPS = ("recompute", "dram", "ssd", "remote", "device")
+
+
+@dataclass(frozen=True)
+class SetupFigures(Result):
+    """One set-up's figures as ``kvtier demo --engine`` reports them."""
+
+    ttft_s_per_turn: list[float]
+    ttft_s_mean_later_turns: float
+    speedup_vs_recompute: float | None
+    prefill_tokens: int
+    reused_tokens: dict[str, int]
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class ReplayResult(Result):
+    """What the engine replay reports: every set-up generated the same tokens (else it raises)."""
+
+    conversations: int
+    turns: int
+    max_tokens: int
+    setups: dict[str, SetupFigures]
+    identical_outputs: bool = True
 
 
 @dataclass
@@ -122,7 +145,7 @@ def run(
     show: bool = True,
     model: Model | None = None,
     tokenizer: Tokenizer | None = None,
-) -> dict[str, Any]:
+) -> ReplayResult:
     if model is None or tokenizer is None:
         model, tokenizer = load()
     server = None
@@ -149,40 +172,28 @@ def run(
     base = next((r for r in results if r.name == "recompute"), results[0])
     later = slice(1, None) if turns > 1 else slice(None)
     base_ttft = _mean(base.ttft_s[later])
-    out: dict[str, Any] = {
-        "conversations": conversations,
-        "turns": turns,
-        "max_tokens": max_tokens,
-        "identical_outputs": True,
-        "setups": {},
-    }
+    figures: dict[str, SetupFigures] = {}
     for r in results:
         mean = _mean(r.ttft_s[later])
-        out["setups"][r.name] = {
-            "ttft_s_per_turn": r.ttft_s,
-            "ttft_s_mean_later_turns": mean,
-            "speedup_vs_recompute": base_ttft / mean if mean > 0 else None,
-            "prefill_tokens": r.prefill_tokens,
-            "reused_tokens": r.reused_tokens,
-            "wall_s": r.wall_s,
-        }
-    return out
+        speedup = base_ttft / mean if mean > 0 else None
+        figures[r.name] = SetupFigures(r.ttft_s, mean, speedup, r.prefill_tokens, r.reused_tokens, r.wall_s)
+    return ReplayResult(conversations, turns, max_tokens, figures)
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def summary(result: dict[str, Any]) -> str:
+def summary(result: ReplayResult) -> str:
     lines = [
-        f"engine replay: {result['conversations']} conversations x {result['turns']} turns, "
-        f"{result['max_tokens']} new tokens per reply (SmolLM2-135M, CPU); outputs identical in every set-up",
+        f"engine replay: {result.conversations} conversations x {result.turns} turns, "
+        f"{result.max_tokens} new tokens per reply (SmolLM2-135M, CPU); outputs identical in every set-up",
         f"  {'set-up':10s} {'TTFT turns 2+':>14s} {'vs recompute':>13s} {'prefilled':>10s}  reused tokens",
     ]
-    for name, s in result["setups"].items():
-        reused = ", ".join(f"{k} {v}" for k, v in s["reused_tokens"].items() if v) or "none"
-        speedup = s["speedup_vs_recompute"]
+    for name, s in result.setups.items():
+        reused = ", ".join(f"{k} {v}" for k, v in s.reused_tokens.items() if v) or "none"
+        speedup = s.speedup_vs_recompute
         lines.append(
-            f"  {name:10s} {s['ttft_s_mean_later_turns']:12.3f} s {speedup:12.2f}x {s['prefill_tokens']:10d}  {reused}"
+            f"  {name:10s} {s.ttft_s_mean_later_turns:12.3f} s {speedup:12.2f}x {s.prefill_tokens:10d}  {reused}"
         )
     return "\n".join(lines)

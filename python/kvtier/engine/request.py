@@ -79,42 +79,38 @@ def check_prompt(
     return [int(t) for t in ids]
 
 
+@dataclass(eq=False)  # identity, as before: the loop keeps requests in lists and dicts by id
 class EngineRequest:
     """Mutable state of one request in the engine loop (see the module doc)."""
 
-    def __init__(
-        self,
-        req_id: int,
-        prompt: list[int],
-        params: SamplingParams,
-        stop_token_ids: frozenset[int],
-        rng: np.random.Generator,
-        arrival_s: float,
-        namespace: Namespace,
-    ) -> None:
-        self.req_id = req_id
-        self.prompt = prompt
-        self.params = params
-        self.stop_token_ids = stop_token_ids
-        self.rng = rng
-        self.arrival_s = arrival_s
-        self.namespace = namespace
-        self.output: list[int] = []
-        self.prefill_len = len(prompt)
-        self.num_computed = 0
-        self.table: list[int] = []
-        self.locked = 0
-        self.duplicates: set[int] = set()
-        self.phase = Phase.WAITING
-        self.epoch = 0  # bumped when it leaves the device (preempted, swapped out)
-        self.hit_tokens = [0, 0, 0, 0]  # reused prompt tokens per tier, at the last admission
-        self.preemptions = 0
-        self.swaps = 0
-        self.first_token_s: float | None = None
-        self.finish_s: float | None = None
-        self.finish_reason: str | None = None
-        self._keys = namespace.block_keys(np.zeros(0, dtype=np.uint32))
-        self._key_ints: list[int] = []
+    req_id: int
+    prompt: list[int]
+    params: SamplingParams
+    stop_token_ids: frozenset[int]
+    rng: np.random.Generator
+    arrival_s: float
+    namespace: Namespace
+    output: list[int] = field(default_factory=list, init=False)
+    prefill_len: int = field(init=False)
+    num_computed: int = field(default=0, init=False)
+    table: list[int] = field(default_factory=list, init=False)
+    locked: int = field(default=0, init=False)
+    duplicates: set[int] = field(default_factory=set, init=False)
+    phase: Phase = field(default=Phase.WAITING, init=False)
+    epoch: int = field(default=0, init=False)  # bumped when it leaves the device (preempted, swapped out)
+    #: Reused prompt tokens per tier, at the last admission.
+    hit_tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0], init=False)
+    preemptions: int = field(default=0, init=False)
+    swaps: int = field(default=0, init=False)
+    first_token_s: float | None = field(default=None, init=False)
+    finish_s: float | None = field(default=None, init=False)
+    finish_reason: str | None = field(default=None, init=False)
+    _keys: BlockKeys = field(init=False, repr=False)
+    _key_ints: list[int] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prefill_len = len(self.prompt)
+        self._keys = self.namespace.block_keys(np.zeros(0, dtype=np.uint32))
 
     @property
     def tokens(self) -> list[int]:

@@ -26,6 +26,7 @@ from kvtier.radix import HiRadixTree, Tier
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.events.step_end import Step
+from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.sim.state import SimRequest
 from kvtier.sim.tiers import LowerTiers
@@ -126,25 +127,15 @@ class LoadPaths:
         return seconds
 
 
-class LoadOwner(Protocol):
+class LoadOwner(SeamOwner, Protocol):
     """What load orders read and call of the engine that owns them."""
 
     reserved_blocks: int  # device blocks set aside for loads in flight, all requests together
+    tree: HiRadixTree
+    fetching: dict[int, SimRequest]
 
-    @property
-    def loop(self) -> EventLoop: ...
-    @property
-    def tree(self) -> HiRadixTree: ...
-    @property
-    def lower_tiers(self) -> LowerTiers: ...
-    @property
-    def running(self) -> list[SimRequest]: ...
-    @property
-    def fetching(self) -> dict[int, SimRequest]: ...
     def admit(self, r: SimRequest) -> None: ...
     def extend_lock(self, r: SimRequest, end: int) -> None: ...
-    def make_room(self, blocks: int) -> bool: ...
-    def kick(self) -> None: ...
 
 
 class LoadOrders:

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.results import Result
 from kvtier.sim.config import SimConfig
 
 #: Trace file suffix -> workload that replays it (with the config that `trace_config` builds).
@@ -52,8 +54,30 @@ def trace_config(path: str | Path, policy: str = "hicache") -> SimConfig:
     )
 
 
-def _passes(result: dict[str, Any], attainment: float) -> bool:
-    return bool(result["unfinished_requests"] == 0 and result["slo"]["ttft_attainment"] >= attainment)
+@dataclass(frozen=True)
+class SizeRun(Result):
+    """One replay of the search: its engine count, whether it met the SLO, and its figures."""
+
+    engines: int
+    passes: bool
+    ttft_attainment: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    requests: int
+    unfinished_requests: int
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class Sizing(Result):
+    """What ``kvtier sim size`` reports: the smallest passing engine count (``None`` when even the
+    limit fails) and every replay it ran, by engine count."""
+
+    engines: int | None
+    ttft_slo_s: float
+    attainment: float
+    runs: list[SizeRun]
 
 
 def size(
@@ -61,11 +85,10 @@ def size(
     ttft_slo_s: float,
     attainment: float = 0.9,
     max_engines: int = 1024,
-    on_run: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Searches ``engines`` for `config` (see the module doc). Returns ``{"engines": n or None,
-    "ttft_slo_s", "attainment", "runs": [one row per replay, by engine count]}``; ``engines`` is
-    None when even `max_engines` fails. `on_run` sees each row as it is measured."""
+    on_run: Callable[[SizeRun], None] | None = None,
+) -> Sizing:
+    """Searches ``engines`` for `config` (see the module doc); `on_run` sees each row as it is
+    measured."""
     if config.prefill_engines or config.decode_engines:
         raise ConfigError(
             "`kvtier sim size` sizes colocated clusters (`engines`); this config has P/D groups "
@@ -80,35 +103,33 @@ def size(
     from kvtier.sim.run import run  # the whole simulator: imported when a search runs, not by the CLI
 
     slo = {**config.slo, "ttft_s": ttft_slo_s}
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, SizeRun] = {}
 
     def trial(n: int) -> bool:
         result = run(config.with_overrides(engines=n, slo=slo, name=f"{config.name}-x{n}"))
-        row = {
-            "engines": n,
-            "passes": _passes(result, attainment),
-            "ttft_attainment": result["slo"]["ttft_attainment"],
-            "ttft_p50_s": result["ttft_s"]["p50"],
-            "ttft_p90_s": result["ttft_s"]["p90"],
-            "ttft_p99_s": result["ttft_s"]["p99"],
-            "requests": result["requests"],
-            "unfinished_requests": result["unfinished_requests"],
-            "wall_s": result["wall_s"],
-        }
+        within: float = result["slo"]["ttft_attainment"]
+        unfinished: int = result["unfinished_requests"]
+        ttft = result["ttft_s"]
+        row = SizeRun(
+            engines=n,
+            passes=bool(unfinished == 0 and within >= attainment),
+            ttft_attainment=within,
+            ttft_p50_s=ttft["p50"],
+            ttft_p90_s=ttft["p90"],
+            ttft_p99_s=ttft["p99"],
+            requests=result["requests"],
+            unfinished_requests=unfinished,
+            wall_s=result["wall_s"],
+        )
         rows[n] = row
         if on_run is not None:
             on_run(row)
-        return bool(row["passes"])
+        return row.passes
 
     low, high = 0, 1  # low: the largest size known to fail (0: none tried)
     while not trial(high):
         if high >= max_engines:
-            return {
-                "engines": None,
-                "ttft_slo_s": ttft_slo_s,
-                "attainment": attainment,
-                "runs": _sorted(rows),
-            }
+            return Sizing(None, ttft_slo_s, attainment, _sorted(rows))
         low, high = high, min(2 * high, max_engines)
     while high - low > 1:
         mid = (low + high) // 2
@@ -116,22 +137,22 @@ def size(
             high = mid
         else:
             low = mid
-    return {"engines": high, "ttft_slo_s": ttft_slo_s, "attainment": attainment, "runs": _sorted(rows)}
+    return Sizing(high, ttft_slo_s, attainment, _sorted(rows))
 
 
-def _sorted(rows: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+def _sorted(rows: dict[int, SizeRun]) -> list[SizeRun]:
     return [rows[n] for n in sorted(rows)]
 
 
-def summary(result: dict[str, Any]) -> str:
+def summary(result: Sizing) -> str:
     lines = [f"{'engines':>7}  {'TTFT p50':>9}  {'p90':>9}  {'p99':>9}  {'within SLO':>10}  ok"]
-    for r in result["runs"]:
+    for r in result.runs:
         lines.append(
-            f"{r['engines']:>7}  {r['ttft_p50_s']:>8.2f}s  {r['ttft_p90_s']:>8.2f}s  {r['ttft_p99_s']:>8.2f}s"
-            f"  {r['ttft_attainment']:>10.1%}  {'yes' if r['passes'] else 'no'}"
+            f"{r.engines:>7}  {r.ttft_p50_s:>8.2f}s  {r.ttft_p90_s:>8.2f}s  {r.ttft_p99_s:>8.2f}s"
+            f"  {r.ttft_attainment:>10.1%}  {'yes' if r.passes else 'no'}"
         )
-    slo = f"TTFT <= {result['ttft_slo_s']:g} s for {result['attainment']:.0%} of requests"
-    n = result["engines"]
+    slo = f"TTFT <= {result.ttft_slo_s:g} s for {result.attainment:.0%} of requests"
+    n = result.engines
     lines.append(f"smallest cluster: {n} engines ({slo})" if n else f"no cluster up to the limit meets {slo}")
     return "\n".join(lines)
 
@@ -156,11 +177,9 @@ def add_command(sim_sub: Any, emit: Callable[[Any, bool, Callable[[Any], str]], 
         config = trace_config(src, args.policy) if is_trace else SimConfig.from_yaml(src)
         slo = args.ttft_slo if args.ttft_slo is not None else float(config.slo.get("ttft_s", 5.0))
 
-        def show(row: dict[str, Any]) -> None:
+        def show(row: SizeRun) -> None:
             if not args.json:
-                print(
-                    f"  {row['engines']} engines: {row['ttft_attainment']:.1%} within SLO, {row['wall_s']:.1f} s"
-                )
+                print(f"  {row.engines} engines: {row.ttft_attainment:.1%} within SLO, {row.wall_s:.1f} s")
 
         emit(size(config, slo, args.attainment, args.max_engines, on_run=show), args.json, summary)
 

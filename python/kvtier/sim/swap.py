@@ -20,41 +20,28 @@ from typing import Protocol
 from kvtier.errors import SimError
 from kvtier.radix import Tier
 from kvtier.sched.base import Phase, Policy, SwapCopy
-from kvtier.sim.core import EventLoop
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.metrics import Metrics
+from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.state import SimRequest
-from kvtier.sim.tiers import LowerTiers
 
 Landed = Callable[[Transfer], None]
 
 
-class SwapOwner(Protocol):
+class SwapOwner(SeamOwner, Protocol):
     """What swapping reads and calls of the engine that owns it."""
 
     name: str
     stepping: bool
     private_blocks: int  # device blocks outside the prefix index, all requests together
+    policy: Policy
+    metrics: Metrics
+    host_link: Link
+    swapped: dict[int, SimRequest]
 
-    @property
-    def policy(self) -> Policy: ...
-    @property
-    def loop(self) -> EventLoop: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    @property
-    def host_link(self) -> Link: ...
-    @property
-    def lower_tiers(self) -> LowerTiers: ...
-    @property
-    def running(self) -> list[SimRequest]: ...
-    @property
-    def swapped(self) -> dict[int, SimRequest]: ...
     def release(self, r: SimRequest) -> None: ...
     def preempt(self, r: SimRequest) -> None: ...
-    def make_room(self, blocks: int) -> bool: ...
-    def kick(self) -> None: ...
     def start_step(self) -> None: ...
 
 

@@ -36,6 +36,7 @@ from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import BatchShape, CostModel, FittedCostModel, load_calibration, read_calibration
 from kvtier.sim.machine import differences
+from kvtier.sim.owner import StepSizes
 from kvtier.sim.request import Request
 from kvtier.sim.run import build
 
@@ -69,15 +70,9 @@ def _block_keys(prompt: Sequence[int], block_tokens: int, req_id: int) -> tuple[
     return tuple(keys)
 
 
-class EngineSizes(Protocol):
+class EngineSizes(StepSizes, Protocol):
     """The engine's sizes the simulation copies (:class:`kvtier.engine.config.EngineConfig` has them)."""
 
-    @property
-    def block_tokens(self) -> int: ...
-    @property
-    def max_batch_tokens(self) -> int: ...
-    @property
-    def max_running(self) -> int: ...
     @property
     def num_blocks(self) -> int: ...
     @property

@@ -28,6 +28,7 @@ from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
+from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
@@ -78,15 +79,9 @@ def _new_view(
     return v
 
 
-class ViewConfig(Protocol):
-    @property
-    def block_tokens(self) -> int: ...
+class ViewConfig(StepSizes, Protocol):
     @property
     def host_blocks(self) -> int: ...
-    @property
-    def max_batch_tokens(self) -> int: ...
-    @property
-    def max_running(self) -> int: ...
     @property
     def view_waiting_max(self) -> int: ...
 

@@ -49,6 +49,7 @@ from kvtier.sim.workload.arrivals import make_arrivals
 from kvtier.sim.workload.common import (
     ContextKeys,
     KeyAllocator,
+    Session,
     lognormal_tokens,
     require_at_least,
     require_block_tokens,
@@ -124,30 +125,17 @@ def agentic_workload(
         req_ids = iter(range(2**62))
         for trajectory_id, start_s in zip(range(num_trajectories), arrivals, strict=False):
             planned_turns = lognormal_tokens(rng, turns_mu, turns_sigma, 1, 1_000_000)
-            context = ContextKeys(keys, block_tokens)
+            session = Session(ContextKeys(keys, block_tokens), req_ids, trajectory_id, start_s)
             context_tokens = 0
-            parent_id: int | None = None
             for _ in range(planned_turns):
                 append_tokens = lognormal_tokens(rng, append_mean, append_sigma, 1, max_context - 1)
                 gen_tokens = lognormal_tokens(rng, gen_mean, gen_sigma, 1, max_context - 1)
                 if context_tokens + append_tokens + gen_tokens > max_context:
-                    if parent_id is not None:
+                    if session.parent_id is not None:
                         break  # truncated at MaxLen (DualPath §7)
                     append_tokens = max_context - gen_tokens  # the first step always runs
                 prompt_tokens = context_tokens + append_tokens
-                tool_time_s = 0.0 if parent_id is None else float(rng.exponential(tool_mean_s))
-                req_id = next(req_ids)
-                yield Request(
-                    req_id=req_id,
-                    arrival_s=start_s,
-                    prompt_tokens=prompt_tokens,
-                    output_tokens=gen_tokens,
-                    block_keys=context.prompt_keys(prompt_tokens),
-                    session_id=trajectory_id,
-                    parent_id=parent_id,
-                    think_time_s=tool_time_s,
-                )
-                parent_id = req_id
+                yield session.turn(prompt_tokens, gen_tokens, rng, tool_mean_s)  # think time: tool time
                 context_tokens = prompt_tokens + gen_tokens
 
     return generate()

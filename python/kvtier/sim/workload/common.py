@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from kvtier.errors import ConfigError, TraceError
+from kvtier.sim.request import Request
 
 #: Environment variable naming a data directory (like the repository's ``data/``) to find traces in.
 DATA_DIR_ENV = "KVTIER_DATA_DIR"
@@ -66,6 +67,39 @@ class ContextKeys:
             self._stream.extend(self._keys.fresh(full_blocks - len(self._stream)))
         head = tuple(self._stream[:full_blocks])
         return head + tuple(self._keys.fresh(1)) if tail_tokens else head
+
+
+class Session:
+    """One chained stream of requests (a chat session, an agent trajectory) arriving at
+    ``start_s``: each turn's prompt extends the stream's :class:`ContextKeys` and names the turn
+    before it as its parent; every turn after the first waits a think (or tool) time first."""
+
+    def __init__(self, context: ContextKeys, req_ids: Iterator[int], session_id: int, start_s: float) -> None:
+        self._context = context
+        self._req_ids = req_ids
+        self._session_id = session_id
+        self._start_s = start_s
+        self.parent_id: int | None = None
+
+    def turn(
+        self, prompt_tokens: int, output_tokens: int, rng: np.random.Generator, think_mean_s: float
+    ) -> Request:
+        """The next turn; its think time is drawn from ``rng`` (exponential, mean
+        ``think_mean_s``) unless it is the first."""
+        think_time_s = 0.0 if self.parent_id is None else float(rng.exponential(think_mean_s))
+        req_id = next(self._req_ids)
+        request = Request(
+            req_id=req_id,
+            arrival_s=self._start_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            block_keys=self._context.prompt_keys(prompt_tokens),
+            session_id=self._session_id,
+            parent_id=self.parent_id,
+            think_time_s=think_time_s,
+        )
+        self.parent_id = req_id
+        return request
 
 
 # --- parameter checks: ConfigError naming the parameter, its value and what is expected ---------

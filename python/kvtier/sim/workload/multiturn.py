@@ -33,6 +33,7 @@ from kvtier.sim.workload.arrivals import make_arrivals
 from kvtier.sim.workload.common import (
     ContextKeys,
     KeyAllocator,
+    Session,
     lognormal_tokens,
     require_at_least,
     require_block_tokens,
@@ -85,32 +86,19 @@ def multiturn_workload(
         req_ids = iter(range(2**62))
         for session_id, start_s in zip(range(num_sessions), arrivals, strict=False):
             num_turns = min(int(rng.geometric(1.0 / turns_mean)), turns_max)
-            context = ContextKeys(keys, block_tokens, system_keys)
+            session = Session(ContextKeys(keys, block_tokens, system_keys), req_ids, session_id, start_s)
             history_tokens = system_tokens
-            parent_id: int | None = None
             for _ in range(num_turns):
                 user_tokens = lognormal_tokens(rng, user_mean, user_sigma, 1, max_context)
                 output_tokens = lognormal_tokens(rng, output_mean, output_sigma, 1, output_max)
                 prompt_tokens = history_tokens + user_tokens
                 if prompt_tokens + output_tokens > max_context:
-                    if parent_id is not None:
+                    if session.parent_id is not None:
                         break
                     # The first turn always runs, shortened to fit.
                     output_tokens = min(output_tokens, max_context - history_tokens - 1)
                     prompt_tokens = max_context - output_tokens
-                think_time_s = 0.0 if parent_id is None else float(rng.exponential(think_mean_s))
-                req_id = next(req_ids)
-                yield Request(
-                    req_id=req_id,
-                    arrival_s=start_s,
-                    prompt_tokens=prompt_tokens,
-                    output_tokens=output_tokens,
-                    block_keys=context.prompt_keys(prompt_tokens),
-                    session_id=session_id,
-                    parent_id=parent_id,
-                    think_time_s=think_time_s,
-                )
-                parent_id = req_id
+                yield session.turn(prompt_tokens, output_tokens, rng, think_mean_s)
                 history_tokens = prompt_tokens + output_tokens
 
     return generate()

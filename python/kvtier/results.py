@@ -1,0 +1,90 @@
+"""Typed results of kvtier's benchmarks and simulator (issue 18 step 5), and their one way to JSON.
+
+A result is a frozen dataclass deriving :class:`Result`; ``kvtier bench X --json`` prints
+:func:`to_json` of it, which is :meth:`Result.as_dict` for a result, recursively: each field under
+its own name, a field declared ``= field(default=None, metadata=OMIT)`` left out while it is ``None`` (a key that only some
+results carry, such as a bench row's ``not_run``). Values that are JSON documents passed through
+(a peer process's raw output, a config echoed back) stay mappings, typed as ``TypedDict`` where
+their keys are known.
+
+Untrusted JSON read back into a typed value (a worker process's ``RESULT`` line) goes through
+:func:`field_of`, whose error names the document and the missing or ill-typed field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from kvtier.errors import KvtierError, shown
+
+T = TypeVar("T")
+#: ``field(default=None, metadata=OMIT)``: :meth:`Result.as_dict` leaves the key out while ``None``.
+OMIT: Mapping[str, bool] = MappingProxyType({"omit_if_none": True})
+
+
+@dataclass(frozen=True)
+class Result:
+    """Base of a typed result; see the module docs."""
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit_if_none"):
+                continue
+            out[f.name] = to_json(value)
+        return out
+
+
+R = TypeVar("R", bound="Result | Mapping[str, Any]")
+
+
+def emit(result: R, as_json: bool, summary: Callable[[R], str]) -> None:
+    """Prints ``result`` as one JSON object (``--json``: :func:`to_json`, keys sorted) or as its
+    ``summary``: what every ``kvtier`` command that reports a result ends with."""
+    print(json.dumps(to_json(result), sort_keys=True) if as_json else summary(result))
+
+
+def to_json(value: object) -> object:
+    """``value`` as plain JSON data: results as their :meth:`Result.as_dict`, tuples as lists,
+    mappings and lists converted item by item, everything else as it is."""
+    if isinstance(value, Result):
+        return value.as_dict()
+    if isinstance(value, Mapping):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Spread(Result):
+    """Median and range of one figure over a bench's rounds, with every round's value."""
+
+    median: float
+    min: float
+    max: float
+    rounds: list[float]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values), list(values))
+
+
+def field_of(data: Mapping[str, object], key: str, kind: type[T], where: str) -> T:
+    """``data[key]`` when it is a ``kind`` (an int is a float too; a bool is neither); else a
+    :class:`KvtierError` naming ``where`` and ``key``."""
+    if key not in data:
+        raise KvtierError(f"{where}: `{key}` is missing")
+    value = data[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise KvtierError(f"{where}: `{key}` is {shown(value)}; expected {kind.__name__}")
+    return value
