@@ -61,6 +61,7 @@ class SsdMetrics(TypedDict):
     compactions: int
     objects: int
     pinned_objects: int
+    doomed_objects: int
     used_bytes: int
     capacity_bytes: int
     stored: int
