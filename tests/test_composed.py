@@ -15,8 +15,7 @@ from kvtier.sched.composed import Composed
 from kvtier.sched.rotasched import RotaSched, transfer_engine
 from kvtier.sched.shadowserve import BLUEFIELD3
 from kvtier.sched.strata import Strata
-from kvtier.sched.unified_pool import bandwidth_aware_counts
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.run import run
 
 BT = 32
@@ -109,16 +108,16 @@ def test_composed_is_registered_and_rejects_bad_parameters() -> None:
         make_policy("composed", fetch_min_tokens=-1)
 
 
-def test_pool_piece_sets_the_unified_pool_layout_and_placement() -> None:
-    on, off = Composed(), Composed(pool=False)
-    assert (on.pool_layout, on.pool_passthrough) == ("pooled", True)
-    assert (off.pool_layout, off.pool_passthrough) == ("serial", False)
-    bandwidths = (10.65e9, 10.65e9, 31.5e9, 31.5e9)
-    assert on.place(101, bandwidths) == bandwidth_aware_counts(101, bandwidths)
-    with pytest.raises(ConfigError):
-        off.place(101, bandwidths)
-    # Class defaults stay as they were: another instance is not changed by this one's pieces.
-    assert make_policy("strata").pool_layout == "serial"
+def test_pool_piece_fills_the_unified_pool_layout_in_config() -> None:
+    # The layout is data-plane config: the policy carries none; the `pool` piece on fills the
+    # unified pool's layout where the run's `pool` section leaves it out (one release).
+    assert not hasattr(Composed(), "pool_layout") and not hasattr(Composed(), "place")
+    base = SimConfig(policy={"name": "composed"}, pool={"dram_modules": 2})
+    assert resolve_deprecated(base).pool == {"dram_modules": 2, "layout": "pooled", "passthrough": True}
+    off = base.with_overrides(policy={"name": "composed", "pool": False})
+    assert resolve_deprecated(off).pool == {"dram_modules": 2}
+    explicit = base.with_overrides(pool={"layout": "serial"})
+    assert resolve_deprecated(explicit).pool == {"layout": "serial", "passthrough": True}
 
 
 def test_rotation_piece_brings_duplexkv_swaps() -> None:

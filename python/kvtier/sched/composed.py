@@ -22,12 +22,11 @@ piece           decision                                      paper, code reused
                 bubble filling (async loads when loading-    :class:`Strata` run on the view that
                 bound), GPU-assisted I/O, storage→host       the pieces above leave
                 prefetch while queueing
-``pool``        where host/SSD KV lives and how loads are    Unified KV pooling §IV (+ §II-B2):
-                split: one pooled tier over every DRAM       ``pool_layout="pooled"``, KV-
-                module and SSD, bandwidth-proportional       passthrough, :func:`bandwidth_aware_
-                placement (Algorithm 1), KV-passthrough;     counts`; :func:`admit_async` when
-                without ``balance``, async loading during    ``balance`` is off
-                queueing (:func:`admit_async`)
+``pool``        without ``balance``, async loading during    Unified KV pooling §II-B2:
+                queueing (:func:`admit_async`); the pooled   :func:`admit_async` when ``balance``
+                storage itself (one tier over every DRAM     is off; the layout is the sim
+                module and SSD, Algorithm 1 placement, KV-   config's ``pool`` section
+                passthrough) is data-plane config            (kvtier.sim.pool)
 ==============  ===========================================  ======================================
 
 One iteration, in this order: (1) ``rotation`` runs LVF on the full view and plans the running
@@ -35,8 +34,9 @@ batch and the swap-ins (without it: the running batch as every kvtier policy, FC
 (2) ``async_fetch`` intercepts store hits among the waiting requests rotation lets in; (3) the rest
 is admitted by ``balance`` (Strata on a *sub-view*: only the admissible waiting requests, the free
 blocks and running slots left by (1)-(2)), else by ``pool``'s async loading, else FCFS with
-layerwise loads (HiCache-like). ``pool`` also sets the storage layout whenever the run has a
-``pool`` section. With only ``balance`` on the decisions are Strata's (the sub-view is the view).
+layerwise loads (HiCache-like). The storage layout is the run's ``pool`` section (``layout``,
+``passthrough``); for one release, ``pool`` on fills ``layout: pooled, passthrough: true`` there
+when the section leaves them out (kvtier.sim.config.resolve_deprecated). With only ``balance`` on the decisions are Strata's (the sub-view is the view).
 
 KV below the device is written through to every lower tier (Strata §4.1, LMCache), so the
 host/SSD/remote tiers hold prefixes for later hits; rotary (swapped-out) requests share the host
@@ -71,7 +71,7 @@ from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
 from kvtier.sched.rotasched import RotaSched, StepPlan
 from kvtier.sched.shadowserve import ShadowServeAsync
 from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
-from kvtier.sched.unified_pool import admit_async, bandwidth_aware_counts
+from kvtier.sched.unified_pool import admit_async
 
 PIECES = ("rotation", "async_fetch", "balance", "pool")
 
@@ -111,14 +111,7 @@ class Composed(Policy):
             raise ConfigError(f"composed: bad strata/rotasched parameters: {e}") from None
         self.shadow = ShadowServeAsync()
         self.swap_copy = self.rota.swap_copy if rotation else SwapCopy()
-        self.pool_layout = "pooled" if pool else "serial"
-        self.pool_passthrough = pool
         self.intercepted_total = 0  # requests sent to the fetching queue by async_fetch
-
-    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
-        if not self.pool:
-            return super().place(num_items, bandwidths_bytes_per_s)
-        return bandwidth_aware_counts(num_items, bandwidths_bytes_per_s)  # Unified pool Algorithm 1
 
     def pieces(self) -> tuple[str, ...]:
         return tuple(p for p in PIECES if getattr(self, p))

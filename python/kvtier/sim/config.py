@@ -29,6 +29,7 @@ from typing import Any
 
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
+from kvtier.sched.base import renamed
 from kvtier.sched.placement import ROUTERS
 
 _INF_WORDS = ("inf", "unbounded", "infinite")
@@ -151,6 +152,23 @@ class SimConfig:
         with or without ``.yaml``, relative to :func:`experiments_dir`) when no such file exists."""
         data = read_yaml(resolve_experiment(path), "sim config")
         return cls.from_dict(data if data is not None else {})
+
+
+def resolve_deprecated(config: SimConfig) -> SimConfig:
+    """``config`` in current spelling: a deprecated policy name (DeprecationWarning) becomes the
+    policy that decides the same, and the data-plane keys it implied fill the config's ``pool``
+    section where the section is present and leaves them out (the run is unchanged). ``composed``
+    with its ``pool`` piece on implies the unified pool's layout the same way."""
+    spec = dict(config.policy)
+    name, implied = renamed(str(spec["name"]))
+    if name == "composed" and spec.get("pool", True):
+        implied = {"pool": {"layout": "pooled", "passthrough": True}}
+    if name == spec["name"] and not implied:
+        return config
+    pool = config.pool
+    if pool is not None and "pool" in implied:
+        pool = {**implied["pool"], **pool}
+    return config.with_overrides(policy={**spec, "name": name}, pool=pool)
 
 
 def experiments_dir() -> Path:

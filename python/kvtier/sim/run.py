@@ -18,7 +18,7 @@ from kvtier.sched.base import Policy
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sim.cluster import Cluster
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel, make_cost_model
 from kvtier.sim.dualpath import DualPathCluster
@@ -86,6 +86,7 @@ def global_scheduler(config: SimConfig, policy: Policy) -> GlobalScheduler | str
 
 
 def build(config: SimConfig) -> Simulation:
+    config = resolve_deprecated(config)
     hw = load_hardware(config.hardware)
     model = load_model(config.model)
     policy_spec = dict(config.policy)
@@ -146,7 +147,6 @@ def build(config: SimConfig) -> Simulation:
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
         pool = build_pool(
             PoolSpec.from_mapping(config.pool),
-            probe,
             hw,
             loop,
             block_bytes,
