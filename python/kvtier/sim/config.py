@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,14 +159,22 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     """``config`` in current spelling: a deprecated policy name (DeprecationWarning) becomes the
     policy that decides the same, and the data-plane keys it implied fill the config's ``pool``
     section where the section is present and leaves them out (the run is unchanged). ``composed``
-    with its ``pool`` piece on implies the unified pool's layout the same way."""
+    in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
+    pool's layout the same way."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
-    if name == "composed" and spec.get("pool", True):
-        implied = {"pool": {"layout": "pooled", "passthrough": True}}
+    pool = config.pool
+    old_composed = name == "composed" and "stages" not in spec and spec.get("pool", True)
+    if old_composed and pool is not None and not {"layout", "passthrough"} <= set(pool):
+        warnings.warn(
+            "composed without `stages` and a pool section without `layout`/`passthrough` is "
+            "deprecated: add pool.layout: 'pooled', pool.passthrough: True (what it meant)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
     if name == spec["name"] and not implied:
         return config
-    pool = config.pool
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
     return config.with_overrides(policy={**spec, "name": name}, pool=pool)
