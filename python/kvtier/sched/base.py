@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
@@ -171,6 +171,8 @@ class Policy(ABC):
     name: ClassVar[str]
     offload: str = "none"  # a class default; a configurable policy may set its own per instance
     swap_copy: SwapCopy = SwapCopy()  # how swap_out/swap_in move KV; a policy may set its own
+    # The inter-engine scheduler this policy needs (kvtier.sched.placement), by name; None: any router.
+    global_scheduler: ClassVar[str | None] = None
 
     @abstractmethod
     def schedule(self, view: SchedulerView) -> SchedulerDecision: ...
@@ -179,7 +181,7 @@ class Policy(ABC):
         return {}
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
+_REGISTRY: dict[str, type[Policy]] = {}
 # Names kept for one release (issue 18): old name -> (the policy that decides the same, the sim
 # config keys by section that hold the mechanism the old name carried).
 _DEPRECATED: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {}
@@ -221,13 +223,19 @@ def policy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def policy_class(name: str) -> type[Policy]:
+    """The policy class registered as ``name`` (what it declares without being built: its
+    ``global_scheduler``); unknown names raise :class:`ConfigError` listing the known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; expected one of {policy_names()}") from None
+
+
 def make_policy(name: str, **params: Any) -> Policy:
     """A new policy instance; unknown names raise :class:`ConfigError` listing the known ones."""
     name = renamed(name)[0]
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; expected one of {policy_names()}") from None
+    factory = policy_class(name)
     try:
         return factory(**params)
     except TypeError as e:
