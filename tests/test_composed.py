@@ -11,18 +11,17 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy, policy_names
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView, SwapCopy
-from kvtier.sched.composed import Composed
+from kvtier.sched.composed import Composed, stages_from_pieces
 from kvtier.sched.rotasched import RotaSched, transfer_engine
 from kvtier.sched.shadowserve import BLUEFIELD3
 from kvtier.sched.strata import Strata
-from kvtier.sched.unified_pool import bandwidth_aware_counts
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.run import run
 
 BT = 32
 DOC = 4096  # a context of 128 blocks
 
-ONLY_BALANCE = {"rotation": False, "async_fetch": False, "pool": False}
+ONLY_BALANCE = {"stages": ["balance"]}
 
 
 class Cost:
@@ -98,9 +97,19 @@ def prefilled(d: SchedulerDecision) -> list[int]:
 
 def test_composed_is_registered_and_rejects_bad_parameters() -> None:
     assert "composed" in policy_names()
-    p = make_policy("composed", rotation=False, xfer_blocks=7)
-    assert isinstance(p, Composed) and p.pieces() == ("async_fetch", "balance", "pool")
-    assert p.params()["xfer_blocks"] == 7
+    p = make_policy("composed", stages=["async_fetch", "balance"], xfer_blocks=7)
+    assert isinstance(p, Composed) and p.stages == ("async_fetch", "balance")
+    assert p.params()["xfer_blocks"] == 7 and p.params()["stages"] == ["async_fetch", "balance"]
+    assert Composed().stages == ("rotation", "async_fetch", "balance")
+    for bad in (
+        ["balance", "rotation"],
+        ["balance", "balance"],
+        ["pool"],
+        ["balance", "async_load"],
+        "balance",
+    ):
+        with pytest.raises(ConfigError, match="stage"):
+            make_policy("composed", stages=bad)
     with pytest.raises(ConfigError):
         make_policy("composed", strata={"io": "dma"})  # Strata's own validation
     with pytest.raises(ConfigError):
@@ -109,21 +118,42 @@ def test_composed_is_registered_and_rejects_bad_parameters() -> None:
         make_policy("composed", fetch_min_tokens=-1)
 
 
-def test_pool_piece_sets_the_unified_pool_layout_and_placement() -> None:
-    on, off = Composed(), Composed(pool=False)
-    assert (on.pool_layout, on.pool_passthrough) == ("pooled", True)
-    assert (off.pool_layout, off.pool_passthrough) == ("serial", False)
-    bandwidths = (10.65e9, 10.65e9, 31.5e9, 31.5e9)
-    assert on.place(101, bandwidths) == bandwidth_aware_counts(101, bandwidths)
-    with pytest.raises(ConfigError):
-        off.place(101, bandwidths)
-    # Class defaults stay as they were: another instance is not changed by this one's pieces.
-    assert make_policy("strata").pool_layout == "serial"
+def test_old_booleans_warn_and_mean_the_same_stages() -> None:
+    cases = {
+        (True, True, True, True): ("rotation", "async_fetch", "balance"),
+        (False, True, True, True): ("async_fetch", "balance"),
+        (True, True, False, True): ("rotation", "async_fetch", "async_load"),
+        (False, False, False, False): (),
+        (False, False, True, False): ("balance",),
+    }
+    for (rotation, async_fetch, balance, pool), stages in cases.items():
+        assert stages_from_pieces(rotation, async_fetch, balance, pool) == stages
+    with pytest.warns(DeprecationWarning, match=r"stages: \['rotation', 'async_fetch', 'async_load'\]"):
+        assert Composed(balance=False).stages == ("rotation", "async_fetch", "async_load")
+    with pytest.raises(ConfigError, match="not both"):
+        Composed(stages=["balance"], rotation=False)
+
+
+def test_pool_layout_is_config_and_the_old_spelling_fills_it() -> None:
+    # The layout is data-plane config: the policy carries none. A composed config in the old
+    # spelling (no stages, `pool` on by default) fills the unified pool's layout where the run's
+    # `pool` section leaves it out (one release, with a warning); the new spelling fills nothing.
+    assert not hasattr(Composed(), "pool_layout") and not hasattr(Composed(), "place")
+    base = SimConfig(policy={"name": "composed"}, pool={"dram_modules": 2})
+    with pytest.warns(DeprecationWarning, match="pool.layout"):
+        assert resolve_deprecated(base).pool == {"dram_modules": 2, "layout": "pooled", "passthrough": True}
+    off = base.with_overrides(policy={"name": "composed", "pool": False})
+    assert resolve_deprecated(off).pool == {"dram_modules": 2}
+    with pytest.warns(DeprecationWarning):
+        explicit = resolve_deprecated(base.with_overrides(pool={"layout": "serial"}))
+    assert explicit.pool == {"layout": "serial", "passthrough": True}
+    new = base.with_overrides(policy={"name": "composed", "stages": ["balance"]})
+    assert resolve_deprecated(new) is new
 
 
 def test_rotation_piece_brings_duplexkv_swaps() -> None:
     assert Composed().swap_copy == transfer_engine("duplexkv")
-    assert Composed(rotation=False).swap_copy == SwapCopy()  # the engine's plain swap: never used
+    assert Composed(stages=["balance"]).swap_copy == SwapCopy()  # the engine's plain swap: never used
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,7 +181,9 @@ def test_delay_hit_is_still_deferred_with_every_piece_on() -> None:
     second = waiting(1, 2, in_flight_tokens=DOC)
     d = Composed().schedule(view((first, second)))
     assert prefilled(d) == [0]
-    assert prefilled(Composed(balance=False).schedule(view((first, second)))) == [0, 1]
+    assert prefilled(
+        Composed(stages=["rotation", "async_fetch", "async_load"]).schedule(view((first, second)))
+    ) == [0, 1]
 
 
 def test_strata_batch_formation_holds_back_a_second_load_with_every_piece_on() -> None:
@@ -162,7 +194,7 @@ def test_strata_batch_formation_holds_back_a_second_load_with_every_piece_on() -
     )
     composed = Composed().schedule(v)
     assert prefilled(composed) == [0, 2] and [o.req_id for o in composed.loads] == [0]
-    fcfs = Composed(balance=False, pool=False).schedule(v)  # both hits load in one step
+    fcfs = Composed(stages=["rotation", "async_fetch"]).schedule(v)  # both hits load in one step
     assert prefilled(fcfs) == [0, 1, 2] and [o.req_id for o in fcfs.loads] == [0, 1]
 
 
@@ -194,7 +226,7 @@ def test_rotation_swaps_like_rotasched_with_every_piece_on() -> None:
     assert (got.swap_out, got.swap_in) == (expected.swap_out, expected.swap_in)
     assert 1 not in got.decode and 2 in got.decode  # the rotated-out request does not decode
     # Without rotation nothing is swapped: the engine's passive preemption is left to act.
-    plain = Composed(rotation=False).schedule(_contended(3.0))
+    plain = Composed(stages=["async_fetch", "balance"]).schedule(_contended(3.0))
     assert plain.swap_out == [] and plain.swap_in == []
 
 
@@ -204,7 +236,7 @@ def test_rotation_holds_back_admission_when_hbm_is_contended() -> None:
     v = _contended(3.0)
     assert Composed(xfer_blocks=0).schedule(dataclasses.replace(v, free_device_blocks=0)).prefill == []
     assert prefilled(
-        Composed(rotation=False, async_fetch=False).schedule(dataclasses.replace(v, free_device_blocks=10))
+        Composed(stages=["balance"]).schedule(dataclasses.replace(v, free_device_blocks=10))
     ) == [3]
 
 
@@ -228,7 +260,7 @@ def test_remote_hits_are_intercepted_into_the_fetching_queue() -> None:
     assert [o.priority for o in d2.loads if o.req_id in (0, 2)] == [1, 2]
     # Without async_fetch Strata prefetches the remote prefix to host while the request queues.
     chunk = RequestView(9, 0.0, Phase.RUNNING, 20_000, 1000, 0)  # takes the whole token budget
-    off = Composed(async_fetch=False).schedule(view((remote,), running=(chunk,)))
+    off = Composed(stages=["rotation", "balance"]).schedule(view((remote,), running=(chunk,)))
     assert [(o.req_id, o.target) for o in off.loads if o.req_id == 0] == [(0, "host")]
 
 
@@ -245,10 +277,10 @@ def test_small_remote_hits_are_not_intercepted() -> None:
 
 def test_without_balance_the_pool_fetches_hits_while_they_queue() -> None:
     hit = waiting(0, 1, (0, DOC, 0, 0))
-    d = Composed(balance=False, async_fetch=False, rotation=False).schedule(view((hit,)))
+    d = Composed(stages=["async_load"]).schedule(view((hit,)))
     assert [(o.req_id, o.mode) for o in d.loads] == [(0, LoadMode.ASYNC)]
     assert d.prefill == []  # it prefills once its KV landed
-    fcfs = Composed(balance=False, async_fetch=False, rotation=False, pool=False).schedule(view((hit,)))
+    fcfs = Composed(stages=[]).schedule(view((hit,)))
     assert [(o.req_id, o.mode) for o in fcfs.loads] == [(0, LoadMode.LAYERWISE)]
 
 

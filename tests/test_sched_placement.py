@@ -125,3 +125,18 @@ def test_dualpath_round_robin_ablation_places_at_once_alternating_read_sides() -
         (1, Role.PREFILL, None),
         (13, Role.DECODE, "pe"),
     ]
+
+
+def test_the_global_scheduler_is_read_from_the_policy_class_without_building_it() -> None:
+    from kvtier.sched.base import policy_class
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.run import global_scheduler
+
+    assert policy_class("dualpath") is DualPath and DualPath.global_scheduler == "dualpath"
+    assert global_scheduler(SimConfig(), policy_class("dualpath")) == "dualpath"
+    router = global_scheduler(SimConfig(), policy_class("fcfs"))
+    assert not isinstance(router, str) and router.name == "least_loaded"
+    named = global_scheduler(SimConfig(router="round_robin"), policy_class("dualpath"))
+    assert not isinstance(named, str) and named.name == "round_robin"
+    with pytest.raises(ConfigError, match="unknown policy"):
+        policy_class("no_such_policy")

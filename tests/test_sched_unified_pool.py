@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kvtier.errors import ConfigError
-from kvtier.sched import make_policy
+from kvtier.sched import make_policy, policy_names
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
 from kvtier.sched.unified_pool import (
     bandwidth_aware_counts,
@@ -20,13 +20,14 @@ from kvtier.sched.unified_pool import (
     layerwise_items,
     placement_ratios,
 )
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
+from kvtier.sim.pool import PLACEMENTS, PoolSpec
 from kvtier.sim.reproduce import experiments_dir
 from kvtier.sim.reproduce import run as run_reproduction
-from kvtier.sim.reproduce.unified_pool import load_config, query_round
+from kvtier.sim.reproduce.unified_pool import PROFILES, load_config, query_round
 from kvtier.sim.resources import Direction, Link, Transfer, WeightedStripedLink
 from kvtier.sim.run import run
 from kvtier.sim.workload import make_workload
@@ -135,7 +136,7 @@ def test_lmcache_is_synchronous_and_lp_is_not() -> None:
     assert make_policy("lmcache_lp").schedule(v).loads[0].mode is LoadMode.LAYERWISE
 
 
-@pytest.mark.parametrize("name", ["lmcache_lp_async", "unified_pool"])
+@pytest.mark.parametrize("name", ["lmcache_lp_async"])
 def test_async_fetches_a_queued_hit_without_compute_budget(name: str) -> None:
     # A running prefill takes the whole token budget: FCFS admission (LP) would wait, async loading
     # still starts the waiting request's fetch now (§II-B2); a miss behind it waits for budget.
@@ -154,29 +155,38 @@ def test_async_admits_a_miss_by_budget() -> None:
     assert d.prefill == [(0, 3000)] and d.loads == []
 
 
-def test_storage_paths_declared_by_each_policy() -> None:
-    paths = {
-        name: (make_policy(name).pool_layout, make_policy(name).pool_passthrough)
-        for name in (
-            "lmcache",
-            "lmcache_lp",
-            "lmcache_lp_async",
-            "unified_pool",
-            "unified_pool_orchestrator",
-            "unified_pool_passthrough",
-        )
-    }
-    assert paths == {
-        "lmcache": ("serial", False),
-        "lmcache_lp": ("serial", False),
-        "lmcache_lp_async": ("serial", False),
+def test_old_policy_names_warn_and_keep_their_runs() -> None:
+    # The names that carried the data plane build lmcache_lp_async and say which pool keys to set;
+    # in a sim config with a `pool` section they fill the layout they meant (same run as before).
+    for old, (layout, passthrough) in {
         "unified_pool": ("pooled", True),
         "unified_pool_orchestrator": ("pooled", False),
         "unified_pool_passthrough": ("serial", True),
-    }
-    assert make_policy("unified_pool").place(100, tuple(SERVER)) == [12, 12, 38, 38]
-    with pytest.raises(ConfigError):
-        make_policy("lmcache").place(100, tuple(SERVER))
+    }.items():
+        with pytest.warns(DeprecationWarning, match=f"layout: '{layout}'"):
+            assert make_policy(old).name == "lmcache_lp_async"
+        config = load_config("fig10_ablation.yaml").with_overrides(
+            policy={"name": old}, pool={"dram_modules": 2}
+        )
+        with pytest.warns(DeprecationWarning, match="lmcache_lp_async"):
+            resolved = resolve_deprecated(config)
+        assert resolved.policy == {"name": "lmcache_lp_async"}
+        assert resolved.pool == {"dram_modules": 2, "layout": layout, "passthrough": passthrough}
+        # Keys the config sets win over what the old name implied.
+        explicit = config.with_overrides(pool={"layout": "serial"})
+        with pytest.warns(DeprecationWarning):
+            assert resolve_deprecated(explicit).pool == {"layout": "serial", "passthrough": passthrough}
+    assert "unified_pool" not in policy_names()
+
+
+def test_pool_section_holds_layout_passthrough_and_placement() -> None:
+    spec = PoolSpec.from_mapping({"layout": "pooled", "passthrough": True})
+    assert (spec.layout, spec.passthrough, spec.placement) == ("pooled", True, "bandwidth_aware")
+    assert PoolSpec.from_mapping({}) == PoolSpec(1, 0.0, "serial", False, "bandwidth_aware")
+    assert PLACEMENTS["bandwidth_aware"](100, tuple(SERVER)) == [12, 12, 38, 38]
+    for bad in ({"layout": "striped"}, {"passthrough": "yes"}, {"placement": "random"}):
+        with pytest.raises(ConfigError, match=f"pool `{next(iter(bad))}`"):
+            PoolSpec.from_mapping(bad)
 
 
 # --- the pooled link --------------------------------------------------------------------------------
@@ -214,9 +224,11 @@ BLOCK_BYTES = 256 * 131_072  # one 256-token chunk of Llama-3.1-8B
 FS_S = 4.194e-3
 
 
-def small_config(policy: str, **overrides: Any) -> SimConfig:
-    """One 2,048-token document (8 chunks), warmed up then queried once, one request at a time."""
+def small_config(system: str, **overrides: Any) -> SimConfig:
+    """One 2,048-token document (8 chunks), warmed up then queried once, one request at a time;
+    ``system`` is a key of PROFILES (a policy and the pool's layout and SSD path)."""
     base = load_config("fig9_llama8b.yaml")
+    policy, profile = PROFILES[system]
     workload = {
         "name": "long_doc_qa",
         "num_documents": 1,
@@ -226,7 +238,8 @@ def small_config(policy: str, **overrides: Any) -> SimConfig:
         "max_inflight_requests": 1,
         "sleep_after_warmup_s": 1.0,  # the warm-up's write-through lands first
     }
-    return base.with_overrides(policy={"name": policy}, workload=workload, **overrides)
+    pool = {**(base.pool or {}), **profile}
+    return base.with_overrides(policy={"name": policy}, workload=workload, pool=pool, **overrides)
 
 
 def loaded_blocks() -> int:

@@ -8,8 +8,9 @@ the same policy instance can drive the CPU reference engine. Policies are regist
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
@@ -170,16 +171,8 @@ class Policy(ABC):
     name: ClassVar[str]
     offload: str = "none"  # a class default; a configurable policy may set its own per instance
     swap_copy: SwapCopy = SwapCopy()  # how swap_out/swap_in move KV; a policy may set its own
-    # The KV store below the device when the run configures a device pool (SimConfig.pool; Unified
-    # KV pooling §III, §IV): "serial" = LMCache's path, the host tier behind one memory module and
-    # the SSD tier behind one SSD; "pooled" = one tier over every pool device, split by place().
-    pool_layout: str = "serial"
-    pool_passthrough: bool = False  # SSD access skips the filesystem (KV-passthrough §IV-B)
-
-    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
-        """Items (a layer of a block each) of an offload set that each pool device gets, in device
-        order; only asked when ``pool_layout`` is ``"pooled"``."""
-        raise ConfigError(f"policy {self.name!r} has no pooled KV placement")
+    # The inter-engine scheduler this policy needs (kvtier.sched.placement), by name; None: any router.
+    global_scheduler: ClassVar[str | None] = None
 
     @abstractmethod
     def schedule(self, view: SchedulerView) -> SchedulerDecision: ...
@@ -188,7 +181,33 @@ class Policy(ABC):
         return {}
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
+_REGISTRY: dict[str, type[Policy]] = {}
+# Names kept for one release (issue 18): old name -> (the policy that decides the same, the sim
+# config keys by section that hold the mechanism the old name carried).
+_DEPRECATED: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {}
+
+
+def deprecated_name(old: str, new: str, config: dict[str, dict[str, Any]]) -> None:
+    """Keeps ``old`` constructing policy ``new`` for one release, with a DeprecationWarning naming
+    ``new`` and the config keys (``{section: {key: value}}``) that now hold the rest of ``old``."""
+    if old in _REGISTRY or old in _DEPRECATED:
+        raise ConfigError(f"policy name {old!r} registered twice")
+    _DEPRECATED[old] = (new, config)
+
+
+def renamed(name: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The current policy name for ``name`` and the config keys the old name implied: ``(name,
+    {})``, or (with a DeprecationWarning) what a deprecated name became."""
+    if name not in _DEPRECATED:
+        return name, {}
+    new, config = _DEPRECATED[name]
+    keys = ", ".join(f"{sec}.{k}: {v!r}" for sec, kv in config.items() for k, v in kv.items())
+    warnings.warn(
+        f"policy {name!r} is deprecated: use policy {new!r} with config {keys}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return new, config
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -204,12 +223,19 @@ def policy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_policy(name: str, **params: Any) -> Policy:
-    """A new policy instance; unknown names raise :class:`ConfigError` listing the known ones."""
+def policy_class(name: str) -> type[Policy]:
+    """The policy class registered as ``name`` (what it declares without being built: its
+    ``global_scheduler``); unknown names raise :class:`ConfigError` listing the known ones."""
     try:
-        factory = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown policy {name!r}; expected one of {policy_names()}") from None
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """A new policy instance; unknown names raise :class:`ConfigError` listing the known ones."""
+    name = renamed(name)[0]
+    factory = policy_class(name)
     try:
         return factory(**params)
     except TypeError as e:

@@ -1,9 +1,10 @@
 """``composed``: the four papers' scheduling pieces in one policy (what none of the papers has).
 
-Each decision comes from one paper, through that paper's own code (nothing is re-implemented here):
+The policy is a list of stages (``stages: [rotation, async_fetch, balance]``, the default). Each
+stage's decision comes from one paper, through that paper's own code (nothing is re-implemented here):
 
 ==============  ===========================================  ======================================
-piece           decision                                      paper, code reused
+stage           decision                                      paper, code reused
 ==============  ===========================================  ======================================
 ``rotation``    who is swapped out / in this iteration, and  SuperInfer §4.2 (RotaSched: VLT, LVF
                 which waiting requests may be admitted, in   Algorithm 1, B_xfer) and §4.3
@@ -22,21 +23,23 @@ piece           decision                                      paper, code reused
                 bubble filling (async loads when loading-    :class:`Strata` run on the view that
                 bound), GPU-assisted I/O, storage→host       the pieces above leave
                 prefetch while queueing
-``pool``        where host/SSD KV lives and how loads are    Unified KV pooling §IV (+ §II-B2):
-                split: one pooled tier over every DRAM       ``pool_layout="pooled"``, KV-
-                module and SSD, bandwidth-proportional       passthrough, :func:`bandwidth_aware_
-                placement (Algorithm 1), KV-passthrough;     counts`; :func:`admit_async` when
-                without ``balance``, async loading during    ``balance`` is off
-                queueing (:func:`admit_async`)
+``async_load``  instead of ``balance``: async loading       Unified KV pooling §II-B2:
+                during queueing (:func:`admit_async`)        :func:`admit_async`
 ==============  ===========================================  ======================================
 
 One iteration, in this order: (1) ``rotation`` runs LVF on the full view and plans the running
 batch and the swap-ins (without it: the running batch as every kvtier policy, FCFS queue order);
 (2) ``async_fetch`` intercepts store hits among the waiting requests rotation lets in; (3) the rest
 is admitted by ``balance`` (Strata on a *sub-view*: only the admissible waiting requests, the free
-blocks and running slots left by (1)-(2)), else by ``pool``'s async loading, else FCFS with
-layerwise loads (HiCache-like). ``pool`` also sets the storage layout whenever the run has a
-``pool`` section. With only ``balance`` on the decisions are Strata's (the sub-view is the view).
+blocks and running slots left by (1)-(2)), else by ``async_load``, else FCFS with layerwise loads
+(HiCache-like). With only ``balance`` the decisions are Strata's (the sub-view is the view).
+
+The unified pool's storage (one tier over every DRAM module and SSD, Algorithm 1 placement,
+KV-passthrough) is not a stage: it is the sim config's ``pool`` section (``layout: pooled``,
+``passthrough: true``; kvtier.sim.pool). The four booleans of earlier releases (``rotation``,
+``async_fetch``, ``balance``, ``pool``) work for one release with a DeprecationWarning naming the
+stages; a ``composed`` config without ``stages`` still fills the pooled layout where its ``pool``
+section leaves it out, as ``pool: true`` (the old default) did (kvtier.sim.config.resolve_deprecated).
 
 KV below the device is written through to every lower tier (Strata §4.1, LMCache), so the
 host/SSD/remote tiers hold prefixes for later hits; rotary (swapped-out) requests share the host
@@ -46,7 +49,7 @@ Where composition does not help (measured: docs/reproduction.md, "Beyond the pap
 a waiting request only once it has lagged beta_F x the TTFT SLO and only if its whole prompt fits
 B_HBM + B_xfer, which SuperInfer sized for short ShareGPT prompts; with 15K-30K-token prompts this
 holds admissions back and rotations of multi-GB requests cost TBT, so ``rotation`` lowers TTFT and
-TBT attainment on both workloads. ``async_fetch`` has nothing to do when ``pool`` is on (the pool
+TBT attainment on both workloads. ``async_fetch`` has nothing to do on the pooled layout (the pool
 is the host tier and absorbs the SSDs) or when host and SSD hold the working set (remote is never
 the nearest copy). With ample HBM no piece has anything to do.
 """
@@ -54,6 +57,8 @@ the nearest copy). With ample HBM no piece has anything to do.
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from kvtier.errors import ConfigError
@@ -71,34 +76,73 @@ from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
 from kvtier.sched.rotasched import RotaSched, StepPlan
 from kvtier.sched.shadowserve import ShadowServeAsync
 from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
-from kvtier.sched.unified_pool import admit_async, bandwidth_aware_counts
+from kvtier.sched.unified_pool import admit_async
 
+#: The stages, in the order they run; admission is by at most one of balance, async_load.
+STAGES = ("rotation", "async_fetch", "balance", "async_load")
+DEFAULT_STAGES = ("rotation", "async_fetch", "balance")
+#: The booleans of earlier releases (deprecated): one per piece; ``pool`` on meant async_load
+#: admission where balance is off (its pooled layout is the sim config's ``pool`` section now).
 PIECES = ("rotation", "async_fetch", "balance", "pool")
+
+
+def stages_from_pieces(rotation: bool, async_fetch: bool, balance: bool, pool: bool) -> tuple[str, ...]:
+    """The stages the old four booleans meant."""
+    on = {"rotation": rotation, "async_fetch": async_fetch, "balance": balance}
+    return (*(p for p in DEFAULT_STAGES if on[p]), *(("async_load",) if pool and not balance else ()))
+
+
+def check_stages(stages: Sequence[str]) -> tuple[str, ...]:
+    """``stages`` as a tuple; unknown, repeated or out-of-order stages and two admission stages
+    raise :class:`ConfigError`."""
+    if isinstance(stages, str) or not all(isinstance(x, str) for x in stages):
+        raise ConfigError(f"composed `stages` is {stages!r}; expected a list of {list(STAGES)}")
+    unknown = [x for x in stages if x not in STAGES]
+    if unknown:
+        raise ConfigError(f"composed: unknown stage(s) {unknown}; expected some of {list(STAGES)}")
+    if list(stages) != sorted(set(stages), key=STAGES.index):
+        raise ConfigError(f"composed `stages` {list(stages)}: each at most once, in the order {list(STAGES)}")
+    if "balance" in stages and "async_load" in stages:
+        raise ConfigError("composed: stages `balance` and `async_load` both admit; give one of them")
+    return tuple(stages)
 
 
 @register
 class Composed(Policy):
-    """Strata + RotaSched/DuplexKV + unified pool + ShadowServe async fetch; each piece switchable."""
+    """Strata + RotaSched/DuplexKV + ShadowServe async fetch + unified pool admission, as stages."""
 
     name = "composed"
     offload = "write_through"
 
     def __init__(
         self,
-        rotation: bool = True,
-        async_fetch: bool = True,
-        balance: bool = True,
-        pool: bool = True,
+        stages: Sequence[str] | None = None,
         ttft_slo_s: float = 5.0,
         tbt_slo_s: float = 0.1,
         xfer_blocks: int = 2400,
         fetch_min_tokens: int = DEFER_THRESHOLD_TOKENS,
         strata: dict[str, Any] | None = None,
         rotasched: dict[str, Any] | None = None,
+        rotation: bool | None = None,
+        async_fetch: bool | None = None,
+        balance: bool | None = None,
+        pool: bool | None = None,
     ) -> None:
         if fetch_min_tokens < 0:
             raise ConfigError(f"composed fetch_min_tokens is {fetch_min_tokens}; expected >= 0")
-        self.rotation, self.async_fetch, self.balance, self.pool = rotation, async_fetch, balance, pool
+        given = {"rotation": rotation, "async_fetch": async_fetch, "balance": balance, "pool": pool}
+        legacy = {k: v for k, v in given.items() if v is not None}
+        if legacy:
+            if stages is not None:
+                raise ConfigError(f"composed: give `stages` or the deprecated {sorted(legacy)}, not both")
+            stages = stages_from_pieces(**{p: legacy.get(p, True) for p in PIECES})
+            warnings.warn(
+                f"composed {sorted(legacy)} are deprecated: use stages: {list(stages)}"
+                + (" (and the sim config's pool.layout for the pooled storage)" if "pool" in legacy else ""),
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self.stages = check_stages(DEFAULT_STAGES if stages is None else stages)
         self.fetch_min_tokens = fetch_min_tokens
         self.strata_params = dict(strata or {})
         self.rotasched_params = dict(rotasched or {})
@@ -110,22 +154,13 @@ class Composed(Policy):
         except TypeError as e:
             raise ConfigError(f"composed: bad strata/rotasched parameters: {e}") from None
         self.shadow = ShadowServeAsync()
-        self.swap_copy = self.rota.swap_copy if rotation else SwapCopy()
-        self.pool_layout = "pooled" if pool else "serial"
-        self.pool_passthrough = pool
+        self.rotation = "rotation" in self.stages
+        self.swap_copy = self.rota.swap_copy if self.rotation else SwapCopy()
         self.intercepted_total = 0  # requests sent to the fetching queue by async_fetch
-
-    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
-        if not self.pool:
-            return super().place(num_items, bandwidths_bytes_per_s)
-        return bandwidth_aware_counts(num_items, bandwidths_bytes_per_s)  # Unified pool Algorithm 1
-
-    def pieces(self) -> tuple[str, ...]:
-        return tuple(p for p in PIECES if getattr(self, p))
 
     def params(self) -> dict[str, Any]:
         return {
-            **{p: getattr(self, p) for p in PIECES},
+            "stages": list(self.stages),
             "ttft_slo_s": self.rota.ttft_slo_s,
             "tbt_slo_s": self.rota.tbt_slo_s,
             "xfer_blocks": self.rota.xfer_blocks,
@@ -138,7 +173,7 @@ class Composed(Policy):
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision, sub = self._rotate(view) if self.rotation else self._plain(view)
-        if self.async_fetch:
+        if "async_fetch" in self.stages:
             sub = self._intercept(sub, decision)
         self._admit(sub, decision)
         return decision
@@ -206,7 +241,7 @@ class Composed(Policy):
         """Admission of the waiting requests the pieces above left: Strata on the sub-view, else
         the unified pool's async loading, else FCFS with layerwise loads."""
         running = {r.req_id for r in view.running}
-        if self.balance:
+        if "balance" in self.stages:
             admitted = self.strata.schedule(view)
             if not self.rotation:  # the running batch is Strata's own (schedule_running)
                 decision.decode.extend(admitted.decode)
@@ -220,7 +255,7 @@ class Composed(Policy):
         else:
             budget = schedule_running(view, decision)
         admitted = SchedulerDecision()
-        if self.pool:  # Unified pool §II-B2: fetch hits while queueing, no compute budget
+        if "async_load" in self.stages:  # Unified pool §II-B2: fetch hits while queueing, no compute budget
             admit_async(view, admitted, budget)
         else:  # HiCache-like FCFS with layerwise loads
             admit_fcfs(view, admitted, budget, LoadMode.LAYERWISE, reserve_full_prompt=True)

@@ -1,8 +1,8 @@
 """Unified KV pooling (paper 003, "Unified KV Pooling to Accelerate Long-Context LLM Serving") and
 the LMCache baselines of its evaluation (§V-A): ``lmcache_lp`` (LMCache + layerwise pipelining),
-``lmcache_lp_async`` (+ asynchronous KV loading), ``unified_pool`` (+ the KV orchestrator and
-KV-passthrough), and the two halves of its ablation (§V-C): ``unified_pool_orchestrator`` and
-``unified_pool_passthrough``. Plain ``lmcache`` (:mod:`kvtier.sched.lmcache`) is the first baseline.
+``lmcache_lp_async`` (+ asynchronous KV loading; with the pooled data plane, unified pooling
+itself and the two halves of its ablation, §V-C). Plain ``lmcache`` (:mod:`kvtier.sched.lmcache`)
+is the first baseline.
 
 What each part of the paper is here:
 
@@ -11,13 +11,14 @@ What each part of the paper is here:
 - Asynchronous KV loading (§II-B2): a waiting request whose prefix sits below the device is
   fetched at once, with no compute budget (:attr:`LoadMode.ASYNC`: it waits in the fetching queue,
   the GPU keeps serving the others), so the retrieval overlaps the queueing before its prefill.
-- KV orchestrator (§IV-A): :attr:`Policy.pool_layout` ``"pooled"`` makes the host-memory modules
-  and SSDs one logical tier; :meth:`UnifiedPool.place` is the bandwidth-aware allocator, exactly
-  Algorithm 1 (:func:`bandwidth_aware_counts`, :func:`bandwidth_aware_partition`); the simulator
-  splits every transfer by it and runs the parts in parallel (kvtier.sim.pool). The baselines keep
-  the ``"serial"`` layout: one memory module and one SSD (§III-B, Fig. 5).
-- KV-passthrough (§IV-B): :attr:`Policy.pool_passthrough` drops the kernel filesystem's cost per
-  object on SSD access (SPDK direct NVMe); the baselines pay it (§III-C: 84% of SSD retrieval time).
+- KV orchestrator (§IV-A) and KV-passthrough (§IV-B) are data-plane mechanism, not scheduling:
+  the sim config's ``pool`` section (``layout: pooled``, ``passthrough: true``; kvtier.sim.pool)
+  makes the host-memory modules and SSDs one logical tier split by the bandwidth-aware allocator,
+  exactly Algorithm 1 (:func:`bandwidth_aware_counts`, :func:`bandwidth_aware_partition`), and
+  drops the kernel filesystem's cost per object on SSD access (§III-C: 84% of SSD retrieval time).
+  Unified pooling is ``lmcache_lp_async`` on that data plane; the baselines keep ``layout:
+  serial`` (one memory module and one SSD, §III-B, Fig. 5). The old names ``unified_pool``,
+  ``unified_pool_orchestrator``, ``unified_pool_passthrough`` work for one release (below).
 - GLT (§IV-A1): not materialised; a load's per-device counts are Algorithm 1's counts of its items.
 """
 
@@ -29,7 +30,15 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from kvtier.errors import ConfigError
-from kvtier.sched.base import LoadMode, LoadOrder, Policy, SchedulerDecision, SchedulerView, register
+from kvtier.sched.base import (
+    LoadMode,
+    LoadOrder,
+    Policy,
+    SchedulerDecision,
+    SchedulerView,
+    deprecated_name,
+    register,
+)
 from kvtier.sched.batching import admit_fcfs, blocks_for, reusable_tokens, schedule_running
 
 T = TypeVar("T")
@@ -149,32 +158,12 @@ class LmCacheLpAsync(_LmCacheBase):
         return decision
 
 
-@register
-class UnifiedPool(LmCacheLpAsync):
-    """Unified KV pooling (§IV): LMCache+LP+AsyncKV's scheduling over the unified KV pool — the KV
-    orchestrator's bandwidth-aware placement across every host-memory module and SSD — with
-    KV-passthrough to the SSDs."""
-
-    name = "unified_pool"
-    pool_layout = "pooled"
-    pool_passthrough = True
-
-    def place(self, num_items: int, bandwidths_bytes_per_s: tuple[float, ...]) -> list[int]:
-        return bandwidth_aware_counts(num_items, bandwidths_bytes_per_s)
-
-
-@register
-class UnifiedPoolOrchestrator(UnifiedPool):
-    """Ablation (§V-C) "KV orchestrator only": the pool's placement, SSDs through the filesystem."""
-
-    name = "unified_pool_orchestrator"
-    pool_passthrough = False
-
-
-@register
-class UnifiedPoolPassthrough(UnifiedPool):
-    """Ablation (§V-C) "passthrough-only": LMCache's serial path (one module, one SSD), SSDs
-    accessed without the filesystem."""
-
-    name = "unified_pool_passthrough"
-    pool_layout = "serial"
+# Unified pooling's KV orchestrator and KV-passthrough are data-plane mechanism: the sim config's
+# `pool` section (layout: pooled, passthrough: true; kvtier.sim.pool). Its scheduling is
+# lmcache_lp_async's. The names that carried the mechanism work for one release.
+for _old, _layout, _passthrough in (
+    ("unified_pool", "pooled", True),
+    ("unified_pool_orchestrator", "pooled", False),
+    ("unified_pool_passthrough", "serial", True),
+):
+    deprecated_name(_old, LmCacheLpAsync.name, {"pool": {"layout": _layout, "passthrough": _passthrough}})

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
+from kvtier.sched.base import renamed
 from kvtier.sched.placement import ROUTERS
 
 _INF_WORDS = ("inf", "unbounded", "infinite")
@@ -151,6 +153,31 @@ class SimConfig:
         with or without ``.yaml``, relative to :func:`experiments_dir`) when no such file exists."""
         data = read_yaml(resolve_experiment(path), "sim config")
         return cls.from_dict(data if data is not None else {})
+
+
+def resolve_deprecated(config: SimConfig) -> SimConfig:
+    """``config`` in current spelling: a deprecated policy name (DeprecationWarning) becomes the
+    policy that decides the same, and the data-plane keys it implied fill the config's ``pool``
+    section where the section is present and leaves them out (the run is unchanged). ``composed``
+    in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
+    pool's layout the same way."""
+    spec = dict(config.policy)
+    name, implied = renamed(str(spec["name"]))
+    pool = config.pool
+    old_composed = name == "composed" and "stages" not in spec and spec.get("pool", True)
+    if old_composed and pool is not None and not {"layout", "passthrough"} <= set(pool):
+        warnings.warn(
+            "composed without `stages` and a pool section without `layout`/`passthrough` is "
+            "deprecated: add pool.layout: 'pooled', pool.passthrough: True (what it meant)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
+    if name == spec["name"] and not implied:
+        return config
+    if pool is not None and "pool" in implied:
+        pool = {**implied["pool"], **pool}
+    return config.with_overrides(policy={**spec, "name": name}, pool=pool)
 
 
 def experiments_dir() -> Path:

@@ -6,15 +6,20 @@ section; without one the engine keeps its plain tiers (one host link, striped SS
 pool:
   dram_modules: 2                        # the hardware's DRAM bandwidth split over equal modules
   filesystem_object_overhead_s: 4.19e-3  # kernel-filesystem time per object (one cache block)
+  layout: pooled                         # serial (default) | pooled
+  passthrough: true                      # SSD access skips the filesystem (default false)
+  placement: bandwidth_aware             # how a pooled transfer is split (the only one)
 ```
 
-Two layouts, chosen by the policy (``Policy.pool_layout``, ``Policy.pool_passthrough``):
+The layout and the SSD access path are data-plane mechanism, set here, not by the scheduling
+policy: a paper's system is (policy, this section), and its ablations are differences of it.
+Two layouts (``layout``, with ``passthrough``):
 
 - ``serial`` (LMCache, §III-B): the host tier sits behind ONE memory module and the SSD tier on ONE
   SSD ("the current version of LMCache uses a single set of host-memory module and SSD"); SSD blocks
   are staged through that module on their way to the GPU. The other modules and SSDs stay idle.
 - ``pooled`` (unified KV pooling, §IV-A): one logical tier whose capacity is the host and SSD
-  capacities together; every transfer is split over all devices by the policy's ``place`` (the
+  capacities together; every transfer is split over all devices by ``placement`` (the
   bandwidth-aware allocator, Algorithm 1) in items of one layer of one block, and the parts run in
   parallel (:class:`~kvtier.sim.resources.WeightedStripedLink`). The pool is the engine's HOST tier
   (reported as host hits). The GLT is not materialised: a load's per-device counts are
@@ -23,27 +28,37 @@ Two layouts, chosen by the policy (``Policy.pool_layout``, ``Policy.pool_passthr
 
 Through the filesystem an SSD pays ``filesystem_object_overhead_s`` per cache block (one LMCache
 chunk file) in each direction; KV-passthrough (SPDK, §IV-B) pays nothing beyond the device time.
+
+``layout`` and ``passthrough`` left out are filled by a deprecated policy name that used to carry
+them (``unified_pool``, ...; :func:`kvtier.sim.config.resolve_deprecated`), else serial / false.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.sched.base import Policy
+from kvtier.sched.unified_pool import bandwidth_aware_counts
 from kvtier.sim.core import EventLoop
 from kvtier.sim.hardware import HardwareProfile, as_number
 from kvtier.sim.resources import Link, StripedLink, WeightedStripedLink
 
 LAYOUTS = ("serial", "pooled")
+#: How a pooled transfer's items are split over the devices, by name (``pool.placement``).
+PLACEMENTS: dict[str, Callable[[int, Sequence[float]], list[int]]] = {
+    "bandwidth_aware": bandwidth_aware_counts,  # Unified KV pooling Algorithm 1
+}
 
 
 @dataclass(frozen=True)
 class PoolSpec:
     dram_modules: int = 1
     filesystem_object_overhead_s: float = 0.0
+    layout: str = "serial"
+    passthrough: bool = False
+    placement: str = "bandwidth_aware"
 
     def __post_init__(self) -> None:
         if (
@@ -52,19 +67,31 @@ class PoolSpec:
             or self.dram_modules < 1
         ):
             raise ConfigError(f"pool `dram_modules` is {self.dram_modules!r}; expected an int >= 1")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"pool `layout` is {self.layout!r}; expected one of {list(LAYOUTS)}")
+        if not isinstance(self.passthrough, bool):
+            raise ConfigError(f"pool `passthrough` is {self.passthrough!r}; expected true or false")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"pool `placement` is {self.placement!r}; expected one of {list(PLACEMENTS)}")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> PoolSpec:
         if not isinstance(data, Mapping):
             raise ConfigError(f"sim `pool` is {data!r}; expected a mapping")
-        known = {"dram_modules", "filesystem_object_overhead_s"}
+        known = {"dram_modules", "filesystem_object_overhead_s", "layout", "passthrough", "placement"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown pool key(s) {unknown}; expected some of {sorted(known)}")
         overhead = as_number(
             data.get("filesystem_object_overhead_s", 0.0), "pool `filesystem_object_overhead_s`"
         )
-        return cls(int(data.get("dram_modules", 1)), overhead)
+        return cls(
+            int(data.get("dram_modules", 1)),
+            overhead,
+            str(data.get("layout", "serial")),
+            data.get("passthrough", False),
+            str(data.get("placement", "bandwidth_aware")),
+        )
 
 
 @dataclass
@@ -81,7 +108,6 @@ class PoolLinks:
 
 def build_pool(
     spec: PoolSpec,
-    policy: Policy,
     hw: HardwareProfile,
     loop: EventLoop,
     block_bytes: int,
@@ -89,14 +115,11 @@ def build_pool(
     host_blocks: int,
     ssd_blocks: int,
 ) -> PoolLinks:
-    """The pool's devices and the engine's view of them, for ``policy``'s layout."""
-    layout = policy.pool_layout
-    if layout not in LAYOUTS:
-        raise ConfigError(f"policy {policy.name!r}: pool_layout {layout!r}; expected one of {list(LAYOUTS)}")
+    """The pool's devices and the engine's view of them, in ``spec``'s layout."""
     module_bw = hw.dram_bytes_per_s / spec.dram_modules
     # DRAM reads and writes share the module's channel: half duplex, like an SSD.
     modules = [Link(loop, f"dram{i}", module_bw, module_bw, duplex=False) for i in range(spec.dram_modules)]
-    fs_s = 0.0 if policy.pool_passthrough else spec.filesystem_object_overhead_s
+    fs_s = 0.0 if spec.passthrough else spec.filesystem_object_overhead_s
     ssds = [
         Link(
             loop,
@@ -110,15 +133,17 @@ def build_pool(
     ]
     if ssd_blocks > 0 and not ssds:
         raise ConfigError(f"`ssd_capacity_bytes` is set but hardware {hw.name!r} has no SSDs")
-    if layout == "serial":
+    if spec.layout == "serial":
         return PoolLinks(
             modules[0], ssds[0] if ssd_blocks > 0 else None, host_blocks, ssd_blocks, modules + ssds
         )
     devices = modules + (ssds if ssd_blocks > 0 else [])
     bandwidths = tuple(d.bandwidth_bytes_per_s[0] for d in devices)
 
+    place = PLACEMENTS[spec.placement]
+
     def split(num_items: int) -> list[int]:
-        return policy.place(num_items, bandwidths)
+        return place(num_items, bandwidths)
 
     item_bytes = max(1, block_bytes // num_layers)
     pooled = WeightedStripedLink("pool", devices, split, item_bytes)

@@ -14,11 +14,11 @@ from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.radix import Tier
 from kvtier.sched import make_policy
-from kvtier.sched.base import Policy
+from kvtier.sched.base import Policy, policy_class
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sim.cluster import Cluster
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel, make_cost_model
 from kvtier.sim.dualpath import DualPathCluster
@@ -76,26 +76,27 @@ def device_blocks(config: SimConfig, hw: HardwareProfile, model: ModelProfile, c
     return blocks
 
 
-def global_scheduler(config: SimConfig, policy: Policy) -> GlobalScheduler | str:
+def global_scheduler(config: SimConfig, policy: type[Policy]) -> GlobalScheduler | str:
     """The run's global scheduler: ``router`` where the config names one, else the one the policy
-    names (DualPath's, §6.1), else ``least_loaded``. A name where it needs a cluster to build it."""
+    class names (DualPath's, §6.1), else ``least_loaded``. A name where it needs a cluster to build it."""
     if config.router is not None:
         return make_router(config.router)
-    name = getattr(policy, "global_scheduler", None)
-    return make_router("least_loaded") if name is None else str(name)
+    name = policy.global_scheduler
+    return make_router("least_loaded") if name is None else name
 
 
 def build(config: SimConfig) -> Simulation:
+    config = resolve_deprecated(config)
     hw = load_hardware(config.hardware)
     model = load_model(config.model)
     policy_spec = dict(config.policy)
     policy_name = str(policy_spec.pop("name"))
-    probe = make_policy(policy_name, **policy_spec)
-    scheduler = global_scheduler(config, probe)
+    scheduler = global_scheduler(config, policy_class(policy_name))
     if isinstance(scheduler, str):  # needs node groups: DualPath's PE/DE groups and NICs
-        if scheduler != DualPathScheduler.name or not isinstance(probe, DualPath):
+        policy = make_policy(policy_name, **policy_spec)
+        if scheduler != DualPathScheduler.name or not isinstance(policy, DualPath):
             raise ConfigError(f"global scheduler {scheduler!r} needs a dualpath policy; got {policy_name!r}")
-        dp = DualPathCluster(config, probe)
+        dp = DualPathCluster(config, policy)
         return Simulation(config, dp.loop, dp, dp.metrics, dp.links, dp.hw, dp.model, dp.result)
     cost_spec = dict(config.cost)
     cost = make_cost_model(str(cost_spec.pop("kind", "roofline")), hw, model, tp=config.tp, **cost_spec)
@@ -146,7 +147,6 @@ def build(config: SimConfig) -> Simulation:
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
         pool = build_pool(
             PoolSpec.from_mapping(config.pool),
-            probe,
             hw,
             loop,
             block_bytes,

@@ -3,7 +3,9 @@ paper's policy alone, on the Mooncake synthetic trace and on a multi-turn agenti
 
 No paper has this experiment, so its :class:`Row` s carry ``paper_ratio=None`` (the report prints
 ``-`` and "n/a" for the ±30% check). Every policy runs on the same node, model and workload
-(``experiments/composed/{mooncake,agentic}.yaml``); only ``policy`` changes. Per workload and load:
+(``experiments/composed/{mooncake,agentic}.yaml``); only ``policy`` changes, and the data plane:
+unified pooling and the composed policy run on the pooled layout (``pool: {layout: pooled,
+passthrough: true}``), the others on the config's serial path. Per workload and load:
 TTFT and TBT SLO attainment, output-token throughput, mean and P99 TTFT. At the higher load the
 composed policy is also run with each piece switched off (its contribution). A bar chart per
 workload goes to ``out_dir/composed.png``.
@@ -37,16 +39,29 @@ SINGLE: dict[str, dict[str, Any]] = {
     "lmcache": {"name": "lmcache"},
     "strata": {"name": "strata"},
     "rotasched": {"name": "rotasched"},
-    "unified_pool": {"name": "unified_pool"},
+    "unified_pool": {"name": "lmcache_lp_async"},  # on the pooled data plane (POOLED below)
     "shadowserve": {"name": "shadowserve_async", "store_writes": True},
 }
 BASELINES = ("fcfs", "lmcache")
+# The pieces whose contribution is measured: a stage, or (pool) the pooled data plane.
 PIECES = ("rotation", "async_fetch", "balance", "pool")
+FULL = ("rotation", "async_fetch", "balance")
 # The compositions compared: all four pieces, and all but rotation (see the module doc).
 COMPOSED: dict[str, dict[str, Any]] = {
-    "composed": {"name": "composed"},
-    "composed-no-rotation": {"name": "composed", "rotation": False},
+    "composed": {"name": "composed", "stages": list(FULL)},
+    "composed-no-rotation": {"name": "composed", "stages": ["async_fetch", "balance"]},
 }
+# Composed without one piece: the stages left (balance off: the unified pool's async loading
+# admits), and the data plane (pool off: LMCache's serial path).
+WITHOUT: dict[str, tuple[dict[str, Any], bool]] = {
+    "async_fetch": ({"name": "composed", "stages": ["rotation", "balance"]}, True),
+    "balance": ({"name": "composed", "stages": ["rotation", "async_fetch", "async_load"]}, True),
+    "pool": ({"name": "composed", "stages": list(FULL)}, False),
+}
+# Systems on the unified pool's data plane (the rest on LMCache's serial path).
+POOLED = ("unified_pool", *COMPOSED)
+POOLED_PLANE = {"layout": "pooled", "passthrough": True}
+SERIAL_PLANE = {"layout": "serial", "passthrough": False}
 PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16  # SuperInfer §5.1 (§4.3.1: P = 16)
 
 
@@ -97,8 +112,9 @@ def _policy(base: SimConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
-def _run(base: SimConfig, spec: Mapping[str, Any], load: Mapping[str, Any]) -> Result:
-    config = base.with_overrides(policy=_policy(base, spec), workload={**base.workload, **load})
+def _run(base: SimConfig, spec: Mapping[str, Any], load: Mapping[str, Any], pooled: bool) -> Result:
+    pool = {**(base.pool or {}), **(POOLED_PLANE if pooled else SERIAL_PLANE)}
+    config = base.with_overrides(policy=_policy(base, spec), workload={**base.workload, **load}, pool=pool)
     return run(config)
 
 
@@ -216,13 +232,13 @@ def reproduce(out_dir: Path, quick: bool) -> list[Row]:
         tables[workload] = []
         for index, load in enumerate(loads):
             specs = {**SINGLE, **COMPOSED}
-            results = {name: _run(base, spec, load) for name, spec in specs.items()}
+            results = {name: _run(base, spec, load, name in POOLED) for name, spec in specs.items()}
             table = {name: _metrics(r) for name, r in results.items()}
             label = _load_label(base, load)
             tables[workload].append((label, table))
             rows.extend(_compare_rows(workload, label, table))
             if index == len(loads) - 1:  # each piece's contribution at the heaviest load
-                off = {p: _run(base, {"name": "composed", p: False}, load) for p in PIECES if p != "rotation"}
+                off = {p: _run(base, spec, load, pooled) for p, (spec, pooled) in WITHOUT.items()}
                 off["rotation"] = results["composed-no-rotation"]
                 rows.extend(_ablation_rows(workload, label, table["composed"], off))
                 rows.append(_xfer_row(workload, label, base, table["composed"], load))
@@ -235,7 +251,7 @@ def _xfer_row(
 ) -> Row:
     """The rotation piece's sensitivity to B_xfer: the time-equal budget vs the token-equal one."""
     time_equal, token_equal = xfer_blocks(base)
-    m = _metrics(_run(base, {"name": "composed", "xfer_blocks": token_equal}, load))
+    m = _metrics(_run(base, {**COMPOSED["composed"], "xfer_blocks": token_equal}, load, pooled=True))
     return Row(
         PAPER,
         f"{workload} ({label}): TTFT SLO attainment, composed B_xfer {time_equal} / {token_equal} blocks",

@@ -37,6 +37,17 @@ LABELS = {
     "unified_pool_passthrough": "Passthrough only",
 }
 ABLATION = ("unified_pool_orchestrator", "unified_pool_passthrough")
+# Each system as (policy, data-plane profile: the config's `pool` layout and SSD access path).
+# Unified pooling schedules as LMCache+LP+AsyncKV; its design and ablations are the profile.
+SERIAL_FS = {"layout": "serial", "passthrough": False}  # LMCache's path (§III-B)
+PROFILES: dict[str, tuple[str, dict[str, Any]]] = {
+    "lmcache": ("lmcache", SERIAL_FS),
+    "lmcache_lp": ("lmcache_lp", SERIAL_FS),
+    "lmcache_lp_async": ("lmcache_lp_async", SERIAL_FS),
+    "unified_pool": ("lmcache_lp_async", {"layout": "pooled", "passthrough": True}),
+    "unified_pool_orchestrator": ("lmcache_lp_async", {"layout": "pooled", "passthrough": False}),
+    "unified_pool_passthrough": ("lmcache_lp_async", {"layout": "serial", "passthrough": True}),
+}
 # Input lengths of Fig. 8/9 (1K-128K); 128K = 128,000 tokens fits Llama-3.1-8B's 131,072 context.
 LENGTHS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000)
 HEADLINE = 128_000
@@ -58,16 +69,20 @@ class Point:
     hit_fraction: float  # prompt tokens of the query round served from host/SSD
 
 
-def query_round(config: SimConfig, policy: str, document_tokens: int) -> Point:
-    """Runs warm-up + query and warm-up alone; the difference is the query round."""
+def query_round(config: SimConfig, system: str, document_tokens: int) -> Point:
+    """Runs warm-up + query and warm-up alone of ``system`` (a key of :data:`PROFILES`); the
+    difference is the query round."""
+    policy, profile = PROFILES[system]
+    pool = {**(config.pool or {}), **profile}
     results: dict[bool, dict[str, Any]] = {}
     for with_query in (True, False):
         workload = {**config.workload, "document_tokens": document_tokens, "query_round": with_query}
-        results[with_query] = run(config.with_overrides(policy={"name": policy}, workload=workload))
+        changes = {"policy": {"name": policy}, "pool": pool, "workload": workload}
+        results[with_query] = run(config.with_overrides(**changes))
     full, warm = results[True], results[False]
     n = full["requests"] - warm["requests"]
     if n <= 0 or full["unfinished_requests"]:
-        raise RuntimeError(f"{policy} at {document_tokens} tokens: query round did not complete")
+        raise RuntimeError(f"{system} at {document_tokens} tokens: query round did not complete")
 
     def total(r: dict[str, Any], key: str) -> float:
         return float(r[key]["mean"]) * int(r["requests"]) if key == "ttft_s" else float(r[key])
