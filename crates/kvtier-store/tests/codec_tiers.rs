@@ -194,6 +194,35 @@ fn ssd_round_trip_per_codec_write_back_and_write_through() {
     }
 }
 
+/// A block SSD already holds is never encoded again: not when a load promotes it into DRAM
+/// (write-through hands it back to SSD), nor when DRAM demotes it, nor when it is put again.
+/// Each block is encoded at most once, and still read back exactly.
+#[test]
+fn ssd_blocks_held_are_not_encoded_again() {
+    for write_through in [false, true] {
+        for codec in [lossless("zstd"), TierCodec::Quant] {
+            let dir = TempDir::new(&format!("once-{}-{write_through}", codec.name()));
+            let store = ssd_store(&dir, codec.clone(), write_through);
+            let ks = keys(&store, 3, 8);
+            put(&store, &ks);
+            for _ in 0..2 {
+                let (_, loaded, bufs) = load_all(&store, &ks); // promotes, evicting, demoting
+                assert_eq!(loaded, ks.len());
+                for (k, b) in ks.iter().zip(&bufs) {
+                    assert_block(&codec, *k, b);
+                }
+                put(&store, &ks);
+            }
+            let s = store.stats();
+            let encoded = s.ssd_encoded_blocks + s.ssd_encode_fallbacks;
+            assert!(encoded <= ks.len() as u64, "{} encoded {encoded} times for {} blocks", codec.name(), ks.len());
+            assert!(s.promoted_blocks >= 6, "{s:?}");
+            assert_eq!(s.checksum_failures + s.decode_failures, 0);
+            store.check_integrity().unwrap();
+        }
+    }
+}
+
 #[test]
 fn ssd_reader_follows_the_header_not_its_config() {
     for (writer, reader) in [

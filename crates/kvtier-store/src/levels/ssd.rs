@@ -54,15 +54,42 @@ impl SsdLevel {
         Ok(SsdLevel { tier, encoder, block_bytes })
     }
 
-    /// Writes whole blocks (write-through), encoded by the SSD codec.
+    /// Writes whole blocks (write-through), encoded by the SSD codec. Through a codec, blocks
+    /// SSD already holds are not encoded again (see [`Self::absent`]).
     pub(crate) fn put(&self, ns: u128, keys: &[BlockKey], objects: &[&[u8]], c: &Counters) -> TierPutReport {
         if self.encoder.is_raw() {
             return self.tier.put(ns, keys, objects);
         }
-        let encoded = Encoded::new(&self.encoder, ns, keys, objects);
+        let (keys, objects, held) = self.absent(ns, keys, objects);
+        let encoded = Encoded::new(&self.encoder, ns, &keys, &objects);
         encoded.count(c, TierKind::Ssd);
         let stored: Vec<&[u8]> = (0..keys.len()).map(|i| encoded.stored(i, objects[i])).collect();
-        self.tier.put(ns, keys, &stored)
+        let mut report = self.tier.put(ns, &keys, &stored);
+        report.already_present += held;
+        report
+    }
+
+    /// The blocks of a coded write SSD does not hold ready in `ns` yet, and how many it does.
+    /// Keys are content addresses (same key, same bytes), so a held block needs no write, as
+    /// the pool's own put would find; filtering first spares the encoding, which costs 4-12×
+    /// the device's time per byte: a load's promotion (`Hierarchy::promote`, write-through on)
+    /// hands every block it read from SSD back here. A block removed between this check and the
+    /// put is simply not on SSD, as if evicted just after its write.
+    fn absent<'a>(
+        &self,
+        ns: u128,
+        keys: &[BlockKey],
+        objects: &[&'a [u8]],
+    ) -> (Vec<BlockKey>, Vec<&'a [u8]>, usize) {
+        let (mut fk, mut fo) = (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len()));
+        for (&key, &object) in keys.iter().zip(objects) {
+            if !self.tier.contains(ns, key) {
+                fk.push(key);
+                fo.push(object);
+            }
+        }
+        let held = keys.len() - fk.len();
+        (fk, fo, held)
     }
 
     /// Writes DRAM victims straight from their extents (demotion). Raw blocks go to the device
@@ -82,7 +109,12 @@ impl SsdLevel {
         }
         let mut ok_keys = Vec::with_capacity(keys.len());
         let mut raw = Vec::with_capacity(keys.len());
+        let mut held = 0;
         for (&key, &(pages, len, sum)) in keys.iter().zip(extents) {
+            if self.tier.contains(ns, key) {
+                held += 1; // nothing to check or encode ([`Self::absent`])
+                continue;
+            }
             let payload = &pages[..len as usize];
             if checksum(payload) == sum {
                 ok_keys.push(key);
@@ -91,7 +123,9 @@ impl SsdLevel {
                 bump(&c.demotion_failed, 1);
             }
         }
-        self.put(ns, &ok_keys, &raw, c)
+        let mut report = self.put(ns, &ok_keys, &raw, c);
+        report.already_present += held;
+        report
     }
 
     /// The codec objects of a read with `forms`: each
