@@ -27,6 +27,13 @@ pub(crate) struct SsdLevel {
 /// failed.
 type DecodeItem<'a> = (usize, &'a [u8], &'a mut [u8], ReadOutcome, bool);
 
+/// Codec objects per chunk of a decoding read ([`SsdLevel::read_decoded`]): the I/O worker's
+/// default depth, so a chunk keeps the device as busy as one batch did.
+const READ_CHUNK: usize = 8;
+
+/// A decoded chunk: its buffers (to reuse) and each item's (index, outcome, decoding failed).
+type DecodedChunk = (Vec<Vec<u8>>, Vec<(usize, ReadOutcome, bool)>);
+
 /// The codec objects of one read: items `coded` of `entries`, of SSD payload lengths `lens`.
 struct Coded<'a> {
     ns: u128,
@@ -172,9 +179,11 @@ impl SsdLevel {
         }
     }
 
-    /// The codec objects `coded` of a decoding read: each read whole into a buffer of its size,
-    /// then decoded into its destination (in parallel). One that fails to decode is `Corrupt`
-    /// and listed in `undecodable`.
+    /// The codec objects `coded` of a decoding read, [`READ_CHUNK`] at a time: each chunk read
+    /// whole into buffers of their sizes, then decoded into its destinations (on up to one
+    /// thread per core) while the next chunk is read; the last one on this thread. Two sets of buffers, reused from chunk to
+    /// chunk, so the read faults in at most `2 × READ_CHUNK` buffers, not one per object. One
+    /// that fails to decode is `Corrupt` and listed in `undecodable`.
     fn read_decoded(
         &self,
         Coded { ns, entries, coded, lens }: Coded<'_>,
@@ -182,35 +191,80 @@ impl SsdLevel {
         outcomes: &mut [ReadOutcome],
         undecodable: &mut Vec<BlockKey>,
     ) {
-        let ce: Vec<EntryRef> = coded.iter().map(|&i| entries[i]).collect();
-        let mut bufs: Vec<Vec<u8>> =
-            coded.iter().map(|&i| vec![0u8; lens[i].expect("sized") as usize]).collect();
-        let mut cout = vec![ReadOutcome::NotPinned; coded.len()];
-        {
-            let mut cd: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-            self.tier.read_pinned(ns, &ce, &mut cd, &mut cout);
-        }
+        let block_bytes = self.block_bytes;
         let mut slots: Vec<Option<&mut [u8]>> = dst.iter_mut().map(|d| Some(&mut **d)).collect();
-        let mut work: Vec<DecodeItem<'_>> = coded
-            .iter()
-            .zip(cout)
-            .zip(&bufs)
-            .map(|((&i, o), buf)| (i, &buf[..], slots[i].take().expect("each item once"), o, false))
-            .collect();
-        let bytes = work.len() * self.block_bytes;
-        par_each(&mut work, bytes, |(i, buf, d, o, failed)| {
-            if *o == ReadOutcome::Loaded && decode_stored(ns, entries[*i].key, buf, d).is_err() {
-                *o = ReadOutcome::Corrupt;
-                *failed = true;
+        let mut spare: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut results: Vec<(usize, ReadOutcome, bool)> = Vec::with_capacity(coded.len());
+        std::thread::scope(|s| {
+            let mut decoding: Option<std::thread::ScopedJoinHandle<'_, DecodedChunk>> = None;
+            let last = coded.len().div_ceil(READ_CHUNK).saturating_sub(1);
+            for (n, chunk) in coded.chunks(READ_CHUNK).enumerate() {
+                let mut bufs = spare.pop().unwrap_or_default();
+                bufs.resize_with(chunk.len(), || Vec::with_capacity(block_bytes));
+                for (b, &i) in bufs.iter_mut().zip(chunk) {
+                    b.resize(lens[i].expect("sized") as usize, 0);
+                }
+                let ce: Vec<EntryRef> = chunk.iter().map(|&i| entries[i]).collect();
+                let mut cout = vec![ReadOutcome::NotPinned; chunk.len()];
+                {
+                    let mut cd: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    self.tier.read_pinned(ns, &ce, &mut cd, &mut cout);
+                }
+                let ds: Vec<&mut [u8]> =
+                    chunk.iter().map(|&i| slots[i].take().expect("each item once")).collect();
+                if let Some(h) = decoding.take() {
+                    let (b, r) = h.join().expect("decode thread");
+                    spare.push(b);
+                    results.extend(r);
+                }
+                if n == last {
+                    // the last chunk: nothing left to read, decode it here
+                    results.extend(decode_chunk(ns, entries, chunk, cout, &bufs, ds, block_bytes));
+                } else {
+                    decoding = Some(s.spawn(move || {
+                        let r = decode_chunk(ns, entries, chunk, cout, &bufs, ds, block_bytes);
+                        (bufs, r)
+                    }));
+                }
+            }
+            if let Some(h) = decoding.take() {
+                results.extend(h.join().expect("decode thread").1);
             }
         });
-        for (i, _, _, o, failed) in work {
+        for (i, o, failed) in results {
             outcomes[i] = o;
             if failed {
                 undecodable.push(entries[i].key);
             }
         }
     }
+}
+
+/// Decodes the codec objects `bufs` of items `chunk` (read with outcomes `cout`) into `ds`, on
+/// up to one thread per core; returns each item's (index, outcome, whether decoding failed).
+fn decode_chunk(
+    ns: u128,
+    entries: &[EntryRef],
+    chunk: &[usize],
+    cout: Vec<ReadOutcome>,
+    bufs: &[Vec<u8>],
+    ds: Vec<&mut [u8]>,
+    block_bytes: usize,
+) -> Vec<(usize, ReadOutcome, bool)> {
+    let mut work: Vec<DecodeItem<'_>> = chunk
+        .iter()
+        .zip(cout)
+        .zip(bufs)
+        .zip(ds)
+        .map(|(((&i, o), buf), d)| (i, &buf[..], d, o, false))
+        .collect();
+    par_each(&mut work, chunk.len() * block_bytes, |(i, buf, d, o, failed)| {
+        if *o == ReadOutcome::Loaded && decode_stored(ns, entries[*i].key, buf, d).is_err() {
+            *o = ReadOutcome::Corrupt;
+            *failed = true;
+        }
+    });
+    work.into_iter().map(|(i, _, _, o, failed)| (i, o, failed)).collect()
 }
 
 impl Level for SsdLevel {
