@@ -194,6 +194,48 @@ fn ssd_round_trip_per_codec_write_back_and_write_through() {
     }
 }
 
+/// A block SSD already holds is never encoded again: not when a load promotes it into DRAM
+/// (write-through hands it back to SSD), nor when DRAM demotes it, nor when it is put again.
+/// Each block is encoded at most once, and still read back exactly.
+#[test]
+fn ssd_blocks_held_are_not_encoded_again() {
+    for write_through in [false, true] {
+        for codec in [lossless("zstd"), TierCodec::Quant] {
+            let dir = TempDir::new(&format!("once-{}-{write_through}", codec.name()));
+            let mut ssd = ssd_config(&dir, codec.clone(), write_through);
+            ssd.promote_on_hit = true;
+            let config = StoreConfig {
+                dram_capacity_bytes: 2 * OBJECT_BYTES,
+                ssd: Some(ssd),
+                ..StoreConfig::default()
+            };
+            let store = Store::new(namespace("test-model", ""), config).unwrap();
+            let ks = keys(&store, 3, 8);
+            put(&store, &ks);
+            for _ in 0..2 {
+                for k in &ks {
+                    // one at a time: each promoted into DRAM (2 blocks), evicting, demoting
+                    let (_, loaded, bufs) = load_all(&store, &[*k]);
+                    assert_eq!(loaded, 1);
+                    assert_block(&codec, *k, &bufs[0]);
+                }
+                put(&store, &ks);
+            }
+            let s = store.stats();
+            let encoded = s.ssd_encoded_blocks + s.ssd_encode_fallbacks;
+            assert!(
+                encoded <= ks.len() as u64,
+                "{} encoded {encoded} times for {} blocks",
+                codec.name(),
+                ks.len()
+            );
+            assert!(s.promoted_blocks >= 6, "{s:?}");
+            assert_eq!(s.checksum_failures + s.decode_failures, 0);
+            store.check_integrity().unwrap();
+        }
+    }
+}
+
 #[test]
 fn ssd_reader_follows_the_header_not_its_config() {
     for (writer, reader) in [
@@ -234,6 +276,27 @@ fn corrupt_encoded_ssd_object_is_a_counted_miss() {
     assert_block(&lossless("zstd"), ks[0], &bufs[0]);
     assert_eq!(store.stats().checksum_failures, 1);
     assert_eq!(store.lookup(store.namespace_hash(), &ks).unwrap().hit_blocks, 1, "dropped from SSD");
+}
+
+/// A decoding read of more codec objects than one chunk (the SSD level reads and decodes them
+/// 8 at a time, overlapped): a tampered object in a later chunk is refused there, every block
+/// before it is loaded exactly, and the tampered copy is dropped.
+#[test]
+fn corrupt_encoded_object_in_a_later_chunk_is_refused() {
+    let dir = TempDir::new("corrupt-chunks");
+    let store = ssd_store(&dir, lossless("zstd"), true);
+    let ks = keys(&store, 5, 20);
+    put(&store, &ks);
+    // DRAM keeps the last two: ks[0..18] come from SSD, two and a bit chunks.
+    assert!(store.corrupt_for_test(ks[13], 200));
+    let (_, loaded, bufs) = load_all(&store, &ks);
+    assert_eq!(loaded, 13, "the loaded prefix ends at the tampered block");
+    for (k, b) in ks.iter().zip(&bufs).take(13) {
+        assert_block(&lossless("zstd"), *k, b);
+    }
+    let s = store.stats();
+    assert_eq!(s.checksum_failures, 1, "{s:?}");
+    assert_eq!(store.lookup(store.namespace_hash(), &ks).unwrap().hit_blocks, 13, "dropped from SSD");
 }
 
 /// Writes three blocks through a lossless SSD store in `dir`, then replaces blocks 1 and 2,

@@ -26,6 +26,13 @@ pub(crate) struct SsdLevel {
 /// failed.
 type DecodeItem<'a> = (usize, &'a [u8], &'a mut [u8], ReadOutcome, bool);
 
+/// Codec objects per chunk of a decoding read ([`SsdLevel::read_decoded`]): the I/O worker's
+/// default depth, so a chunk keeps the device as busy as one batch did.
+const READ_CHUNK: usize = 8;
+
+/// A decoded chunk: its buffers (to reuse) and each item's (index, outcome, decoding failed).
+type DecodedChunk = (Vec<Vec<u8>>, Vec<(usize, ReadOutcome, bool)>);
+
 /// The codec objects of one read: items `coded` of `entries`, of SSD payload lengths `lens`.
 struct Coded<'a> {
     ns: u128,
@@ -53,15 +60,42 @@ impl SsdLevel {
         Ok(SsdLevel { tier, encoder, block_bytes })
     }
 
-    /// Writes whole blocks (write-through), encoded by the SSD codec.
+    /// Writes whole blocks (write-through), encoded by the SSD codec. Through a codec, blocks
+    /// SSD already holds are not encoded again (see [`Self::absent`]).
     pub(crate) fn put(&self, ns: u128, keys: &[BlockKey], objects: &[&[u8]], c: &Counters) -> TierPutReport {
         if self.encoder.is_raw() {
             return self.tier.put(ns, keys, objects);
         }
-        let encoded = Encoded::new(&self.encoder, ns, keys, objects);
+        let (keys, objects, held) = self.absent(ns, keys, objects);
+        let encoded = Encoded::new(&self.encoder, ns, &keys, &objects);
         encoded.count(c, TierKind::Ssd);
         let stored: Vec<&[u8]> = (0..keys.len()).map(|i| encoded.stored(i, objects[i])).collect();
-        self.tier.put(ns, keys, &stored)
+        let mut report = self.tier.put(ns, &keys, &stored);
+        report.already_present += held;
+        report
+    }
+
+    /// The blocks of a coded write SSD does not hold ready in `ns` yet, and how many it does.
+    /// Keys are content addresses (same key, same bytes), so a held block needs no write, as
+    /// the pool's own put would find; filtering first spares the encoding, which costs 4-12×
+    /// the device's time per byte: a load's promotion (`Hierarchy::promote`, write-through on)
+    /// hands every block it read from SSD back here. A block removed between this check and the
+    /// put is simply not on SSD, as if evicted just after its write.
+    fn absent<'a>(
+        &self,
+        ns: u128,
+        keys: &[BlockKey],
+        objects: &[&'a [u8]],
+    ) -> (Vec<BlockKey>, Vec<&'a [u8]>, usize) {
+        let (mut fk, mut fo) = (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len()));
+        for (&key, &object) in keys.iter().zip(objects) {
+            if !self.tier.contains(ns, key) {
+                fk.push(key);
+                fo.push(object);
+            }
+        }
+        let held = keys.len() - fk.len();
+        (fk, fo, held)
     }
 
     /// Writes DRAM victims straight from their extents (demotion). Raw blocks go to the device
@@ -79,9 +113,21 @@ impl SsdLevel {
         if self.encoder.is_raw() {
             return self.tier.put_pages(ns, keys, extents);
         }
-        let (ok_keys, raw, failed) = verified_extents(keys, extents);
+        // Blocks SSD already holds need no check or encode ([`Self::absent`]).
+        let (mut todo_keys, mut todo_extents) =
+            (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len()));
+        for (&key, &extent) in keys.iter().zip(extents) {
+            if !self.tier.contains(ns, key) {
+                todo_keys.push(key);
+                todo_extents.push(extent);
+            }
+        }
+        let held = keys.len() - todo_keys.len();
+        let (ok_keys, raw, failed) = verified_extents(&todo_keys, &todo_extents);
         bump(&c.demotion_failed, failed);
-        self.put(ns, &ok_keys, &raw, c)
+        let mut report = self.put(ns, &ok_keys, &raw, c);
+        report.already_present += held;
+        report
     }
 
     /// The codec objects of a read with `forms`: each
@@ -128,9 +174,11 @@ impl SsdLevel {
         }
     }
 
-    /// The codec objects `coded` of a decoding read: each read whole into a buffer of its size,
-    /// then decoded into its destination (in parallel). One that fails to decode is `Corrupt`
-    /// and listed in `undecodable`.
+    /// The codec objects `coded` of a decoding read, [`READ_CHUNK`] at a time: each chunk read
+    /// whole into buffers of their sizes, then decoded into its destinations (on up to one
+    /// thread per core) while the next chunk is read; the last one on this thread. Two sets of buffers, reused from chunk to
+    /// chunk, so the read faults in at most `2 × READ_CHUNK` buffers, not one per object. One
+    /// that fails to decode is `Corrupt` and listed in `undecodable`.
     fn read_decoded(
         &self,
         Coded { ns, entries, coded, lens }: Coded<'_>,
@@ -138,35 +186,80 @@ impl SsdLevel {
         outcomes: &mut [ReadOutcome],
         undecodable: &mut Vec<BlockKey>,
     ) {
-        let ce: Vec<EntryRef> = coded.iter().map(|&i| entries[i]).collect();
-        let mut bufs: Vec<Vec<u8>> =
-            coded.iter().map(|&i| vec![0u8; lens[i].expect("sized") as usize]).collect();
-        let mut cout = vec![ReadOutcome::NotPinned; coded.len()];
-        {
-            let mut cd: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-            self.tier.read_pinned(ns, &ce, &mut cd, &mut cout);
-        }
+        let block_bytes = self.block_bytes;
         let mut slots: Vec<Option<&mut [u8]>> = dst.iter_mut().map(|d| Some(&mut **d)).collect();
-        let mut work: Vec<DecodeItem<'_>> = coded
-            .iter()
-            .zip(cout)
-            .zip(&bufs)
-            .map(|((&i, o), buf)| (i, &buf[..], slots[i].take().expect("each item once"), o, false))
-            .collect();
-        let bytes = work.len() * self.block_bytes;
-        par_each(&mut work, bytes, |(i, buf, d, o, failed)| {
-            if *o == ReadOutcome::Loaded && decode_stored(ns, entries[*i].key, buf, d).is_err() {
-                *o = ReadOutcome::Corrupt;
-                *failed = true;
+        let mut spare: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut results: Vec<(usize, ReadOutcome, bool)> = Vec::with_capacity(coded.len());
+        std::thread::scope(|s| {
+            let mut decoding: Option<std::thread::ScopedJoinHandle<'_, DecodedChunk>> = None;
+            let last = coded.len().div_ceil(READ_CHUNK).saturating_sub(1);
+            for (n, chunk) in coded.chunks(READ_CHUNK).enumerate() {
+                let mut bufs = spare.pop().unwrap_or_default();
+                bufs.resize_with(chunk.len(), || Vec::with_capacity(block_bytes));
+                for (b, &i) in bufs.iter_mut().zip(chunk) {
+                    b.resize(lens[i].expect("sized") as usize, 0);
+                }
+                let ce: Vec<EntryRef> = chunk.iter().map(|&i| entries[i]).collect();
+                let mut cout = vec![ReadOutcome::NotPinned; chunk.len()];
+                {
+                    let mut cd: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    self.tier.read_pinned(ns, &ce, &mut cd, &mut cout);
+                }
+                let ds: Vec<&mut [u8]> =
+                    chunk.iter().map(|&i| slots[i].take().expect("each item once")).collect();
+                if let Some(h) = decoding.take() {
+                    let (b, r) = h.join().expect("decode thread");
+                    spare.push(b);
+                    results.extend(r);
+                }
+                if n == last {
+                    // the last chunk: nothing left to read, decode it here
+                    results.extend(decode_chunk(ns, entries, chunk, cout, &bufs, ds, block_bytes));
+                } else {
+                    decoding = Some(s.spawn(move || {
+                        let r = decode_chunk(ns, entries, chunk, cout, &bufs, ds, block_bytes);
+                        (bufs, r)
+                    }));
+                }
+            }
+            if let Some(h) = decoding.take() {
+                results.extend(h.join().expect("decode thread").1);
             }
         });
-        for (i, _, _, o, failed) in work {
+        for (i, o, failed) in results {
             outcomes[i] = o;
             if failed {
                 undecodable.push(entries[i].key);
             }
         }
     }
+}
+
+/// Decodes the codec objects `bufs` of items `chunk` (read with outcomes `cout`) into `ds`, on
+/// up to one thread per core; returns each item's (index, outcome, whether decoding failed).
+fn decode_chunk(
+    ns: u128,
+    entries: &[EntryRef],
+    chunk: &[usize],
+    cout: Vec<ReadOutcome>,
+    bufs: &[Vec<u8>],
+    ds: Vec<&mut [u8]>,
+    block_bytes: usize,
+) -> Vec<(usize, ReadOutcome, bool)> {
+    let mut work: Vec<DecodeItem<'_>> = chunk
+        .iter()
+        .zip(cout)
+        .zip(bufs)
+        .zip(ds)
+        .map(|(((&i, o), buf), d)| (i, &buf[..], d, o, false))
+        .collect();
+    par_each(&mut work, chunk.len() * block_bytes, |(i, buf, d, o, failed)| {
+        if *o == ReadOutcome::Loaded && decode_stored(ns, entries[*i].key, buf, d).is_err() {
+            *o = ReadOutcome::Corrupt;
+            *failed = true;
+        }
+    });
+    work.into_iter().map(|(i, _, _, o, failed)| (i, o, failed)).collect()
 }
 
 impl Level for SsdLevel {
