@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +129,28 @@ def test_sim_bad_config_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureF
     assert "unknown policy 'nonsense'" in capsys.readouterr().err
     assert cli.main(["sim", "run", str(tmp_path / "nope.yaml")]) == 2
     assert cli.main(["sim", "sweep", str(config), "--rates", "0,-1"]) == 2
+
+
+def test_a_deprecated_policy_name_is_announced_on_the_command_line(tmp_path: Path) -> None:
+    # Python hides DeprecationWarnings outside __main__ by default: the command must show them.
+    config = tmp_path / "old.yaml"
+    config.write_text(
+        "name: tiny\n"
+        "hardware: h100-sxm\n"
+        "model: llama-3.1-8b\n"
+        "policy: {name: unified_pool_passthrough}\n"
+        "block_tokens: 16\n"
+        "host_capacity_bytes: 10GiB\n"
+        "workload: {name: multiturn, num_sessions: 3, rate_per_s: 1.0}\n"
+        "slo: {ttft_s: 1.0, tpot_s: 0.05}\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtier.cli", "sim", "run", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "DeprecationWarning" in done.stderr and "lmcache_lp_async" in done.stderr

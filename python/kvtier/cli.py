@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -479,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Python hides DeprecationWarnings outside __main__; a user of the command line must see that a
+    # config key or policy name they wrote is deprecated, and what replaces it.
+    warnings.filterwarnings("default", category=DeprecationWarning, module="kvtier")
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
