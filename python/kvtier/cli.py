@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from kvtier import report
 from kvtier.config import parse_size
-from kvtier.errors import KvtierError
+from kvtier.errors import KvtierError, os_error_message
 from kvtier.remote import check_url
 from kvtier.results import emit as _emit
 from kvtier.sim import size as sim_size
@@ -43,14 +43,6 @@ def _output_file(path: str | None, flag: str) -> str | None:
             raise KvtierError(f"{flag} {path!r} is a directory; expected a file path")
         _directory(os.path.dirname(path) or ".", f"{flag}'s directory")
     return path
-
-
-def _os_error(e: OSError) -> str:
-    """``<path>: <reason>`` for an OSError (the path the user named, and why it failed)."""
-    if e.strerror is None:
-        return str(e)
-    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
-    return f"{' -> '.join(paths)}: {e.strerror}" if paths else e.strerror
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -480,8 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Python hides DeprecationWarnings outside __main__; a user of the command line must see that a
-    # config key or policy name they wrote is deprecated, and what replaces it.
+    # Python hides DeprecationWarnings outside __main__: show kvtier's (old keys, policy names).
     warnings.filterwarnings("default", category=DeprecationWarning, module="kvtier")
     args = build_parser().parse_args(argv)
     try:
@@ -491,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         # A file or directory named on the command line (or in a config) that the system refused:
         # the user's to fix, not a bug. Other exceptions keep their traceback.
-        message = _os_error(e)
+        message = os_error_message(e)
     else:
         return 0
     print(f"kvtier: error: {message}", file=sys.stderr)

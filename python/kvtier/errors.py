@@ -67,3 +67,11 @@ def shown(value: object, limit: int = 64) -> str:
         return f"an int of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def os_error_message(e: OSError) -> str:
+    """``<path>: <reason>`` for an OSError (the path the user named, and why it failed)."""
+    if e.strerror is None:
+        return str(e)
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {e.strerror}" if paths else e.strerror
