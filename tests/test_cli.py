@@ -154,3 +154,11 @@ def test_a_deprecated_policy_name_is_announced_on_the_command_line(tmp_path: Pat
     )
     assert done.returncode == 0, done.stderr
     assert "DeprecationWarning" in done.stderr and "lmcache_lp_async" in done.stderr
+
+
+def test_bench_engine_refuses_an_unknown_calibration_before_timing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.yaml"
+    assert cli.main(["bench", "engine", "--json", "--calibration", str(missing)]) == 2
+    assert f"calibration {str(missing)!r} is neither a file nor one of" in capsys.readouterr().err

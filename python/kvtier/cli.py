@@ -253,6 +253,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
         threads=args.threads,
         directory=_directory(args.directory, "--directory"),
         show=not args.json,
+        calibration=args.calibration,
     )
     _emit(result, args.json, engine.summary)
 
@@ -388,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     bengine.add_argument("--repeats", type=_positive, default=2)
     bengine.add_argument("--threads", type=_positive, default=1, help="BLAS threads (default 1)")
     bengine.add_argument("--directory", default=None, help="SSD tier directory (default: a temp dir)")
+    bengine.add_argument(
+        "--calibration", default="cpu-smollm2-135m", help="packaged name or `sim calibrate` YAML"
+    )
     bengine.add_argument("--json", action="store_true")
     bengine.set_defaults(func=_bench_engine)
     bsim = bench_sub.add_parser(

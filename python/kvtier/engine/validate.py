@@ -24,7 +24,7 @@ from kvtier.engine.tokenizer import Tokenizer
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
 from kvtier.sim.calibrate import Sample
-from kvtier.sim.cost import BatchShape
+from kvtier.sim.cost import BatchShape, read_calibration
 from kvtier.sim.validate import Turn, compare, simulate
 
 QUESTIONS: tuple[tuple[str, ...], ...] = (
@@ -108,10 +108,11 @@ def validate(
     both, the errors against the engine's mean over the runs, and the engine's own spread."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-    if model is None or tokenizer is None:
-        model, tokenizer = load()
     if repeats < 1:
         raise ConfigError(f"repeats is {repeats}; expected >= 1")
+    read_calibration(calibration)  # a bad name or file is refused before the engine runs
+    if model is None or tokenizer is None:
+        model, tokenizer = load()
     config = EngineConfig(num_blocks=512, max_batch_tokens=256, max_running=16)
     runs: list[list[Turn]] = []
     engine_steps: list[Sample] = []
