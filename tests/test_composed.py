@@ -17,6 +17,7 @@ from kvtier.sched.shadowserve import BLUEFIELD3
 from kvtier.sched.strata import Strata
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.run import run
+from kvtier.tiers import Tier
 
 BT = 32
 DOC = 4096  # a context of 128 blocks
@@ -30,7 +31,7 @@ class Cost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-3 + 3e-5 * new_tokens + 1e-9 * new_tokens * context_tokens
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         per_token = 2.6e-6 if segment_tokens is None or segment_tokens >= 256 else 1.2e-5
         return tokens * per_token
 
@@ -249,7 +250,7 @@ def test_remote_hits_are_intercepted_into_the_fetching_queue() -> None:
     host = waiting(1, 2, (0, DOC, 0, 0))
     d = Composed().schedule(view((remote, host)))
     fetch = next(o for o in d.loads if o.req_id == 0)
-    assert fetch.mode is LoadMode.ASYNC and fetch.target == "device"
+    assert fetch.mode is LoadMode.ASYNC and fetch.target is Tier.DEVICE
     assert fetch.compression_ratio == BLUEFIELD3.compression_ratio  # the SmartNIC pipeline
     assert fetch.decode_bytes_per_s == BLUEFIELD3.raw_bytes_per_s() and not fetch.decode_on_device
     assert fetch.tokens == DOC
@@ -261,13 +262,13 @@ def test_remote_hits_are_intercepted_into_the_fetching_queue() -> None:
     # Without async_fetch Strata prefetches the remote prefix to host while the request queues.
     chunk = RequestView(9, 0.0, Phase.RUNNING, 20_000, 1000, 0)  # takes the whole token budget
     off = Composed(stages=["rotation", "balance"]).schedule(view((remote,), running=(chunk,)))
-    assert [(o.req_id, o.target) for o in off.loads if o.req_id == 0] == [(0, "host")]
+    assert [(o.req_id, o.target) for o in off.loads if o.req_id == 0] == [(0, Tier.HOST)]
 
 
 def test_small_remote_hits_are_not_intercepted() -> None:
     tiny = waiting(0, 1, (0, 0, 0, 64))  # 64 <= 100 tokens: not worth a fetch
     d = Composed().schedule(view((tiny,)))
-    assert all(o.mode is not LoadMode.ASYNC or o.target != "device" for o in d.loads)
+    assert all(o.mode is not LoadMode.ASYNC or o.target is not Tier.DEVICE for o in d.loads)
     assert prefilled(d) == [0]
 
 

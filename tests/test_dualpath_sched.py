@@ -21,6 +21,7 @@ from kvtier.sched.dualpath import (
     schedule_de_group,
     schedule_pe_fetch,
 )
+from kvtier.tiers import Tier
 
 SHORT_Q = 1_000  # alpha in tokens
 LIMIT = 10_000  # beta in tokens
@@ -142,7 +143,7 @@ class Cost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-4 * new_tokens
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         return 0.0
 
 

@@ -17,7 +17,8 @@ The rules:
     import themselves, ``kvtier.sched`` may import ``kvtier.radix`` (below it in the layer map, not
     the reverse), and both may import the data model's pure basics, :data:`BASICS`:
     ``kvtier.errors`` (the error family, what both import today), ``kvtier.geometry`` and
-    ``kvtier.keys`` (the Python faces of kvtier-core's geometry and block keys, which do no I/O).
+    ``kvtier.keys`` (the Python faces of kvtier-core's geometry and block keys, which do no I/O),
+    and ``kvtier.tiers`` (the one tier enum, issue 18 step 5).
     Nothing else: no store, transfer, config, simulator, engine, connector or CLI.
 (c) ``kvtier.sim`` (the simulator) never imports the CPU reference engine (``kvtier.engine``), the
     engine integrations (``kvtier.integrations``) or the front ends above it (``kvtier.bench``,
@@ -42,7 +43,7 @@ import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "python"
 EXTENSIONS = ("kvtier._core",)  # compiled modules: no source to parse, nothing they import counts
-BASICS = frozenset({"kvtier.errors", "kvtier.geometry", "kvtier.keys"})
+BASICS = frozenset({"kvtier.errors", "kvtier.geometry", "kvtier.keys", "kvtier.tiers"})
 SIM_FORBIDDEN = ("kvtier.engine", "kvtier.integrations", "kvtier.bench", "kvtier.cli")
 TESTING = "kvtier.testing"
 TESTING_IMPORTERS = ("kvtier.bench", "kvtier.engine.replay")

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvtier.errors import ConfigError, SimError
-from kvtier.radix import HiRadixTree, Match, Tier
+from kvtier.radix import HiRadixTree, Match
+from kvtier.tiers import Tier
 
 D, H, S, R = Tier.DEVICE, Tier.HOST, Tier.SSD, Tier.REMOTE
 

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from kvtier.errors import SimError
-from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import prefix_counts
+from kvtier.tiers import Tier
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -1,7 +1,7 @@
 """The decision executor (kvtier.sched.executor): one order and one validation for both step loops.
 
 A recording backend checks the order and the errors without an engine; the reference engine checks
-that a host prefetch (``LoadOrder(target="host")``, Strata §4.3.3) is carried out, not dropped, and
+that a host prefetch (``LoadOrder(target=Tier.HOST)``, Strata §4.3.3) is carried out, not dropped, and
 that an order it cannot carry out raises.
 """
 
@@ -19,6 +19,7 @@ from kvtier.sched import LoadMode, LoadOrder, Phase, Policy, SchedulerDecision, 
 from kvtier.sched.batching import admit_fcfs, schedule_running
 from kvtier.sched.executor import execute
 from kvtier.store import Store
+from kvtier.tiers import Tier
 
 
 class _Rejected(Exception):
@@ -103,7 +104,7 @@ def test_orders_run_in_one_order_and_work_for_a_request_that_left_is_dropped() -
         prefill=[(3, 8), (4, 8)],
         decode=[0, 6, 1],
         loads=[
-            LoadOrder(5, 16, LoadMode.ASYNC, target="host"),
+            LoadOrder(5, 16, LoadMode.ASYNC, target=Tier.HOST),
             LoadOrder(4, 16, LoadMode.ASYNC),
             LoadOrder(6, 16, LoadMode.ASYNC),
         ],
@@ -136,17 +137,17 @@ def test_orders_run_in_one_order_and_work_for_a_request_that_left_is_dropped() -
         (SchedulerDecision(swap_in=[0]), "swaps in request 0 in phase running"),
         (SchedulerDecision(decode=[3]), r"decodes request 3 \(waiting\) before its prefill is done"),
         (SchedulerDecision(prefill=[(3, 8)], decode=[3]), "plans a request twice"),
-        (SchedulerDecision(loads=[LoadOrder(3, 16, LoadMode.SYNC, target="ssd")]), "load target 'ssd'"),
+        (SchedulerDecision(loads=[LoadOrder(3, 16, LoadMode.SYNC, target=Tier.SSD)]), "load target 'ssd'"),
         (
             SchedulerDecision(loads=[LoadOrder(3, 16, LoadMode.SYNC), LoadOrder(3, 8, LoadMode.SYNC)]),
             "two loads for request 3",
         ),
         (
-            SchedulerDecision(prefill=[(3, 8)], loads=[LoadOrder(3, 16, LoadMode.ASYNC, target="host")]),
+            SchedulerDecision(prefill=[(3, 8)], loads=[LoadOrder(3, 16, LoadMode.ASYNC, target=Tier.HOST)]),
             "prefills request 3 and prefetches it",
         ),
         (
-            SchedulerDecision(loads=[LoadOrder(0, 16, LoadMode.ASYNC, target="host")]),
+            SchedulerDecision(loads=[LoadOrder(0, 16, LoadMode.ASYNC, target=Tier.HOST)]),
             "prefetches request 0 in phase running",
         ),
     ],
@@ -188,11 +189,16 @@ class _PrefetchFirst(Policy):
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         self.steps += 1
         if self.steps == 1:
-            stored = [r for r in view.waiting if r.cached_tokens[2] + r.cached_tokens[3]]
+            stored = [r for r in view.waiting if r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE]]
             return SchedulerDecision(
                 loads=[
                     LoadOrder(
-                        r.req_id, r.cached_tokens[2] + r.cached_tokens[3], LoadMode.ASYNC, None, 2, "host"
+                        r.req_id,
+                        r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE],
+                        LoadMode.ASYNC,
+                        None,
+                        2,
+                        Tier.HOST,
                     )
                     for r in stored
                 ]
@@ -250,6 +256,6 @@ def test_the_reference_engine_refuses_what_it_cannot_do(parts, prompt) -> None:
     # A prefetch with no store below the device.
     engine = LLM(model=model, tokenizer=tokenizer, config=EngineConfig()).engine
     rid = engine.add_request(prompt, PARAMS)
-    decision = SchedulerDecision(loads=[LoadOrder(rid, 64, LoadMode.ASYNC, target="host")])
+    decision = SchedulerDecision(loads=[LoadOrder(rid, 64, LoadMode.ASYNC, target=Tier.HOST)])
     with pytest.raises(EngineError, match="no store"):
         execute(decision, engine, [])

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError, SimError
-from kvtier.radix import Tier
 from kvtier.sched import make_policy
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
 from kvtier.sched.cachegen_async import (
@@ -33,6 +32,7 @@ from kvtier.sim.reproduce import experiments_dir
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link
 from kvtier.sim.run import run
+from kvtier.tiers import Tier
 
 BT = 256
 KV = 131_072  # Llama-3.1-8B KV bytes per token (bf16)
@@ -48,7 +48,7 @@ class FakeCost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 0.01
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         return tokens * KV / self.store_bytes_per_s
 
 
@@ -101,7 +101,7 @@ def test_fig6_interception_strips_stored_prefills_and_restores_fetched_ones() ->
     assert decision.prefill == [(5, 1), (3, 2_000)]
     assert [lo.req_id for lo in decision.loads] == [1, 2]
     for lo in decision.loads:
-        assert lo.mode is LoadMode.ASYNC and lo.target == "device"
+        assert lo.mode is LoadMode.ASYNC and lo.target is Tier.DEVICE
         assert lo.tokens == (PROMPT - 1) // BT * BT  # the whole stored prompt but its last token
         assert lo.compression_ratio == pytest.approx(32 / 6)
         assert not lo.decode_on_device and lo.interference == 0.0

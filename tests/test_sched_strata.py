@@ -32,6 +32,7 @@ from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link
 from kvtier.sim.run import run
+from kvtier.tiers import Tier
 
 BT = 32
 DOC = 4096  # tokens of a document context: 128 blocks
@@ -43,7 +44,7 @@ class Cost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-3 + 3e-5 * new_tokens + 1e-9 * new_tokens * context_tokens
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         per_token = 2.6e-6 if segment_tokens is None or segment_tokens >= 256 else 1.2e-5
         return tokens * per_token
 
@@ -263,7 +264,7 @@ def test_storage_prefix_of_a_queued_request_is_prefetched_to_host() -> None:
     chunk = RequestView(9, 0.0, Phase.RUNNING, 20_000, 1000, 0)  # takes the whole token budget
     d = make_policy("strata").schedule(view((stored,), running=(chunk,)))
     (order,) = d.loads
-    assert (order.req_id, order.target, order.tokens) == (5, "host", DOC)
+    assert (order.req_id, order.target, order.tokens) == (5, Tier.HOST, DOC)
     assert make_policy("strata", prefetch=False).schedule(view((stored,), running=(chunk,))).loads == []
 
 

@@ -33,6 +33,7 @@ from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.run import run
+from kvtier.tiers import Tier
 
 BT = 16
 
@@ -41,7 +42,7 @@ class _NoCost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 0.0
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         return 0.0
 
 

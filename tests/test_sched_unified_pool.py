@@ -32,6 +32,7 @@ from kvtier.sim.resources import Direction, Link, Transfer, WeightedStripedLink
 from kvtier.sim.run import run
 from kvtier.sim.workload import make_workload
 from kvtier.sim.workload.long_doc_qa import query_order
+from kvtier.tiers import Tier
 
 SERVER = [10.65e9, 10.65e9, 31.5e9, 31.5e9]  # §III-A: two DDR4 modules, two SSDs (peaks)
 
@@ -95,7 +96,7 @@ class _NoCost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 0.0
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         return 0.0
 
 

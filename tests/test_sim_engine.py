@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from kvtier.errors import ConfigError, SimError, TraceError
-from kvtier.radix import Tier
 from kvtier.sched import make_policy
 from kvtier.sched.base import (
     LoadMode,
@@ -35,6 +34,7 @@ from kvtier.sim.run import run
 from kvtier.sim.state import SimRequest
 from kvtier.sim.view import WaitingViews, admitted_view
 from kvtier.sim.workload import mooncake_block_hit_rate
+from kvtier.tiers import Tier
 
 BT = 16  # block tokens
 

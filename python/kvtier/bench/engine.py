@@ -32,6 +32,7 @@ from kvtier.engine import LLM, EngineConfig, Model, SamplingParams, Tokenizer, l
 from kvtier.errors import KvtierError
 from kvtier.results import Result
 from kvtier.store import Store
+from kvtier.tiers import Tier
 
 BLOCK_TOKENS = 16
 OBJECT_BYTES = 741_376  # one 16-token fp32 SmolLM2 block in the store (payload + header, whole pages)
@@ -243,7 +244,7 @@ def _hits(
                 )
             best, load_s = min(best, out.ttft_s), min(load_s, llm.engine.stats.load_s)
             tiers = out.cached_tokens
-        expected_tier = {"dram": "host", "ssd": "ssd", "remote": "remote"}[tier]
+        expected_tier = Tier.from_store(tier).label
         if (
             sum(tiers.values()) != prefix_tokens // BLOCK_TOKENS * BLOCK_TOKENS
             or tiers[expected_tier] < prefix_tokens // 2

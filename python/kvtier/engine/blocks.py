@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 
 from kvtier.engine.errors import EngineError
-from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix import HiRadixTree
+from kvtier.tiers import Tier
 
 
 class BlockManager:

@@ -28,18 +28,21 @@ from kvtier.engine.errors import EngineError, EngineInputError
 from kvtier.engine.kv import PagedKvPool
 from kvtier.keys import BlockKeys
 from kvtier.store import Store
+from kvtier.tiers import Tier
 
 if TYPE_CHECKING:
     from kvtier.transfer import TransferEngine
 
-#: The store's tier names in the order of the scheduler's tier tuple (device, host, ssd, remote).
-STORE_TIER_INDEX = {"dram": 1, "host": 1, "ssd": 2, "remote": 3}
+
+def store_tiers(names: Sequence[str]) -> tuple[Tier, ...]:
+    """The store's tier names (``Lookup.tiers``, ``Lease.tiers``) as :class:`Tier` values."""
+    return tuple(Tier.from_store(name) for name in names)
 
 
 @dataclass(frozen=True)
 class LoadResult:
     blocks: int  # loaded into the first ``blocks`` pool block ids given
-    tiers: tuple[str, ...]  # the tier each loaded block came from
+    tiers: tuple[Tier, ...]  # the tier each loaded block came from
 
 
 class PendingLoad(ABC):
@@ -72,7 +75,7 @@ class KvTransfer(ABC):
         """Stores pool blocks ``block_ids[i]`` under ``keys[i]``; returns the blocks newly stored."""
 
     @abstractmethod
-    def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
+    def lookup(self, keys: BlockKeys) -> tuple[Tier, ...]:
         """The tier holding each block of the longest consecutive held prefix of ``keys``."""
 
     @abstractmethod
@@ -106,8 +109,8 @@ class StoreKvTransfer(KvTransfer):
         objects = self.copier.gather(geometry, self.pool.pool, list(block_ids[held:]))
         return self.store.put(keys[held:], objects).stored
 
-    def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
-        return self.store.lookup(keys).tiers if len(keys) else ()
+    def lookup(self, keys: BlockKeys) -> tuple[Tier, ...]:
+        return store_tiers(self.store.lookup(keys).tiers) if len(keys) else ()
 
     def prefetch(self, keys: BlockKeys) -> int:
         return promote(self.store, keys)
@@ -121,7 +124,7 @@ class StoreKvTransfer(KvTransfer):
                 return LoadResult(0, ())
             staging = np.empty((lease.hit_blocks, self.store.block_bytes), dtype=np.uint8)
             report = self.store.load(lease, staging)
-            tiers = lease.tiers[: report.loaded_blocks]
+            tiers = store_tiers(lease.tiers[: report.loaded_blocks])
         if report.loaded_blocks:
             ids = list(block_ids[: report.loaded_blocks])
             self.copier.scatter(self.pool.geometry, staging[: report.loaded_blocks], ids, self.pool.pool)
@@ -157,8 +160,8 @@ class TransferEngineKvTransfer(KvTransfer):
         )
         return job.done_blocks
 
-    def lookup(self, keys: BlockKeys) -> tuple[str, ...]:
-        return self.store.lookup(keys).tiers if len(keys) else ()
+    def lookup(self, keys: BlockKeys) -> tuple[Tier, ...]:
+        return store_tiers(self.store.lookup(keys).tiers) if len(keys) else ()
 
     def prefetch(self, keys: BlockKeys) -> int:
         return promote(self.store, keys)
@@ -188,27 +191,25 @@ def promote(store: Store, keys: BlockKeys) -> int:
     if not len(keys):
         return 0
     with store.lease(keys) as lease:
-        below = [t for t in lease.tiers if STORE_TIER_INDEX[t] > 1]
+        before = store_tiers(lease.tiers)
+        below = [t for t in before if t > Tier.HOST]
         if not below:
             return 0
         config = store.config
-        for tier, section in (("ssd", config.ssd), ("remote", config.remote)):
+        for tier, section in ((Tier.SSD, config.ssd), (Tier.REMOTE, config.remote)):
             if tier in below and section is not None and not section.promote_on_hit:
                 raise EngineError(
-                    f"the store does not promote {tier} hits (`{tier}.promote_on_hit`): no prefetch"
+                    f"the store does not promote {tier.label} hits (`{section.PATH}.promote_on_hit`): "
+                    "no prefetch"
                 )
         staging = np.empty((lease.hit_blocks, store.block_bytes), dtype=np.uint8)
         store.load(lease, staging)
-    after = store.lookup(keys).tiers
-    return sum(
-        1
-        for i, t in enumerate(after[: len(lease.tiers)])
-        if STORE_TIER_INDEX[t] < STORE_TIER_INDEX[lease.tiers[i]]
-    )
+    after = store_tiers(store.lookup(keys).tiers)
+    return sum(1 for i, t in enumerate(after[: len(before)]) if t < before[i])
 
 
 class _TransferJobLoad(PendingLoad):
-    def __init__(self, engine: TransferEngine, job: int, tiers: tuple[str, ...]) -> None:
+    def __init__(self, engine: TransferEngine, job: int, tiers: tuple[Tier, ...]) -> None:
         self.engine, self.job, self.tiers = engine, job, tiers
         self.result: LoadResult | None = None
 

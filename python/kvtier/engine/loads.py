@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kvtier.engine.blocks import BlockManager
-from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer, PendingLoad
+from kvtier.engine.hierarchy import KvTransfer, PendingLoad
 from kvtier.engine.kv import F32Array, KvAccess
 from kvtier.engine.request import EngineRequest
+from kvtier.tiers import Tier
 
 
 class LoadStats(Protocol):
@@ -72,7 +73,7 @@ class StoreLoads:
         r.table.extend(ids[: result.blocks])
         r.num_computed += result.blocks * bt
         for tier in result.tiers:
-            r.hit_tokens[STORE_TIER_INDEX[tier]] += bt
+            r.hit_tokens[tier] += bt
         self._commit(r)
 
     def settle(self, r: EngineRequest) -> bool:
@@ -87,7 +88,7 @@ class StoreLoads:
         self._stats.load_s += time.perf_counter() - began
         self._stats.loaded_blocks += result.blocks
         for tier in result.tiers:
-            r.hit_tokens[STORE_TIER_INDEX[tier]] += self._block_tokens
+            r.hit_tokens[tier] += self._block_tokens
         if result.blocks < blocks:
             r.num_computed = (first + result.blocks) * self._block_tokens
         self._commit(r)
@@ -100,7 +101,7 @@ class StoreLoads:
         bt = self._block_tokens
         keys = r.block_keys((r.prefill_len - 1) // bt)
         tiers = self._transfer.lookup(keys)
-        host = next((i for i, t in enumerate(tiers) if STORE_TIER_INDEX[t] > 1), len(tiers))
+        host = next((i for i, t in enumerate(tiers) if t > Tier.HOST), len(tiers))
         end = min(len(tiers), host + math.ceil(tokens / bt))
         self._stats.prefetched_blocks += self._transfer.prefetch(keys[:end])
 

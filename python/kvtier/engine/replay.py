@@ -31,6 +31,7 @@ from kvtier.engine.sampling import SamplingParams
 from kvtier.engine.tokenizer import Tokenizer
 from kvtier.results import Result
 from kvtier.store import Store
+from kvtier.tiers import Tier
 
 QUESTIONS = (
     ("What is the capital of France?", "What is it famous for?", "Name a river there.", "And a museum?"),
@@ -119,7 +120,7 @@ def replay(
     histories: list[list[dict[str, str]]] = [[] for _ in range(conversations)]
     replies: list[list[list[int]]] = [[] for _ in range(conversations)]
     ttft: list[float] = []
-    reused = {"device": 0, "host": 0, "ssd": 0, "remote": 0}
+    reused = dict.fromkeys((t.label for t in Tier), 0)
     start = time.perf_counter()
     for turn in range(turns):
         for c, history in enumerate(histories):

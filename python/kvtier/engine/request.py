@@ -23,8 +23,7 @@ from kvtier.engine.errors import EngineInputError
 from kvtier.engine.sampling import SamplingParams
 from kvtier.keys import BlockKeys, Namespace
 from kvtier.sched.base import Phase
-
-TIER_NAMES = ("device", "host", "ssd", "remote")
+from kvtier.tiers import Tier
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ class EngineRequest:
             text=text,
             ttft_s=(self.first_token_s or now_s) - self.arrival_s,
             latency_s=now_s - self.arrival_s,
-            cached_tokens=dict(zip(TIER_NAMES, self.hit_tokens, strict=True)),
+            cached_tokens={tier.label: self.hit_tokens[tier] for tier in Tier},
             preemptions=self.preemptions,
             swaps=self.swaps,
         )

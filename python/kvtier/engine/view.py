@@ -16,11 +16,12 @@ from typing import Protocol
 
 from kvtier.engine.blocks import BlockManager
 from kvtier.engine.config import EngineConfig
-from kvtier.engine.hierarchy import STORE_TIER_INDEX, KvTransfer
+from kvtier.engine.hierarchy import KvTransfer
 from kvtier.engine.kv import PagedKvPool
 from kvtier.engine.model import Model
 from kvtier.engine.request import EngineRequest
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+from kvtier.tiers import Tier
 
 
 class EngineState(Protocol):
@@ -76,10 +77,11 @@ def request_view(engine: EngineState, r: EngineRequest, lookup: bool = False) ->
     if lookup:
         cap = (r.prefill_len - 1) // bt
         device = engine.blocks.cached_prefix(r.key_ints(cap))
-        per_tier = [device * bt, 0, 0, 0]
+        per_tier = [0] * len(Tier)
+        per_tier[Tier.DEVICE] = device * bt
         if engine.transfer is not None and device < cap:
             for tier in engine.transfer.lookup(r.block_keys(cap)[device:]):
-                per_tier[STORE_TIER_INDEX[tier]] += bt
+                per_tier[tier] += bt
         cached = (per_tier[0], per_tier[1], per_tier[2], per_tier[3])
     return RequestView(
         req_id=r.req_id,
@@ -103,9 +105,9 @@ class CpuEstimates:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return new_tokens / self._config.prefill_tokens_per_s
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         c = self._config
-        rate = {"ssd": c.ssd_load_bytes_per_s, "remote": c.remote_load_bytes_per_s}.get(
+        rate = {Tier.SSD: c.ssd_load_bytes_per_s, Tier.REMOTE: c.remote_load_bytes_per_s}.get(
             tier, c.host_load_bytes_per_s
         )
         return math.ceil(tokens / c.block_tokens) * self._block_bytes / rate

@@ -1,6 +1,6 @@
 """The prefix index: :class:`HiRadixTree`, a block-key prefix tree with per-tier residency, lock
 counts and transient (in-queue / in-flight) marks for delay-hit detection."""
 
-from kvtier.radix.tree import HiRadixTree, Match, Tier
+from kvtier.radix.tree import HiRadixTree, Match
 
-__all__ = ["HiRadixTree", "Match", "Tier"]
+__all__ = ["HiRadixTree", "Match"]

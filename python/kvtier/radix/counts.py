@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvtier.radix.tree import _FASTEST_OF_MASK, HiRadixTree, Tier
+from kvtier.radix.tree import _FASTEST_OF_MASK, HiRadixTree
+from kvtier.tiers import Tier
 
 _DEVICE = Tier.DEVICE
 

@@ -38,32 +38,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 
 from kvtier.errors import ConfigError, IntegrityError, SimError
-
-
-class Tier(IntEnum):
-    """Where a block's KV may live, fastest first (a lower value is a faster tier)."""
-
-    DEVICE = 0
-    HOST = 1
-    SSD = 2
-    REMOTE = 3
-
-    @property
-    def label(self) -> str:
-        """The lower-case name used in configs and reports: ``"device"``, ``"host"``, ..."""
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, label: str) -> Tier:
-        try:
-            return cls[label.upper()]
-        except KeyError:
-            known = ", ".join(t.label for t in cls)
-            raise ConfigError(f"unknown tier {label!r}; known tiers: {known}") from None
-
+from kvtier.tiers import Tier
 
 _NUM_TIERS = len(Tier)
 _ALL_TIERS = tuple(Tier)

@@ -16,8 +16,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 from kvtier.errors import ConfigError
-
-TIERS = ("device", "host", "ssd", "remote")
+from kvtier.tiers import Tier
 
 
 class Phase(StrEnum):
@@ -45,8 +44,9 @@ class RequestView:
     prompt_tokens: int
     computed_tokens: int  # prompt tokens whose KV is on the device (computed or loaded)
     generated_tokens: int
-    # Consecutive cached prefix of the prompt, by the fastest tier holding each part, in tokens:
-    # device first, then host, ssd, remote. Blocks already computed are in `computed_tokens`.
+    # Consecutive cached prefix of the prompt, by the fastest tier holding each part, in tokens,
+    # indexed by `Tier` (device first, then host, ssd, remote). Blocks already computed are in
+    # `computed_tokens`.
     cached_tokens: tuple[int, int, int, int] = (0, 0, 0, 0)
     in_queue_tokens: int = 0  # right after the cached prefix, being brought by a queued request
     in_flight_tokens: int = 0  # right after the cached prefix, being loaded or computed now
@@ -58,7 +58,7 @@ class RequestView:
     @property
     def loadable_tokens(self) -> int:
         """Cached tokens not on the device: what a load could bring."""
-        return sum(self.cached_tokens[1:])
+        return sum(self.cached_tokens[Tier.HOST :])
 
     @property
     def remaining_prefill_tokens(self) -> int:
@@ -70,7 +70,7 @@ class CostEstimates(Protocol):
 
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float: ...
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float: ...
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ class LoadOrder:
     mode: LoadMode
     segment_tokens: int | None = None  # copy granularity per layer; None = whole objects
     priority: int = 1  # link priority class (0 is most urgent)
-    target: str = "device"  # "host": prefetch SSD/remote blocks into host memory only (Strata §4.3.3)
+    target: Tier = Tier.DEVICE  # HOST: prefetch SSD/remote blocks into host memory only (Strata §4.3.3)
     # Fractional slowdown of model compute while this load runs: GPU copy kernels (Strata Fig. 5:
     # < 5%) or GPU-side decompression (CacheGen-Async, ShadowServe §2.2).
     interference: float = 0.0

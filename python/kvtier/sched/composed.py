@@ -77,6 +77,7 @@ from kvtier.sched.rotasched import RotaSched, StepPlan
 from kvtier.sched.shadowserve import ShadowServeAsync
 from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
 from kvtier.sched.unified_pool import admit_async
+from kvtier.tiers import Tier
 
 #: The stages, in the order they run; admission is by at most one of balance, async_load.
 STAGES = ("rotation", "async_fetch", "balance", "async_load")
@@ -219,12 +220,14 @@ class Composed(Policy):
         kept: list[RequestView] = []
         taken = 0
         for r in view.waiting:
-            stored = r.cached_tokens[2] + r.cached_tokens[3]  # SSD and remote: the store below host
+            stored = (
+                r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE]
+            )  # SSD and remote: the store below host
             need = blocks_for(r.prompt_tokens, view.block_tokens) - blocks_for(
-                r.cached_tokens[0], view.block_tokens
+                r.cached_tokens[Tier.DEVICE], view.block_tokens
             )
             if stored > self.fetch_min_tokens and slots > 0 and need <= free:
-                fetched = min(r.loadable_tokens, r.prompt_tokens - 1 - r.cached_tokens[0])
+                fetched = min(r.loadable_tokens, r.prompt_tokens - 1 - r.cached_tokens[Tier.DEVICE])
                 decision.loads.append(self.shadow.intercept(view, r, fetched))
                 free, slots, taken = free - need, slots - 1, taken + need
                 self.intercepted_total += 1

@@ -58,6 +58,7 @@ from kvtier.sched.placement import (
     Placement,
     Role,
 )
+from kvtier.tiers import Tier
 
 COMPUTE_QUOTA_S = 0.3  # App. A.4: "Compute Quota Threshold is set to 300ms"
 # App. A.4's alpha and beta (values missing from our copy): the short read queue holds what a node's storage
@@ -365,7 +366,7 @@ class DualPath(Policy):
                 candidates.append((r.req_id, r.computed_tokens, r.remaining_prefill_tokens))
         for r in view.waiting:
             cached = min(sum(r.cached_tokens), r.prompt_tokens - 1)
-            loadable[r.req_id] = cached - r.cached_tokens[0]
+            loadable[r.req_id] = cached - r.cached_tokens[Tier.DEVICE]
             candidates.append((r.req_id, cached, r.prompt_tokens - cached))
 
         def batch_time_s(pairs: Sequence[tuple[int, int]]) -> float:

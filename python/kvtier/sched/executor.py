@@ -9,7 +9,7 @@ validated on the reference engine is therefore the policy the simulator runs.
 The order, for every step:
 
 1. Validation before anything moves: every request an order names exists; a load's target is
-   ``"device"`` or ``"host"``; a request has at most one load and appears at most once among the
+   ``Tier.DEVICE`` or ``Tier.HOST``; a request has at most one load and appears at most once among the
    prefills and decodes; a host prefetch never comes with a prefill of the same request.
 2. The epochs of the requests planned for prefill or decode are read: work planned for a request
    that leaves the device during this step (preempted or swapped out, by the decision or passively
@@ -18,8 +18,8 @@ The order, for every step:
    swap transfers leave (:meth:`DecisionBackend.end_swaps`).
 4. Prefill chunks in the decision's order, each with its request's load, if any.
 5. Decodes: a request must be running with its prefill done.
-6. Loads of requests not prefilled this step: ``"device"`` starts a load on its own
-   (:meth:`DecisionBackend.start_load`, the fetching queue), ``"host"`` a prefetch into host memory
+6. Loads of requests not prefilled this step: ``Tier.DEVICE`` starts a load on its own
+   (:meth:`DecisionBackend.start_load`, the fetching queue), ``Tier.HOST`` a prefetch into host memory
    (of a waiting request).
 
 An order a backend cannot carry out raises (:meth:`DecisionBackend.error`); it never vanishes. An
@@ -32,9 +32,10 @@ from __future__ import annotations
 from typing import Protocol, TypeVar
 
 from kvtier.sched.base import LoadOrder, Phase, Policy, SchedulerDecision
+from kvtier.tiers import Tier
 
 #: Where a :class:`LoadOrder` may bring KV: the device, or host memory only (a prefetch).
-LOAD_TARGETS = ("device", "host")
+LOAD_TARGETS = (Tier.DEVICE, Tier.HOST)
 
 
 class PlannedRequest(Protocol):
@@ -134,7 +135,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
     for (r, tokens), epoch in zip(prefills, prefill_epochs, strict=True):
         if r.epoch == epoch:  # else it left the device while this step was planned
             load = loads.pop(r.req_id, None)
-            if load is not None and load.target == "host":
+            if load is not None and load.target is Tier.HOST:
                 raise backend.error(
                     f"policy {name!r} prefills request {r.req_id} and prefetches it to host in one step"
                 )
@@ -149,7 +150,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
         backend.plan_decode(plan, r)
     for load in loads.values():  # loads of requests not prefilled this step
         r = get(load.req_id, "load")
-        if load.target == "host":
+        if load.target is Tier.HOST:
             backend.prefetch(expect(r, Phase.WAITING, "prefetches"), load)
         else:
             backend.start_load(r, load)
@@ -162,10 +163,15 @@ def _loads_by_request(
     for load in decision.loads:
         if load.target not in LOAD_TARGETS:
             raise backend.error(
-                f"policy {name!r}: load target {load.target!r} for request {load.req_id}; "
-                f"expected one of {LOAD_TARGETS}"
+                f"policy {name!r}: load target {_shown(load.target)} for request {load.req_id}; "
+                f"expected one of {', '.join(t.label for t in LOAD_TARGETS)}"
             )
         if load.req_id in loads:
             raise backend.error(f"policy {name!r} orders two loads for request {load.req_id} in one step")
         loads[load.req_id] = load
     return loads
+
+
+def _shown(target: object) -> str:
+    """A load target as an error shows it: a tier by its label, anything else by its repr."""
+    return repr(target.label) if isinstance(target, Tier) else repr(target)

@@ -65,6 +65,7 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import blocks_for, reusable_tokens
+from kvtier.tiers import Tier
 
 # Table 1's transfer engines (§5.3 "How much bandwidth can DuplexKV achieve?") as swap settings,
 # inside SuperInfer's cross-iteration pipeline (§5.3's "w/o DuplexKV" keeps the overlap: "slow
@@ -98,7 +99,7 @@ def kv_blocks(r: RequestView, block_tokens: int) -> int:
     """blk(r) of Algorithm 1: the device blocks a request holds (running, rotary) or needs for its
     whole prompt (waiting; its device-cached prefix is already there)."""
     if r.phase is Phase.WAITING:
-        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[0] // block_tokens
+        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[Tier.DEVICE] // block_tokens
     return blocks_for(r.computed_tokens + r.generated_tokens, block_tokens)
 
 
@@ -384,7 +385,7 @@ class RotaSched(Policy):
                     blocks[r.req_id] = kv_blocks(r, bt)
                     candidates.append((self.vlt(r, now), r))
                 elif phase is Phase.WAITING:
-                    blocks[r.req_id] = -(-r.prompt_tokens // bt) - r.cached_tokens[0] // bt
+                    blocks[r.req_id] = -(-r.prompt_tokens // bt) - r.cached_tokens[Tier.DEVICE] // bt
                     candidates.append((max(0.0, now - r.arrival_s - wait_s), r))
                 elif phase is Phase.RUNNING:
                     blocks[r.req_id] = -(-(r.computed_tokens + r.generated_tokens) // bt)

@@ -10,7 +10,7 @@ scheduler's view:
 
 1. every newly scheduled *prefill* whose prompt KV is held below the device (the remote store) is
    stripped from the batch and put in the fetching queue: a :class:`LoadOrder` with
-   ``mode=ASYNC, target="device"``. The engine takes the request out of the running set
+   ``mode=ASYNC, target=Tier.DEVICE``. The engine takes the request out of the running set
    (``Phase.FETCHING``) while the others keep computing. Decodes are never intercepted.
 2. requests whose fetch completed rejoin the scheduler: the engine puts them back in the running
    set when their KV has landed (``Engine._start_fetch``), and the next batch gives them their last
@@ -62,6 +62,7 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import blocks_for, reusable_tokens, schedule_running
+from kvtier.tiers import Tier
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -185,14 +186,14 @@ class BatchInterception(Policy):
                 break
             # The whole prompt gets its blocks at first scheduling (§4.1); FCFS, no overtaking.
             need = blocks_for(r.prompt_tokens, view.block_tokens) - blocks_for(
-                r.cached_tokens[0], view.block_tokens
+                r.cached_tokens[Tier.DEVICE], view.block_tokens
             )
             if need > free_blocks:
                 break
             free_blocks -= need
             reused = reusable_tokens(r, True)
-            fetched = reused - r.cached_tokens[0]
-            new_tokens = r.prompt_tokens - r.cached_tokens[0]  # what the scheduler put in its batch
+            fetched = reused - r.cached_tokens[Tier.DEVICE]
+            new_tokens = r.prompt_tokens - r.cached_tokens[Tier.DEVICE]  # what the scheduler put in its batch
             if fetched <= 0:  # not in the store: an ordinary prefill
                 decision.prefill.append((r.req_id, min(r.prompt_tokens - reused, budget)))
                 budget -= new_tokens
@@ -232,7 +233,7 @@ class BatchInterception(Policy):
             tokens,
             mode,
             priority=priority,
-            target="device",
+            target=Tier.DEVICE,
             interference=self.fetch_interference(view, r, tokens),
             compression_ratio=self.compression_ratio,
             decode_bytes_per_s=self.decode_bytes_per_s,
@@ -243,12 +244,12 @@ class BatchInterception(Policy):
         return {"fetch_mode": self.fetch_mode, "serial_fetch": self.serial_fetch}
 
 
-def store_tier(r: RequestView) -> str:
+def store_tier(r: RequestView) -> Tier:
     """The slowest tier holding part of ``r``'s cached prefix (what a fetch waits on)."""
-    for index, tier in ((3, "remote"), (2, "ssd"), (1, "host")):
-        if r.cached_tokens[index] > 0:
+    for tier in (Tier.REMOTE, Tier.SSD, Tier.HOST):
+        if r.cached_tokens[tier] > 0:
             return tier
-    return "host"
+    return Tier.HOST
 
 
 @register

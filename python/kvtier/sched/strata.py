@@ -35,7 +35,7 @@ priority classes, so they land in issue order (FIFO) rather than sharing the lin
 computes).
 
 Storage (§4.2.1): waiting requests whose prefix lies on SSD/remote are prefetched into host memory
-while they queue (``LoadOrder(target="host")``); at dispatch Strata uses only what is on the device
+while they queue (``LoadOrder(target=Tier.HOST)``); at dispatch Strata uses only what is on the device
 or in host memory and computes the rest (the prefetch is best effort).
 
 Mapping to the simulator's engine (what differs from Strata's SGLang implementation): the engine
@@ -64,6 +64,7 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
+from kvtier.tiers import Tier
 
 DEFER_THRESHOLD_TOKENS = 100  # §4.3.1: "a default threshold of 100 active token matches"
 LOAD_COMPUTE_RATIO = 100.0  # §4.3.2 / Fig. 1: tokens loaded per new input token
@@ -95,7 +96,7 @@ class IoModel:
         if tokens <= 0:
             return 0.0
         o = self.order(-1, tokens, mode, 1)
-        return view.cost.load_s(tokens, "host", mode, o.segment_tokens)
+        return view.cost.load_s(tokens, Tier.HOST, mode, o.segment_tokens)
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ class Candidate:
 
     @classmethod
     def of(cls, r: RequestView, block_tokens: int) -> Candidate:
-        device, host = r.cached_tokens[0], r.cached_tokens[1]
+        device, host = r.cached_tokens[Tier.DEVICE], r.cached_tokens[Tier.HOST]
         # §4.2.1: at dispatch only device and host copies are used; storage parts are recomputed.
         reusable = min(device + host, r.prompt_tokens - 1)
         load = max(reusable - device, 0)
@@ -380,9 +381,9 @@ class Strata(Policy):
         """§4.2.1: storage-resident prefixes of queued requests move to host while they wait."""
         dispatched = {rid for rid, _ in decision.prefill}
         for r in view.waiting:
-            stored = r.cached_tokens[2] + r.cached_tokens[3]
+            stored = r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE]
             if stored > 0 and r.req_id not in dispatched:
-                decision.loads.append(LoadOrder(r.req_id, stored, LoadMode.ASYNC, None, 2, "host"))
+                decision.loads.append(LoadOrder(r.req_id, stored, LoadMode.ASYNC, None, 2, Tier.HOST))
 
     def params(self) -> dict[str, Any]:
         return {

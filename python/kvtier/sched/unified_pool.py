@@ -40,6 +40,7 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, reusable_tokens, schedule_running
+from kvtier.tiers import Tier
 
 T = TypeVar("T")
 
@@ -101,12 +102,12 @@ def admit_async(view: SchedulerView, decision: SchedulerDecision, budget: int) -
         if running >= view.max_running:
             break
         reused = reusable_tokens(r, True)
-        device_blocks = blocks_for(r.cached_tokens[0], view.block_tokens)
-        if reused > r.cached_tokens[0]:
+        device_blocks = blocks_for(r.cached_tokens[Tier.DEVICE], view.block_tokens)
+        if reused > r.cached_tokens[Tier.DEVICE]:
             need = blocks_for(reused, view.block_tokens) - device_blocks
             if need > free_blocks:
                 break
-            decision.loads.append(LoadOrder(r.req_id, reused - r.cached_tokens[0], LoadMode.ASYNC))
+            decision.loads.append(LoadOrder(r.req_id, reused - r.cached_tokens[Tier.DEVICE], LoadMode.ASYNC))
         else:
             n = min(r.prompt_tokens - reused, budget)
             need = blocks_for(reused + n, view.block_tokens) - device_blocks

@@ -32,8 +32,10 @@ from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
 from kvtier.sched.placement import ROUTERS
+from kvtier.tiers import Tier
 
 _INF_WORDS = ("inf", "unbounded", "infinite")
+_PRELOAD_TIERS = tuple(t.label for t in Tier if t is not Tier.DEVICE)  # host, ssd, remote
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class SimConfig:
         self.capacity_bytes("host_capacity_bytes", 0)  # validates the value
         self.capacity_bytes("ssd_capacity_bytes", 0)
         self.capacity_bytes("remote_capacity_bytes", 0)
-        if self.preload_tier is not None and self.preload_tier not in ("host", "ssd", "remote"):
+        if self.preload_tier is not None and self.preload_tier not in _PRELOAD_TIERS:
             raise ConfigError(f"`preload_tier` is {self.preload_tier!r}; expected host, ssd or remote")
         if self.pool is not None:
             from kvtier.sim.pool import PoolSpec

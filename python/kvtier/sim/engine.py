@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.errors import SimError
-from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, SchedulerView
 from kvtier.sched.executor import execute
 from kvtier.sim.core import EventKind, EventLoop
@@ -37,6 +37,7 @@ from kvtier.sim.state import SimRequest
 from kvtier.sim.swap import Swaps
 from kvtier.sim.tiers import LowerTiers
 from kvtier.sim.view import WaitingViews, build_view, cap_prefix
+from kvtier.tiers import Tier
 
 
 @dataclass(frozen=True)
@@ -254,8 +255,8 @@ class Engine:
         cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
         if r.matched_blocks is None:
             r.matched_blocks = m.keys_matched
-        device_blocks = cached[0] // bt
-        device_tokens = cached[0]
+        device_blocks = cached[Tier.DEVICE] // bt
+        device_tokens = cached[Tier.DEVICE]
         self.tree.lock(r.keys[:device_blocks])
         r.locked_blocks = device_blocks
         if r.queue_marked:
@@ -265,7 +266,7 @@ class Engine:
             self.tree.mark_in_flight(r.keys, True, start=device_blocks)
             r.flight_marked = True
         r.computed_tokens = device_tokens
-        r.hit_tokens[0] = device_tokens
+        r.hit_tokens[Tier.DEVICE] = device_tokens
         r.admitted = True
         del self.waiting[self._waiting_index(r)]
         self.waiting_prompt_tokens -= r.req.prompt_tokens

@@ -9,6 +9,7 @@ from typing import Any
 from kvtier.sim.cost import BANDWIDTH_EFFICIENCY, MFU_DECODE, MFU_PREFILL, STEP_OVERHEAD_S
 from kvtier.sim.hardware import HardwareProfile
 from kvtier.sim.models import ModelProfile
+from kvtier.tiers import Tier
 
 
 class EpCost:
@@ -65,5 +66,5 @@ class PrefillEstimates:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return self._cost.attention_s(new_tokens, context_tokens)
 
-    def load_s(self, tokens: int, tier: str, mode: Any, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: Any, segment_tokens: int | None) -> float:
         return 0.0

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.events.step_end import Step
@@ -30,6 +30,7 @@ from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.sim.state import SimRequest
 from kvtier.sim.tiers import LowerTiers
+from kvtier.tiers import Tier
 
 
 class LoadPaths:
@@ -63,7 +64,7 @@ class LoadPaths:
         for _, tier in blocks:
             by_tier[tier] = by_tier.get(tier, 0) + 1
         segment = self.segment_bytes(load)
-        to_device = load.target == "device"
+        to_device = load.target is Tier.DEVICE
         bb = self._block_bytes
         legs: list[tuple[Link | StripedLink, int, int]] = []
         for tier, count in by_tier.items():
@@ -114,15 +115,14 @@ class LoadPaths:
             return max(1, int(self._block_tokens * per_token_layer))
         return self._block_bytes
 
-    def estimate_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def estimate_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         """The policy's estimate of loading ``tokens`` from ``tier`` on idle links."""
         nbytes = math.ceil(tokens / self._block_tokens) * self._block_bytes
         order = LoadOrder(-1, tokens, mode, segment_tokens)
         seconds = self._host_link.work_s(nbytes, self.segment_bytes(order), Direction.IN)
-        lower = {"ssd": Tier.SSD, "remote": Tier.REMOTE}.get(tier)
-        if lower is not None and lower in self._tiers:
-            seconds = max(seconds, self._tiers.link(lower).work_s(nbytes, self._block_bytes, Direction.IN))
-        if self._host_store_link is not None and tier != "device":
+        if tier in (Tier.SSD, Tier.REMOTE) and tier in self._tiers:
+            seconds = max(seconds, self._tiers.link(tier).work_s(nbytes, self._block_bytes, Direction.IN))
+        if self._host_store_link is not None and tier is not Tier.DEVICE:
             seconds = max(seconds, self._host_store_link.work_s(nbytes, self._block_bytes, Direction.IN))
         return seconds
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-_TIERS = ("device", "host", "ssd", "remote")
+from kvtier.tiers import Tier
 
 
 class LogHistogram:
@@ -175,7 +175,7 @@ class Metrics:
     def _result(self, links: dict[str, dict[str, float]] | None) -> dict[str, Any]:
         makespan = max(self.last_finish_s - min(self.first_arrival_s, self.last_finish_s), 1e-12)
         n = max(self.requests, 1)
-        hits = {tier: self.hit_tokens[i] / max(self.prompt_tokens, 1) for i, tier in enumerate(_TIERS)}
+        hits = {tier.label: self.hit_tokens[tier] / max(self.prompt_tokens, 1) for tier in Tier}
         hits["total"] = sum(self.hit_tokens) / max(self.prompt_tokens, 1)
         return {
             "requests": self.requests,

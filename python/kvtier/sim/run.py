@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
-from kvtier.radix import Tier
 from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
@@ -30,6 +29,7 @@ from kvtier.sim.pool import PoolSpec, build_pool
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.workload import make_workload
+from kvtier.tiers import Tier
 
 # Bytes of HBM kept for activations and the CUDA context beyond the weights (vLLM-like).
 ACTIVATION_RESERVE_BYTES = 4 * 2**30
@@ -122,7 +122,7 @@ def build(config: SimConfig) -> Simulation:
             Link(loop, f"ssd{i}", hw.ssd_read_bytes_per_s, hw.ssd_write_bytes_per_s, duplex=False)
             for i in range(hw.ssd_count * config.tp)
         ]
-        ssd_link = StripedLink("ssd", devices)
+        ssd_link = StripedLink(Tier.SSD.label, devices)
         links.update((d.name, d) for d in devices)
     remote_link = None
     if remote_blocks > 0:
@@ -130,8 +130,8 @@ def build(config: SimConfig) -> Simulation:
         if nic <= 0:
             raise ConfigError(f"`remote_capacity_bytes` is set but hardware {hw.name!r} has no storage NIC")
         # One shared remote store; every engine reaches it through the node's storage NICs.
-        remote_link = Link(loop, "remote", nic, nic)
-        links["remote"] = remote_link
+        remote_link = Link(loop, Tier.REMOTE.label, nic, nic)
+        links[remote_link.name] = remote_link
     engine_config = EngineConfig(
         block_tokens=config.block_tokens,
         device_blocks=device_blocks(config, hw, model, cost),

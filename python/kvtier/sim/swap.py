@@ -18,13 +18,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kvtier.errors import SimError
-from kvtier.radix import Tier
 from kvtier.sched.base import Phase, Policy, SwapCopy
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.state import SimRequest
+from kvtier.tiers import Tier
 
 Landed = Callable[[Transfer], None]
 

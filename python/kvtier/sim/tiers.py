@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix import HiRadixTree
 from kvtier.sched.base import Policy
 from kvtier.sim.core import EventLoop
 from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
+from kvtier.tiers import Tier
 
 
 class TierOwner(Protocol):

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, overload
 
 from kvtier.errors import SimError
-from kvtier.radix import HiRadixTree, Tier
+from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import prefix_counts
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
 from kvtier.sim.core import EventLoop
@@ -30,6 +30,7 @@ from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
+from kvtier.tiers import Tier
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
 _SET = tuple(getattr(RequestView, name).__set__ for name in _FIELDS)  # the slots' own setters
@@ -232,11 +233,11 @@ def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     req = r.req
     # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
     left = (req.prompt_tokens - 1) // bt
-    d = min(per_tier[0], left) if left > 0 else 0
-    h = min(per_tier[1], left - d) if left > d else 0
+    d = min(per_tier[Tier.DEVICE], left) if left > 0 else 0
+    h = min(per_tier[Tier.HOST], left - d) if left > d else 0
     left -= d + h
-    s = min(per_tier[2], left) if left > 0 else 0
-    m = min(per_tier[3], left - s) if left > s else 0
+    s = min(per_tier[Tier.SSD], left) if left > 0 else 0
+    m = min(per_tier[Tier.REMOTE], left - s) if left > s else 0
     return _new_view(
         r.req_id,
         req.arrival_s,
@@ -289,5 +290,5 @@ class Estimates:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return self._cost.prefill_time_s(new_tokens, context_tokens)
 
-    def load_s(self, tokens: int, tier: str, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
         return self._load_paths.estimate_s(tokens, tier, mode, segment_tokens)

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvtier.radix import Tier
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import CostModel, PrefillChunk
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.state import SimRequest
+from kvtier.tiers import Tier
 
 
 class StepEngine(Protocol):

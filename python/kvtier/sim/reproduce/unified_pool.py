@@ -25,6 +25,7 @@ from kvtier.sim.models import load_model
 from kvtier.sim.pool import PoolSpec
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
 from kvtier.sim.run import run
+from kvtier.tiers import Tier
 
 PAPER = "unified_pool"
 SYSTEMS = ("lmcache", "lmcache_lp", "lmcache_lp_async", "unified_pool")
@@ -89,7 +90,7 @@ def query_round(config: SimConfig, system: str, document_tokens: int) -> Point:
 
     ttft = (total(full, "ttft_s") - total(warm, "ttft_s")) / n
     blocked = sum(total(full, k) - total(warm, k) for k in ("blocked_io_s", "fetch_stall_s")) / n
-    lower = sum(full["hit_rate_tokens"][t] for t in ("host", "ssd")) * full["prompt_tokens"]
+    lower = sum(full["hit_rate_tokens"][t.label] for t in (Tier.HOST, Tier.SSD)) * full["prompt_tokens"]
     return Point(ttft, blocked, lower / (n * document_tokens))
 
 

@@ -1,0 +1,56 @@
+"""The KV tiers, one vocabulary for the whole package (issue 18 step 5).
+
+:class:`Tier` is the only spelling of a tier in code: the prefix tree's residency, the scheduler's
+per-tier token counts (``RequestView.cached_tokens`` is indexed by :class:`Tier`), load targets,
+the simulator's links and metrics, and the reference engine's loads all use it. Strings appear only
+where a user reads or writes them, and are mapped here, in one place:
+
+- :attr:`Tier.label` / :meth:`Tier.parse`: ``"device"``, ``"host"``, ``"ssd"``, ``"remote"`` (config
+  keys such as ``preload_tier``, report and JSON keys such as ``hit_rate_tokens``).
+- :meth:`Tier.from_store`: the store's tier names (``Store.lookup(...).tiers``, ``tier_stats()``),
+  where host memory is ``"dram"``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from kvtier.errors import ConfigError
+
+
+class Tier(IntEnum):
+    """Where a block's KV may live, fastest first (a lower value is a faster tier).
+
+    An ``IntEnum`` so that per-tier tuples (``cached_tokens``, ``hit_tokens``) are indexed by tier.
+    """
+
+    DEVICE = 0
+    HOST = 1
+    SSD = 2
+    REMOTE = 3
+
+    @property
+    def label(self) -> str:
+        """The lower-case name used in configs and reports: ``"device"``, ``"host"``, ..."""
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, label: str) -> Tier:
+        """The tier named ``label`` (:attr:`label`); :class:`ConfigError` for any other name."""
+        try:
+            return cls[label.upper()]
+        except KeyError:
+            known = ", ".join(t.label for t in cls)
+            raise ConfigError(f"unknown tier {label!r}; known tiers: {known}") from None
+
+    @classmethod
+    def from_store(cls, name: str) -> Tier:
+        """The tier of a store tier name (``"dram"``, ``"ssd"``, ``"remote"``, as the store reports)."""
+        tier = _STORE_NAMES.get(name)
+        if tier is None:
+            raise ConfigError(f"unknown store tier {name!r}; known: {', '.join(_STORE_NAMES)}")
+        return tier
+
+
+#: The store's names for its tiers (kvtier-py reports host memory as ``"dram"``).
+_STORE_NAMES = {"dram": Tier.HOST, "ssd": Tier.SSD, "remote": Tier.REMOTE}
