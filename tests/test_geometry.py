@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import kvtier
@@ -71,3 +73,22 @@ def test_geometry_is_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         g.num_layers = 3  # type: ignore[misc]
     assert len({g, kvtier.Geometry(2, 2, 8)}) == 1
+
+
+def test_the_engine_reads_block_tokens_from_its_pool_geometry(smollm2: tuple[Any, Any]) -> None:
+    """Issue 18 step 5: the Geometry owns ``block_tokens``; the engine's parts keep no copy of it."""
+    from kvtier.engine import Engine, EngineConfig
+    from kvtier.engine.view import build_view
+    from kvtier.sched import make_policy
+
+    engine = Engine(
+        smollm2[0], make_policy("fcfs"), EngineConfig(num_blocks=8, block_tokens=8, swap_blocks=2)
+    )
+    view = build_view(engine)
+    parts = {"engine": engine, "loads": engine.loads, "host_swap": engine.host_swap, "cost": view.cost}
+    copies = [
+        f"{name}.{attr}" for name, part in parts.items() for attr in vars(part) if "block_tokens" in attr
+    ]
+    assert not copies, copies
+    assert engine.pool.geometry.block_tokens == view.block_tokens == 8
+    assert view.kv_bytes_per_token * 8 == engine.pool.geometry.block_bytes

@@ -20,6 +20,7 @@ from kvtier.engine.blocks import BlockManager
 from kvtier.engine.hierarchy import KvTransfer, PendingLoad
 from kvtier.engine.kv import F32Array, KvAccess
 from kvtier.engine.request import EngineRequest
+from kvtier.geometry import Geometry
 from kvtier.tiers import Tier
 
 
@@ -34,14 +35,14 @@ class StoreLoads:
         self,
         transfer: KvTransfer | None,
         blocks: BlockManager,
-        block_tokens: int,
+        geometry: Geometry,
         layerwise: bool,
         stats: LoadStats,
         commit: Callable[[EngineRequest], None],
     ) -> None:
         self._transfer = transfer
         self._blocks = blocks
-        self._block_tokens = block_tokens
+        self._geometry = geometry
         self._layerwise = layerwise
         self._stats = stats
         self._commit = commit  # caches a request's newly full blocks in the device prefix cache
@@ -51,7 +52,7 @@ class StoreLoads:
     def load(self, r: EngineRequest, end_block: int) -> None:
         """Loads blocks ``len(r.table) .. end_block - 1`` of ``r`` from the store into new blocks."""
         assert self._transfer is not None
-        bt = self._block_tokens
+        bt = self._geometry.block_tokens
         start = len(r.table)
         keys = r.block_keys(end_block)[start:]
         held = len(self._transfer.lookup(keys))
@@ -88,9 +89,9 @@ class StoreLoads:
         self._stats.load_s += time.perf_counter() - began
         self._stats.loaded_blocks += result.blocks
         for tier in result.tiers:
-            r.hit_tokens[tier] += self._block_tokens
+            r.hit_tokens[tier] += self._geometry.block_tokens
         if result.blocks < blocks:
-            r.num_computed = (first + result.blocks) * self._block_tokens
+            r.num_computed = (first + result.blocks) * self._geometry.block_tokens
         self._commit(r)
         return result.blocks == blocks
 
@@ -98,7 +99,7 @@ class StoreLoads:
         """Brings the SSD/remote blocks of ``r``'s stored prefix up into the store's DRAM tier, at
         most ``tokens`` of them past its DRAM part."""
         assert self._transfer is not None
-        bt = self._block_tokens
+        bt = self._geometry.block_tokens
         keys = r.block_keys((r.prefill_len - 1) // bt)
         tiers = self._transfer.lookup(keys)
         host = next((i for i, t in enumerate(tiers) if t > Tier.HOST), len(tiers))

@@ -114,7 +114,7 @@ class Engine:
         self.step_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
         # Loads from the store (kvtier.engine.loads); layerwise ones settle within their step.
         self.loads = StoreLoads(
-            transfer, self.blocks, config.block_tokens, config.layerwise_loads, self.stats, self._commit
+            transfer, self.blocks, geometry, config.layerwise_loads, self.stats, self._commit
         )
         self._next_id = 0
         self._rng = np.random.default_rng(seed)
@@ -153,7 +153,7 @@ class Engine:
             params,
             c.vocab_size,
             c.max_context_tokens,
-            self.config.block_tokens,
+            self.pool.block_tokens,
             self.config.num_blocks,
         )
 
@@ -337,7 +337,7 @@ class Engine:
     def _grow(self, r: EngineRequest, tokens: int, preempt: bool) -> bool:
         """Gives ``r`` blocks for ``tokens`` tokens; with ``preempt``, preempts the most recently
         admitted other running request (by recompute) until they fit."""
-        need = -(-tokens // self.config.block_tokens) - len(r.table)
+        need = -(-tokens // self.pool.block_tokens) - len(r.table)
         if need <= 0:
             return True
         ids = self.blocks.allocate(need)
@@ -354,7 +354,7 @@ class Engine:
 
     def _commit(self, r: EngineRequest) -> None:
         """Caches ``r``'s newly full blocks in the device prefix cache and locks them for it."""
-        full = r.num_computed // self.config.block_tokens
+        full = r.num_computed // self.pool.block_tokens
         if full <= r.locked:
             return
         adopted = self.blocks.commit(r.key_ints(full), r.table, r.locked)
@@ -374,7 +374,7 @@ class Engine:
         if self.transfer is None:
             return
         self.loads.settle(r)  # only blocks that landed are saved
-        full = r.num_computed // self.config.block_tokens
+        full = r.num_computed // self.pool.block_tokens
         if full:
             self.stats.saved_blocks += self.transfer.save(r.block_keys(full), r.table[:full])
 
@@ -384,7 +384,7 @@ class Engine:
     def _admit(self, r: EngineRequest, load: LoadOrder | None) -> None:
         """Takes ``r``'s device-cached prefix, loads what ``load`` asks from the lower tiers, and
         makes it running."""
-        bt = self.config.block_tokens
+        bt = self.pool.block_tokens
         cap = (r.prefill_len - 1) // bt  # at least one token is computed: it yields the logits
         keys = r.key_ints(cap)
         cached = self.blocks.match(keys)
@@ -488,7 +488,7 @@ class Engine:
                 f"{len(owned)} private blocks in tables; the manager counts {self.blocks.private}"
             )
         for r in self.running:
-            if len(r.table) * self.config.block_tokens < r.num_computed:
+            if len(r.table) * self.pool.block_tokens < r.num_computed:
                 raise EngineError(
                     f"request {r.req_id} computed {r.num_computed} tokens in {len(r.table)} blocks"
                 )

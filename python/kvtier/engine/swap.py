@@ -29,7 +29,7 @@ from kvtier.transfer import DuplexEngine
 class HostSwap:
     def __init__(self, geometry: Geometry, pool: np.ndarray, num_slots: int) -> None:
         self.num_slots = num_slots
-        self.block_tokens = geometry.block_tokens
+        self.geometry = geometry
         self.swapped: dict[int, list[int]] = {}  # req_id -> the host slots holding its blocks
         self.duplex: DuplexEngine | None = None
         if num_slots:
@@ -56,7 +56,7 @@ class HostSwap:
         """Queues a copy of the running ``r``'s blocks into host slots, which it then holds;
         returns the blocks copied (a block still synced with its slot moves nothing), or None if the
         slots cannot take it (the caller preempts it by recompute instead)."""
-        held = -(-r.num_computed // self.block_tokens)
+        held = -(-r.num_computed // self.geometry.block_tokens)
         synced = self._synced.pop(r.req_id, [])  # slots of r.table[:len(synced)], full since swap-in
         need = held - len(synced)
         if self.duplex is not None and need > len(self._free):
@@ -91,7 +91,7 @@ class HostSwap:
             self.duplex.swap_in(slot, block)
         # The full blocks stay synced with their slots (kept for the next swap-out); the partial
         # tail block will change, so its slot is freed once the copy has read it.
-        full = r.num_computed // self.block_tokens
+        full = r.num_computed // self.geometry.block_tokens
         self._synced[r.req_id] = slots[:full]
         self._to_free.extend(slots[full:])
 
@@ -120,7 +120,7 @@ class HostSwap:
             if r.req_id in loading:
                 continue
             kept = self._synced.setdefault(r.req_id, [])
-            for block in r.table[len(kept) : r.num_computed // self.block_tokens]:
+            for block in r.table[len(kept) : r.num_computed // self.geometry.block_tokens]:
                 if not self._free:
                     break
                 if block not in self._step_out_blocks:  # a shared prefix block: marked once

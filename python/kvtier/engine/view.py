@@ -20,6 +20,7 @@ from kvtier.engine.hierarchy import KvTransfer
 from kvtier.engine.kv import PagedKvPool
 from kvtier.engine.model import Model
 from kvtier.engine.request import EngineRequest
+from kvtier.geometry import Geometry
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.tiers import Tier
 
@@ -61,18 +62,18 @@ def build_view(engine: EngineState) -> SchedulerView:
         swapped=tuple(request_view(engine, engine.requests[rid]) for rid in engine.swapped),
         free_device_blocks=engine.blocks.available(),
         free_host_blocks=(config.swap_blocks - engine.swap_used_blocks()) if config.swap_blocks else None,
-        block_tokens=config.block_tokens,
+        block_tokens=engine.pool.block_tokens,
         max_batch_tokens=config.max_batch_tokens,
         max_running=config.max_running,
         num_layers=engine.model.config.num_layers,
-        cost=CpuEstimates(config, engine.pool.geometry.block_bytes),
-        kv_bytes_per_token=engine.pool.geometry.block_bytes // config.block_tokens,
+        cost=CpuEstimates(config, engine.pool.geometry),
+        kv_bytes_per_token=engine.pool.geometry.block_bytes // engine.pool.block_tokens,
     )
 
 
 def request_view(engine: EngineState, r: EngineRequest, lookup: bool = False) -> RequestView:
     """``r`` as a policy sees it; with ``lookup``, its cached prefix per tier (waiting requests)."""
-    bt = engine.config.block_tokens
+    bt = engine.pool.block_tokens
     cached = (0, 0, 0, 0)
     if lookup:
         cap = (r.prefill_len - 1) // bt
@@ -96,11 +97,12 @@ def request_view(engine: EngineState, r: EngineRequest, lookup: bool = False) ->
 
 
 class CpuEstimates:
-    """Rough CPU cost estimates for policies, from :class:`EngineConfig`'s figures."""
+    """Rough CPU cost estimates for policies, from :class:`EngineConfig`'s figures over the pool's
+    :class:`Geometry`."""
 
-    def __init__(self, config: EngineConfig, block_bytes: int) -> None:
+    def __init__(self, config: EngineConfig, geometry: Geometry) -> None:
         self._config = config
-        self._block_bytes = block_bytes
+        self._geometry = geometry
 
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return new_tokens / self._config.prefill_tokens_per_s
@@ -110,4 +112,5 @@ class CpuEstimates:
         rate = {Tier.SSD: c.ssd_load_bytes_per_s, Tier.REMOTE: c.remote_load_bytes_per_s}.get(
             tier, c.host_load_bytes_per_s
         )
-        return math.ceil(tokens / c.block_tokens) * self._block_bytes / rate
+        g = self._geometry
+        return math.ceil(tokens / g.block_tokens) * g.block_bytes / rate

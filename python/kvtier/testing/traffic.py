@@ -16,8 +16,8 @@ import numpy as np
 
 
 def store_traffic(store: Any, engine: Any, pool: Any, stop: threading.Event, pause_s: float = 0.0) -> int:
-    """Runs rounds until `stop` is set; returns how many ran. `store.block_tokens`-token blocks:
-    the objects are `store.config.geometry`'s, filled from a fixed seed."""
+    """Runs rounds until `stop` is set; returns how many ran. Blocks are `store.config.geometry`'s
+    (its `block_tokens` tokens each), filled from a fixed seed."""
     block_tokens = store.config.geometry.block_tokens
     tokens = 4 * block_tokens
     objects = np.random.default_rng(0).integers(0, 255, (4, store.block_bytes), dtype=np.uint8)

@@ -111,7 +111,6 @@ class WorkerSide:
         self.store = store
         self.paged = paged
         self.namespace = store.namespace
-        self.block_tokens = store.namespace.geometry.block_tokens
         self.stats_file = Path(stats_file) if stats_file else None
         self.counters: Counter[str] = Counter()  # ints, and float second totals (names ending in _s)
         self._lock = threading.Lock()
