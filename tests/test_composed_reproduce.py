@@ -38,11 +38,12 @@ def test_transfer_budget_is_derived_from_the_profiles() -> None:
 
     mooncake = SimConfig.from_yaml(experiments_dir() / "composed" / "mooncake.yaml")
     agentic = SimConfig.from_yaml(experiments_dir() / "composed" / "agentic.yaml")
-    # 2400 x 16 Qwen2.5-32B tokens (256 KiB each) over 200 GB/s C2C: ~50 ms; over 50 GB/s PCIe that
-    # is 2.5 GB, i.e. 37 Llama-3.1-8B blocks of 512 tokens (64 MiB) or 300 of 64 tokens (8 MiB).
-    assert xfer_blocks(mooncake) == (37, 75)
-    assert xfer_blocks(agentic) == (300, 600)
-    assert mooncake.policy["xfer_blocks"] == 37 and agentic.policy["xfer_blocks"] == 300
+    # 2400 x 16 Qwen2.5-32B tokens (256 KiB each) over C2C at its both-ways H2D rate (270 GB/s x
+    # 384/508.64 = 204 GB/s): ~49 ms; over 50 GB/s PCIe that is 2.5 GB, i.e. 36 Llama-3.1-8B blocks of
+    # 512 tokens (64 MiB) or 294 of 64 tokens (8 MiB).
+    assert xfer_blocks(mooncake) == (36, 75)
+    assert xfer_blocks(agentic) == (294, 600)
+    assert mooncake.policy["xfer_blocks"] == 36 and agentic.policy["xfer_blocks"] == 294
 
 
 def test_report_prints_rows_without_a_paper_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -436,7 +436,11 @@ def test_transfer_ladder_orders_the_engines_as_table_1() -> None:
     e2e = [ladder[n]["e2e_ms"] for n in ("naive", "ms", "ms_mk", "duplexkv")]
     assert e2e == sorted(e2e, reverse=True)
     assert ladder["naive"]["d2h_gb_per_s"] < 15  # ~10 GB/s with 64 KB copies (§3.3, Fig. 4)
-    assert ladder["duplexkv"]["e2e_ms"] == pytest.approx(ladder["ideal"]["e2e_ms"], rel=0.01)
+    # Ideal: 192 GB/s each way at once; DuplexKV's H2D (204 GB/s while both run) ends first and its
+    # D2H (180 GB/s) finishes alone at 239 GB/s, so it lands a few % above ideal (paper 1.12x).
+    assert ladder["ideal"]["e2e_ms"] < ladder["duplexkv"]["e2e_ms"] < 1.12 * ladder["ideal"]["e2e_ms"]
+    # MS+MK, one direction at a time, at Table 1's lone-direction rates: 239 / 270 GB/s.
+    assert ladder["ms_mk"]["d2h_gb_per_s"] == pytest.approx(238.95, rel=0.01)
 
 
 # ------------------------------------------------------------------------------------------------

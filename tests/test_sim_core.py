@@ -95,6 +95,29 @@ def test_duplex_directions_do_not_interfere_but_half_duplex_do() -> None:
     assert _finish_times(half, loop2, both) == pytest.approx([2.0, 2.0])
 
 
+def test_shared_duplex_cap_slows_both_directions_only_while_both_run() -> None:
+    # 3 + 1 GB/s alone, 2 GB/s in total: both busy, each at half its rate (SuperInfer §3.3's
+    # half-duplex Grace DRAM behind a full-duplex C2C link).
+    loop = EventLoop()
+    link = Link(loop, "c2c", 3 * GB, 1 * GB, duplex=True, duplex_total_bytes_per_s=2 * GB)
+    both = [(0.0, 3 * 10**9, Direction.IN, 1), (0.0, 10**9, Direction.OUT, 1)]
+    assert _finish_times(link, loop, both) == pytest.approx([2.0, 2.0])
+    # OUT starts at 1 s: IN ran alone for 1 s (3 GB), so it is done before OUT joins.
+    loop2 = EventLoop()
+    link2 = Link(loop2, "c2c", 3 * GB, 1 * GB, duplex=True, duplex_total_bytes_per_s=2 * GB)
+    late = [(0.0, 3 * 10**9, Direction.IN, 1), (1.0, 10**9, Direction.OUT, 1)]
+    assert _finish_times(link2, loop2, late) == pytest.approx([1.0, 2.0])
+    # IN alone 0.5 s (1.5 GB), then both at half rate: OUT needs 2 s, IN's last 1.5 GB 1 s of it.
+    loop3 = EventLoop()
+    link3 = Link(loop3, "c2c", 3 * GB, 1 * GB, duplex=True, duplex_total_bytes_per_s=2 * GB)
+    mixed = [(0.0, 3 * 10**9, Direction.IN, 1), (0.5, 10**9, Direction.OUT, 1)]
+    assert _finish_times(link3, loop3, mixed) == pytest.approx([1.5, 2.0])
+    # A cap above the sum of the rates changes nothing.
+    loop4 = EventLoop()
+    link4 = Link(loop4, "c2c", 3 * GB, 1 * GB, duplex=True, duplex_total_bytes_per_s=5 * GB)
+    assert _finish_times(link4, loop4, both) == pytest.approx([1.0, 1.0])
+
+
 def test_priority_class_goes_first() -> None:
     loop = EventLoop()
     link = Link(loop, "nic", 1 * GB, 1 * GB)

@@ -70,9 +70,14 @@ def test_transfer_work_segments_pay_overhead() -> None:
 
 def test_link_efficiency_matches_papers_shape() -> None:
     c2c = load_hardware("gh200").host_link
-    # SuperInfer §4.3.1 / Table 1: < 10 GB/s at 64 KB segments, near peak at >= 8 MB.
-    assert link_efficiency(64 * 1024, c2c.h2d_bytes_per_s, c2c.per_segment_overhead_s) < 0.06
-    assert link_efficiency(8 * 2**20, c2c.h2d_bytes_per_s, c2c.per_segment_overhead_s) > 0.85
+
+    # SuperInfer §4.3.1 / Table 1: ~10 GB/s at 64 KB segments (Naive: 9.86-10.75), ~200 GB/s or more
+    # at >= 8 MB (Fig. 5); the profile's H2D rate is one direction alone (270 GB/s, Table 1 MS+MK).
+    def rate(segment: int) -> float:
+        return link_efficiency(segment, c2c.h2d_bytes_per_s, c2c.per_segment_overhead_s) * c2c.h2d_bytes_per_s
+
+    assert rate(64 * 1024) < 11e9
+    assert rate(8 * 2**20) > 200e9
     pcie = H100.host_link
     effs = [
         link_efficiency(s, pcie.h2d_bytes_per_s, pcie.per_segment_overhead_s) for s in (4096, 65536, 2**20)

@@ -36,7 +36,13 @@ def test_known_values() -> None:
     assert h100.host_link.kind == "pcie-gen5-x16" and h100.host_link.duplex
     assert 45e9 <= h100.host_link.h2d_bytes_per_s <= 55e9  # measured ~50 GB/s, not the 64 GB/s line rate
     assert gh200.host_link.kind == "nvlink-c2c"
-    assert gh200.host_link.h2d_bytes_per_s == pytest.approx(200e9)  # SuperInfer §3.3
+    # SuperInfer Table 1 MS+MK (one direction alone); both at once share Grace DRAM's 384 GB/s (§3.3)
+    assert gh200.host_link.h2d_bytes_per_s == pytest.approx(269.69e9)
+    assert gh200.host_link.d2h_bytes_per_s == pytest.approx(238.95e9)
+    assert gh200.host_link.duplex_total_bytes_per_s == pytest.approx(384e9)
+    concurrent = gh200.host_link.d2h_bytes_per_s * gh200.host_link.concurrent_scale
+    assert concurrent == pytest.approx(180e9, rel=0.01)  # Table 1 DuplexKV: 181 GB/s D2H
+    assert h100.host_link.concurrent_scale == 1.0
     assert gh200.host_link.h2d_bytes_per_s > 3 * h100.host_link.h2d_bytes_per_s
     assert l40s.nvlink_bytes_per_s == 0
     assert not load_hardware("cpu").host_link.duplex
@@ -124,3 +130,16 @@ def test_link_spec_validates() -> None:
         LinkSpec(0.0, 1e9, True, 0.0, "pcie")
     with pytest.raises(ConfigError, match="per_segment_overhead_s"):
         LinkSpec(1e9, 1e9, True, -1.0, "pcie")
+    with pytest.raises(ConfigError, match="duplex_total_bytes_per_s"):
+        LinkSpec(1e9, 1e9, True, 0.0, "c2c", duplex_total_bytes_per_s=-1.0)
+    with pytest.raises(ConfigError, match="half-duplex"):
+        LinkSpec(1e9, 1e9, False, 0.0, "ssd", duplex_total_bytes_per_s=1e9)
+
+
+def test_duplex_total_needs_a_source(tmp_path: Path) -> None:
+    data = _shipped("gh200")
+    sources = data["sources"]
+    assert isinstance(sources, dict)
+    del sources["host_link.duplex_total_bytes_per_s"]
+    with pytest.raises(ConfigError, match=r"no source cited for host_link\.duplex_total_bytes_per_s"):
+        load_hardware(str(_write(tmp_path, data)))

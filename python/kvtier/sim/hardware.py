@@ -15,7 +15,11 @@ Conventions (what the cost model and the links rely on):
   because every segment pays ``per_segment_overhead_s`` (the ``cudaMemcpyAsync`` launch, DualPath
   §5.2; Strata Fig. 3; SuperInfer Fig. 5 and Table 1): see :func:`kvtier.sim.cost.transfer_work_s`.
 - ``duplex=True``: each direction has its own bandwidth and both run at once. ``duplex=False``: the
-  directions share one channel, so concurrent H2D and D2H transfers split its time.
+  directions share one channel, so concurrent H2D and D2H transfers split its time. Optional
+  ``duplex_total_bytes_per_s`` (duplex links only): a memory behind the link that is itself
+  half-duplex caps both directions together, so while both are busy each runs at its own rate x
+  ``min(1, total / (h2d + d2h))``; a lone direction keeps its full rate (GH200: Grace DRAM,
+  SuperInfer §3.3).
 - Host-side resources (DRAM, SSDs, NICs) are this GPU's share of its node (node total divided by
   ``gpus_per_node``); an engine spanning ``tp`` GPUs owns ``tp`` shares and ``tp`` host links.
 - ``nvlink_bytes_per_s`` is the effective GPU-to-GPU bandwidth per direction used by the tensor
@@ -46,6 +50,7 @@ class LinkSpec:
     duplex: bool
     per_segment_overhead_s: float
     kind: str
+    duplex_total_bytes_per_s: float = 0.0  # 0: no shared cap (both directions at full rate at once)
 
     def __post_init__(self) -> None:
         for name in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
@@ -58,6 +63,23 @@ class LinkSpec:
             )
         if not self.kind:
             raise ConfigError("link kind is empty; expected e.g. 'pcie-gen5-x16'")
+        total = self.duplex_total_bytes_per_s
+        if not (math.isfinite(total) and total >= 0):
+            raise ConfigError(f"link {self.kind!r}: duplex_total_bytes_per_s is {total}; expected >= 0")
+        if total and not self.duplex:
+            raise ConfigError(f"link {self.kind!r}: duplex_total_bytes_per_s on a half-duplex link")
+
+    @property
+    def concurrent_scale(self) -> float:
+        """The factor on each direction's rate while both directions are busy (1: no shared cap)."""
+        return concurrent_scale(self.h2d_bytes_per_s, self.d2h_bytes_per_s, self.duplex_total_bytes_per_s)
+
+
+def concurrent_scale(in_bytes_per_s: float, out_bytes_per_s: float, total_bytes_per_s: float) -> float:
+    """``min(1, total / (in + out))``; 1 when ``total`` is 0 (no shared cap)."""
+    if total_bytes_per_s <= 0:
+        return 1.0
+    return min(1.0, total_bytes_per_s / (in_bytes_per_s + out_bytes_per_s))
 
 
 @dataclass(frozen=True)
@@ -113,6 +135,7 @@ _LINK_FIELDS: dict[str, type] = {
     "per_segment_overhead_s": float,
     "kind": str,
 }
+_OPTIONAL_LINK_FIELDS: dict[str, type] = {"duplex_total_bytes_per_s": float}
 _PROFILE_FIELDS: dict[str, type] = {
     "name": str,
     "gpus_per_node": int,
@@ -149,9 +172,14 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Hardw
     link_data = data.get("host_link")
     if not isinstance(link_data, Mapping):
         raise ConfigError(f"{source}: field `host_link` is missing or not a mapping")
-    _reject_unknown(link_data, set(_LINK_FIELDS), f"{source} host_link")
+    _reject_unknown(link_data, set(_LINK_FIELDS) | set(_OPTIONAL_LINK_FIELDS), f"{source} host_link")
+    optional = {
+        k: _field(link_data, k, t, source, "host_link.")
+        for k, t in _OPTIONAL_LINK_FIELDS.items()
+        if k in link_data
+    }
     link = LinkSpec(
-        **{k: _field(link_data, k, t, f"{source}", "host_link.") for k, t in _LINK_FIELDS.items()}
+        **{k: _field(link_data, k, t, f"{source}", "host_link.") for k, t in _LINK_FIELDS.items()}, **optional
     )
     values: dict[str, Any] = {}
     for key, kind in _PROFILE_FIELDS.items():
@@ -162,7 +190,11 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Hardw
     if not isinstance(sources, Mapping):
         raise ConfigError(f"{source}: field `sources` is missing or not a mapping (cite every number)")
     cited = {str(k): str(v) for k, v in sources.items()}
-    needed = [k for k in _PROFILE_FIELDS if k in data] + [f"host_link.{k}" for k in _LINK_FIELDS]
+    needed = [k for k in _PROFILE_FIELDS if k in data] + [
+        f"host_link.{k}"
+        for k in [*_LINK_FIELDS, *_OPTIONAL_LINK_FIELDS]
+        if k in _LINK_FIELDS or k in link_data
+    ]
     uncited = [k for k in needed if k not in _UNCITED and not cited.get(k, "").strip()]
     if uncited:
         raise ConfigError(f"{source}: no source cited for {', '.join(uncited)}; add them under `sources`")

@@ -23,6 +23,7 @@ from functools import partial
 from kvtier.errors import SimError
 from kvtier.sim.core import Event, EventKind, EventLoop
 from kvtier.sim.cost import transfer_work_s
+from kvtier.sim.hardware import LinkSpec, concurrent_scale
 
 _EPS_S = 1e-12
 
@@ -65,6 +66,7 @@ class Link:
         out_bytes_per_s: float,
         duplex: bool = True,
         per_segment_overhead_s: float = 0.0,
+        duplex_total_bytes_per_s: float = 0.0,
     ) -> None:
         for what, bw in (("in_bytes_per_s", in_bytes_per_s), ("out_bytes_per_s", out_bytes_per_s)):
             if not (bw > 0 and math.isfinite(bw)):
@@ -78,10 +80,30 @@ class Link:
         self.bandwidth_bytes_per_s = (in_bytes_per_s, out_bytes_per_s)
         self.duplex = duplex
         self.per_segment_overhead_s = per_segment_overhead_s
+        # While both directions of a duplex link are busy each runs at this fraction of its rate: a
+        # half-duplex memory behind the link caps them together (LinkSpec.duplex_total_bytes_per_s).
+        if not (math.isfinite(duplex_total_bytes_per_s) and duplex_total_bytes_per_s >= 0):
+            raise SimError(f"link {name!r}: duplex_total_bytes_per_s is {duplex_total_bytes_per_s}")
+        self._concurrent_scale = (
+            concurrent_scale(in_bytes_per_s, out_bytes_per_s, duplex_total_bytes_per_s) if duplex else 1.0
+        )
         self._pools = (_Pool(), _Pool()) if duplex else (_Pool(),)
         self._last_update_s = 0.0
         self.bytes_moved = [0, 0]
         self.transfers_done = 0
+
+    @classmethod
+    def of(cls, loop: EventLoop, name: str, spec: LinkSpec, tp: int = 1) -> Link:
+        """The link a profile's ``host_link`` describes, ``tp`` of them side by side."""
+        return cls(
+            loop,
+            name,
+            spec.h2d_bytes_per_s * tp,
+            spec.d2h_bytes_per_s * tp,
+            duplex=spec.duplex,
+            per_segment_overhead_s=spec.per_segment_overhead_s,
+            duplex_total_bytes_per_s=spec.duplex_total_bytes_per_s * tp,
+        )
 
     def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
         """Seconds ``nbytes`` in segments of ``segment_bytes`` take alone on this link."""
@@ -129,11 +151,13 @@ class Link:
         self._last_update_s = now
 
     def reschedule(self) -> None:
+        both_busy = all(pool.active for pool in self._pools) and len(self._pools) == 2
+        scale = self._concurrent_scale if both_busy else 1.0
         for pool in self._pools:
             if not pool.active:
                 continue
             top = min(t.priority for t in pool.active)
-            share = 1.0 / sum(1 for t in pool.active if t.priority == top)
+            share = scale / sum(1 for t in pool.active if t.priority == top)
             for t in pool.active:
                 rate = share if t.priority == top else 0.0
                 if t.event is not None and rate == t.rate:

@@ -161,15 +161,7 @@ def build(config: SimConfig) -> Simulation:
         links.update((d.name, d) for d in pool.devices)
 
     def engine(name: str) -> Engine:
-        spec = hw.host_link
-        link = Link(
-            loop,
-            f"{name}.host",
-            spec.h2d_bytes_per_s * config.tp,
-            spec.d2h_bytes_per_s * config.tp,
-            duplex=spec.duplex,
-            per_segment_overhead_s=spec.per_segment_overhead_s,
-        )
+        link = Link.of(loop, f"{name}.host", hw.host_link, config.tp)
         links[link.name] = link
         policy = make_policy(policy_name, **policy_spec)
         return Engine(

@@ -92,7 +92,9 @@ def xfer_blocks(base: SimConfig) -> tuple[int, int]:
     paper_cost = make_cost_model("roofline", paper_hw, load_model("qwen2.5-32b"), tp=1)
     cost = make_cost_model("roofline", hw, load_model(base.model), tp=base.tp)
     paper_tokens = PAPER_XFER_BLOCKS * PAPER_BLOCK_TOKENS
-    seconds = paper_tokens * paper_cost.kv_bytes_per_token / paper_hw.host_link.h2d_bytes_per_s
+    # Rotation swaps both ways at once (DuplexKV), so C2C runs at its concurrent rate.
+    c2c = paper_hw.host_link.h2d_bytes_per_s * paper_hw.host_link.concurrent_scale
+    seconds = paper_tokens * paper_cost.kv_bytes_per_token / c2c
     block_bytes = base.block_tokens * cost.kv_bytes_per_token
     time_equal = int(seconds * hw.host_link.h2d_bytes_per_s * base.tp // block_bytes)
     return max(time_equal, 1), paper_tokens // base.block_tokens
