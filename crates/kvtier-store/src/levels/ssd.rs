@@ -81,12 +81,7 @@ impl SsdLevel {
     /// the device's time per byte: a load's promotion (`Hierarchy::promote`, write-through on)
     /// hands every block it read from SSD back here. A block removed between this check and the
     /// put is simply not on SSD, as if evicted just after its write.
-    fn absent<'a>(
-        &self,
-        ns: u128,
-        keys: &[BlockKey],
-        objects: &[&'a [u8]],
-    ) -> (Vec<BlockKey>, Vec<&'a [u8]>, usize) {
+    fn absent<T: Copy>(&self, ns: u128, keys: &[BlockKey], objects: &[T]) -> (Vec<BlockKey>, Vec<T>, usize) {
         let (mut fk, mut fo) = (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len()));
         for (&key, &object) in keys.iter().zip(objects) {
             if !self.tier.contains(ns, key) {
@@ -113,16 +108,8 @@ impl SsdLevel {
         if self.encoder.is_raw() {
             return self.tier.put_pages(ns, keys, extents);
         }
-        // Blocks SSD already holds need no check or encode ([`Self::absent`]).
-        let (mut todo_keys, mut todo_extents) =
-            (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len()));
-        for (&key, &extent) in keys.iter().zip(extents) {
-            if !self.tier.contains(ns, key) {
-                todo_keys.push(key);
-                todo_extents.push(extent);
-            }
-        }
-        let held = keys.len() - todo_keys.len();
+        // Blocks SSD already holds need no check or encode.
+        let (todo_keys, todo_extents, held) = self.absent(ns, keys, extents);
         let (ok_keys, raw, failed) = verified_extents(&todo_keys, &todo_extents);
         bump(&c.demotion_failed, failed);
         let mut report = self.put(ns, &ok_keys, &raw, c);
