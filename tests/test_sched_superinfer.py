@@ -309,7 +309,12 @@ class _Recorder:
         submit = self.link.submit
 
         def wrapped(
-            nbytes: int, direction: Direction, on_done, segment_bytes=None, priority: int = 1
+            nbytes: int,
+            direction: Direction,
+            on_done,
+            segment_bytes=None,
+            priority: int = 1,
+            batched: bool = False,
         ) -> Transfer:  # type: ignore[no-untyped-def]
             entry = [self.link.loop.now_s, float(nbytes), float(direction), float(priority), math.nan]
 
@@ -318,7 +323,7 @@ class _Recorder:
                 on_done(t)
 
             self.log.append(entry)
-            return submit(nbytes, direction, done, segment_bytes, priority)
+            return submit(nbytes, direction, done, segment_bytes, priority, batched)
 
         self.link.submit = wrapped  # type: ignore[method-assign]
 
@@ -429,7 +434,7 @@ def test_segment_bytes_follow_table_1() -> None:
 
 
 def test_transfer_ladder_orders_the_engines_as_table_1() -> None:
-    from kvtier.sim.reproduce.superinfer import transfer_ladder
+    from kvtier.sim.reproduce.superinfer import TABLE1_E2E_MS, transfer_ladder
 
     model = RooflineCostModel(load_hardware("gh200"), load_model("qwen2.5-32b"))
     ladder = transfer_ladder(load_hardware("gh200"), model.kv_bytes_per_token, model.num_layers, BT)
@@ -441,6 +446,13 @@ def test_transfer_ladder_orders_the_engines_as_table_1() -> None:
     assert ladder["ideal"]["e2e_ms"] < ladder["duplexkv"]["e2e_ms"] < 1.12 * ladder["ideal"]["e2e_ms"]
     # MS+MK, one direction at a time, at Table 1's lone-direction rates: 239 / 270 GB/s.
     assert ladder["ms_mk"]["d2h_gb_per_s"] == pytest.approx(238.95, rel=0.01)
+    # MS: 4 MB copies launched one by one, at the profile's per-copy rates fitted to Table 1 MS.
+    assert ladder["ms"]["d2h_gb_per_s"] == pytest.approx(80.05, rel=0.01)
+    assert ladder["ms"]["h2d_gb_per_s"] == pytest.approx(133.51, rel=0.01)
+    # Every rung's E2E time over DuplexKV's within 15% of Table 1's (docs/reproduction.md).
+    for name in ("naive", "ms", "ms_mk"):
+        paper = TABLE1_E2E_MS[name] / TABLE1_E2E_MS["duplexkv"]
+        assert ladder[name]["e2e_ms"] / ladder["duplexkv"]["e2e_ms"] == pytest.approx(paper, rel=0.15)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -133,11 +133,35 @@ def test_per_segment_overhead_makes_small_segments_slow() -> None:
     assert small - big == pytest.approx((2**30 // (64 * 2**10) - 1) * 5e-6)
 
 
+def test_per_copy_rate_holds_copies_launched_one_per_segment_not_a_batched_copy() -> None:
+    # SuperInfer Table 1: 4 MB copies launched one by one (MS) reach ~80 GB/s D2H where one batched
+    # launch for them all (MS+MK) reaches the link's 239 GB/s.
+    loop = EventLoop()
+    link = Link(
+        loop,
+        "c2c",
+        270 * GB,
+        239 * GB,
+        per_segment_overhead_s=5.8e-6,
+        per_copy_bytes_per_s=(164 * GB, 90 * GB),
+    )
+    block, n = 4 * 2**20, 2**31
+    one_by_one = link.work_s(n, block, Direction.OUT)
+    batched = link.work_s(n, n, Direction.OUT, batched=True)
+    assert one_by_one == pytest.approx(n / (90 * GB) + n // block * 5.8e-6)
+    assert batched == pytest.approx(n / (239 * GB) + 5.8e-6)
+    assert link.work_s(n, block, Direction.IN) == pytest.approx(n / (164 * GB) + n // block * 5.8e-6)
+    plain = Link(loop, "pcie", 50 * GB, 50 * GB)  # no per-copy rate: every copy at the link's rate
+    assert plain.work_s(n, block, Direction.IN) == plain.work_s(n, block, Direction.IN, batched=True)
+
+
 def test_bad_link_parameters() -> None:
     with pytest.raises(SimError, match="positive bandwidth"):
         Link(EventLoop(), "x", 0.0, 1.0)
     with pytest.raises(SimError, match="overhead"):
         Link(EventLoop(), "x", 1.0, 1.0, per_segment_overhead_s=-1)
+    with pytest.raises(SimError, match="per_copy_bytes_per_s"):
+        Link(EventLoop(), "x", 1.0, 1.0, per_copy_bytes_per_s=(-1.0, 1.0))
 
 
 def test_striped_devices_split_a_transfer_and_keep_their_own_queues() -> None:

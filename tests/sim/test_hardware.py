@@ -43,6 +43,10 @@ def test_known_values() -> None:
     concurrent = gh200.host_link.d2h_bytes_per_s * gh200.host_link.concurrent_scale
     assert concurrent == pytest.approx(180e9, rel=0.01)  # Table 1 DuplexKV: 181 GB/s D2H
     assert h100.host_link.concurrent_scale == 1.0
+    # Table 1 Naive and MS: a copy launched one per segment moves at 90 / 164 GB/s, not 239 / 270
+    assert gh200.host_link.per_copy_d2h_bytes_per_s == pytest.approx(90.0e9)
+    assert gh200.host_link.per_copy_h2d_bytes_per_s == pytest.approx(163.7e9)
+    assert h100.host_link.per_copy_h2d_bytes_per_s == 0.0  # absent: copies at the link's rate
     assert gh200.host_link.h2d_bytes_per_s > 3 * h100.host_link.h2d_bytes_per_s
     assert l40s.nvlink_bytes_per_s == 0
     assert not load_hardware("cpu").host_link.duplex
@@ -134,6 +138,8 @@ def test_link_spec_validates() -> None:
         LinkSpec(1e9, 1e9, True, 0.0, "c2c", duplex_total_bytes_per_s=-1.0)
     with pytest.raises(ConfigError, match="half-duplex"):
         LinkSpec(1e9, 1e9, False, 0.0, "ssd", duplex_total_bytes_per_s=1e9)
+    with pytest.raises(ConfigError, match="per_copy_d2h_bytes_per_s"):
+        LinkSpec(1e9, 1e9, True, 0.0, "c2c", per_copy_d2h_bytes_per_s=float("inf"))
 
 
 def test_duplex_total_needs_a_source(tmp_path: Path) -> None:

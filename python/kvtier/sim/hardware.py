@@ -20,6 +20,10 @@ Conventions (what the cost model and the links rely on):
   half-duplex caps both directions together, so while both are busy each runs at its own rate x
   ``min(1, total / (h2d + d2h))``; a lone direction keeps its full rate (GH200: Grace DRAM,
   SuperInfer §3.3).
+- Optional ``per_copy_h2d_bytes_per_s`` / ``per_copy_d2h_bytes_per_s``: the rate of the bytes of
+  copies launched one per segment (one ``cudaMemcpyAsync`` each); a batched copy (one launch per
+  direction for all segments, ``cudaMemcpyBatchAsync``) moves at ``h2d``/``d2h_bytes_per_s``.
+  Absent: the same rate (GH200: SuperInfer Table 1 Naive and MS, §4.3.1).
 - Host-side resources (DRAM, SSDs, NICs) are this GPU's share of its node (node total divided by
   ``gpus_per_node``); an engine spanning ``tp`` GPUs owns ``tp`` shares and ``tp`` host links.
 - ``nvlink_bytes_per_s`` is the effective GPU-to-GPU bandwidth per direction used by the tensor
@@ -51,6 +55,8 @@ class LinkSpec:
     per_segment_overhead_s: float
     kind: str
     duplex_total_bytes_per_s: float = 0.0  # 0: no shared cap (both directions at full rate at once)
+    per_copy_h2d_bytes_per_s: float = 0.0  # copies launched one per segment; 0: h2d_bytes_per_s
+    per_copy_d2h_bytes_per_s: float = 0.0  # 0: d2h_bytes_per_s
 
     def __post_init__(self) -> None:
         for name in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
@@ -68,6 +74,12 @@ class LinkSpec:
             raise ConfigError(f"link {self.kind!r}: duplex_total_bytes_per_s is {total}; expected >= 0")
         if total and not self.duplex:
             raise ConfigError(f"link {self.kind!r}: duplex_total_bytes_per_s on a half-duplex link")
+        for name in ("per_copy_h2d_bytes_per_s", "per_copy_d2h_bytes_per_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(
+                    f"link {self.kind!r}: {name} is {value}; expected >= 0 (0: the link's rate)"
+                )
 
     @property
     def concurrent_scale(self) -> float:
@@ -135,7 +147,11 @@ _LINK_FIELDS: dict[str, type] = {
     "per_segment_overhead_s": float,
     "kind": str,
 }
-_OPTIONAL_LINK_FIELDS: dict[str, type] = {"duplex_total_bytes_per_s": float}
+_OPTIONAL_LINK_FIELDS: dict[str, type] = {
+    "duplex_total_bytes_per_s": float,
+    "per_copy_h2d_bytes_per_s": float,
+    "per_copy_d2h_bytes_per_s": float,
+}
 _PROFILE_FIELDS: dict[str, type] = {
     "name": str,
     "gpus_per_node": int,

@@ -67,6 +67,7 @@ class Link:
         duplex: bool = True,
         per_segment_overhead_s: float = 0.0,
         duplex_total_bytes_per_s: float = 0.0,
+        per_copy_bytes_per_s: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         for what, bw in (("in_bytes_per_s", in_bytes_per_s), ("out_bytes_per_s", out_bytes_per_s)):
             if not (bw > 0 and math.isfinite(bw)):
@@ -78,6 +79,12 @@ class Link:
         self.loop = loop
         self.name = name
         self.bandwidth_bytes_per_s = (in_bytes_per_s, out_bytes_per_s)
+        # Copies launched one per segment (in, out): LinkSpec.per_copy_*_bytes_per_s; 0: as batched.
+        if not all(math.isfinite(bw) and bw >= 0 for bw in per_copy_bytes_per_s):
+            raise SimError(f"link {name!r}: per_copy_bytes_per_s is {per_copy_bytes_per_s}; expected >= 0")
+        self.per_copy_bytes_per_s: tuple[float, ...] = tuple(
+            bw or full for bw, full in zip(per_copy_bytes_per_s, self.bandwidth_bytes_per_s, strict=True)
+        )
         self.duplex = duplex
         self.per_segment_overhead_s = per_segment_overhead_s
         # While both directions of a duplex link are busy each runs at this fraction of its rate: a
@@ -103,11 +110,14 @@ class Link:
             duplex=spec.duplex,
             per_segment_overhead_s=spec.per_segment_overhead_s,
             duplex_total_bytes_per_s=spec.duplex_total_bytes_per_s * tp,
+            per_copy_bytes_per_s=(spec.per_copy_h2d_bytes_per_s * tp, spec.per_copy_d2h_bytes_per_s * tp),
         )
 
-    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction) -> float:
-        """Seconds ``nbytes`` in segments of ``segment_bytes`` take alone on this link."""
-        bandwidth = self.bandwidth_bytes_per_s[direction]
+    def work_s(self, nbytes: int, segment_bytes: int, direction: Direction, batched: bool = False) -> float:
+        """Seconds ``nbytes`` in segments of ``segment_bytes`` take alone on this link: one copy
+        launch per segment, or one launch for them all (``batched``, SuperInfer §4.3.2 "MK")."""
+        rates = self.bandwidth_bytes_per_s if batched else self.per_copy_bytes_per_s
+        bandwidth = rates[direction]
         return transfer_work_s(max(nbytes, 0), max(1, segment_bytes), bandwidth, self.per_segment_overhead_s)
 
     def submit(
@@ -117,11 +127,12 @@ class Link:
         on_done: Callable[[Transfer], None],
         segment_bytes: int | None = None,
         priority: int = 1,
+        batched: bool = False,
     ) -> Transfer:
         """Starts a transfer now; ``on_done`` runs when its last byte lands."""
         if nbytes < 0:
             raise SimError(f"link {self.name!r}: transfer of {nbytes} bytes")
-        work = self.work_s(nbytes, segment_bytes or max(nbytes, 1), direction)
+        work = self.work_s(nbytes, segment_bytes or max(nbytes, 1), direction, batched)
         t = Transfer(nbytes, work, direction, priority, on_done, self.loop.now_s, remaining_s=work)
         self.advance()
         if work <= _EPS_S:

@@ -155,8 +155,9 @@ class Swaps:
     def _send(self, nbytes: int, direction: Direction, landed: Landed) -> None:
         owner = self._owner
         segment = self._segment_bytes(nbytes)
-        if owner.policy.swap_copy.duplex:
-            owner.host_link.submit(nbytes, direction, landed, segment, priority=1)
+        copy = owner.policy.swap_copy
+        if copy.duplex:
+            owner.host_link.submit(nbytes, direction, landed, segment, priority=1, batched=copy.batched)
             return
 
         def start() -> None:  # one copy at a time, FIFO: a swap-in may reuse blocks a swap-out frees
@@ -164,7 +165,7 @@ class Swaps:
                 landed(t)
                 self._next_serial()
 
-            owner.host_link.submit(nbytes, direction, done, segment, priority=1)
+            owner.host_link.submit(nbytes, direction, done, segment, priority=1, batched=copy.batched)
 
         self._serial.append(start)
         if not self._serial_busy:
