@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::buffer::{Buffer, Format};
+use crate::buffer::{ensure_all_disjoint, Buffer, Format};
 use crate::errors::buffer_error;
 
 /// A 16-byte little-endian id (a namespace hash, a key) from a caller's bytes.
@@ -25,20 +25,26 @@ pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
 }
 
 /// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
-/// per block. (Other sequences are not taken apart here: a numpy array is a sequence too. The
-/// Python wrapper turns any sequence of blocks into a list.)
+/// per block; `writable` ones are checked pairwise disjoint too (as [`split_mut`] needs). (Other
+/// sequences are not taken apart here: a numpy array is a sequence too. The Python wrapper turns
+/// any sequence of blocks into a list.)
 pub(crate) fn block_buffers(
     obj: &Bound<'_, PyAny>,
     what: &'static str,
     writable: bool,
 ) -> PyResult<Vec<Buffer>> {
-    if let Ok(list) = obj.downcast::<PyList>() {
-        return list.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
+    let get = |item: &Bound<'_, PyAny>| Buffer::get(item, what, writable, Format::Bytes);
+    let bufs = if let Ok(list) = obj.downcast::<PyList>() {
+        list.iter().map(|item| get(&item)).collect::<PyResult<Vec<_>>>()?
+    } else if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        tuple.iter().map(|item| get(&item)).collect::<PyResult<Vec<_>>>()?
+    } else {
+        vec![get(obj)?]
+    };
+    if writable {
+        ensure_all_disjoint(&bufs)?;
     }
-    if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return tuple.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
-    }
-    Ok(vec![Buffer::get(obj, what, writable, Format::Bytes)?])
+    Ok(bufs)
 }
 
 fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use kvtier_core::paged::PagedPool;
 
-use crate::buffer::{ensure_disjoint, Buffer, Format};
+use crate::buffer::{ensure_all_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, layout_err};
 
 /// The regions of a paged pool (`num_blocks` rows each; see `kvtier_core::paged`), checked
@@ -30,10 +30,8 @@ pub(crate) fn paged_pool(
                 a.len()
             )));
         }
-        for b in &bufs[i + 1..] {
-            ensure_disjoint(a, b)?;
-        }
     }
+    ensure_all_disjoint(&bufs)?;
     let parts: Vec<(*mut u8, usize)> = bufs.iter().map(|b| (b.ptr(), b.len() / num_blocks)).collect();
     // SAFETY: each region is a live writable buffer of `num_blocks * block_len` bytes (checked),
     // the regions are disjoint (checked), and the returned buffers keep the views alive for as

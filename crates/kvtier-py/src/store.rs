@@ -7,12 +7,11 @@ use pyo3::types::PyDict;
 use kvtier_store::{Store as CoreStore, StoreError};
 
 use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
-use crate::buffer::ensure_disjoint;
-use crate::dicts::counters_dict;
 use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::metrics_dict as remote_metrics_dict;
+use crate::reports::{StoreStats, TierStats};
 use crate::ssd::metrics_dict;
 use crate::store_config::store_config;
 
@@ -142,13 +141,8 @@ impl Store {
         count: usize,
     ) -> PyResult<(usize, usize)> {
         let bufs = block_buffers(out, "out", true)?;
-        for (i, a) in bufs.iter().enumerate() {
-            for b in &bufs[i + 1..] {
-                ensure_disjoint(a, b)?;
-            }
-        }
         let block_bytes = self.inner.block_bytes();
-        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
+        // SAFETY: writable, live, pairwise-disjoint buffers (`block_buffers` checked); the slices are the only views.
         let mut dst = unsafe { split_mut(&bufs, count, block_bytes, "out")? };
         let r = py.allow_threads(|| self.inner.load(lease_id, &mut dst)).map_err(store_err)?;
         Ok((r.loaded_blocks, r.checksum_failures))
@@ -189,15 +183,15 @@ impl Store {
         self.inner.release(lease_id).map_err(store_err)
     }
 
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        counters_dict(py, &self.inner.stats())
+    fn stats(&self, py: Python<'_>) -> PyResult<StoreStats> {
+        StoreStats::new(py, &self.inner.stats())
     }
 
-    /// Per tier (name → counters), fastest first.
+    /// Per tier (name → stats), fastest first.
     fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         for (kind, t) in self.inner.tier_stats() {
-            out.set_item(kind.name(), counters_dict(py, &t)?)?;
+            out.set_item(kind.name(), TierStats::new(py, &t)?)?;
         }
         Ok(out)
     }
