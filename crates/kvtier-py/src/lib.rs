@@ -45,10 +45,7 @@ fn block_keys<'py>(
     let ids = tokens::token_ids(tokens)?;
     let keys =
         py.allow_threads(|| kvtier_core::block_keys(ns, &ids, block_tokens, extra)).map_err(key_err)?;
-    let mut raw = Vec::with_capacity(keys.len() * 16);
-    for k in keys {
-        raw.extend_from_slice(&k.to_le_bytes());
-    }
+    let raw: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
     Ok(PyBytes::new(py, &raw))
 }
 

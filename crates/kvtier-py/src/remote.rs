@@ -12,7 +12,7 @@ use kvtier_pool::{ReadOutcome, Tier};
 use kvtier_remote::{RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
 use kvtier_store::RemoteStoreConfig;
 
-use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
+use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
 use crate::errors::{config_error, item, kvtier_error, set_present};
 use crate::reports::{add_fields, fields_dict};
 
@@ -120,10 +120,9 @@ impl RemotePool {
         block_bytes: usize,
     ) -> PyResult<(usize, usize, usize)> {
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(objects, "objects", false)?;
-        // SAFETY: live buffers, only read.
-        let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
-        let r = py.allow_threads(|| self.tier.put(self.namespace, &keys, &objects));
+        let r = read_blocks(objects, "objects", keys.len(), block_bytes, |objects| {
+            py.allow_threads(|| self.tier.put(self.namespace, &keys, objects))
+        })?;
         Ok((r.stored, r.already_present, r.rejected))
     }
 
@@ -136,10 +135,9 @@ impl RemotePool {
         block_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(out, "out", true)?;
-        // SAFETY: writable, live, pairwise-disjoint buffers (`block_buffers` checked); the slices are the only views.
-        let mut dst = unsafe { split_mut(&bufs, keys.len(), block_bytes, "out")? };
-        let outcomes = py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys, &mut dst));
+        let outcomes = write_blocks(out, "out", keys.len(), block_bytes, |dst| {
+            py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys, dst))
+        })?;
         Ok(outcomes.into_iter().map(ReadOutcome::name).collect())
     }
 

@@ -12,7 +12,7 @@ use kvtier_pool::ssd::{placement, SsdMetrics};
 use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, SsdConfig, SsdTier, Tier};
 use kvtier_store::SsdStoreConfig;
 
-use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
+use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
 use crate::errors::{config_error, item, kvtier_error, set_present};
 use crate::reports::{add_fields, fields_dict};
 
@@ -121,11 +121,10 @@ impl SsdPool {
     ) -> PyResult<(usize, usize, usize, usize)> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(objects, "objects", false)?;
-        // SAFETY: live buffers, only read.
-        let objects = unsafe { split_ref(&bufs, keys.len(), object_bytes, "objects")? };
         let tier = self.tier()?;
-        let r = py.allow_threads(|| tier.put(ns, &keys, &objects));
+        let r = read_blocks(objects, "objects", keys.len(), object_bytes, |objects| {
+            py.allow_threads(|| tier.put(ns, &keys, objects))
+        })?;
         Ok((r.stored, r.already_present, r.rejected, r.evicted))
     }
 
@@ -140,11 +139,10 @@ impl SsdPool {
     ) -> PyResult<Vec<&'static str>> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(out, "out", true)?;
-        // SAFETY: writable, live, pairwise-disjoint buffers (`block_buffers` checked); the slices are the only views.
-        let mut dst = unsafe { split_mut(&bufs, keys.len(), object_bytes, "out")? };
         let tier = self.tier()?;
-        let outcomes = py.allow_threads(|| tier.get(ns, &keys, &mut dst));
+        let outcomes = write_blocks(out, "out", keys.len(), object_bytes, |dst| {
+            py.allow_threads(|| tier.get(ns, &keys, dst))
+        })?;
         Ok(outcomes.into_iter().map(|o| o.map_or("miss", ReadOutcome::name)).collect())
     }
 

@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use kvtier_store::{Store as CoreStore, StoreError};
 
-use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
+use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
 use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
@@ -76,11 +76,10 @@ impl Store {
     ) -> PyResult<PutTuple> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(objects, "objects", false)?;
-        let block_bytes = self.inner.block_bytes();
-        // SAFETY: live buffers, only read.
-        let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
-        let r = py.allow_threads(|| self.inner.put(ns, &keys, &objects)).map_err(store_err)?;
+        let r = read_blocks(objects, "objects", keys.len(), self.inner.block_bytes(), |objects| {
+            py.allow_threads(|| self.inner.put(ns, &keys, objects))
+        })?
+        .map_err(store_err)?;
         Ok(put_tuple(&r))
     }
 
@@ -140,11 +139,10 @@ impl Store {
         out: &Bound<'_, PyAny>,
         count: usize,
     ) -> PyResult<(usize, usize)> {
-        let bufs = block_buffers(out, "out", true)?;
-        let block_bytes = self.inner.block_bytes();
-        // SAFETY: writable, live, pairwise-disjoint buffers (`block_buffers` checked); the slices are the only views.
-        let mut dst = unsafe { split_mut(&bufs, count, block_bytes, "out")? };
-        let r = py.allow_threads(|| self.inner.load(lease_id, &mut dst)).map_err(store_err)?;
+        let r = write_blocks(out, "out", count, self.inner.block_bytes(), |dst| {
+            py.allow_threads(|| self.inner.load(lease_id, dst))
+        })?
+        .map_err(store_err)?;
         Ok((r.loaded_blocks, r.checksum_failures))
     }
 
