@@ -209,24 +209,12 @@ class Store:
     def lookup(self, namespace_hash: bytes, keys: bytes) -> tuple[int, list[str]]: ...
     def lease(self, namespace_hash: bytes, keys: bytes) -> tuple[int, int, list[str]]: ...
     def load(self, lease_id: int, out: Any, count: int) -> tuple[int, int]: ...
+    # `pool`: a kvtier.layout.PagedPool (its regions, layer_regions and num_blocks are read).
     def put_from_pool(
-        self,
-        namespace_hash: bytes,
-        keys: bytes,
-        regions: list[Any],
-        layer_regions: list[int],
-        num_blocks: int,
-        block_ids: Any,
+        self, namespace_hash: bytes, keys: bytes, pool: Any, block_ids: Any
     ) -> tuple[int, int, int, int, int, int, int]: ...
     def load_into_pool(
-        self,
-        lease_id: int,
-        first: int,
-        regions: list[Any],
-        layer_regions: list[int],
-        num_blocks: int,
-        block_ids: Any,
-        progress: LayerProgress | None = None,
+        self, lease_id: int, first: int, pool: Any, block_ids: Any, progress: LayerProgress | None = None
     ) -> tuple[int, list[int], int]: ...
     def release(self, lease_id: int) -> None: ...
     def stats(self) -> StoreStats: ...
@@ -295,15 +283,7 @@ class TransferEngine:
     def submit(
         self, load: bool, keys: bytes, pool: Any, block_ids: bytes, num_blocks: int | None = None
     ) -> int: ...
-    def submit_paged(
-        self,
-        load: bool,
-        keys: bytes,
-        regions: list[Any],
-        layer_regions: list[int],
-        num_blocks: int,
-        block_ids: bytes,
-    ) -> int: ...
+    def submit_paged(self, load: bool, keys: bytes, pool: Any, block_ids: bytes) -> int: ...
     def finished(self) -> list[tuple[int, str, list[str], bool, int, float]]: ...
     def wait(self, ids: list[int]) -> list[tuple[int, str, list[str], bool, int, float]]: ...
     def wait_layer(self, id: int, layer: int) -> None: ...

@@ -280,11 +280,7 @@ class Store:
         ids = _block_ids(block_ids, pool.num_blocks)
         if ids.size != len(keys):
             raise BufferError(f"{len(keys)} keys but {ids.size} block ids; expected one block per key")
-        return PutReport._from_core(
-            self._core.put_from_pool(
-                keys.namespace_hash, keys.raw, pool.regions, pool.layer_regions, pool.num_blocks, ids
-            )
-        )
+        return PutReport._from_core(self._core.put_from_pool(keys.namespace_hash, keys.raw, pool, ids))
 
     def lookup(self, keys: BlockKeys) -> Lookup:
         """Longest consecutive prefix of ``keys`` present, with its tiers. Pins nothing."""
@@ -356,9 +352,7 @@ class Store:
             raise LeaseError(
                 f"asked to load blocks {first}..{first + ids.size}; lease {lease.id} holds {lease.hit_blocks}"
             )
-        loaded, failed, failures = self._core.load_into_pool(
-            lease.id, first, pool.regions, pool.layer_regions, pool.num_blocks, ids, progress
-        )
+        loaded, failed, failures = self._core.load_into_pool(lease.id, first, pool, ids, progress)
         return PoolLoadReport(loaded, tuple(failed), failures)
 
     def stats(self) -> StoreStats:

@@ -196,8 +196,7 @@ class TransferEngine:
     def _submit(self, load: bool, keys: BlockKeys, pool: np.ndarray | PagedPool, block_ids: bytes) -> int:
         if isinstance(pool, PagedPool):
             self._check_keys(keys)
-            regions, layers = pool.regions, pool.layer_regions
-            return int(self._core.submit_paged(load, keys.raw, regions, layers, pool.num_blocks, block_ids))
+            return int(self._core.submit_paged(load, keys.raw, pool, block_ids))
         n = self._check(keys, pool)
         return int(self._core.submit(load, keys.raw, pool, block_ids, n))
 

@@ -83,24 +83,21 @@ impl Store {
         Ok(put_tuple(&r))
     }
 
-    /// Stores pool blocks `block_ids` (an engine pool given as regions) under `keys`, one copy
-    /// into DRAM when DRAM is the only tier. Returns a put's [`PutTuple`].
-    #[allow(clippy::too_many_arguments)]
+    /// Stores blocks `block_ids` of an engine's `PagedPool` under `keys`, one copy into DRAM when
+    /// DRAM is the only tier. Returns a put's [`PutTuple`].
     fn put_from_pool(
         &self,
         py: Python<'_>,
         namespace_hash: &[u8],
         keys: &[u8],
-        regions: Vec<Bound<'_, PyAny>>,
-        layer_regions: Vec<usize>,
-        num_blocks: usize,
+        pool: &Bound<'_, PyAny>,
         block_ids: &Bound<'_, PyAny>,
     ) -> PyResult<PutTuple> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
         let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
-        let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let (_views, pool) = paged_pool(pool)?;
         let r = py.allow_threads(|| self.inner.put_from_pool(ns, &keys, &pool, &ids)).map_err(store_err)?;
         Ok(put_tuple(&r))
     }
@@ -146,25 +143,22 @@ impl Store {
         Ok((r.loaded_blocks, r.checksum_failures))
     }
 
-    /// Leased blocks `first..` straight into pool blocks `block_ids` of an engine pool given as
-    /// regions (see `kvtier_core::paged`), layer by layer, advancing `progress` as each layer
-    /// lands. Returns (loaded prefix, failed positions, checksum failures).
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (lease_id, first, regions, layer_regions, num_blocks, block_ids, progress=None))]
+    /// Leased blocks `first..` straight into blocks `block_ids` of an engine's `PagedPool` (see
+    /// `kvtier_core::paged`), layer by layer, advancing `progress` as each layer lands. Returns
+    /// (loaded prefix, failed positions, checksum failures).
+    #[pyo3(signature = (lease_id, first, pool, block_ids, progress=None))]
     fn load_into_pool(
         &self,
         py: Python<'_>,
         lease_id: u64,
         first: usize,
-        regions: Vec<Bound<'_, PyAny>>,
-        layer_regions: Vec<usize>,
-        num_blocks: usize,
+        pool: &Bound<'_, PyAny>,
         block_ids: &Bound<'_, PyAny>,
         progress: Option<Py<LayerProgress>>,
     ) -> PyResult<(usize, Vec<usize>, usize)> {
         let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
-        let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let (_views, pool) = paged_pool(pool)?;
         let progress = progress.as_ref().map(|p| p.get());
         let report = py.allow_threads(|| {
             self.inner.load_into_pool(lease_id, first, &pool, &ids, &mut |layer| {

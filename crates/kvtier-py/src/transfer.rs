@@ -152,21 +152,18 @@ impl TransferEngine {
         Ok(id)
     }
 
-    /// A job into (`load`) or from an engine pool given as regions (see `kvtier_core::paged`).
-    #[allow(clippy::too_many_arguments)]
+    /// A job into (`load`) or from an engine's `PagedPool` (see `kvtier_core::paged`).
     fn submit_paged(
         &self,
         py: Python<'_>,
         load: bool,
         keys: &[u8],
-        regions: Vec<Bound<'_, PyAny>>,
-        layer_regions: Vec<usize>,
-        num_blocks: usize,
+        pool: &Bound<'_, PyAny>,
         block_ids: &[u8],
     ) -> PyResult<u64> {
         let keys = keys_from(keys)?;
         let ids = ids_from(block_ids)?;
-        let (views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let (views, pool) = paged_pool(pool)?;
         let _ = py; // held, as in `submit`
         let mut buffers = lock(&self.buffers);
         let id = if load {
