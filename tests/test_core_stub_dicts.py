@@ -1,25 +1,35 @@
 """The dicts the Rust extension returns have exactly the keys and value types that ``_core.pyi``
-declares for them (``TypedDict``s, read with :mod:`ast`: the stub is not importable), so
-``mypy --strict`` checks every reader of ``Store.ssd_metrics()`` and the rest against the truth."""
+declares for them (``TypedDict``s, read with :mod:`ast`: the stub is not importable), and its
+report classes (``StoreStats``, ``TierStats``: made in Rust from one field list) exactly the
+attributes, in order, so ``mypy --strict`` checks every reader of ``Store.stats()``,
+``Store.ssd_metrics()`` and the rest against the truth."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 from kvtier import _core
+from kvtier.config import StoreConfig
 from kvtier.geometry import Geometry
+from kvtier.store import Store
 from kvtier.testing.redis import LocalRedis
 
 STUB = Path(_core.__file__).with_name("_core.pyi")
 PLAIN = {"int": int, "float": float, "str": str, "bool": bool}
+#: Classes of the stub whose annotated attributes are a Rust report's fields.
+REPORTS = ("StoreStats", "TierStats")
+GEOMETRY = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "dtype": "fp16", "block_tokens": 4}
 
 
 def _declared() -> dict[str, dict[str, str]]:
     """TypedDict name -> field -> annotation text, class and functional forms."""
     out: dict[str, dict[str, str]] = {}
     for node in ast.parse(STUB.read_text()).body:
-        if isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "TypedDict" for b in node.bases):
+        typed_dict = isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "TypedDict" for b in node.bases)
+        if isinstance(node, ast.ClassDef) and (typed_dict or node.name in REPORTS):
             out[node.name] = {
                 s.target.id: ast.unparse(s.annotation)
                 for s in node.body
@@ -57,7 +67,43 @@ def _check(value: object, kind: str, where: str) -> None:
 
 def test_every_stub_dict_is_checked_here() -> None:
     nested = {"SsdRecovery", "SsdDevice", "RemoteOp"}
-    assert set(DECLARED) == {"GeometrySizes", "SsdMetrics", "RemoteMetrics"} | nested
+    assert set(DECLARED) == {"GeometrySizes", "SsdMetrics", "RemoteMetrics", *REPORTS} | nested
+
+
+def _check_report(value: object, kind: str, where: str) -> None:
+    """A report object: its class is the stub's, its fields the stub's attributes in order, each
+    readable as an attribute with the declared type."""
+    assert type(value).__name__ == kind, f"{where} is {type(value).__name__}"
+    fields = value.as_dict()  # type: ignore[attr-defined]
+    assert list(fields) == list(DECLARED[kind]), f"{where}: {kind} fields differ from the runtime's"
+    _check(fields, kind, where)
+    for name in fields:
+        assert getattr(value, name) == fields[name]
+
+
+def test_store_stats_and_tier_stats_match_the_stub(tmp_path: Path) -> None:
+    ssd = {"directory": str(tmp_path), "capacity_bytes": 2**24, "probe_bytes": 0}
+    store = Store(
+        StoreConfig.from_dict({"geometry": GEOMETRY, "dram": {"capacity_bytes": 2**20}, "ssd": ssd})
+    )
+    _check_report(store.stats(), "StoreStats", "Store.stats()")
+    tiers = store.tier_stats()
+    assert list(tiers) == ["dram", "ssd"]
+    for name, stats in tiers.items():
+        _check_report(stats, "TierStats", f"Store.tier_stats()[{name!r}]")
+
+
+def test_report_objects_are_frozen_values() -> None:
+    store = Store(StoreConfig.from_dict({"geometry": GEOMETRY, "dram": {"capacity_bytes": 2**20}}))
+    a, b = store.stats(), store.stats()
+    assert a == b and a is not b and a != store.tier_stats()["dram"]
+    assert repr(a).startswith("StoreStats(lookups=0, ")
+    with pytest.raises(AttributeError, match="'StoreStats' object has no attribute 'lookup'"):
+        _ = a.lookup  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        a.lookups = 1  # type: ignore[misc]
+    a.as_dict()["lookups"] = 5  # a copy
+    assert a.lookups == 0
 
 
 def test_geometry_sizes_match_the_stub() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtier import _core
 from kvtier.errors import ConfigError
-from kvtier.tiers import Tier
+from kvtier.tiers import _STORE_NAMES, Tier
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "kvtier"
 TIER_WORDS = frozenset({"device", "host", "dram", "ssd", "remote"})
@@ -26,6 +27,11 @@ def test_labels_and_store_names_map_to_one_enum() -> None:
         Tier.from_store("host")  # the store calls host memory "dram"; "host" is the config label
     with pytest.raises(ConfigError, match="unknown tier 'dram'"):
         Tier.parse("dram")
+
+
+def test_every_store_tier_name_from_rust_maps_once() -> None:
+    assert list(_STORE_NAMES) == list(_core.STORE_TIERS) == ["dram", "ssd", "remote"]
+    assert [Tier.from_store(n) for n in _core.STORE_TIERS] == sorted(_STORE_NAMES.values())
 
 
 def test_per_tier_tuples_are_indexed_by_tier() -> None:

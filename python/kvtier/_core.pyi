@@ -92,6 +92,77 @@ RemoteMetrics = TypedDict(
     },
 )  # fmt: skip
 
+class StoreStats:
+    """``Store.stats()``: the Rust ``StoreStats`` (``crates/kvtier-store/src/stats.rs``), each field
+    a read-only attribute (``crates/kvtier-py/src/reports.rs``)."""
+
+    lookups: int
+    hit_blocks: int
+    miss_blocks: int
+    put_blocks: int
+    put_bytes: int
+    loaded_blocks: int
+    loaded_bytes: int
+    evictions: int
+    rejected_puts: int
+    checksum_failures: int
+    leases_active: int
+    leases_expired: int
+    #: Blocks DRAM gave up that are now in the SSD tier (written there, or already there).
+    demoted_blocks: int
+    #: Blocks DRAM gave up without writing them to SSD (fewer accesses than ``ssd.admission_k``).
+    admission_skipped: int
+    #: Blocks DRAM gave up that the SSD tier refused (full of leased blocks, or an I/O error).
+    demotion_failed: int
+    #: Blocks loaded from SSD and copied into DRAM.
+    promoted_blocks: int
+    #: Blocks written to SSD at put time (``ssd.write_through``).
+    written_through: int
+    #: Blocks DRAM evicted without trying SSD (after a put's bounded demotion rounds).
+    dropped_evictions: int
+    #: Blocks written to the remote tier (write-through, or write-back from DRAM), or already there.
+    remote_written: int
+    #: Blocks the remote tier did not take (server down or failing); the put still succeeded.
+    remote_write_failed: int
+    #: Leased blocks gone when loaded (a remote server dropped them, or is down): misses.
+    load_missing: int
+    #: Blocks the SSD codec (``ssd.codec``) encoded as they were written, their raw bytes and the
+    #: bytes stored (object header + codec payload); blocks stored raw because the codec refused
+    #: them (NaN/inf for ``quant``) or they would not shrink.
+    ssd_encoded_blocks: int
+    ssd_encoded_bytes_before: int
+    ssd_encoded_bytes_after: int
+    ssd_encode_fallbacks: int
+    #: The same for the remote tier (``remote.codec``).
+    remote_encoded_blocks: int
+    remote_encoded_bytes_before: int
+    remote_encoded_bytes_after: int
+    remote_encode_fallbacks: int
+    #: Stored codec objects (SSD or remote) that passed their tier's checksum but failed to decode
+    #: (unknown codec id, corrupt codec payload): each a miss, dropped from its tier, also counted
+    #: in ``checksum_failures``.
+    decode_failures: int
+    #: Summed over tiers (a block in DRAM and in SSD counts in both); see :meth:`Store.tier_stats`.
+    objects: int
+    used_bytes: int
+    capacity_bytes: int
+    def as_dict(self) -> dict[str, int]: ...
+
+class TierStats:
+    """Counters and gauges of one tier (``Store.tier_stats()``): the Rust ``TierStats``
+    (``crates/kvtier-core/src/tier.rs``), as :class:`StoreStats`."""
+
+    objects: int
+    pinned_objects: int
+    doomed_objects: int
+    used_bytes: int
+    capacity_bytes: int
+    stored: int
+    evictions: int
+    rejected: int
+    checksum_failures: int
+    def as_dict(self) -> dict[str, int]: ...
+
 class CoreGeometry:
     def __init__(
         self,
@@ -138,28 +209,16 @@ class Store:
     def lookup(self, namespace_hash: bytes, keys: bytes) -> tuple[int, list[str]]: ...
     def lease(self, namespace_hash: bytes, keys: bytes) -> tuple[int, int, list[str]]: ...
     def load(self, lease_id: int, out: Any, count: int) -> tuple[int, int]: ...
+    # `pool`: a kvtier.layout.PagedPool (its regions, layer_regions and num_blocks are read).
     def put_from_pool(
-        self,
-        namespace_hash: bytes,
-        keys: bytes,
-        regions: list[Any],
-        layer_regions: list[int],
-        num_blocks: int,
-        block_ids: Any,
+        self, namespace_hash: bytes, keys: bytes, pool: Any, block_ids: Any
     ) -> tuple[int, int, int, int, int, int, int]: ...
     def load_into_pool(
-        self,
-        lease_id: int,
-        first: int,
-        regions: list[Any],
-        layer_regions: list[int],
-        num_blocks: int,
-        block_ids: Any,
-        progress: LayerProgress | None = None,
+        self, lease_id: int, first: int, pool: Any, block_ids: Any, progress: LayerProgress | None = None
     ) -> tuple[int, list[int], int]: ...
     def release(self, lease_id: int) -> None: ...
-    def stats(self) -> dict[str, int]: ...
-    def tier_stats(self) -> dict[str, dict[str, int]]: ...
+    def stats(self) -> StoreStats: ...
+    def tier_stats(self) -> dict[str, TierStats]: ...
     def ssd_metrics(self) -> SsdMetrics | None: ...
     def remote_metrics(self) -> RemoteMetrics | None: ...
     def flush(self) -> None: ...
@@ -220,30 +279,11 @@ def codec_decoded_len(codec_id: int, payload: Any) -> int: ...
 def codec_decode(codec_id: int, payload: Any, out: Any) -> int: ...
 
 class TransferEngine:
-    def __init__(
-        self,
-        store: Store,
-        chunk_blocks: int,
-        buffer_chunks: int,
-        stage_workers: tuple[int, int, int, int],
-        store_workers: int,
-        jobs_in_flight_max: int,
-        inflight_bytes_max: int,
-        job_blocks_max: int,
-        allocate_per_chunk: bool = False,
-    ) -> None: ...
+    def __init__(self, store: Store, config: dict[str, Any]) -> None: ...
     def submit(
         self, load: bool, keys: bytes, pool: Any, block_ids: bytes, num_blocks: int | None = None
     ) -> int: ...
-    def submit_paged(
-        self,
-        load: bool,
-        keys: bytes,
-        regions: list[Any],
-        layer_regions: list[int],
-        num_blocks: int,
-        block_ids: bytes,
-    ) -> int: ...
+    def submit_paged(self, load: bool, keys: bytes, pool: Any, block_ids: bytes) -> int: ...
     def finished(self) -> list[tuple[int, str, list[str], bool, int, float]]: ...
     def wait(self, ids: list[int]) -> list[tuple[int, str, list[str], bool, int, float]]: ...
     def wait_layer(self, id: int, layer: int) -> None: ...
@@ -282,3 +322,5 @@ def balanced_stage_workers(
 ) -> list[int]: ...
 
 __version__: str
+#: The store's tier names, fastest first (``Lookup.tiers``, ``tier_stats()``); ``kvtier.tiers`` maps them.
+STORE_TIERS: tuple[str, ...]

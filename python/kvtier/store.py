@@ -97,73 +97,13 @@ class PoolLoadReport:
 LayerProgress = _core.LayerProgress
 
 
-@dataclass(frozen=True)
-class StoreStats:
-    lookups: int
-    hit_blocks: int
-    miss_blocks: int
-    put_blocks: int
-    put_bytes: int
-    loaded_blocks: int
-    loaded_bytes: int
-    evictions: int
-    rejected_puts: int
-    checksum_failures: int
-    leases_active: int
-    leases_expired: int
-    #: Blocks DRAM gave up that are now in the SSD tier (written there, or already there).
-    demoted_blocks: int
-    #: Blocks DRAM gave up without writing them to SSD (fewer accesses than ``ssd.admission_k``).
-    admission_skipped: int
-    #: Blocks DRAM gave up that the SSD tier refused (full of leased blocks, or an I/O error).
-    demotion_failed: int
-    #: Blocks loaded from SSD and copied into DRAM.
-    promoted_blocks: int
-    #: Blocks written to SSD at put time (``ssd.write_through``).
-    written_through: int
-    #: Blocks DRAM evicted without trying SSD (after a put's bounded demotion rounds).
-    dropped_evictions: int
-    #: Blocks written to the remote tier (write-through, or write-back from DRAM), or already there.
-    remote_written: int
-    #: Blocks the remote tier did not take (server down or failing); the put still succeeded.
-    remote_write_failed: int
-    #: Leased blocks gone when loaded (a remote server dropped them, or is down): misses.
-    load_missing: int
-    #: Blocks the SSD codec (``ssd.codec``) encoded as they were written, their raw bytes and the
-    #: bytes stored (object header + codec payload); blocks stored raw because the codec refused
-    #: them (NaN/inf for ``quant``) or they would not shrink.
-    ssd_encoded_blocks: int
-    ssd_encoded_bytes_before: int
-    ssd_encoded_bytes_after: int
-    ssd_encode_fallbacks: int
-    #: The same for the remote tier (``remote.codec``).
-    remote_encoded_blocks: int
-    remote_encoded_bytes_before: int
-    remote_encoded_bytes_after: int
-    remote_encode_fallbacks: int
-    #: Stored codec objects (SSD or remote) that passed their tier's checksum but failed to decode
-    #: (unknown codec id, corrupt codec payload): each a miss, dropped from its tier, also counted
-    #: in ``checksum_failures``.
-    decode_failures: int
-    #: Summed over tiers (a block in DRAM and in SSD counts in both); see :meth:`Store.tier_stats`.
-    objects: int
-    used_bytes: int
-    capacity_bytes: int
+#: The store's counters and gauges (:meth:`Store.stats`): a frozen class made in Rust from the
+#: Rust ``StoreStats``'s one field list, each field a read-only ``int`` attribute (``_core.pyi``
+#: lists and documents them), ``as_dict()`` a dict of them.
+StoreStats = _core.StoreStats
 
-
-@dataclass(frozen=True)
-class TierStats:
-    """Counters and gauges of one tier."""
-
-    objects: int
-    pinned_objects: int
-    doomed_objects: int
-    used_bytes: int
-    capacity_bytes: int
-    stored: int
-    evictions: int
-    rejected: int
-    checksum_failures: int
+#: Counters and gauges of one tier (:meth:`Store.tier_stats`), made as :data:`StoreStats` is.
+TierStats = _core.TierStats
 
 
 def _release_quietly(core: _core.Store, lease_id: int) -> None:
@@ -340,11 +280,7 @@ class Store:
         ids = _block_ids(block_ids, pool.num_blocks)
         if ids.size != len(keys):
             raise BufferError(f"{len(keys)} keys but {ids.size} block ids; expected one block per key")
-        return PutReport._from_core(
-            self._core.put_from_pool(
-                keys.namespace_hash, keys.raw, pool.regions, pool.layer_regions, pool.num_blocks, ids
-            )
-        )
+        return PutReport._from_core(self._core.put_from_pool(keys.namespace_hash, keys.raw, pool, ids))
 
     def lookup(self, keys: BlockKeys) -> Lookup:
         """Longest consecutive prefix of ``keys`` present, with its tiers. Pins nothing."""
@@ -416,17 +352,15 @@ class Store:
             raise LeaseError(
                 f"asked to load blocks {first}..{first + ids.size}; lease {lease.id} holds {lease.hit_blocks}"
             )
-        loaded, failed, failures = self._core.load_into_pool(
-            lease.id, first, pool.regions, pool.layer_regions, pool.num_blocks, ids, progress
-        )
+        loaded, failed, failures = self._core.load_into_pool(lease.id, first, pool, ids, progress)
         return PoolLoadReport(loaded, tuple(failed), failures)
 
     def stats(self) -> StoreStats:
-        return StoreStats(**self._core.stats())
+        return self._core.stats()
 
     def tier_stats(self) -> dict[str, TierStats]:
         """Each tier's counters, by tier name (``"dram"``, ``"ssd"``), fastest first."""
-        return {name: TierStats(**values) for name, values in self._core.tier_stats().items()}
+        return self._core.tier_stats()
 
     def ssd_metrics(self) -> SsdMetrics | None:
         """The SSD pool's metrics (JSON-ready), or ``None`` without an SSD tier.

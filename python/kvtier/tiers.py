@@ -52,5 +52,6 @@ class Tier(IntEnum):
         return tier
 
 
-#: The store's names for its tiers (kvtier-py reports host memory as ``"dram"``).
+#: The store's names for its tiers (``kvtier._core.STORE_TIERS``, from Rust's ``TierKind``; host
+#: memory is ``"dram"`` there): the one place they are mapped (tests/test_tiers.py checks it).
 _STORE_NAMES = {"dram": Tier.HOST, "ssd": Tier.SSD, "remote": Tier.REMOTE}

@@ -22,7 +22,7 @@ blocks of a job in flight.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -177,18 +177,7 @@ class TransferEngine:
         self.config = config or TransferConfig()
         self.store = store
         self.geometry: Geometry = store.config.geometry
-        c = self.config
-        self._core = _core.TransferEngine(
-            store._core,
-            c.chunk_blocks,
-            c.buffer_chunks,
-            c.stage_workers,
-            c.store_workers,
-            c.jobs_in_flight_max,
-            c.inflight_bytes_max,
-            c.job_blocks_max,
-            c.allocate_per_chunk,
-        )
+        self._core = _core.TransferEngine(store._core, asdict(self.config))
         if store.config.metrics_port is not None:  # its stage statistics join the store's metrics
             from kvtier.metrics import watch_engine
 
@@ -207,8 +196,7 @@ class TransferEngine:
     def _submit(self, load: bool, keys: BlockKeys, pool: np.ndarray | PagedPool, block_ids: bytes) -> int:
         if isinstance(pool, PagedPool):
             self._check_keys(keys)
-            regions, layers = pool.regions, pool.layer_regions
-            return int(self._core.submit_paged(load, keys.raw, regions, layers, pool.num_blocks, block_ids))
+            return int(self._core.submit_paged(load, keys.raw, pool, block_ids))
         n = self._check(keys, pool)
         return int(self._core.submit(load, keys.raw, pool, block_ids, n))
 

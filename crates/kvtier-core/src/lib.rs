@@ -6,7 +6,7 @@
 //! - [`layout`]: `LayerFirst` paged pools and `BlockFirst` objects, and the batched copies between them.
 //! - [`copy`]: bulk copies at memory speed whatever the buffers' alignment (streaming stores).
 //! - [`paged`]: an engine's paged pool as regions, for copies straight between store and engine.
-//! - [`counters`]: snapshot structs of `u64` counters, declared once with their (name, value) list.
+//! - [`fields`]: report structs (counters, gauges, labels), declared once with their (name, value) list.
 //! - [`parallel`]: the bounded worker pool that runs large copies.
 //!
 //! Invariants: a block key never collides across namespaces by construction (the namespace hash
@@ -14,8 +14,8 @@
 
 pub mod checksum;
 pub mod copy;
-pub mod counters;
 pub mod error;
+pub mod fields;
 pub mod geometry;
 pub mod keys;
 pub mod layout;
@@ -24,8 +24,8 @@ pub mod paged;
 pub mod parallel;
 pub mod tier;
 
-pub use counters::Counters;
 pub use error::{GeometryError, KeyError, LayoutError, ObjectError};
+pub use fields::Fields;
 pub use geometry::{Dtype, ExtraGroup, Geometry};
 pub use keys::{block_keys, BlockKey, Namespace};
 pub use object::{ObjectHeader, OBJECT_HEADER_BYTES};

@@ -133,7 +133,20 @@ pub enum ReadOutcome {
     Missing,
 }
 
-crate::counters! {
+impl ReadOutcome {
+    /// The outcome's name in reports (`"loaded"`, `"corrupt"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadOutcome::Loaded => "loaded",
+            ReadOutcome::Corrupt => "corrupt",
+            ReadOutcome::CorruptKnown => "corrupt_known",
+            ReadOutcome::NotPinned => "not_pinned",
+            ReadOutcome::Missing => "missing",
+        }
+    }
+}
+
+crate::fields! {
     /// Counters and gauges of one tier.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct TierStats {

@@ -12,8 +12,8 @@ use kvtier_pool::ssd::baseline;
 use kvtier_remote::pipeline::{GetItem, HeaderSpec, Res, SetItem};
 use kvtier_remote::RemoteTier;
 
-use crate::blocks::{block_buffers, split_mut, split_ref};
-use crate::buffer::{ensure_disjoint, Buffer, Format};
+use crate::blocks::{read_blocks, write_blocks};
+use crate::buffer::{Buffer, Format};
 use crate::errors::kvtier_error;
 
 /// Seconds of a raw sequential O_DIRECT loop over `path` (see `kvtier_pool::ssd::baseline`).
@@ -92,13 +92,11 @@ pub fn raw_set(
     values: &Bound<'_, PyAny>,
     value_bytes: usize,
 ) -> PyResult<Vec<&'static str>> {
-    let bufs = block_buffers(values, "values", false)?;
-    // SAFETY: live buffers, only read.
-    let slices = unsafe { split_ref(&bufs, names.len(), value_bytes, "values")? };
-    let items: Vec<SetItem<'_>> =
-        slices.iter().map(|v| SetItem { header: HeaderSpec::None, payload: v }).collect();
-    let names = name_refs(names);
-    let r = py.allow_threads(|| tier.client().set(&names, &items, false));
+    let r = read_blocks(values, "values", names.len(), value_bytes, |values| {
+        let items: Vec<SetItem<'_>> =
+            values.iter().map(|v| SetItem { header: HeaderSpec::None, payload: v }).collect();
+        py.allow_threads(|| tier.client().set(&name_refs(names), &items, false))
+    })?;
     Ok(r.into_iter().map(res_name).collect())
 }
 
@@ -111,18 +109,11 @@ pub fn raw_get(
     out: &Bound<'_, PyAny>,
     value_bytes: usize,
 ) -> PyResult<Vec<&'static str>> {
-    let bufs = block_buffers(out, "out", true)?;
-    for (i, a) in bufs.iter().enumerate() {
-        for b in &bufs[i + 1..] {
-            ensure_disjoint(a, b)?;
-        }
-    }
-    // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
-    let dst = unsafe { split_mut(&bufs, names.len(), value_bytes, "out")? };
-    let items: Vec<GetItem<'_>> =
-        dst.into_iter().map(|d| GetItem { with_header: false, header: [0u8; 64], dst: d }).collect();
-    let names = name_refs(names);
-    let (r, _) = py.allow_threads(|| tier.client().get(&names, items));
+    let r = write_blocks(out, "out", names.len(), value_bytes, |dst| {
+        let items: Vec<GetItem<'_>> =
+            dst.iter_mut().map(|d| GetItem { with_header: false, header: [0u8; 64], dst: d }).collect();
+        py.allow_threads(|| tier.client().get(&name_refs(names), items).0)
+    })?;
     Ok(r.into_iter().map(res_name).collect())
 }
 

@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::buffer::{Buffer, Format};
+use crate::buffer::{ensure_all_disjoint, Buffer, Format};
 use crate::errors::buffer_error;
 
 /// A 16-byte little-endian id (a namespace hash, a key) from a caller's bytes.
@@ -25,20 +25,22 @@ pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
 }
 
 /// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
-/// per block. (Other sequences are not taken apart here: a numpy array is a sequence too. The
-/// Python wrapper turns any sequence of blocks into a list.)
-pub(crate) fn block_buffers(
-    obj: &Bound<'_, PyAny>,
-    what: &'static str,
-    writable: bool,
-) -> PyResult<Vec<Buffer>> {
-    if let Ok(list) = obj.downcast::<PyList>() {
-        return list.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
+/// per block; `writable` ones are checked pairwise disjoint too (as [`split_mut`] needs). (Other
+/// sequences are not taken apart here: a numpy array is a sequence too. The Python wrapper turns
+/// any sequence of blocks into a list.)
+fn block_buffers(obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Vec<Buffer>> {
+    let get = |item: &Bound<'_, PyAny>| Buffer::get(item, what, writable, Format::Bytes);
+    let bufs = if let Ok(list) = obj.downcast::<PyList>() {
+        list.iter().map(|item| get(&item)).collect::<PyResult<Vec<_>>>()?
+    } else if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        tuple.iter().map(|item| get(&item)).collect::<PyResult<Vec<_>>>()?
+    } else {
+        vec![get(obj)?]
+    };
+    if writable {
+        ensure_all_disjoint(&bufs)?;
     }
-    if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return tuple.iter().map(|item| Buffer::get(&item, what, writable, Format::Bytes)).collect();
-    }
-    Ok(vec![Buffer::get(obj, what, writable, Format::Bytes)?])
+    Ok(bufs)
 }
 
 fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {
@@ -64,41 +66,43 @@ fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -
     Ok(())
 }
 
-/// Splits buffers into `count` read-only block slices of `block_bytes` each.
-///
-/// # Safety
-/// The buffers must be live and not written while the slices are alive.
-pub(crate) unsafe fn split_ref<'a>(
-    bufs: &'a [Buffer],
+/// Runs `f` over `count` read-only blocks of `block_bytes` from `obj` ([`block_buffers`], sizes
+/// checked); the buffers are held until it returns.
+pub(crate) fn read_blocks<R>(
+    obj: &Bound<'_, PyAny>,
+    what: &'static str,
     count: usize,
     block_bytes: usize,
-    what: &str,
-) -> PyResult<Vec<&'a [u8]>> {
-    check_blocks(bufs, count, block_bytes, what)?;
-    // SAFETY: the caller keeps the buffers live and unwritten while the slices are alive.
-    Ok(bufs
+    f: impl FnOnce(&[&[u8]]) -> R,
+) -> PyResult<R> {
+    let bufs = block_buffers(obj, what, false)?;
+    check_blocks(&bufs, count, block_bytes, what)?;
+    let blocks: Vec<&[u8]> = bufs
         .iter()
         .filter(|b| b.len() > 0)
+        // SAFETY: the buffers are live until `f` returns, and kvtier only reads them.
         .flat_map(|b| unsafe { b.as_slice() }.chunks_exact(block_bytes))
-        .collect())
+        .collect();
+    Ok(f(&blocks))
 }
 
-/// Splits buffers into `count` writable block slices of `block_bytes` each.
-///
-/// # Safety
-/// The buffers must be live, acquired writable, pairwise disjoint and not otherwise viewed.
-#[allow(clippy::mut_from_ref)]
-pub(crate) unsafe fn split_mut<'a>(
-    bufs: &'a [Buffer],
+/// Runs `f` over `count` writable blocks of `block_bytes` from `obj` ([`block_buffers`]: sizes
+/// checked, writable, pairwise disjoint); the buffers are held until it returns.
+pub(crate) fn write_blocks<R>(
+    obj: &Bound<'_, PyAny>,
+    what: &'static str,
     count: usize,
     block_bytes: usize,
-    what: &str,
-) -> PyResult<Vec<&'a mut [u8]>> {
-    check_blocks(bufs, count, block_bytes, what)?;
-    Ok(bufs
+    f: impl FnOnce(&mut [&mut [u8]]) -> R,
+) -> PyResult<R> {
+    let bufs = block_buffers(obj, what, true)?;
+    check_blocks(&bufs, count, block_bytes, what)?;
+    let mut blocks: Vec<&mut [u8]> = bufs
         .iter()
         .filter(|b| b.len() > 0)
-        // SAFETY: the caller's buffers are live, writable, disjoint and not otherwise viewed.
+        // SAFETY: writable buffers, live until `f` returns, pairwise disjoint (checked by
+        // `block_buffers`): these slices are their only views.
         .flat_map(|b| unsafe { b.as_mut_slice() }.chunks_exact_mut(block_bytes))
-        .collect())
+        .collect();
+    Ok(f(&mut blocks))
 }

@@ -198,3 +198,13 @@ pub fn ensure_disjoint(a: &Buffer, b: &Buffer) -> PyResult<()> {
     }
     Ok(())
 }
+
+/// Errors if any two of `bufs` overlap (a writable view must be the only view of its bytes).
+pub fn ensure_all_disjoint(bufs: &[Buffer]) -> PyResult<()> {
+    for (i, a) in bufs.iter().enumerate() {
+        for b in &bufs[i + 1..] {
+            ensure_disjoint(a, b)?;
+        }
+    }
+    Ok(())
+}

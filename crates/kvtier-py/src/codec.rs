@@ -3,7 +3,7 @@
 //! `KvtierError`), or its subclass `NonFiniteError` for NaN/inf given to `quant`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyType};
+use pyo3::types::PyBytes;
 
 use kvtier_codec::lossless::LosslessCodec;
 use kvtier_codec::quant::{QuantCodec, QuantConfig};
@@ -11,22 +11,14 @@ use kvtier_codec::streams::{Backend, Stage};
 use kvtier_codec::{Codec, CodecError};
 
 use crate::buffer::{ensure_disjoint, Buffer, Format};
+use crate::errors::error_in;
 
 fn codec_err(e: CodecError) -> PyErr {
     let class = match e {
         CodecError::NonFinite { .. } => "NonFiniteError",
         _ => "CodecError",
     };
-    Python::with_gil(|py| {
-        let cls = py
-            .import("kvtier.codec")
-            .and_then(|m| m.getattr(class))
-            .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
-        match cls {
-            Ok(cls) => PyErr::from_type(cls, e.to_string()),
-            Err(err) => err,
-        }
-    })
+    error_in("kvtier.codec", class, e.to_string())
 }
 
 fn stage(backend: &str, level: Option<i8>) -> PyResult<Stage> {

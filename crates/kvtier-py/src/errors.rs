@@ -6,11 +6,11 @@ use pyo3::types::{PyDict, PyType};
 
 use kvtier_core::{GeometryError, KeyError, LayoutError, ObjectError};
 
-/// Builds an instance of `kvtier.errors.<class_name>` with `msg`.
-pub fn kvtier_error(class_name: &str, msg: String) -> PyErr {
+/// Builds an instance of `<module>.<class_name>` (a Python class under `KvtierError`) with `msg`.
+pub fn error_in(module: &str, class_name: &str, msg: String) -> PyErr {
     Python::with_gil(|py| {
         let cls = py
-            .import("kvtier.errors")
+            .import(module)
             .and_then(|m| m.getattr(class_name))
             .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
         match cls {
@@ -18,6 +18,11 @@ pub fn kvtier_error(class_name: &str, msg: String) -> PyErr {
             Err(e) => e,
         }
     })
+}
+
+/// Builds an instance of `kvtier.errors.<class_name>` with `msg`.
+pub fn kvtier_error(class_name: &str, msg: String) -> PyErr {
+    error_in("kvtier.errors", class_name, msg)
 }
 
 pub fn buffer_error(msg: String) -> PyErr {
@@ -60,3 +65,19 @@ pub(crate) fn item<'py, T: FromPyObject<'py>>(
         _ => Ok(None),
     }
 }
+
+/// For each `key` present in the mapping `d` (and not None), sets `c.key` (or `c.field`, written
+/// `key => field`) to its value; a value of the wrong type is a ConfigError naming
+/// `<prefix><key>` (`prefix` the section's path, e.g. `"ssd."`).
+macro_rules! set_present {
+    ($d:expr, $prefix:literal, $c:ident { $($key:ident $(=> $field:ident)?),+ $(,)? }) => {
+        $(
+            if let Some(v) = $crate::errors::item($d, stringify!($key), concat!($prefix, stringify!($key)))? {
+                set_present!(@field $c, $key $(, $field)?) = v;
+            }
+        )+
+    };
+    (@field $c:ident, $key:ident) => { $c.$key };
+    (@field $c:ident, $key:ident, $field:ident) => { $c.$field };
+}
+pub(crate) use set_present;

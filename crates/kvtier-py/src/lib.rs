@@ -9,12 +9,12 @@ mod baselines;
 mod blocks;
 mod buffer;
 mod codec;
-mod dicts;
 mod errors;
 mod geometry;
 mod layout;
 mod paged;
 mod remote;
+mod reports;
 mod ssd;
 mod store;
 mod store_config;
@@ -25,6 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use kvtier_core::object::{decode_object as core_decode, encode_object as core_encode, CODEC_RAW};
+use kvtier_core::tier::TierKind;
 
 use crate::blocks::u128_from;
 use crate::buffer::{ensure_disjoint, Buffer, Format};
@@ -44,10 +45,7 @@ fn block_keys<'py>(
     let ids = tokens::token_ids(tokens)?;
     let keys =
         py.allow_threads(|| kvtier_core::block_keys(ns, &ids, block_tokens, extra)).map_err(key_err)?;
-    let mut raw = Vec::with_capacity(keys.len() * 16);
-    for k in keys {
-        raw.extend_from_slice(&k.to_le_bytes());
-    }
+    let raw: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
     Ok(PyBytes::new(py, &raw))
 }
 
@@ -114,9 +112,12 @@ fn checksum(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The store's tier names, fastest first (`Lookup.tiers`, `tier_stats()`): kvtier.tiers maps them.
+    m.add("STORE_TIERS", [TierKind::Dram, TierKind::Ssd, TierKind::Remote].map(|k| k.name()))?;
     m.add_class::<geometry::CoreGeometry>()?;
     m.add_class::<layout::Copier>()?;
     m.add_class::<store::Store>()?;
+    reports::register(m)?;
     m.add_class::<paged::LayerProgress>()?;
     transfer::register(m)?;
     codec::register(m)?;

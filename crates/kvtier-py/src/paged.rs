@@ -8,17 +8,21 @@ use pyo3::prelude::*;
 
 use kvtier_core::paged::PagedPool;
 
-use crate::buffer::{ensure_disjoint, Buffer, Format};
+use crate::buffer::{ensure_all_disjoint, Buffer, Format};
 use crate::errors::{buffer_error, layout_err};
 
-/// The regions of a paged pool (`num_blocks` rows each; see `kvtier_core::paged`), checked
-/// writable, plain bytes, a whole number of rows and pairwise disjoint. The buffers are returned
-/// with the pool: keep them alive (they hold the exporters' views) while the pool is used.
-pub(crate) fn paged_pool(
-    regions: &[Bound<'_, PyAny>],
-    layer_regions: &[usize],
-    num_blocks: usize,
-) -> PyResult<(Vec<Buffer>, PagedPool)> {
+/// A `kvtier.layout.PagedPool` (its `regions`, `num_blocks` rows each, `layer_regions` and
+/// `num_blocks`; see `kvtier_core::paged`), every region checked writable, plain bytes, a whole
+/// number of rows and pairwise disjoint. The buffers are returned with the pool: keep them alive
+/// (they hold the exporters' views) while the pool is used.
+pub(crate) fn paged_pool(pool: &Bound<'_, PyAny>) -> PyResult<(Vec<Buffer>, PagedPool)> {
+    let attr = |name: &str| {
+        pool.getattr(name)
+            .map_err(|_| buffer_error(format!("pool has no `{name}`; expected a kvtier.layout.PagedPool")))
+    };
+    let regions: Vec<Bound<'_, PyAny>> = attr("regions")?.extract()?;
+    let layer_regions: Vec<usize> = attr("layer_regions")?.extract()?;
+    let num_blocks: usize = attr("num_blocks")?.extract()?;
     let bufs: Vec<Buffer> = regions
         .iter()
         .map(|r| Buffer::get(r, "pool region", true, Format::Bytes))
@@ -30,15 +34,13 @@ pub(crate) fn paged_pool(
                 a.len()
             )));
         }
-        for b in &bufs[i + 1..] {
-            ensure_disjoint(a, b)?;
-        }
     }
+    ensure_all_disjoint(&bufs)?;
     let parts: Vec<(*mut u8, usize)> = bufs.iter().map(|b| (b.ptr(), b.len() / num_blocks)).collect();
     // SAFETY: each region is a live writable buffer of `num_blocks * block_len` bytes (checked),
     // the regions are disjoint (checked), and the returned buffers keep the views alive for as
     // long as the caller keeps them with the pool.
-    let pool = unsafe { PagedPool::from_regions(&parts, layer_regions, num_blocks) }.map_err(layout_err)?;
+    let pool = unsafe { PagedPool::from_regions(&parts, &layer_regions, num_blocks) }.map_err(layout_err)?;
     Ok((bufs, pool))
 }
 

@@ -9,13 +9,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use kvtier_pool::{ReadOutcome, Tier};
-use kvtier_remote::{OpMetrics, RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
+use kvtier_remote::{RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
 use kvtier_store::RemoteStoreConfig;
 
-use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
-use crate::buffer::ensure_disjoint;
-use crate::dicts::add_counters;
-use crate::errors::{config_error, item, kvtier_error};
+use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
+use crate::errors::{config_error, item, kvtier_error, set_present};
+use crate::reports::{add_fields, fields_dict};
 
 /// The `remote` section's `key` (`None` when absent or None); errors name `remote.<key>`.
 fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
@@ -43,12 +42,7 @@ pub fn check_url(url: &str) -> PyResult<()> {
 /// The client settings of a `remote` options dict (keys as `StoreConfig.remote_options()` writes).
 pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
     let mut c = RemoteConfig::default();
-    if let Some(v) = get::<Vec<String>>(d, "urls")? {
-        c.urls = v;
-    }
-    if let Some(v) = get(d, "cluster")? {
-        c.cluster = v;
-    }
+    set_present!(d, "remote.", c { urls, cluster, inflight_bytes_max, connections_per_node_max, key_prefix });
     c.username = get(d, "username")?;
     c.password = get(d, "password")?;
     if let Some(v) = get::<f64>(d, "ttl_s")? {
@@ -64,15 +58,6 @@ pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
             *field = seconds(name, v)?;
         }
     }
-    if let Some(v) = get(d, "inflight_bytes_max")? {
-        c.inflight_bytes_max = v;
-    }
-    if let Some(v) = get(d, "connections_per_node_max")? {
-        c.connections_per_node_max = v;
-    }
-    if let Some(v) = get(d, "key_prefix")? {
-        c.key_prefix = v;
-    }
     if let Some(t) = d.get_item("tls")?.filter(|t| !t.is_none()) {
         let t = t.downcast::<PyDict>()?;
         c.tls = Some(TlsConfig {
@@ -87,44 +72,18 @@ pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
 
 pub fn store_remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteStoreConfig> {
     let mut c = RemoteStoreConfig::new(remote_config(d)?);
-    if let Some(v) = get(d, "write_through")? {
-        c.write_through = v;
-    }
-    if let Some(v) = get(d, "promote_on_hit")? {
-        c.promote_on_hit = v;
-    }
+    set_present!(d, "remote.", c { write_through, promote_on_hit });
     Ok(c)
-}
-
-fn op_dict<'py>(py: Python<'py>, m: &OpMetrics) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("batches", m.batches)?;
-    d.set_item("keys", m.keys)?;
-    d.set_item("bytes", m.bytes)?;
-    d.set_item("errors", m.errors)?;
-    d.set_item("latency_p50_s", m.latency_p50_s)?;
-    d.set_item("latency_p99_s", m.latency_p99_s)?;
-    Ok(d)
 }
 
 /// The remote tier's metrics as nested dicts (JSON-ready).
 pub fn metrics_dict<'py>(py: Python<'py>, m: &RemoteMetrics) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (name, op) in [("exists", &m.exists), ("get", &m.get), ("set", &m.set), ("del", &m.del)] {
-        d.set_item(name, op_dict(py, op)?)?;
+        d.set_item(name, fields_dict(py, op)?)?;
     }
-    add_counters(&d, m)?;
+    add_fields(&d, m)?;
     Ok(d)
-}
-
-fn outcome_name(o: ReadOutcome) -> &'static str {
-    match o {
-        ReadOutcome::Loaded => "loaded",
-        ReadOutcome::Corrupt => "corrupt",
-        ReadOutcome::CorruptKnown => "corrupt_known",
-        ReadOutcome::NotPinned => "not_pinned",
-        ReadOutcome::Missing => "missing",
-    }
 }
 
 /// The remote tier alone, for one namespace.
@@ -161,10 +120,9 @@ impl RemotePool {
         block_bytes: usize,
     ) -> PyResult<(usize, usize, usize)> {
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(objects, "objects", false)?;
-        // SAFETY: live buffers, only read.
-        let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
-        let r = py.allow_threads(|| self.tier.put(self.namespace, &keys, &objects));
+        let r = read_blocks(objects, "objects", keys.len(), block_bytes, |objects| {
+            py.allow_threads(|| self.tier.put(self.namespace, &keys, objects))
+        })?;
         Ok((r.stored, r.already_present, r.rejected))
     }
 
@@ -177,16 +135,10 @@ impl RemotePool {
         block_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(out, "out", true)?;
-        for (i, a) in bufs.iter().enumerate() {
-            for b in &bufs[i + 1..] {
-                ensure_disjoint(a, b)?;
-            }
-        }
-        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
-        let mut dst = unsafe { split_mut(&bufs, keys.len(), block_bytes, "out")? };
-        let outcomes = py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys, &mut dst));
-        Ok(outcomes.into_iter().map(outcome_name).collect())
+        let outcomes = write_blocks(out, "out", keys.len(), block_bytes, |dst| {
+            py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys, dst))
+        })?;
+        Ok(outcomes.into_iter().map(ReadOutcome::name).collect())
     }
 
     /// Which keys exist: True, False, or None (server down).

@@ -12,9 +12,9 @@ use kvtier_pool::ssd::{placement, SsdMetrics};
 use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, SsdConfig, SsdTier, Tier};
 use kvtier_store::SsdStoreConfig;
 
-use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
-use crate::dicts::add_counters;
-use crate::errors::{config_error, item, kvtier_error};
+use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
+use crate::errors::{config_error, item, kvtier_error, set_present};
+use crate::reports::{add_fields, fields_dict};
 
 /// The `ssd` section's `key` (`None` when absent or None); errors name `ssd.<key>`.
 fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
@@ -40,104 +40,47 @@ pub fn pool_config(d: &Bound<'_, PyDict>) -> PyResult<SsdConfig> {
     if let Some(devices) = get::<Vec<String>>(d, "devices")? {
         c.devices = devices.into_iter().map(PathBuf::from).collect();
     }
-    if let Some(v) = get(d, "capacity_bytes")? {
-        c.capacity_bytes = v;
-    }
     c.durability = parse(get(d, "durability")?, Durability::parse, c.durability)?;
     c.placement = parse(get(d, "placement")?, Placement::parse, c.placement)?;
     c.io_engine = parse(get(d, "io_engine")?, IoEngineKind::parse, c.io_engine)?;
     c.bandwidth_bytes_per_s = get(d, "bandwidth_bytes_per_s")?;
     c.throttle_bytes_per_s = get(d, "throttle_bytes_per_s")?;
-    if let Some(v) = get(d, "io_depth")? {
-        c.io_depth = v;
-    }
-    if let Some(v) = get(d, "probe_bytes")? {
-        c.probe_bytes = v;
-    }
-    if let Some(v) = get(d, "direct_io")? {
-        c.direct_io = v;
-    }
-    if let Some(v) = get(d, "min_object_bytes")? {
-        c.min_object_bytes = v;
-    }
-    if let Some(v) = get(d, "compact_min_records")? {
-        c.compact_min_records = v;
-    }
-    if let Some(v) = get(d, "format_devices")? {
-        c.format_devices = v;
-    }
+    set_present!(
+        d,
+        "ssd.",
+        c {
+            capacity_bytes,
+            io_depth,
+            probe_bytes,
+            direct_io,
+            min_object_bytes,
+            compact_min_records,
+            format_devices
+        }
+    );
     Ok(c)
 }
 
 /// The store's SSD config from the dict `kvtier.Store` passes.
 pub fn store_ssd_config(d: &Bound<'_, PyDict>) -> PyResult<SsdStoreConfig> {
     let mut c = SsdStoreConfig::new(pool_config(d)?);
-    if let Some(v) = get(d, "admission_k")? {
-        c.admission_k = v;
-    }
-    if let Some(v) = get(d, "write_through")? {
-        c.write_through = v;
-    }
-    if let Some(v) = get(d, "promote_on_hit")? {
-        c.promote_on_hit = v;
-    }
+    set_present!(d, "ssd.", c { admission_k, write_through, promote_on_hit });
     Ok(c)
 }
 
-/// The pool's metrics as nested dicts (JSON-ready).
+/// The pool's metrics as nested dicts (JSON-ready); each device's dict has its `io` fields too.
 pub fn metrics_dict<'py>(py: Python<'py>, m: &SsdMetrics) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("engine", m.engine)?;
-    d.set_item("durability", m.durability)?;
-    d.set_item("placement", m.placement)?;
-    d.set_item("bandwidth_source", &m.bandwidth_source)?;
-    add_counters(&d, m)?;
-    add_counters(&d, &m.tier)?;
-    let r = PyDict::new(py);
-    r.set_item("records", m.recovery.records)?;
-    r.set_item("recovered_objects", m.recovery.recovered_objects)?;
-    r.set_item("invalid_records", m.recovery.invalid_records)?;
-    r.set_item("overwritten_entries", m.recovery.overwritten_entries)?;
-    r.set_item("dropped_tail_bytes", m.recovery.dropped_tail_bytes)?;
-    r.set_item("seconds", m.recovery.seconds)?;
-    d.set_item("recovery", r)?;
+    let d = fields_dict(py, m)?;
+    add_fields(&d, &m.tier)?;
+    d.set_item("recovery", fields_dict(py, &m.recovery)?)?;
     let devices = PyList::empty(py);
     for dev in &m.devices {
-        let x = PyDict::new(py);
-        x.set_item("path", &dev.path)?;
-        x.set_item("direct_io", dev.direct_io)?;
-        x.set_item("block_device", dev.block_device)?;
-        x.set_item("read_bytes_per_s", dev.read_bytes_per_s)?;
-        x.set_item("write_bytes_per_s", dev.write_bytes_per_s)?;
-        x.set_item("placement_share", dev.placement_share)?;
-        x.set_item("throttle_bytes_per_s", dev.throttle_bytes_per_s)?;
-        x.set_item("objects", dev.objects)?;
-        x.set_item("used_bytes", dev.used_bytes)?;
-        x.set_item("capacity_bytes", dev.capacity_bytes)?;
-        let io = &dev.io;
-        for (k, v) in [
-            ("bytes_read", io.bytes_read),
-            ("bytes_written", io.bytes_written),
-            ("read_ops", io.read_ops),
-            ("write_ops", io.write_ops),
-            ("io_errors", io.io_errors),
-            ("queue_depth", io.queue_depth),
-            ("queue_depth_max", io.queue_depth_max),
-        ] {
-            x.set_item(k, v)?;
-        }
-        for (k, v) in [
-            ("read_p50_s", io.read_p50_s),
-            ("read_p99_s", io.read_p99_s),
-            ("write_p50_s", io.write_p50_s),
-            ("write_p99_s", io.write_p99_s),
-        ] {
-            x.set_item(k, v)?;
-        }
+        let x = fields_dict(py, dev)?;
+        add_fields(&x, &dev.io)?;
         devices.append(x)?;
     }
     d.set_item("devices", devices)?;
-    d.set_item("warnings", m.warnings.clone())?;
+    d.set_item("warnings", &m.warnings)?;
     Ok(d)
 }
 
@@ -154,17 +97,6 @@ impl SsdPool {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or_else(|| kvtier_error("StoreError", "the ssd pool is closed".into()))
-    }
-}
-
-fn outcome_name(o: Option<ReadOutcome>) -> &'static str {
-    match o {
-        None => "miss",
-        Some(ReadOutcome::Loaded) => "loaded",
-        Some(ReadOutcome::Corrupt) => "corrupt",
-        Some(ReadOutcome::CorruptKnown) => "corrupt_known",
-        Some(ReadOutcome::NotPinned) => "not_pinned",
-        Some(ReadOutcome::Missing) => "missing",
     }
 }
 
@@ -189,11 +121,10 @@ impl SsdPool {
     ) -> PyResult<(usize, usize, usize, usize)> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(objects, "objects", false)?;
-        // SAFETY: live buffers, only read.
-        let objects = unsafe { split_ref(&bufs, keys.len(), object_bytes, "objects")? };
         let tier = self.tier()?;
-        let r = py.allow_threads(|| tier.put(ns, &keys, &objects));
+        let r = read_blocks(objects, "objects", keys.len(), object_bytes, |objects| {
+            py.allow_threads(|| tier.put(ns, &keys, objects))
+        })?;
         Ok((r.stored, r.already_present, r.rejected, r.evicted))
     }
 
@@ -208,17 +139,11 @@ impl SsdPool {
     ) -> PyResult<Vec<&'static str>> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(out, "out", true)?;
-        for (i, a) in bufs.iter().enumerate() {
-            for b in &bufs[i + 1..] {
-                crate::buffer::ensure_disjoint(a, b)?;
-            }
-        }
-        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
-        let mut dst = unsafe { split_mut(&bufs, keys.len(), object_bytes, "out")? };
         let tier = self.tier()?;
-        let outcomes = py.allow_threads(|| tier.get(ns, &keys, &mut dst));
-        Ok(outcomes.into_iter().map(outcome_name).collect())
+        let outcomes = write_blocks(out, "out", keys.len(), object_bytes, |dst| {
+            py.allow_threads(|| tier.get(ns, &keys, dst))
+        })?;
+        Ok(outcomes.into_iter().map(|o| o.map_or("miss", ReadOutcome::name)).collect())
     }
 
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

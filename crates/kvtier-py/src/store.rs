@@ -6,13 +6,12 @@ use pyo3::types::PyDict;
 
 use kvtier_store::{Store as CoreStore, StoreError};
 
-use crate::blocks::{block_buffers, keys_from, split_mut, split_ref, u128_from};
-use crate::buffer::ensure_disjoint;
-use crate::dicts::counters_dict;
+use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
 use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::metrics_dict as remote_metrics_dict;
+use crate::reports::{StoreStats, TierStats};
 use crate::ssd::metrics_dict;
 use crate::store_config::store_config;
 
@@ -77,32 +76,28 @@ impl Store {
     ) -> PyResult<PutTuple> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
-        let bufs = block_buffers(objects, "objects", false)?;
-        let block_bytes = self.inner.block_bytes();
-        // SAFETY: live buffers, only read.
-        let objects = unsafe { split_ref(&bufs, keys.len(), block_bytes, "objects")? };
-        let r = py.allow_threads(|| self.inner.put(ns, &keys, &objects)).map_err(store_err)?;
+        let r = read_blocks(objects, "objects", keys.len(), self.inner.block_bytes(), |objects| {
+            py.allow_threads(|| self.inner.put(ns, &keys, objects))
+        })?
+        .map_err(store_err)?;
         Ok(put_tuple(&r))
     }
 
-    /// Stores pool blocks `block_ids` (an engine pool given as regions) under `keys`, one copy
-    /// into DRAM when DRAM is the only tier. Returns a put's [`PutTuple`].
-    #[allow(clippy::too_many_arguments)]
+    /// Stores blocks `block_ids` of an engine's `PagedPool` under `keys`, one copy into DRAM when
+    /// DRAM is the only tier. Returns a put's [`PutTuple`].
     fn put_from_pool(
         &self,
         py: Python<'_>,
         namespace_hash: &[u8],
         keys: &[u8],
-        regions: Vec<Bound<'_, PyAny>>,
-        layer_regions: Vec<usize>,
-        num_blocks: usize,
+        pool: &Bound<'_, PyAny>,
         block_ids: &Bound<'_, PyAny>,
     ) -> PyResult<PutTuple> {
         let ns = u128_from(namespace_hash, "namespace_hash")?;
         let keys = keys_from(keys)?;
         let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
-        let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let (_views, pool) = paged_pool(pool)?;
         let r = py.allow_threads(|| self.inner.put_from_pool(ns, &keys, &pool, &ids)).map_err(store_err)?;
         Ok(put_tuple(&r))
     }
@@ -141,38 +136,29 @@ impl Store {
         out: &Bound<'_, PyAny>,
         count: usize,
     ) -> PyResult<(usize, usize)> {
-        let bufs = block_buffers(out, "out", true)?;
-        for (i, a) in bufs.iter().enumerate() {
-            for b in &bufs[i + 1..] {
-                ensure_disjoint(a, b)?;
-            }
-        }
-        let block_bytes = self.inner.block_bytes();
-        // SAFETY: writable, live, pairwise-disjoint buffers; the slices are the only views.
-        let mut dst = unsafe { split_mut(&bufs, count, block_bytes, "out")? };
-        let r = py.allow_threads(|| self.inner.load(lease_id, &mut dst)).map_err(store_err)?;
+        let r = write_blocks(out, "out", count, self.inner.block_bytes(), |dst| {
+            py.allow_threads(|| self.inner.load(lease_id, dst))
+        })?
+        .map_err(store_err)?;
         Ok((r.loaded_blocks, r.checksum_failures))
     }
 
-    /// Leased blocks `first..` straight into pool blocks `block_ids` of an engine pool given as
-    /// regions (see `kvtier_core::paged`), layer by layer, advancing `progress` as each layer
-    /// lands. Returns (loaded prefix, failed positions, checksum failures).
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (lease_id, first, regions, layer_regions, num_blocks, block_ids, progress=None))]
+    /// Leased blocks `first..` straight into blocks `block_ids` of an engine's `PagedPool` (see
+    /// `kvtier_core::paged`), layer by layer, advancing `progress` as each layer lands. Returns
+    /// (loaded prefix, failed positions, checksum failures).
+    #[pyo3(signature = (lease_id, first, pool, block_ids, progress=None))]
     fn load_into_pool(
         &self,
         py: Python<'_>,
         lease_id: u64,
         first: usize,
-        regions: Vec<Bound<'_, PyAny>>,
-        layer_regions: Vec<usize>,
-        num_blocks: usize,
+        pool: &Bound<'_, PyAny>,
         block_ids: &Bound<'_, PyAny>,
         progress: Option<Py<LayerProgress>>,
     ) -> PyResult<(usize, Vec<usize>, usize)> {
         let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
-        let (_views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let (_views, pool) = paged_pool(pool)?;
         let progress = progress.as_ref().map(|p| p.get());
         let report = py.allow_threads(|| {
             self.inner.load_into_pool(lease_id, first, &pool, &ids, &mut |layer| {
@@ -189,15 +175,15 @@ impl Store {
         self.inner.release(lease_id).map_err(store_err)
     }
 
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        counters_dict(py, &self.inner.stats())
+    fn stats(&self, py: Python<'_>) -> PyResult<StoreStats> {
+        StoreStats::new(py, &self.inner.stats())
     }
 
-    /// Per tier (name → counters), fastest first.
+    /// Per tier (name → stats), fastest first.
     fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         for (kind, t) in self.inner.tier_stats() {
-            out.set_item(kind.name(), counters_dict(py, &t)?)?;
+            out.set_item(kind.name(), TierStats::new(py, &t)?)?;
         }
         Ok(out)
     }

@@ -13,7 +13,7 @@ use kvtier_core::Namespace;
 use kvtier_store::config::LEASE_TTL_MAX;
 use kvtier_store::{StoreConfig, StoreError, TierCodec};
 
-use crate::errors::{config_error, item};
+use crate::errors::{config_error, item, set_present};
 use crate::geometry::CoreGeometry;
 use crate::remote::store_remote_config;
 use crate::ssd::store_ssd_config;
@@ -76,25 +76,12 @@ pub fn store_config(d: &Bound<'_, PyDict>) -> PyResult<(Namespace, StoreConfig)>
         rank: required(d, "rank")?,
     };
     let mut c = StoreConfig::default();
-    if let Some(v) = item(d, "eviction", "eviction")? {
-        c.eviction = v;
-    }
-    if let Some(v) = item(d, "copy_threads", "copy_threads")? {
-        c.copy_threads = v;
-    }
+    set_present!(d, "", c { eviction, copy_threads, leases_max });
     if let Some(v) = item(d, "lease_ttl_s", "lease_ttl_s")? {
         c.lease_ttl = lease_ttl(v)?;
     }
-    if let Some(v) = item(d, "leases_max", "leases_max")? {
-        c.leases_max = v;
-    }
     if let Some(dram) = section(d, "dram")? {
-        if let Some(v) = item(&dram, "capacity_bytes", "dram.capacity_bytes")? {
-            c.dram_capacity_bytes = v;
-        }
-        if let Some(v) = item(&dram, "prefault", "dram.prefault")? {
-            c.dram_prefault = v;
-        }
+        set_present!(&dram, "dram.", c { capacity_bytes => dram_capacity_bytes, prefault => dram_prefault });
     }
     if let Some(s) = section(d, "ssd")? {
         let mut ssd = store_ssd_config(&s)?;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::PyDict;
 
 use kvtier_store::Store as CoreStore;
 use kvtier_transfer::duplex::BlockState;
@@ -18,7 +18,7 @@ use kvtier_transfer::{
 
 use crate::blocks::keys_from;
 use crate::buffer::{Buffer, Format};
-use crate::errors::{buffer_error, kvtier_error};
+use crate::errors::{buffer_error, error_in, item, kvtier_error, set_present};
 use crate::geometry::CoreGeometry;
 use crate::paged::paged_pool;
 use crate::store::Store;
@@ -35,16 +35,7 @@ fn transfer_err(e: TransferError) -> PyErr {
 
 /// `kvtier.transfer.TransferError` (a `KvtierError`): bounds reached, unknown jobs, duplex misuse.
 fn transfer_error(msg: String) -> PyErr {
-    Python::with_gil(|py| {
-        let cls = py
-            .import("kvtier.transfer")
-            .and_then(|m| m.getattr("TransferError"))
-            .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
-        match cls {
-            Ok(cls) => PyErr::from_type(cls, msg),
-            Err(e) => e,
-        }
-    })
+    error_in("kvtier.transfer", "TransferError", msg)
 }
 
 /// The Python store, as the engine's store handle.
@@ -105,34 +96,30 @@ pub struct TransferEngine {
 
 #[pymethods]
 impl TransferEngine {
+    /// An engine on `store` shaped by `config`, one mapping (`kvtier.TransferConfig`'s fields;
+    /// a key left out takes the Rust default).
     #[new]
-    #[pyo3(signature = (store, chunk_blocks, buffer_chunks, stage_workers, store_workers, jobs_in_flight_max, inflight_bytes_max, job_blocks_max, allocate_per_chunk=false))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        store: Py<Store>,
-        chunk_blocks: usize,
-        buffer_chunks: usize,
-        stage_workers: [usize; 4],
-        store_workers: usize,
-        jobs_in_flight_max: usize,
-        inflight_bytes_max: u64,
-        job_blocks_max: usize,
-        allocate_per_chunk: bool,
-    ) -> PyResult<Self> {
-        let config = TransferConfig {
-            chunk_blocks,
-            buffer_chunks,
-            stage_workers: StageWorkers::from_array(stage_workers),
-            store_workers,
-            jobs_in_flight_max,
-            inflight_bytes_max,
-            job_blocks_max,
-            allocate_per_chunk,
-        };
+    fn new(py: Python<'_>, store: Py<Store>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let mut c = TransferConfig::default();
+        set_present!(
+            config,
+            "",
+            c {
+                chunk_blocks,
+                buffer_chunks,
+                store_workers,
+                jobs_in_flight_max,
+                inflight_bytes_max,
+                job_blocks_max,
+                allocate_per_chunk,
+            }
+        );
+        if let Some(workers) = item(config, "stage_workers", "stage_workers")? {
+            c.stage_workers = StageWorkers::from_array(workers);
+        }
         let block_bytes = store.get().inner.block_bytes();
         let handle: Arc<dyn StoreHandle> = Arc::new(PyStore(store));
-        let inner = py.allow_threads(|| CoreEngine::new(handle, config)).map_err(transfer_err)?;
+        let inner = py.allow_threads(|| CoreEngine::new(handle, c)).map_err(transfer_err)?;
         Ok(TransferEngine { inner, buffers: Mutex::new(HashMap::new()), block_bytes })
     }
 
@@ -165,21 +152,18 @@ impl TransferEngine {
         Ok(id)
     }
 
-    /// A job into (`load`) or from an engine pool given as regions (see `kvtier_core::paged`).
-    #[allow(clippy::too_many_arguments)]
+    /// A job into (`load`) or from an engine's `PagedPool` (see `kvtier_core::paged`).
     fn submit_paged(
         &self,
         py: Python<'_>,
         load: bool,
         keys: &[u8],
-        regions: Vec<Bound<'_, PyAny>>,
-        layer_regions: Vec<usize>,
-        num_blocks: usize,
+        pool: &Bound<'_, PyAny>,
         block_ids: &[u8],
     ) -> PyResult<u64> {
         let keys = keys_from(keys)?;
         let ids = ids_from(block_ids)?;
-        let (views, pool) = paged_pool(&regions, &layer_regions, num_blocks)?;
+        let (views, pool) = paged_pool(pool)?;
         let _ = py; // held, as in `submit`
         let mut buffers = lock(&self.buffers);
         let id = if load {

@@ -100,22 +100,24 @@ pub(crate) fn bump(c: &AtomicU64, by: usize) {
     c.fetch_add(by as u64, Ordering::Relaxed);
 }
 
-/// One operation kind's figures.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct OpMetrics {
-    /// Pipelined batches sent (one per server node touched).
-    pub batches: u64,
-    pub keys: u64,
-    /// Value bytes moved (headers included).
-    pub bytes: u64,
-    /// Keys whose command failed (connection error, timeout, server error reply).
-    pub errors: u64,
-    /// Batch latency percentiles (upper bounds of power-of-two buckets), seconds.
-    pub latency_p50_s: f64,
-    pub latency_p99_s: f64,
+kvtier_core::fields! {
+    /// One operation kind's figures.
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub struct OpMetrics {
+        /// Pipelined batches sent (one per server node touched).
+        pub batches: u64,
+        pub keys: u64,
+        /// Value bytes moved (headers included).
+        pub bytes: u64,
+        /// Keys whose command failed (connection error, timeout, server error reply).
+        pub errors: u64,
+        /// Batch latency percentiles (upper bounds of power-of-two buckets), seconds.
+        pub latency_p50_s: f64,
+        pub latency_p99_s: f64,
+    }
 }
 
-kvtier_core::counters! {
+kvtier_core::fields! {
     /// A snapshot of the remote tier's metrics.
     #[derive(Clone, Debug, Default, PartialEq)]
     pub struct RemoteMetrics {

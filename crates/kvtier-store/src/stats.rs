@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-kvtier_core::counters! {
+kvtier_core::fields! {
     /// A snapshot of the store's counters and gauges.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct StoreStats {

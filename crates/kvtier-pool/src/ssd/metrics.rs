@@ -93,20 +93,22 @@ pub struct DeviceMetrics {
     pub write_latency: LatencyHistogram,
 }
 
-/// A copy of one device's metrics.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DeviceMetricsSnapshot {
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub read_ops: u64,
-    pub write_ops: u64,
-    pub io_errors: u64,
-    pub queue_depth: u64,
-    pub queue_depth_max: u64,
-    pub read_p50_s: f64,
-    pub read_p99_s: f64,
-    pub write_p50_s: f64,
-    pub write_p99_s: f64,
+kvtier_core::fields! {
+    /// A copy of one device's metrics.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct DeviceMetricsSnapshot {
+        pub bytes_read: u64,
+        pub bytes_written: u64,
+        pub read_ops: u64,
+        pub write_ops: u64,
+        pub io_errors: u64,
+        pub queue_depth: u64,
+        pub queue_depth_max: u64,
+        pub read_p50_s: f64,
+        pub read_p99_s: f64,
+        pub write_p50_s: f64,
+        pub write_p99_s: f64,
+    }
 }
 
 impl DeviceMetrics {
@@ -156,36 +158,39 @@ impl std::fmt::Debug for DeviceMetrics {
     }
 }
 
-/// One device of the pool, as reported.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SsdDeviceReport {
-    pub path: String,
-    pub direct_io: bool,
-    pub block_device: bool,
-    pub read_bytes_per_s: f64,
-    pub write_bytes_per_s: f64,
-    /// Fraction of each batch placed here by Algorithm 1.
-    pub placement_share: f64,
-    pub throttle_bytes_per_s: f64,
-    pub objects: u64,
-    pub used_bytes: u64,
-    pub capacity_bytes: u64,
-    pub io: DeviceMetricsSnapshot,
+kvtier_core::fields! {
+    /// One device of the pool, as reported (`io`'s fields are reported beside the listed ones).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct SsdDeviceReport {
+        pub io: DeviceMetricsSnapshot,
+        ..
+        pub path: String,
+        pub direct_io: bool,
+        pub block_device: bool,
+        pub read_bytes_per_s: f64,
+        pub write_bytes_per_s: f64,
+        /// Fraction of each batch placed here by Algorithm 1.
+        pub placement_share: f64,
+        pub throttle_bytes_per_s: f64,
+        pub objects: u64,
+        pub used_bytes: u64,
+        pub capacity_bytes: u64,
+    }
 }
 
-kvtier_core::counters! {
+kvtier_core::fields! {
     /// Everything the pool counts.
     #[derive(Clone, Debug, PartialEq)]
     pub struct SsdMetrics {
-        pub engine: &'static str,
-        pub durability: &'static str,
-        pub placement: &'static str,
-        pub bandwidth_source: String,
         pub devices: Vec<SsdDeviceReport>,
         pub tier: TierStats,
         pub recovery: RecoveryStats,
         pub warnings: Vec<String>,
         ..
+        pub engine: &'static str,
+        pub durability: &'static str,
+        pub placement: &'static str,
+        pub bandwidth_source: String,
         pub lookup_hits: u64,
         pub lookup_misses: u64,
         pub write_failures: u64,

@@ -17,20 +17,22 @@ use super::format::{Record, RECORD_DELETE, RECORD_PUT};
 use crate::extent::PAGE_BYTES;
 use crate::hash::key_map;
 
-/// Counts of one recovery.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RecoveryStats {
-    pub records: u64,
-    /// Objects readable after recovery.
-    pub recovered_objects: u64,
-    /// `Put` records naming an impossible location.
-    pub invalid_records: u64,
-    /// Entries dropped because a later `Put` overwrote their extent.
-    pub overwritten_entries: u64,
-    /// Bytes of a torn append cut off the end of the log.
-    pub dropped_tail_bytes: u64,
-    /// Wall time of opening the log and rebuilding the table and allocators.
-    pub seconds: f64,
+kvtier_core::fields! {
+    /// Counts of one recovery.
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub struct RecoveryStats {
+        pub records: u64,
+        /// Objects readable after recovery.
+        pub recovered_objects: u64,
+        /// `Put` records naming an impossible location.
+        pub invalid_records: u64,
+        /// Entries dropped because a later `Put` overwrote their extent.
+        pub overwritten_entries: u64,
+        /// Bytes of a torn append cut off the end of the log.
+        pub dropped_tail_bytes: u64,
+        /// Wall time of opening the log and rebuilding the table and allocators.
+        pub seconds: f64,
+    }
 }
 
 /// Pages an object with `payload_len` payload bytes occupies on a device (at least one).

@@ -197,7 +197,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         with self._metrics_lock:
             metrics, self._metrics = self._metrics, KvtierStorageMetrics()
         if self._store is not None:
-            metrics.kvtier = dataclasses.asdict(self._store.stats())
+            metrics.kvtier = self._store.stats().as_dict()
         return metrics
 
     def close(self) -> None:

@@ -368,7 +368,7 @@ class WorkerSide:
         s = self.store.stats()
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-        out["store"] = {k: v for k, v in vars(s).items() if isinstance(v, int | float)}
+        out["store"] = s.as_dict()
         return out
 
     def write_stats(self) -> None:
