@@ -120,10 +120,11 @@ class WaitingViews(Sequence[RequestView]):
     the decision is back, and a later read raises (it would see the prefix index of a later step).
     """
 
-    __slots__ = ("_built", "_engine", "_requests", "_views")
+    __slots__ = ("_block_tokens", "_built", "_engine", "_requests", "_tree", "_views")
 
     def __init__(self, engine: ViewedEngine, requests: list[SimRequest]) -> None:
         self._engine: ViewedEngine | None = engine
+        self._tree, self._block_tokens = engine.tree, engine.config.block_tokens
         self._requests = requests
         self._views: list[RequestView | None] = [None] * len(requests)
         self._built = 0  # views built so far (all of them: iterate the list itself)
@@ -153,17 +154,26 @@ class WaitingViews(Sequence[RequestView]):
         return self._iter_building()
 
     def _iter_building(self) -> Iterator[RequestView]:
-        views = self._views
+        views, requests, tree, bt = self._views, self._requests, self._tree, self._block_tokens
         for i in range(len(views)):
             view = views[i]
-            yield self._get(i) if view is None else view
+            if view is None:  # _get inline (Strata reads the whole head every step)
+                if self._engine is None:
+                    raise SimError("a waiting request's view was read after the step it was built for")
+                r = requests[i]
+                view = views[i] = admitted_view(r) if r.admitted else waiting_view(tree, bt, r)
+                self._built += 1
+            yield view
 
     def _get(self, i: int) -> RequestView:
         view = self._views[i]
         if view is None:
             if self._engine is None:
                 raise SimError("a waiting request's view was read after the step it was built for")
-            view = self._views[i] = request_view(self._engine, self._requests[i])
+            r = self._requests[i]
+            view = self._views[i] = (
+                admitted_view(r) if r.admitted else waiting_view(self._tree, self._block_tokens, r)
+            )
             self._built += 1
         return view
 
@@ -239,8 +249,12 @@ def admitted_view(r: SimRequest) -> RequestView:
 def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     if r.admitted:
         return admitted_view(r)
-    per_tier, in_queue, in_flight = prefix_counts(engine.tree, r.keys, int(r.queue_marked))
-    bt = engine.config.block_tokens
+    return waiting_view(engine.tree, engine.config.block_tokens, r)
+
+
+def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
+    """A request not admitted yet: its cached prefix per tier, and the marked blocks after it."""
+    per_tier, in_queue, in_flight = prefix_counts(tree, r.keys, r.queue_marked)
     req = r.req
     # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
     left = (req.prompt_tokens - 1) // bt
