@@ -181,3 +181,20 @@ def test_registry() -> None:
         make_cost_model("magic", H100, LLAMA8)
     with pytest.raises(ConfigError, match="bad parameters"):
         make_cost_model("roofline", H100, LLAMA8, mfu=0.3)
+
+
+@pytest.mark.parametrize("name", model_names())
+@given(st.lists(st.integers(0, 1 << 20), max_size=20))
+def test_a_decodes_attention_inline_is_attention_flops_to_the_bit(name: str, contexts: list[int]) -> None:
+    # step_cost computes a decode's attention as dense_pair_flops x (ctx + 1.0) pairs (issue 20):
+    # it must be the very float attention_flops(1, ctx) gives, or replays would drift.
+    model = load_model(name)
+    pair = model.dense_pair_flops
+    assert (pair is None) == bool(model.index_topk)
+    if pair is not None:
+        assert [pair * (c + 1.0) for c in contexts] == [model.attention_flops(1, c) for c in contexts]
+    ctx = tuple(contexts)
+    by_call = sum(model.linear_flops_per_token + model.attention_flops(1, c) for c in ctx)
+    cost = RooflineCostModel(H100, model)
+    gpu = cost.tp * H100.gpu_bf16_flops_per_s
+    assert cost.step_cost(BatchShape((), ctx)).compute_s == by_call / (gpu * cost.mfu_decode)

@@ -22,22 +22,40 @@ def prefix_counts(
 ) -> tuple[list[int], int, int]:
     """(blocks per tier, in-queue blocks, in-flight blocks): ``match(keys, own_queue_marks=...)``'s
     ``tiers`` counted per tier, and its ``in_queue_blocks`` / ``in_flight_blocks``."""
-    per_tier = [0, 0, 0, 0]
-    in_queue = in_flight = 0
-    resident = marked = device_run = True
+    # The device run first, in its own loop (most of a waiting request's path): only the tier is read.
     fastest_of = _FASTEST_OF_MASK
     node = tree._root
-    for key in keys:
-        if (child := node.children.get(key)) is None or not (resident or marked):
+    keys_left = iter(keys)
+    device = 0
+    fastest: Tier | None = None
+    for key in keys_left:
+        if (child := node.children.get(key)) is None:
+            return [device, 0, 0, 0], 0, 0
+        node = child
+        if (fastest := fastest_of[node.residency]) is not _DEVICE:
+            break
+        device += 1
+    else:
+        return [device, 0, 0, 0], 0, 0
+    # ``node`` ends the device run; from it on, the resident run and the marked run.
+    per_tier = [device, 0, 0, 0]
+    in_queue = in_flight = 0
+    resident = fastest is not None
+    if fastest is not None:
+        per_tier[fastest] += 1
+    marked = bool((queued := node.in_queue > own_queue_marks) or node.in_flight)
+    if marked:
+        in_queue += queued
+        in_flight += node.in_flight > 0
+    for key in keys_left:
+        if not (resident or marked) or (child := node.children.get(key)) is None:
             break
         node = child
-        fastest = fastest_of[node.residency] if resident else None
-        if fastest is not None:
-            per_tier[fastest] += 1
-            if device_run and fastest is _DEVICE:
-                continue
-        resident = resident and fastest is not None
-        device_run = False
+        if resident:
+            if (fastest := fastest_of[node.residency]) is None:
+                resident = False
+            else:
+                per_tier[fastest] += 1
         if marked and (marked := bool((queued := node.in_queue > own_queue_marks) or node.in_flight)):
             in_queue += queued
             in_flight += node.in_flight > 0

@@ -487,18 +487,26 @@ class HiRadixTree:
         _check_start(keys, start)
         if start == len(keys):
             return
+        queue = field == "in_queue"  # else in_flight; each spelled out (a mark per request per step)
         if on:
-            node = self._root
-            for i, key in enumerate(keys):
-                node = node.children.get(key) or self._new_child(node, key)
-                if i >= start:
-                    setattr(node, field, getattr(node, field) + 1)
+            node, new_child = self._root, self._new_child
+            for key in keys[:start]:
+                node = node.children.get(key) or new_child(node, key)
+            for key in keys[start:]:
+                node = node.children.get(key) or new_child(node, key)
+                if queue:
+                    node.in_queue += 1
+                else:
+                    node.in_flight += 1
             return
         path = self._existing_path(keys, f"unmark {field}")[start:]
-        if any(getattr(node, field) <= 0 for node in path):
+        if min([node.in_queue if queue else node.in_flight for node in path], default=1) <= 0:
             raise AssertionError(f"unmark {field} below zero on path of {len(keys)} keys")
         for node in path:
-            setattr(node, field, getattr(node, field) - 1)
+            if queue:
+                node.in_queue -= 1
+            else:
+                node.in_flight -= 1
         if path:
             self._prune_upwards(path[-1])
 

@@ -29,7 +29,7 @@ backend leaves the request where it is and the policy asks again next step.
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from kvtier.sched.base import LoadOrder, Phase, Policy, SchedulerDecision
 from kvtier.tiers import Tier
@@ -118,7 +118,11 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
     for rid in loads:
         get(rid, "load")
     prefills = [(get(rid, "prefill"), tokens) for rid, tokens in decision.prefill]
-    decodes = [get(rid, "decode") for rid in decision.decode]
+    find = backend.find  # a decode per running request per step: no closure call each
+    found = [find(rid) for rid in decision.decode]
+    if None in found:
+        get(decision.decode[found.index(None)], "decode")  # raises: the first unknown one
+    decodes = cast("list[R]", found)  # no None left (checked above)
     planned = [rid for rid, _ in decision.prefill]
     planned.extend(decision.decode)
     if len(set(planned)) != len(planned):
@@ -140,14 +144,15 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
                     f"policy {name!r} prefills request {r.req_id} and prefetches it to host in one step"
                 )
             backend.plan_prefill(plan, r, tokens, load)
+    plan_decode, running = backend.plan_decode, Phase.RUNNING
     for r, epoch in zip(decodes, decode_epochs, strict=True):
         if r.epoch != epoch:
             continue
-        if r.phase is not Phase.RUNNING or not r.prefill_done:
+        if r.phase is not running or not r.prefill_done:
             raise backend.error(
                 f"policy {name!r} decodes request {r.req_id} ({r.phase.value}) before its prefill is done"
             )
-        backend.plan_decode(plan, r)
+        plan_decode(plan, r)
     for load in loads.values():  # loads of requests not prefilled this step
         r = get(load.req_id, "load")
         if load.target is Tier.HOST:

@@ -110,13 +110,13 @@ def step_need(r: RequestView, tokens: int, block_tokens: int) -> int:
     + 1 (the engine's convention). A request holds slots for computed + generated tokens, except
     right after its prefill (one token generated, none of it stored yet).
     """
-    if r.computed_tokens < r.prompt_tokens:
-        held = r.computed_tokens
-        return blocks_for(held + tokens, block_tokens) - blocks_for(held, block_tokens)
-    held = r.computed_tokens + r.generated_tokens - (1 if r.generated_tokens == 1 else 0)
-    return blocks_for(r.computed_tokens + r.generated_tokens + tokens, block_tokens) - blocks_for(
-        held, block_tokens
-    )
+    # Runs a few times per running request per step: blocks_for spelled inline (-(-n // bt)).
+    computed = r.computed_tokens
+    if computed < r.prompt_tokens:
+        return -(-(computed + tokens) // block_tokens) + (-computed // block_tokens)
+    generated = r.generated_tokens
+    held = computed + generated - (1 if generated == 1 else 0)
+    return -(-(computed + generated + tokens) // block_tokens) + (-held // block_tokens)
 
 
 def step_tokens(r: RequestView, budget: int) -> int:
@@ -152,7 +152,15 @@ class StepPlan:
         bt = self.view.block_tokens
         for r in running:
             prefilling = r.computed_tokens < r.prompt_tokens
-            n = step_tokens(r, self.budget) if self.budget > 0 else 0
+            budget = self.budget
+            # step_tokens inline: the rest of the prompt up to the budget, or one decode token
+            if budget <= 0:
+                n = 0
+            elif prefilling:
+                rest = r.prompt_tokens - r.computed_tokens
+                n = rest if rest < budget else budget
+            else:
+                n = 1
             # A request that cannot get its block now stalls one iteration (no recompute preemption).
             if n > 0 and step_need(r, n, bt) <= self.free_blocks:
                 self.budget -= n
@@ -187,9 +195,12 @@ class StepPlan:
 def claim(r: RequestView, block_tokens: int) -> int:
     """Blocks a running request claims beyond what it holds: the rest of an unfinished prompt, or
     the new block a decode whose next token starts one needs."""
-    if r.computed_tokens < r.prompt_tokens:
-        return prompt_reserve(r, block_tokens)
-    return step_need(r, 1, block_tokens)
+    computed = r.computed_tokens
+    if computed < r.prompt_tokens:  # prompt_reserve
+        return -(-r.prompt_tokens // block_tokens) + (-computed // block_tokens)
+    generated = r.generated_tokens  # step_need(r, 1, block_tokens), inline
+    held = computed + generated - (1 if generated == 1 else 0)
+    return -(-(computed + generated + 1) // block_tokens) + (-held // block_tokens)
 
 
 def running_claims(view: SchedulerView) -> int:

@@ -63,7 +63,7 @@ from kvtier.sched.base import (
     SchedulerView,
     register,
 )
-from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
+from kvtier.sched.batching import admit_fcfs, schedule_running
 from kvtier.tiers import Tier
 
 DEFER_THRESHOLD_TOKENS = 100  # §4.3.1: "a default threshold of 100 active token matches"
@@ -111,14 +111,16 @@ class Candidate:
 
     @classmethod
     def of(cls, r: RequestView, block_tokens: int) -> Candidate:
-        device, host = r.cached_tokens[Tier.DEVICE], r.cached_tokens[Tier.HOST]
+        # Once per waiting request per step: blocks_for, min and max spelled inline (same values).
+        device, host = r.cached_tokens[0], r.cached_tokens[1]  # Tier.DEVICE, Tier.HOST
         # §4.2.1: at dispatch only device and host copies are used; storage parts are recomputed.
-        reusable = min(device + host, r.prompt_tokens - 1)
-        load = max(reusable - device, 0)
+        prompt = r.prompt_tokens
+        reusable = device + host if device + host < prompt - 1 else prompt - 1
+        load = reusable - device if reusable > device else 0
         first = device // block_tokens
-        keys = r.block_keys[first : first + blocks_for(load, block_tokens)] if load else ()
-        need = blocks_for(r.prompt_tokens, block_tokens) - blocks_for(device, block_tokens)
-        return cls(r, load, r.prompt_tokens - reusable, need, keys)
+        keys = r.block_keys[first : first - (-load // block_tokens)] if load else ()
+        need = -(-prompt // block_tokens) + (-device // block_tokens)
+        return cls(r, load, prompt - reusable, need, keys)
 
 
 @dataclass(slots=True)

@@ -42,7 +42,9 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.now_s = 0.0
-        self._heap: list[Event] = []
+        # (time_s, kind, seq, event): tuples compare in C (the dataclass's __lt__ is a Python call per
+        # comparison, ~4 a push or pop); seq is unique, so the event itself is never compared.
+        self._heap: list[tuple[float, int, int, Event]] = []
         self._seq = 0
         self.events_run = 0
 
@@ -51,7 +53,7 @@ class EventLoop:
             raise SimError(f"event scheduled in the past: {time_s} < now {self.now_s}")
         self._seq += 1
         event = Event(max(time_s, self.now_s), kind, self._seq, action)
-        heapq.heappush(self._heap, event)
+        heapq.heappush(self._heap, (event.time_s, int(kind), event.seq, event))
         return event
 
     def after(self, delay_s: float, kind: EventKind, action: Callable[[], None]) -> Event:
@@ -62,12 +64,12 @@ class EventLoop:
 
     def run(self, until_s: float | None = None) -> None:
         """Runs events until the heap is empty or the next event is after ``until_s``."""
-        heap = self._heap
+        heap, pop = self._heap, heapq.heappop
         while heap:
-            if until_s is not None and heap[0].time_s > until_s:
+            if until_s is not None and heap[0][0] > until_s:
                 self.now_s = until_s
                 return
-            event = heapq.heappop(heap)
+            event = pop(heap)[3]
             if event.cancelled:
                 continue
             self.now_s = event.time_s

@@ -219,15 +219,20 @@ class RooflineCostModel:
             c.new_tokens * m.linear_flops_per_token + m.attention_flops(c.new_tokens, c.context_tokens)
             for c in batch.prefills
         )
-        linear, attention = m.linear_flops_per_token, m.attention_flops  # once, not per decode
-        decode_flops = sum(linear + attention(1, ctx) for ctx in batch.decode_context_tokens)
+        linear, pair_flops = m.linear_flops_per_token, m.dense_pair_flops  # once, not per decode
+        contexts = batch.decode_context_tokens
+        if pair_flops is None:
+            attention = m.attention_flops
+            decode_flops = sum([linear + attention(1, ctx) for ctx in contexts])
+        else:  # attention_flops(1, ctx) inline: ctx + 1.0 pairs (the same float, one call fewer a decode)
+            decode_flops = sum([linear + pair_flops * (ctx + 1.0) for ctx in contexts])
         compute_s = prefill_flops / (gpu_flops * self.mfu_prefill) + decode_flops / (
             gpu_flops * self.mfu_decode
         )
 
         num_tokens = batch.num_tokens
         kv_tokens = sum(c.context_tokens + c.new_tokens for c in batch.prefills)
-        kv_tokens += sum(ctx + 1 for ctx in batch.decode_context_tokens)  # read the context, write one
+        kv_tokens += sum(contexts) + len(contexts)  # read each context, write one token
         memory_bytes = m.weight_bytes_read(num_tokens) / self.tp + kv_tokens * self.kv_bytes_per_token
         memory_s = memory_bytes / (self.hardware.hbm_bytes_per_s * self.bandwidth_efficiency)
         return StepCost(compute_s, memory_s, self.allreduce_s(num_tokens), self.step_overhead_s)

@@ -91,6 +91,7 @@ class Engine:
         self.fetch_stall_since_s: float | None = None  # idle with async fetches in flight since
         self.name = name
         self.config = config
+        self.block_tokens = config.block_tokens  # read once per decode per step
         self.cost = cost
         self.policy = policy
         self.metrics = metrics
@@ -301,11 +302,10 @@ class Engine:
         context = r.req.prompt_tokens + r.generated_tokens
         # _allocate's test inline: most decodes stay inside the blocks they hold.
         held = r.locked_blocks + r.private_blocks + r.reserved_blocks
-        if -(-(context + 1) // self.config.block_tokens) > held and not self._allocate(
-            r, context + 1, exclude=r
-        ):
+        if -(-(context + 1) // self.block_tokens) > held and not self._allocate(r, context + 1, exclude=r):
             return
-        step.add_decode(r, context)
+        step.decodes.append((r, r.epoch))  # Step.add_decode inline (once per decode)
+        step.decode_contexts.append(context)
 
     def _allocate(self, r: SimRequest, tokens_on_device: int, exclude: SimRequest) -> bool:
         """Grows ``r``'s private blocks to cover ``tokens_on_device``; preempts others if needed."""

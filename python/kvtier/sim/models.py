@@ -105,6 +105,14 @@ class ModelProfile:
             return self.num_layers * (per_pair * attended + indexer)
         return self.num_layers * per_pair * pairs
 
+    @property
+    def dense_pair_flops(self) -> float | None:
+        """All layers' FLOPs per (query, key) pair of dense attention: ``attention_flops(n, c)`` is
+        this times the pairs, computed in the same order (so the same float); None when sparse."""
+        if self.index_topk:
+            return None
+        return self.num_layers * (2.0 * self.num_attention_heads * (self.qk_head_dim + self.v_head_dim))
+
     def weight_bytes(self) -> int:
         """Bytes of all weights (every expert), as stored."""
         return self.total_params * self.weight_dtype_bytes

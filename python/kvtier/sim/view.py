@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Protocol, overload
+from typing import Protocol, cast, overload
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
@@ -120,12 +120,14 @@ class WaitingViews(Sequence[RequestView]):
     the decision is back, and a later read raises (it would see the prefix index of a later step).
     """
 
-    __slots__ = ("_engine", "_requests", "_views")
+    __slots__ = ("_block_tokens", "_built", "_engine", "_requests", "_tree", "_views")
 
     def __init__(self, engine: ViewedEngine, requests: list[SimRequest]) -> None:
         self._engine: ViewedEngine | None = engine
+        self._tree, self._block_tokens = engine.tree, engine.config.block_tokens
         self._requests = requests
         self._views: list[RequestView | None] = [None] * len(requests)
+        self._built = 0  # views built so far (all of them: iterate the list itself)
 
     def close(self) -> None:
         self._engine = None
@@ -147,15 +149,32 @@ class WaitingViews(Sequence[RequestView]):
         return self._get(i)
 
     def __iter__(self) -> Iterator[RequestView]:
-        for i in range(len(self._requests)):
-            yield self._get(i)
+        if self._built == len(self._views):  # a policy reading the head again (Strata: 3 times)
+            return iter(cast("list[RequestView]", self._views))
+        return self._iter_building()
+
+    def _iter_building(self) -> Iterator[RequestView]:
+        views, requests, tree, bt = self._views, self._requests, self._tree, self._block_tokens
+        for i in range(len(views)):
+            view = views[i]
+            if view is None:  # _get inline (Strata reads the whole head every step)
+                if self._engine is None:
+                    raise SimError("a waiting request's view was read after the step it was built for")
+                r = requests[i]
+                view = views[i] = admitted_view(r) if r.admitted else waiting_view(tree, bt, r)
+                self._built += 1
+            yield view
 
     def _get(self, i: int) -> RequestView:
         view = self._views[i]
         if view is None:
             if self._engine is None:
                 raise SimError("a waiting request's view was read after the step it was built for")
-            view = self._views[i] = request_view(self._engine, self._requests[i])
+            r = self._requests[i]
+            view = self._views[i] = (
+                admitted_view(r) if r.admitted else waiting_view(self._tree, self._block_tokens, r)
+            )
+            self._built += 1
         return view
 
 
@@ -183,6 +202,8 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
     """``request_view`` of each, with :func:`admitted_view` inline (one per running request per step)."""
     out = []
+    new, none = _object_new, (0, 0, 0, 0)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = _SET
     for r in requests:
         if not r.admitted:
             out.append(request_view(engine, r))
@@ -194,19 +215,19 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
+            # _new_view inline (a decoding request's view changes every step)
             req = r.req
-            v = r.view = _new_view(
-                req.req_id,
-                req.arrival_s,
-                r.phase,
-                req.prompt_tokens,
-                r.computed_tokens,
-                r.generated_tokens,
-                (0, 0, 0, 0),
-                0,
-                0,
-                req.block_keys,
-            )
+            v = r.view = new(RequestView)
+            s0(v, req.req_id)
+            s1(v, req.arrival_s)
+            s2(v, r.phase)
+            s3(v, req.prompt_tokens)
+            s4(v, r.computed_tokens)
+            s5(v, r.generated_tokens)
+            s6(v, none)
+            s7(v, 0)
+            s8(v, 0)
+            s9(v, req.block_keys)
         out.append(v)
     return tuple(out)
 
@@ -228,28 +249,33 @@ def admitted_view(r: SimRequest) -> RequestView:
 def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     if r.admitted:
         return admitted_view(r)
-    per_tier, in_queue, in_flight = prefix_counts(engine.tree, r.keys, int(r.queue_marked))
-    bt = engine.config.block_tokens
+    return waiting_view(engine.tree, engine.config.block_tokens, r)
+
+
+def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
+    """A request not admitted yet: its cached prefix per tier, and the marked blocks after it."""
+    per_tier, in_queue, in_flight = prefix_counts(tree, r.keys, r.queue_marked)
     req = r.req
     # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
     left = (req.prompt_tokens - 1) // bt
-    d = min(per_tier[Tier.DEVICE], left) if left > 0 else 0
-    h = min(per_tier[Tier.HOST], left - d) if left > d else 0
+    on_device, on_host, on_ssd, on_remote = per_tier  # indexed by Tier, fastest first
+    d = (on_device if on_device < left else left) if left > 0 else 0
+    h = (on_host if on_host < left - d else left - d) if left > d else 0
     left -= d + h
-    s = min(per_tier[Tier.SSD], left) if left > 0 else 0
-    m = min(per_tier[Tier.REMOTE], left - s) if left > s else 0
-    return _new_view(
-        r.req_id,
-        req.arrival_s,
-        r.phase,
-        req.prompt_tokens,
-        r.computed_tokens,
-        r.generated_tokens,
-        (d * bt, h * bt, s * bt, m * bt),
-        in_queue * bt,
-        in_flight * bt,
-        req.block_keys,
-    )
+    s = (on_ssd if on_ssd < left else left) if left > 0 else 0
+    m = (on_remote if on_remote < left - s else left - s) if left > s else 0
+    v: RequestView = _object_new(RequestView)  # _new_view inline: one per waiting request read a step
+    _s0(v, r.req_id)
+    _s1(v, req.arrival_s)
+    _s2(v, r.phase)
+    _s3(v, req.prompt_tokens)
+    _s4(v, r.computed_tokens)
+    _s5(v, r.generated_tokens)
+    _s6(v, (d * bt, h * bt, s * bt, m * bt))
+    _s7(v, in_queue * bt)
+    _s8(v, in_flight * bt)
+    _s9(v, req.block_keys)
+    return v
 
 
 def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
