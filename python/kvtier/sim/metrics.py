@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.tiers import Tier
+from kvtier.tiers import PerTier, Tier
 
 
 class LogHistogram:
@@ -73,7 +73,7 @@ class RequestRecord:
     finish_s: float
     prompt_tokens: int
     output_tokens: int
-    hit_tokens: tuple[int, int, int, int]
+    hit_tokens: PerTier
     max_tbt_s: float
     matched_blocks: int = 0
     prompt_blocks: int = 0

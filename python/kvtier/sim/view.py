@@ -25,12 +25,13 @@ from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import prefix_counts
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
+from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
-from kvtier.tiers import Tier
+from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
 _SET = tuple(getattr(RequestView, name).__set__ for name in _FIELDS)  # the slots' own setters
@@ -58,7 +59,7 @@ def _new_view(
     prompt_tokens: int,
     computed_tokens: int,
     generated_tokens: int,
-    cached_tokens: tuple[int, int, int, int],
+    cached_tokens: PerTier,
     in_queue_tokens: int,
     in_flight_tokens: int,
     block_keys: tuple[int, ...],
@@ -85,6 +86,8 @@ class ViewConfig(StepSizes, Protocol):
     def host_blocks(self) -> int: ...
     @property
     def view_waiting_max(self) -> int: ...
+    @property
+    def swap_copy(self) -> SwapCopy: ...
 
 
 class ViewedEngine(Protocol):
@@ -177,11 +180,13 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         num_layers=engine.cost.num_layers,
         cost=Estimates(engine.cost, engine.load_paths),
         kv_bytes_per_token=engine.cost.kv_bytes_per_token,
+        swap_copy=config.swap_copy,
     )
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
-    """``request_view`` of each, with :func:`admitted_view` inline (one per running request per step)."""
+    """``request_view`` of each, with :func:`admitted_view`'s check inline (one per running request
+    per step)."""
     out = []
     for r in requests:
         if not r.admitted:
@@ -194,19 +199,7 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
-            req = r.req
-            v = r.view = _new_view(
-                req.req_id,
-                req.arrival_s,
-                r.phase,
-                req.prompt_tokens,
-                r.computed_tokens,
-                r.generated_tokens,
-                (0, 0, 0, 0),
-                0,
-                0,
-                req.block_keys,
-            )
+            v = r.view = _view(r, NO_TOKENS, 0, 0)
         out.append(v)
     return tuple(out)
 
@@ -221,7 +214,7 @@ def admitted_view(r: SimRequest) -> RequestView:
         and view.generated_tokens == r.generated_tokens
     ):
         return view
-    view = r.view = _view(r, (0, 0, 0, 0), 0, 0)
+    view = r.view = _view(r, NO_TOKENS, 0, 0)
     return view
 
 
@@ -238,21 +231,10 @@ def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     left -= d + h
     s = min(per_tier[Tier.SSD], left) if left > 0 else 0
     m = min(per_tier[Tier.REMOTE], left - s) if left > s else 0
-    return _new_view(
-        r.req_id,
-        req.arrival_s,
-        r.phase,
-        req.prompt_tokens,
-        r.computed_tokens,
-        r.generated_tokens,
-        (d * bt, h * bt, s * bt, m * bt),
-        in_queue * bt,
-        in_flight * bt,
-        req.block_keys,
-    )
+    return _view(r, PerTier(d * bt, h * bt, s * bt, m * bt), in_queue * bt, in_flight * bt)
 
 
-def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
+def _view(r: SimRequest, cached: PerTier, in_queue: int, in_flight: int) -> RequestView:
     req = r.req
     return _new_view(
         req.req_id,
@@ -268,7 +250,7 @@ def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_fl
     )
 
 
-def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> tuple[int, int, int, int]:
+def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> PerTier:
     """Caps a cached prefix (tokens per tier, fastest first) at the whole blocks before the last
     prompt token: at least one token is computed, and KV is reused in whole blocks."""
     left = (prompt_tokens - 1) // block_tokens * block_tokens
@@ -277,7 +259,7 @@ def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> tu
         take = min(t, max(left, 0))
         out.append(take)
         left -= take
-    return (out[0], out[1], out[2], out[3])
+    return PerTier(*out)
 
 
 class Estimates:
