@@ -10,11 +10,12 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy, policy_names
-from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView, SwapCopy
+from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.composed import Composed, stages_from_pieces
-from kvtier.sched.rotasched import RotaSched, transfer_engine
+from kvtier.sched.rotasched import RotaSched
 from kvtier.sched.shadowserve import BLUEFIELD3
 from kvtier.sched.strata import Strata
+from kvtier.sched.swap_copy import SWAP_ENGINES
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.run import run
 from kvtier.tiers import Tier
@@ -85,6 +86,7 @@ def view(
         max_running=256,
         num_layers=32,
         cost=Cost(),
+        swap_copy=SWAP_ENGINES["duplexkv"],  # the engine's swap path the rotation stage was built for
     )
 
 
@@ -153,8 +155,9 @@ def test_pool_layout_is_config_and_the_old_spelling_fills_it() -> None:
 
 
 def test_rotation_piece_brings_duplexkv_swaps() -> None:
-    assert Composed().swap_copy == transfer_engine("duplexkv")
-    assert Composed(stages=["balance"]).swap_copy == SwapCopy()  # the engine's plain swap: never used
+    # The swap engine the composition was evaluated on (the sim config's `swap` section overrides it).
+    assert Composed().swap_engine == "duplexkv"
+    assert Composed(stages=["balance"]).swap_engine == "plain"  # the engine's plain swap: never used
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,12 +18,12 @@ from kvtier.sched.base import (
     RequestView,
     SchedulerDecision,
     SchedulerView,
-    SwapCopy,
 )
 from kvtier.sched.batching import admit_fcfs, schedule_running
-from kvtier.sched.rotasched import TRANSFER_ENGINES, RotaSched, lvf, transfer_engine
+from kvtier.sched.rotasched import RotaSched, lvf
+from kvtier.sched.swap_copy import SWAP_ENGINES, SwapCopy, swap_engine
 from kvtier.sim.cluster import Cluster
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import RooflineCostModel
 from kvtier.sim.engine import Engine, EngineConfig
@@ -32,7 +32,7 @@ from kvtier.sim.metrics import Metrics
 from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
-from kvtier.sim.run import run
+from kvtier.sim.run import build, run
 from kvtier.tiers import Tier
 
 BT = 16
@@ -46,7 +46,10 @@ class _NoCost:
         return 0.0
 
 
-def _view(now: float, requests: list[RequestView], free: int, max_batch_tokens: int = 4096) -> SchedulerView:
+def _view(
+    now: float, requests: list[RequestView], free: int, max_batch_tokens: int = 4096, swap: str = "duplexkv"
+) -> SchedulerView:
+    """The view an engine swapping with ``swap`` (SuperInfer's DuplexKV unless said) shows."""
     by = {p: tuple(r for r in requests if r.phase is p) for p in Phase}
     return SchedulerView(
         now_s=now,
@@ -61,6 +64,7 @@ def _view(now: float, requests: list[RequestView], free: int, max_batch_tokens: 
         max_running=256,
         num_layers=64,
         cost=_NoCost(),
+        swap_copy=SWAP_ENGINES[swap],
     )
 
 
@@ -236,7 +240,9 @@ def test_fig9_larger_alpha_resumes_rotary_requests_before_new_ones() -> None:
 def test_waiting_first_swaps_out_a_decode_to_admit_a_waiting_request() -> None:
     running = [_req(1, Phase.RUNNING), _req(2, Phase.RUNNING)]
     rotary, waiting = _req(5, Phase.SWAPPED), _req(3, Phase.WAITING, 1.0)
-    decision = make_policy("waiting_first").schedule(_view(2.0, [*running, rotary, waiting], free=0))
+    decision = make_policy("waiting_first").schedule(
+        _view(2.0, [*running, rotary, waiting], free=0, swap="vllm")
+    )
     assert decision.swap_out == [2]  # the running queue's tail
     assert [rid for rid, _ in decision.prefill] == [3] and decision.swap_in == []
     assert decision.decode == [1]
@@ -244,19 +250,45 @@ def test_waiting_first_swaps_out_a_decode_to_admit_a_waiting_request() -> None:
 
 def test_swapped_first_resumes_swapped_requests_before_admitting_waiting_ones() -> None:
     rotary, waiting = _req(5, Phase.SWAPPED), _req(3, Phase.WAITING, 1.0)
-    decision = make_policy("swapped_first").schedule(_view(2.0, [rotary, waiting], free=4))
+    decision = make_policy("swapped_first").schedule(_view(2.0, [rotary, waiting], free=4, swap="vllm"))
     assert decision.swap_in == [5] and decision.prefill == [] and decision.swap_out == []
-    waiting_first = make_policy("waiting_first").schedule(_view(2.0, [rotary, waiting], free=4))
+    waiting_first = make_policy("waiting_first").schedule(_view(2.0, [rotary, waiting], free=4, swap="vllm"))
     assert waiting_first.swap_in == [] and [rid for rid, _ in waiting_first.prefill] == [3]
 
 
-def test_unknown_transfer_engine_is_rejected() -> None:
+def test_unknown_swap_engine_is_rejected() -> None:
     with pytest.raises(ConfigError, match="duplexkv"):
-        transfer_engine("pcie")
+        swap_engine("pcie")
+    with pytest.raises(ConfigError, match="swap engine 'nope'"):
+        SimConfig(policy={"name": "rotasched"}, swap={"engine": "nope"})
+    with pytest.raises(ConfigError, match="unknown swap key"):
+        SimConfig(swap={"engine": "vllm", "duplex": True})
     with pytest.raises(ConfigError):
-        make_policy("rotasched", transfer="nope")
+        make_policy("rotasched", transfer="duplexkv")  # the swap copy is config, not a parameter
     with pytest.raises(ConfigError):
         SwapCopy(sync="sometimes")
+
+
+@pytest.mark.parametrize(
+    ("policy", "engine"),
+    [({"name": "rotasched"}, "duplexkv"), ({"name": "waiting_first"}, "vllm"), ({"name": "fcfs"}, "plain")],
+)
+def test_the_swap_copy_is_config_else_the_policys_own(policy: dict[str, str], engine: str) -> None:
+    base = SimConfig(policy=policy, workload={"name": "longdoc", "num_requests": 1})
+    (own,) = build(base).cluster.engines
+    assert own.config.swap_copy == SWAP_ENGINES[engine]
+    (naive,) = build(base.with_overrides(swap={"engine": "naive"})).cluster.engines
+    assert naive.config.swap_copy == SWAP_ENGINES["naive"]
+
+
+def test_the_old_transfer_parameter_warns_and_sets_swap_engine() -> None:
+    old = SimConfig(policy={"name": "rotasched", "transfer": "naive"}, workload={"name": "longdoc"})
+    with pytest.warns(DeprecationWarning, match="swap.engine: 'naive'"):
+        new = resolve_deprecated(old)
+    assert new.swap == {"engine": "naive"} and "transfer" not in new.policy
+    composed = SimConfig(policy={"name": "composed", "stages": ["rotation"], "rotasched": {"transfer": "ms"}})
+    with pytest.warns(DeprecationWarning, match="swap.engine: 'ms'"):
+        assert resolve_deprecated(composed).swap == {"engine": "ms"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -278,7 +310,7 @@ class _Scripted(Policy):
         swap_in_with: int | None = None,
         resume: bool = True,
     ) -> None:
-        self.swap_copy = copy
+        self.copy = copy  # the engine's (data-plane config): _engine builds it with this copy
         self.out_id, self.out_after, self.swap_in_with = out_id, out_after, swap_in_with
         self.resume = resume
         self.out_done = False
@@ -340,7 +372,8 @@ def _engine(
     link = Link(loop, "host", spec.h2d_bytes_per_s, spec.d2h_bytes_per_s, True, spec.per_segment_overhead_s)
     recorder = _Recorder(link)
     cost = RooflineCostModel(hw, load_model("llama-3.1-8b"))
-    config = EngineConfig(block_tokens=BT, device_blocks=device_blocks, host_blocks=100_000)
+    copy = policy.copy if isinstance(policy, _Scripted) else SWAP_ENGINES[policy.swap_engine]
+    config = EngineConfig(block_tokens=BT, device_blocks=device_blocks, host_blocks=100_000, swap_copy=copy)
     engine = Engine(loop, "e0", config, cost, policy, metrics, link)
     return loop, engine, metrics, Cluster(loop, metrics, [engine]), recorder
 
@@ -354,7 +387,7 @@ def _requests(*prompts: int, output: int = 60) -> list[Request]:
 
 
 def test_eager_rotation_moves_only_the_dirty_tail_and_frees_synced_blocks_at_once() -> None:
-    policy = _Scripted(TRANSFER_ENGINES["duplexkv"], out_id=0, out_after=40)
+    policy = _Scripted(SWAP_ENGINES["duplexkv"], out_id=0, out_after=40)
     loop, engine, metrics, cluster, rec = _engine(policy)
     freed: list[int] = []
     swap_out = engine.swap_out
@@ -390,12 +423,12 @@ def test_without_eager_rotation_a_swap_out_moves_every_block() -> None:
 def test_copies_run_one_direction_at_a_time_unless_duplex(name: str, serial: bool) -> None:
     # Request 1 is swapped out first (out_after 5) by a first policy; then request 0's swap-out
     # and request 1's swap-in are issued in one decision.
-    first = _Scripted(TRANSFER_ENGINES[name], out_id=1, out_after=5, resume=False)
+    first = _Scripted(SWAP_ENGINES[name], out_id=1, out_after=5, resume=False)
     loop, engine, metrics, cluster, rec = _engine(first)
     cluster.feed(iter(_requests(2048, 2048, output=200)))
     loop.run(until_s=1.0)
     assert first.out_done and 1 in engine.swapped
-    second = _Scripted(TRANSFER_ENGINES[name], out_id=0, out_after=0, swap_in_with=1)
+    second = _Scripted(SWAP_ENGINES[name], out_id=0, out_after=0, swap_in_with=1)
     engine.policy = second
     loop.run()
     assert metrics.requests == 2
@@ -427,10 +460,10 @@ def test_step_waits_for_its_swaps_as_sync_says(sync: str) -> None:
 
 def test_segment_bytes_follow_table_1() -> None:
     block = 4 * 2**20  # Qwen2.5-32B: 16 tokens x 256 KB
-    assert TRANSFER_ENGINES["naive"].segment_bytes(8 * block, block, 64) == 64 * 2**10
-    assert TRANSFER_ENGINES["ms"].segment_bytes(8 * block, block, 64) == block
-    assert TRANSFER_ENGINES["ms_mk"].segment_bytes(8 * block, block, 64) == 8 * block
-    assert TRANSFER_ENGINES["duplexkv"].segment_bytes(8 * block, block, 64) == 8 * block
+    assert SWAP_ENGINES["naive"].segment_bytes(8 * block, block, 64) == 64 * 2**10
+    assert SWAP_ENGINES["ms"].segment_bytes(8 * block, block, 64) == block
+    assert SWAP_ENGINES["ms_mk"].segment_bytes(8 * block, block, 64) == 8 * block
+    assert SWAP_ENGINES["duplexkv"].segment_bytes(8 * block, block, 64) == 8 * block
 
 
 def test_transfer_ladder_orders_the_engines_as_table_1() -> None:

@@ -30,7 +30,7 @@ from kvtier.sim.metrics import Metrics
 from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link
-from kvtier.sim.run import run
+from kvtier.sim.run import run, workload
 from kvtier.sim.state import SimRequest
 from kvtier.sim.view import WaitingViews, admitted_view
 from kvtier.sim.workload import mooncake_block_hit_rate
@@ -449,3 +449,16 @@ def test_an_admitted_requests_view_is_rebuilt_only_when_it_changes() -> None:
     assert second is not first and second.generated_tokens == 1
     r.phase = Phase.RUNNING
     assert admitted_view(r).phase is Phase.RUNNING
+
+
+def test_the_run_has_one_block_size() -> None:
+    """The config's ``block_tokens`` cuts the workload's block keys; a workload section may not set
+    another (it used to win silently over the engines' block size)."""
+    base = SimConfig(block_tokens=32, workload={"name": "longdoc", "num_requests": 3})
+    requests = list(workload(base))
+    assert all(len(r.block_keys) == math.ceil(r.prompt_tokens / 32) for r in requests)
+    with pytest.raises(ConfigError, match="top level"):
+        list(workload(base.with_overrides(workload={**base.workload, "block_tokens": 16})))
+    same = base.with_overrides(workload={**base.workload, "block_tokens": 32})
+    with pytest.warns(DeprecationWarning, match="top-level `block_tokens`"):
+        assert [r.block_keys for r in workload(same)] == [r.block_keys for r in requests]

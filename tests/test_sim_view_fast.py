@@ -7,12 +7,18 @@ import dataclasses
 import pytest
 
 from kvtier.sched.base import Phase, RequestView
-from kvtier.sim.view import _new_view
+from kvtier.sim.request import Request
+from kvtier.sim.state import SimRequest
+from kvtier.sim.view import _view
+from kvtier.tiers import PerTier
 
 
 def test_fast_view_equals_the_dataclass_field_for_field() -> None:
-    args = (7, 1.5, Phase.SWAPPED, 1000, 512, 3, (512, 0, 256, 0), 128, 64, (1, 2, 3))
-    fast, slow = _new_view(*args), RequestView(*args)
+    args = (7, 1.5, Phase.SWAPPED, 1000, 512, 3, PerTier(512, 0, 256, 0), 128, 64, (1, 2, 3))
+    r = SimRequest(
+        Request(7, 1.5, 1000, 8, (1, 2, 3)), Phase.SWAPPED, computed_tokens=512, generated_tokens=3
+    )
+    fast, slow = _view(r, PerTier(512, 0, 256, 0), 128, 64), RequestView(*args)
     assert fast == slow and hash(fast) == hash(slow)
     assert dataclasses.astuple(fast) == args
     assert fast.loadable_tokens == 256 and fast.remaining_prefill_tokens == 488

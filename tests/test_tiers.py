@@ -10,7 +10,7 @@ import pytest
 
 from kvtier import _core
 from kvtier.errors import ConfigError
-from kvtier.tiers import _STORE_NAMES, Tier
+from kvtier.tiers import _STORE_NAMES, NO_TOKENS, PerTier, Tier
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "kvtier"
 TIER_WORDS = frozenset({"device", "host", "dram", "ssd", "remote"})
@@ -73,3 +73,25 @@ def test_no_tier_is_spelled_as_a_string(package: str) -> None:
         for line, word in _tier_strings(path)
     ]
     assert not offenders, "spell tiers with kvtier.tiers.Tier:\n" + "\n".join(offenders)
+
+
+def test_per_tier_fields_are_the_tiers_in_order() -> None:
+    counts = PerTier(device=1, host=2, ssd=3, remote=4)
+    assert PerTier._fields == tuple(t.label for t in Tier)
+    assert [counts[t] for t in Tier] == [getattr(counts, t.label) for t in Tier] == [1, 2, 3, 4]
+    assert counts[Tier.HOST :] == (2, 3, 4) and sum(counts) == 10
+    assert NO_TOKENS == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("package", ["radix", "sched", "sim", "engine"])
+def test_no_positional_tier_tuple_type(package: str) -> None:
+    """Per-tier counts are a PerTier (named by tier), never a bare 4-tuple indexed by position."""
+    not_tiers = {"sim/models.py"}  # (attention params, KV bytes, qk dim, v dim) of MLA
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{n}"
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        if str(path.relative_to(PACKAGE)) not in not_tiers
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "tuple[int, int, int, int]" in line
+    ]
+    assert not offenders, "use kvtier.tiers.PerTier:\n" + "\n".join(offenders)

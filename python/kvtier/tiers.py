@@ -1,7 +1,7 @@
 """The KV tiers, one vocabulary for the whole package (issue 18 step 5).
 
 :class:`Tier` is the only spelling of a tier in code: the prefix tree's residency, the scheduler's
-per-tier token counts (``RequestView.cached_tokens`` is indexed by :class:`Tier`), load targets,
+per-tier token counts (:class:`PerTier`: ``RequestView.cached_tokens``, a request's hit tokens), load targets,
 the simulator's links and metrics, and the reference engine's loads all use it. Strings appear only
 where a user reads or writes them, and are mapped here, in one place:
 
@@ -14,6 +14,7 @@ where a user reads or writes them, and are mapped here, in one place:
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import NamedTuple
 
 from kvtier.errors import ConfigError
 
@@ -21,7 +22,7 @@ from kvtier.errors import ConfigError
 class Tier(IntEnum):
     """Where a block's KV may live, fastest first (a lower value is a faster tier).
 
-    An ``IntEnum`` so that per-tier tuples (``cached_tokens``, ``hit_tokens``) are indexed by tier.
+    An ``IntEnum`` so that a :class:`PerTier` (``cached_tokens``, ``hit_tokens``) is indexed by tier.
     """
 
     DEVICE = 0
@@ -51,6 +52,20 @@ class Tier(IntEnum):
             raise ConfigError(f"unknown store tier {name!r}; known: {', '.join(_STORE_NAMES)}")
         return tier
 
+
+class PerTier(NamedTuple):
+    """One count per tier, fastest first: ``counts.host`` or ``counts[Tier.HOST]`` (the fields are the
+    tiers' labels, in :class:`Tier` order). A tuple, so that it slices (``counts[Tier.HOST:]``: the
+    tiers below the device), sums, and compares and serializes like the plain 4-tuple it replaces."""
+
+    device: int = 0
+    host: int = 0
+    ssd: int = 0
+    remote: int = 0
+
+
+#: No tokens in any tier (an admitted request's view: its cached prefix is already computed).
+NO_TOKENS = PerTier()
 
 #: The store's names for its tiers (``kvtier._core.STORE_TIERS``, from Rust's ``TierKind``; host
 #: memory is ``"dram"`` there): the one place they are mapped (tests/test_tiers.py checks it).

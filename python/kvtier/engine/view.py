@@ -21,8 +21,9 @@ from kvtier.engine.kv import PagedKvPool
 from kvtier.engine.model import Model
 from kvtier.engine.request import EngineRequest
 from kvtier.geometry import Geometry
-from kvtier.sched.base import LoadMode, RequestView, SchedulerView
-from kvtier.tiers import Tier
+from kvtier.sched.base import LoadMode, Policy, RequestView, SchedulerView
+from kvtier.sched.swap_copy import swap_engine
+from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
 
 class EngineState(Protocol):
@@ -31,6 +32,8 @@ class EngineState(Protocol):
 
     @property
     def config(self) -> EngineConfig: ...
+    @property
+    def policy(self) -> Policy: ...
     @property
     def model(self) -> Model: ...
     @property
@@ -68,13 +71,16 @@ def build_view(engine: EngineState) -> SchedulerView:
         num_layers=engine.model.config.num_layers,
         cost=CpuEstimates(config, engine.pool.geometry),
         kv_bytes_per_token=engine.pool.geometry.block_bytes // engine.pool.block_tokens,
+        # The engine's swaps are synchronous (docs/engine.md); the policy counts what a swap-out
+        # frees by the swap path it was evaluated on, as before the path became data-plane config.
+        swap_copy=swap_engine(engine.policy.swap_engine),
     )
 
 
 def request_view(engine: EngineState, r: EngineRequest, lookup: bool = False) -> RequestView:
     """``r`` as a policy sees it; with ``lookup``, its cached prefix per tier (waiting requests)."""
     bt = engine.pool.block_tokens
-    cached = (0, 0, 0, 0)
+    cached = NO_TOKENS
     if lookup:
         cap = (r.prefill_len - 1) // bt
         device = engine.blocks.cached_prefix(r.key_ints(cap))
@@ -83,7 +89,7 @@ def request_view(engine: EngineState, r: EngineRequest, lookup: bool = False) ->
         if engine.transfer is not None and device < cap:
             for tier in engine.transfer.lookup(r.block_keys(cap)[device:]):
                 per_tier[tier] += bt
-        cached = (per_tier[0], per_tier[1], per_tier[2], per_tier[3])
+        cached = PerTier(*per_tier)
     return RequestView(
         req_id=r.req_id,
         arrival_s=r.arrival_s,

@@ -16,7 +16,8 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 from kvtier.errors import ConfigError
-from kvtier.tiers import Tier
+from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
+from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
 
 class Phase(StrEnum):
@@ -44,10 +45,10 @@ class RequestView:
     prompt_tokens: int
     computed_tokens: int  # prompt tokens whose KV is on the device (computed or loaded)
     generated_tokens: int
-    # Consecutive cached prefix of the prompt, by the fastest tier holding each part, in tokens,
-    # indexed by `Tier` (device first, then host, ssd, remote). Blocks already computed are in
+    # Consecutive cached prefix of the prompt, by the fastest tier holding each part, in tokens
+    # (`cached_tokens.host` or `cached_tokens[Tier.HOST]`). Blocks already computed are in
     # `computed_tokens`.
-    cached_tokens: tuple[int, int, int, int] = (0, 0, 0, 0)
+    cached_tokens: PerTier = NO_TOKENS
     in_queue_tokens: int = 0  # right after the cached prefix, being brought by a queued request
     in_flight_tokens: int = 0  # right after the cached prefix, being loaded or computed now
     # The prompt's block keys (prefix-tree path, one per `block_tokens` tokens; what a real engine
@@ -95,6 +96,7 @@ class SchedulerView:
     num_layers: int
     cost: CostEstimates
     kv_bytes_per_token: int = 0  # raw KV bytes per token on one GPU, for sizing transfers (0: unknown)
+    swap_copy: SwapCopy = PLAIN_SWAP  # how the engine's swaps move KV (data-plane config, not the policy's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,40 +119,6 @@ class LoadOrder:
     decode_on_device: bool = False  # compressed bytes cross the host link and decode on the GPU
 
 
-@dataclass(frozen=True, slots=True)
-class SwapCopy:
-    """How the engine copies a swapped request's KV over the host link (SuperInfer §4.3, Table 1).
-
-    The defaults are the engine's plain swap: one copy per block, both directions at once, all
-    blocks moved at swap-out and freed when the copy lands, no step ever waits for a swap.
-
-    ``sync``: ``"none"`` (swaps are independent transfers); ``"step"`` (vLLM: a step's swaps run
-    before its forward pass, so its compute waits for them and swapped-out blocks are reusable at
-    once); ``"next_step"`` (cross-iteration pipeline, §4.3.2 Fig. 15: a step's swaps overlap its
-    compute and the next step starts once both are done). Under ``step``/``next_step`` a step's
-    swaps leave as one copy per direction.
-    """
-
-    layer_first: bool = False  # one copy per layer per block (PagedAttention's segment, §4.3.1)
-    batched: bool = False  # one copy launch per direction per step (cudaMemcpyBatchAsync, §4.3.2 "MK")
-    duplex: bool = True  # False: copies run one at a time, FIFO (HBM block data race, Fig. 13)
-    eager: bool = False  # eager block rotation: full blocks copied out in the background (§4.3.2)
-    sync: str = "none"  # none | step | next_step
-
-    def __post_init__(self) -> None:
-        if self.sync not in ("none", "step", "next_step"):
-            raise ConfigError(f"SwapCopy sync is {self.sync!r}; expected none, step or next_step")
-
-    def segment_bytes(self, nbytes: int, block_bytes: int, num_layers: int) -> int:
-        """Bytes per copy launch of a ``nbytes`` swap (§4.3.1): the whole swap (batched), one layer
-        of a block (layer-first paged KV: 64 KB for Qwen2.5-32B), or one block (4 MB)."""
-        if self.batched:
-            return max(nbytes, 1)
-        if self.layer_first:
-            return max(1, block_bytes // num_layers)
-        return block_bytes
-
-
 @dataclass(slots=True)
 class SchedulerDecision:
     prefill: list[tuple[int, int]] = field(default_factory=list)  # (req_id, new tokens this step)
@@ -170,7 +138,9 @@ class Policy(ABC):
 
     name: ClassVar[str]
     offload: str = "none"  # a class default; a configurable policy may set its own per instance
-    swap_copy: SwapCopy = SwapCopy()  # how swap_out/swap_in move KV; a policy may set its own
+    # The swap data plane this policy was evaluated on (a name in kvtier.sched.swap_copy.SWAP_ENGINES),
+    # used where the sim config's `swap` section names none; the copy path itself is config.
+    swap_engine: str = "plain"
     # The inter-engine scheduler this policy needs (kvtier.sched.placement), by name; None: any router.
     global_scheduler: ClassVar[str | None] = None
 

@@ -10,7 +10,7 @@ stage           decision                                      paper, code reused
                 which waiting requests may be admitted, in   Algorithm 1, B_xfer) and §4.3
                 Largest-VLT-First order; the running         (DuplexKV as the swap copy):
                 batch's block claims (no recompute           :meth:`RotaSched.rotate`,
-                preemption); swaps moved by DuplexKV         :class:`StepPlan`, ``transfer_engine``
+                preemption); swaps moved by DuplexKV         :class:`StepPlan`, ``swap_engine``
 ``async_fetch`` a waiting request whose prefix sits in the   ShadowServe §4.1-4.3 (batch
                 store below host (SSD, remote) is            interception, SmartNIC chunked
                 intercepted into the fetching queue (serial  pipeline): :meth:`ShadowServeAsync.
@@ -69,7 +69,6 @@ from kvtier.sched.base import (
     RequestView,
     SchedulerDecision,
     SchedulerView,
-    SwapCopy,
     register,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
@@ -156,7 +155,7 @@ class Composed(Policy):
             raise ConfigError(f"composed: bad strata/rotasched parameters: {e}") from None
         self.shadow = ShadowServeAsync()
         self.rotation = "rotation" in self.stages
-        self.swap_copy = self.rota.swap_copy if self.rotation else SwapCopy()
+        self.swap_engine = self.rota.swap_engine if self.rotation else Policy.swap_engine
         self.intercepted_total = 0  # requests sent to the fetching queue by async_fetch
 
     def params(self) -> dict[str, Any]:

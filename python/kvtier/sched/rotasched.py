@@ -34,8 +34,9 @@ admissions never push the engine into its passive recompute preemption; plus the
 swap-outs whose copy is still in flight (already rotated out; counting them as used would preempt
 twice for one need).
 
-DuplexKV (§4.3) is the policy's ``swap_copy`` (:class:`~kvtier.sched.base.SwapCopy`), chosen by
-``transfer`` among Table 1's ladder (:data:`TRANSFER_ENGINES`): Naive (vLLM's copies: one per 64 KB
+DuplexKV (§4.3) is the engine's swap path (:class:`~kvtier.sched.swap_copy.SwapCopy`): data-plane
+config (the sim config's ``swap: {engine: ...}``; RotaSched's ``swap_engine``, used where the config
+names none, is ``duplexkv``), among Table 1's ladder (:data:`~kvtier.sched.swap_copy.SWAP_ENGINES`): Naive (vLLM's copies: one per 64 KB
 layer segment), MS (block-first layout: one copy per 4 MB block), MS+MK (one batched launch per
 direction), DuplexKV (MS+MK with eager block rotation, so full duplex). All four run in the
 cross-iteration pipeline (Fig. 15: an iteration's swaps overlap its compute; the next iteration
@@ -61,38 +62,11 @@ from kvtier.sched.base import (
     RequestView,
     SchedulerDecision,
     SchedulerView,
-    SwapCopy,
     register,
 )
 from kvtier.sched.batching import blocks_for, reusable_tokens
+from kvtier.sched.swap_copy import SwapCopy
 from kvtier.tiers import Tier
-
-# Table 1's transfer engines (§5.3 "How much bandwidth can DuplexKV achieve?") as swap settings,
-# inside SuperInfer's cross-iteration pipeline (§5.3's "w/o DuplexKV" keeps the overlap: "slow
-# transfers ... preventing full overlap"), plus vLLM's own swap path for the §3.1 baselines.
-TRANSFER_ENGINES: dict[str, SwapCopy] = {
-    # vLLM's swap: 64 KB per-layer copies, directions serial, run before the forward pass (§3.1).
-    "vllm": SwapCopy(layer_first=True, batched=False, duplex=False, eager=False, sync="step"),
-    # Naive: a cudaMemcpyAsync per 64 KB layer segment (layer-first paged KV, §4.3.1).
-    "naive": SwapCopy(layer_first=True, batched=False, duplex=False, eager=False, sync="next_step"),
-    # MS: block-first layout merges a block's layers into one 4 MB copy, still one launch each.
-    "ms": SwapCopy(layer_first=False, batched=False, duplex=False, eager=False, sync="next_step"),
-    # MS+MK: one cudaMemcpyBatchAsync launch per direction; data races still serialise directions.
-    "ms_mk": SwapCopy(layer_first=False, batched=True, duplex=False, eager=False, sync="next_step"),
-    # DuplexKV: MS+MK + eager block rotation, so both directions run at once without data races.
-    "duplexkv": SwapCopy(layer_first=False, batched=True, duplex=True, eager=True, sync="next_step"),
-}
-TABLE1_LADDER = ("naive", "ms", "ms_mk", "duplexkv")
-
-
-def transfer_engine(name: str) -> SwapCopy:
-    """The :class:`SwapCopy` of one of Table 1's transfer engines; unknown names raise."""
-    try:
-        return TRANSFER_ENGINES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown transfer engine {name!r}; expected one of {sorted(TRANSFER_ENGINES)}"
-        ) from None
 
 
 def kv_blocks(r: RequestView, block_tokens: int) -> int:
@@ -277,6 +251,7 @@ class RotaSched(Policy):
 
     name = "rotasched"
     offload = "none"  # the host tier holds rotary requests' KV only
+    swap_engine = "duplexkv"
 
     def __init__(
         self,
@@ -286,7 +261,6 @@ class RotaSched(Policy):
         beta_b: float = 0.0,
         beta_f: float = 0.5,
         xfer_blocks: int = 2400,
-        transfer: str = "duplexkv",
     ) -> None:
         if not (ttft_slo_s > 0 and tbt_slo_s > 0):
             raise ConfigError(f"rotasched SLOs must be > 0; got ttft {ttft_slo_s}, tbt {tbt_slo_s}")
@@ -300,8 +274,6 @@ class RotaSched(Policy):
         self.beta_b = beta_b
         self.beta_f = beta_f
         self.xfer_blocks = xfer_blocks
-        self.transfer = transfer
-        self.swap_copy = transfer_engine(transfer)
         self._seen: OrderedDict[int, _Seen] = OrderedDict()  # in order of last sight
         # Swapped out, copy not landed yet: (device blocks still held, when) per request.
         self._pending_out: dict[int, tuple[int, float]] = {}
@@ -314,7 +286,6 @@ class RotaSched(Policy):
             "beta_b": self.beta_b,
             "beta_f": self.beta_f,
             "xfer_blocks": self.xfer_blocks,
-            "transfer": self.transfer,
         }
 
     # ------------------------------------------------------------------------------------------
@@ -413,7 +384,7 @@ class RotaSched(Policy):
         preempted, prioritised = lvf(candidates, blocks, free_hbm, self.xfer_blocks)
         released = 0
         for r in preempted:
-            now_free = released_now(r, self.swap_copy, self.synced_blocks(r, bt), bt)
+            now_free = released_now(r, view.swap_copy, self.synced_blocks(r, bt), bt)
             released += now_free
             self._pending_out[r.req_id] = (blocks[r.req_id] - now_free, now)
         return preempted, prioritised, released

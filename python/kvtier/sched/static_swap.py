@@ -11,13 +11,11 @@ Both preempt by swapping KV to host (never by recompute) and differ in who gets 
   cannot get a block (passive preemption, tail first). It protects TBT but behaves like FCFS (§3.1).
 
 Both keep the running batch's claims (unfinished prompts, a decode's next block) out of the blocks
-they hand out, like RotaSched, and move KV with a Table 1 transfer engine (``transfer``; §3.1 ran
-on vLLM's own swap path, ``vllm``).
+they hand out, like RotaSched. How swaps move KV is the engine's (data-plane config: the sim
+config's ``swap: {engine: ...}``); §3.1 ran on vLLM's own swap path, these policies' ``swap_engine``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from kvtier.sched.base import Phase, Policy, RequestView, SchedulerDecision, SchedulerView, register
 from kvtier.sched.rotasched import (
@@ -27,25 +25,19 @@ from kvtier.sched.rotasched import (
     released_now,
     running_claims,
     step_tokens,
-    transfer_engine,
 )
 
 
 class _StaticSwap(Policy):
     offload = "none"
+    swap_engine = "vllm"
 
-    def __init__(self, transfer: str = "vllm") -> None:
-        self.transfer = transfer
-        self.swap_copy = transfer_engine(transfer)
-
-    def params(self) -> dict[str, Any]:
-        return {"transfer": self.transfer}
-
-    def _released(self, r: RequestView, bt: int) -> int:
+    def _released(self, view: SchedulerView, r: RequestView) -> int:
         # Static policies keep no history: under eager rotation, count the blocks full now less the
         # one that may have filled during the last step (its copy may still be in flight).
+        bt = view.block_tokens
         synced = max((r.computed_tokens + r.generated_tokens) // bt - 1, 0)
-        return released_now(r, self.swap_copy, synced, bt)
+        return released_now(r, view.swap_copy, synced, bt)
 
     def _passive(self, view: SchedulerView, victims: list[RequestView]) -> tuple[list[RequestView], int]:
         """Swaps out running requests from the tail while the running batch's claims exceed the
@@ -57,7 +49,7 @@ class _StaticSwap(Policy):
         while free < 0 and victims:
             victim = victims.pop()
             out.append(victim)
-            free += self._released(victim, bt) + claim(victim, bt)
+            free += self._released(view, victim) + claim(victim, bt)
         return out, free
 
     def _plan(self, view: SchedulerView, out: list[RequestView], released: int) -> StepPlan:
@@ -82,7 +74,7 @@ class WaitingFirst(_StaticSwap):
             need = kv_blocks(w, bt)
             while need > free and decoding:
                 victim = decoding.pop()
-                released = self._released(victim, bt)
+                released = self._released(view, victim)
                 if released <= 0:  # a non-eager copy in the pipeline frees nothing now
                     decoding.clear()
                     break
@@ -94,7 +86,7 @@ class WaitingFirst(_StaticSwap):
             free -= need
             budget -= w.prompt_tokens
             admitted += 1
-        released = sum(self._released(r, bt) for r in out)
+        released = sum(self._released(view, r) for r in out)
         plan = self._plan(view, out, released)
         for w in view.waiting:
             if not plan.admit(w):
@@ -111,9 +103,8 @@ class SwappedFirst(_StaticSwap):
     name = "swapped_first"
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
-        bt = view.block_tokens
         out, _ = self._passive(view, list(view.running))
-        released = sum(self._released(r, bt) for r in out)
+        released = sum(self._released(view, r) for r in out)
         plan = self._plan(view, out, released)
         swapped = sorted(view.swapped, key=lambda s: (s.arrival_s, s.req_id))
         resumed = 0

@@ -33,6 +33,7 @@ from kvtier.sim.metrics import Metrics, RequestRecord
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.state import SimRequest
+from kvtier.tiers import PerTier
 
 
 class Cluster:
@@ -133,7 +134,7 @@ class Cluster:
                 finish_s=now,
                 prompt_tokens=r.req.prompt_tokens,
                 output_tokens=r.req.output_tokens,
-                hit_tokens=(r.hit_tokens[0], r.hit_tokens[1], r.hit_tokens[2], r.hit_tokens[3]),
+                hit_tokens=PerTier(*r.hit_tokens),
                 max_tbt_s=r.max_tbt_s,
                 matched_blocks=r.matched_blocks or 0,
                 prompt_blocks=len(r.keys),

@@ -32,6 +32,7 @@ from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
 from kvtier.sched.placement import ROUTERS
+from kvtier.sched.swap_copy import swap_copy
 from kvtier.tiers import Tier
 
 _INF_WORDS = ("inf", "unbounded", "infinite")
@@ -70,6 +71,9 @@ class SimConfig:
     # {dram_modules, filesystem_object_overhead_s}. None: the plain host link and striped SSDs.
     pool: Mapping[str, Any] | None = None
     device_prefix_cache: bool = True  # False: finished requests' KV leaves the GPU (vLLM without APC)
+    # How swaps cross the host link (kvtier.sched.swap_copy): {engine: plain|vllm|naive|ms|ms_mk|
+    # duplexkv}. None: the engine the policy was evaluated on (its swap_engine).
+    swap: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -111,6 +115,7 @@ class SimConfig:
             from kvtier.sim.pool import PoolSpec
 
             PoolSpec.from_mapping(self.pool)  # validates the section
+        swap_copy(self.swap, "plain")  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
                 f"`device_prefix_cache` is {self.device_prefix_cache!r}; expected true or false"
@@ -162,10 +167,27 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     policy that decides the same, and the data-plane keys it implied fill the config's ``pool``
     section where the section is present and leaves them out (the run is unchanged). ``composed``
     in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
-    pool's layout the same way."""
+    pool's layout the same way. A policy's ``transfer`` (RotaSched, the static swap policies, and
+    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
+    swap = config.swap
+    transfer = spec.pop("transfer", None)
+    rota = spec.get("rotasched")
+    if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
+        rota = dict(rota)
+        transfer = rota.pop("transfer")
+        spec["rotasched"] = rota
+    if transfer is not None:
+        warnings.warn(
+            f"policy parameter `transfer` is deprecated: use swap.engine: {transfer!r} (the swap "
+            "copy is data-plane config)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if swap is None or "engine" not in swap:
+            swap = {**(swap or {}), "engine": transfer}
     old_composed = name == "composed" and "stages" not in spec and spec.get("pool", True)
     if old_composed and pool is not None and not {"layout", "passthrough"} <= set(pool):
         warnings.warn(
@@ -175,11 +197,11 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    if name == spec["name"] and not implied:
+    if name == spec["name"] and not implied and transfer is None:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
-    return config.with_overrides(policy={**spec, "name": name}, pool=pool)
+    return config.with_overrides(policy={**spec, "name": name}, pool=pool, swap=swap)
 
 
 def experiments_dir() -> Path:

@@ -58,6 +58,7 @@ from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.topology import Topology
+from kvtier.tiers import PerTier
 
 TTFT_WINDOW_S = 150.0  # §7.4: the steady-state test's sliding window
 DECODE_TOKENS_PER_EVENT = 16  # decode tokens a DE advances per simulated event (see the module docs)
@@ -417,7 +418,7 @@ class DualPathCluster:
                 finish_s=now,
                 prompt_tokens=r.prompt_tokens,
                 output_tokens=r.req.output_tokens,
-                hit_tokens=(0, 0, 0, r.hit_tokens),
+                hit_tokens=PerTier(remote=r.hit_tokens),
                 max_tbt_s=r.max_tbt_s,
                 matched_blocks=r.hit_tokens // bt,
                 prompt_blocks=-(-r.prompt_tokens // bt),

@@ -26,6 +26,7 @@ from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, SchedulerView
 from kvtier.sched.executor import execute
+from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
 from kvtier.sim.events.step_end import Step, finish_step
@@ -57,6 +58,7 @@ class EngineConfig:
     # False: a finished request's blocks leave the device (vLLM with prefix caching off, as in
     # LMCache's benchmarks), so every later hit is served from the lower tiers.
     device_prefix_cache: bool = True
+    swap_copy: SwapCopy = PLAIN_SWAP  # how swaps cross the host link (the sim config's `swap` section)
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -118,7 +120,7 @@ class Engine:
             cost.num_layers,
         )
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
-        self.swaps = Swaps(self, config.block_tokens, self.block_bytes, cost.num_layers)
+        self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)
         self.swapped: dict[int, SimRequest] = {}
         self.on_finish = on_finish
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
@@ -196,7 +198,7 @@ class Engine:
             return
         if self.incoming:
             self._admit_incoming()
-        if self.policy.swap_copy.eager:
+        if self.config.swap_copy.eager:
             self.swaps.rotate_synced_blocks(self.config.offload_priority)
         step = Step(self, start_s=self.loop.now_s)
         view = self.view()

@@ -22,6 +22,7 @@ from kvtier.sim.ep_cost import PrefillEstimates
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link
 from kvtier.sim.topology import EngineSlot
+from kvtier.tiers import PerTier
 
 
 @dataclass(eq=False)
@@ -122,7 +123,7 @@ class GpuEngine:
                 prompt_tokens=r.prompt_tokens,
                 computed_tokens=r.computed_tokens if started else 0,
                 generated_tokens=r.generated_tokens if decode else 0,
-                cached_tokens=(0, 0 if started else r.hit_tokens, 0, 0),
+                cached_tokens=PerTier(host=0 if started else r.hit_tokens),
             )
             (running if started else waiting).append(view)
         s = self.shape

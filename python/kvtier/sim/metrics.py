@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.tiers import Tier
+from kvtier.tiers import PerTier, Tier
 
 
 class LogHistogram:
@@ -90,7 +90,7 @@ class RequestRecord:
     finish_s: float
     prompt_tokens: int
     output_tokens: int
-    hit_tokens: tuple[int, int, int, int]
+    hit_tokens: PerTier
     max_tbt_s: float
     matched_blocks: int = 0
     prompt_blocks: int = 0

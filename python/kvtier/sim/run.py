@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.placement import GlobalScheduler, make_router
+from kvtier.sched.swap_copy import swap_copy
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
@@ -164,10 +166,11 @@ def build(config: SimConfig) -> Simulation:
         link = Link.of(loop, f"{name}.host", hw.host_link, config.tp)
         links[link.name] = link
         policy = make_policy(policy_name, **policy_spec)
+        copy = swap_copy(config.swap, policy.swap_engine)  # the config's, else the policy's own
         return Engine(
             loop,
             name,
-            engine_config,
+            dataclasses.replace(engine_config, swap_copy=copy),
             cost,
             policy,
             metrics,
@@ -194,9 +197,24 @@ def build(config: SimConfig) -> Simulation:
 
 
 def workload(config: SimConfig) -> Iterator[Request]:
+    """The run's requests. Their block keys are cut at the config's ``block_tokens``, the run's one
+    block size: a workload section's own ``block_tokens`` (accepted before, silently able to differ
+    from the engines') is deprecated when equal and refused when not."""
     spec = dict(config.workload)
     name = spec.pop("name")
-    spec.setdefault("block_tokens", config.block_tokens)
+    own = spec.pop("block_tokens", config.block_tokens)
+    if own != config.block_tokens:
+        raise ConfigError(
+            f"workload `block_tokens` is {own!r} but the run's `block_tokens` is {config.block_tokens}: "
+            "set the block size once, at the top level"
+        )
+    if "block_tokens" in config.workload:
+        warnings.warn(
+            "workload `block_tokens` is deprecated: the run's block size is the top-level `block_tokens`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    spec["block_tokens"] = config.block_tokens
     spec.setdefault("seed", config.seed)
     return make_workload(name, **spec)
 

@@ -1,7 +1,8 @@
 """Swap in the simulated engine: preemption that keeps a request's KV in host memory
 (:class:`Swaps`, one seam of :mod:`kvtier.sim.engine`).
 
-How the copies cross the host link follows the policy's :class:`SwapCopy` (SuperInfer §4.3):
+How the copies cross the host link follows the engine's :class:`SwapCopy` (SuperInfer §4.3; data-plane
+config, ``EngineConfig.swap_copy``):
 one copy per request, or one batched copy per direction per step; both directions at once (duplex)
 or one copy at a time, FIFO; independent of the steps, or step-synced (``step``: the step's compute
 waits for its swaps; ``next_step``: the next step starts once they landed). With eager rotation,
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kvtier.errors import SimError
-from kvtier.sched.base import Phase, Policy, SwapCopy
+from kvtier.sched.base import Phase, Policy
+from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.owner import SeamOwner
@@ -46,8 +48,11 @@ class SwapOwner(SeamOwner, Protocol):
 
 
 class Swaps:
-    def __init__(self, owner: SwapOwner, block_tokens: int, block_bytes: int, num_layers: int) -> None:
+    def __init__(
+        self, owner: SwapOwner, copy: SwapCopy, block_tokens: int, block_bytes: int, num_layers: int
+    ) -> None:
         self._owner = owner
+        self.copy = copy
         self._block_tokens = block_tokens
         self._block_bytes = block_bytes
         self._num_layers = num_layers
@@ -79,7 +84,7 @@ class Swaps:
         r.epoch += 1
         r.swap_pending = True
         owner.swapped[r.req_id] = r
-        copy = owner.policy.swap_copy
+        copy = self.copy
         # min(): an eager copy issued before a recompute preemption may land after it.
         moved = blocks - min(r.host_synced_blocks, blocks) if copy.eager else blocks
         if copy.eager or copy.sync == "step":
@@ -115,7 +120,7 @@ class Swaps:
         r.private_blocks += blocks
         owner.private_blocks += blocks
         r.swap_pending = True
-        copy = owner.policy.swap_copy
+        copy = self.copy
         if copy.sync != "none":
             self.barrier += 1
 
@@ -134,7 +139,7 @@ class Swaps:
     def _submit(self, nbytes: int, direction: Direction, landed: Landed) -> None:
         """Batched or step-synced swaps leave as one copy per direction per step (cudaMemcpyBatchAsync;
         vLLM's swap_blocks), see :meth:`end_swaps`; others one per request."""
-        copy = self._owner.policy.swap_copy
+        copy = self.copy
         if copy.batched or copy.sync != "none":
             self._batches[direction].append((nbytes, landed))
         else:
@@ -155,7 +160,7 @@ class Swaps:
     def _send(self, nbytes: int, direction: Direction, landed: Landed) -> None:
         owner = self._owner
         segment = self._segment_bytes(nbytes)
-        copy = owner.policy.swap_copy
+        copy = self.copy
         if copy.duplex:
             owner.host_link.submit(nbytes, direction, landed, segment, priority=1, batched=copy.batched)
             return
@@ -179,18 +184,18 @@ class Swaps:
 
     def _segment_bytes(self, nbytes: int) -> int:
         """Bytes per copy launch of a swap (SuperInfer §4.3.1, :meth:`SwapCopy.segment_bytes`)."""
-        return self._owner.policy.swap_copy.segment_bytes(nbytes, self._block_bytes, self._num_layers)
+        return self.copy.segment_bytes(nbytes, self._block_bytes, self._num_layers)
 
     def holds_start(self) -> bool:
         """Sync ``next_step`` with swaps in flight: the next step starts once they land."""
-        if self.barrier and self._owner.policy.swap_copy.sync == "next_step":
+        if self.barrier and self.copy.sync == "next_step":
             self._held_start_s = self._owner.loop.now_s
             return True
         return False
 
     def holds_step(self, step: Step) -> bool:
         """Sync ``step`` with swaps in flight: ``step`` computes once they land."""
-        if self.barrier and self._owner.policy.swap_copy.sync == "step":
+        if self.barrier and self.copy.sync == "step":
             self._held_step = step
             return True
         return False

@@ -24,13 +24,14 @@ from typing import Protocol, cast, overload
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import prefix_counts
-from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
+from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
-from kvtier.tiers import Tier
+from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
 _SET = tuple(getattr(RequestView, name).__set__ for name in _FIELDS)  # the slots' own setters
@@ -46,38 +47,10 @@ if _FIELDS != (
     "in_flight_tokens",
     "block_keys",
 ):
-    raise ImportError(f"RequestView's fields changed ({_FIELDS}): update kvtier.sim.view._new_view")
+    raise ImportError(f"RequestView's fields changed ({_FIELDS}): update kvtier.sim.view._view")
 _s0, _s1, _s2, _s3, _s4, _s5, _s6, _s7, _s8, _s9 = _SET
 _object_new = object.__new__
-
-
-def _new_view(
-    req_id: int,
-    arrival_s: float,
-    phase: Phase,
-    prompt_tokens: int,
-    computed_tokens: int,
-    generated_tokens: int,
-    cached_tokens: tuple[int, int, int, int],
-    in_queue_tokens: int,
-    in_flight_tokens: int,
-    block_keys: tuple[int, ...],
-) -> RequestView:
-    """``RequestView(...)`` (positional), built through its slots: the frozen dataclass's own
-    ``__init__`` sets each field through ``object.__setattr__``, twice as slow, and the engine builds
-    one view per running request per step (issue 20). The result is equal, field for field."""
-    v: RequestView = _object_new(RequestView)
-    _s0(v, req_id)
-    _s1(v, arrival_s)
-    _s2(v, phase)
-    _s3(v, prompt_tokens)
-    _s4(v, computed_tokens)
-    _s5(v, generated_tokens)
-    _s6(v, cached_tokens)
-    _s7(v, in_queue_tokens)
-    _s8(v, in_flight_tokens)
-    _s9(v, block_keys)
-    return v
+_tuple_new = tuple.__new__  # PerTier(...) without its Python-level __new__
 
 
 class ViewConfig(StepSizes, Protocol):
@@ -85,6 +58,8 @@ class ViewConfig(StepSizes, Protocol):
     def host_blocks(self) -> int: ...
     @property
     def view_waiting_max(self) -> int: ...
+    @property
+    def swap_copy(self) -> SwapCopy: ...
 
 
 class ViewedEngine(Protocol):
@@ -196,14 +171,14 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         num_layers=engine.cost.num_layers,
         cost=Estimates(engine.cost, engine.load_paths),
         kv_bytes_per_token=engine.cost.kv_bytes_per_token,
+        swap_copy=config.swap_copy,
     )
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
-    """``request_view`` of each, with :func:`admitted_view` inline (one per running request per step)."""
+    """``request_view`` of each, with :func:`admitted_view`'s check inline (one per running request
+    per step)."""
     out = []
-    new, none = _object_new, (0, 0, 0, 0)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = _SET
     for r in requests:
         if not r.admitted:
             out.append(request_view(engine, r))
@@ -215,19 +190,7 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
-            # _new_view inline (a decoding request's view changes every step)
-            req = r.req
-            v = r.view = new(RequestView)
-            s0(v, req.req_id)
-            s1(v, req.arrival_s)
-            s2(v, r.phase)
-            s3(v, req.prompt_tokens)
-            s4(v, r.computed_tokens)
-            s5(v, r.generated_tokens)
-            s6(v, none)
-            s7(v, 0)
-            s8(v, 0)
-            s9(v, req.block_keys)
+            v = r.view = _view(r, NO_TOKENS, 0, 0)
         out.append(v)
     return tuple(out)
 
@@ -242,7 +205,7 @@ def admitted_view(r: SimRequest) -> RequestView:
         and view.generated_tokens == r.generated_tokens
     ):
         return view
-    view = r.view = _view(r, (0, 0, 0, 0), 0, 0)
+    view = r.view = _view(r, NO_TOKENS, 0, 0)
     return view
 
 
@@ -264,37 +227,28 @@ def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
     left -= d + h
     s = (on_ssd if on_ssd < left else left) if left > 0 else 0
     m = (on_remote if on_remote < left - s else left - s) if left > s else 0
-    v: RequestView = _object_new(RequestView)  # _new_view inline: one per waiting request read a step
-    _s0(v, r.req_id)
+    return _view(r, _tuple_new(PerTier, (d * bt, h * bt, s * bt, m * bt)), in_queue * bt, in_flight * bt)
+
+
+def _view(r: SimRequest, cached: PerTier, in_queue: int, in_flight: int) -> RequestView:
+    """A new :class:`RequestView`, its slots set directly (the frozen dataclass's ``__init__`` costs
+    twice as much; one per decoding request per step)."""
+    req = r.req
+    v: RequestView = _object_new(RequestView)
+    _s0(v, req.req_id)
     _s1(v, req.arrival_s)
     _s2(v, r.phase)
     _s3(v, req.prompt_tokens)
     _s4(v, r.computed_tokens)
     _s5(v, r.generated_tokens)
-    _s6(v, (d * bt, h * bt, s * bt, m * bt))
-    _s7(v, in_queue * bt)
-    _s8(v, in_flight * bt)
+    _s6(v, cached)
+    _s7(v, in_queue)
+    _s8(v, in_flight)
     _s9(v, req.block_keys)
     return v
 
 
-def _view(r: SimRequest, cached: tuple[int, int, int, int], in_queue: int, in_flight: int) -> RequestView:
-    req = r.req
-    return _new_view(
-        req.req_id,
-        req.arrival_s,
-        r.phase,
-        req.prompt_tokens,
-        r.computed_tokens,
-        r.generated_tokens,
-        cached,
-        in_queue,
-        in_flight,
-        req.block_keys,
-    )
-
-
-def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> tuple[int, int, int, int]:
+def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> PerTier:
     """Caps a cached prefix (tokens per tier, fastest first) at the whole blocks before the last
     prompt token: at least one token is computed, and KV is reused in whole blocks."""
     left = (prompt_tokens - 1) // block_tokens * block_tokens
@@ -303,7 +257,7 @@ def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> tu
         take = min(t, max(left, 0))
         out.append(take)
         left -= take
-    return (out[0], out[1], out[2], out[3])
+    return PerTier(*out)
 
 
 class Estimates:

@@ -30,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.sched.base import SwapCopy
-from kvtier.sched.rotasched import TABLE1_LADDER, transfer_engine
+from kvtier.sched.swap_copy import TABLE1_LADDER, SwapCopy, swap_engine
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import make_cost_model
@@ -98,8 +97,7 @@ def transfer_ladder(
     nbytes = TABLE1_TOKENS * kv_bytes_per_token
     block_bytes = block_tokens * kv_bytes_per_token
     out = {
-        name: _ladder_rung(hw, transfer_engine(name), nbytes, block_bytes, num_layers)
-        for name in TABLE1_LADDER
+        name: _ladder_rung(hw, swap_engine(name), nbytes, block_bytes, num_layers) for name in TABLE1_LADDER
     }
     spec = hw.host_link  # ideal: the half-duplex DRAM's total split evenly (192 GB/s each way)
     ideal_bw = spec.duplex_total_bytes_per_s / 2 or min(spec.h2d_bytes_per_s, spec.d2h_bytes_per_s)
