@@ -24,17 +24,20 @@ that log into the simulator's terms (:class:`kvtier.sim.calibrate.Sample`), and
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.sim.calibrate import Sample, report
 from kvtier.sim.cost import BatchShape, PrefillChunk, read_calibration
+from kvtier.sim.models import MODELS_DIR
 from kvtier.sim.validate import Turn, compare, simulate
 
 VOCAB = 49152  # SmolLM2's
@@ -226,6 +229,8 @@ def validate(
     if unknown:
         raise ConfigError(f"unknown validation case(s) {unknown}; known: {list(CASES)}")
     conv = chat_workload(conversations, turns, doc_tokens)
+    workdir = tempfile.TemporaryDirectory(prefix="kvtier-vllm-sim-")
+    model = _model_profile(Path(workdir.name), dtype)
     max_len = 2048 if max(doc_tokens) + (turns - 1) * (24 + reply_tokens) + 32 <= 2048 else 4096
     base = _base(venv, dtype, max_len)
     out: dict[str, Any] = {"calibration": calibration, "clock": clock, "repeats": repeats, "cases": {}}
@@ -242,7 +247,14 @@ def validate(
         )
         sim_steps: list[BatchShape] = []
         host = 0 if connector is None else 2 << 30
-        sim = simulate(request_turns(runs[0], clock), sizes, calibration, sim_steps, host_capacity_bytes=host)
+        sim = simulate(
+            request_turns(runs[0], clock),
+            sizes,
+            calibration,
+            sim_steps,
+            host_capacity_bytes=host,
+            model=model,
+        )
         engine_steps = samples(runs[0]["steps"], clock)
         row = compare(
             [request_turns(r, clock) for r in runs],
@@ -255,9 +267,24 @@ def validate(
         row["sim_hit_rate_tokens"] = sim["hit_rate_tokens"]
         row["sim_blocked_io_s"] = sim["blocked_io_s"]
         if "stats" in runs[0]:
+            # The link model against the connector's real loads: the simulator's time blocked on
+            # loads (the cpu profile's measured memcpy link) beside the worker's measured load time.
             row["kvtier_stats"] = runs[0]["stats"]
+            row["kvtier_load_s"] = float(runs[0]["stats"].get("load_s", 0.0))
+            row["kvtier_loaded_blocks"] = int(runs[0]["stats"].get("loaded_blocks", 0))
         out["cases"][case] = row
+    workdir.cleanup()
     return out
+
+
+def _model_profile(directory: Path, dtype: str) -> str:
+    """The packaged SmolLM2 model profile with vLLM's dtype (it sizes the KV a simulated load
+    moves): a YAML file in ``directory``."""
+    data = yaml.safe_load((MODELS_DIR / "smollm2-135m.yaml").read_text())
+    data["torch_dtype"] = dtype
+    path = directory / f"smollm2-135m-{dtype}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
 
 
 def calibrate_command(args: Any) -> dict[str, Any]:
