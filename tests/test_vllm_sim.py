@@ -39,7 +39,7 @@ def test_a_malformed_step_log_entry_is_refused(seq: list[int]) -> None:
 
 
 def test_a_step_without_a_positive_time_is_refused() -> None:
-    with pytest.raises(KvtierError, match="with wall 0.0"):
+    with pytest.raises(KvtierError, match=r"with wall 0\.0"):
         vllm_sim.samples([{"wall_s": 0.0, "seqs": [[4, 0, 4]]}])
 
 
@@ -107,3 +107,26 @@ def test_the_cli_refuses_the_sim_case_without_a_calibration_and_a_missing_venv(t
     ]
     assert cli.main(args) == 2
     assert not (tmp_path / "c.yaml").exists()
+
+
+def _worker_result(steps: list[int]) -> dict[str, object]:
+    log = [{"wall_s": 1.0, "cpu_s": 0.1 * (i + 1), "seqs": [[1, 5, 4]]} for i in range(6)]
+    request = {"id": 0, "parent": None, "prompt": [1, 2, 3, 4], "output": [7, 8, 9], "cached": 0}
+    return {"steps": log, "requests": [{**request, "steps": steps, "ttft_s": 2.5, "tpot_s": 0.75}]}
+
+
+def test_request_times_on_the_wall_clock_are_the_workers_and_on_cpu_sums_of_its_steps() -> None:
+    # Added before step 1, first token at the end of step 2, finished at step 4 (3 tokens).
+    (wall,) = vllm_sim.request_turns(_worker_result([1, 2, 4]), "wall")
+    assert (wall.ttft_s, wall.tpot_s, wall.output_tokens) == (2.5, 0.75, 3)
+    (cpu,) = vllm_sim.request_turns(_worker_result([1, 2, 4]), "cpu")
+    assert cpu.ttft_s == pytest.approx(0.2 + 0.3)
+    assert cpu.tpot_s == pytest.approx((0.4 + 0.5) / 2)
+
+
+@pytest.mark.parametrize("steps", [[2, 1, 4], [1, 2, 6]], ids=str)
+def test_request_step_indices_out_of_order_or_past_the_log_are_refused(steps: list[int]) -> None:
+    with pytest.raises(KvtierError, match="step indices"):
+        vllm_sim.request_turns(_worker_result(steps), "cpu")
+    with pytest.raises(ConfigError, match="clock"):
+        vllm_sim.request_turns(_worker_result(steps), "sundial")
