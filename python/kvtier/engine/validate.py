@@ -110,7 +110,13 @@ def validate(
 
     if repeats < 1:
         raise ConfigError(f"repeats is {repeats}; expected >= 1")
-    read_calibration(calibration)  # a bad name or file is refused before the engine runs
+    # A bad name or file, or another engine's steps, is refused before the engine runs.
+    fitted_to = read_calibration(calibration).get("engine")
+    if fitted_to is not None:
+        raise ConfigError(
+            f"calibration {calibration} was fitted to {fitted_to.get('name', 'another engine')}'s steps, "
+            "not the reference engine's; refit with `kvtier sim calibrate --out FILE`"
+        )
     if model is None or tokenizer is None:
         model, tokenizer = load()
     config = EngineConfig(num_blocks=512, max_batch_tokens=256, max_running=16)

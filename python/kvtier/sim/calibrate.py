@@ -179,9 +179,14 @@ def summary(result: dict[str, Any]) -> str:
         "  step_s = " + " + ".join(f"{result[k]:.3g} {k}" for k in COEFFICIENTS),
         f"  held-out steps: mean relative error {result['held_out_mean_rel_error']:.3f}, "
         f"max {result['held_out_max_rel_error']:.3f}; fit on all: mean {result['fit_mean_rel_error']:.3f}",
-        "  standalone forward passes (no loop overhead) vs the fit:",
-        f"  {'shape':48s} {'measured s':>11s} {'predicted s':>12s}",
     ]
+    if "engine" in result:  # another engine's steps (kvtier.bench.vllm_sim): no forward grid
+        lines.append(
+            f"  engine: {result['engine']['name']}, steps timed on the {result['engine']['clock']} clock"
+        )
+    if result["forward_grid"]:
+        lines.append("  standalone forward passes (no loop overhead) vs the fit:")
+        lines.append(f"  {'shape':48s} {'measured s':>11s} {'predicted s':>12s}")
     for row in result["forward_grid"]:
         lines.append(f"  {row['shape']:48s} {row['measured_s']:11.4f} {row['predicted_s']:12.4f}")
     lines.append("use it in a sim config: cost: {kind: fitted, calibration: <that file>}")

