@@ -43,7 +43,9 @@ STORE_KEYS = (
     "bench object_bytes objects bytes copy_threads repeats memcpy_gib_per_s put_gib_per_s get_gib_per_s "
     "put_ratio_to_memcpy get_ratio_to_memcpy put_vs_memcpy load_vs_memcpy pool_load_gib_per_s pool_load_ratio_to_get "
     "engine_pool_load_gib_per_s engine_pool_load_ratio_to_get load_then_scatter_gib_per_s pool_put_gib_per_s "
-    "pool_put_ratio_to_put lookup_tokens "
+    "pool_put_ratio_to_put pool_load_random_gib_per_s pool_load_random_ratio_to_get "
+    "engine_pool_load_random_gib_per_s engine_pool_load_random_ratio_to_get pool_put_random_gib_per_s "
+    "pool_put_random_ratio_to_put lookup_tokens "
     "lookup_128k_tokens_ms lookup_hash_ms lookup_index_ms lookup_hash_from_list_ms evictions checksum_failures"
 )
 
@@ -68,6 +70,9 @@ def test_bench_store_json_small(capsys: pytest.CaptureFixture[str]) -> None:
         "pool_load_ratio_to_get",
         "engine_pool_load_ratio_to_get",
         "pool_put_ratio_to_put",
+        "pool_load_random_ratio_to_get",
+        "engine_pool_load_random_ratio_to_get",
+        "pool_put_random_ratio_to_put",
         "lookup_128k_tokens_ms",
     ):
         assert result[key] > 0

@@ -112,3 +112,48 @@ def test_pools_of_the_wrong_size_are_refused_before_any_copy() -> None:
     with pytest.raises(BufferError, match="block_bytes"):
         store.put_from_pool(keys, PagedPool(short), [0])
     assert not any(r.any() for layer in short for r in layer)
+
+
+# Pieces of three fused 4 KiB chunks and a 608-byte rest (1 layer, 2 heads, dim 403, fp16,
+# 8-token blocks: 12896-byte segments), so every piece crosses the copy+hash chunk boundaries.
+WIDE = kvtier.Geometry(1, 2, 403, "fp16", 8)
+
+
+def test_random_block_tables_both_ways_and_a_wrong_byte_at_a_chunk_boundary() -> None:
+    """A random block table (n of a 2n-block pool, in random order, as an engine's pool hands them
+    out after a while) both ways: every byte lands, blocks outside the table stay untouched, and a
+    byte changed in the DRAM object right at a 4 KiB chunk boundary of a piece is refused."""
+    n = 12
+    cap = 3 * n * (WIDE.block_bytes + 4096)
+    store = kvtier.Store(
+        kvtier.StoreConfig(geometry=WIDE, model_id="wide", dram=DramConfig(capacity_bytes=cap))
+    )
+    rng = np.random.default_rng(23)
+    pool = np.zeros(WIDE.pool_bytes(2 * n) + 16, np.uint8)[16:]  # 16 bytes past a page, as numpy
+    pool[:] = rng.integers(0, 256, pool.size, dtype=np.uint8)
+    paged = PagedPool.layer_first(WIDE, pool)
+    ids = rng.permutation(2 * n)[:n]
+    keys = store.namespace.block_keys(np.arange(n * WIDE.block_tokens, dtype=np.uint32))
+    assert store.put_from_pool(keys, paged, ids).stored == n
+    objects = gather(WIDE, pool, ids)
+    out = np.zeros_like(objects)
+    with store.lease(keys) as lease:
+        assert store.load(lease, out).loaded_blocks == n
+    assert np.array_equal(out, objects)
+
+    back = np.full_like(pool, 0x5A)
+    back_ids = rng.permutation(2 * n)[:n]
+    with store.lease(keys) as lease:
+        report = store.load_into_pool(lease, PagedPool.layer_first(WIDE, back), back_ids)
+    assert report.loaded_blocks == n and report.failed == ()
+    assert np.array_equal(gather(WIDE, back, back_ids), objects)
+    others = [b for b in range(2 * n) if b not in back_ids]
+    assert (gather(WIDE, back, others) == 0x5A).all()
+
+    # Object 5's second piece, first byte of its second fused chunk.
+    assert store._corrupt_for_test(keys[5], WIDE.segment_bytes + 4096)
+    with store.lease(keys) as lease:
+        report = store.load_into_pool(lease, PagedPool.layer_first(WIDE, back), back_ids)
+    assert report.failed == (5,)
+    assert store.stats().checksum_failures == 1
+    store.check_integrity()

@@ -6,8 +6,13 @@ pub use xxhash_rust::xxh3::Xxh3;
 
 use crate::copy;
 
-/// Chunk of a fused copy+hash, in bytes: small enough to stay in L2 between copy and hash.
-pub const FUSED_CHUNK_BYTES: usize = 64 << 10;
+/// Chunk of a fused copy+hash, in bytes: each chunk is hashed from L1 right after its copy.
+/// 4 KiB (the smallest chunk [`copy`] still streams) against the former 64 KiB, whose hash read
+/// from L2: a DRAM put of 2 MiB objects went from 99-104 to 81-85 ms of CPU per GiB, a load from
+/// 95-104 to 70-78, a put from a paged pool from 102-117 to 90-103 (2-core VM, median of 7;
+/// docs/benchmarks.md "Fused chunks of 4 KiB"). A chunk is hashed from the *source* (see
+/// [`copy_with_checksum`]).
+pub const FUSED_CHUNK_BYTES: usize = 4 << 10;
 
 /// XXH3-64 (seed 0) of `bytes`.
 pub fn checksum(bytes: &[u8]) -> u64 {
@@ -15,7 +20,8 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 }
 
 /// Copies `src` into `dst` (same length) and returns the checksum of the bytes copied, in one
-/// pass over memory: each 64 KiB chunk is hashed right after it is copied, while it is in cache.
+/// pass over memory: each [`FUSED_CHUNK_BYTES`] chunk is hashed right after it is copied, while it
+/// is in cache.
 ///
 /// Large chunks are copied with streaming stores ([`crate::copy`]), which leave the destination
 /// out of the cache, so the hash reads each chunk from the *source* just read. The caller must
@@ -54,11 +60,36 @@ mod tests {
 
     #[test]
     fn fused_equals_one_shot() {
-        for len in [0usize, 1, 1000, 4096, 5000, FUSED_CHUNK_BYTES, FUSED_CHUNK_BYTES * 3 + 17] {
+        for len in [0usize, 1, 1000, 4095, 4096, 4097, 5000, 65_536, FUSED_CHUNK_BYTES * 3 + 17] {
             let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
             let mut dst = vec![0u8; len];
             assert_eq!(copy_with_checksum(&mut dst, &src), checksum(&src));
             assert_eq!(dst, src);
+        }
+    }
+
+    #[test]
+    fn a_wrong_byte_anywhere_changes_the_sum() {
+        // Every chunk boundary and its neighbours, every 61st byte between: the copy is exact and
+        // one flipped source byte gives another checksum, whatever chunk it falls in.
+        let len = FUSED_CHUNK_BYTES * 5 + 100;
+        let src: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        let mut dst = vec![0u8; len];
+        let good = copy_with_checksum(&mut dst, &src);
+        assert_eq!((good, &dst), (checksum(&src), &src));
+        let edges = (1..=5).flat_map(|c| [c * FUSED_CHUNK_BYTES - 1, c * FUSED_CHUNK_BYTES]);
+        for at in edges.chain((0..len).step_by(61)).chain([len - 1]) {
+            let mut bad = src.clone();
+            bad[at] ^= 0x40;
+            let mut hasher = Xxh3::new();
+            let mut out = vec![0u8; len];
+            for (a, b) in [(0, 3000), (3000, FUSED_CHUNK_BYTES * 2 + 7), (FUSED_CHUNK_BYTES * 2 + 7, len)] {
+                // SAFETY: in bounds of `out`, which does not overlap `bad`.
+                unsafe { copy_hashing(out.as_mut_ptr().add(a), &bad[a..b], &mut hasher) };
+            }
+            copy::fence();
+            assert_ne!(hasher.digest(), good, "byte {at}");
+            assert_eq!(out, bad, "byte {at} copied wrong");
         }
     }
 

@@ -97,7 +97,8 @@ unsafe fn stream_avx2(dst: *mut u8, src: *const u8, len: usize) {
         // arrays and arena extents), then one 16-byte streaming store if needed for 32. A plain
         // store into a line that streaming stores have just sent to memory reads the line back
         // first: numpy arrays start 16 bytes past a page, so plain 32-byte heads and tails cost
-        // two such reads per copy, which paid off per 64 KiB chunk but not per 32 KiB pool piece.
+        // two such reads per copy, which paid off per 64 KiB chunk but not per 32 KiB pool piece
+        // (chunks are 4 KiB since: `checksum::FUSED_CHUNK_BYTES`).
         let head = dst.align_offset(16).min(len);
         ptr::copy_nonoverlapping(src, dst, head);
         let (mut d, mut s, mut left) = (dst.add(head), src.add(head), len - head);

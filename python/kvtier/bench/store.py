@@ -1,7 +1,12 @@
 """``kvtier bench store``: DRAM-tier put/get of 2 MiB objects against one contiguous memcpy of the
 same bytes; the same blocks into a paged pool with one copy (``load_into_pool``, called directly and
 as a ``TransferEngine`` paged job) and with two (load, then scatter), and back out of it
-(``put_from_pool``); and hash + lookup of a 128K-token prompt whose blocks are all present."""
+(``put_from_pool``); and hash + lookup of a 128K-token prompt whose blocks are all present.
+
+The pool holds twice the blocks the bench moves. The pool rows run twice: with an ordered block
+table (the first ``n`` blocks, reversed: the ``pool_*`` keys) and with a random one (a seeded
+choice of ``n`` of the ``2n`` blocks in random order, what an engine's pool hands out after a while:
+the ``*_random_*`` keys)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvtier.bench.timing import best_seconds, gib_per_s, memcpy_seconds, touched
 from kvtier.config import DramConfig, StoreConfig
@@ -45,6 +51,12 @@ class StoreBench(Result):
     load_then_scatter_gib_per_s: float
     pool_put_gib_per_s: float
     pool_put_ratio_to_put: float
+    pool_load_random_gib_per_s: float
+    pool_load_random_ratio_to_get: float
+    engine_pool_load_random_gib_per_s: float
+    engine_pool_load_random_ratio_to_get: float
+    pool_put_random_gib_per_s: float
+    pool_put_random_ratio_to_put: float
     lookup_tokens: int
     lookup_128k_tokens_ms: float
     lookup_hash_ms: float
@@ -117,52 +129,30 @@ def run(
     if not np.array_equal(out[n - 1], objects[n - 1]):
         raise KvtierError("bench load returned wrong bytes")
 
-    # The paged-pool path: the same leased blocks into a LayerFirst pool, block table reversed,
-    # one copy (load_into_pool) against two (load into objects, then layout.scatter).
-    pool = touched(geometry.pool_bytes(n), 1)
+    # The paged-pool path: the same leased blocks into a LayerFirst pool of 2n blocks, one copy
+    # (load_into_pool) against two (load into objects, then layout.scatter); then back out of it.
+    pool = touched(geometry.pool_bytes(2 * n), 1)
     paged = PagedPool.layer_first(geometry, pool)
-    block_ids = np.arange(n)[::-1].copy()
-    staging = touched(nbytes, 2).reshape(n, geometry.block_bytes)
-
-    def load_into_pool() -> None:
-        with store.lease(keys) as lease:
-            report = store.load_into_pool(lease, paged, block_ids)
-            if report.loaded_blocks != n:
-                raise KvtierError(f"bench load_into_pool loaded {report.loaded_blocks} of {n} blocks")
+    staging = out  # free again: the load's bytes were checked above
+    engine = TransferEngine(store, TransferConfig(chunk_blocks=1, buffer_chunks=1))
+    ordered = np.arange(n)[::-1].copy()
+    random_table = np.random.default_rng(5).permutation(2 * n)[:n]
+    tables = {"ordered": ordered, "random": random_table}
+    loads = {
+        name: _pool_loads(store, engine, keys, objects, pool, paged, ids, repeats)
+        for name, ids in tables.items()
+    }
 
     def load_then_scatter() -> None:
         with store.lease(keys) as lease:
             store.load(lease, staging)
-        scatter(geometry, staging, block_ids, pool)
+        scatter(geometry, staging, ordered, pool)
 
-    engine = TransferEngine(store, TransferConfig(chunk_blocks=1, buffer_chunks=1))
-
-    def engine_job() -> None:  # the vLLM connector's load: lease, load_into_pool, on a store worker
-        [job] = engine.wait(engine.submit_load(keys, paged, block_ids))
-        if not job.ok:
-            raise KvtierError(f"bench engine paged load failed: {job.failed[:3]}")
-
-    pool_s = best_seconds(load_into_pool, repeats)
-    if not np.array_equal(gather(geometry, pool, block_ids[:1])[0], objects[0]):
-        raise KvtierError("bench load_into_pool returned wrong bytes")
-    pool[:] = 0
-    engine_s = best_seconds(engine_job, repeats)
-    if not np.array_equal(gather(geometry, pool, block_ids[:1])[0], objects[0]):
-        raise KvtierError("bench engine paged load returned wrong bytes")
     scatter_s = best_seconds(load_then_scatter, repeats)
-
-    def put_from_pool_round() -> None:  # the connector's save: pool blocks straight into DRAM
-        pool_keys = store.namespace.block_keys(rng.integers(0, 128_000, n * geometry.block_tokens))
-        t0 = time.perf_counter()
-        report = store.put_from_pool(pool_keys, paged, block_ids)
-        pool_put_timings.append(time.perf_counter() - t0)
-        if report.stored != n:
-            raise KvtierError(f"bench put_from_pool stored {report.stored} of {n} objects: {report}")
-
-    pool_put_timings: list[float] = []
-    for _ in range(repeats):
-        put_from_pool_round()
-    pool_put_s = min(pool_put_timings)
+    # Puts last: each stores n new objects, evicting the leased ones.
+    puts = {
+        name: _pool_put(store, objects, out, pool, paged, ids, rng, repeats) for name, ids in tables.items()
+    }
 
     next(steps)
     hash_ms, lookup_ms, list_hash_ms = _lookup_128k(lookup_tokens, repeats)
@@ -182,13 +172,19 @@ def run(
         get_ratio_to_memcpy=memcpy_s / get_s,
         put_vs_memcpy=memcpy_s / put_s,  # issue 19's names for the two ratios above
         load_vs_memcpy=memcpy_s / get_s,
-        pool_load_gib_per_s=gib_per_s(nbytes, pool_s),
-        pool_load_ratio_to_get=get_s / pool_s,
-        engine_pool_load_gib_per_s=gib_per_s(nbytes, engine_s),
-        engine_pool_load_ratio_to_get=get_s / engine_s,
+        pool_load_gib_per_s=gib_per_s(nbytes, loads["ordered"][0]),
+        pool_load_ratio_to_get=get_s / loads["ordered"][0],
+        engine_pool_load_gib_per_s=gib_per_s(nbytes, loads["ordered"][1]),
+        engine_pool_load_ratio_to_get=get_s / loads["ordered"][1],
         load_then_scatter_gib_per_s=gib_per_s(nbytes, scatter_s),
-        pool_put_gib_per_s=gib_per_s(nbytes, pool_put_s),
-        pool_put_ratio_to_put=put_s / pool_put_s,
+        pool_put_gib_per_s=gib_per_s(nbytes, puts["ordered"]),
+        pool_put_ratio_to_put=put_s / puts["ordered"],
+        pool_load_random_gib_per_s=gib_per_s(nbytes, loads["random"][0]),
+        pool_load_random_ratio_to_get=get_s / loads["random"][0],
+        engine_pool_load_random_gib_per_s=gib_per_s(nbytes, loads["random"][1]),
+        engine_pool_load_random_ratio_to_get=get_s / loads["random"][1],
+        pool_put_random_gib_per_s=gib_per_s(nbytes, puts["random"]),
+        pool_put_random_ratio_to_put=put_s / puts["random"],
         lookup_tokens=lookup_tokens,
         lookup_128k_tokens_ms=hash_ms + lookup_ms,
         lookup_hash_ms=hash_ms,
@@ -197,6 +193,77 @@ def run(
         evictions=stats.evictions,
         checksum_failures=stats.checksum_failures,
     )
+
+
+def _pool_loads(
+    store: Store,
+    engine: TransferEngine,
+    keys: Any,
+    objects: npt.NDArray[np.uint8],
+    pool: npt.NDArray[np.uint8],
+    paged: PagedPool,
+    block_ids: npt.NDArray[np.int64],
+    repeats: int,
+) -> tuple[float, float]:
+    """Best seconds of ``load_into_pool`` and of the same load as a ``TransferEngine`` paged job
+    (the vLLM connector's load) with block table ``block_ids``, each checked in the pool."""
+    geometry = store.config.geometry
+    n = len(block_ids)
+    check = np.asarray([0, n // 2, n - 1])
+
+    def loaded_right(what: str) -> None:
+        if not np.array_equal(gather(geometry, pool, block_ids[check]), objects[check]):
+            raise KvtierError(f"bench {what} returned wrong bytes")
+
+    def load_into_pool() -> None:
+        with store.lease(keys) as lease:
+            report = store.load_into_pool(lease, paged, block_ids)
+            if report.loaded_blocks != n:
+                raise KvtierError(f"bench load_into_pool loaded {report.loaded_blocks} of {n} blocks")
+
+    def engine_job() -> None:
+        [job] = engine.wait(engine.submit_load(keys, paged, block_ids))
+        if not job.ok:
+            raise KvtierError(f"bench engine paged load failed: {job.failed[:3]}")
+
+    pool[:] = 0
+    load_s = best_seconds(load_into_pool, repeats)
+    loaded_right("load_into_pool")
+    pool[:] = 0
+    engine_s = best_seconds(engine_job, repeats)
+    loaded_right("engine paged load")
+    return load_s, engine_s
+
+
+def _pool_put(
+    store: Store,
+    objects: npt.NDArray[np.uint8],
+    scratch: npt.NDArray[np.uint8],
+    pool: npt.NDArray[np.uint8],
+    paged: PagedPool,
+    block_ids: npt.NDArray[np.int64],
+    rng: np.random.Generator,
+    repeats: int,
+) -> float:
+    """Best seconds of ``put_from_pool`` (the connector's save) of pool blocks ``block_ids``, set
+    to ``objects`` first; the last put checked by loading every block back into ``scratch``."""
+    geometry = store.config.geometry
+    n = len(block_ids)
+    scatter(geometry, objects, block_ids, pool)
+    timings: list[float] = []
+    for _ in range(repeats):
+        keys = store.namespace.block_keys(rng.integers(0, 128_000, n * geometry.block_tokens))
+        t0 = time.perf_counter()
+        report = store.put_from_pool(keys, paged, block_ids)
+        timings.append(time.perf_counter() - t0)
+        if report.stored != n:
+            raise KvtierError(f"bench put_from_pool stored {report.stored} of {n} objects: {report}")
+    with store.lease(keys) as lease:
+        if store.load(lease, scratch).loaded_blocks != n:
+            raise KvtierError("bench put_from_pool: a stored block did not load back")
+    if not np.array_equal(scratch, objects):
+        raise KvtierError("bench put_from_pool stored wrong bytes")
+    return min(timings)
 
 
 def _lookup_128k(tokens: int, repeats: int) -> tuple[float, float, float]:
@@ -242,6 +309,10 @@ def summary(r: StoreBench) -> str:
             f"  engine job      {r.engine_pool_load_gib_per_s:7.2f} GiB/s  ratio to get "
             f"{r.engine_pool_load_ratio_to_get:.2f}  (the same load as a TransferEngine paged job)",
             f"  put from a pool {r.pool_put_gib_per_s:7.2f} GiB/s  ratio to put {r.pool_put_ratio_to_put:.2f}",
+            f"  random block table: into a pool {r.pool_load_random_gib_per_s:.2f} GiB/s (ratio to get "
+            f"{r.pool_load_random_ratio_to_get:.2f}), engine job {r.engine_pool_load_random_gib_per_s:.2f} "
+            f"GiB/s ({r.engine_pool_load_random_ratio_to_get:.2f}), put from a pool "
+            f"{r.pool_put_random_gib_per_s:.2f} GiB/s (ratio to put {r.pool_put_random_ratio_to_put:.2f})",
             f"  lookup {r.lookup_tokens} tokens: {r.lookup_128k_tokens_ms:.3f} ms "
             f"(hash {r.lookup_hash_ms:.3f} ms + index {r.lookup_index_ms:.3f} ms; "
             f"hash from a list {r.lookup_hash_from_list_ms:.3f} ms)",
