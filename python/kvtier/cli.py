@@ -89,11 +89,10 @@ def _bench_store(args: argparse.Namespace) -> None:
 
 
 def _sim_run(args: argparse.Namespace) -> None:
-    from kvtier.sim.config import SimConfig
     from kvtier.sim.run import run
 
     out = _output_file(args.out, "--out")
-    config = SimConfig.from_yaml(args.config)
+    config = sim_size.source_config(args.config, args.policy, args.engines)
     result = run(config, show_progress=not args.json)
     _write(out, result)
     _emit(result, args.json, report.sim_summary)
@@ -216,11 +215,8 @@ def _bench_sim(args: argparse.Namespace) -> None:
     from kvtier.bench import sim
 
     if args.scaling:
-        _emit(
-            sim.scaling_from_flags(args.policies, args.copies, args.max_requests),
-            args.json,
-            sim.scaling_summary,
-        )
+        result = sim.scaling_from_flags(args.policies, args.copies, args.max_requests, args.engines)
+        _emit(result, args.json, sim.scaling_summary)
         return
     _emit(sim.run(max_requests=args.max_requests, show=not args.json), args.json, sim.summary)
 
@@ -408,9 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--scaling", action="store_true", help="every policy on trace copies: wall s, events/s, exponent"
     )
     bsim.add_argument(
-        "--copies", default="1,4,25", help="--scaling: back-to-back copies of the trace (default 1,4,25)"
+        "--copies", default="1,4", help="--scaling: copies of the trace (default 1,4; 25: 100K)"
     )
-    bsim.add_argument("--policies", default=None, help="--scaling: comma-separated policies (default all)")
+    bsim.add_argument("--policies", default=None, help="--scaling: policies or all (default fcfs,hicache)")
+    bsim.add_argument(
+        "--engines", default=None, help="--scaling: engine counts (default 1,4: overloaded, sized)"
+    )
     bsim.add_argument("--json", action="store_true")
     bsim.set_defaults(func=_bench_sim)
     bcodec = bench_sub.add_parser(
@@ -445,8 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
     sim_sub = sim.add_subparsers(dest="sim", required=True)
-    sim_run = sim_sub.add_parser("run", help="run one simulation config (YAML)")
-    sim_run.add_argument("config", help="path to a sim config YAML (see experiments/)")
+    sim_run = sim_sub.add_parser("run", help="run one simulation config (YAML) or trace")
+    sim_run.add_argument("config", help="a sim config (YAML path or bundled name) or a .jsonl/.csv trace")
+    sim_run.add_argument("--engines", type=_positive, help="colocated engines (default: the config's, 1)")
+    sim_run.add_argument("--policy", default=None, help="policy for a trace (default hicache)")
     sim_run.add_argument("--out", default=None, help="write the result JSON here")
     sim_run.add_argument("--json", action="store_true")
     sim_run.set_defaults(func=_sim_run)

@@ -33,6 +33,16 @@ def sim_summary(r: dict[str, Any]) -> str:
         f"{r['preemptions']} preemptions, SLO attainment {r['slo']['attainment']:.1%}",
         f"  {r['events']} events in {r['wall_s']:.1f} s wall for {r['sim_time_s']:.0f} s simulated",
     ]
+    c = r.get("cluster")  # absent from results written before it was reported
+    if c is not None:
+        shape = (
+            f"{c['engines']} engines" if c["engines"] else f"{c['prefill_engines']}P + {c['decode_engines']}D"
+        )
+        placed = c["requests_per_engine"]
+        spread = f", requests per engine {min(placed)}-{max(placed)}" if placed else ""
+        lines.append(
+            f"  cluster {shape} behind {c['router']}{spread}; peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB"
+        )
     return "\n".join(lines)
 
 

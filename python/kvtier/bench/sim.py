@@ -8,14 +8,20 @@ time's scaling exponent in the number of requests (issue 20: at most 1.1)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvtier.errors import KvtierError
 from kvtier.results import Result
 from kvtier.sim.config import SimConfig
+from kvtier.sim.run import peak_rss_bytes
 from kvtier.sim.run import run as run_sim
 from kvtier.sim.workload import mooncake_block_hit_rate
 from kvtier.sim.workload.mooncake import default_trace_path
@@ -38,31 +44,50 @@ class SimBench(Result):
     mooncake_synthetic_infinite_hit_rate: float
     mooncake_synthetic_direct_hit_rate: float
     infinite_minus_direct: float
+    cpu_s: float
+    peak_rss_bytes: int  # this process's, after both replays
     bench: str = "sim"
 
 
 @dataclass(frozen=True)
 class ScalingRow(Result):
-    """One replay of :func:`scaling`."""
+    """One replay of :func:`scaling`, in a process of its own (its CPU time and peak RSS are its own)."""
 
     policy: str
     copies: int
+    engines: int  # colocated engines (1: one overloaded H100); dualpath: its P/D GPUs, fixed
     requests: int
+    unfinished_requests: int
     wall_s: float
     cpu_s: float
     events: int
     events_per_wall_s: float
+    events_per_cpu_s: float
+    peak_rss_bytes: int
+    ttft_mean_s: float
+    ttft_p90_s: float
 
 
 @dataclass(frozen=True)
 class Scaling(Result):
-    """What ``kvtier bench sim --scaling`` reports."""
+    """What ``kvtier bench sim --scaling`` reports; exponents per policy and engine count."""
 
     rows: list[ScalingRow]
-    scaling_exponent: dict[str, float | None]
-    scaling_exponent_cpu: dict[str, float | None]
+    scaling_exponent: dict[str, dict[str, float | None]]
+    scaling_exponent_cpu: dict[str, dict[str, float | None]]
+    peak_rss_bytes: int
     bench: str = "sim_scaling"
 
+
+#: The sized cluster of :func:`scaling`: ``kvtier sim size`` on the bundled trace (hicache, TTFT
+#: SLO 5 s for 90% of requests) answers 4 H100s (docs/simulator.md); copies keep the trace's rate,
+#: so they need the same.
+SIZED_ENGINES = 4
+#: What the bench replays unless told otherwise (minutes on a quiet 2-core machine); the full
+#: matrix is ``--policies`` of every policy with ``--copies 1,4,25``.
+DEFAULT_POLICIES = ("fcfs", "hicache")
+DEFAULT_COPIES = (1, 4)
+DEFAULT_ENGINES = (1, SIZED_ENGINES)
 
 #: The policies :func:`scaling` replays (``rotasched`` is SuperInfer's; ``dualpath`` runs on its own
 #: P/D cluster, one node of prefill and one of decode GPUs).
@@ -78,13 +103,17 @@ SCALING_POLICIES = (
 )
 
 
-def config(max_requests: int | None = None, policy: str = "hicache", copies: int = 1) -> SimConfig:
+def config(
+    max_requests: int | None = None, policy: str = "hicache", copies: int = 1, engines: int = 1
+) -> SimConfig:
+    """The bundled trace (``copies`` back to back) on ``engines`` H100s behind ``least_loaded``;
+    dualpath on its own P/D cluster (``engines`` ignored)."""
     workload: Workload = dict(MOONCAKE)
     if max_requests is not None:
         workload["max_requests"] = max_requests
     if copies > 1:
         workload["copies"] = copies
-    engines = 8 if policy.startswith("dualpath") else 0  # P/D: one node each (h100-sxm: 8 GPUs)
+    pd = 8 if policy.startswith("dualpath") else 0  # P/D: one node each (h100-sxm: 8 GPUs)
     return SimConfig(
         name=f"mooncake-h100-{policy}",
         hardware="h100-sxm",
@@ -92,8 +121,9 @@ def config(max_requests: int | None = None, policy: str = "hicache", copies: int
         policy={"name": policy},
         block_tokens=512,
         workload=workload,
-        prefill_engines=engines,
-        decode_engines=engines,
+        engines=1 if pd else engines,
+        prefill_engines=pd,
+        decode_engines=pd,
     )
 
 
@@ -120,7 +150,9 @@ def infinite_config(max_requests: int | None = None) -> SimConfig:
 
 
 def run(max_requests: int | None = None, show: bool = True) -> SimBench:
+    cpu_start = time.process_time()
     result = run_sim(config(max_requests), show_progress=show, expected_requests=max_requests or 3993)
+    cpu = time.process_time() - cpu_start
     infinite = run_sim(infinite_config(max_requests))
     direct = mooncake_block_hit_rate(default_trace_path(), max_requests=max_requests)
     return SimBench(
@@ -134,43 +166,85 @@ def run(max_requests: int | None = None, show: bool = True) -> SimBench:
         mooncake_synthetic_infinite_hit_rate=infinite["hit_rate_blocks"],
         mooncake_synthetic_direct_hit_rate=direct,
         infinite_minus_direct=infinite["hit_rate_blocks"] - direct,
+        cpu_s=cpu,
+        peak_rss_bytes=peak_rss_bytes(),
     )
 
 
 def scaling(
-    policies: Sequence[str] = SCALING_POLICIES,
-    copies: Sequence[int] = (1, 4, 25),
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    copies: Sequence[int] = DEFAULT_COPIES,
     max_requests: int | None = None,
+    engines: Sequence[int] = DEFAULT_ENGINES,
 ) -> Scaling:
-    """Wall seconds and events per wall second of each policy on ``copies`` back-to-back copies of
-    the bundled trace (the first ``max_requests`` requests of each replay if given), and per policy
-    the exponent ``k`` of ``wall_s ~ requests**k`` fitted by least squares on log-log axes.
+    """Each policy on ``copies`` back-to-back copies of the bundled trace (the first
+    ``max_requests`` requests of each replay if given) on each of ``engines`` (1: one overloaded
+    engine; :data:`SIZED_ENGINES`: the sized cluster), every replay in a fresh process
+    (:func:`replay`); per policy and engine count the exponent ``k`` of ``wall_s ~ requests**k``
+    fitted by least squares on log-log axes.
 
-    ``cpu_s`` (this process's CPU seconds over the replay) and its exponent ``scaling_exponent_cpu``
-    are what to compare on a shared machine: other processes' load stretches wall time, not CPU time.
+    ``cpu_s`` (the replay's own CPU seconds) and its exponent ``scaling_exponent_cpu`` are what to
+    compare on a shared machine: other processes' load stretches wall time, not CPU time.
     """
     rows: list[ScalingRow] = []
-    exponents: dict[str, float | None] = {}
-    cpu_exponents: dict[str, float | None] = {}
+    exponents: dict[str, dict[str, float | None]] = {}
+    cpu_exponents: dict[str, dict[str, float | None]] = {}
     for policy in policies:
-        points: list[tuple[float, float]] = []
-        cpu_points: list[tuple[float, float]] = []
-        for n_copies in copies:
-            cpu_start = time.process_time()
-            result = run_sim(config(max_requests, policy, n_copies))
-            cpu = time.process_time() - cpu_start
-            wall = result["wall_s"]
-            events_per_wall_s = result["events"] / wall if wall > 0 else math.inf
-            rows.append(
-                ScalingRow(
-                    policy, n_copies, result["requests"], wall, cpu, result["events"], events_per_wall_s
-                )
+        sizes = [16] if policy.startswith("dualpath") else list(engines)  # its P/D cluster: one size
+        for n_engines in sizes:
+            runs = [replay(policy, n, n_engines, max_requests) for n in copies]
+            rows.extend(runs)
+            exponents.setdefault(policy, {})[str(n_engines)] = scaling_exponent(
+                [(float(r.requests), r.wall_s) for r in runs]
             )
-            points.append((float(result["requests"]), wall))
-            cpu_points.append((float(result["requests"]), cpu))
-        exponents[policy] = scaling_exponent(points)
-        cpu_exponents[policy] = scaling_exponent(cpu_points)
-    return Scaling(rows, exponents, cpu_exponents)
+            cpu_exponents.setdefault(policy, {})[str(n_engines)] = scaling_exponent(
+                [(float(r.requests), r.cpu_s) for r in runs]
+            )
+    peak = max((r.peak_rss_bytes for r in rows), default=0)
+    return Scaling(rows, exponents, cpu_exponents, peak)
+
+
+def replay(policy: str, copies: int, engines: int, max_requests: int | None = None) -> ScalingRow:
+    """One replay in a child process (``python -m kvtier.bench.sim``), so that its peak RSS and CPU
+    seconds are its own; its progress bar goes to this process's stderr."""
+    args = [policy, str(copies), str(engines), str(max_requests or 0)]
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])  # this kvtier, whatever the child's path
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtier.bench.sim", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise KvtierError(f"sim replay {args} failed (exit {done.returncode}); its error is above")
+    return ScalingRow(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _replay_here(policy: str, copies: int, engines: int, max_requests: int | None) -> ScalingRow:
+    cpu_start = time.process_time()
+    expected = max_requests or 3993 * copies
+    label = f"{policy} x{copies} on {engines}"
+    result = run_sim(config(max_requests, policy, copies, engines), True, expected, label)
+    cpu = time.process_time() - cpu_start
+    wall, events = result["wall_s"], result["events"]
+    return ScalingRow(
+        policy=policy,
+        copies=copies,
+        engines=engines,
+        requests=result["requests"],
+        unfinished_requests=result["unfinished_requests"],
+        wall_s=wall,
+        cpu_s=cpu,
+        events=events,
+        events_per_wall_s=events / wall if wall > 0 else math.inf,
+        events_per_cpu_s=events / cpu if cpu > 0 else math.inf,
+        peak_rss_bytes=peak_rss_bytes(),
+        ttft_mean_s=result["ttft_s"]["mean"],
+        ttft_p90_s=result["ttft_s"]["p90"],
+    )
 
 
 def scaling_exponent(points: Sequence[tuple[float, float]]) -> float | None:
@@ -187,39 +261,56 @@ def summary(r: SimBench) -> str:
     return "\n".join(
         [
             f"sim bench: Mooncake synthetic trace, {r.requests} requests, Llama-3.1-8B on one H100, hicache",
-            f"  wall {r.mooncake_synthetic_wall_s:.1f} s ({r.requests_per_wall_s:.0f} requests/s, "
+            f"  wall {r.mooncake_synthetic_wall_s:.1f} s, CPU {r.cpu_s:.1f} s ({r.requests_per_wall_s:.0f} requests/s, "
             f"{r.events} events, {r.sim_time_s:.0f} s simulated)",
             f"  TTFT mean {r.ttft_s['mean']:.3f} s p99 {r.ttft_s['p99']:.3f} s; token hit rate "
             f"{r.hit_rate_tokens['total']:.1%}",
             f"  infinite-capacity block hit rate {r.mooncake_synthetic_infinite_hit_rate:.4%} vs direct "
-            f"from hash_ids {r.mooncake_synthetic_direct_hit_rate:.4%}",
+            f"from hash_ids {r.mooncake_synthetic_direct_hit_rate:.4%}; peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB",
         ]
     )
 
 
 def scaling_summary(r: Scaling) -> str:
-    lines = ["sim scaling: copies of the Mooncake synthetic trace (fresh hash ids per copy), one H100"]
+    lines = ["sim scaling: copies of the Mooncake synthetic trace (fresh hash ids per copy) on H100s"]
     for row in r.rows:
         lines.append(
-            f"  {row.policy:12s} {row.requests:7d} requests  {row.wall_s:8.1f} s wall  "
-            f"{row.cpu_s:8.1f} s CPU  {row.events_per_wall_s:8.0f} events/s"
+            f"  {row.policy:12s} {row.requests:7d} requests on {row.engines:2d}  {row.wall_s:8.1f} s wall  "
+            f"{row.cpu_s:8.1f} s CPU  {row.events_per_cpu_s:6.0f} events/CPU s  "
+            f"{row.peak_rss_bytes / 2**20:6.0f} MiB  TTFT mean {row.ttft_mean_s:8.2f} s"
         )
-    for policy, k in r.scaling_exponent.items():
-        k_cpu = r.scaling_exponent_cpu[policy]
-        lines.append(
-            f"  {policy:12s} scaling exponent {'-' if k is None else f'{k:.3f}'} (wall), "
-            f"{'-' if k_cpu is None else f'{k_cpu:.3f}'} (CPU)"
-        )
+    for policy, by_engines in r.scaling_exponent.items():
+        for engines, k in by_engines.items():
+            k_cpu = r.scaling_exponent_cpu[policy][engines]
+            lines.append(
+                f"  {policy:12s} on {engines:>2s} scaling exponent {'-' if k is None else f'{k:.3f}'} (wall), "
+                f"{'-' if k_cpu is None else f'{k_cpu:.3f}'} (CPU)"
+            )
+    lines.append(f"  peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB")
     return "\n".join(lines)
 
 
-def scaling_from_flags(policies: str | None, copies: str, max_requests: int | None) -> Scaling:
+def scaling_from_flags(
+    policies: str | None, copies: str, max_requests: int | None, engines: str | None = None
+) -> Scaling:
     """:func:`scaling` from ``kvtier bench sim --scaling``'s flags (comma-separated lists)."""
-    names = policies.split(",") if policies else list(SCALING_POLICIES)
+    names = policies.split(",") if policies else list(DEFAULT_POLICIES)
+    if names == ["all"]:
+        names = list(SCALING_POLICIES)
     unknown = [p for p in names if p not in SCALING_POLICIES]
     if unknown:
-        raise KvtierError(f"--policies names {unknown}; expected some of {list(SCALING_POLICIES)}")
-    parts = copies.split(",")
+        raise KvtierError(f"--policies names {unknown}; expected some of {list(SCALING_POLICIES)} or all")
+    return scaling(names, _counts(copies, "--copies"), max_requests, _counts(engines or "1,4", "--engines"))
+
+
+def _counts(text: str, flag: str) -> list[int]:
+    parts = text.split(",")
     if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise KvtierError(f"--copies is {copies!r}; expected comma-separated whole numbers such as 1,4,25")
-    return scaling(names, [int(p) for p in parts], max_requests)
+        raise KvtierError(f"{flag} is {text!r}; expected comma-separated whole numbers >= 1 such as 1,4,25")
+    return [int(p) for p in parts]
+
+
+if __name__ == "__main__":  # one replay of :func:`replay`, its row as a JSON line on stdout
+    _policy, _copies, _engines, _max = sys.argv[1:5]
+    _row = _replay_here(_policy, int(_copies), int(_engines), int(_max) or None)
+    print(json.dumps(_row.as_dict()))

@@ -69,6 +69,7 @@ class Cluster:
         self._placing: Request | None = None
         self._placed: Engine | None = None
         self.finished = 0
+        self.placed = [0] * len(engines)  # requests the global scheduler placed on each engine
         for e in engines:
             e.on_finish = self._finished
             if self.decode_engines:
@@ -118,6 +119,7 @@ class Cluster:
                 f"global scheduler {self.scheduler.name!r} places a request twice or on a decode engine"
             )
         self._placed = self.engines[placement.engine_id]
+        self.placed[placement.engine_id] += 1
 
     def unfinished_requests(self) -> int:
         return sum(len(e.requests) for e in self.engines + self.decode_engines)

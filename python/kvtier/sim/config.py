@@ -8,7 +8,8 @@ hardware: h100-sxm          # a profile name (kvtier.sim.hardware.hardware_names
 model: llama-3.1-8b         # a profile name (kvtier.sim.models.model_names()) or a YAML path
 tp: 1
 policy: {name: hicache, page_tokens: 32}
-engines: 1                  # colocated engines; or prefill_engines + decode_engines for P/D
+engines: 1                  # colocated engines behind `router`; or prefill_engines + decode_engines for P/D
+router: least_loaded        # round_robin | least_loaded | prefix_aware (default: the policy's, else least_loaded)
 block_tokens: 512
 host_capacity_bytes: auto   # auto = 80% of the node's DRAM, split among engines; 0 = no host tier
 ssd_capacity_bytes: 0
@@ -84,6 +85,12 @@ class SimConfig:
                 raise ConfigError(f"sim `{name}` is {value!r}; expected an int >= 0")
         if (self.prefill_engines > 0) != (self.decode_engines > 0):
             raise ConfigError("P/D needs both `prefill_engines` and `decode_engines` >= 1 (or neither)")
+        if self.prefill_engines > 0 and self.engines != 1:
+            raise ConfigError(
+                f"sim `engines` is {self.engines} with P/D groups (`prefill_engines` "
+                f"{self.prefill_engines}, `decode_engines` {self.decode_engines}); a P/D cluster is "
+                "sized by its two groups: drop `engines`"
+            )
         if self.router is not None and self.router not in ROUTERS:
             raise ConfigError(f"unknown router {self.router!r}; expected one of {list(ROUTERS)}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import resource
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -220,14 +222,22 @@ def workload(config: SimConfig) -> Iterator[Request]:
 
 
 def run(
-    config: SimConfig, show_progress: bool = False, expected_requests: int | None = None
+    config: SimConfig,
+    show_progress: bool = False,
+    expected_requests: int | None = None,
+    progress_label: str = "sim",
 ) -> dict[str, Any]:
-    """Runs ``config`` to completion (or ``max_sim_s``) and returns its results."""
+    """Runs ``config`` to completion (or ``max_sim_s``) and returns its results, with the cluster it
+    ran on (``cluster``: engines, router, requests placed per engine) and this process's peak RSS so
+    far (``peak_rss_bytes``: the run's own peak when it is the process's only run, as in
+    ``kvtier sim run``). Requests stream in from the workload and finished ones are folded into the
+    metrics, so memory follows the requests in flight, not the trace."""
     wall_start = time.perf_counter()
+    cpu_start = time.process_time()
     sim = build(config)
     requests = workload(config)
     if show_progress:  # counts requests as they are pulled in (arrivals), total when known
-        requests = _counting(requests, expected_requests)
+        requests = _counting(requests, expected_requests, progress_label)
     sim.cluster.feed(requests)
     sim.loop.run(until_s=config.max_sim_s)
     result = sim.result()
@@ -240,14 +250,39 @@ def run(
             "events": sim.loop.events_run,
             "sim_time_s": sim.loop.now_s,
             "wall_s": time.perf_counter() - wall_start,
+            "cpu_s": time.process_time() - cpu_start,
             "unfinished_requests": sim.cluster.unfinished_requests(),
+            "cluster": cluster_shape(sim),
+            "peak_rss_bytes": peak_rss_bytes(),
         }
     )
     return result
 
 
-def _counting(requests: Iterator[Request], total: int | None) -> Iterator[Request]:
-    yield from progress(requests, total, "sim")
+def cluster_shape(sim: Simulation) -> dict[str, Any]:
+    """The cluster a run replayed on, as configured (nothing is chosen for it): colocated
+    ``engines`` or P/D groups, the global scheduler, and how many requests it placed on each
+    (prefill or colocated) engine of a :class:`Cluster` (None for node groups)."""
+    c, cluster = sim.config, sim.cluster
+    placed = list(cluster.placed) if isinstance(cluster, Cluster) else None
+    router = cluster.scheduler.name if isinstance(cluster, Cluster) else DualPathScheduler.name
+    return {
+        "engines": 0 if c.disaggregated else c.engines,
+        "prefill_engines": c.prefill_engines,
+        "decode_engines": c.decode_engines,
+        "router": router,
+        "requests_per_engine": placed,
+    }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _counting(requests: Iterator[Request], total: int | None, label: str) -> Iterator[Request]:
+    yield from progress(requests, total, label)
 
 
 def _link_stats(sim: Simulation) -> dict[str, dict[str, float]]:

@@ -54,6 +54,28 @@ def trace_config(path: str | Path, policy: str = "hicache") -> SimConfig:
     )
 
 
+def source_config(source: str, policy: str | None = None, engines: int | None = None) -> SimConfig:
+    """The config of `source` (`kvtier sim run` and `sim size`): a trace (:func:`trace_config`,
+    `policy` default hicache) or a sim config (YAML path or bundled name; it names its own policy,
+    so `policy` is refused). `engines`, where given, replaces the config's colocated engine count."""
+    if Path(source).suffix in TRACE_WORKLOADS:
+        config = trace_config(source, policy or "hicache")
+    elif policy is not None:
+        raise ConfigError(f"--policy {policy!r} applies to a trace; the config {source!r} names its policy")
+    else:
+        config = SimConfig.from_yaml(source)
+    if engines is None:
+        return config
+    if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+        raise ConfigError(f"--engines is {engines!r}; expected a whole number >= 1")
+    if config.disaggregated:
+        raise ConfigError(
+            f"--engines {engines}: config {config.name!r} is a P/D cluster (`prefill_engines` "
+            f"{config.prefill_engines}, `decode_engines` {config.decode_engines}); set those instead"
+        )
+    return config.with_overrides(engines=engines)
+
+
 @dataclass(frozen=True)
 class SizeRun(Result):
     """One replay of the search: its engine count, whether it met the SLO, and its figures."""
@@ -161,7 +183,7 @@ def add_command(sim_sub: Any, emit: Callable[[Any, bool, Callable[[Any], str]], 
     """`kvtier sim size` (registered by the CLI beside `sim run`)."""
     cmd = sim_sub.add_parser("size", help="smallest cluster that serves a trace or config within a TTFT SLO")
     cmd.add_argument("source", help="a sim config (YAML path or bundled name) or a .jsonl/.csv trace")
-    cmd.add_argument("--policy", default="hicache", help="policy for a trace (default hicache)")
+    cmd.add_argument("--policy", default=None, help="policy for a trace (default hicache)")
     cmd.add_argument(
         "--ttft-slo", type=float, default=None, help="TTFT SLO in seconds (default: the config's, else 5)"
     )
@@ -172,9 +194,7 @@ def add_command(sim_sub: Any, emit: Callable[[Any, bool, Callable[[Any], str]], 
     cmd.add_argument("--json", action="store_true")
 
     def main(args: argparse.Namespace) -> None:
-        src = str(args.source)
-        is_trace = Path(src).suffix in TRACE_WORKLOADS
-        config = trace_config(src, args.policy) if is_trace else SimConfig.from_yaml(src)
+        config = source_config(str(args.source), args.policy)
         slo = args.ttft_slo if args.ttft_slo is not None else float(config.slo.get("ttft_s", 5.0))
 
         def show(row: SizeRun) -> None:
