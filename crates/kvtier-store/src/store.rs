@@ -25,6 +25,10 @@ use crate::levels::{Level, RawLevel};
 use crate::stats::{bump, Counters};
 use crate::types::{HierarchyPut, Lease, LoadReport, Lookup, PutReport, StoredBlock};
 
+/// The smallest chunk a promoting load reads while the chunk before it is promoted
+/// ([`Store::read_promoting`]): 8 blocks of 2 MiB, the SSD worker's default depth.
+const PROMOTE_CHUNK_MIN_BYTES: usize = 16 << 20;
+
 mod inspect;
 mod pool;
 mod staging;
@@ -271,11 +275,50 @@ impl Store {
         dst: &mut [&mut [u8]],
     ) -> Result<LoadReport, StoreError> {
         let (blocks, _in_flight) = self.begin_load(lease_id, first, dst)?;
-        let outcomes = self.read(&blocks, dst, None);
+        let outcomes = self.read_promoting(&blocks, dst);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
         let checksum_failures = self.count_load(&outcomes, loaded_blocks);
-        let _ = self.promote(&blocks[..loaded_blocks], dst);
         Ok(LoadReport { loaded_blocks, checksum_failures })
+    }
+
+    /// Reads `blocks` into `dst` and promotes the loaded prefix (the blocks before the first
+    /// one not [`Loaded`](ReadOutcome::Loaded)) from tiers promoting on hit into DRAM; returns
+    /// every block's outcome. A load with such blocks reads in chunks of halving size (half of
+    /// what is left, down to [`PROMOTE_CHUNK_MIN_BYTES`]), promoting the prefix read so far on
+    /// a second thread while the next chunk is read: a cold load's copies into DRAM hide behind
+    /// its reads, and only the last, smallest chunk's are left after them. The same blocks are
+    /// read, verified and promoted as in one batch.
+    fn read_promoting(&self, blocks: &[LeasedBlock], dst: &mut [&mut [u8]]) -> Vec<ReadOutcome> {
+        let min_chunk = (PROMOTE_CHUNK_MIN_BYTES / self.block_bytes.max(1)).max(1);
+        let promotes = blocks.iter().any(|b| self.hierarchy.promotes_from(self.levels[b.tier].tier().kind()));
+        if !promotes || blocks.len() <= 2 * min_chunk {
+            let outcomes = self.read(blocks, dst, None);
+            let loaded = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
+            let _ = self.promote(&blocks[..loaded], &dst[..loaded]);
+            return outcomes;
+        }
+        let mut outcomes = Vec::with_capacity(blocks.len());
+        let (mut loaded, mut promoted, mut start) = (0, 0, 0);
+        while start < blocks.len() {
+            let left = blocks.len() - start;
+            let end = start + if left <= 2 * min_chunk { left } else { left / 2 };
+            let (done, rest) = dst.split_at_mut(start);
+            let (ready, ready_dst) = (&blocks[promoted..loaded], &done[promoted..loaded]);
+            let read = std::thread::scope(|s| {
+                if !ready.is_empty() {
+                    s.spawn(|| self.promote(ready, ready_dst));
+                }
+                self.read(&blocks[start..end], &mut rest[..end - start], None)
+            });
+            promoted = loaded;
+            outcomes.extend(read);
+            if loaded == start {
+                loaded += outcomes[start..].iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
+            }
+            start = end;
+        }
+        let _ = self.promote(&blocks[promoted..loaded], &dst[promoted..loaded]);
+        outcomes
     }
 
     /// Marks leased blocks `first..first + dst.len()` as being loaded (released when the guard

@@ -227,3 +227,49 @@ fn another_namespace_on_a_shared_pool_is_a_plain_miss_and_never_drops_objects() 
     assert_eq!(tiers(&a, &a_keys), vec![TierKind::Ssd; 8]);
     assert_loads(&a, &a_keys);
 }
+
+/// A cold load large enough to be read in chunks (`Store::read_promoting`: 4400 blocks of
+/// 16 KiB are chunks of 2200, 1100 and 1100) promotes each chunk while the next is read: every
+/// block exact, and a tampered block in the middle chunk ends the loaded prefix there, with
+/// exactly that prefix promoted (the chunk before it promoted while it was read, the blocks
+/// after it read but not promoted) and the tampered copy dropped.
+#[test]
+fn a_chunked_cold_load_promotes_exactly_its_verified_prefix() {
+    let dir = TempDir::new("store-ssd-chunked-promote");
+    let n = 4400;
+    let tweak = |s: &mut SsdStoreConfig| {
+        s.write_through = true;
+        s.pool.durability = Durability::Fsync;
+    };
+    let ks = {
+        let store = ssd_store(&dir, n as u64 + 100, n as u64, tweak);
+        let ks = keys(&store, 3, n);
+        assert_eq!(put_keys(&store, &ks).stored, n);
+        assert_eq!(store.stats().written_through, n as u64);
+        ks
+    };
+    let store = ssd_store(&dir, n as u64 + 100, n as u64, tweak);
+    assert_eq!(tiers(&store, &ks), vec![TierKind::Ssd; n]);
+    let bad = 2500;
+    assert!(store.corrupt_for_test(ks[bad], 999));
+    let lease = store.lease(store.namespace_hash(), &ks).unwrap();
+    assert_eq!(lease.hit_blocks, n);
+    let (report, bufs) = load(&store, lease.id, n);
+    store.release(lease.id).unwrap();
+    assert_eq!(report.loaded_blocks, bad, "the loaded prefix ends at the tampered block");
+    for (k, b) in ks.iter().zip(&bufs).take(bad) {
+        assert_eq!(*b, payload(*k), "wrong bytes for {k:#x}");
+    }
+    let stats = store.stats();
+    assert_eq!((stats.promoted_blocks, stats.checksum_failures), (bad as u64, 1), "{stats:?}");
+    let after = store.lookup(store.namespace_hash(), &ks).unwrap();
+    assert_eq!(after.tiers[..bad], vec![TierKind::Dram; bad][..], "the prefix promoted");
+    assert_eq!(after.hit_blocks, bad, "the tampered copy dropped: the lookup stops there");
+    // The blocks after it were read and verified, not promoted: a second load takes them from
+    // SSD and promotes them all.
+    assert_eq!(tiers(&store, &ks[bad + 1..]), vec![TierKind::Ssd; n - bad - 1]);
+    assert_loads(&store, &ks[bad + 1..]);
+    assert_eq!(store.stats().promoted_blocks, n as u64 - 1);
+    assert_eq!(tiers(&store, &ks[bad + 1..]), vec![TierKind::Dram; n - bad - 1]);
+    store.check_integrity().unwrap();
+}
