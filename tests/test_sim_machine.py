@@ -77,6 +77,8 @@ def test_validation_reports_whether_its_calibration_was_fitted_here(tmp_path: Pa
     here = compare([turns], sim, _fitted(tmp_path, "here.yaml", fingerprint()))
     assert here["calibration_fitted_here"] and here["calibration_machine_differences"] == []
     assert here["sim_ttft_error"] == pytest.approx(0.2)
-    unrecorded = compare([turns], sim, _fitted(tmp_path, "none.yaml", None))  # fitted before machines were recorded
+    unrecorded = compare(
+        [turns], sim, _fitted(tmp_path, "none.yaml", None)
+    )  # fitted before machines were recorded
     assert not unrecorded["calibration_fitted_here"]
     assert "records no machine" in unrecorded["calibration_machine_differences"][0]
