@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kvtier import report
@@ -99,8 +100,6 @@ def _sim_run(args: argparse.Namespace) -> None:
 
 
 def _sim_sweep(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from kvtier.sim import plots
     from kvtier.sim.config import SimConfig
     from kvtier.sim.run import sweep
@@ -124,8 +123,6 @@ def _sim_sweep(args: argparse.Namespace) -> None:
 
 
 def _sim_calibrate(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from kvtier.bench import vllm_sim
     from kvtier.engine import calibrate
 
@@ -147,8 +144,6 @@ def _sim_calibrate(args: argparse.Namespace) -> None:
 
 
 def _sim_reproduce(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from kvtier.sim import reproduce
 
     names = reproduce.papers() if args.all else [args.paper]

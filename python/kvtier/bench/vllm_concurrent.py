@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from kvtier.errors import KvtierError
+from kvtier.integrations.vllm.config import transfer_config
 from kvtier.results import Result, field_of
 
 MODES = {"sync": False, "async": True}  # the connector's load_async
@@ -233,12 +234,7 @@ def main() -> None:
 
     kwargs: dict[str, Any] = {}
     if spec.get("connector") is not None:
-        kwargs["kv_transfer_config"] = {
-            "kv_connector": "KvtierConnector",
-            "kv_connector_module_path": "kvtier.integrations.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": spec["connector"],
-        }
+        kwargs["kv_transfer_config"] = transfer_config(spec["connector"])
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),

@@ -29,6 +29,17 @@ FROM_ENGINE = ("geometry", "rank")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
 
 
+def transfer_config(extra: Mapping[str, Any], role: str = "kv_both") -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` that loads this connector with ``extra`` as its
+    ``kv_connector_extra_config`` (what ``--kv-transfer-config`` takes, as a mapping)."""
+    return {
+        "kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.integrations.vllm",
+        "kv_role": role,
+        "kv_connector_extra_config": extra,
+    }
+
+
 def _layerwise(value: Any, path: str) -> bool | None:
     if not isinstance(value, bool) and value != "auto":
         raise ConfigError(f'`{path}` is {shown(value)}; expected true, false or "auto"')

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvtier.integrations.vllm.config import transfer_config
+
 
 def main() -> None:
     arg = sys.argv[1]
@@ -36,12 +38,7 @@ def main() -> None:
     if spec.get("metrics", False):
         kwargs["disable_log_stats"] = False
     if spec.get("connector") is not None:
-        kwargs["kv_transfer_config"] = {
-            "kv_connector": "KvtierConnector",
-            "kv_connector_module_path": "kvtier.integrations.vllm",
-            "kv_role": spec.get("kv_role", "kv_both"),
-            "kv_connector_extra_config": spec["connector"],
-        }
+        kwargs["kv_transfer_config"] = transfer_config(spec["connector"], spec.get("kv_role", "kv_both"))
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),

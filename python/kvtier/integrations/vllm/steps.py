@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvtier.integrations.vllm.config import transfer_config
+
 
 def _engine(spec: dict[str, Any]) -> Any:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -42,12 +44,7 @@ def _engine(spec: dict[str, Any]) -> Any:
 
     kwargs: dict[str, Any] = {"distributed_executor_backend": "uni"}
     if spec.get("connector") is not None:
-        kwargs["kv_transfer_config"] = {
-            "kv_connector": "KvtierConnector",
-            "kv_connector_module_path": "kvtier.integrations.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": spec["connector"],
-        }
+        kwargs["kv_transfer_config"] = transfer_config(spec["connector"])
     return LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
