@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from kvtier.sched.base import (
     LoadMode,
     Phase,
     Policy,
+    RequestView,
     SchedulerDecision,
     SchedulerView,
     policy_names,
@@ -34,7 +36,7 @@ from kvtier.sim.run import run, workload
 from kvtier.sim.state import SimRequest
 from kvtier.sim.view import WaitingViews, admitted_view
 from kvtier.sim.workload import mooncake_block_hit_rate
-from kvtier.tiers import Tier
+from kvtier.tiers import NO_TOKENS, Tier
 
 BT = 16  # block tokens
 
@@ -449,6 +451,19 @@ def test_an_admitted_requests_view_is_rebuilt_only_when_it_changes() -> None:
     assert second is not first and second.generated_tokens == 1
     r.phase = Phase.RUNNING
     assert admitted_view(r).phase is Phase.RUNNING
+
+
+def test_a_built_view_is_the_frozen_request_view_of_its_fields() -> None:
+    """Views are filled through a twin class and become RequestViews: equal to the constructor's,
+    of its type, hashable and frozen like it."""
+    r = SimRequest(req(7, 1.5, (1, 2)), phase=Phase.RUNNING, computed_tokens=2 * BT, admitted=True)
+    r.generated_tokens = 3
+    view = admitted_view(r)
+    expected = RequestView(7, 1.5, Phase.RUNNING, r.req.prompt_tokens, 2 * BT, 3, NO_TOKENS, 0, 0, (1, 2))
+    assert type(view) is RequestView and view == expected and repr(view) == repr(expected)
+    assert hash(view) == hash(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.generated_tokens = 4  # type: ignore[misc]
 
 
 def test_the_run_has_one_block_size() -> None:

@@ -7,7 +7,10 @@ from hypothesis import strategies as st
 
 from kvtier.sim.metrics import LogHistogram, Metrics
 
-gaps = st.lists(st.floats(0.0, 1e4, allow_nan=False), max_size=50)
+# Runs of equal gaps, as a step's decodes that last stepped together give (add_all reuses a run's bucket).
+gaps = st.lists(st.tuples(st.floats(0.0, 1e4, allow_nan=False), st.integers(1, 4)), max_size=20).map(
+    lambda runs: [v for v, n in runs for _ in range(n)]
+)
 
 
 def state(h: LogHistogram) -> tuple[object, ...]:

@@ -44,14 +44,17 @@ class LogHistogram:
         count, total, lo, hi = self.count, self.total, self.min, self.max
         floor, log_base, buckets = self._floor, self._log_base, self._buckets
         log, get = math.log, buckets.get
+        last, index = math.nan, 0  # a step's gaps repeat (its decodes last stepped together)
         for value in values:
             count += 1
             total += value
-            if value < lo:
-                lo = value
-            if value > hi:
-                hi = value
-            index = int(log((floor if floor > value else value) / floor) / log_base)
+            if value != last:  # else the same min, max and bucket as the value before
+                last = value
+                if value < lo:
+                    lo = value
+                if value > hi:
+                    hi = value
+                index = int(log((floor if floor > value else value) / floor) / log_base)
             buckets[index] = get(index, 0) + 1
         self.count, self.total, self.min, self.max = count, total, lo, hi
 
