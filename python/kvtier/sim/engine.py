@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
-from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, SchedulerView
+from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, RequestView, SchedulerView
 from kvtier.sched.executor import execute
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
@@ -122,6 +122,8 @@ class Engine:
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
         self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)
         self.swapped: dict[int, SimRequest] = {}
+        self.swapped_version = 0  # bumped by the swaps whenever `swapped` or a swap_pending changes
+        self.swapped_views: tuple[int, tuple[RequestView, ...]] = (-1, ())  # kvtier.sim.view's cache
         self.on_finish = on_finish
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
         self.tree = HiRadixTree({Tier.DEVICE: None, Tier.HOST: None, Tier.SSD: None, Tier.REMOTE: None})

@@ -41,6 +41,7 @@ class SwapOwner(SeamOwner, Protocol):
     metrics: Metrics
     host_link: Link
     swapped: dict[int, SimRequest]
+    swapped_version: int  # bumped whenever `swapped` or a swapped request's swap_pending changes
 
     def release(self, r: SimRequest) -> None: ...
     def preempt(self, r: SimRequest) -> None: ...
@@ -84,6 +85,7 @@ class Swaps:
         r.epoch += 1
         r.swap_pending = True
         owner.swapped[r.req_id] = r
+        owner.swapped_version += 1
         copy = self.copy
         # min(): an eager copy issued before a recompute preemption may land after it.
         moved = blocks - min(r.host_synced_blocks, blocks) if copy.eager else blocks
@@ -100,6 +102,7 @@ class Swaps:
         def landed(_t: Transfer) -> None:
             owner.release(r)
             r.swap_pending = False
+            owner.swapped_version += 1
             r.host_copied_blocks = r.host_synced_blocks = (
                 r.computed_tokens + r.generated_tokens
             ) // self._block_tokens
@@ -120,6 +123,7 @@ class Swaps:
         r.private_blocks += blocks
         owner.private_blocks += blocks
         r.swap_pending = True
+        owner.swapped_version += 1
         copy = self.copy
         if copy.sync != "none":
             self.barrier += 1
@@ -129,6 +133,7 @@ class Swaps:
             r.swapped_blocks = 0
             r.swap_pending = False
             del owner.swapped[r.req_id]
+            owner.swapped_version += 1
             r.phase = Phase.RUNNING
             owner.running.append(r)
             self._landed(copy)

@@ -104,6 +104,11 @@ class ViewedEngine(Protocol):
     def fetching(self) -> Mapping[int, SimRequest]: ...
     @property
     def swapped(self) -> Mapping[int, SimRequest]: ...
+    @property
+    def swapped_version(self) -> int: ...  # bumped when the swapped set or a swap_pending changes
+
+    swapped_views: tuple[int, tuple[RequestView, ...]]  # (swapped_version, the views shown then)
+
     def available_device_blocks(self) -> int: ...
 
 
@@ -181,7 +186,7 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         waiting=waiting,
         running=_views(engine, engine.running),
         fetching=_views(engine, engine.fetching.values()),
-        swapped=_views(engine, [r for r in engine.swapped.values() if not r.swap_pending]),
+        swapped=_swapped_views(engine),
         free_device_blocks=engine.available_device_blocks(),
         free_host_blocks=(config.host_blocks - tree.used_blocks(Tier.HOST)) if config.host_blocks else None,
         block_tokens=config.block_tokens,
@@ -192,6 +197,17 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         kv_bytes_per_token=engine.cost.kv_bytes_per_token,
         swap_copy=config.swap_copy,
     )
+
+
+def _swapped_views(engine: ViewedEngine) -> tuple[RequestView, ...]:
+    """The swapped requests whose copy has landed, as views: the same tuple step after step until a
+    swap changes the set (``swapped_version``; a swapped request's phase and token counts stay, so
+    its view does). Up to a few hundred swapped requests sit out every step of a swapping policy."""
+    version, views = engine.swapped_views
+    if version != engine.swapped_version:
+        views = _views(engine, [r for r in engine.swapped.values() if not r.swap_pending])
+        engine.swapped_views = (engine.swapped_version, views)
+    return views
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
