@@ -123,26 +123,31 @@ class StepPlan:
 
     def run(self, running: Iterable[RequestView]) -> None:
         """Decodes and prefill chunks of the running requests that stay, in the view's order."""
+        # step_tokens, step_need and claim inline (per running request per step); a decode's
+        # step_need for its one token is its claim. A request that cannot get its block now stalls
+        # one iteration (no recompute preemption); its claim is set aside even when it waits.
         bt = self.view.block_tokens
+        budget, free = self.budget, self.free_blocks
+        prefill, decode = self.decision.prefill, self.decision.decode
         for r in running:
-            prefilling = r.computed_tokens < r.prompt_tokens
-            budget = self.budget
-            # step_tokens inline: the rest of the prompt up to the budget, or one decode token
-            if budget <= 0:
-                n = 0
-            elif prefilling:
-                rest = r.prompt_tokens - r.computed_tokens
-                n = rest if rest < budget else budget
+            computed, prompt = r.computed_tokens, r.prompt_tokens
+            if computed < prompt:
+                claimed = -(-prompt // bt) + (-computed // bt)  # the rest of the prompt
+                if budget > 0:
+                    rest = prompt - computed
+                    n = rest if rest < budget else budget
+                    if -(-(computed + n) // bt) + (-computed // bt) <= free:
+                        budget -= n
+                        prefill.append((r.req_id, n))
             else:
-                n = 1
-            # A request that cannot get its block now stalls one iteration (no recompute preemption).
-            if n > 0 and step_need(r, n, bt) <= self.free_blocks:
-                self.budget -= n
-                if prefilling:
-                    self.decision.prefill.append((r.req_id, n))
-                else:
-                    self.decision.decode.append(r.req_id)
-            self.free_blocks -= claim(r, bt)  # set aside even when it waits: it claims them next iteration
+                generated = r.generated_tokens
+                held = computed + generated - (1 if generated == 1 else 0)
+                claimed = -(-(computed + generated + 1) // bt) + (-held // bt)
+                if budget > 0 and claimed <= free:
+                    budget -= 1
+                    decode.append(r.req_id)
+            free -= claimed
+        self.budget, self.free_blocks = budget, free
 
     def swap_in(self, r: RequestView) -> bool:
         need = kv_blocks(r, self.view.block_tokens)
@@ -178,8 +183,17 @@ def claim(r: RequestView, block_tokens: int) -> int:
 
 
 def running_claims(view: SchedulerView) -> int:
-    """What the whole running batch claims (:func:`claim`)."""
-    return sum(claim(r, view.block_tokens) for r in view.running)
+    """What the whole running batch claims (:func:`claim`, inline: per running request per step)."""
+    bt, total = view.block_tokens, 0
+    for r in view.running:
+        computed = r.computed_tokens
+        if computed < r.prompt_tokens:
+            total += -(-r.prompt_tokens // bt) + (-computed // bt)
+        else:
+            generated = r.generated_tokens
+            held = computed + generated - (1 if generated == 1 else 0)
+            total += -(-(computed + generated + 1) // bt) + (-held // bt)
+    return total
 
 
 def released_now(r: RequestView, copy: SwapCopy, synced_blocks: int, block_tokens: int) -> int:
@@ -354,7 +368,7 @@ class RotaSched(Policy):
         # blk(r) (kv_blocks), VLT (vlt) and the running batch's claims (running_claims) in one pass.
         blocks: dict[int, int] = {}
         candidates: list[tuple[float, RequestView]] = []
-        claims = sum(claim(r, bt) for r in view.running)
+        claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
         for group, phase in (

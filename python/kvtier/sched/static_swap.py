@@ -24,7 +24,6 @@ from kvtier.sched.rotasched import (
     kv_blocks,
     released_now,
     running_claims,
-    step_tokens,
 )
 
 
@@ -68,7 +67,10 @@ class WaitingFirst(_StaticSwap):
         decoding = [r for r in view.running if r.computed_tokens >= r.prompt_tokens]
         out, free = self._passive(view, decoding)
         # Plan admissions first: each waiting request that does not fit swaps out tail decodes.
-        budget = view.max_batch_tokens - sum(step_tokens(r, view.max_batch_tokens) for r in view.running)
+        budget = view.max_batch_tokens
+        for r in view.running:  # less each one's step_tokens, inline (per running request per step)
+            rest = r.prompt_tokens - r.computed_tokens
+            budget -= (rest if rest < view.max_batch_tokens else view.max_batch_tokens) if rest > 0 else 1
         admitted = 0
         for w in view.waiting:
             need = kv_blocks(w, bt)
