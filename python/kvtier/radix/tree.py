@@ -204,7 +204,7 @@ class HiRadixTree:
         t = int(tier)
         bit = 1 << t
         path = self._walk(keys)
-        need = len(keys) - start - sum(1 for node in path[start:] if node.residency & bit)
+        need = len(keys) - start - sum([1 for node in path[start:] if node.residency & bit])
         evicted: list[tuple[int, Tier]] = []
         cap = self._capacity[t]
         if cap is not None and self._used[t] + need > cap:

@@ -239,7 +239,10 @@ def lvf(
     waiting_rotary = [r for _, r in candidates if r.phase is not Phase.RUNNING]
     if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
         return [], sorted(waiting_rotary, key=_fcfs_key)  # fall back to FCFS
-    ordered = sorted(candidates, key=lambda c: (-c[0], c[1].arrival_s, c[1].req_id))  # step 2
+    # step 2: by VLT, highest first, then FCFS. The keys are built in one pass, not by a key function
+    # per candidate; the index ends each key, so equal keys keep their order (as a stable sort does).
+    keys = sorted([(-vlt, r.arrival_s, r.req_id, i) for i, (vlt, r) in enumerate(candidates)])
+    ordered = [candidates[key[3]] for key in keys]
     prioritised: list[RequestView] = []
     for vlt, r in ordered:  # step 3
         if r.phase is not Phase.RUNNING and vlt >= 0 and blocks[r.req_id] <= left:

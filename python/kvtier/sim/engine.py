@@ -128,6 +128,8 @@ class Engine:
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
         self.tree = HiRadixTree({Tier.DEVICE: None, Tier.HOST: None, Tier.SSD: None, Tier.REMOTE: None})
         self.requests: dict[int, SimRequest] = {}
+        # DecisionBackend.find: the dict's own get (the executor looks up every decode every step).
+        self.find: Callable[[int], SimRequest | None] = self.requests.get
         self.waiting: list[tuple[float, int]] = []  # (arrival_s, req_id), kept sorted
         self.waiting_prompt_tokens = 0  # summed over the waiting requests (the router's load)
         self.running: list[SimRequest] = []
@@ -233,9 +235,6 @@ class Engine:
             f"with {self.available_device_blocks()} available of {self.config.device_blocks} device blocks and nothing "
             f"running: capacity or max_batch_tokens too small for one request, or the policy never admits it"
         )
-
-    def find(self, req_id: int) -> SimRequest | None:
-        return self.requests.get(req_id)
 
     def error(self, message: str) -> SimError:
         return SimError(message)
