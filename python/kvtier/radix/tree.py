@@ -491,25 +491,28 @@ class HiRadixTree:
         _check_start(keys, start)
         if start == len(keys):
             return
-        queue = field == "in_queue"  # else in_flight; each spelled out (a mark per request per step)
+        queue = field == "in_queue"  # else in_flight; each loop spelled out (marks per request per step)
         if on:
             node, new_child = self._root, self._new_child
             for key in keys[:start]:
                 node = node.children.get(key) or new_child(node, key)
-            for key in keys[start:]:
-                node = node.children.get(key) or new_child(node, key)
-                if queue:
+            if queue:
+                for key in keys[start:]:
+                    node = node.children.get(key) or new_child(node, key)
                     node.in_queue += 1
-                else:
+            else:
+                for key in keys[start:]:
+                    node = node.children.get(key) or new_child(node, key)
                     node.in_flight += 1
             return
-        path = self._existing_path(keys, f"unmark {field}")[start:]
+        path = self._existing_path(keys, "unmark " + field)[start:]
         if min([node.in_queue if queue else node.in_flight for node in path], default=1) <= 0:
             raise AssertionError(f"unmark {field} below zero on path of {len(keys)} keys")
-        for node in path:
-            if queue:
+        if queue:
+            for node in path:
                 node.in_queue -= 1
-            else:
+        else:
+            for node in path:
                 node.in_flight -= 1
         if path:
             self._prune_upwards(path[-1])
