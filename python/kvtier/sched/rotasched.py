@@ -410,7 +410,7 @@ class RotaSched(Policy):
         preempted, prioritised, released = self.rotate(view)
         out = {r.req_id for r in preempted}
         plan = StepPlan(view, view.free_device_blocks + released, preempted)
-        plan.run(r for r in view.running if r.req_id not in out)
+        plan.run([r for r in view.running if r.req_id not in out] if out else view.running)
         for r in prioritised:
             if r.phase is Phase.SWAPPED:
                 plan.swap_in(r)

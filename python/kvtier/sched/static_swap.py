@@ -54,7 +54,7 @@ class _StaticSwap(Policy):
     def _plan(self, view: SchedulerView, out: list[RequestView], released: int) -> StepPlan:
         gone = {r.req_id for r in out}
         plan = StepPlan(view, view.free_device_blocks + released, out)
-        plan.run(r for r in view.running if r.req_id not in gone)
+        plan.run([r for r in view.running if r.req_id not in gone] if gone else view.running)
         return plan
 
 
