@@ -498,6 +498,83 @@ def kvtier_part(repo: Path) -> dict[str, Any]:
     return out
 
 
+def overlap() -> dict[str, Any]:
+    """Does a DMA copy stream slow a step, or a step the copies? The simulator charges them
+    independently (a link and the GPU are separate resources)."""
+    model = Model(LLAMA_8B, "cuda", torch.bfloat16, 70_000)
+    nbytes, chunk = 1 << 30, 64 << 20
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    host.fill_(5)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    copy_stream = torch.cuda.Stream()
+
+    def copies(direction: str, rounds: int) -> None:
+        with torch.cuda.stream(copy_stream):
+            for _ in range(rounds):
+                for off in range(0, nbytes, chunk):
+                    if direction in ("h2d", "both"):
+                        dev[off : off + chunk].copy_(host[off : off + chunk], non_blocking=True)
+                    if direction in ("d2h", "both"):
+                        j = (off + nbytes // 2) % nbytes
+                        host[j : j + chunk].copy_(dev[j : j + chunk], non_blocking=True)
+
+    rows = []
+    for prefills, decodes in (([(4096, 0)], []), ([], [1024] * 64), ([(512, 0)], [1024] * 16)):
+        a = model.inputs(prefills, decodes)
+        with torch.inference_mode():
+            for _ in range(2):
+                model.forward(a)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                model.forward(a)
+            g.replay()
+            torch.cuda.synchronize()
+            step_alone = statistics.median(time_cuda(g.replay, 10))
+            for direction in ("h2d", "d2h", "both"):
+                e0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                copy_stream.wait_event(e0)
+                copies(direction, 1)
+                c1.record(copy_stream)
+                c1.synchronize()
+                copy_alone = e0.elapsed_time(c1) / 1e3
+                rounds = 3
+                replays = max(3, round(rounds * copy_alone / step_alone))
+                m1 = torch.cuda.Event(enable_timing=True)
+                c1 = torch.cuda.Event(enable_timing=True)
+                e0 = torch.cuda.Event(enable_timing=True)
+                e0.record()
+                copy_stream.wait_event(e0)
+                copies(direction, rounds)
+                c1.record(copy_stream)
+                for _ in range(replays):
+                    g.replay()
+                m1.record()
+                torch.cuda.synchronize()
+                copy_together = e0.elapsed_time(c1) / 1e3 / rounds
+                step_together = e0.elapsed_time(m1) / 1e3 / replays
+                row = dict(
+                    prefills=prefills,
+                    decodes=len(decodes),
+                    direction=direction,
+                    step_alone_s=step_alone,
+                    step_together_s=step_together,
+                    copy_bytes=nbytes * (2 if direction == "both" else 1),
+                    copy_alone_s=copy_alone,
+                    copy_together_s=copy_together,
+                    replays=replays,
+                )
+                rows.append(row)
+                log(
+                    f"overlap {prefills} + {len(decodes)} decodes, {direction}: step {step_alone * 1e3:.2f} -> "
+                    f"{step_together * 1e3:.2f} ms, copies {row['copy_bytes'] / copy_alone / 1e9:.1f} -> "
+                    f"{row['copy_bytes'] / copy_together / 1e9:.1f} GB/s"
+                )
+            del g
+    return {"rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -518,6 +595,7 @@ def main() -> int:
     for part, fn in (
         ("links", links),
         ("steps", lambda: steps(args.tiny, args.step_budget_s)),
+        ("overlap", overlap),
         ("kvtier", lambda: kvtier_part(Path(__file__).resolve().parent.parent)),
     ):
         if part not in parts or (args.tiny and part != "steps"):

@@ -234,6 +234,22 @@ def check(data: dict[str, Any], hardware: str | None = None) -> dict[str, Any]:
         diffs = [abs(a.seconds - b.seconds) / a.seconds for a, b in zip(step_rows(data), again, strict=True)]
         out["steps"]["repeat_mean_rel_diff"] = float(np.mean(diffs))
         out["steps"]["repeat_max_rel_diff"] = float(np.max(diffs))
+    if "overlap" in data:  # a step with DMA copies in flight on another stream, and the copies
+        out["overlap"] = [
+            {
+                "shape": _describe(
+                    BatchShape(
+                        tuple(PrefillChunk(int(n), int(c)) for n, c in r["prefills"]),
+                        (1024,) * int(r["decodes"]),
+                    )
+                ),
+                "direction": r["direction"],
+                "step_slowdown": r["step_together_s"] / r["step_alone_s"],
+                "copy_alone_bytes_per_s": r["copy_bytes"] / r["copy_alone_s"],
+                "copy_together_bytes_per_s": r["copy_bytes"] / r["copy_together_s"],
+            }
+            for r in _need(data["overlap"], "rows", "overlap")
+        ]
     if "kvtier" in data:
         out["kvtier"] = data["kvtier"]
     return out
@@ -304,6 +320,11 @@ def summary(result: dict[str, Any]) -> str:
                 lines.append(f"  {d} one large copy: {f['one_copy_bytes_per_s'] / 1e9:.1f} GB/s")
         if "duplex_bytes_per_s" in links:
             lines.append(f"  both directions at once: {links['duplex_bytes_per_s'] / 1e9:.1f} GB/s in total")
+    for r in result.get("overlap", []):
+        lines.append(
+            f"{r['shape']} with {r['direction']} copies in flight: step x{r['step_slowdown']:.3f}; copies "
+            f"{r['copy_alone_bytes_per_s'] / 1e9:.1f} GB/s alone, {r['copy_together_bytes_per_s'] / 1e9:.1f} beside the step"
+        )
     k = result.get("kvtier")
     if k:
         for key in sorted(x for x in k if x.startswith("threads_")):
