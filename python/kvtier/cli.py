@@ -12,7 +12,7 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from kvtier import report
 from kvtier.config import parse_size
@@ -149,7 +149,7 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
     names = reproduce.papers() if args.all else [args.paper]
     if not args.all and not args.paper:
         raise KvtierError(f"name a paper or pass --all; papers: {reproduce.papers()}")
-    rows: list[dict[str, Any]] = []
+    rows: list[reproduce.RowJson] = []
     for name in names:
         rows.extend(row.to_dict() for row in reproduce.run(name, Path(args.out_dir) / name, quick=args.quick))
     _write(str(Path(args.out_dir) / "rows.json"), {"rows": rows})  # for `kvtier report`
