@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from kvtier.errors import SimError
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
@@ -53,7 +52,7 @@ from kvtier.sim.cost import STEP_OVERHEAD_S
 from kvtier.sim.ep_cost import EpCost, PrefillEstimates
 from kvtier.sim.gpu_engine import GpuEngine, GroupRequest, ViewShape
 from kvtier.sim.hardware import load_hardware
-from kvtier.sim.metrics import Metrics, RequestRecord
+from kvtier.sim.metrics import Metrics, RequestRecord, SimMetrics
 from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
@@ -443,7 +442,7 @@ class DualPathCluster:
     def unfinished_requests(self) -> int:
         return len(self.requests) + self.scheduler.pending()
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SimMetrics:
         span = max(self.loop.now_s, 1e-12)
         snics: dict[str, dict[str, float]] = {}
         for link in self.topology.storage_nics():

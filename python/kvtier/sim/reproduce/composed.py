@@ -26,11 +26,11 @@ from kvtier.sim.cost import make_cost_model
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import SimResult, run
 from kvtier.sim.run import workload as requests_of
 
 PAPER = "composed"
-Result = dict[str, Any]
+Result = SimResult
 
 # Each paper's policy alone (and the two baselines), as the paper's module names it. ShadowServe
 # writes computed KV to the store here (store_writes): its paper assumes a store other servers fill.

@@ -23,7 +23,7 @@ import yaml
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import SimResult, run
 
 PAPER = "shadowserve"
 SS = "shadowserve_async"
@@ -34,7 +34,7 @@ OUTPUTS = (4, 8, 16, 32, 64, 128)
 OVERLOAD_RATE_PER_S = 100.0  # far above any configuration's capacity: a burst
 UNLOADED_RATE_PER_S = 0.05  # a request lives ~1 s: arrivals 20 s apart rarely overlap
 
-Result = dict[str, Any]
+Result = SimResult
 
 
 def _base() -> SimConfig:
