@@ -32,6 +32,7 @@ from typing import Any
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
+from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.placement import ROUTERS
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.tiers import Tier
@@ -73,8 +74,12 @@ class SimConfig:
     pool: Mapping[str, Any] | None = None
     device_prefix_cache: bool = True  # False: finished requests' KV leaves the GPU (vLLM without APC)
     # How swaps cross the host link (kvtier.sched.swap_copy): {engine: plain|vllm|naive|ms|ms_mk|
-    # duplexkv}. None: the engine the policy was evaluated on (its swap_engine).
+    # duplexkv}. None or no engine: the one the policy was evaluated on (kvtier.sched.data_plane).
     swap: Mapping[str, Any] | None = None
+    # How compressed fetches reach the device (kvtier.sched.fetch_path): {engine: plain|bluefield3|
+    # cachegen_gpu, compression_ratio, decode_bytes_per_s | decode_input_bytes_per_s,
+    # decode_on_device, interference, duty_cycle}. None or no engine: the policy's, likewise.
+    fetch: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -123,6 +128,7 @@ class SimConfig:
 
             PoolSpec.from_mapping(self.pool)  # validates the section
         swap_copy(self.swap, "plain")  # validates the section
+        fetch_path(self.fetch, "plain")  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
                 f"`device_prefix_cache` is {self.device_prefix_cache!r}; expected true or false"
@@ -175,11 +181,13 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     section where the section is present and leaves them out (the run is unchanged). ``composed``
     in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
     pool's layout the same way. A policy's ``transfer`` (RotaSched, the static swap policies, and
-    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise."""
+    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise, and
+    ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
     swap = config.swap
+    fetch = _fetch_keys(name, spec, config.fetch)
     transfer = spec.pop("transfer", None)
     rota = spec.get("rotasched")
     if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
@@ -204,11 +212,38 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    if name == spec["name"] and not implied and transfer is None:
+    if name == spec["name"] and not implied and transfer is None and fetch is config.fetch:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
-    return config.with_overrides(policy={**spec, "name": name}, pool=pool, swap=swap)
+    return config.with_overrides(policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch)
+
+
+# Policy parameters that described the fetch data plane (deprecated): now the `fetch` section's keys.
+_FETCH_POLICIES = ("shadowserve_async", "cachegen_async")
+_FETCH_PARAMS = (
+    "compression_ratio",
+    "decode_bytes_per_s",
+    "decode_input_bytes_per_s",
+    "interference",
+    "duty_cycle",
+)
+
+
+def _fetch_keys(name: str, spec: dict[str, Any], fetch: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Moves a fetch policy's deprecated data-plane parameters out of ``spec`` into the ``fetch``
+    section (where the section does not set them already), with a DeprecationWarning naming the keys."""
+    moved = {k: spec.pop(k) for k in _FETCH_PARAMS if name in _FETCH_POLICIES and k in spec}
+    if not moved:
+        return fetch
+    keys = ", ".join(f"fetch.{k}: {v!r}" for k, v in moved.items())
+    warnings.warn(
+        f"policy {name!r} parameters {sorted(moved)} are deprecated: use {keys} (the fetch path is "
+        "data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {**moved, **(fetch or {})}
 
 
 def experiments_dir() -> Path:
