@@ -80,6 +80,9 @@ class SimConfig:
     # cachegen_gpu, compression_ratio, decode_bytes_per_s | decode_input_bytes_per_s,
     # decode_on_device, interference, duty_cycle}. None or no engine: the policy's, likewise.
     fetch: Mapping[str, Any] | None = None
+    # The compute NICs (DualPath §5.1): {traffic_isolation: true}, KV transfers in the low-priority
+    # lane behind the model's collectives (the default); false: one lane shared. None: the defaults.
+    network: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -129,6 +132,7 @@ class SimConfig:
             PoolSpec.from_mapping(self.pool)  # validates the section
         swap_copy(self.swap, "plain")  # validates the section
         fetch_path(self.fetch, "plain")  # validates the section
+        network_isolation(self.network)  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
                 f"`device_prefix_cache` is {self.device_prefix_cache!r}; expected true or false"
@@ -145,6 +149,11 @@ class SimConfig:
         if size < 0:
             raise ConfigError(f"`{name}` is {value!r}; expected a size >= 0")
         return size
+
+    @property
+    def traffic_isolation(self) -> bool:
+        """The ``network`` section's ``traffic_isolation`` (default true)."""
+        return network_isolation(self.network)
 
     @property
     def disaggregated(self) -> bool:
@@ -188,6 +197,7 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     pool = config.pool
     swap = config.swap
     fetch = _fetch_keys(name, spec, config.fetch)
+    network = _network_keys(name, spec, config.network)
     transfer = spec.pop("transfer", None)
     rota = spec.get("rotasched")
     if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
@@ -212,11 +222,14 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    if name == spec["name"] and not implied and transfer is None and fetch is config.fetch:
+    unchanged = fetch is config.fetch and network is config.network
+    if name == spec["name"] and not implied and transfer is None and unchanged:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
-    return config.with_overrides(policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch)
+    return config.with_overrides(
+        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network
+    )
 
 
 # Policy parameters that described the fetch data plane (deprecated): now the `fetch` section's keys.
@@ -228,6 +241,40 @@ _FETCH_PARAMS = (
     "interference",
     "duty_cycle",
 )
+
+
+def network_isolation(network: Mapping[str, Any] | None) -> bool:
+    """The sim config's ``network`` section's ``traffic_isolation``: true where it is left out."""
+    if network is None:
+        return True
+    if not isinstance(network, Mapping):
+        raise ConfigError(
+            f"sim `network` is {network!r}; expected a mapping such as {{traffic_isolation: true}}"
+        )
+    unknown = sorted(set(network) - {"traffic_isolation"})
+    if unknown:
+        raise ConfigError(f"unknown network key(s) {unknown}; expected some of ['traffic_isolation']")
+    value = network.get("traffic_isolation", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"network `traffic_isolation` is {value!r}; expected true or false")
+    return value
+
+
+def _network_keys(
+    name: str, spec: dict[str, Any], network: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """Moves DualPath's deprecated ``traffic_isolation`` parameter out of ``spec`` into the
+    ``network`` section (where the section does not set it already), with a DeprecationWarning."""
+    if not name.startswith("dualpath") or "traffic_isolation" not in spec:
+        return network
+    value = spec.pop("traffic_isolation")
+    warnings.warn(
+        f"policy {name!r} parameter `traffic_isolation` is deprecated: use network.traffic_isolation: "
+        f"{value!r} (the NICs' lanes are deployment config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"traffic_isolation": value, **(network or {})}
 
 
 def _fetch_keys(name: str, spec: dict[str, Any], fetch: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
