@@ -16,6 +16,12 @@ ssd_capacity_bytes: 0
 remote_capacity_bytes: 0    # a Redis-like store behind the storage NIC; inf = unbounded
 workload: {name: mooncake}
 slo: {ttft_s: 5.0, tpot_s: 0.1}
+# The data plane (mechanism, not policy; docs/simulator.md): each section optional, an `engine` left
+# out is the one the policy's paper ran on (kvtier.sched.data_plane).
+swap: {engine: plain}       # how swaps cross the host link (kvtier.sched.swap_copy)
+fetch: {engine: plain}      # how compressed fetches reach the device (kvtier.sched.fetch_path)
+pool: {layout: serial}      # host-memory modules and SSDs as devices (kvtier.sim.pool)
+network: {traffic_isolation: true}  # the NICs' lanes (DualPath §5.1)
 ```
 """
 
