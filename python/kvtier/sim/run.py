@@ -17,7 +17,9 @@ from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
+from kvtier.sched.data_plane import default_engine
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
+from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.sim.cluster import Cluster
@@ -187,6 +189,9 @@ def build(config: SimConfig) -> Simulation:
         max_running=config.max_running,
         preload_tier=Tier.parse(config.preload_tier) if config.preload_tier is not None else None,
         device_prefix_cache=config.device_prefix_cache,
+        # The data plane: the config's sections, else what the policy was evaluated on.
+        swap_copy=swap_copy(config.swap, default_engine(config.policy, "swap")),
+        fetch=fetch_path(config.fetch, default_engine(config.policy, "fetch")),
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
@@ -208,14 +213,12 @@ def build(config: SimConfig) -> Simulation:
     def engine(name: str) -> Engine:
         link = Link.of(loop, f"{name}.host", hw.host_link, config.tp)
         links[link.name] = link
-        policy = make_policy(policy_name, **policy_spec)
-        copy = swap_copy(config.swap, policy.swap_engine)  # the config's, else the policy's own
         return Engine(
             loop,
             name,
-            dataclasses.replace(engine_config, swap_copy=copy),
+            engine_config,
             cost,
-            policy,
+            make_policy(policy_name, **policy_spec),
             metrics,
             link,
             ssd_link,
