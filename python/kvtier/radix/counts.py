@@ -4,7 +4,9 @@
 (nothing is touched) and returns only what a scheduler view needs of the result: how many blocks of
 the resident run each tier serves (by the fastest tier holding each block) and the in-queue /
 in-flight counts of the marked run after the device prefix. A waiting request's view needs one per
-step, so it skips building the per-block tier tuple and the :class:`Match`.
+step, so it skips building the per-block tier tuple and the :class:`Match`;
+:func:`watched_prefix_counts` also returns a :class:`~kvtier.radix.watch.Watch` that says when the
+counts could have changed, so a waiting request's counts are kept across steps.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtier.radix.tree import _FASTEST_OF_MASK, HiRadixTree
+from kvtier.radix.watch import CHILD, MARKS, RESIDENCY, Watch
 from kvtier.tiers import Tier
 
 _DEVICE = Tier.DEVICE
@@ -22,7 +25,25 @@ def prefix_counts(
 ) -> tuple[list[int], int, int]:
     """(blocks per tier, in-queue blocks, in-flight blocks): ``match(keys, own_queue_marks=...)``'s
     ``tiers`` counted per tier, and its ``in_queue_blocks`` / ``in_flight_blocks``."""
+    counts, watch = watched_prefix_counts(tree, keys, own_queue_marks)
+    watch.release()
+    return counts
+
+
+def watched_prefix_counts(
+    tree: HiRadixTree, keys: Sequence[int], own_queue_marks: int = 0
+) -> tuple[tuple[list[int], int, int], Watch]:
+    """:func:`prefix_counts`, and a :class:`Watch` registered on what the walk read: it stays valid
+    while the counts would come out the same (the tree releases it when one of those reads changes).
+
+    The same walk, reading the same fields in the same order; each node visited is registered for
+    what was read of it (the device run: its fastest tier; after it: its fastest tier while the
+    resident run lasts, its marks while the marked run lasts; where a missing child ended the walk:
+    that child).
+    """
     # The device run first, in its own loop (most of a waiting request's path): only the tier is read.
+    watch = Watch()
+    read = watch.read
     fastest_of = _FASTEST_OF_MASK
     node = tree._root
     keys_left = iter(keys)
@@ -30,33 +51,42 @@ def prefix_counts(
     fastest: Tier | None = None
     for key in keys_left:
         if (child := node.children.get(key)) is None:
-            return [device, 0, 0, 0], 0, 0
+            read(node, CHILD)
+            return ([device, 0, 0, 0], 0, 0), watch
         node = child
+        read(node, RESIDENCY)
         if (fastest := fastest_of[node.residency]) is not _DEVICE:
             break
         device += 1
     else:
-        return [device, 0, 0, 0], 0, 0
+        return ([device, 0, 0, 0], 0, 0), watch
     # ``node`` ends the device run; from it on, the resident run and the marked run.
     per_tier = [device, 0, 0, 0]
     in_queue = in_flight = 0
     resident = fastest is not None
     if fastest is not None:
         per_tier[fastest] += 1
+    read(node, MARKS)
     marked = bool((queued := node.in_queue > own_queue_marks) or node.in_flight)
     if marked:
         in_queue += queued
         in_flight += node.in_flight > 0
     for key in keys_left:
-        if not (resident or marked) or (child := node.children.get(key)) is None:
+        if not (resident or marked):
+            break
+        if (child := node.children.get(key)) is None:
+            read(node, CHILD)
             break
         node = child
         if resident:
+            read(node, RESIDENCY)
             if (fastest := fastest_of[node.residency]) is None:
                 resident = False
             else:
                 per_tier[fastest] += 1
-        if marked and (marked := bool((queued := node.in_queue > own_queue_marks) or node.in_flight)):
-            in_queue += queued
-            in_flight += node.in_flight > 0
-    return per_tier, in_queue, in_flight
+        if marked:
+            read(node, MARKS)
+            if marked := bool((queued := node.in_queue > own_queue_marks) or node.in_flight):
+                in_queue += queued
+                in_flight += node.in_flight > 0
+    return (per_tier, in_queue, in_flight), watch

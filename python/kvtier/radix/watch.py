@@ -1,0 +1,69 @@
+"""Watches on the prefix tree: a result computed from some nodes stays valid until one of them
+changes what it was read for (issue 20).
+
+A waiting request's prefix counts (:func:`kvtier.radix.counts.watched_prefix_counts`) read a few
+things of each node on its path: whether its fastest tier is the device, which tier is its fastest,
+its in-queue / in-flight marks, whether a child exists. The request's :class:`Watch` is registered on
+each of those nodes with what it read there (:data:`RESIDENCY`, :data:`MARKS`, :data:`CHILD`); the
+tree calls :func:`notify` when a node's fastest tier or marks change, when a child is added under it
+and when it is pruned, and that releases every watch that read what changed. A released watch is
+invalid for good (and unregistered from all its nodes); one that is never notified can be kept
+across any number of steps. So a waiting request's counts are recomputed when the tree changed
+along its path, not every step (Strata reads its whole waiting head each step).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+RESIDENCY = 1  # the node's fastest tier (whether it is the device, or which one)
+MARKS = 2  # the node's in-queue / in-flight mark counts
+CHILD = 4  # whether the node has a child under the next key (a walk that stopped there)
+PRUNED = RESIDENCY | MARKS | CHILD  # the node left the tree: everything read of it is gone
+
+
+class Watched(Protocol):
+    """A tree node as watches see it (:class:`kvtier.radix.tree._Node`)."""
+
+    watch: dict[Watch, int] | None  # registered watches -> what each read of the node
+
+
+class Watch:
+    """What a walk read of the tree: ``valid`` until :func:`notify` releases it."""
+
+    __slots__ = ("nodes", "valid")
+
+    def __init__(self) -> None:
+        self.valid = True
+        self.nodes: list[Watched] = []
+
+    def read(self, node: Watched, what: int) -> None:
+        """Registers this watch on ``node`` for ``what`` (bits; repeated reads add up)."""
+        w = node.watch
+        if w is None:
+            node.watch = {self: what}
+            self.nodes.append(node)
+        elif (had := w.get(self)) is None:
+            w[self] = what
+            self.nodes.append(node)
+        else:
+            w[self] = had | what
+
+    def release(self) -> None:
+        """Invalid from now on; unregistered from every node it read."""
+        self.valid = False
+        for node in self.nodes:
+            if node.watch is not None:
+                node.watch.pop(self, None)
+        self.nodes = []
+
+
+def notify(node: Watched, changed: int) -> None:
+    """``changed`` (bits) of ``node`` changed: releases every watch that read any of them. The tree
+    calls it only where ``node.watch`` is non-empty."""
+    w = node.watch
+    if w is None:
+        return
+    for watch, what in list(w.items()):  # release() edits the dict
+        if what & changed:
+            watch.release()
