@@ -138,7 +138,13 @@ class WaitingViews(Sequence[RequestView]):
                 if self._engine is None:
                     raise SimError("a waiting request's view was read after the step it was built for")
                 r = requests[i]
-                view = views[i] = admitted_view(r) if r.admitted else waiting_view(tree, bt, r)
+                if r.admitted:
+                    view = admitted_view(r)
+                elif (w := r.watch) is not None and w.valid and r.waiting_view is not None:
+                    view = r.waiting_view  # waiting_view's reuse inline
+                else:
+                    view = waiting_view(tree, bt, r)
+                views[i] = view
                 self._built += 1
             yield view
 
@@ -219,16 +225,10 @@ def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
 
 def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
     """A request not admitted yet: its cached prefix per tier, and the marked blocks after it. Kept
-    while nothing its lookup read changed (its watch) and its phase and token counts stay."""
+    while nothing its lookup read changed (its watch); its phase and token counts do not change
+    while it waits, and admission forgets it (:func:`forget_waiting_view`)."""
     v = r.waiting_view
-    if (
-        v is not None
-        and r.watch is not None
-        and r.watch.valid
-        and v.phase is r.phase
-        and v.computed_tokens == r.computed_tokens
-        and v.generated_tokens == r.generated_tokens
-    ):
+    if v is not None and r.watch is not None and r.watch.valid:
         return v
     if r.watch is not None:
         r.watch.release()
