@@ -112,7 +112,7 @@ def test_a_released_watch_leaves_no_registration() -> None:
     assert watch.valid
     tree.insert((1, 2, 3, 4, 5), Tier.SSD, 3.0)  # the child the walk missed appears
     assert not watch.valid and watch.nodes == []
-    assert all(not node.watch for node in _nodes(tree))
+    assert all(node.watch is None for node in _nodes(tree))  # no empty dicts left behind
 
 
 def _nodes(tree: HiRadixTree) -> list[_Node]:

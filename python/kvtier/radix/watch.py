@@ -53,8 +53,10 @@ class Watch:
         """Invalid from now on; unregistered from every node it read."""
         self.valid = False
         for node in self.nodes:
-            if node.watch is not None:
-                node.watch.pop(self, None)
+            if (w := node.watch) is not None:
+                w.pop(self, None)
+                if not w:
+                    node.watch = None  # most nodes are watched by nobody: no empty dict on each
         self.nodes = []
 
 
