@@ -97,6 +97,7 @@ def test_a_valid_watch_means_the_counts_are_unchanged(seed: int) -> None:
                     released += (q, own) in held
                     held[q, own] = watched_prefix_counts(tree, q, own)
                     assert held[q, own][0] == fresh
+                    held[q, own][1].arm()
     assert kept > 1000 and released > 100, (kept, released)
 
 
@@ -105,7 +106,11 @@ def test_a_released_watch_leaves_no_registration() -> None:
     tree.insert((1, 2, 3), Tier.DEVICE, 0.0)
     tree.insert((1, 2, 3, 4), Tier.HOST, 1.0)
     _, watch = watched_prefix_counts(tree, (1, 2, 3, 4, 5))
+    assert not watch.valid and all(node.watch is None for node in _nodes(tree))  # not armed yet
+    watch.arm()
     assert watch.valid and len(watch.nodes) == 4
+    with pytest.raises(RuntimeError):
+        watch.arm()
     tree.insert((1, 2, 3), Tier.HOST, 2.0)  # the device run keeps the device fastest: still valid
     assert watch.valid
     tree.mark_in_queue((1, 2), True)  # marks inside the device run are not read

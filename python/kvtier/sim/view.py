@@ -224,15 +224,21 @@ def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
 
 
 def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
-    """A request not admitted yet: its cached prefix per tier, and the marked blocks after it. Kept
-    while nothing its lookup read changed (its watch); its phase and token counts do not change
-    while it waits, and admission forgets it (:func:`forget_waiting_view`)."""
+    """A request not admitted yet: its cached prefix per tier, and the marked blocks after it.
+
+    Kept while its watch is valid (nothing its lookup read changed; its phase and token counts do
+    not change while it waits, and admission forgets it: :func:`forget_waiting_view`). A lookup
+    that finds what the previous one found keeps the previous view object.
+    """
     v = r.waiting_view
-    if v is not None and r.watch is not None and r.watch.valid:
-        return v
-    if r.watch is not None:
-        r.watch.release()
-    (per_tier, in_queue, in_flight), r.watch = watched_prefix_counts(tree, r.keys, r.queue_marked)
+    w = r.watch
+    if w is not None:
+        if w.valid and v is not None:
+            return v
+        w.release()
+    (per_tier, in_queue, in_flight), w = watched_prefix_counts(tree, r.keys, r.queue_marked)
+    w.arm()
+    r.watch = w
     req = r.req
     # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
     left = (req.prompt_tokens - 1) // bt
@@ -242,14 +248,23 @@ def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
     left -= d + h
     s = (on_ssd if on_ssd < left else left) if left > 0 else 0
     m = (on_remote if on_remote < left - s else left - s) if left > s else 0
-    v = r.waiting_view = _view(
-        r, _tuple_new(PerTier, (d * bt, h * bt, s * bt, m * bt)), in_queue * bt, in_flight * bt
-    )
+    cached, in_queue, in_flight = (d * bt, h * bt, s * bt, m * bt), in_queue * bt, in_flight * bt
+    if (
+        v is not None
+        and v.cached_tokens == cached
+        and v.in_queue_tokens == in_queue
+        and v.in_flight_tokens == in_flight
+        and v.phase is r.phase
+        and v.computed_tokens == r.computed_tokens
+        and v.generated_tokens == r.generated_tokens
+    ):
+        return v  # the same view object: a policy comparing views sees it unchanged
+    v = r.waiting_view = _view(r, _tuple_new(PerTier, cached), in_queue, in_flight)
     return v
 
 
 def forget_waiting_view(r: SimRequest) -> None:
-    """``r`` left the waiting queue: its waiting view and the watch behind it go (the watch's
+    """``r`` left the waiting queue: its waiting view and the watch behind it go (an armed watch's
     registrations would otherwise stay on the nodes it read)."""
     if r.watch is not None:
         r.watch.release()
