@@ -38,7 +38,7 @@ from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.state import SimRequest
 from kvtier.sim.swap import Swaps
 from kvtier.sim.tiers import LowerTiers
-from kvtier.sim.view import WaitingViews, build_view, cap_prefix
+from kvtier.sim.view import WaitingViews, build_view, cap_prefix, forget_waiting_view
 from kvtier.tiers import Tier
 
 
@@ -274,6 +274,7 @@ class Engine:
         r.computed_tokens = device_tokens
         r.hit_tokens[Tier.DEVICE] = device_tokens
         r.admitted = True
+        forget_waiting_view(r)
         del self.waiting[self._waiting_index(r)]
         self.waiting_prompt_tokens -= r.req.prompt_tokens
         r.phase = Phase.RUNNING
