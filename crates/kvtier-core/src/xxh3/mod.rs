@@ -1,0 +1,322 @@
+//! XXH3-64 (seed 0, default secret) as a streaming hasher whose long-input loop can also copy: each
+//! 64-byte stripe is stored to the destination from the registers it is hashed from, so a checked
+//! copy reads its source once ([`Xxh3::update_copying`]).
+//!
+//! Why our own: `xxhash-rust` picks its SIMD at compile time, which for the x86-64 baseline this
+//! project builds for is SSE2, and it has no copying form, so a fused copy re-read each chunk from
+//! L1 with 16-byte lanes. Here the stripe loop is AVX2 where the CPU has it (runtime detection, as
+//! [`crate::copy`] does) and portable scalar code elsewhere.
+//!
+//! Invariant: every digest equals `xxhash_rust::xxh3::xxh3_64` of the bytes fed, however they were
+//! split (the checksums on SSD and remote tiers are this value: docs/formats.md). Inputs of at most
+//! 240 bytes are hashed by `xxhash-rust` itself (they are kept whole); longer ones follow the
+//! reference's long-input algorithm: stripes accumulated into eight lanes, a scramble after every
+//! 16 stripes (a block), and the last 64 bytes of the input, always held back, accumulated with
+//! their own secret offset before the lanes are merged. A stripe is consumed only once more input
+//! follows it, so a block's scramble can run as soon as its 16th stripe is in.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(test)]
+mod tests;
+
+use crate::copy;
+
+/// Bytes per stripe, the unit of the long-input loop.
+const STRIPE: usize = 64;
+/// Stripes per block: the secret's size less one stripe, 8 bytes per stripe.
+const STRIPES_PER_BLOCK: usize = (SECRET.len() - STRIPE) / 8;
+/// Inputs up to this length are hashed by `xxhash-rust`'s short-input paths.
+const SHORT_MAX: usize = 240;
+/// Secret offsets: the scramble's key, the last stripe's key, the merge's key.
+const SCRAMBLE_AT: usize = SECRET.len() - STRIPE;
+const LAST_STRIPE_AT: usize = SECRET.len() - STRIPE - 7;
+const MERGE_AT: usize = 11;
+/// Chunk of the unfused fallback copy ([`Xxh3::update_copying`] where the fused loop cannot store):
+/// each chunk is hashed from L1 right after its copy.
+pub(crate) const FALLBACK_CHUNK: usize = 4 << 10;
+
+const PRIME32_1: u64 = 0x9E37_79B1;
+const PRIME32_2: u64 = 0x85EB_CA77;
+const PRIME32_3: u64 = 0xC2B2_AE3D;
+const PRIME64_1: u64 = 0x9E37_79B1_85EB_CA87;
+const PRIME64_2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+const PRIME64_3: u64 = 0x1656_67B1_9E37_79F9;
+const PRIME64_4: u64 = 0x85EB_CA77_C2B2_AE63;
+const PRIME64_5: u64 = 0x27D4_EB2F_1656_67C5;
+const INITIAL_ACC: [u64; 8] =
+    [PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1];
+
+/// XXH3's default secret (the specification's `kSecret`).
+const SECRET: [u8; 192] = [
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+];
+
+/// Streaming XXH3-64 (seed 0): [`Xxh3::update`] or [`Xxh3::update_copying`] any number of times,
+/// then [`Xxh3::digest`]; the digest is that of all bytes fed, in order.
+#[derive(Clone)]
+pub struct Xxh3 {
+    /// The eight accumulator lanes (long inputs only).
+    acc: [u64; 8],
+    /// Stripes of the current block already accumulated (0..16).
+    in_block: usize,
+    /// Bytes fed so far.
+    total: u64,
+    /// Up to 240 bytes fed: all of them. Past that: the bytes not yet consumed, `pending` of them
+    /// (1..=64 between calls: the input's last stripe is never consumed before the digest).
+    buf: [u8; SHORT_MAX],
+    pending: usize,
+    /// The last stripe consumed: the digest's last 64 bytes reach into it when `pending < 64`.
+    prev: [u8; STRIPE],
+    /// Whether the stripe loops use AVX2 (detected once at construction).
+    simd: bool,
+}
+
+impl Default for Xxh3 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Xxh3 {
+    /// A hasher that has seen no bytes.
+    pub fn new() -> Self {
+        Self::with_simd(simd_available())
+    }
+
+    fn with_simd(simd: bool) -> Self {
+        Xxh3 {
+            acc: INITIAL_ACC,
+            in_block: 0,
+            total: 0,
+            buf: [0; SHORT_MAX],
+            pending: 0,
+            prev: [0; STRIPE],
+            simd,
+        }
+    }
+
+    /// Feeds `bytes`.
+    pub fn update(&mut self, bytes: &[u8]) {
+        // SAFETY: a null destination copies nothing.
+        unsafe { self.feed(bytes, std::ptr::null_mut()) }
+    }
+
+    /// Feeds `src` and copies it to `dst` in the same pass: where the CPU has AVX2 and `dst` is
+    /// 16-byte aligned, each stripe is stored with streaming stores from the registers it is hashed
+    /// from (the destination is then not in the cache; see [`crate::copy`]); otherwise, and for
+    /// copies shorter than [`copy::STREAM_MIN_BYTES`], 4 KiB chunks are copied with
+    /// [`copy::copy_unfenced`] and hashed right after. Does not fence: call [`copy::fence`] before
+    /// another thread may read `dst`.
+    ///
+    /// # Safety
+    /// `dst` is valid for `src.len()` bytes of writes and does not overlap `src`.
+    pub unsafe fn update_copying(&mut self, dst: *mut u8, src: &[u8]) {
+        debug_assert!(!dst.is_null() || src.is_empty());
+        // SAFETY: as the caller promised.
+        unsafe { self.feed(src, dst) }
+    }
+
+    /// XXH3-64 (seed 0) of every byte fed.
+    pub fn digest(&self) -> u64 {
+        if self.total <= SHORT_MAX as u64 {
+            return xxhash_rust::xxh3::xxh3_64(&self.buf[..self.total as usize]);
+        }
+        let mut acc = self.acc;
+        let p = self.pending;
+        let mut last = [0u8; STRIPE];
+        last[..STRIPE - p].copy_from_slice(&self.prev[p..]);
+        last[STRIPE - p..].copy_from_slice(&self.buf[..p]);
+        accumulate(&mut acc, &last, LAST_STRIPE_AT);
+        merge(&acc, self.total.wrapping_mul(PRIME64_1))
+    }
+
+    /// Feeds `src`, copying it to `dst` unless `dst` is null.
+    ///
+    /// # Safety
+    /// A non-null `dst` is valid for `src.len()` bytes of writes and does not overlap `src`.
+    unsafe fn feed(&mut self, mut src: &[u8], mut dst: *mut u8) {
+        let len = src.len();
+        if self.total + len as u64 <= SHORT_MAX as u64 {
+            let at = self.total as usize;
+            self.buf[at..at + len].copy_from_slice(src);
+            self.total += len as u64;
+            // SAFETY: as the caller promised.
+            return unsafe { copy_plain(dst, src) };
+        }
+        if self.total <= SHORT_MAX as u64 {
+            // Leaving the short form: every whole stripe held is followed by `src`.
+            let held = self.total as usize;
+            let whole = held / STRIPE;
+            for i in 0..whole {
+                let stripe: [u8; STRIPE] = self.buf[i * STRIPE..][..STRIPE].try_into().unwrap();
+                self.consume(&stripe);
+            }
+            self.buf.copy_within(whole * STRIPE..held, 0);
+            self.pending = held - whole * STRIPE;
+        }
+        self.total += len as u64;
+        if self.pending > 0 {
+            let need = STRIPE - self.pending;
+            let take = need.min(len);
+            self.buf[self.pending..self.pending + take].copy_from_slice(&src[..take]);
+            // SAFETY: as the caller promised; `dst + take` stays in bounds.
+            unsafe {
+                copy_plain(dst, &src[..take]);
+                dst = if dst.is_null() { dst } else { dst.add(take) };
+            }
+            self.pending += take;
+            src = &src[take..];
+            if src.is_empty() {
+                return; // the stripe, full or not, may be the input's last
+            }
+            let stripe: [u8; STRIPE] = self.buf[..STRIPE].try_into().unwrap();
+            self.consume(&stripe);
+            self.pending = 0;
+        }
+        // Stripe-aligned from here, and `src` is not empty: consume all stripes but the last.
+        let stripes = (src.len() - 1) / STRIPE;
+        // SAFETY: `src` holds `stripes` whole stripes; `dst` as the caller promised.
+        unsafe { self.stripes(src, dst, stripes) };
+        if stripes > 0 {
+            self.prev.copy_from_slice(&src[(stripes - 1) * STRIPE..stripes * STRIPE]);
+        }
+        let rest = &src[stripes * STRIPE..];
+        self.buf[..rest.len()].copy_from_slice(rest);
+        self.pending = rest.len();
+    }
+
+    /// Accumulates one stripe held in memory (the scalar loop: a few per call at most).
+    fn consume(&mut self, stripe: &[u8; STRIPE]) {
+        accumulate(&mut self.acc, stripe, self.in_block * 8);
+        self.end_stripe();
+        self.prev = *stripe;
+    }
+
+    fn end_stripe(&mut self) {
+        self.in_block += 1;
+        if self.in_block == STRIPES_PER_BLOCK {
+            scramble(&mut self.acc);
+            self.in_block = 0;
+        }
+    }
+
+    /// Accumulates the first `stripes` stripes of `src` and, unless `dst` is null, copies all of
+    /// `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` holds at least `stripes * 64` bytes; a non-null `dst` is valid for `src.len()` bytes
+    /// of writes and does not overlap `src`.
+    unsafe fn stripes(&mut self, src: &[u8], dst: *mut u8, stripes: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.simd {
+            if dst.is_null() {
+                // SAFETY: AVX2 is present (`simd`); `src` holds `stripes` stripes.
+                return unsafe { avx2::hash(&mut self.acc, &mut self.in_block, src.as_ptr(), stripes) };
+            }
+            if copy::streams(src.len()) && dst.align_offset(16) == 0 {
+                // SAFETY: AVX2 is present; bounds and alignment as checked and promised.
+                return unsafe {
+                    avx2::copy_hash(&mut self.acc, &mut self.in_block, src, dst, stripes)
+                };
+            }
+        }
+        if !dst.is_null() {
+            // The unfused form: copy a chunk, then hash its stripes while they are in L1.
+            for (i, chunk) in src.chunks(FALLBACK_CHUNK).enumerate() {
+                // SAFETY: chunk `i` of `dst` is in bounds per the caller's contract.
+                unsafe { copy::copy_unfenced(dst.add(i * FALLBACK_CHUNK), chunk.as_ptr(), chunk.len()) };
+                let first = i * FALLBACK_CHUNK / STRIPE;
+                let here = (chunk.len() / STRIPE).min(stripes.saturating_sub(first));
+                // SAFETY: `here` whole stripes lie in `chunk`.
+                unsafe { self.hash_only(&chunk[..here * STRIPE], here) };
+            }
+            return;
+        }
+        // SAFETY: `src` holds `stripes` stripes.
+        unsafe { self.hash_only(src, stripes) }
+    }
+
+    /// # Safety
+    /// `src` holds at least `stripes * 64` bytes.
+    unsafe fn hash_only(&mut self, src: &[u8], stripes: usize) {
+        debug_assert!(src.len() >= stripes * STRIPE);
+        #[cfg(target_arch = "x86_64")]
+        if self.simd {
+            // SAFETY: AVX2 is present; `src` holds `stripes` stripes.
+            return unsafe { avx2::hash(&mut self.acc, &mut self.in_block, src.as_ptr(), stripes) };
+        }
+        for stripe in src[..stripes * STRIPE].chunks_exact(STRIPE) {
+            accumulate(&mut self.acc, stripe.try_into().unwrap(), self.in_block * 8);
+            self.end_stripe();
+        }
+    }
+}
+
+/// Whether the stripe loops can use AVX2 on this CPU.
+fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        copy::has_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Copies `src` to a non-null `dst` with plain stores (a few bytes at the edges of a call).
+///
+/// # Safety
+/// As [`Xxh3::feed`].
+unsafe fn copy_plain(dst: *mut u8, src: &[u8]) {
+    if !dst.is_null() {
+        // SAFETY: as the caller promised.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    }
+}
+
+fn read64(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// One stripe into the lanes, keyed by the secret from `key_at` (the scalar form of the loop).
+fn accumulate(acc: &mut [u64; 8], stripe: &[u8; STRIPE], key_at: usize) {
+    for i in 0..8 {
+        let data = read64(stripe, 8 * i);
+        let keyed = data ^ read64(&SECRET, key_at + 8 * i);
+        acc[i ^ 1] = acc[i ^ 1].wrapping_add(data);
+        acc[i] = acc[i].wrapping_add((keyed & 0xFFFF_FFFF) * (keyed >> 32));
+    }
+}
+
+fn scramble(acc: &mut [u64; 8]) {
+    for (i, lane) in acc.iter_mut().enumerate() {
+        let mixed = (*lane ^ (*lane >> 47)) ^ read64(&SECRET, SCRAMBLE_AT + 8 * i);
+        *lane = mixed.wrapping_mul(PRIME32_1);
+    }
+}
+
+fn merge(acc: &[u64; 8], start: u64) -> u64 {
+    let mut result = start;
+    for i in 0..4 {
+        let lo = acc[2 * i] ^ read64(&SECRET, MERGE_AT + 16 * i);
+        let hi = acc[2 * i + 1] ^ read64(&SECRET, MERGE_AT + 16 * i + 8);
+        let product = u128::from(lo) * u128::from(hi);
+        result = result.wrapping_add(product as u64 ^ (product >> 64) as u64);
+    }
+    result ^= result >> 37;
+    result = result.wrapping_mul(0x1656_6791_9E37_79F9);
+    result ^ (result >> 32)
+}
