@@ -15,7 +15,6 @@
 
 pub mod checksum;
 pub mod copy;
-pub mod xxh3;
 pub mod error;
 pub mod fields;
 pub mod geometry;
@@ -25,6 +24,7 @@ pub mod object;
 pub mod paged;
 pub mod parallel;
 pub mod tier;
+pub mod xxh3;
 
 pub use error::{GeometryError, KeyError, LayoutError, ObjectError};
 pub use fields::Fields;

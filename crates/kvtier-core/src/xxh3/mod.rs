@@ -49,18 +49,18 @@ const INITIAL_ACC: [u64; 8] =
 
 /// XXH3's default secret (the specification's `kSecret`).
 const SECRET: [u8; 192] = [
-    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
-    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
-    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
-    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
-    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
-    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
-    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
-    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
-    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
-    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
-    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
-    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c, 0xde,
+    0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f, 0xcb, 0x79,
+    0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21, 0xb8, 0x08, 0x46,
+    0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c, 0x3c, 0x28, 0x52, 0xbb,
+    0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3, 0x71, 0x64, 0x48, 0x97, 0xa2,
+    0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8, 0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c,
+    0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d, 0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59,
+    0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64, 0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3,
+    0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb, 0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3,
+    0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e, 0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8,
+    0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce, 0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb,
+    0xca, 0xbb, 0x4b, 0x40, 0x7e,
 ];
 
 /// Streaming XXH3-64 (seed 0): [`Xxh3::update`] or [`Xxh3::update_copying`] any number of times,
@@ -146,14 +146,70 @@ impl Xxh3 {
     ///
     /// # Safety
     /// A non-null `dst` is valid for `src.len()` bytes of writes and does not overlap `src`.
-    unsafe fn feed(&mut self, mut src: &[u8], mut dst: *mut u8) {
+    unsafe fn feed(&mut self, src: &[u8], dst: *mut u8) {
+        // SAFETY: as the caller promised.
+        if let Some((src, dst)) = unsafe { self.lead_in(src, dst) } {
+            let stripes = (src.len() - 1) / STRIPE;
+            // SAFETY: `src` holds `stripes` whole stripes; `dst` as the caller promised.
+            unsafe { self.stripes(src, dst, stripes) };
+            self.lead_out(src, stripes);
+        }
+    }
+
+    /// Feeds `a` and `b` (each a hasher, a destination, a source) as [`Xxh3::update_copying`]
+    /// would one after the other, but where both go through the fused loop with sources of one
+    /// length, reads both sources in one loop, stripe by stripe: two streams of memory reads in
+    /// flight instead of one, which hides much of the cost of starting to read a new stretch of
+    /// memory (a put from a paged pool reads 32 KiB pieces scattered over the pool).
+    ///
+    /// # Safety
+    /// Each destination is valid for its source's length of writes and overlaps neither source
+    /// nor the other destination.
+    pub unsafe fn update_copying_pair(a: (&mut Xxh3, *mut u8, &[u8]), b: (&mut Xxh3, *mut u8, &[u8])) {
+        let ((ha, da, sa), (hb, db, sb)) = (a, b);
+        debug_assert!(!da.is_null() && !db.is_null());
+        // SAFETY (whole body): as the caller promised; the lead-ins return the rest of each.
+        unsafe {
+            let Some((sa, da)) = ha.lead_in(sa, da) else { return hb.feed(sb, db) };
+            let Some((sb, db)) = hb.lead_in(sb, db) else {
+                let stripes = (sa.len() - 1) / STRIPE;
+                ha.stripes(sa, da, stripes);
+                return ha.lead_out(sa, stripes);
+            };
+            let stripes = (sa.len() - 1) / STRIPE;
+            #[cfg(target_arch = "x86_64")]
+            if ha.simd && hb.simd && sa.len() == sb.len() && fusable(sa.len(), da) && fusable(sb.len(), db) {
+                avx2::copy_hash_pair(
+                    (&mut ha.acc, &mut ha.in_block, sa, da),
+                    (&mut hb.acc, &mut hb.in_block, sb, db),
+                    stripes,
+                );
+                ha.lead_out(sa, stripes);
+                return hb.lead_out(sb, stripes);
+            }
+            ha.stripes(sa, da, stripes);
+            ha.lead_out(sa, stripes);
+            let stripes_b = (sb.len() - 1) / STRIPE;
+            hb.stripes(sb, db, stripes_b);
+            hb.lead_out(sb, stripes_b);
+        }
+    }
+
+    /// Takes `src` up to the first stripe boundary of the input (the short form's bytes and the
+    /// pending stripe, consumed once more input follows it) and returns the rest, stripe-aligned
+    /// and not empty, with its destination; `None` if nothing is left.
+    ///
+    /// # Safety
+    /// As [`Xxh3::feed`].
+    unsafe fn lead_in<'s>(&mut self, mut src: &'s [u8], mut dst: *mut u8) -> Option<(&'s [u8], *mut u8)> {
         let len = src.len();
         if self.total + len as u64 <= SHORT_MAX as u64 {
             let at = self.total as usize;
             self.buf[at..at + len].copy_from_slice(src);
             self.total += len as u64;
             // SAFETY: as the caller promised.
-            return unsafe { copy_plain(dst, src) };
+            unsafe { copy_plain(dst, src) };
+            return None;
         }
         if self.total <= SHORT_MAX as u64 {
             // Leaving the short form: every whole stripe held is followed by `src`.
@@ -168,8 +224,7 @@ impl Xxh3 {
         }
         self.total += len as u64;
         if self.pending > 0 {
-            let need = STRIPE - self.pending;
-            let take = need.min(len);
+            let take = (STRIPE - self.pending).min(len);
             self.buf[self.pending..self.pending + take].copy_from_slice(&src[..take]);
             // SAFETY: as the caller promised; `dst + take` stays in bounds.
             unsafe {
@@ -179,16 +234,18 @@ impl Xxh3 {
             self.pending += take;
             src = &src[take..];
             if src.is_empty() {
-                return; // the stripe, full or not, may be the input's last
+                return None; // the stripe, full or not, may be the input's last
             }
             let stripe: [u8; STRIPE] = self.buf[..STRIPE].try_into().unwrap();
             self.consume(&stripe);
             self.pending = 0;
         }
-        // Stripe-aligned from here, and `src` is not empty: consume all stripes but the last.
-        let stripes = (src.len() - 1) / STRIPE;
-        // SAFETY: `src` holds `stripes` whole stripes; `dst` as the caller promised.
-        unsafe { self.stripes(src, dst, stripes) };
+        Some((src, dst))
+    }
+
+    /// After `stripes` stripes of `src` (all but its last 1..=64 bytes) were consumed: keeps the
+    /// last one consumed and the rest pending.
+    fn lead_out(&mut self, src: &[u8], stripes: usize) {
         if stripes > 0 {
             self.prev.copy_from_slice(&src[(stripes - 1) * STRIPE..stripes * STRIPE]);
         }
@@ -225,11 +282,9 @@ impl Xxh3 {
                 // SAFETY: AVX2 is present (`simd`); `src` holds `stripes` stripes.
                 return unsafe { avx2::hash(&mut self.acc, &mut self.in_block, src.as_ptr(), stripes) };
             }
-            if copy::streams(src.len()) && dst.align_offset(16) == 0 {
+            if fusable(src.len(), dst) {
                 // SAFETY: AVX2 is present; bounds and alignment as checked and promised.
-                return unsafe {
-                    avx2::copy_hash(&mut self.acc, &mut self.in_block, src, dst, stripes)
-                };
+                return unsafe { avx2::copy_hash(&mut self.acc, &mut self.in_block, src, dst, stripes) };
             }
         }
         if !dst.is_null() {
@@ -274,6 +329,12 @@ fn simd_available() -> bool {
     {
         false
     }
+}
+
+/// Whether a copy of `len` bytes to `dst` can go through the fused loop (AVX2 checked apart).
+#[cfg(target_arch = "x86_64")]
+fn fusable(len: usize, dst: *mut u8) -> bool {
+    copy::streams(len) && dst.align_offset(16) == 0
 }
 
 /// Copies `src` to a non-null `dst` with plain stores (a few bytes at the edges of a call).

@@ -52,8 +52,8 @@ fn streamed(src: &[u8], cuts: &[usize], simd: bool, copying: Option<usize>) -> u
 }
 
 const EDGES: [usize; 24] = [
-    0, 1, 3, 4, 8, 9, 16, 17, 63, 64, 65, 127, 128, 129, 239, 240, 241, 255, 256, 1023, 1024, 1025,
-    4096, 4097,
+    0, 1, 3, 4, 8, 9, 16, 17, 63, 64, 65, 127, 128, 129, 239, 240, 241, 255, 256, 1023, 1024, 1025, 4096,
+    4097,
 ];
 
 #[test]
@@ -65,7 +65,11 @@ fn one_shot_lengths_match_the_reference() {
         for simd in loops() {
             assert_eq!(streamed(&src[..len], &[], simd, None), want, "len {len} simd {simd}");
             for dst_off in [0, 1, 7, 16, 32, 48] {
-                assert_eq!(streamed(&src[..len], &[], simd, Some(dst_off)), want, "len {len} copy +{dst_off}");
+                assert_eq!(
+                    streamed(&src[..len], &[], simd, Some(dst_off)),
+                    want,
+                    "len {len} copy +{dst_off}"
+                );
             }
         }
     }
@@ -133,6 +137,68 @@ fn a_flipped_byte_changes_the_digest() {
         bad[at] ^= 1;
         for simd in loops() {
             assert_ne!(streamed(&bad, &[4096], simd, Some(16)), good, "byte {at}");
+        }
+    }
+}
+
+/// Feeds two sources in pieces ending at `cuts` through [`Xxh3::update_copying_pair`], copying to
+/// buffers at `offs`; checks both copies.
+fn paired(a: &[u8], b: &[u8], cuts: &[usize], simd: bool, offs: (usize, usize)) -> (u64, u64) {
+    let (mut ha, mut hb) = (Xxh3::with_simd(simd), Xxh3::with_simd(simd));
+    let mut out_a = vec![0x5au8; a.len() + offs.0 + 64];
+    let mut out_b = vec![0x5au8; b.len() + offs.1 + 64];
+    let (mut fa, mut fb) = (0, 0);
+    for &to in cuts.iter().chain([&usize::MAX]) {
+        let (ta, tb) = (to.clamp(fa, a.len()), to.clamp(fb, b.len()));
+        // SAFETY: each piece of the outputs is in bounds; outputs and sources are distinct.
+        unsafe {
+            Xxh3::update_copying_pair(
+                (&mut ha, out_a.as_mut_ptr().add(offs.0 + fa), &a[fa..ta]),
+                (&mut hb, out_b.as_mut_ptr().add(offs.1 + fb), &b[fb..tb]),
+            )
+        };
+        (fa, fb) = (ta, tb);
+    }
+    copy::fence();
+    assert_eq!(&out_a[offs.0..offs.0 + a.len()], a, "copy a differs");
+    assert_eq!(&out_b[offs.1..offs.1 + b.len()], b, "copy b differs");
+    assert!(out_a[..offs.0].iter().chain(&out_a[offs.0 + a.len()..]).all(|&x| x == 0x5a));
+    assert!(out_b[..offs.1].iter().chain(&out_b[offs.1 + b.len()..]).all(|&x| x == 0x5a));
+    (ha.digest(), hb.digest())
+}
+
+#[test]
+fn pairs_match_the_reference() {
+    let (a, b) = (bytes(3 * 32_768 + 100, 5), bytes(3 * 32_768 + 100, 6));
+    let pieces: Vec<usize> = (1..4).map(|i| i * 32_768).collect();
+    for simd in loops() {
+        for offs in [(0, 0), (16, 0), (0, 16), (16, 48), (3, 16), (7, 9)] {
+            for (la, lb) in [(a.len(), b.len()), (a.len(), 70_000), (5000, b.len()), (100, 241), (0, 4096)] {
+                let got = paired(&a[..la], &b[..lb], &pieces, simd, offs);
+                assert_eq!(got, (xxh3_64(&a[..la]), xxh3_64(&b[..lb])), "{la} {lb} {offs:?} simd {simd}");
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn any_paired_split_matches_the_reference(
+        len_a in 0usize..20_000,
+        len_b in 0usize..20_000,
+        seed in any::<u64>(),
+        mut cuts in proptest::collection::vec(0usize..20_000, 0..5),
+        offs in (0usize..40, 0usize..40),
+        same_len in any::<bool>(),
+    ) {
+        let len_b = if same_len { len_a } else { len_b };
+        let (a, b) = (bytes(len_a, seed), bytes(len_b, seed ^ 1));
+        cuts.sort_unstable();
+        for simd in loops() {
+            let got = paired(&a, &b, &cuts, simd, offs);
+            prop_assert_eq!(got, (xxh3_64(&a), xxh3_64(&b)), "simd {}", simd);
         }
     }
 }
