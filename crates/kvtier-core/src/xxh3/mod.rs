@@ -158,9 +158,11 @@ impl Xxh3 {
 
     /// Feeds `a` and `b` (each a hasher, a destination, a source) as [`Xxh3::update_copying`]
     /// would one after the other, but where both go through the fused loop with sources of one
-    /// length, reads both sources in one loop, stripe by stripe: two streams of memory reads in
-    /// flight instead of one, which hides much of the cost of starting to read a new stretch of
-    /// memory (a put from a paged pool reads 32 KiB pieces scattered over the pool).
+    /// length and 64-byte-aligned destinations, reads both sources in one loop, stripe by stripe:
+    /// two streams of memory reads in flight instead of one, which hides part of the cost of
+    /// starting to read a new stretch of memory (a put from a paged pool reads 32 KiB pieces
+    /// scattered over the pool into page-aligned extents). Destinations off a line are copied one
+    /// after the other: interleaved, their split lines cost more than the second stream gains.
     ///
     /// # Safety
     /// Each destination is valid for its source's length of writes and overlaps neither source
@@ -178,7 +180,8 @@ impl Xxh3 {
             };
             let stripes = (sa.len() - 1) / STRIPE;
             #[cfg(target_arch = "x86_64")]
-            if ha.simd && hb.simd && sa.len() == sb.len() && fusable(sa.len(), da) && fusable(sb.len(), db) {
+            let lines = da.align_offset(64) == 0 && db.align_offset(64) == 0;
+            if ha.simd && hb.simd && sa.len() == sb.len() && copy::streams(sa.len()) && lines {
                 avx2::copy_hash_pair(
                     (&mut ha.acc, &mut ha.in_block, sa, da),
                     (&mut hb.acc, &mut hb.in_block, sb, db),
