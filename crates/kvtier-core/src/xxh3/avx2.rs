@@ -9,7 +9,7 @@ use std::arch::x86_64::{
 };
 use std::ptr;
 
-use super::{PRIME32_1, SCRAMBLE_AT, SECRET, STRIPE, STRIPES_PER_BLOCK};
+use super::spec::{PRIME32_1, SCRAMBLE_AT, SECRET, STRIPE, STRIPES_PER_BLOCK};
 
 /// `acc += swap_pairs(data) + lo32(data ^ key) * hi32(data ^ key)`, per 64-bit lane.
 #[target_feature(enable = "avx2")]
