@@ -48,6 +48,7 @@ pub struct Xxh3 {
     /// The last stripe consumed: the digest's last 64 bytes reach into it when `pending < 64`.
     prev: [u8; STRIPE],
     /// Whether the stripe loops use AVX2 (detected once at construction).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     simd: bool,
 }
 
@@ -148,15 +149,17 @@ impl Xxh3 {
             };
             let stripes = (sa.len() - 1) / STRIPE;
             #[cfg(target_arch = "x86_64")]
-            let lines = da.align_offset(64) == 0 && db.align_offset(64) == 0;
-            if ha.simd && hb.simd && sa.len() == sb.len() && copy::streams(sa.len()) && lines {
-                avx2::copy_hash_pair(
-                    (&mut ha.acc, &mut ha.in_block, sa, da),
-                    (&mut hb.acc, &mut hb.in_block, sb, db),
-                    stripes,
-                );
-                ha.lead_out(sa, stripes);
-                return hb.lead_out(sb, stripes);
+            {
+                let lines = da.align_offset(64) == 0 && db.align_offset(64) == 0;
+                if ha.simd && hb.simd && sa.len() == sb.len() && copy::streams(sa.len()) && lines {
+                    avx2::copy_hash_pair(
+                        (&mut ha.acc, &mut ha.in_block, sa, da),
+                        (&mut hb.acc, &mut hb.in_block, sb, db),
+                        stripes,
+                    );
+                    ha.lead_out(sa, stripes);
+                    return hb.lead_out(sb, stripes);
+                }
             }
             ha.stripes(sa, da, stripes);
             ha.lead_out(sa, stripes);
