@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,3 +50,15 @@ def test_corruption_is_a_typed_error(mutate: object, needle: str) -> None:
 def test_decode_never_crashes(data: bytes) -> None:
     with contextlib.suppress(ObjectFormatError):
         decode_object(data)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 16, 33])
+def test_payload_checksum_is_the_reference_xxh3_64(offset: int) -> None:
+    """kvtier's own XXH3-64 (``kvtier_core::xxh3``) against the C library's, so checksums stored
+    on SSD and remote tiers keep their meaning: every length class of the algorithm (short forms,
+    129-240, stripes, blocks of 1024, the held-back last stripe), at unaligned addresses."""
+    data = np.random.default_rng(offset).integers(0, 256, (2 << 20) + 200, dtype=np.uint8)
+    edges = [0, 1, 3, 4, 8, 9, 16, 17, 63, 64, 65, 128, 129, 239, 240, 241, 1023, 1024, 1025]
+    for n in [*edges, 4095, 4096, 4097, 65_536 + 17, 2 << 20, (2 << 20) + 63]:
+        view = data[offset : offset + n]
+        assert _core.checksum(view) == xxhash.xxh3_64_intdigest(view.tobytes()), n

@@ -1,30 +1,30 @@
 //! Payload checksums: XXH3-64 with seed 0, computed while copying so a checked copy costs about
-//! one pass over memory instead of two (the chunk just written is hashed while it is in cache).
+//! one pass over memory instead of two: each 64-byte stripe is hashed from the registers it is
+//! copied from ([`crate::xxh3`], where the CPU has AVX2), or, where it cannot be, each 4 KiB chunk
+//! is hashed from L1 right after its copy.
 
-use xxhash_rust::xxh3::xxh3_64;
-pub use xxhash_rust::xxh3::Xxh3;
+pub use crate::xxh3::Xxh3;
 
 use crate::copy;
 
-/// Chunk of a fused copy+hash, in bytes: each chunk is hashed from L1 right after its copy.
-/// 4 KiB (the smallest chunk [`copy`] still streams) against the former 64 KiB, whose hash read
-/// from L2: a DRAM put of 2 MiB objects went from 99-104 to 81-85 ms of CPU per GiB, a load from
-/// 95-104 to 70-78, a put from a paged pool from 102-117 to 90-103 (2-core VM, median of 7;
-/// docs/benchmarks.md "Fused chunks of 4 KiB"). A chunk is hashed from the *source* (see
-/// [`copy_with_checksum`]).
-pub const FUSED_CHUNK_BYTES: usize = 4 << 10;
+/// Chunk of the unfused copy+hash (no AVX2, a destination not 16-byte aligned): each chunk is
+/// hashed from L1 right after its copy. 4 KiB against the former 64 KiB, whose hash read from L2:
+/// docs/benchmarks.md "Fused chunks of 4 KiB". The fused stripe loop replaced it on AVX2:
+/// docs/benchmarks.md "Copy and hash in one loop".
+pub const FUSED_CHUNK_BYTES: usize = crate::xxh3::FALLBACK_CHUNK;
 
 /// XXH3-64 (seed 0) of `bytes`.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    xxh3_64(bytes)
+    let mut hasher = Xxh3::new();
+    hasher.update(bytes);
+    hasher.digest()
 }
 
 /// Copies `src` into `dst` (same length) and returns the checksum of the bytes copied, in one
-/// pass over memory: each [`FUSED_CHUNK_BYTES`] chunk is hashed right after it is copied, while it
-/// is in cache.
+/// pass over memory ([`Xxh3::update_copying`]).
 ///
-/// Large chunks are copied with streaming stores ([`crate::copy`]), which leave the destination
-/// out of the cache, so the hash reads each chunk from the *source* just read. The caller must
+/// Large copies use streaming stores ([`crate::copy`]), which leave the destination out of the
+/// cache, so the hash takes each stripe from the *source* just read. The caller must
 /// therefore keep `src` unchanged during the call (a pinned arena extent, the store's own read
 /// buffer) or accept that a concurrent change makes the checksum disagree with what `dst` holds:
 /// a put whose source changes under it stores an object that fails verification when read (an
@@ -38,32 +38,30 @@ pub fn copy_with_checksum(dst: &mut [u8], src: &[u8]) -> u64 {
     hasher.digest()
 }
 
-/// Copies `src` to `dst` and feeds `src` to `hasher`, chunk by chunk so each chunk is hashed
-/// while in cache (the piecewise form of [`copy_with_checksum`], for objects copied to several
-/// destinations: the hasher carries on from piece to piece). Does not fence: call
+/// Copies `src` to `dst` and feeds `src` to `hasher` in the same pass (the piecewise form of
+/// [`copy_with_checksum`], for objects copied to several destinations: the hasher carries on from
+/// piece to piece). Does not fence: call
 /// [`copy::fence`] before another thread may read `dst`. Same rule on `src` as
 /// [`copy_with_checksum`].
 ///
 /// # Safety
 /// `dst` is valid for `src.len()` bytes of writes and does not overlap `src`.
 pub unsafe fn copy_hashing(dst: *mut u8, src: &[u8], hasher: &mut Xxh3) {
-    for (i, s) in src.chunks(FUSED_CHUNK_BYTES).enumerate() {
-        // SAFETY: chunk `i` of `dst` is in bounds per the caller's contract.
-        unsafe { copy::copy_unfenced(dst.add(i * FUSED_CHUNK_BYTES), s.as_ptr(), s.len()) };
-        hasher.update(s);
-    }
+    // SAFETY: as the caller promised.
+    unsafe { hasher.update_copying(dst, src) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xxhash_rust::xxh3::xxh3_64;
 
     #[test]
     fn fused_equals_one_shot() {
         for len in [0usize, 1, 1000, 4095, 4096, 4097, 5000, 65_536, FUSED_CHUNK_BYTES * 3 + 17] {
             let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
             let mut dst = vec![0u8; len];
-            assert_eq!(copy_with_checksum(&mut dst, &src), checksum(&src));
+            assert_eq!(copy_with_checksum(&mut dst, &src), xxh3_64(&src));
             assert_eq!(dst, src);
         }
     }
@@ -76,7 +74,7 @@ mod tests {
         let src: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
         let mut dst = vec![0u8; len];
         let good = copy_with_checksum(&mut dst, &src);
-        assert_eq!((good, &dst), (checksum(&src), &src));
+        assert_eq!((good, &dst), (xxh3_64(&src), &src));
         let edges = (1..=5).flat_map(|c| [c * FUSED_CHUNK_BYTES - 1, c * FUSED_CHUNK_BYTES]);
         for at in edges.chain((0..len).step_by(61)).chain([len - 1]) {
             let mut bad = src.clone();
@@ -103,7 +101,7 @@ mod tests {
             unsafe { copy_hashing(dst.as_mut_ptr().add(a), &src[a..b], &mut hasher) };
         }
         copy::fence();
-        assert_eq!(hasher.digest(), checksum(&src));
+        assert_eq!(hasher.digest(), xxh3_64(&src));
         assert_eq!(dst, src);
     }
 }

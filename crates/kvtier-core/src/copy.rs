@@ -70,7 +70,7 @@ pub fn fence() {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
+pub(crate) fn has_avx2() -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};
     static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
     match STATE.load(Ordering::Relaxed) {

@@ -5,6 +5,7 @@
 //! - [`object`]: the versioned, checksummed byte format of a stored block.
 //! - [`layout`]: `LayerFirst` paged pools and `BlockFirst` objects, and the batched copies between them.
 //! - [`copy`]: bulk copies at memory speed whatever the buffers' alignment (streaming stores).
+//! - [`xxh3`]: the payload checksum's XXH3-64, streaming, with a loop that copies as it hashes.
 //! - [`paged`]: an engine's paged pool as regions, for copies straight between store and engine.
 //! - [`fields`]: report structs (counters, gauges, labels), declared once with their (name, value) list.
 //! - [`parallel`]: the bounded worker pool that runs large copies.
@@ -23,6 +24,7 @@ pub mod object;
 pub mod paged;
 pub mod parallel;
 pub mod tier;
+pub mod xxh3;
 
 pub use error::{GeometryError, KeyError, LayoutError, ObjectError};
 pub use fields::Fields;

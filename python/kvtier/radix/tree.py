@@ -31,6 +31,9 @@ Invariants (checked by :meth:`HiRadixTree.check_integrity`):
 - Recency is the order of touches (``now_s`` may not decrease: :class:`SimError`). An unlock that
   frees a block counts as a use (the request just finished with it; SGLang re-inserts a finished
   request's path), and a block demoted to a lower tier is that tier's most recently used.
+
+A node also carries the :mod:`kvtier.radix.watch` watches registered on it (what lookups read of
+it): a change of its fastest tier or marks, a new child and pruning release those that read it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError, IntegrityError, SimError
+from kvtier.radix.integrity import check_node
+from kvtier.radix.watch import CHILD, MARKS, PRUNED, RESIDENCY, Watch, notify
 from kvtier.tiers import Tier
 
 _NUM_TIERS = len(Tier)
@@ -91,6 +96,7 @@ class _Node:
         "lock",
         "parent",
         "residency",
+        "watch",
     )
 
     def __init__(self, key: int, parent: _Node | None) -> None:
@@ -103,6 +109,7 @@ class _Node:
         self.in_queue = 0
         self.in_flight = 0
         self.last_access_s = 0.0
+        self.watch: dict[Watch, int] | None = None  # kvtier.radix.watch: what walks read here
 
     def prunable(self) -> bool:
         return not (self.residency or self.children or self.lock or self.in_queue or self.in_flight)
@@ -228,6 +235,8 @@ class HiRadixTree:
         for node in path[start:]:
             if not node.residency & bit:
                 node.residency |= bit
+                if node.watch and not node.residency & (bit - 1):  # its fastest tier changed
+                    notify(node, RESIDENCY)
                 self._used[t] += 1
                 if not node.lock:
                     lru[node] = None  # placed by the touch below
@@ -264,6 +273,8 @@ class HiRadixTree:
             raise SimError("remove_residency: a block's device copy is locked by a request")
         for node in reversed(targets):
             node.residency &= ~bit
+            if node.watch and not node.residency & (bit - 1):
+                notify(node, RESIDENCY)
             self._used[t] -= 1
             self._lru[t].pop(node, None)
         if path:
@@ -344,7 +355,7 @@ class HiRadixTree:
             node, ancestor_pos = stack.pop()
             if node is not self._root:
                 num_nodes += 1
-                self._check_node(node, position, ancestor_pos, counts, listed)
+                check_node(node, position, ancestor_pos, counts, listed)
                 ancestor_pos = tuple(position[t].get(node, ancestor_pos[t]) for t in range(_NUM_TIERS))
             for key, child in node.children.items():
                 if child.key != key or child.parent is not node:
@@ -362,34 +373,6 @@ class HiRadixTree:
                 raise IntegrityError(f"{t.label}: {counts[t]} blocks exceed capacity {cap}")
             if listed[t] != len(self._lru[t]):
                 raise IntegrityError(f"{t.label}: LRU holds {len(self._lru[t]) - listed[t]} detached nodes")
-
-    def _check_node(
-        self,
-        node: _Node,
-        position: list[dict[_Node, int]],
-        ancestor_pos: tuple[int | None, ...],
-        counts: list[int],
-        listed_counts: list[int],
-    ) -> None:
-        if node.lock < 0 or node.in_queue < 0 or node.in_flight < 0:
-            raise IntegrityError(f"node {node.key}: negative lock or mark count")
-        if node.prunable():
-            raise IntegrityError(f"node {node.key} holds nothing and should have been pruned")
-        if (
-            node.child_locks != sum(child.lock for child in node.children.values())
-            or node.lock < node.child_locks
-        ):
-            raise IntegrityError(f"node {node.key}: lock {node.lock} disagrees with its children's")
-        for t in range(_NUM_TIERS):
-            resident = bool(node.residency >> t & 1)
-            counts[t] += resident
-            listed = node in position[t]
-            listed_counts[t] += listed
-            if listed != (resident and not node.lock):
-                raise IntegrityError(f"node {node.key}: in {_ALL_TIERS[t].label} LRU is {listed}")
-            above = ancestor_pos[t]
-            if listed and above is not None and position[t][node] > above:
-                raise IntegrityError(f"node {node.key}: after an ancestor in the {_ALL_TIERS[t].label} LRU")
 
     def iter_residency(self) -> Iterator[tuple[tuple[int, ...], Tier]]:
         """Every (path, tier) residency, depth first; for tests and debugging, O(tree)."""
@@ -425,6 +408,8 @@ class HiRadixTree:
     def _new_child(self, parent: _Node, key: int) -> _Node:
         child = _Node(key, parent)
         parent.children[key] = child
+        if parent.watch:
+            notify(parent, CHILD)
         self._num_nodes += 1
         return child
 
@@ -444,11 +429,13 @@ class HiRadixTree:
 
     def _evict(self, t: int, n_blocks: int, demote_to: int | None = None) -> list[int]:
         lru = self._lru[t]
-        mask = ~(1 << t)
+        mask, faster = ~(1 << t), (1 << t) - 1  # faster: the tiers above t
         evicted: list[int] = []
         while len(evicted) < n_blocks and lru:
             node, _ = lru.popitem(last=False)
             node.residency &= mask
+            if node.watch and not node.residency & faster:
+                notify(node, RESIDENCY)
             self._used[t] -= 1
             evicted.append(node.key)
             if demote_to is not None:
@@ -464,6 +451,8 @@ class HiRadixTree:
             if cap is not None and self._used[d] >= cap:
                 return
             node.residency |= bit
+            if node.watch and not node.residency & (bit - 1):
+                notify(node, RESIDENCY)
             self._used[d] += 1
         lru = self._lru[d]
         lru[node] = None
@@ -484,6 +473,8 @@ class HiRadixTree:
         ):
             del parent.children[node.key]
             node.parent = None
+            if node.watch:
+                notify(node, PRUNED)
             self._num_nodes -= 1
             node = parent
 
@@ -491,29 +482,30 @@ class HiRadixTree:
         _check_start(keys, start)
         if start == len(keys):
             return
-        queue = field == "in_queue"  # else in_flight; each loop spelled out (marks per request per step)
+        queue = field == "in_queue"  # else in_flight; each spelled out (a mark per request per step)
         if on:
             node, new_child = self._root, self._new_child
             for key in keys[:start]:
                 node = node.children.get(key) or new_child(node, key)
-            if queue:
-                for key in keys[start:]:
-                    node = node.children.get(key) or new_child(node, key)
+            for key in keys[start:]:
+                node = node.children.get(key) or new_child(node, key)
+                if queue:
                     node.in_queue += 1
-            else:
-                for key in keys[start:]:
-                    node = node.children.get(key) or new_child(node, key)
+                else:
                     node.in_flight += 1
+                if node.watch:
+                    notify(node, MARKS)
             return
-        path = self._existing_path(keys, "unmark " + field)[start:]
+        path = self._existing_path(keys, f"unmark {field}")[start:]
         if min([node.in_queue if queue else node.in_flight for node in path], default=1) <= 0:
             raise AssertionError(f"unmark {field} below zero on path of {len(keys)} keys")
-        if queue:
-            for node in path:
+        for node in path:
+            if queue:
                 node.in_queue -= 1
-        else:
-            for node in path:
+            else:
                 node.in_flight -= 1
+            if node.watch:
+                notify(node, MARKS)
         if path:
             self._prune_upwards(path[-1])
 

@@ -259,14 +259,27 @@ def defer_delay_hits(view: SchedulerView, threshold_tokens: int) -> tuple[list[R
     for r in view.waiting:
         new_keys = r.block_keys[sum(r.cached_tokens) // bt :]
         transient = r.in_flight_tokens
-        if r.in_queue_tokens > threshold_tokens and new_keys:
-            transient = max(transient, bt * sum(1 for k in new_keys if k in claimed))
+        if r.in_queue_tokens > threshold_tokens and new_keys:  # keys a request ahead claimed
+            transient = max(transient, bt * sum(map(claimed.__contains__, new_keys)))
         claimed.update(new_keys)
         if transient > threshold_tokens:
             deferred.append(r.req_id)
         else:
             ready.append(r)
     return ready, deferred
+
+
+@dataclass(slots=True)
+class HeadPlan:
+    """What Strata derives from the waiting head alone (deferral, candidates, prefetches): a function
+    of the head's views, so it is kept while they stay the same (most steps admit nobody, and the
+    engine keeps a waiting request's view while its prefix lookup stays valid)."""
+
+    views: tuple[RequestView, ...]
+    block_tokens: int
+    candidates: list[Candidate]  # the requests not deferred, in queue order (never mutated)
+    deferred: int  # delay hits deferred
+    stored: list[tuple[int, int]]  # (req_id, storage-resident tokens) of every waiting request holding some
 
 
 def fcfs_batch(queue: list[Candidate], batch: Batch) -> None:
@@ -317,6 +330,7 @@ class Strata(Policy):
         self.load_priority: dict[int, int] = {}  # fetching request -> link class of its batch
         self.deferred_total = 0  # delay hits deferred (a request counts once per round)
         self.bubble_batches = 0  # prefill batches whose loads went asynchronous
+        self._head: HeadPlan | None = None  # the last step's, reused while the head is the same
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()
@@ -334,14 +348,12 @@ class Strata(Policy):
         running = {r.req_id: r for r in view.running}
         for rid, n in decision.prefill:
             batch.seed(n, running[rid].computed_tokens)
-        ready = list(view.waiting)
-        if self.defer:
-            ready, deferred = defer_delay_hits(view, self.defer_threshold_tokens)
-            self.deferred_total += len(deferred)
+        head = self._plan_head(view)
+        self.deferred_total += head.deferred
         fetching = {r.req_id for r in view.fetching}
         self.load_priority = {rid: p for rid, p in self.load_priority.items() if rid in fetching}
         queued_batches = set(self.load_priority.values())
-        candidates = [Candidate.of(r, view.block_tokens) for r in ready]
+        candidates = head.candidates
         if len(queued_batches) >= self.max_loading_batches:  # I/O queue full: no new loads
             candidates = [c for c in candidates if c.load_tokens == 0]
         if self.balance:
@@ -350,8 +362,34 @@ class Strata(Policy):
             fcfs_batch(candidates, batch)
         self._dispatch(view, batch, decision, max(queued_batches, default=0) + 1)
         if self.prefetch:
-            self._prefetch(view, decision)
+            self._prefetch(head, decision)
         return decision
+
+    def _plan_head(self, view: SchedulerView) -> HeadPlan:
+        """The waiting head's plan: the last step's while the head's views are the same."""
+        views, bt = tuple(view.waiting), view.block_tokens
+        plan = self._head
+        if plan is not None and plan.block_tokens == bt and plan.views == views:
+            return plan
+        ready, deferred = (
+            defer_delay_hits(view, self.defer_threshold_tokens) if self.defer else (list(views), [])
+        )
+        stored = [
+            (r.req_id, n)
+            for r in views
+            if (n := r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE]) > 0
+        ]
+        # A request whose view is the same object keeps its candidate (a function of the view).
+        kept = (
+            {c.view.req_id: c for c in plan.candidates}
+            if plan is not None and plan.block_tokens == bt
+            else {}
+        )
+        candidates = [
+            c if (c := kept.get(r.req_id)) is not None and c.view is r else Candidate.of(r, bt) for r in ready
+        ]
+        plan = self._head = HeadPlan(views, bt, candidates, len(deferred), stored)
+        return plan
 
     def _dispatch(
         self, view: SchedulerView, batch: Batch, decision: SchedulerDecision, async_priority: int
@@ -379,13 +417,14 @@ class Strata(Policy):
                     decision.loads.append(self.io.order(rid, m.own_load_tokens, LoadMode.LAYERWISE, 0))
             decision.prefill.append((rid, max(m.chunk_tokens, 1)))
 
-    def _prefetch(self, view: SchedulerView, decision: SchedulerDecision) -> None:
+    def _prefetch(self, head: HeadPlan, decision: SchedulerDecision) -> None:
         """§4.2.1: storage-resident prefixes of queued requests move to host while they wait."""
+        if not head.stored:
+            return
         dispatched = {rid for rid, _ in decision.prefill}
-        for r in view.waiting:
-            stored = r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE]
-            if stored > 0 and r.req_id not in dispatched:
-                decision.loads.append(LoadOrder(r.req_id, stored, LoadMode.ASYNC, None, 2, Tier.HOST))
+        for rid, stored in head.stored:
+            if rid not in dispatched:
+                decision.loads.append(LoadOrder(rid, stored, LoadMode.ASYNC, None, 2, Tier.HOST))
 
     def params(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, RequestView, SchedulerView
 from kvtier.sched.executor import execute
+from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
@@ -37,7 +38,7 @@ from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.state import SimRequest
 from kvtier.sim.swap import Swaps
 from kvtier.sim.tiers import LowerTiers
-from kvtier.sim.view import WaitingViews, build_view, cap_prefix
+from kvtier.sim.view import WaitingViews, build_view, cap_prefix, forget_waiting_view
 from kvtier.tiers import Tier
 
 
@@ -59,6 +60,7 @@ class EngineConfig:
     # LMCache's benchmarks), so every later hit is served from the lower tiers.
     device_prefix_cache: bool = True
     swap_copy: SwapCopy = PLAIN_SWAP  # how swaps cross the host link (the sim config's `swap` section)
+    fetch: FetchPath = PLAIN_FETCH  # how compressed loads reach the device (the sim config's `fetch` section)
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -118,6 +120,7 @@ class Engine:
             config.block_tokens,
             cost.kv_bytes_per_token,
             cost.num_layers,
+            config.fetch,
         )
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
         self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)
@@ -272,6 +275,7 @@ class Engine:
         r.computed_tokens = device_tokens
         r.hit_tokens[Tier.DEVICE] = device_tokens
         r.admitted = True
+        forget_waiting_view(r)
         del self.waiting[self._waiting_index(r)]
         self.waiting_prompt_tokens -= r.req.prompt_tokens
         r.phase = Phase.RUNNING

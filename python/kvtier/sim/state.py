@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtier.radix.watch import Watch
 from kvtier.sched.base import Phase, RequestView
 from kvtier.sim.request import Request
 
@@ -35,6 +36,10 @@ class SimRequest:
     host_copied_blocks: int = 0
     host_synced_blocks: int = 0
     view: RequestView | None = None  # its last view while admitted (kvtier.sim.view.admitted_view)
+    # While waiting: its last view and the watch on the prefix-tree reads behind it (kvtier.sim.view.
+    # waiting_view); the view is kept while the watch is valid.
+    waiting_view: RequestView | None = None
+    watch: Watch | None = None
     # req.req_id and req.block_keys, copied once: read on every step of every running request.
     req_id: int = field(init=False)
     keys: tuple[int, ...] = field(init=False)
