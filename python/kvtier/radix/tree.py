@@ -390,13 +390,11 @@ class HiRadixTree:
     def _walk(self, keys: Sequence[int]) -> list[_Node]:
         """The existing nodes along ``keys``, stopping at the first key not in the tree."""
         path: list[_Node] = []
-        append, node = path.append, self._root
-        try:  # subscripts, not dict.get: a walk per insert, lock and mark (several per prefill)
-            for key in keys:
-                node = node.children[key]
-                append(node)
-        except KeyError:
-            pass
+        node = self._root
+        for key in keys:
+            if (child := node.children.get(key)) is None:
+                break
+            path.append(node := child)
         return path
 
     def _existing_path(self, keys: Sequence[int], what: str) -> list[_Node]:
@@ -467,10 +465,8 @@ class HiRadixTree:
 
     def _prune_upwards(self, node: _Node) -> None:
         """Remove ``node`` and then its ancestors while they hold nothing."""
-        # node.prunable() inline (once per evicted block)
-        while (parent := node.parent) is not None and not (
-            node.residency or node.children or node.lock or node.in_queue or node.in_flight
-        ):
+        while node.parent is not None and node.prunable():
+            parent = node.parent
             del parent.children[node.key]
             node.parent = None
             if node.watch:
