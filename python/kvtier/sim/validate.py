@@ -24,7 +24,7 @@ from the real tokens), which the simulator leaves in its device prefix cache at 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -115,6 +115,8 @@ def simulate(
     step_shapes: list[BatchShape] | None = None,
     *,
     host_capacity_bytes: int = 0,
+    ssd_capacity_bytes: int = 0,
+    connector: bool = False,
     model: str = "smollm2-135m",
 ) -> dict[str, Any]:
     """The same requests in the simulator with the fitted cost model; returns its results.
@@ -122,10 +124,13 @@ def simulate(
     ``host_capacity_bytes``, a host tier (the ``cpu`` profile's measured memcpy link) holds every
     computed block (written through) and a hit in it is loaded before the step that needs it, as
     vLLM's connector loads a kvtier hit (the ``lmcache`` policy: ``fcfs`` with synchronous loads
-    of one block per object). ``model`` is the model profile (name or YAML path: its dtype sizes
+    of one block per object); with ``ssd_capacity_bytes`` too, an SSD tier below it (the ``cpu``
+    profile's disk), written through as well, so a hit the host tier no longer holds is read from
+    SSD. ``connector``: the engine ran kvtier's connector, so its steps cost what the calibration's
+    ``connector`` section adds (:func:`kvtier.sim.cost.load_calibration`). ``model`` is the model profile (name or YAML path: its dtype sizes
     the KV a load moves)."""
     policy: dict[str, Any] = {"name": "fcfs"}
-    if host_capacity_bytes:
+    if host_capacity_bytes or ssd_capacity_bytes:
         policy = {"name": "lmcache", "chunk_tokens": engine_config.block_tokens}
     config = SimConfig(
         name="engine-validation",
@@ -137,8 +142,9 @@ def simulate(
         max_running=engine_config.max_running,
         device_blocks=engine_config.num_blocks,
         host_capacity_bytes=host_capacity_bytes,
+        ssd_capacity_bytes=ssd_capacity_bytes,
         device_prefix_cache=engine_config.device_prefix_cache,
-        cost={"kind": "fitted", "calibration": calibration},
+        cost={"kind": "fitted", "calibration": calibration, **({"connector": True} if connector else {})},
     )
     sim = build(config)
     if step_shapes is not None:
@@ -203,17 +209,20 @@ def compare(
     *,
     engine_steps: Sequence[Sample] = (),
     sim_steps: Sequence[BatchShape] = (),
+    machine: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The engine's (mean over ``runs``, the same workload repeated) and the simulator's mean TTFT and
     TPOT, the errors ``|sim - engine| / engine``, the engine's own spread over the runs, and
-    :func:`step_errors`."""
+    :func:`step_errors`. ``machine``: this machine's fingerprint with the engine's runtime
+    (:func:`kvtier.sim.machine.fingerprint`), for the comparison with where the calibration was
+    fitted (default: without a runtime)."""
     if not runs or not all(runs):
         raise ConfigError("compare needs at least one engine run with finished requests")
     ttfts = [float(np.mean([t.ttft_s for t in turns])) for turns in runs]
     tpots = [float(np.mean([t.tpot_s for t in turns])) for turns in runs]
     engine_ttft, engine_tpot = float(np.mean(ttfts)), float(np.mean(tpots))
     sim_ttft, sim_tpot = float(sim["ttft_s"]["mean"]), float(sim["tpot_s"]["mean"])
-    differs = differences(read_calibration(calibration).get("machine"))
+    differs = differences(read_calibration(calibration).get("machine"), machine)
     return {
         "requests": len(runs[0]),
         "engine_runs": len(runs),
