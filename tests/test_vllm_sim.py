@@ -171,7 +171,10 @@ def _connector_samples(truth: dict[str, float], added: dict[str, float]) -> tupl
 def test_the_connectors_increments_are_recovered_from_steps_timed_with_it() -> None:
     """Steps with the connector cost known extra per step and per token: the fit against the plain
     fit finds them, and its held-out error drops to ~0 from the plain fit's error on those steps."""
+    from dataclasses import replace
+
     from kvtier.sim.calibrate import connector_report, fit
+    from kvtier.sim.cost import COEFFICIENTS
 
     truth = {"base_s": 0.03, "token_s": 1e-3, "pair_s": 2e-7, "seq_s": 1e-3, "decode_pair_s": 0.0}
     plain, connector = _connector_samples(truth, {"base_s": 0.004, "token_s": 1e-4})
@@ -179,7 +182,14 @@ def test_the_connectors_increments_are_recovered_from_steps_timed_with_it() -> N
     got = connector_report(base, connector)
     assert got["base_s"] == pytest.approx(0.004, rel=1e-3) and got["token_s"] == pytest.approx(1e-4, rel=1e-3)
     assert got["held_out_mean_rel_error"] < 1e-6 < got["held_out_mean_rel_error_base"]
-    assert got["mean_slowdown_vs_base"] > 0.03
+    assert got["mean_slowdown"] > 0.03 and not got["paired"]
+    # Paired with the plain run's own steps (same shapes, same order): the measured differences,
+    # free of the base fit's error (here a base fit that is 20% slow everywhere).
+    slow = replace(base, **{k: 1.2 * getattr(base, k) for k in COEFFICIENTS})
+    twin = connector_report(slow, connector, plain)
+    assert twin["paired"] and twin["base_s"] == pytest.approx(0.004, rel=1e-3)
+    assert twin["token_s"] == pytest.approx(1e-4, rel=1e-3)
+    assert not connector_report(slow, connector, plain[1:] + plain[:1])["paired"]  # another order
     # No connector cost: no increments (never negative).
     none = connector_report(base, plain)
     assert none["base_s"] == pytest.approx(0.0, abs=1e-9) and none["token_s"] == pytest.approx(0.0, abs=1e-9)

@@ -150,7 +150,11 @@ def calibrate(
     # none loaded): what the connector adds to each step, fitted against the plain fit.
     rc = _steps(venv, {**spec, "connector": CONNECTOR_DRAM})
     base = FittedCostModel(kv_bytes, NUM_LAYERS, **{k: float(result[k]) for k in COEFFICIENTS})
-    result["connector"] = {"config": CONNECTOR_DRAM, **connector_report(base, samples(rc["steps"], clock))}
+    plain = samples(r["steps"], clock)
+    result["connector"] = {
+        "config": CONNECTOR_DRAM,
+        **connector_report(base, samples(rc["steps"], clock), plain),
+    }
     result["engine"] = {
         "name": r["engine"],
         "torch": r["torch"],

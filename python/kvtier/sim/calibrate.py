@@ -116,38 +116,57 @@ def fit(samples: Sequence[Sample], kv_bytes_per_token: int, num_layers: int) -> 
     )
 
 
+def canonical(shape: BatchShape) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """A batch shape with its sequences in a canonical order (two engines order a batch apiece)."""
+    chunks = tuple(sorted((c.new_tokens, c.context_tokens) for c in shape.prefills))
+    return chunks, tuple(sorted(shape.decode_context_tokens))
+
+
 def fit_connector(
-    base: FittedCostModel, samples: Sequence[Sample], names: Sequence[str] = CONNECTOR_COEFFICIENTS
+    samples: Sequence[Sample], offsets: Sequence[float], names: Sequence[str] = CONNECTOR_COEFFICIENTS
 ) -> dict[str, float]:
-    """The non-negative increments of the coefficients ``names`` that bring ``base`` (fitted
-    without kvtier's connector) closest, in relative error, to ``samples`` (the same engine's steps
-    with the connector configured)."""
-    if len(samples) < len(names):
-        raise ConfigError(f"{len(samples)} samples cannot fit {len(names)} connector coefficients")
+    """The non-negative increments of the coefficients ``names`` that, added to ``offsets`` (each
+    step's time without kvtier's connector), come closest in relative error to ``samples`` (the
+    same engine's steps with the connector configured)."""
+    if len(samples) < len(names) or len(offsets) != len(samples):
+        raise ConfigError(
+            f"{len(samples)} samples and {len(offsets)} offsets cannot fit {len(names)} connector coefficients"
+        )
     cols = [COEFFICIENTS.index(n) for n in names]
     x = np.array([FittedCostModel.features(s.shape) for s in samples])[:, cols]
     y = np.array([s.seconds for s in samples])
-    offset = np.array([base.step_time_s(s.shape) for s in samples])
-    return dict(zip(names, map(float, _nnls_relative(x, y, offset)), strict=True))
+    return dict(zip(names, map(float, _nnls_relative(x, y, np.asarray(offsets, dtype=float))), strict=True))
 
 
 def with_increments(base: FittedCostModel, increments: Mapping[str, float]) -> FittedCostModel:
     return replace(base, **{k: getattr(base, k) + v for k, v in increments.items()})
 
 
-def connector_report(base: FittedCostModel, samples: Sequence[Sample]) -> dict[str, Any]:
+def connector_report(
+    base: FittedCostModel, samples: Sequence[Sample], plain: Sequence[Sample] = ()
+) -> dict[str, Any]:
     """What kvtier's connector adds to the engine's steps (``samples``: the calibration workload
     again, the connector configured; its random prompts hit nothing, so every difference is the
-    connector's per-step and write-through work): :func:`fit_connector` on every other step, its
-    error on the others beside the error of ``base`` alone (the measurement that says whether the
-    increments explain the difference), then refitted on all steps."""
+    connector's per-step and write-through work). Where ``plain`` (the run without the connector
+    that ``base`` was fitted to) has the same steps in the same order, each connector step is
+    paired with its plain twin: the increments are fitted to the measured differences (``paired``),
+    so the base fit's own shape error does not enter them; else to the differences from ``base``.
+    :func:`fit_connector` on every other step, its error on the others beside the error of ``base``
+    alone (the measurement that says whether the increments explain the difference), then refitted
+    on all steps."""
+    paired = len(plain) == len(samples) and all(
+        canonical(p.shape) == canonical(s.shape) for p, s in zip(plain, samples, strict=True)
+    )
+    offsets = [p.seconds for p in plain] if paired else [base.step_time_s(s.shape) for s in samples]
     train, held_out = samples[0::2], samples[1::2]
-    trial = with_increments(base, fit_connector(base, train))
-    slowdown = [(s.seconds - base.step_time_s(s.shape)) / base.step_time_s(s.shape) for s in samples]
+    trial = with_increments(base, fit_connector(train, offsets[0::2]))
+    slowdown = [(s.seconds - o) / o for s, o in zip(samples, offsets, strict=True)]
     return {
-        **fit_connector(base, samples),
+        **fit_connector(samples, offsets),
         "engine_steps": len(samples),
-        "mean_slowdown_vs_base": float(np.mean(slowdown)),
+        "paired": paired,
+        "mean_slowdown": float(np.mean(slowdown)),
+        "median_slowdown": float(np.median(slowdown)),
         "held_out_mean_rel_error_base": float(np.mean(relative_errors(base, held_out))),
         "held_out_mean_rel_error": float(np.mean(relative_errors(trial, held_out))),
     }
@@ -226,7 +245,8 @@ def summary(result: dict[str, Any]) -> str:
     if "connector" in result:  # the same workload with kvtier's connector (kvtier.bench.vllm_sim)
         c = result["connector"]
         lines.append(
-            f"  with kvtier's connector: steps {c['mean_slowdown_vs_base']:+.1%} on the fit above; adds "
+            f"  with kvtier's connector: steps {c['median_slowdown']:+.1%} (median; mean {c['mean_slowdown']:+.1%}) "
+            f"{'on the same steps without it' if c['paired'] else 'on the fit above'}; adds "
             f"{c['base_s']:.3g} base_s + {c['token_s']:.3g} token_s (held-out steps: mean relative error "
             f"{c['held_out_mean_rel_error']:.3f}, {c['held_out_mean_rel_error_base']:.3f} without)"
         )

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvtier.errors import ConfigError
-from kvtier.sim.calibrate import Sample
+from kvtier.sim.calibrate import Sample, canonical
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import BatchShape, CostModel, FittedCostModel, load_calibration, read_calibration
@@ -176,12 +176,6 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / float(np.mean(values))
 
 
-def _canonical(shape: BatchShape) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """A batch shape with its sequences in a canonical order (the two sides order a batch apiece)."""
-    chunks = tuple(sorted((c.new_tokens, c.context_tokens) for c in shape.prefills))
-    return chunks, tuple(sorted(shape.decode_context_tokens))
-
-
 def step_errors(
     calibration: str, engine_steps: Sequence[Sample], sim_steps: Sequence[BatchShape]
 ) -> dict[str, Any]:
@@ -192,7 +186,7 @@ def step_errors(
         return {"engine_steps": 0, "sim_steps": len(sim_steps)}
     model = FittedCostModel(1, 1, **load_calibration(calibration))
     errors = [(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in engine_steps]
-    same = [_canonical(s.shape) for s in engine_steps] == [_canonical(s) for s in sim_steps]
+    same = [canonical(s.shape) for s in engine_steps] == [canonical(s) for s in sim_steps]
     return {
         "engine_steps": len(engine_steps),
         "sim_steps": len(sim_steps),
