@@ -147,7 +147,7 @@ def calibrate(
     if progress:
         print("[sim calibrate] again with kvtier's connector configured", file=sys.stderr, flush=True)
     # The same requests with the connector (its random prompts hit nothing: every block is saved,
-    # none loaded): what the connector adds to each step, fitted against the plain fit.
+    # none loaded): what the connector adds to each step, each step paired with its plain twin.
     rc = _steps(venv, {**spec, "connector": CONNECTOR_DRAM})
     base = FittedCostModel(kv_bytes, NUM_LAYERS, **{k: float(result[k]) for k in COEFFICIENTS})
     plain = samples(r["steps"], clock)
