@@ -17,6 +17,7 @@ import pytest
 
 from kvtier.bench import peers, peers_ssd, peers_table
 from kvtier.cli import build_parser
+from kvtier.errors import KvtierError
 
 
 def test_defaults_and_flags_parse() -> None:
@@ -363,3 +364,18 @@ def test_kv_objects_are_kv_like_reproducible_and_never_repeat() -> None:
 def test_bf16_bits_round_to_nearest_even() -> None:
     x = np.array([1.0, -2.5, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 0.0], dtype=np.float32)
     assert peers_ssd.bf16_bits(x).tolist() == [0x3F80, 0xC020, 0x3F80, 0x3F82, 0]
+
+
+def test_a_stamp_of_the_same_pins_is_read_back_and_of_other_pins_is_redone(tmp_path: Path) -> None:
+    spec: dict[str, object] = {"torch": ["torch==2"], "mooncake": "m==1"}
+    path = tmp_path / peers.STAMP
+    stamp = {"spec": spec, "versions": {"torch": "2.0", "lmcache": None}, "mooncake_unavailable": "no wheel"}
+    path.write_text(json.dumps(stamp))
+    assert peers._read_stamp(path, spec) == stamp
+    assert peers._read_stamp(path, {**spec, "mooncake": "m==2"}) is None
+    path.write_text(json.dumps({**stamp, "versions": {"torch": 2}}))
+    with pytest.raises(KvtierError, match=r"`versions.torch` is 2; expected a string or null"):
+        peers._read_stamp(path, spec)
+    path.write_text(json.dumps({**stamp, "mooncake_unavailable": False}))
+    with pytest.raises(KvtierError, match=r"`mooncake_unavailable` is False"):
+        peers._read_stamp(path, spec)

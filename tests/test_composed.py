@@ -12,8 +12,8 @@ from kvtier.errors import ConfigError
 from kvtier.sched import make_policy, policy_names
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.composed import Composed, stages_from_pieces
+from kvtier.sched.data_plane import default_engine, policy_spec
 from kvtier.sched.rotasched import RotaSched
-from kvtier.sched.shadowserve import BLUEFIELD3
 from kvtier.sched.strata import Strata
 from kvtier.sched.swap_copy import SWAP_ENGINES
 from kvtier.sim.config import SimConfig, resolve_deprecated
@@ -155,9 +155,14 @@ def test_pool_layout_is_config_and_the_old_spelling_fills_it() -> None:
 
 
 def test_rotation_piece_brings_duplexkv_swaps() -> None:
-    # The swap engine the composition was evaluated on (the sim config's `swap` section overrides it).
-    assert Composed().swap_engine == "duplexkv"
-    assert Composed(stages=["balance"]).swap_engine == "plain"  # the engine's plain swap: never used
+    # The swap engine a config naming none gets (the sim config's `swap` section overrides it).
+    assert default_engine({"name": "composed"}, "swap") == "duplexkv"
+    assert default_engine(policy_spec(Composed()), "swap") == "duplexkv"
+    assert default_engine({"name": "composed", "rotation": True, "balance": False}, "swap") == "duplexkv"
+    # Without rotation the composition never swaps: the engine's plain swap.
+    assert default_engine(policy_spec(Composed(stages=["balance"])), "swap") == "plain"
+    assert default_engine({"name": "composed", "rotation": False}, "swap") == "plain"
+    assert default_engine({"name": "composed"}, "fetch") == "bluefield3"  # async_fetch's SmartNIC
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,8 +259,7 @@ def test_remote_hits_are_intercepted_into_the_fetching_queue() -> None:
     d = Composed().schedule(view((remote, host)))
     fetch = next(o for o in d.loads if o.req_id == 0)
     assert fetch.mode is LoadMode.ASYNC and fetch.target is Tier.DEVICE
-    assert fetch.compression_ratio == BLUEFIELD3.compression_ratio  # the SmartNIC pipeline
-    assert fetch.decode_bytes_per_s == BLUEFIELD3.raw_bytes_per_s() and not fetch.decode_on_device
+    assert fetch.compressed  # through the engine's fetch path (the SmartNIC pipeline by default)
     assert fetch.tokens == DOC
     assert 0 not in prefilled(d)  # stripped from the batch
     assert 1 in prefilled(d)  # the host hit is Strata's

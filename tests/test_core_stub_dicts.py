@@ -25,12 +25,15 @@ GEOMETRY = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "dtype": "fp16", 
 
 
 def _declared() -> dict[str, dict[str, str]]:
-    """TypedDict name -> field -> annotation text, class and functional forms."""
+    """TypedDict name -> field -> annotation text, class and functional forms (a TypedDict's
+    fields after those of the TypedDicts it derives from)."""
     out: dict[str, dict[str, str]] = {}
     for node in ast.parse(STUB.read_text()).body:
-        typed_dict = isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "TypedDict" for b in node.bases)
+        bases = [ast.unparse(b) for b in node.bases] if isinstance(node, ast.ClassDef) else []
+        typed_dict = bool(bases) and all(b == "TypedDict" or b in out for b in bases)
         if isinstance(node, ast.ClassDef) and (typed_dict or node.name in REPORTS):
-            out[node.name] = {
+            inherited = {k: v for b in bases if b in out for k, v in out[b].items()}
+            out[node.name] = inherited | {
                 s.target.id: ast.unparse(s.annotation)
                 for s in node.body
                 if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
@@ -67,7 +70,15 @@ def _check(value: object, kind: str, where: str) -> None:
 
 def test_every_stub_dict_is_checked_here() -> None:
     nested = {"SsdRecovery", "SsdDevice", "RemoteOp"}
-    assert set(DECLARED) == {"GeometrySizes", "SsdMetrics", "RemoteMetrics", *REPORTS} | nested
+    assert set(DECLARED) == {"GeometrySizes", "SsdMetrics", "RemoteMetrics", *REPORTS} | nested | {
+        "TierStatsDict"
+    }
+
+
+def test_tier_stats_attributes_are_its_dict_keys() -> None:
+    """The one field list the stub repeats (a class's attributes cannot come from a TypedDict)."""
+    assert list(DECLARED["TierStats"]) == list(DECLARED["TierStatsDict"])
+    assert set(DECLARED["TierStatsDict"]) < set(DECLARED["SsdMetrics"])
 
 
 def _check_report(value: object, kind: str, where: str) -> None:

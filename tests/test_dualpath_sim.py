@@ -10,7 +10,7 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
 from kvtier.sched.dualpath import DualPath
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.dualpath import KV_PRIORITY, MODEL_PRIORITY, DualPathCluster
 from kvtier.sim.models import load_model
@@ -138,13 +138,26 @@ def test_dualpath_beats_basic_when_prefill_storage_nics_are_the_bottleneck(tmp_p
 
 def test_pe_step_traffic_classes_are_isolated_unless_switched_off() -> None:
     for isolation, kv_class in ((True, KV_PRIORITY), (False, MODEL_PRIORITY)):
-        policy = make_policy("dualpath", traffic_isolation=isolation)
+        policy = make_policy("dualpath")
         assert isinstance(policy, DualPath)
-        cluster = DualPathCluster(config("dualpath", prefill_engines=16), policy)
+        network = {"traffic_isolation": isolation}  # deployment config, not the policy's
+        cluster = DualPathCluster(config("dualpath", prefill_engines=16, network=network), policy)
         r = _ready_request(cluster)
         io = cluster._pe_step_io([(cluster.pes[0], [(r, 100)])])
         classes = {kind: {prio for *_, prio, k in io if k == kind} for kind in ("a2a", "load")}
         assert classes == {"a2a": {MODEL_PRIORITY}, "load": {kv_class}}
+
+
+def test_the_old_traffic_isolation_parameter_warns_and_sets_the_network_key() -> None:
+    old = config({"name": "dualpath_basic", "traffic_isolation": False})
+    with pytest.warns(DeprecationWarning, match="network.traffic_isolation: False"):
+        new = resolve_deprecated(old)
+    assert new.network == {"traffic_isolation": False} and "traffic_isolation" not in new.policy
+    assert not new.traffic_isolation and old.traffic_isolation  # the default: isolated
+    with pytest.raises(ConfigError, match="traffic_isolation"):
+        config("dualpath", network={"traffic_isolation": "yes"})
+    with pytest.raises(ConfigError, match="unknown network key"):
+        config("dualpath", network={"lanes": 2})
 
 
 def _ready_request(cluster: DualPathCluster) -> Any:

@@ -1,10 +1,12 @@
 """ShadowServe (``shadowserve_async``) and its CacheGen-Async baseline (``cachegen_async``): batch
 interception on hand-built views (Fig. 6's example), the chunked-pipeline numbers (§6.3), CacheGen's
-interference duty cycle (§2.2, §6.2.2), the engine's ``preload_tier`` hook, short end-to-end runs and
-the quick reproduction."""
+interference duty cycle (§2.2, §6.2.2), the fetch path as data-plane config (the sim config's
+``fetch`` section, its deprecated policy parameters), the engine's ``preload_tier`` hook, short
+end-to-end runs and the quick reproduction."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -13,15 +15,21 @@ import pytest
 from kvtier.errors import ConfigError, SimError
 from kvtier.sched import make_policy
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
-from kvtier.sched.cachegen_async import (
+from kvtier.sched.cachegen_async import CacheGenAsync
+from kvtier.sched.fetch_path import (
+    BLUEFIELD3,
     COMPRESSION_RATIO,
     DECODE_INPUT_BYTES_PER_S,
+    GBPS,
     INTERFERENCE,
-    CacheGenAsync,
+    ChunkedPipeline,
+    FetchPath,
+    fetch_engine,
+    fetch_path,
 )
-from kvtier.sched.shadowserve import BLUEFIELD3, GBPS, ChunkedPipeline, ShadowServeAsync
+from kvtier.sched.shadowserve import ShadowServeAsync
 from kvtier.sim.cluster import Cluster
-from kvtier.sim.config import SimConfig
+from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import RooflineCostModel
 from kvtier.sim.engine import Engine, EngineConfig
@@ -29,6 +37,7 @@ from kvtier.sim.hardware import load_hardware
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.models import load_model
 from kvtier.sim.reproduce import experiments_dir
+from kvtier.sim.reproduce.shadowserve import FETCH
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link
 from kvtier.sim.run import run
@@ -68,6 +77,7 @@ def view(
     free_blocks: int = 10_000,
     max_batch_tokens: int = 65_536,
     store_gbps: float = 20.0,
+    fetch: str = "bluefield3",
 ) -> SchedulerView:
     return SchedulerView(
         now_s=0.0,
@@ -83,6 +93,7 @@ def view(
         num_layers=32,
         cost=FakeCost(store_gbps * GBPS),
         kv_bytes_per_token=KV,
+        fetch=fetch_engine(fetch),
     )
 
 
@@ -103,9 +114,7 @@ def test_fig6_interception_strips_stored_prefills_and_restores_fetched_ones() ->
     for lo in decision.loads:
         assert lo.mode is LoadMode.ASYNC and lo.target is Tier.DEVICE
         assert lo.tokens == (PROMPT - 1) // BT * BT  # the whole stored prompt but its last token
-        assert lo.compression_ratio == pytest.approx(32 / 6)
-        assert not lo.decode_on_device and lo.interference == 0.0
-        assert lo.decode_bytes_per_s == pytest.approx(BLUEFIELD3.raw_bytes_per_s())
+        assert lo.compressed and lo.interference == 0.0  # through the engine's fetch path
     assert decision.loads[0].priority < decision.loads[1].priority  # FIFO: A before B
 
 
@@ -152,11 +161,17 @@ def test_bad_parameters_raise() -> None:
     with pytest.raises(ConfigError):
         ShadowServeAsync(fetch_mode="eager")
     with pytest.raises(ConfigError):
-        ShadowServeAsync(compression_ratio=0.5)
-    with pytest.raises(ConfigError):
-        CacheGenAsync(interference=-0.1)
-    with pytest.raises(ConfigError):
         make_policy("shadowserve_async", rounds=3)
+    with pytest.raises(ConfigError, match="compression_ratio"):
+        fetch_path({"engine": "bluefield3", "compression_ratio": 0.5}, "plain")
+    with pytest.raises(ConfigError, match="interference"):
+        SimConfig(fetch={"engine": "cachegen_gpu", "interference": -0.1})
+    with pytest.raises(ConfigError, match="unknown fetch engine"):
+        SimConfig(fetch={"engine": "smartnic"})
+    with pytest.raises(ConfigError, match="unknown fetch key"):
+        SimConfig(fetch={"rounds": 3})
+    with pytest.raises(ConfigError, match="not both"):
+        FetchPath(decode_bytes_per_s=1e9, decode_input_bytes_per_s=1e9)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,18 +189,60 @@ def test_bluefield3_pipeline_is_network_bound_at_20_6_gbps() -> None:
 
 
 def test_cachegen_decodes_on_the_gpu_with_duty_cycled_interference() -> None:
-    policy = CacheGenAsync()
-    at_20 = policy.schedule(view(waiting=(remote_hit(1),), store_gbps=20.0)).loads[0]
-    assert at_20.decode_on_device
-    assert at_20.compression_ratio == pytest.approx(COMPRESSION_RATIO)
+    gpu = fetch_engine("cachegen_gpu")
+    assert gpu.decode_on_device
+    assert gpu.compression_ratio == pytest.approx(COMPRESSION_RATIO)
     assert pytest.approx(32 / 6 * 502.2 / 600.5) == COMPRESSION_RATIO
-    assert at_20.decode_bytes_per_s == pytest.approx(DECODE_INPUT_BYTES_PER_S * COMPRESSION_RATIO)
+    assert gpu.decoder_bytes_per_s() == pytest.approx(DECODE_INPUT_BYTES_PER_S * COMPRESSION_RATIO)
+    at_20 = CacheGenAsync().schedule(view(waiting=(remote_hit(1),), store_gbps=20.0, fetch="cachegen_gpu"))
     # At 20 Gbps the 32 Gbps decoder is busy 20/32 of the fetch; at 40 Gbps it is the bottleneck.
-    assert at_20.interference == pytest.approx(INTERFERENCE * 20 / 32)
-    at_40 = CacheGenAsync().schedule(view(waiting=(remote_hit(1),), store_gbps=40.0)).loads[0]
-    assert at_40.interference == pytest.approx(INTERFERENCE)
-    flat = CacheGenAsync(duty_cycle=False).schedule(view(waiting=(remote_hit(1),), store_gbps=10.0)).loads[0]
-    assert flat.interference == pytest.approx(INTERFERENCE)
+    assert at_20.loads[0].compressed
+    assert at_20.loads[0].interference == pytest.approx(INTERFERENCE * 20 / 32)
+    at_40 = CacheGenAsync().schedule(view(waiting=(remote_hit(1),), store_gbps=40.0, fetch="cachegen_gpu"))
+    assert at_40.loads[0].interference == pytest.approx(INTERFERENCE)
+    flat = dataclasses.replace(
+        view(waiting=(remote_hit(1),), store_gbps=10.0),
+        fetch=FetchPath(
+            compression_ratio=COMPRESSION_RATIO,
+            decode_input_bytes_per_s=DECODE_INPUT_BYTES_PER_S,
+            decode_on_device=True,
+            interference=INTERFERENCE,
+            duty_cycle=False,
+        ),
+    )
+    assert CacheGenAsync().schedule(flat).loads[0].interference == pytest.approx(INTERFERENCE)
+    # The control planes are one: on the same data plane the two policies decide the same.
+    same = view(waiting=(remote_hit(1), remote_hit(2)), fetch="cachegen_gpu")
+    assert ShadowServeAsync().schedule(same) == CacheGenAsync().schedule(same)
+
+
+def test_fetch_section_names_a_path_and_overrides_its_keys() -> None:
+    assert fetch_path(None, "bluefield3") == fetch_engine("bluefield3")  # the policy's default
+    assert fetch_path({"interference": 0.1}, "cachegen_gpu") == dataclasses.replace(
+        fetch_engine("cachegen_gpu"), interference=0.1
+    )
+    # A decoder rate given the other way replaces the engine's.
+    raw = fetch_path({"engine": "cachegen_gpu", "decode_bytes_per_s": 5e9}, "plain")
+    assert raw.decoder_bytes_per_s() == 5e9 and raw.decode_input_bytes_per_s is None
+    compressed = fetch_path({"engine": "bluefield3", "decode_input_bytes_per_s": 1e9}, "plain")
+    assert compressed.decoder_bytes_per_s() == pytest.approx(1e9 * BLUEFIELD3.compression_ratio)
+    assert fetch_engine("plain").decoder_bytes_per_s() is None
+
+
+def test_deprecated_fetch_parameters_move_to_the_fetch_section() -> None:
+    old = SimConfig(policy={"name": "cachegen_async", "interference": 0.0, "duty_cycle": False})
+    with pytest.warns(DeprecationWarning, match="fetch.interference: 0.0"):
+        new = resolve_deprecated(old)
+    assert new.policy == {"name": "cachegen_async"}
+    assert new.fetch == {"interference": 0.0, "duty_cycle": False}
+    # The section's own keys win; other policies' parameters are left alone.
+    both = SimConfig(
+        policy={"name": "shadowserve_async", "compression_ratio": 4.0}, fetch={"compression_ratio": 2.0}
+    )
+    with pytest.warns(DeprecationWarning):
+        assert resolve_deprecated(both).fetch == {"compression_ratio": 2.0}
+    plain = SimConfig(policy={"name": "fcfs"})
+    assert resolve_deprecated(plain) is plain
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,12 +298,16 @@ def test_preload_of_a_missing_tier_raises() -> None:
 # End to end on the paper's setup (20 Gbps, Llama-8B, L40S + BlueField-3)
 
 
-def _config(policy: dict[str, object], requests: int, rate: float, output: int = 8) -> SimConfig:
+def _config(
+    policy: dict[str, object], requests: int, rate: float, output: int = 8, **fetch: object
+) -> SimConfig:
+    """The experiment with ``policy`` on its paper's fetch path (``fetch`` keys changed)."""
     base = SimConfig.from_yaml(experiments_dir() / "shadowserve" / "narrativeqa_l40s.yaml")
     hardware = str(experiments_dir() / "shadowserve" / "l40s-bf3.yaml")
     workload = {**base.workload, "num_requests": requests, "rate_per_s": rate}
     workload.update(output_tokens_min=output, output_tokens_max=output)
-    return base.with_overrides(hardware=hardware, policy=policy, workload=workload)
+    path = {"engine": FETCH[str(policy["name"])], **fetch}
+    return base.with_overrides(hardware=hardware, policy=policy, workload=workload, fetch=path)
 
 
 def test_unloaded_ttft_is_one_fetch_plus_the_last_token_step() -> None:
@@ -256,6 +317,11 @@ def test_unloaded_ttft_is_one_fetch_plus_the_last_token_step() -> None:
     # 14K tokens x 128 KiB / 5.33 over 20 Gbps is ~0.14 s; the last-token step adds ~0.03 s.
     assert 0.13 < ss["ttft_s"]["mean"] < 0.2
     assert cg["ttft_s"]["mean"] / ss["ttft_s"]["mean"] > 1.1  # CacheGen's larger bitstream
+    # The comparison is a data-plane difference: ShadowServe's policy on CacheGen's path is CacheGen.
+    ablation = _config({"name": "shadowserve_async"}, 4, 0.05).with_overrides(
+        fetch={"engine": "cachegen_gpu"}
+    )
+    assert run(ablation)["ttft_s"] == cg["ttft_s"]
 
 
 def test_serial_fetching_finishes_a_burst_in_arrival_order() -> None:
@@ -270,7 +336,7 @@ def test_serial_fetching_finishes_a_burst_in_arrival_order() -> None:
 def test_loaded_tpot_is_lower_without_gpu_decompression() -> None:
     ss = run(_config({"name": "shadowserve_async"}, 30, 100.0, output=16))
     cg = run(_config({"name": "cachegen_async"}, 30, 100.0, output=16))
-    no_interference = run(_config({"name": "cachegen_async", "interference": 0.0}, 30, 100.0, output=16))
+    no_interference = run(_config({"name": "cachegen_async"}, 30, 100.0, output=16, interference=0.0))
     assert cg["tpot_s"]["mean"] > ss["tpot_s"]["mean"]
     assert cg["tpot_s"]["mean"] > no_interference["tpot_s"]["mean"]
 

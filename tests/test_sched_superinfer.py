@@ -20,6 +20,7 @@ from kvtier.sched.base import (
     SchedulerView,
 )
 from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.sched.data_plane import default_engine, policy_spec
 from kvtier.sched.rotasched import RotaSched, lvf
 from kvtier.sched.swap_copy import SWAP_ENGINES, SwapCopy, swap_engine
 from kvtier.sim.cluster import Cluster
@@ -372,7 +373,11 @@ def _engine(
     link = Link(loop, "host", spec.h2d_bytes_per_s, spec.d2h_bytes_per_s, True, spec.per_segment_overhead_s)
     recorder = _Recorder(link)
     cost = RooflineCostModel(hw, load_model("llama-3.1-8b"))
-    copy = policy.copy if isinstance(policy, _Scripted) else SWAP_ENGINES[policy.swap_engine]
+    copy = (
+        policy.copy
+        if isinstance(policy, _Scripted)
+        else SWAP_ENGINES[default_engine(policy_spec(policy), "swap")]
+    )
     config = EngineConfig(block_tokens=BT, device_blocks=device_blocks, host_blocks=100_000, swap_copy=copy)
     engine = Engine(loop, "e0", config, cost, policy, metrics, link)
     return loop, engine, metrics, Cluster(loop, metrics, [engine]), recorder

@@ -43,8 +43,23 @@ class SsdDevice(TypedDict):
     write_p50_s: float
     write_p99_s: float
 
-class SsdMetrics(TypedDict):
-    """``crates/kvtier-py/src/ssd.rs::metrics_dict``."""
+class TierStatsDict(TypedDict):
+    """The fields of the Rust ``TierStats`` (``crates/kvtier-core/src/tier.rs``) as a dict:
+    :meth:`TierStats.as_dict`, and the tier part of :class:`SsdMetrics`."""
+
+    objects: int
+    pinned_objects: int
+    doomed_objects: int
+    used_bytes: int
+    capacity_bytes: int
+    stored: int
+    evictions: int
+    rejected: int
+    checksum_failures: int
+
+class SsdMetrics(TierStatsDict):
+    """``crates/kvtier-py/src/ssd.rs::metrics_dict``: the pool's own fields beside its
+    ``TierStats``'s (:class:`TierStatsDict`)."""
 
     engine: str
     durability: str
@@ -59,15 +74,6 @@ class SsdMetrics(TypedDict):
     log_bytes: int
     log_generation: int
     compactions: int
-    objects: int
-    pinned_objects: int
-    doomed_objects: int
-    used_bytes: int
-    capacity_bytes: int
-    stored: int
-    evictions: int
-    rejected: int
-    checksum_failures: int
     recovery: SsdRecovery
     devices: list[SsdDevice]
     warnings: list[str]
@@ -150,7 +156,8 @@ class StoreStats:
 
 class TierStats:
     """Counters and gauges of one tier (``Store.tier_stats()``): the Rust ``TierStats``
-    (``crates/kvtier-core/src/tier.rs``), as :class:`StoreStats`."""
+    (``crates/kvtier-core/src/tier.rs``), as :class:`StoreStats`: the attributes are the keys of
+    :class:`TierStatsDict`, in its order (``tests/test_core_stub_dicts.py`` checks both)."""
 
     objects: int
     pinned_objects: int
@@ -161,7 +168,7 @@ class TierStats:
     evictions: int
     rejected: int
     checksum_failures: int
-    def as_dict(self) -> dict[str, int]: ...
+    def as_dict(self) -> TierStatsDict: ...
 
 class CoreGeometry:
     def __init__(

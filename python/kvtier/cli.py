@@ -10,9 +10,9 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from kvtier import report
 from kvtier.config import parse_size
@@ -102,14 +102,14 @@ def _sim_run(args: argparse.Namespace) -> None:
 def _sim_sweep(args: argparse.Namespace) -> None:
     from kvtier.sim import plots
     from kvtier.sim.config import SimConfig
-    from kvtier.sim.run import sweep
+    from kvtier.sim.run import RateRun, SweepResult, sweep
 
     config = SimConfig.from_yaml(args.config)
     rates = _floats(args.rates, "--rates")
     policies = args.policies.split(",") if args.policies else [str(config.policy["name"])]
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # before the sweep: a bad --out-dir fails at once
-    series = {}
+    series: dict[str, list[RateRun]] = {}
     for name in policies:
         policy = {**config.policy, "name": name} if name == config.policy["name"] else {"name": name}
         series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=not args.json)
@@ -117,7 +117,7 @@ def _sim_sweep(args: argparse.Namespace) -> None:
         str(plots.latency_vs_rate(series, out_dir / "latency_vs_rate.png")),
         str(plots.throughput_vs_ttft(series, out_dir / "throughput_vs_ttft.png")),
     ]
-    result = {"config": config.name, "rates_per_s": rates, "series": series, "plots": figures}
+    result: SweepResult = {"config": config.name, "rates_per_s": rates, "series": series, "plots": figures}
     _write(str(out_dir / "sweep.json"), result)
     _emit(result, args.json, report.sweep_summary)
 
@@ -149,7 +149,7 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
     names = reproduce.papers() if args.all else [args.paper]
     if not args.all and not args.paper:
         raise KvtierError(f"name a paper or pass --all; papers: {reproduce.papers()}")
-    rows: list[dict[str, Any]] = []
+    rows: list[reproduce.RowJson] = []
     for name in names:
         rows.extend(row.to_dict() for row in reproduce.run(name, Path(args.out_dir) / name, quick=args.quick))
     _write(str(Path(args.out_dir) / "rows.json"), {"rows": rows})  # for `kvtier report`
@@ -254,7 +254,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
     _emit(result, args.json, engine.summary)
 
 
-def _write(path: str | None, result: dict[str, Any]) -> None:
+def _write(path: str | None, result: Mapping[str, object]) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(result, f, indent=2, sort_keys=True)

@@ -26,6 +26,8 @@ from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 
 if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     from kvtier._core import RemoteMetrics, SsdMetrics
 
 
@@ -245,10 +247,10 @@ class StoreCollector:
         with self._lock:
             self._stores.add(store)
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        families: dict[str, Any] = {}
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for m in METRICS:
             labels = ["namespace", *m.labels]
             if m.kind == "counter":  # prometheus_client appends `_total` itself

@@ -84,5 +84,5 @@ class RemotePool:
     def raw_del(self, names: list[bytes]) -> int:
         return int(self._core.raw_del(names))
 
-    def metrics(self) -> dict[str, Any]:
-        return dict(self._core.metrics())
+    def metrics(self) -> _core.RemoteMetrics:
+        return self._core.metrics()

@@ -15,12 +15,15 @@ import base64
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvtier.errors import KvtierError
 
+if TYPE_CHECKING:  # the simulator is loaded by the command that runs it, not by every CLI start
+    from kvtier.sim.run import SimResult, SweepResult
 
-def sim_summary(r: dict[str, Any]) -> str:
+
+def sim_summary(r: SimResult) -> str:
     t, p, h = r["ttft_s"], r["tpot_s"], r["hit_rate_tokens"]
     lines = [
         f"sim {r['config']}: {r['requests']} requests, {r['model']} on {r['hardware']}, policy {r['policy']['name']}",
@@ -46,7 +49,7 @@ def sim_summary(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def sweep_summary(r: dict[str, Any]) -> str:
+def sweep_summary(r: SweepResult) -> str:
     lines = [f"sweep {r['config']} over rates {r['rates_per_s']}"]
     for name, results in r["series"].items():
         for res in results:
@@ -100,7 +103,8 @@ def _sweep(path: Path, data: dict[str, Any]) -> str:
 
 
 def _run(path: Path, data: dict[str, Any]) -> str:
-    return f"<h2>Run {html.escape(str(data['config']))} ({html.escape(path.name)})</h2><pre>{html.escape(sim_summary(data))}</pre>"
+    summary = sim_summary(cast("SimResult", data))  # a `kvtier sim run --out` file (older: no `cluster`)
+    return f"<h2>Run {html.escape(str(data['config']))} ({html.escape(path.name)})</h2><pre>{html.escape(summary)}</pre>"
 
 
 def write_html(directory: str | Path, out: str | Path | None = None) -> Path:

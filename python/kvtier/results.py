@@ -8,7 +8,9 @@ results carry, such as a bench row's ``not_run``). Values that are JSON document
 their keys are known.
 
 Untrusted JSON read back into a typed value (a worker process's ``RESULT`` line) goes through
-:func:`field_of`, whose error names the document and the missing or ill-typed field.
+:func:`field_of`, whose error names the document and the missing or ill-typed field; a result
+whose fields are numbers, strings, booleans, other results and ``None`` reads itself back with
+:meth:`Result.from_json`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 from kvtier.errors import KvtierError, shown
 
 T = TypeVar("T")
+RT = TypeVar("RT", bound="Result")
 #: ``field(default=None, metadata=OMIT)``: :meth:`Result.as_dict` leaves the key out while ``None``.
 OMIT: Mapping[str, bool] = MappingProxyType({"omit_if_none": True})
 
@@ -40,6 +45,35 @@ class Result:
                 continue
             out[f.name] = to_json(value)
         return out
+
+    @classmethod
+    def from_json(cls: type[RT], data: Mapping[str, object], where: str) -> RT:
+        """The result whose :meth:`as_dict` ``data`` is (untrusted JSON, such as a worker's
+        ``RESULT``): each field read by :func:`field_of`; a field typed ``X | None`` may be null (or
+        absent, where ``OMIT``), a field typed as a result is read by its own ``from_json``. A
+        :class:`KvtierError` names ``where`` and the field; a field of another type is refused."""
+        hints = typing.get_type_hints(cls)
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+            if type(None) in options:
+                if data.get(f.name) is None:
+                    if f.name not in data and not f.metadata.get("omit_if_none"):
+                        raise KvtierError(f"{where}: `{f.name}` is missing")
+                    values[f.name] = None
+                    continue
+                options = tuple(o for o in options if o is not type(None))
+            if len(options) != 1 or not isinstance(options[0], type):
+                raise TypeError(f"{cls.__name__}.{f.name}: {kind} is not read from JSON")
+            (one,) = options
+            if issubclass(one, Result):
+                values[f.name] = one.from_json(field_of(data, f.name, dict, where), f"{where}: {f.name}")
+            elif one in (int, float, str, bool):
+                values[f.name] = field_of(data, f.name, one, where)
+            else:
+                raise TypeError(f"{cls.__name__}.{f.name}: {kind} is not read from JSON")
+        return cls(**values)
 
 
 R = TypeVar("R", bound="Result | Mapping[str, Any]")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kvtier.errors import KvtierError
 
@@ -63,6 +63,13 @@ def install_mooncake(python: Path, show: bool, who: str = "peers") -> str | None
     return None
 
 
+class MooncakeServers(TypedDict):
+    """Where a :func:`mooncake_master` listens (JSON: it travels to worker processes)."""
+
+    metadata: str  # the HTTP metadata server's URL
+    master: str  # the master's RPC host:port
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,11 +77,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def mooncake_master(venv: Path, workdir: Path) -> Iterator[dict[str, Any]]:
+def mooncake_master(venv: Path, workdir: Path) -> Iterator[MooncakeServers]:
     """``mooncake_master`` with its HTTP metadata server on loopback, for as long as the block
-    runs; yields ``{"metadata": url, "master": host:port}``. Its log is ``workdir/master.log``."""
+    runs; yields where its servers listen. Its log is ``workdir/master.log``."""
     http, rpc = free_port(), free_port()
-    spec = {"metadata": f"http://127.0.0.1:{http}/metadata", "master": f"127.0.0.1:{rpc}"}
+    spec: MooncakeServers = {"metadata": f"http://127.0.0.1:{http}/metadata", "master": f"127.0.0.1:{rpc}"}
     cmd = [
         str(venv / "bin" / "mooncake_master"), "--enable_http_metadata_server=true",
         f"--http_metadata_server_port={http}", f"--rpc_port={rpc}",

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step, stop
 from kvtier.bench.peers_protocol import Spec, WorkerResult
@@ -134,15 +134,46 @@ def _say(show: bool, text: str) -> None:
     say(show, "peers", text)
 
 
-def ensure_venv(venv: Path, show: bool = True) -> dict[str, Any]:
+class Stamp(TypedDict):
+    """The peers' environment's stamp (``venv/kvtier-peers.json``): the pins it was made from,
+    the versions installed (None: not installed), and why Mooncake cannot run (None: it can)."""
+
+    spec: dict[str, object]
+    versions: dict[str, str | None]
+    mooncake_unavailable: str | None
+
+
+def _read_stamp(path: Path, spec: Mapping[str, object]) -> Stamp | None:
+    """The stamp at ``path`` when it was made from ``spec`` (else None: redo the environment)."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("spec") != spec:
+        return None
+    where = str(path)
+    versions = field_of(data, "versions", dict, where)
+    bad = [k for k, v in versions.items() if not isinstance(v, str | None)]
+    if bad:
+        raise KvtierError(f"{where}: `versions.{bad[0]}` is {versions[bad[0]]!r}; expected a string or null")
+    mooncake = data.get("mooncake_unavailable")
+    if mooncake is not None and not isinstance(mooncake, str):
+        raise KvtierError(f"{where}: `mooncake_unavailable` is {mooncake!r}; expected a string or null")
+    return {
+        "spec": dict(spec),
+        "versions": {str(k): v for k, v in versions.items()},
+        "mooncake_unavailable": mooncake,
+    }
+
+
+def ensure_venv(venv: Path, show: bool = True) -> Stamp:
     """Creates the peers' environment once; returns its stamp (versions, Mooncake's status).
     A stamp from other pins is redone; a failed LMCache step raises, naming the step."""
-    spec = {"torch": list(TORCH), "lmcache": LMCACHE, "light": list(LMCACHE_LIGHT), "mooncake": MOONCAKE}
+    spec: dict[str, object] = {
+        "torch": list(TORCH), "lmcache": LMCACHE, "light": list(LMCACHE_LIGHT), "mooncake": MOONCAKE,
+    }  # fmt: skip
     stamp_path = venv / STAMP
     if stamp_path.exists():
-        stamp: dict[str, Any] = json.loads(stamp_path.read_text())
-        if stamp.get("spec") == spec:
-            return stamp
+        old = _read_stamp(stamp_path, spec)
+        if old is not None:
+            return old
     python = venv / "bin" / "python"
     if not python.exists():
         step(f"create the venv {venv}", [sys.executable, "-m", "venv", str(venv)], show)
@@ -159,7 +190,7 @@ def ensure_venv(venv: Path, show: bool = True) -> dict[str, Any]:
         f"print(json.dumps({{n: (m.version(n) if any(True for _ in m.distributions(name=n)) else None) for n in {names}}}))"
     )
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
-    stamp = {"spec": spec, "versions": json.loads(proc.stdout), "mooncake_unavailable": mooncake}
+    stamp: Stamp = {"spec": spec, "versions": json.loads(proc.stdout), "mooncake_unavailable": mooncake}
     stamp_path.write_text(json.dumps(stamp, indent=2, sort_keys=True))
     return stamp
 
@@ -247,8 +278,8 @@ def run(
         "ssd_codec": ssd_codec,
     }
     unavailable: dict[str, str] = {}
-    if stamp.get("mooncake_unavailable"):
-        unavailable["mooncake"] = str(stamp["mooncake_unavailable"])
+    if stamp["mooncake_unavailable"]:
+        unavailable["mooncake"] = stamp["mooncake_unavailable"]
     per_round: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-peers-") as tmp, _redis(tmp, parts) as redis:
         base["redis_url"] = redis.get("redis_url")

@@ -27,32 +27,96 @@ the same bytes measured in the same run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from kvtier.bench.engine_env import engine_python, run_worker
-from kvtier.bench.mooncake_env import install_mooncake, mooncake_master
+from kvtier.bench.mooncake_env import MooncakeServers, install_mooncake, mooncake_master
 from kvtier.errors import KvtierError
+from kvtier.results import OMIT, Result, to_json
 
 PAGE_TOKENS = 64
 EXISTS_TOKENS = 128 * 1024
 LAYERS, HEADS, HEAD_DIM = 32, 8, 128
+#: The cases each backend is timed in (medians over the repeats).
+CASES = ("set", "get", "exists")
+
+
+class Spec(TypedDict):
+    """What the worker runs (JSON)."""
+
+    bytes: int
+    repeats: int
+    directory: str | None
+    mooncake: NotRequired[MooncakeServers]
+
+
+@dataclass(frozen=True)
+class BackendTimes(Result):
+    """One backend: median seconds per case, and the bandwidth of set and get."""
+
+    set_s: float
+    get_s: float
+    exists_s: float
+    set_gb_per_s: float
+    get_gb_per_s: float
+
+    def seconds(self, case: str) -> float:
+        return {"set": self.set_s, "get": self.get_s, "exists": self.exists_s}[case]
+
+
+@dataclass(frozen=True)
+class SglangBench(Result):
+    """What ``kvtier bench sglang`` reports; a ratio is the peer's time over kvtier's (above 1:
+    kvtier faster), None where the peer was not measured."""
+
+    page_bytes: int
+    pages: int
+    bytes: int
+    repeats: int
+    memcpy_gb_per_s: float
+    exists_pages: int
+    exists_tokens: int
+    kvtier: BackendTimes
+    file: BackendTimes
+    set_ratio_to_file_backend: float
+    get_ratio_to_file_backend: float
+    exists_ratio_to_file_backend: float
+    set_ratio_to_mooncake: float | None
+    get_ratio_to_mooncake: float | None
+    exists_ratio_to_mooncake: float | None
+    kvtier_set_fraction_of_memcpy: float
+    kvtier_get_fraction_of_memcpy: float
+    mooncake: BackendTimes | None = field(default=None, metadata=OMIT)
+    mooncake_unavailable: str | None = field(default=None, metadata=OMIT)  # why it was not measured
+
+    def ratio(self, case: str, peer: str) -> float | None:
+        return {
+            ("set", "file"): self.set_ratio_to_file_backend,
+            ("get", "file"): self.get_ratio_to_file_backend,
+            ("exists", "file"): self.exists_ratio_to_file_backend,
+            ("set", "mooncake"): self.set_ratio_to_mooncake,
+            ("get", "mooncake"): self.get_ratio_to_mooncake,
+            ("exists", "mooncake"): self.exists_ratio_to_mooncake,
+        }[case, peer]
 
 
 def run(
     venv: Path, total_bytes: int, repeats: int = 3, directory: str | None = None, show: bool = True
-) -> dict[str, Any]:
+) -> SglangBench:
     """Runs the worker in the engine environment and returns its figures. Mooncake is installed
     into that environment when missing and its master started here; when it cannot run, the
     result says why (``mooncake_unavailable``) and has no Mooncake figures."""
-    args: dict[str, Any] = {"bytes": total_bytes, "repeats": repeats, "directory": directory}
+    args: Spec = {"bytes": total_bytes, "repeats": repeats, "directory": directory}
     unavailable = install_mooncake(engine_python(venv), show, "sglang")
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-sglang-mooncake-") as tmp, ExitStack() as stack:
         if unavailable is None:
@@ -60,38 +124,37 @@ def run(
                 args["mooncake"] = stack.enter_context(mooncake_master(venv, Path(tmp)))
             except KvtierError as e:
                 unavailable = str(e)
-        result = run_worker(
+        data = run_worker(
             venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600
         )
-    if unavailable is not None:
-        result["mooncake_unavailable"] = unavailable
-    return result
+    result = SglangBench.from_json(data, "SGLang bench worker's RESULT")
+    return dataclasses.replace(result, mooncake_unavailable=unavailable)
 
 
-def summary(r: dict[str, Any]) -> str:
-    peers = [p for p in ("file", "mooncake") if p in r]
-    head = "".join(f"{p:>10} ms  ratio" for p in peers)
+def summary(r: SglangBench) -> str:
+    peers = {"file": r.file, "mooncake": r.mooncake}
+    measured = {p: times for p, times in peers.items() if times is not None}
+    head = "".join(f"{p:>10} ms  ratio" for p in measured)
     lines = [
-        f"SGLang HiCache storage: {r['pages']} pages of {r['page_bytes'] / 2**20:.1f} MiB "
-        f"({r['bytes'] / 2**30:.2f} GiB), median of {r['repeats']}; memcpy {r['memcpy_gb_per_s']:.2f} GB/s",
+        f"SGLang HiCache storage: {r.pages} pages of {r.page_bytes / 2**20:.1f} MiB "
+        f"({r.bytes / 2**30:.2f} GiB), median of {r.repeats}; memcpy {r.memcpy_gb_per_s:.2f} GB/s",
         f"  {'':<34}{'kvtier ms':>10}{head}   (ratio = peer time / kvtier time, above 1: kvtier faster)",
     ]
     names = {
         "set": "batch_set",
         "get": "batch_get",
-        "exists": f"batch_exists ({r['exists_pages']} pages, 128K tokens)",
+        "exists": f"batch_exists ({r.exists_pages} pages, 128K tokens)",
     }
     for case, name in names.items():
-        row = f"  {name:<34}{r['kvtier'][f'{case}_s'] * 1e3:10.2f}"
-        for p in peers:
-            suffix = "file_backend" if p == "file" else p
-            row += f"{r[p][f'{case}_s'] * 1e3:13.2f}{r[f'{case}_ratio_to_{suffix}']:7.2f}x"
+        row = f"  {name:<34}{r.kvtier.seconds(case) * 1e3:10.2f}"
+        for p, times in measured.items():
+            row += f"{times.seconds(case) * 1e3:13.2f}{r.ratio(case, p):7.2f}x"
         lines.append(row)
     lines.append(
-        f"  kvtier set/get at {r['kvtier_set_fraction_of_memcpy']:.2f}/{r['kvtier_get_fraction_of_memcpy']:.2f} of memcpy"
+        f"  kvtier set/get at {r.kvtier_set_fraction_of_memcpy:.2f}/{r.kvtier_get_fraction_of_memcpy:.2f} of memcpy"
     )
-    if "mooncake_unavailable" in r:
-        lines.append(f"  mooncake not measured: {r['mooncake_unavailable']}")
+    if r.mooncake_unavailable is not None:
+        lines.append(f"  mooncake not measured: {r.mooncake_unavailable}")
     return "\n".join(lines)
 
 
@@ -119,23 +182,23 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
 
 
 # ---------------------------------------------------------------- the worker (engine environment)
-def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+def _worker(spec: Spec) -> SglangBench:
     import torch
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig  # type: ignore[import-not-found, unused-ignore]
 
     from kvtier.integrations.sglang import KvtierHiCacheStorage
 
     torch.manual_seed(0)
-    repeats = int(spec["repeats"])
+    repeats = spec["repeats"]
     probe = _pool(1, LAYERS, HEADS, HEAD_DIM)
     page_bytes = probe.get_size_per_token() * PAGE_TOKENS
-    pages = max(1, int(spec["bytes"]) // page_bytes)
+    pages = max(1, spec["bytes"] // page_bytes)
     pool = _pool(2 * pages, LAYERS, HEADS, HEAD_DIM)
     src = pool.alloc(pages * PAGE_TOKENS)
     dst = pool.alloc(pages * PAGE_TOKENS)
     pool.kv_buffer.view(torch.uint8).random_()
 
-    def config(extra: dict[str, Any], model: str) -> Any:
+    def config(extra: Mapping[str, object], model: str) -> Any:
         return HiCacheStorageConfig(
             tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
             is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
@@ -143,7 +206,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
 
     mooncake = spec.get("mooncake")
-    with tempfile.TemporaryDirectory(prefix="kvtier-bench-sglang-", dir=spec.get("directory")) as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-sglang-", dir=spec["directory"]) as tmp:
         kv = KvtierHiCacheStorage(
             config({"dram": {"capacity_bytes": int(page_bytes * pages * 1.5)}}, "bench"), {}
         )
@@ -174,23 +237,37 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                     backend.clear()  # the next repeat stores fresh keys into an empty store
         memcpy_s = statistics.median(_memcpy(pool, src, dst) for _ in range(repeats))
         exists = _exists(config, Path(tmp) / "exists", repeats, mooncake)
-    out: dict[str, Any] = {"page_bytes": page_bytes, "pages": pages, "bytes": pages * page_bytes}
-    out |= {"repeats": repeats, "memcpy_gb_per_s": pages * page_bytes / memcpy_s / 1e9, **exists}
-    for name, cases in times.items():
-        entry = {f"{case}_s": statistics.median(values) for case, values in cases.items()}
-        entry |= {f"{case}_gb_per_s": out["bytes"] / entry[f"{case}_s"] / 1e9 for case in ("set", "get")}
-        out.setdefault(name, {}).update(entry)
-    for peer, suffix in (("file", "file_backend"), ("mooncake", "mooncake")):
-        for case in ("set", "get", "exists"):
-            ratio = out[peer][f"{case}_s"] / out["kvtier"][f"{case}_s"] if peer in out else None
-            out[f"{case}_ratio_to_{suffix}"] = ratio
-    for case in ("set", "get"):
-        out[f"kvtier_{case}_fraction_of_memcpy"] = out["kvtier"][f"{case}_gb_per_s"] / out["memcpy_gb_per_s"]
-    return out
+    total = pages * page_bytes
+    medians = {
+        name: {case: statistics.median(values) for case, values in cases.items()}
+        for name, cases in times.items()
+    }
+    backends = {
+        name: BackendTimes(
+            set_s=m["set"], get_s=m["get"], exists_s=exists[name],
+            set_gb_per_s=total / m["set"] / 1e9, get_gb_per_s=total / m["get"] / 1e9,
+        )
+        for name, m in medians.items()
+    }  # fmt: skip
+    kv, file, mc = backends["kvtier"], backends["file"], backends.get("mooncake")
+    memcpy_gb_per_s = total / memcpy_s / 1e9
+    return SglangBench(
+        page_bytes=page_bytes, pages=pages, bytes=total, repeats=repeats, memcpy_gb_per_s=memcpy_gb_per_s,
+        exists_pages=EXISTS_TOKENS // PAGE_TOKENS, exists_tokens=EXISTS_TOKENS, kvtier=kv, file=file,
+        set_ratio_to_file_backend=file.set_s / kv.set_s,
+        get_ratio_to_file_backend=file.get_s / kv.get_s,
+        exists_ratio_to_file_backend=file.exists_s / kv.exists_s,
+        set_ratio_to_mooncake=None if mc is None else mc.set_s / kv.set_s,
+        get_ratio_to_mooncake=None if mc is None else mc.get_s / kv.get_s,
+        exists_ratio_to_mooncake=None if mc is None else mc.exists_s / kv.exists_s,
+        kvtier_set_fraction_of_memcpy=kv.set_gb_per_s / memcpy_gb_per_s,
+        kvtier_get_fraction_of_memcpy=kv.get_gb_per_s / memcpy_gb_per_s,
+        mooncake=mc,
+    )  # fmt: skip
 
 
 def _mooncake(
-    config: Callable[[dict[str, Any], str], Any], servers: dict[str, Any], pool: Any, segment: int
+    config: Callable[[Mapping[str, object], str], Any], servers: MooncakeServers, pool: Any, segment: int
 ) -> Any:
     """SGLang's own Mooncake backend (``MooncakeStore``, through SGLang's factory) over TCP on
     loopback, this process contributing ``segment`` bytes to the store as an SGLang instance does."""
@@ -272,13 +349,13 @@ def _memcpy(pool: Any, src: Any, dst: Any) -> float:
 
 
 def _exists(
-    config: Callable[[dict[str, Any], str], Any],
+    config: Callable[[Mapping[str, object], str], Any],
     directory: Path,
     repeats: int,
-    mooncake: dict[str, Any] | None,
-) -> dict[str, Any]:
+    mooncake: MooncakeServers | None,
+) -> dict[str, float]:
     """`batch_exists` of a 128K-token prefix, every page present, on small pages (lookup cost
-    does not depend on page size)."""
+    does not depend on page size): each backend's median seconds."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile  # type: ignore[import-not-found, unused-ignore]
 
     from kvtier.integrations.sglang import KvtierHiCacheStorage
@@ -304,12 +381,11 @@ def _exists(
             out[name].append(time.perf_counter() - start)
             if hit != n:
                 raise KvtierError(f"{name}: batch_exists found {hit} of {n} pages")
-    result: dict[str, Any] = {"exists_pages": n, "exists_tokens": EXISTS_TOKENS}
-    return result | {name: {"exists_s": statistics.median(times)} for name, times in out.items()}
+    return {name: statistics.median(times) for name, times in out.items()}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
     result = _worker(json.loads(parser.parse_args().worker))
-    print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
+    print("RESULT " + json.dumps(to_json(result), sort_keys=True), flush=True)

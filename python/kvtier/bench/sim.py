@@ -21,6 +21,7 @@ from pathlib import Path
 from kvtier.errors import KvtierError
 from kvtier.results import Result
 from kvtier.sim.config import SimConfig
+from kvtier.sim.metrics import Summary
 from kvtier.sim.run import peak_rss_bytes
 from kvtier.sim.run import run as run_sim
 from kvtier.sim.workload import mooncake_block_hit_rate
@@ -39,7 +40,7 @@ class SimBench(Result):
     requests_per_wall_s: float
     events: int
     sim_time_s: float
-    ttft_s: dict[str, float]
+    ttft_s: Summary
     hit_rate_tokens: dict[str, float]
     mooncake_synthetic_infinite_hit_rate: float
     mooncake_synthetic_direct_hit_rate: float

@@ -14,10 +14,22 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 if TYPE_CHECKING:
-    from kvtier.engine import LLM, SamplingParams
+    from kvtier.engine import LLM, RequestOutput, SamplingParams
+
+
+class Generated(TypedDict):
+    """One reply of ``kvtier generate --json`` (under ``outputs``)."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    ttft_s: float
+    latency_s: float
+    cached_tokens: dict[str, int]  # prompt tokens reused from each tier
 
 
 def add_commands(sub: Any, positive: Callable[[str], int]) -> None:
@@ -173,7 +185,7 @@ def _read_turn(stdin: TextIO, stdout: TextIO, interactive: bool) -> str:
     return stdin.readline()
 
 
-def _output_dict(out: Any) -> dict[str, Any]:
+def _output_dict(out: RequestOutput) -> Generated:
     return {
         "text": out.text,
         "token_ids": out.token_ids,

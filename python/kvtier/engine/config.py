@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.engine.errors import EngineInputError
+from kvtier.sched.swap_copy import SWAP_ENGINES
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,16 @@ class EngineConfig:
     # blocks are copied to free host slots in the background while the step computes; they stay
     # synced (KV is append-only), so a later swap-out moves only the blocks written since.
     eager_rotation: bool = False
+    # The swap path the policy counts a swap-out's freed blocks by (a name in
+    # kvtier.sched.swap_copy.SWAP_ENGINES; the engine's own swaps are synchronous, docs/engine.md).
+    # None: the one the policy was evaluated on (kvtier.sched.data_plane).
+    swap_engine: str | None = None
 
     def __post_init__(self) -> None:
+        if self.swap_engine is not None and self.swap_engine not in SWAP_ENGINES:
+            raise EngineInputError(
+                f"engine `swap_engine` is {self.swap_engine!r}; expected one of {sorted(SWAP_ENGINES)}"
+            )
         for name in ("device_prefix_cache", "layerwise_loads", "eager_rotation"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineInputError(f"engine `{name}` is {getattr(self, name)!r}; expected True or False")

@@ -22,6 +22,7 @@ from kvtier.engine.model import Model
 from kvtier.engine.request import EngineRequest
 from kvtier.geometry import Geometry
 from kvtier.sched.base import LoadMode, Policy, RequestView, SchedulerView
+from kvtier.sched.data_plane import default_engine, policy_spec
 from kvtier.sched.swap_copy import swap_engine
 from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
@@ -72,8 +73,8 @@ def build_view(engine: EngineState) -> SchedulerView:
         cost=CpuEstimates(config, engine.pool.geometry),
         kv_bytes_per_token=engine.pool.geometry.block_bytes // engine.pool.block_tokens,
         # The engine's swaps are synchronous (docs/engine.md); the policy counts what a swap-out
-        # frees by the swap path it was evaluated on, as before the path became data-plane config.
-        swap_copy=swap_engine(engine.policy.swap_engine),
+        # frees by the config's swap path, else the one it was evaluated on.
+        swap_copy=swap_engine(config.swap_engine or default_engine(policy_spec(engine.policy), "swap")),
     )
 
 

@@ -18,6 +18,7 @@ Invariants of :class:`ModelWeights`:
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,7 @@ class ModelWeights:
         return self.lm_head is self.embedding
 
 
-def _dequantize(tensors: dict[str, Any], name: str, shape: tuple[int, ...]) -> F32Array:
+def _dequantize(tensors: Mapping[str, gguf.ReaderTensor], name: str, shape: tuple[int, ...]) -> F32Array:
     tensor = tensors.get(name)
     if tensor is None:
         raise ModelFormatError(f"GGUF has no tensor `{name}`")
@@ -178,7 +179,7 @@ def _unpermute_rope_rows(w: F32Array, num_heads: int, head_dim: int) -> F32Array
     return w.reshape(num_heads, head_dim // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def _layer_weights(tensors: dict[str, Any], config: ModelConfig, i: int) -> LayerWeights:
+def _layer_weights(tensors: Mapping[str, gguf.ReaderTensor], config: ModelConfig, i: int) -> LayerWeights:
     hidden, kv, ffn = config.hidden_size, config.kv_size, config.ffn_size
     prefix = f"blk.{i}."
     q = _dequantize(tensors, prefix + "attn_q.weight", (hidden, hidden))

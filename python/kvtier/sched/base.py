@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 from kvtier.errors import ConfigError
+from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
@@ -97,6 +98,7 @@ class SchedulerView:
     cost: CostEstimates
     kv_bytes_per_token: int = 0  # raw KV bytes per token on one GPU, for sizing transfers (0: unknown)
     swap_copy: SwapCopy = PLAIN_SWAP  # how the engine's swaps move KV (data-plane config, not the policy's)
+    fetch: FetchPath = PLAIN_FETCH  # how the engine's compressed loads move KV (data-plane config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +114,9 @@ class LoadOrder:
     # Fractional slowdown of model compute while this load runs: GPU copy kernels (Strata Fig. 5:
     # < 5%) or GPU-side decompression (CacheGen-Async, ShadowServe §2.2).
     interference: float = 0.0
-    # Compressed fetch (ShadowServe): bytes on the SSD/remote link are raw / compression_ratio; the
-    # decompress+dequantize stages run at decode_bytes_per_s (raw bytes), pipelined with the link.
-    compression_ratio: float = 1.0
-    decode_bytes_per_s: float | None = None
-    decode_on_device: bool = False  # compressed bytes cross the host link and decode on the GPU
+    # Fetch compressed (ShadowServe, CacheGen-Async): through the engine's fetch path (its ratio,
+    # decoder stage and where decoding runs: data-plane config, SchedulerView.fetch).
+    compressed: bool = False
 
 
 @dataclass(slots=True)
@@ -138,9 +138,6 @@ class Policy(ABC):
 
     name: ClassVar[str]
     offload: str = "none"  # a class default; a configurable policy may set its own per instance
-    # The swap data plane this policy was evaluated on (a name in kvtier.sched.swap_copy.SWAP_ENGINES),
-    # used where the sim config's `swap` section names none; the copy path itself is config.
-    swap_engine: str = "plain"
     # The inter-engine scheduler this policy needs (kvtier.sched.placement), by name; None: any router.
     global_scheduler: ClassVar[str | None] = None
 

@@ -10,13 +10,14 @@ stage           decision                                      paper, code reused
                 which waiting requests may be admitted, in   Algorithm 1, B_xfer) and §4.3
                 Largest-VLT-First order; the running         (DuplexKV as the swap copy):
                 batch's block claims (no recompute           :meth:`RotaSched.rotate`,
-                preemption); swaps moved by DuplexKV         :class:`StepPlan`, ``swap_engine``
+                preemption); swaps moved by DuplexKV         :class:`StepPlan`; DuplexKV is the
+                (the sim config's ``swap`` section)          data plane's, not a stage's
 ``async_fetch`` a waiting request whose prefix sits in the   ShadowServe §4.1-4.3 (batch
                 store below host (SSD, remote) is            interception, SmartNIC chunked
                 intercepted into the fetching queue (serial  pipeline): :meth:`ShadowServeAsync.
-                FIFO) and fetched compressed through the     intercept`, ``fetch_order``
-                SmartNIC pipeline; the batch never waits
-                on the store
+                FIFO) and fetched compressed through the     intercept`, ``fetch_order`` (the
+                SmartNIC pipeline (the ``fetch`` section);   SmartNIC is the data plane's)
+                the batch never waits on the store
 ``balance``     which of the remaining waiting requests      Strata §4.2-4.3: delay-hit deferral,
                 join the prefill batch: deferral on delay    Algorithm 1, bubble filling, GPU-
                 hits, Algorithm 1's load/compute balance,    assisted I/O, storage prefetch:
@@ -155,7 +156,6 @@ class Composed(Policy):
             raise ConfigError(f"composed: bad strata/rotasched parameters: {e}") from None
         self.shadow = ShadowServeAsync()
         self.rotation = "rotation" in self.stages
-        self.swap_engine = self.rota.swap_engine if self.rotation else Policy.swap_engine
         self.intercepted_total = 0  # requests sent to the fetching queue by async_fetch
 
     def params(self) -> dict[str, Any]:

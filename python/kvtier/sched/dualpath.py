@@ -336,7 +336,6 @@ class DualPath(Policy):
         scheduler: str = "dualpath",
         short_read_queue_s: float = SHORT_READ_QUEUE_S,
         unfinished_limit_s: float = UNFINISHED_LIMIT_S,
-        traffic_isolation: bool = True,
     ) -> None:
         if not compute_quota_s > 0:
             raise ConfigError(f"dualpath compute_quota_s is {compute_quota_s}; expected > 0")
@@ -352,7 +351,6 @@ class DualPath(Policy):
         self.scheduler = scheduler
         self.short_read_queue_s = short_read_queue_s
         self.unfinished_limit_s = unfinished_limit_s
-        self.traffic_isolation = traffic_isolation  # §5.1: KV in the low-priority lane
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         """One engine's forward batch: every decode, then prefill packed under the compute quota."""
@@ -406,7 +404,6 @@ class DualPath(Policy):
             "scheduler": self.scheduler,
             "short_read_queue_s": self.short_read_queue_s,
             "unfinished_limit_s": self.unfinished_limit_s,
-            "traffic_isolation": self.traffic_isolation,
         }
 
 

@@ -35,8 +35,8 @@ swap-outs whose copy is still in flight (already rotated out; counting them as u
 twice for one need).
 
 DuplexKV (§4.3) is the engine's swap path (:class:`~kvtier.sched.swap_copy.SwapCopy`): data-plane
-config (the sim config's ``swap: {engine: ...}``; RotaSched's ``swap_engine``, used where the config
-names none, is ``duplexkv``), among Table 1's ladder (:data:`~kvtier.sched.swap_copy.SWAP_ENGINES`): Naive (vLLM's copies: one per 64 KB
+config (the sim config's ``swap: {engine: ...}``; where it names none, ``duplexkv``, the engine
+RotaSched was evaluated on: :mod:`kvtier.sched.data_plane`), among Table 1's ladder (:data:`~kvtier.sched.swap_copy.SWAP_ENGINES`): Naive (vLLM's copies: one per 64 KB
 layer segment), MS (block-first layout: one copy per 4 MB block), MS+MK (one batched launch per
 direction), DuplexKV (MS+MK with eager block rotation, so full duplex). All four run in the
 cross-iteration pipeline (Fig. 15: an iteration's swaps overlap its compute; the next iteration
@@ -251,7 +251,6 @@ class RotaSched(Policy):
 
     name = "rotasched"
     offload = "none"  # the host tier holds rotary requests' KV only
-    swap_engine = "duplexkv"
 
     def __init__(
         self,

@@ -24,23 +24,19 @@ holds its device blocks from interception on, as in the paper) but gives each a 
 class than those queued before it; kvtier's links serve the most urgent class only, so the head of
 the queue has every stage to itself and the rest wait: serial FIFO fetching.
 
-**Data plane (§4.2, §6.3).** A fetch crosses network -> lossless decompression (Deflate, on the
-BlueField-3 accelerator) -> dequantization (Arm cores) -> DMA into GPU memory, chunk by chunk (256
-tokens, §5), so the four stages overlap and the slowest sets the rate. The engine models a
-compressed fetch as concurrent stages: the store link carries ``raw / compression_ratio`` bytes, a
-decoder stage runs at ``decode_bytes_per_s`` (raw bytes), and the host link carries raw bytes
-(``decode_on_device=False``: the SmartNIC DMAs decoded KV over PCIe). :class:`ChunkedPipeline`
-gives the decoder stage the SmartNIC's throughput: the slowest of its four stages *while they run
-together* (Fig. 13b), in raw KV bytes. That is the network stage, which the SoC's memory system
-holds to 20.6 Gbps (§6.3): so above ~20 Gbps of link bandwidth ShadowServe stops getting faster
-(§6.2.2, Fig. 11b).
+**Data plane (§4.2-§4.3, §6.3).** An intercepted fetch is a compressed load (``compressed=True``):
+the engine moves it through its fetch path, data-plane config (the sim config's ``fetch`` section,
+:class:`~kvtier.sched.fetch_path.FetchPath`): ShadowServe's BlueField-3 chunked pipeline
+(``engine: bluefield3``, the default for this policy) or CacheGen-Async's GPU decoder
+(``engine: cachegen_gpu``, :mod:`kvtier.sched.cachegen_async`). The policy reads the path from its
+view only to tell the engine how much the fetch slows the model (``interference``).
 
 **Bounded buffers and rounds (§4.3).** ShadowServe stages a request through fixed 0.5 GiB buffers
 in rounds of chunks and scatters each round into paged KV with one small GPU kernel. The buffers sit
 outside the KV pool and the per-round pipeline fill (a few ms against ~0.1-1 s fetches) is not
 modelled; what bounds fetching here is the serial FIFO queue and the device blocks each intercepted
-request holds. The scatter kernel's interference is ``interference`` (default 0: "this memory copy
-kernel causes negligible overhead", §4.3).
+request holds. The scatter kernel's slowdown is the fetch path's ``interference`` (0 on the
+BlueField-3: "this memory copy kernel causes negligible overhead", §4.3).
 
 ``fetch_mode="sync"`` is the paper's "No AF" ablation (§6.4): the same data plane, but the fetch
 blocks the step (``LoadMode.SYNC``), so running decodes wait for it.
@@ -48,7 +44,6 @@ blocks the step (``LoadMode.SYNC``), so running decodes wait for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvtier.errors import ConfigError
@@ -64,88 +59,15 @@ from kvtier.sched.base import (
 from kvtier.sched.batching import blocks_for, reusable_tokens, schedule_running
 from kvtier.tiers import Tier
 
-GBPS = 1e9 / 8  # bytes per second in one Gbit/s
-
 FETCH_MODES = ("async", "sync")
-
-
-@dataclass(frozen=True)
-class ChunkedPipeline:
-    """ShadowServe's SmartNIC data plane: four pipelined stages, each with its measured throughput
-    while all run together (§6.3, Fig. 13b), and the compression the stored KV went through.
-
-    Throughputs are bytes per second of each stage's *output* unless named otherwise. The pipeline's
-    rate is its slowest stage's, expressed in raw (decoded) KV bytes so that stages with different
-    input and output sizes compare.
-    """
-
-    # Network (XLIO TCP on 2 Arm cores): 37.3 Gbps standalone, 20.6 Gbps with the other stages
-    # running (§6.3, Fig. 13b: inter-stage memory contention on the SoC). Compressed bytes.
-    network_bytes_per_s: float = 20.6 * GBPS
-    # Deflate on the BlueField-3 accelerator: ~280 Gbps output standalone (§6.3; 276.5 in Table 1),
-    # 27% less in the pipeline (§6.3). Output is quantized bytes.
-    decompress_out_bytes_per_s: float = 280.0 * (1 - 0.27) * GBPS
-    # Dequantization on 14 Arm cores with Neon: 83.5 Gbps in, 167 Gbps out, unchanged in the
-    # pipeline (§6.3). Output is raw KV.
-    dequantize_out_bytes_per_s: float = 167.0 * GBPS
-    # DMA engine into GPU memory: 230 Gbps standalone, 24% less in the pipeline (§6.3). Raw KV.
-    copy_bytes_per_s: float = 230.0 * (1 - 0.24) * GBPS
-    # Vector-wise quantization "exactly halves the original data size" (§4.3).
-    quantization_ratio: float = 2.0
-    # Deflate on the quantized KV: §6.3 picks "a chunk size of 6 MB (256 tokens)" at the network
-    # stage, i.e. 6 MiB on the wire for 256 Llama-8B tokens that are 32 MiB raw (128 KiB/token in
-    # bf16): 32/6 overall, so Deflate adds 32/6/2 = 2.67x. (That the 6 MB is the compressed chunk is
-    # our reading: it is the network stage's input chunk that Fig. 13a sweeps.)
-    deflate_ratio: float = 32.0 / 6.0 / 2.0
-
-    def __post_init__(self) -> None:
-        for name in (
-            "network_bytes_per_s",
-            "decompress_out_bytes_per_s",
-            "dequantize_out_bytes_per_s",
-            "copy_bytes_per_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"chunked pipeline `{name}` is {getattr(self, name)}; expected > 0")
-        if self.quantization_ratio < 1 or self.deflate_ratio < 1:
-            raise ConfigError("chunked pipeline compression ratios must be >= 1")
-
-    @property
-    def compression_ratio(self) -> float:
-        """Raw KV bytes per byte on the wire."""
-        return self.quantization_ratio * self.deflate_ratio
-
-    def stage_raw_bytes_per_s(self) -> dict[str, float]:
-        """Each stage's throughput in raw KV bytes per second."""
-        return {
-            "network": self.network_bytes_per_s * self.compression_ratio,
-            "decompress": self.decompress_out_bytes_per_s * self.quantization_ratio,
-            "dequantize": self.dequantize_out_bytes_per_s,
-            "copy": self.copy_bytes_per_s,
-        }
-
-    def raw_bytes_per_s(self) -> float:
-        """The pipeline's rate (its slowest stage), in raw KV bytes per second."""
-        return min(self.stage_raw_bytes_per_s().values())
-
-    def bottleneck(self) -> str:
-        stages = self.stage_raw_bytes_per_s()
-        return min(stages, key=stages.__getitem__)
-
-
-BLUEFIELD3 = ChunkedPipeline()
 
 
 class BatchInterception(Policy):
     """Asynchronous fetching with batch interception (§4.1), shared by ShadowServe and the
-    CacheGen-Async baseline (which the paper equips with this same design, §6.1). Subclasses say
-    how a fetch moves its bytes: ``compression_ratio``, ``decode_bytes_per_s``, where decoding runs
-    (``decode_on_device``) and how much it slows the model (:meth:`fetch_interference`)."""
+    CacheGen-Async baseline (which the paper equips with this same design, §6.1). How a fetch
+    moves its bytes is the engine's fetch path (data-plane config), not the policy's."""
 
     offload: str = "none"  # §6.1: local prefix caching disabled; KV comes from the store
-    decode_on_device: bool = False
-    compression_ratio: float
-    decode_bytes_per_s: float
 
     def __init__(self, fetch_mode: str = "async", serial_fetch: bool = True) -> None:
         if fetch_mode not in FETCH_MODES:
@@ -222,8 +144,13 @@ class BatchInterception(Policy):
         return max(self._fetch_class.values(), default=0) + 1
 
     def fetch_interference(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
-        """How much a fetch of ``tokens`` slows the model's compute while it runs."""
-        raise NotImplementedError
+        """How much a fetch of ``tokens`` slows the model's compute while it runs, by the engine's
+        fetch path (the decoder's duty cycle over the fetch, where the path scales by it)."""
+        return view.fetch.fetch_interference(
+            view.kv_bytes_per_token,
+            tokens,
+            lambda: view.cost.load_s(tokens, store_tier(r), LoadMode.ASYNC, None),
+        )
 
     def fetch_order(
         self, view: SchedulerView, r: RequestView, tokens: int, mode: LoadMode, priority: int
@@ -235,9 +162,7 @@ class BatchInterception(Policy):
             priority=priority,
             target=Tier.DEVICE,
             interference=self.fetch_interference(view, r, tokens),
-            compression_ratio=self.compression_ratio,
-            decode_bytes_per_s=self.decode_bytes_per_s,
-            decode_on_device=self.decode_on_device,
+            compressed=True,
         )
 
     def params(self) -> dict[str, Any]:
@@ -257,13 +182,7 @@ class ShadowServeAsync(BatchInterception):
     name = "shadowserve_async"
 
     def __init__(
-        self,
-        fetch_mode: str = "async",
-        serial_fetch: bool = True,
-        compression_ratio: float | None = None,
-        decode_bytes_per_s: float | None = None,
-        interference: float = 0.0,
-        store_writes: bool = False,
+        self, fetch_mode: str = "async", serial_fetch: bool = True, store_writes: bool = False
     ) -> None:
         super().__init__(fetch_mode, serial_fetch)
         # §6.1 runs against a store that other servers filled (a preloaded tier here). In a run
@@ -272,28 +191,6 @@ class ShadowServeAsync(BatchInterception):
         self.store_writes = store_writes
         if store_writes:
             self.offload = "write_through"
-        self.compression_ratio = (
-            BLUEFIELD3.compression_ratio if compression_ratio is None else compression_ratio
-        )
-        self.decode_bytes_per_s = (
-            BLUEFIELD3.raw_bytes_per_s() if decode_bytes_per_s is None else decode_bytes_per_s
-        )
-        if self.compression_ratio < 1 or not self.decode_bytes_per_s > 0 or interference < 0:
-            raise ConfigError(
-                f"shadowserve_async: compression_ratio {self.compression_ratio} (>= 1), decode_bytes_per_s "
-                f"{self.decode_bytes_per_s} (> 0), interference {interference} (>= 0)"
-            )
-        self.interference = interference
-
-    def fetch_interference(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
-        # SmartNIC decodes; raw KV crosses PCIe by DMA; the GPU only runs the per-round scatter.
-        return self.interference
 
     def params(self) -> dict[str, Any]:
-        return {
-            **super().params(),
-            "compression_ratio": self.compression_ratio,
-            "decode_bytes_per_s": self.decode_bytes_per_s,
-            "interference": self.interference,
-            "store_writes": self.store_writes,
-        }
+        return {**super().params(), "store_writes": self.store_writes}

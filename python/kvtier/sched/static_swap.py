@@ -12,7 +12,8 @@ Both preempt by swapping KV to host (never by recompute) and differ in who gets 
 
 Both keep the running batch's claims (unfinished prompts, a decode's next block) out of the blocks
 they hand out, like RotaSched. How swaps move KV is the engine's (data-plane config: the sim
-config's ``swap: {engine: ...}``); §3.1 ran on vLLM's own swap path, these policies' ``swap_engine``.
+config's ``swap: {engine: ...}``); §3.1 ran on vLLM's own swap path, ``vllm``, what a config naming
+none gets (:mod:`kvtier.sched.data_plane`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from kvtier.sched.rotasched import (
 
 class _StaticSwap(Policy):
     offload = "none"
-    swap_engine = "vllm"
 
     def _released(self, view: SchedulerView, r: RequestView) -> int:
         # Static policies keep no history: under eager rotation, count the blocks full now less the

@@ -3,8 +3,8 @@ step 4).
 
 :class:`SwapCopy` describes the copy path (SuperInfer §4.3, Table 1); :data:`SWAP_ENGINES` names the
 paths the reproductions use. The simulator's config chooses one (``swap: {engine: duplexkv}``,
-:func:`swap_copy`); a policy only names the one it was evaluated on (``Policy.swap_engine``, used
-where the config names none) and reads the engine's path from its view
+:func:`swap_copy`); where it names none, the one the policy's paper ran on
+(:mod:`kvtier.sched.data_plane`). A policy reads the engine's path from its view
 (``SchedulerView.swap_copy``), e.g. to count the blocks a swap-out frees this very step.
 """
 
@@ -83,7 +83,7 @@ def swap_engine(name: str) -> SwapCopy:
 
 def swap_copy(section: Mapping[str, Any] | None, default: str) -> SwapCopy:
     """The sim config's ``swap`` section as a :class:`SwapCopy`: ``{engine: NAME}``; ``None`` or no
-    ``engine``: the engine named ``default`` (the policy's ``swap_engine``)."""
+    ``engine``: the engine named ``default`` (:func:`kvtier.sched.data_plane.default_engine`)."""
     if section is None:
         return swap_engine(default)
     if not isinstance(section, Mapping):

@@ -16,6 +16,12 @@ ssd_capacity_bytes: 0
 remote_capacity_bytes: 0    # a Redis-like store behind the storage NIC; inf = unbounded
 workload: {name: mooncake}
 slo: {ttft_s: 5.0, tpot_s: 0.1}
+# The data plane (mechanism, not policy; docs/simulator.md): each section optional, an `engine` left
+# out is the one the policy's paper ran on (kvtier.sched.data_plane).
+swap: {engine: plain}       # how swaps cross the host link (kvtier.sched.swap_copy)
+fetch: {engine: plain}      # how compressed fetches reach the device (kvtier.sched.fetch_path)
+pool: {layout: serial}      # host-memory modules and SSDs as devices (kvtier.sim.pool)
+network: {traffic_isolation: true}  # the NICs' lanes (DualPath §5.1)
 ```
 """
 
@@ -32,6 +38,7 @@ from typing import Any
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
+from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.placement import ROUTERS
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.tiers import Tier
@@ -73,8 +80,15 @@ class SimConfig:
     pool: Mapping[str, Any] | None = None
     device_prefix_cache: bool = True  # False: finished requests' KV leaves the GPU (vLLM without APC)
     # How swaps cross the host link (kvtier.sched.swap_copy): {engine: plain|vllm|naive|ms|ms_mk|
-    # duplexkv}. None: the engine the policy was evaluated on (its swap_engine).
+    # duplexkv}. None or no engine: the one the policy was evaluated on (kvtier.sched.data_plane).
     swap: Mapping[str, Any] | None = None
+    # How compressed fetches reach the device (kvtier.sched.fetch_path): {engine: plain|bluefield3|
+    # cachegen_gpu, compression_ratio, decode_bytes_per_s | decode_input_bytes_per_s,
+    # decode_on_device, interference, duty_cycle}. None or no engine: the policy's, likewise.
+    fetch: Mapping[str, Any] | None = None
+    # The compute NICs (DualPath §5.1): {traffic_isolation: true}, KV transfers in the low-priority
+    # lane behind the model's collectives (the default); false: one lane shared. None: the defaults.
+    network: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -123,6 +137,8 @@ class SimConfig:
 
             PoolSpec.from_mapping(self.pool)  # validates the section
         swap_copy(self.swap, "plain")  # validates the section
+        fetch_path(self.fetch, "plain")  # validates the section
+        network_isolation(self.network)  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
                 f"`device_prefix_cache` is {self.device_prefix_cache!r}; expected true or false"
@@ -139,6 +155,11 @@ class SimConfig:
         if size < 0:
             raise ConfigError(f"`{name}` is {value!r}; expected a size >= 0")
         return size
+
+    @property
+    def traffic_isolation(self) -> bool:
+        """The ``network`` section's ``traffic_isolation`` (default true)."""
+        return network_isolation(self.network)
 
     @property
     def disaggregated(self) -> bool:
@@ -175,11 +196,14 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     section where the section is present and leaves them out (the run is unchanged). ``composed``
     in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
     pool's layout the same way. A policy's ``transfer`` (RotaSched, the static swap policies, and
-    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise."""
+    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise, and
+    ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
     swap = config.swap
+    fetch = _fetch_keys(name, spec, config.fetch)
+    network = _network_keys(name, spec, config.network)
     transfer = spec.pop("transfer", None)
     rota = spec.get("rotasched")
     if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
@@ -204,11 +228,75 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    if name == spec["name"] and not implied and transfer is None:
+    unchanged = fetch is config.fetch and network is config.network
+    if name == spec["name"] and not implied and transfer is None and unchanged:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
-    return config.with_overrides(policy={**spec, "name": name}, pool=pool, swap=swap)
+    return config.with_overrides(
+        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network
+    )
+
+
+# Policy parameters that described the fetch data plane (deprecated): now the `fetch` section's keys.
+_FETCH_POLICIES = ("shadowserve_async", "cachegen_async")
+_FETCH_PARAMS = (
+    "compression_ratio",
+    "decode_bytes_per_s",
+    "decode_input_bytes_per_s",
+    "interference",
+    "duty_cycle",
+)
+
+
+def network_isolation(network: Mapping[str, Any] | None) -> bool:
+    """The sim config's ``network`` section's ``traffic_isolation``: true where it is left out."""
+    if network is None:
+        return True
+    if not isinstance(network, Mapping):
+        raise ConfigError(
+            f"sim `network` is {network!r}; expected a mapping such as {{traffic_isolation: true}}"
+        )
+    unknown = sorted(set(network) - {"traffic_isolation"})
+    if unknown:
+        raise ConfigError(f"unknown network key(s) {unknown}; expected some of ['traffic_isolation']")
+    value = network.get("traffic_isolation", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"network `traffic_isolation` is {value!r}; expected true or false")
+    return value
+
+
+def _network_keys(
+    name: str, spec: dict[str, Any], network: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """Moves DualPath's deprecated ``traffic_isolation`` parameter out of ``spec`` into the
+    ``network`` section (where the section does not set it already), with a DeprecationWarning."""
+    if not name.startswith("dualpath") or "traffic_isolation" not in spec:
+        return network
+    value = spec.pop("traffic_isolation")
+    warnings.warn(
+        f"policy {name!r} parameter `traffic_isolation` is deprecated: use network.traffic_isolation: "
+        f"{value!r} (the NICs' lanes are deployment config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"traffic_isolation": value, **(network or {})}
+
+
+def _fetch_keys(name: str, spec: dict[str, Any], fetch: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Moves a fetch policy's deprecated data-plane parameters out of ``spec`` into the ``fetch``
+    section (where the section does not set them already), with a DeprecationWarning naming the keys."""
+    moved = {k: spec.pop(k) for k in _FETCH_PARAMS if name in _FETCH_POLICIES and k in spec}
+    if not moved:
+        return fetch
+    keys = ", ".join(f"fetch.{k}: {v!r}" for k, v in moved.items())
+    warnings.warn(
+        f"policy {name!r} parameters {sorted(moved)} are deprecated: use {keys} (the fetch path is "
+        "data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {**moved, **(fetch or {})}
 
 
 def experiments_dir() -> Path:

@@ -24,7 +24,8 @@ the ones every cluster uses. What is left here is the mechanism of the two engin
   a request whose KV lands mid-run joins at the next event. On finishing, the request's new KV
   (append + generated tokens) is written to storage.
 - **Traffic isolation** (§5.1): the EP all-to-all runs in priority class 0, KV transfers in class 1
-  (the bandwidth the collectives leave). Policy ``traffic_isolation: false`` puts KV in class 0.
+  (the bandwidth the collectives leave). The sim config's ``network: {traffic_isolation: false}``
+  (deployment config, not the policy's) puts KV in class 0.
 
 Requests: an agent's turn has its previous turn's whole blocks in storage (DualPath App. A.4:
 hits only within a trajectory, no eviction); the rest is computed. TTFT is the PE's first token,
@@ -41,7 +42,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from kvtier.errors import SimError
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
@@ -53,7 +53,7 @@ from kvtier.sim.cost import STEP_OVERHEAD_S
 from kvtier.sim.ep_cost import EpCost, PrefillEstimates
 from kvtier.sim.gpu_engine import GpuEngine, GroupRequest, ViewShape
 from kvtier.sim.hardware import load_hardware
-from kvtier.sim.metrics import Metrics, RequestRecord
+from kvtier.sim.metrics import Metrics, RequestRecord, SimMetrics
 from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
@@ -83,6 +83,7 @@ class DualPathCluster:
         self.config = config
         self.policy = policy
         self.zero_io = bool(getattr(policy, "zero_io", False))
+        self.kv_priority = KV_PRIORITY if config.traffic_isolation else MODEL_PRIORITY  # §5.1
         self.hw = load_hardware(config.hardware)
         self.model = load_model(config.model)
         self.cost = EpCost(self.hw, self.model)
@@ -293,7 +294,7 @@ class DualPathCluster:
         """The transfers a PE group step waits for: layer-block KV streams and the EP all-to-all."""
         io: list[tuple[Link, int, Direction, int, int, str]] = []
         layer_block = max(1, self._bytes(self.block_tokens) // self.model.num_layers)
-        kv_priority = KV_PRIORITY if self.policy.traffic_isolation else MODEL_PRIORITY
+        kv_priority = self.kv_priority
         by_id = self.by_id
         other_nodes = len(self.pe_groups) - 1
         for pe, chunks in plans:
@@ -361,7 +362,7 @@ class DualPathCluster:
         if self.zero_io:
             arrived()
             return
-        kv_priority = KV_PRIORITY if self.policy.traffic_isolation else MODEL_PRIORITY
+        kv_priority = self.kv_priority
         sent = r.prompt_tokens if r.side == "pe" else r.prompt_tokens - r.hit_tokens
         legs = [
             (pe.cnic, self._bytes(sent), Direction.OUT),
@@ -443,7 +444,7 @@ class DualPathCluster:
     def unfinished_requests(self) -> int:
         return len(self.requests) + self.scheduler.pending()
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SimMetrics:
         span = max(self.loop.now_s, 1e-12)
         snics: dict[str, dict[str, float]] = {}
         for link in self.topology.storage_nics():

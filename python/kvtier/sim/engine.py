@@ -26,6 +26,7 @@ from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, SchedulerView
 from kvtier.sched.executor import execute
+from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
@@ -59,6 +60,7 @@ class EngineConfig:
     # LMCache's benchmarks), so every later hit is served from the lower tiers.
     device_prefix_cache: bool = True
     swap_copy: SwapCopy = PLAIN_SWAP  # how swaps cross the host link (the sim config's `swap` section)
+    fetch: FetchPath = PLAIN_FETCH  # how compressed loads reach the device (the sim config's `fetch` section)
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -118,6 +120,7 @@ class Engine:
             config.block_tokens,
             cost.kv_bytes_per_token,
             cost.num_layers,
+            config.fetch,
         )
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
         self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)

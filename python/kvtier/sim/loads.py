@@ -10,7 +10,7 @@ remote blocks up into host memory only. Loaded blocks land in the prefix index, 
 request, unless it was preempted meanwhile (its ``epoch`` moved on): they are then cached, unlocked.
 
 Blocks below host cross two or more stages — the SSD or remote link, the decoder of a compressed
-fetch, the host link — modelled as a pipeline (Unified KV pooling §IV, ShadowServe §4.2): every
+fetch (the engine's fetch path, data-plane config: ``EngineConfig.fetch``), the host link — modelled as a pipeline (Unified KV pooling §IV, ShadowServe §4.2): every
 stage runs concurrently on its own resource, so the slowest sets the time, and concurrent fetches
 share each stage. With a device pool (:mod:`kvtier.sim.pool`) every block read from host memory or
 staged through it also crosses the pool device holding the host tier (``host_store_link``).
@@ -24,6 +24,7 @@ from typing import Protocol
 
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
+from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.owner import SeamOwner
@@ -44,6 +45,7 @@ class LoadPaths:
         block_tokens: int,
         kv_bytes_per_token: int,
         num_layers: int,
+        fetch: FetchPath = PLAIN_FETCH,
     ) -> None:
         self._loop = loop
         self._name = name
@@ -56,6 +58,7 @@ class LoadPaths:
         self._block_bytes = block_tokens * kv_bytes_per_token
         self.interference: list[float] = []  # compute slowdowns of the loads running now
         self._decoders: dict[float, Link] = {}
+        self._fetch = fetch  # the path of compressed loads (the sim config's `fetch` section)
 
     def start(self, load: LoadOrder, blocks: list[tuple[int, Tier]], done: Callable[[], None]) -> None:
         """Moves ``blocks`` to the device (or host, for a prefetch), each from its tier; ``done``
@@ -66,19 +69,22 @@ class LoadPaths:
         segment = self.segment_bytes(load)
         to_device = load.target is Tier.DEVICE
         bb = self._block_bytes
+        fetch = self._fetch if load.compressed else PLAIN_FETCH
+        ratio = fetch.compression_ratio
+        decoder = fetch.decoder_bytes_per_s()
         legs: list[tuple[Link | StripedLink, int, int]] = []
         for tier, count in by_tier.items():
             raw = count * bb
-            packed = max(1, int(raw / load.compression_ratio))
+            packed = max(1, int(raw / ratio))
             if tier in (Tier.SSD, Tier.REMOTE) and tier in self._tiers:
                 legs.append((self._tiers.link(tier), packed, bb))
-                if load.decode_bytes_per_s is not None:
-                    legs.append((self._decoder(load.decode_bytes_per_s), raw, bb))
+                if decoder is not None:
+                    legs.append((self._decoder(decoder), raw, bb))
             if to_device:
-                host_bytes = packed if load.decode_on_device else raw
+                host_bytes = packed if fetch.decode_on_device else raw
                 legs.append((self._host_link, host_bytes, segment))
         if self._host_store_link is not None and blocks:  # read from, or staged through, host memory
-            staged = max(1, int(len(blocks) * bb / load.compression_ratio))
+            staged = max(1, int(len(blocks) * bb / ratio))
             legs.append((self._host_store_link, staged, bb))
         if not legs:
             self._loop.after(0.0, EventKind.TRANSFER_DONE, done)

@@ -9,9 +9,69 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from kvtier.tiers import PerTier, Tier
+
+
+class Summary(TypedDict):
+    """One latency's :meth:`LogHistogram.summary`, in seconds (NaN where nothing was counted)."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+
+
+class SloFigures(TypedDict):
+    """The SLOs a run was judged against (None: not set, always met) and the shares that met them."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+    ttft_attainment: float
+    tpot_attainment: float
+    attainment: float
+    #: Share of token gaps (not requests) within the TBT SLO: an alternative reading.
+    tbt_gap_attainment: float
+
+
+class SimMetrics(TypedDict):
+    """:meth:`Metrics.result`: what a simulated run measured (JSON-ready)."""
+
+    requests: int
+    makespan_s: float
+    ttft_s: Summary
+    tpot_s: Summary
+    tbt_s: Summary
+    jct_s: Summary
+    throughput_requests_per_s: float
+    throughput_output_tokens_per_s: float
+    throughput_total_tokens_per_s: float
+    slo: SloFigures
+    #: Share of prompt tokens found in each tier (by label), and in all of them (``total``).
+    hit_rate_tokens: dict[str, float]
+    #: Prefix blocks found in any tier when each request was first admitted, over all blocks.
+    hit_rate_blocks: float
+    prompt_tokens: int
+    output_tokens: int
+    blocked_io_s: float
+    fetch_stall_s: float
+    blocked_io_fraction_of_busy: float
+    steps: int
+    preemptions: int
+    #: Per link (by name): its utilisation and bytes moved in each direction.
+    links: dict[str, dict[str, float]]
+    # With ``ttft_window_s``: time to second token, steady-state TTFT, and TTFT per window
+    # (``[window start s, mean TTFT s, requests]``).
+    ttst_s: NotRequired[Summary]
+    ttft_steady_s: NotRequired[Summary]
+    ttft_windows: NotRequired[list[list[float]]]
+    # DualPath's node groups (:mod:`kvtier.sim.dualpath`): storage-NIC read balance, bytes
+    # persisted, and the prefill engines' busy share.
+    storage_nic_read_max_over_mean: NotRequired[float]
+    bytes_written: NotRequired[float]
+    pe_busy_fraction: NotRequired[float]
 
 
 class LogHistogram:
@@ -71,7 +131,7 @@ class LogHistogram:
                 return min(max(mid, self.min), self.max)
         return self.max
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> Summary:
         return {
             "mean": self.mean(),
             "p50": self.quantile(0.5),
@@ -185,7 +245,7 @@ class Metrics:
         slo = self.slo_tpot_s
         self.slo_tbt_gaps_met += len(gaps_s) if slo is None else sum(1 for g in gaps_s if g <= slo)
 
-    def result(self, links: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    def result(self, links: dict[str, dict[str, float]] | None = None) -> SimMetrics:
         out = self._result(links)
         if self.ttft_window_s is not None:
             out["ttst_s"] = self.ttst_s.summary()
@@ -196,7 +256,7 @@ class Metrics:
             ]
         return out
 
-    def _result(self, links: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    def _result(self, links: dict[str, dict[str, float]] | None) -> SimMetrics:
         makespan = max(self.last_finish_s - min(self.first_arrival_s, self.last_finish_s), 1e-12)
         n = max(self.requests, 1)
         hits = {tier.label: self.hit_tokens[tier] / max(self.prompt_tokens, 1) for tier in Tier}
@@ -217,11 +277,9 @@ class Metrics:
                 "ttft_attainment": self.slo_ttft_met / n,
                 "tpot_attainment": self.slo_tpot_met / n,
                 "attainment": self.slo_both_met / n,
-                # Share of token gaps (not requests) within the TBT SLO: an alternative reading.
                 "tbt_gap_attainment": self.slo_tbt_gaps_met / max(self.tbt_gaps, 1),
             },
             "hit_rate_tokens": hits,
-            # Prefix blocks found in any tier when each request was first admitted, over all blocks.
             "hit_rate_blocks": self.matched_blocks / max(self.prompt_blocks, 1),
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,

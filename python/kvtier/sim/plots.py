@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvtier.sim.run import RateRun
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -16,7 +18,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def latency_vs_rate(series: Mapping[str, Sequence[dict[str, Any]]], path: Path) -> Path:
+def latency_vs_rate(series: Mapping[str, Sequence[RateRun]], path: Path) -> Path:
     """TTFT (p50, p99) and TPOT (p50) against request rate, one line per series (policy)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -38,7 +40,7 @@ def latency_vs_rate(series: Mapping[str, Sequence[dict[str, Any]]], path: Path) 
     return path
 
 
-def throughput_vs_ttft(series: Mapping[str, Sequence[dict[str, Any]]], path: Path) -> Path:
+def throughput_vs_ttft(series: Mapping[str, Sequence[RateRun]], path: Path) -> Path:
     """Throughput (total tokens/s) against mean TTFT: the Strata-style trade-off curve."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))

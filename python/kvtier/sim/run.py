@@ -11,13 +11,15 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
+from kvtier.sched.data_plane import default_engine
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
+from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.sim.cluster import Cluster
@@ -27,7 +29,7 @@ from kvtier.sim.cost import CostModel, make_cost_model
 from kvtier.sim.dualpath import DualPathCluster
 from kvtier.sim.engine import Engine, EngineConfig
 from kvtier.sim.hardware import HardwareProfile, load_hardware
-from kvtier.sim.metrics import Metrics
+from kvtier.sim.metrics import Metrics, SimMetrics
 from kvtier.sim.models import ModelProfile, load_model
 from kvtier.sim.pool import PoolSpec, build_pool
 from kvtier.sim.request import Request
@@ -37,6 +39,47 @@ from kvtier.tiers import Tier
 
 # Bytes of HBM kept for activations and the CUDA context beyond the weights (vLLM-like).
 ACTIVATION_RESERVE_BYTES = 4 * 2**30
+
+
+class ClusterShape(TypedDict):
+    """:func:`cluster_shape`: the cluster a run replayed on."""
+
+    engines: int
+    prefill_engines: int
+    decode_engines: int
+    router: str
+    requests_per_engine: list[int] | None
+
+
+class SimResult(SimMetrics):
+    """:func:`run`: the run's metrics and the run itself (``kvtier sim run --json``)."""
+
+    config: str
+    policy: dict[str, object]  # the config's policy section, as written
+    hardware: str
+    model: str
+    events: int
+    sim_time_s: float
+    wall_s: float
+    cpu_s: float
+    unfinished_requests: int
+    cluster: ClusterShape
+    peak_rss_bytes: int
+
+
+class RateRun(SimResult):
+    """One run of a :func:`sweep`: its results at the workload rate it ran."""
+
+    rate_per_s: float
+
+
+class SweepResult(TypedDict):
+    """``kvtier sim sweep``: each policy's runs, one per rate, and the plots drawn of them."""
+
+    config: str
+    rates_per_s: list[float]
+    series: dict[str, list[RateRun]]
+    plots: list[str]
 
 
 class SimCluster(Protocol):
@@ -56,9 +99,9 @@ class Simulation:
     links: dict[str, Link]
     hardware: HardwareProfile
     model: ModelProfile
-    report: Callable[[], dict[str, Any]] | None = None  # the cluster's own results, where it has them
+    report: Callable[[], SimMetrics] | None = None  # the cluster's own results, where it has them
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SimMetrics:
         """Metrics and link statistics (the run-level fields are :func:`run`'s)."""
         if self.report is not None:
             return self.report()
@@ -146,6 +189,9 @@ def build(config: SimConfig) -> Simulation:
         max_running=config.max_running,
         preload_tier=Tier.parse(config.preload_tier) if config.preload_tier is not None else None,
         device_prefix_cache=config.device_prefix_cache,
+        # The data plane: the config's sections, else what the policy was evaluated on.
+        swap_copy=swap_copy(config.swap, default_engine(config.policy, "swap")),
+        fetch=fetch_path(config.fetch, default_engine(config.policy, "fetch")),
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
@@ -167,14 +213,12 @@ def build(config: SimConfig) -> Simulation:
     def engine(name: str) -> Engine:
         link = Link.of(loop, f"{name}.host", hw.host_link, config.tp)
         links[link.name] = link
-        policy = make_policy(policy_name, **policy_spec)
-        copy = swap_copy(config.swap, policy.swap_engine)  # the config's, else the policy's own
         return Engine(
             loop,
             name,
-            dataclasses.replace(engine_config, swap_copy=copy),
+            engine_config,
             cost,
-            policy,
+            make_policy(policy_name, **policy_spec),
             metrics,
             link,
             ssd_link,
@@ -226,7 +270,7 @@ def run(
     show_progress: bool = False,
     expected_requests: int | None = None,
     progress_label: str = "sim",
-) -> dict[str, Any]:
+) -> SimResult:
     """Runs ``config`` to completion (or ``max_sim_s``) and returns its results, with the cluster it
     ran on (``cluster``: engines, router, requests placed per engine) and this process's peak RSS so
     far (``peak_rss_bytes``: the run's own peak when it is the process's only run, as in
@@ -240,26 +284,23 @@ def run(
         requests = _counting(requests, expected_requests, progress_label)
     sim.cluster.feed(requests)
     sim.loop.run(until_s=config.max_sim_s)
-    result = sim.result()
-    result.update(
-        {
-            "config": config.name,
-            "policy": dict(config.policy),
-            "hardware": sim.hardware.name,
-            "model": sim.model.name,
-            "events": sim.loop.events_run,
-            "sim_time_s": sim.loop.now_s,
-            "wall_s": time.perf_counter() - wall_start,
-            "cpu_s": time.process_time() - cpu_start,
-            "unfinished_requests": sim.cluster.unfinished_requests(),
-            "cluster": cluster_shape(sim),
-            "peak_rss_bytes": peak_rss_bytes(),
-        }
-    )
-    return result
+    return {
+        **sim.result(),
+        "config": config.name,
+        "policy": dict(config.policy),
+        "hardware": sim.hardware.name,
+        "model": sim.model.name,
+        "events": sim.loop.events_run,
+        "sim_time_s": sim.loop.now_s,
+        "wall_s": time.perf_counter() - wall_start,
+        "cpu_s": time.process_time() - cpu_start,
+        "unfinished_requests": sim.cluster.unfinished_requests(),
+        "cluster": cluster_shape(sim),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
 
 
-def cluster_shape(sim: Simulation) -> dict[str, Any]:
+def cluster_shape(sim: Simulation) -> ClusterShape:
     """The cluster a run replayed on, as configured (nothing is chosen for it): colocated
     ``engines`` or P/D groups, the global scheduler, and how many requests it placed on each
     (prefill or colocated) engine of a :class:`Cluster` (None for node groups)."""
@@ -299,16 +340,12 @@ def _link_stats(sim: Simulation) -> dict[str, dict[str, float]]:
     return out
 
 
-def sweep(
-    config: SimConfig, rates_per_s: Sequence[float], show_progress: bool = False
-) -> list[dict[str, Any]]:
+def sweep(config: SimConfig, rates_per_s: Sequence[float], show_progress: bool = False) -> list[RateRun]:
     """Runs ``config`` once per request rate (the workload's ``rate_per_s``)."""
-    results = []
+    results: list[RateRun] = []
     for rate in progress(rates_per_s, len(rates_per_s), "sweep", enabled=show_progress):
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"sweep rate {rate!r}; expected positive request rates")
         workload_spec = {**config.workload, "rate_per_s": rate}
-        result = run(config.with_overrides(workload=workload_spec))
-        result["rate_per_s"] = rate
-        results.append(result)
+        results.append({**run(config.with_overrides(workload=workload_spec)), "rate_per_s": rate})
     return results

@@ -36,6 +36,7 @@ from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import BatchShape, CostModel, FittedCostModel, load_calibration, read_calibration
 from kvtier.sim.machine import differences
+from kvtier.sim.metrics import SimMetrics
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.request import Request
 from kvtier.sim.run import build
@@ -118,7 +119,7 @@ def simulate(
     ssd_capacity_bytes: int = 0,
     connector: bool = False,
     model: str = "smollm2-135m",
-) -> dict[str, Any]:
+) -> SimMetrics:
     """The same requests in the simulator with the fitted cost model; returns its results.
     ``step_shapes``, a list, receives the batch shape of every step the simulator computed. With
     ``host_capacity_bytes``, a host tier (the ``cpu`` profile's measured memcpy link) holds every
@@ -198,7 +199,7 @@ def step_errors(
 
 def compare(
     runs: Sequence[Sequence[Turn]],
-    sim: dict[str, Any],
+    sim: SimMetrics,
     calibration: str,
     *,
     engine_steps: Sequence[Sample] = (),

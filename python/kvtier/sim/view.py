@@ -25,6 +25,7 @@ from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import prefix_counts
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
+from kvtier.sched.fetch_path import FetchPath
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
@@ -60,6 +61,8 @@ class ViewConfig(StepSizes, Protocol):
     def view_waiting_max(self) -> int: ...
     @property
     def swap_copy(self) -> SwapCopy: ...
+    @property
+    def fetch(self) -> FetchPath: ...
 
 
 class ViewedEngine(Protocol):
@@ -172,6 +175,7 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         cost=Estimates(engine.cost, engine.load_paths),
         kv_bytes_per_token=engine.cost.kv_bytes_per_token,
         swap_copy=config.swap_copy,
+        fetch=config.fetch,
     )
 
 

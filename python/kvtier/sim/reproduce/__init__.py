@@ -10,12 +10,24 @@ differ and why.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kvtier.errors import ConfigError
 from kvtier.sim.config import experiments_dir as experiments_dir
+
+
+class RowJson(TypedDict):
+    """:meth:`Row.to_dict`: a row as ``kvtier sim reproduce`` writes it (``rows.json``, ``--json``)."""
+
+    paper: str
+    metric: str
+    paper_ratio: float | None
+    kvtier_ratio: float
+    paper_range: tuple[float, float] | None
+    note: str
+    within_30_percent: bool | None
 
 
 @dataclass(frozen=True)
@@ -37,10 +49,16 @@ class Row:
             return None
         return abs(self.kvtier_ratio - self.paper_ratio) <= 0.3 * abs(self.paper_ratio)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["within_30_percent"] = self.within_30_percent
-        return out
+    def to_dict(self) -> RowJson:
+        return {
+            "paper": self.paper,
+            "metric": self.metric,
+            "paper_ratio": self.paper_ratio,
+            "kvtier_ratio": self.kvtier_ratio,
+            "paper_range": self.paper_range,
+            "note": self.note,
+            "within_30_percent": self.within_30_percent,
+        }
 
 
 Reproduction = Callable[[Path, bool], list[Row]]  # (out_dir, quick) -> rows

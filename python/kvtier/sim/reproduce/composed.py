@@ -3,7 +3,8 @@ paper's policy alone, on the Mooncake synthetic trace and on a multi-turn agenti
 
 No paper has this experiment, so its :class:`Row` s carry ``paper_ratio=None`` (the report prints
 ``-`` and "n/a" for the ±30% check). Every policy runs on the same node, model and workload
-(``experiments/composed/{mooncake,agentic}.yaml``); only ``policy`` changes, and the data plane:
+(``experiments/composed/{mooncake,agentic}.yaml``); only ``policy`` changes, and the data plane
+(DuplexKV swaps for the systems that rotate, :data:`ROTATION_SWAP`):
 unified pooling and the composed policy run on the pooled layout (``pool: {layout: pooled,
 passthrough: true}``), the others on the config's serial path. Per workload and load:
 TTFT and TBT SLO attainment, output-token throughput, mean and P99 TTFT. At the higher load the
@@ -26,11 +27,11 @@ from kvtier.sim.cost import make_cost_model
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import SimResult, run
 from kvtier.sim.run import workload as requests_of
 
 PAPER = "composed"
-Result = dict[str, Any]
+Result = SimResult
 
 # Each paper's policy alone (and the two baselines), as the paper's module names it. ShadowServe
 # writes computed KV to the store here (store_writes): its paper assumes a store other servers fill.
@@ -62,6 +63,10 @@ WITHOUT: dict[str, tuple[dict[str, Any], bool]] = {
 POOLED = ("unified_pool", *COMPOSED)
 POOLED_PLANE = {"layout": "pooled", "passthrough": True}
 SERIAL_PLANE = {"layout": "serial", "passthrough": False}
+# The swap path of the systems that rotate (RotaSched, composed's rotation stage): DuplexKV
+# (SuperInfer §4.3); the rest swap on the engine's plain path. The fetch path is the experiments'
+# (ShadowServe's SmartNIC), used only by the loads that fetch compressed (ShadowServe, async_fetch).
+ROTATION_SWAP, PLAIN_SWAP = {"engine": "duplexkv"}, {"engine": "plain"}
 PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16  # SuperInfer §5.1 (§4.3.1: P = 16)
 
 
@@ -116,7 +121,11 @@ def _policy(base: SimConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _run(base: SimConfig, spec: Mapping[str, Any], load: Mapping[str, Any], pooled: bool) -> Result:
     pool = {**(base.pool or {}), **(POOLED_PLANE if pooled else SERIAL_PLANE)}
-    config = base.with_overrides(policy=_policy(base, spec), workload={**base.workload, **load}, pool=pool)
+    rotates = spec["name"] == "rotasched" or "rotation" in spec.get("stages", ())
+    swap = ROTATION_SWAP if rotates else PLAIN_SWAP
+    config = base.with_overrides(
+        policy=_policy(base, spec), workload={**base.workload, **load}, pool=pool, swap=swap
+    )
     return run(config)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import RateRun, SimResult, run
 
 PAPER = "dualpath"
 OFFLINE = "offline_ds660b_2p4d.yaml"
@@ -66,7 +66,14 @@ TTFT_SLO_S = 4.0  # §7.4
 WINDOW_S = 150.0  # §7.4: "TTFT variation within a 150-second sliding window"
 PROJECT_S = 1800.0  # §7.4: "... compared to that 30 minutes prior"
 
-Result = dict[str, Any]
+Result = SimResult
+
+
+class OnlineRun(RateRun):
+    """One online run: its results, and its TTFT in the last full window and projected ahead."""
+
+    ttft_last_window_s: float
+    ttft_projected_s: float
 
 
 def _config(name: str) -> SimConfig:
@@ -81,23 +88,22 @@ def offline(quick: bool) -> dict[str, Result]:
     return {s: run(base.with_overrides(policy=POLICIES[s], workload=workload)) for s in systems}
 
 
-def online(quick: bool, config: str = ONLINE) -> dict[str, list[Result]]:
+def online(quick: bool, config: str = ONLINE) -> dict[str, list[OnlineRun]]:
     """Basic and DualPath over the APS grid, each up to the first rate that misses the SLO."""
     base = _config(config)
     if quick:
         base = base.with_overrides(max_sim_s=QUICK_HORIZON_S)
     horizon = float(base.max_sim_s or 0.0)
-    out: dict[str, list[Result]] = {}
+    out: dict[str, list[OnlineRun]] = {}
     for system in ("basic", "dualpath"):
 
-        def at(aps: float, system: str = system) -> Result:
+        def at(aps: float, system: str = system) -> OnlineRun:
             workload = {**base.workload, "rate_per_s": aps}
             result = run(base.with_overrides(policy=POLICIES[system], workload=workload))
-            result["rate_per_s"] = aps
-            result["ttft_last_window_s"], result["ttft_projected_s"] = projected_ttft_s(result, horizon)
-            return result
+            last, projected = projected_ttft_s(result, horizon)
+            return {**result, "rate_per_s": aps, "ttft_last_window_s": last, "ttft_projected_s": projected}
 
-        results: list[Result] = []
+        results: list[OnlineRun] = []
         for aps in QUICK_APS_GRID if quick else APS_GRID:
             results.append(at(aps))
             if results[-1]["ttft_projected_s"] > TTFT_SLO_S:
@@ -120,7 +126,7 @@ def projected_ttft_s(result: Result, horizon_s: float) -> tuple[float, float]:
     return float(last[1]), float(last[1] + max(0.0, slope) * PROJECT_S)
 
 
-def capacity_aps(results: Sequence[Result], slo_s: float = TTFT_SLO_S) -> float:
+def capacity_aps(results: Sequence[OnlineRun], slo_s: float = TTFT_SLO_S) -> float:
     """The APS where the projected TTFT crosses ``slo_s`` (linear between grid points); the last
     rate if it never does, 0 if the first already misses."""
     best = 0.0
@@ -165,7 +171,7 @@ def _jct(result: Result) -> float:
     return float(result["makespan_s"])
 
 
-def _rows(off: Mapping[str, Result], on: Mapping[str, Sequence[Result]], quick: bool) -> list[Row]:
+def _rows(off: Mapping[str, Result], on: Mapping[str, Sequence[OnlineRun]], quick: bool) -> list[Row]:
     agents = QUICK_AGENTS if quick else AGENTS
     jct = {s: _jct(r) for s, r in off.items()}
     suffix = f"; {QUICK_NOTE}" if quick else ""
@@ -194,7 +200,7 @@ def _rows(off: Mapping[str, Result], on: Mapping[str, Sequence[Result]], quick: 
 
 
 def _online_row(
-    on: Mapping[str, Sequence[Result]], setup: str, paper: float, grid_first: float, extra: str
+    on: Mapping[str, Sequence[OnlineRun]], setup: str, paper: float, grid_first: float, extra: str
 ) -> Row:
     """Fig. 10's capacity ratio for one model and deployment, with the sweep in the note."""
     caps = {s: capacity_aps(rs) for s, rs in on.items()}
@@ -261,7 +267,7 @@ def _ablation_rows(off: Mapping[str, Result], jct: Mapping[str, float]) -> list[
 # Plot
 
 
-def _plot(path: Path, off: Mapping[str, Result], on: Mapping[str, Sequence[Result]], quick: bool) -> None:
+def _plot(path: Path, off: Mapping[str, Result], on: Mapping[str, Sequence[OnlineRun]], quick: bool) -> None:
     """Fig. 7/12 style JCT bars and Fig. 10 style TTFT against APS, side by side."""
     import matplotlib
 

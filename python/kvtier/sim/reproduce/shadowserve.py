@@ -10,7 +10,8 @@ fetches its whole prompt from the store (``preload_tier: remote``, §6.1 methodo
 
 The base config is ``experiments/shadowserve/narrativeqa_l40s.yaml``; the hardware is
 ``experiments/shadowserve/l40s-bf3.yaml`` with the storage NIC set to each bandwidth (copies are
-written next to the plots).
+written next to the plots). Each system is a policy and a fetch path (:data:`FETCH`): ShadowServe on
+the BlueField-3 pipeline, CacheGen-Async decoding on the GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import yaml
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import SimResult, run
 
 PAPER = "shadowserve"
 SS = "shadowserve_async"
@@ -31,10 +32,13 @@ CG = "cachegen_async"
 VLLM = "fcfs"
 BANDWIDTHS_GBPS = (10, 20, 30, 40)
 OUTPUTS = (4, 8, 16, 32, 64, 128)
+# Each system's fetch path (data-plane config, kvtier.sched.fetch_path): a system is (policy, data
+# plane). The two control planes are the same batch interception (§6.1); vLLM fetches nothing.
+FETCH = {SS: "bluefield3", CG: "cachegen_gpu", VLLM: "plain"}
 OVERLOAD_RATE_PER_S = 100.0  # far above any configuration's capacity: a burst
 UNLOADED_RATE_PER_S = 0.05  # a request lives ~1 s: arrivals 20 s apart rarely overlap
 
-Result = dict[str, Any]
+Result = SimResult
 
 
 def _base() -> SimConfig:
@@ -64,7 +68,8 @@ def _run(
         "output_tokens_min": output,
         "output_tokens_max": output,
     }
-    return run(base.with_overrides(hardware=hardware, policy=dict(policy), workload=workload))
+    fetch = {"engine": FETCH[str(policy["name"])]}
+    return run(base.with_overrides(hardware=hardware, policy=dict(policy), workload=workload, fetch=fetch))
 
 
 @reproduction(PAPER)

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import RateRun, run
 
 PAPER = "strata"
 SYSTEMS = ("strata", "hicache", "lmcache", "strata_io", "strata_sched")
@@ -50,7 +49,7 @@ SATURATED = 0.95
 QUICK_WORKLOAD = {"num_requests": 500, "num_documents": 50}
 QUICK_RATES = (24.0,)
 
-Result = dict[str, Any]
+Result = RateRun
 Curve = list[tuple[float, float]]  # (throughput, mean TTFT) per rate, in rate order
 
 
@@ -64,8 +63,10 @@ def _sweep(model: str, quick: bool) -> dict[str, list[Result]]:
         results = []
         for rate in rates:
             workload = {**base.workload, "rate_per_s": rate, **(QUICK_WORKLOAD if quick else {})}
-            result = run(base.with_overrides(policy={"name": name}, workload=workload))
-            result["rate_per_s"] = rate
+            result: Result = {
+                **run(base.with_overrides(policy={"name": name}, workload=workload)),
+                "rate_per_s": rate,
+            }
             results.append(result)
             if result["throughput_requests_per_s"] < SATURATED * rate:
                 break

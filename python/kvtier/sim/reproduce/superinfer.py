@@ -38,7 +38,7 @@ from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.models import load_model
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
 from kvtier.sim.resources import Direction, Link, Transfer
-from kvtier.sim.run import device_blocks, run
+from kvtier.sim.run import RateRun, device_blocks, run
 
 PAPER = "superinfer"
 RATES = (4.0, 8.0, 12.0, 14.0, 16.0, 20.0)
@@ -52,7 +52,7 @@ TABLE1_E2E_MS = {"naive": 1556.15, "ms": 159.87, "ms_mk": 63.14, "duplexkv": 46.
 TABLE1_IDEAL_MS = 41.66
 TABLE1_NAMES = {"naive": "Naive", "ms": "MS", "ms_mk": "MS+MK", "duplexkv": "DuplexKV"}
 
-Result = dict[str, Any]
+Result = RateRun
 
 
 def _config(name: str) -> SimConfig:
@@ -68,9 +68,7 @@ def _run(base: SimConfig, rate: float, requests: int, **policy: Any) -> Result:
     key = (base.name, rate, requests, tuple(sorted(spec.items())))
     if key not in _CACHE:
         workload = {**base.workload, "rate_per_s": rate, "num_sessions": requests}
-        result = run(base.with_overrides(policy=spec, workload=workload))
-        result["rate_per_s"] = rate
-        _CACHE[key] = result
+        _CACHE[key] = {**run(base.with_overrides(policy=spec, workload=workload)), "rate_per_s": rate}
     return _CACHE[key]
 
 

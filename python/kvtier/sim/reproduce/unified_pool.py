@@ -24,7 +24,7 @@ from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
 from kvtier.sim.pool import PoolSpec
 from kvtier.sim.reproduce import Row, experiments_dir, reproduction
-from kvtier.sim.run import run
+from kvtier.sim.run import SimResult, run
 from kvtier.tiers import Tier
 
 PAPER = "unified_pool"
@@ -75,7 +75,7 @@ def query_round(config: SimConfig, system: str, document_tokens: int) -> Point:
     difference is the query round."""
     policy, profile = PROFILES[system]
     pool = {**(config.pool or {}), **profile}
-    results: dict[bool, dict[str, Any]] = {}
+    results: dict[bool, SimResult] = {}
     for with_query in (True, False):
         workload = {**config.workload, "document_tokens": document_tokens, "query_round": with_query}
         changes = {"policy": {"name": policy}, "pool": pool, "workload": workload}
@@ -85,11 +85,12 @@ def query_round(config: SimConfig, system: str, document_tokens: int) -> Point:
     if n <= 0 or full["unfinished_requests"]:
         raise RuntimeError(f"{system} at {document_tokens} tokens: query round did not complete")
 
-    def total(r: dict[str, Any], key: str) -> float:
-        return float(r[key]["mean"]) * int(r["requests"]) if key == "ttft_s" else float(r[key])
+    def ttft_total(r: SimResult) -> float:
+        return float(r["ttft_s"]["mean"]) * int(r["requests"])
 
-    ttft = (total(full, "ttft_s") - total(warm, "ttft_s")) / n
-    blocked = sum(total(full, k) - total(warm, k) for k in ("blocked_io_s", "fetch_stall_s")) / n
+    ttft = (ttft_total(full) - ttft_total(warm)) / n
+    stalls = (full["blocked_io_s"] - warm["blocked_io_s"], full["fetch_stall_s"] - warm["fetch_stall_s"])
+    blocked = sum(stalls) / n
     lower = sum(full["hit_rate_tokens"][t.label] for t in (Tier.HOST, Tier.SSD)) * full["prompt_tokens"]
     return Point(ttft, blocked, lower / (n * document_tokens))
 

@@ -1,0 +1,59 @@
+"""The data plane a config gets where it names none: the one each policy's paper ran on.
+
+How the engine moves KV is configuration (issue 18 step 4): the sim config's ``swap`` section
+(:mod:`kvtier.sched.swap_copy`) and ``fetch`` section (:mod:`kvtier.sched.fetch_path`), the
+reference engine's ``EngineConfig.swap_engine``. A paper reproduction is (policy, data-plane
+profile); where a config leaves a section's ``engine`` out, :func:`default_engine` fills in the
+profile the policy was evaluated on, so that ``policy: rotasched`` alone still runs on DuplexKV.
+Policies hold no data-plane setting of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvtier.sched.base import Policy
+
+#: The data-plane sections a config may name an engine in.
+SECTIONS = ("swap", "fetch")
+
+#: policy -> section -> the engine its paper ran it on. Sections not listed: the plain engine.
+EVALUATED_ON: dict[str, dict[str, str]] = {
+    # SuperInfer §4.3: RotaSched's swaps moved by DuplexKV.
+    "rotasched": {"swap": "duplexkv"},
+    # SuperInfer §3.1: the static baselines on vLLM's own swap path.
+    "waiting_first": {"swap": "vllm"},
+    "swapped_first": {"swap": "vllm"},
+    # ShadowServe §4.2-§4.3: the BlueField-3 chunked pipeline; §6.1: CacheGen-Async decodes on the GPU.
+    "shadowserve_async": {"fetch": "bluefield3"},
+    "cachegen_async": {"fetch": "cachegen_gpu"},
+    # composed: DuplexKV under its `rotation` stage, the SmartNIC under `async_fetch` (compressed
+    # loads come only from that stage, so the fetch path is idle without it).
+    "composed": {"swap": "duplexkv", "fetch": "bluefield3"},
+}
+
+
+def default_engine(policy: Mapping[str, Any], section: str) -> str:
+    """The ``section`` engine the policy spec ``policy`` (``{name, ...params}``) was evaluated on:
+    what a config's ``swap``/``fetch`` section means where it names no ``engine``."""
+    name = str(policy.get("name"))
+    engine = EVALUATED_ON.get(name, {}).get(section, "plain")
+    if name == "composed" and section == "swap" and not _composed_rotates(policy):
+        return "plain"  # no rotation stage: composed never swaps
+    return engine
+
+
+def policy_spec(policy: Policy) -> dict[str, Any]:
+    """A built policy as the spec :func:`default_engine` reads (its name and parameters)."""
+    return {"name": policy.name, **policy.params()}
+
+
+def _composed_rotates(spec: Mapping[str, Any]) -> bool:
+    """Whether a composed spec runs its ``rotation`` stage: in ``stages``, else the deprecated
+    ``rotation`` boolean (on unless given off; the default stages start with rotation)."""
+    stages = spec.get("stages")
+    if stages is not None:
+        return "rotation" in stages
+    return bool(spec.get("rotation", True))

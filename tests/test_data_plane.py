@@ -1,0 +1,46 @@
+"""The data plane a config gets where it names none (:mod:`kvtier.sched.data_plane`): every entry
+names a registered policy and a known engine, policies hold no data-plane setting, and the reference
+engine's swap path is its config's."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.engine.config import EngineConfig
+from kvtier.engine.errors import EngineInputError
+from kvtier.sched import make_policy, policy_names
+from kvtier.sched.base import LoadOrder, Policy
+from kvtier.sched.data_plane import EVALUATED_ON, SECTIONS, default_engine
+from kvtier.sched.fetch_path import FETCH_ENGINES
+from kvtier.sched.swap_copy import SWAP_ENGINES
+
+ENGINES = {"swap": SWAP_ENGINES, "fetch": FETCH_ENGINES}
+
+
+def test_every_default_names_a_registered_policy_and_a_known_engine() -> None:
+    assert set(ENGINES) == set(SECTIONS)
+    for policy, sections in EVALUATED_ON.items():
+        assert policy in policy_names()
+        for section, engine in sections.items():
+            assert engine in ENGINES[section], (policy, section)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_policy_without_an_entry_gets_the_plain_engine(section: str) -> None:
+    assert default_engine({"name": "fcfs"}, section) == "plain"
+    assert default_engine({"name": "strata", "defer": True}, section) == "plain"
+
+
+def test_policies_carry_no_data_plane() -> None:
+    mechanism = {"swap_engine", "transfer", "compression_ratio", "decode_bytes_per_s", "decode_on_device"}
+    for name in policy_names():
+        assert not mechanism & set(dir(make_policy(name))), name
+    assert not mechanism & set(dir(Policy))
+    assert not mechanism & set(LoadOrder.__dataclass_fields__)
+
+
+def test_the_reference_engine_swap_path_is_config() -> None:
+    assert EngineConfig().swap_engine is None  # the policy's paper's, by default
+    assert EngineConfig(swap_engine="naive").swap_engine == "naive"
+    with pytest.raises(EngineInputError, match="swap_engine"):
+        EngineConfig(swap_engine="pcie")
