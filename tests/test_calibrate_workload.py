@@ -136,7 +136,8 @@ def test_the_model_error_on_prefix_hits_is_the_simulators(smollm2, tmp_path: Pat
 
 def test_a_turn_sent_the_moment_its_parent_finishes_joins_the_next_step(tmp_path: Path) -> None:
     from kvtier.engine.config import EngineConfig
-    from kvtier.sim.validate import _canonical, simulate
+    from kvtier.sim.calibrate import canonical
+    from kvtier.sim.validate import simulate
 
     a = Turn(0, None, [1] * 32, [2, 3], 2, 0.0, 0.0)
     b = Turn(1, None, [5] * 32, [6] * 5, 5, 0.0, 0.0)
@@ -146,7 +147,7 @@ def test_a_turn_sent_the_moment_its_parent_finishes_joins_the_next_step(tmp_path
     simulate([a, b, follow], config, _calibration(tmp_path), step_shapes=shapes)
     # Step 2's decode finishes a; as in the engine's loop, the next step prefills its follow-up
     # (after the 32 tokens a left cached) beside b's decode, not one step later.
-    assert [_canonical(s) for s in shapes[:3]] == [
+    assert [canonical(s) for s in shapes[:3]] == [
         (((32, 0), (32, 0)), ()),
         ((), (33, 33)),
         (((16, 32),), (34,)),

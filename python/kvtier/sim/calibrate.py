@@ -18,8 +18,8 @@ The result is a YAML file a simulation config names as ``cost: {kind: fitted, ca
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from kvtier.errors import ConfigError
-from kvtier.sim.cost import COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk
+from kvtier.sim.cost import COEFFICIENTS, CONNECTOR_COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk
 from kvtier.sim.machine import fingerprint
 
 
@@ -82,10 +82,11 @@ class Sample:
     seconds: float
 
 
-def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the squared *relative* error of ``x @ c`` against ``y``
-    (rows scaled by 1/y), by trying every subset of free coefficients (there are only six)."""
-    xs, ys = x / y[:, None], np.ones_like(y)
+def _nnls_relative(x: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative coefficients minimising the squared *relative* error of ``offset + x @ c``
+    against ``y`` (rows scaled by 1/y), by trying every subset of free coefficients (there are only
+    six)."""
+    xs, ys = x / y[:, None], np.ones_like(y) if offset is None else (y - offset) / y
     best, best_err = np.zeros(x.shape[1]), float("inf")
     for k in range(1, x.shape[1] + 1):
         for subset in itertools.combinations(range(x.shape[1]), k):
@@ -115,6 +116,62 @@ def fit(samples: Sequence[Sample], kv_bytes_per_token: int, num_layers: int) -> 
     )
 
 
+def canonical(shape: BatchShape) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """A batch shape with its sequences in a canonical order (two engines order a batch apiece)."""
+    chunks = tuple(sorted((c.new_tokens, c.context_tokens) for c in shape.prefills))
+    return chunks, tuple(sorted(shape.decode_context_tokens))
+
+
+def fit_connector(
+    samples: Sequence[Sample], offsets: Sequence[float], names: Sequence[str] = CONNECTOR_COEFFICIENTS
+) -> dict[str, float]:
+    """The non-negative increments of the coefficients ``names`` that, added to ``offsets`` (each
+    step's time without kvtier's connector), come closest in relative error to ``samples`` (the
+    same engine's steps with the connector configured)."""
+    if len(samples) < len(names) or len(offsets) != len(samples):
+        raise ConfigError(
+            f"{len(samples)} samples and {len(offsets)} offsets cannot fit {len(names)} connector coefficients"
+        )
+    cols = [COEFFICIENTS.index(n) for n in names]
+    x = np.array([FittedCostModel.features(s.shape) for s in samples])[:, cols]
+    y = np.array([s.seconds for s in samples])
+    return dict(zip(names, map(float, _nnls_relative(x, y, np.asarray(offsets, dtype=float))), strict=True))
+
+
+def with_increments(base: FittedCostModel, increments: Mapping[str, float]) -> FittedCostModel:
+    return replace(base, **{k: getattr(base, k) + v for k, v in increments.items()})
+
+
+def connector_report(
+    base: FittedCostModel, samples: Sequence[Sample], plain: Sequence[Sample] = ()
+) -> dict[str, Any]:
+    """What kvtier's connector adds to the engine's steps (``samples``: the calibration workload
+    again, the connector configured; its random prompts hit nothing, so every difference is the
+    connector's per-step and write-through work). Where ``plain`` (the run without the connector
+    that ``base`` was fitted to) has the same steps in the same order, each connector step is
+    paired with its plain twin: the increments are fitted to the measured differences (``paired``),
+    so the base fit's own shape error does not enter them; else to the differences from ``base``.
+    :func:`fit_connector` on every other step, its error on the others beside the error of ``base``
+    alone (the measurement that says whether the increments explain the difference), then refitted
+    on all steps."""
+    paired = len(plain) == len(samples) and all(
+        canonical(p.shape) == canonical(s.shape) for p, s in zip(plain, samples, strict=True)
+    )
+    offsets = [p.seconds for p in plain] if paired else [base.step_time_s(s.shape) for s in samples]
+    train, held_out = samples[0::2], samples[1::2]
+    trial = with_increments(base, fit_connector(train, offsets[0::2]))
+    slowdown = [(s.seconds - o) / o for s, o in zip(samples, offsets, strict=True)]
+    return {
+        **fit_connector(samples, offsets),
+        "engine_steps": len(samples),
+        "paired": paired,
+        "mean_slowdown": float(np.mean(slowdown)),
+        "median_slowdown": float(np.median(slowdown)),
+        "held_out_mean_rel_error_base": float(np.mean(relative_errors(base, held_out))),
+        "held_out_mean_rel_error": float(np.mean(relative_errors(trial, held_out))),
+    }
+
+
 def relative_errors(model: FittedCostModel, samples: Sequence[Sample]) -> list[float]:
     return [abs(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in samples]
 
@@ -135,11 +192,12 @@ def report(
     num_layers: int,
     model: str,
     blas_threads: int,
+    runtime: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fits the engine's step log ``samples`` (every other step held out of a first fit, whose error
     is reported; then refitted on all steps) and reports how the fit predicts ``grid``, standalone
     forward passes: those lack the loop's per-step costs, so they show what the fit would miss
-    without them."""
+    without them. ``runtime``: the engine's runtime (:func:`kvtier.sim.machine.fingerprint`)."""
     train, held_out = samples[0::2], samples[1::2]
     trial = fit(train, kv_bytes_per_token, num_layers)
     held_out_errors = relative_errors(trial, held_out)
@@ -147,7 +205,7 @@ def report(
     return {
         "model": model,
         "blas_threads": blas_threads,
-        "machine": fingerprint(),
+        "machine": fingerprint(runtime),
         "kind": "fitted",
         **{name: getattr(final, name) for name in COEFFICIENTS},
         "engine_steps": len(samples),
@@ -183,6 +241,14 @@ def summary(result: dict[str, Any]) -> str:
     if "engine" in result:  # another engine's steps (kvtier.bench.vllm_sim): no forward grid
         lines.append(
             f"  engine: {result['engine']['name']}, steps timed on the {result['engine']['clock']} clock"
+        )
+    if "connector" in result:  # the same workload with kvtier's connector (kvtier.bench.vllm_sim)
+        c = result["connector"]
+        lines.append(
+            f"  with kvtier's connector: steps {c['median_slowdown']:+.1%} (median; mean {c['mean_slowdown']:+.1%}) "
+            f"{'on the same steps without it' if c['paired'] else 'on the fit above'}; adds "
+            f"{c['base_s']:.3g} base_s + {c['token_s']:.3g} token_s (held-out steps: mean relative error "
+            f"{c['held_out_mean_rel_error']:.3f}, {c['held_out_mean_rel_error_base']:.3f} without)"
         )
     if result["forward_grid"]:
         lines.append("  standalone forward passes (no loop overhead) vs the fit:")

@@ -49,6 +49,9 @@ COEFFICIENTS = ("base_s", "token_s", "pair_s", "seq_s", "decode_pair_s", "multi_
 #: Coefficients added after calibration files were first written: a file without one fitted a
 #: model without that term, which is the term at 0.
 LATER_COEFFICIENTS = frozenset({"multi_token_s"})
+#: What an engine with kvtier's connector adds to a step (a calibration's ``connector:`` section):
+#: its per-step work and the per-token part of writing every computed block through to kvtier.
+CONNECTOR_COEFFICIENTS = ("base_s", "token_s")
 
 
 @dataclass(frozen=True)
@@ -364,9 +367,13 @@ def read_calibration(name_or_path: str) -> dict[str, Any]:
     return dict(data)
 
 
-def load_calibration(name_or_path: str) -> dict[str, float]:
+def load_calibration(name_or_path: str, connector: bool = False) -> dict[str, float]:
     """The coefficients of a calibration file (see :func:`read_calibration`). One fitted on another
-    kind of machine (:mod:`kvtier.sim.machine`) is logged once, with the command that refits it."""
+    kind of machine (:mod:`kvtier.sim.machine`) is logged once, with the command that refits it.
+    ``connector``: the engine runs kvtier's connector, so each coefficient gains the connector's
+    measured increment (the file's ``connector:`` section, :data:`CONNECTOR_COEFFICIENTS`, fitted
+    by ``kvtier sim calibrate --engine vllm`` on the same workload with the connector configured);
+    a calibration without that section is refused."""
     data = read_calibration(name_or_path)
     differs = differences(data.get("machine"))
     if differs and name_or_path not in _WARNED:
@@ -375,7 +382,24 @@ def load_calibration(name_or_path: str) -> dict[str, float]:
             "calibration %s was not fitted on this machine (%s): its step times may not hold here; "
             "refit with `%s`", name_or_path, "; ".join(differs), REFIT,
         )  # fmt: skip
-    return {k: float(data[k]) for k in COEFFICIENTS}
+    out = {k: float(data[k]) for k in COEFFICIENTS}
+    if connector:
+        section = data.get("connector")
+        if not isinstance(section, dict):
+            raise ConfigError(
+                f"calibration {name_or_path} has no `connector` section (its engine was not timed with "
+                "kvtier's connector); refit with `kvtier sim calibrate --engine vllm`"
+            )
+        bad = [
+            k
+            for k in CONNECTOR_COEFFICIENTS
+            if not isinstance(section.get(k), (int, float)) or section[k] < 0
+        ]
+        if bad:
+            raise ConfigError(f"calibration {name_or_path}: `connector` lacks non-negative {bad}")
+        for k in CONNECTOR_COEFFICIENTS:
+            out[k] += float(section[k])
+    return out
 
 
 _WARNED: set[str] = set()
@@ -394,8 +418,11 @@ def _make_fitted(hardware: HardwareProfile, model: ModelProfile, **params: Any) 
     tp = params.pop("tp", 1)
     if tp != 1:
         raise ConfigError(f"a fitted cost model describes one calibrated engine; tp is {tp}, expected 1")
+    connector = bool(params.pop("connector", False))  # kvtier's connector configured (vLLM's steps)
     if "calibration" in params:  # a file written by `kvtier sim calibrate`, or a packaged one's name
-        params = {**load_calibration(str(params.pop("calibration"))), **params}
+        params = {**load_calibration(str(params.pop("calibration")), connector), **params}
+    elif connector:
+        raise ConfigError("`connector: true` needs `calibration:` (its connector section is measured)")
     return FittedCostModel(model.kv_bytes_per_token_per_gpu(1), model.num_layers, **params)
 
 

@@ -4,6 +4,11 @@ every user of a calibration compares them with the machine it runs on.
 
 A calibration fitted elsewhere (or one that records no machine, such as a file written before
 kvtier recorded machines) still loads; its users say so and name the command that refits it here.
+
+An engine that computes with torch (vLLM) adds its runtime to the fingerprint (:data:`RUNTIME`:
+torch's version and thread count, as its worker process reports them: kvtier's core never imports
+torch). Those fields are compared only where both sides know them: a validation that ran vLLM knows
+them here, a simulation that merely loads the calibration does not.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 
 #: The fields whose difference makes step times not transfer (others are recorded for the reader).
 COMPARED = ("cpu_model", "cores", "avx512f", "avx512_bf16", "blas", "numpy")
+#: An engine runtime's fields (vLLM's torch), compared only when both fingerprints have them.
+RUNTIME = ("torch", "torch_threads")
 REFIT = "kvtier sim calibrate --out my-calibration.yaml (then pass calibration: my-calibration.yaml)"
 
 
@@ -43,8 +50,9 @@ def _blas() -> str:
         return "unknown"
 
 
-def fingerprint() -> dict[str, Any]:
-    """This machine, as a calibration records it."""
+def fingerprint(runtime: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """This machine, as a calibration records it; ``runtime``, the engine's :data:`RUNTIME` fields
+    where it has them (reported by its worker), are added."""
     import numpy as np
 
     model, flags = _cpuinfo()
@@ -58,6 +66,7 @@ def fingerprint() -> dict[str, Any]:
         "blas": _blas(),
         "numpy": numpy_version,
         "python": platform.python_version(),
+        **{key: runtime[key] for key in RUNTIME if runtime is not None and key in runtime},
     }
 
 
@@ -66,8 +75,9 @@ def differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] |
     if not recorded:
         return ["the calibration records no machine (fitted before kvtier recorded machines)"]
     here = fingerprint() if current is None else current
+    known = COMPARED + tuple(key for key in RUNTIME if key in recorded and key in here)
     return [
         f"{key}: {recorded.get(key)!r} there, {here.get(key)!r} here"
-        for key in COMPARED
+        for key in known
         if recorded.get(key) != here.get(key)
     ]

@@ -24,14 +24,14 @@ from the real tokens), which the simulator leaves in its device prefix cache at 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from kvtier.errors import ConfigError
-from kvtier.sim.calibrate import Sample
+from kvtier.sim.calibrate import Sample, canonical
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import BatchShape, CostModel, FittedCostModel, load_calibration, read_calibration
@@ -116,6 +116,8 @@ def simulate(
     step_shapes: list[BatchShape] | None = None,
     *,
     host_capacity_bytes: int = 0,
+    ssd_capacity_bytes: int = 0,
+    connector: bool = False,
     model: str = "smollm2-135m",
 ) -> SimMetrics:
     """The same requests in the simulator with the fitted cost model; returns its results.
@@ -123,10 +125,13 @@ def simulate(
     ``host_capacity_bytes``, a host tier (the ``cpu`` profile's measured memcpy link) holds every
     computed block (written through) and a hit in it is loaded before the step that needs it, as
     vLLM's connector loads a kvtier hit (the ``lmcache`` policy: ``fcfs`` with synchronous loads
-    of one block per object). ``model`` is the model profile (name or YAML path: its dtype sizes
+    of one block per object); with ``ssd_capacity_bytes`` too, an SSD tier below it (the ``cpu``
+    profile's disk), written through as well, so a hit the host tier no longer holds is read from
+    SSD. ``connector``: the engine ran kvtier's connector, so its steps cost what the calibration's
+    ``connector`` section adds (:func:`kvtier.sim.cost.load_calibration`). ``model`` is the model profile (name or YAML path: its dtype sizes
     the KV a load moves)."""
     policy: dict[str, Any] = {"name": "fcfs"}
-    if host_capacity_bytes:
+    if host_capacity_bytes or ssd_capacity_bytes:
         policy = {"name": "lmcache", "chunk_tokens": engine_config.block_tokens}
     config = SimConfig(
         name="engine-validation",
@@ -138,8 +143,9 @@ def simulate(
         max_running=engine_config.max_running,
         device_blocks=engine_config.num_blocks,
         host_capacity_bytes=host_capacity_bytes,
+        ssd_capacity_bytes=ssd_capacity_bytes,
         device_prefix_cache=engine_config.device_prefix_cache,
-        cost={"kind": "fitted", "calibration": calibration},
+        cost={"kind": "fitted", "calibration": calibration, **({"connector": True} if connector else {})},
     )
     sim = build(config)
     if step_shapes is not None:
@@ -171,12 +177,6 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / float(np.mean(values))
 
 
-def _canonical(shape: BatchShape) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """A batch shape with its sequences in a canonical order (the two sides order a batch apiece)."""
-    chunks = tuple(sorted((c.new_tokens, c.context_tokens) for c in shape.prefills))
-    return chunks, tuple(sorted(shape.decode_context_tokens))
-
-
 def step_errors(
     calibration: str, engine_steps: Sequence[Sample], sim_steps: Sequence[BatchShape]
 ) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def step_errors(
         return {"engine_steps": 0, "sim_steps": len(sim_steps)}
     model = FittedCostModel(1, 1, **load_calibration(calibration))
     errors = [(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in engine_steps]
-    same = [_canonical(s.shape) for s in engine_steps] == [_canonical(s) for s in sim_steps]
+    same = [canonical(s.shape) for s in engine_steps] == [canonical(s) for s in sim_steps]
     return {
         "engine_steps": len(engine_steps),
         "sim_steps": len(sim_steps),
@@ -204,17 +204,20 @@ def compare(
     *,
     engine_steps: Sequence[Sample] = (),
     sim_steps: Sequence[BatchShape] = (),
+    machine: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The engine's (mean over ``runs``, the same workload repeated) and the simulator's mean TTFT and
     TPOT, the errors ``|sim - engine| / engine``, the engine's own spread over the runs, and
-    :func:`step_errors`."""
+    :func:`step_errors`. ``machine``: this machine's fingerprint with the engine's runtime
+    (:func:`kvtier.sim.machine.fingerprint`), for the comparison with where the calibration was
+    fitted (default: without a runtime)."""
     if not runs or not all(runs):
         raise ConfigError("compare needs at least one engine run with finished requests")
     ttfts = [float(np.mean([t.ttft_s for t in turns])) for turns in runs]
     tpots = [float(np.mean([t.tpot_s for t in turns])) for turns in runs]
     engine_ttft, engine_tpot = float(np.mean(ttfts)), float(np.mean(tpots))
     sim_ttft, sim_tpot = float(sim["ttft_s"]["mean"]), float(sim["tpot_s"]["mean"])
-    differs = differences(read_calibration(calibration).get("machine"))
+    differs = differences(read_calibration(calibration).get("machine"), machine)
     return {
         "requests": len(runs[0]),
         "engine_runs": len(runs),
