@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import ConfigError
-from kvtier.sim.calibrate import Sample, fit, relative_errors
+from kvtier.sim.calibrate import Sample, describe, fit, relative_errors
 from kvtier.sim.cost import COEFFICIENTS, BatchShape, PrefillChunk, RooflineCostModel
 from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.models import load_model
@@ -209,7 +209,7 @@ def check(data: dict[str, Any], hardware: str | None = None) -> dict[str, Any]:
             "attention": data["steps"].get("attention"),
             "rows": [
                 {
-                    "shape": _describe(r.shape),
+                    "shape": describe(r.shape),
                     "measured_s": r.seconds,
                     "roofline_s": base.step_time_s(r.shape),
                     "fitted_roofline_s": fitted.step_time_s(r.shape),
@@ -237,7 +237,7 @@ def check(data: dict[str, Any], hardware: str | None = None) -> dict[str, Any]:
     if "overlap" in data:  # a step with DMA copies in flight on another stream, and the copies
         out["overlap"] = [
             {
-                "shape": _describe(
+                "shape": describe(
                     BatchShape(
                         tuple(PrefillChunk(int(n), int(c)) for n, c in r["prefills"]),
                         (1024,) * int(r["decodes"]),
@@ -253,14 +253,6 @@ def check(data: dict[str, Any], hardware: str | None = None) -> dict[str, Any]:
     if "kvtier" in data:
         out["kvtier"] = data["kvtier"]
     return out
-
-
-def _describe(shape: BatchShape) -> str:
-    parts = [f"prefill {c.new_tokens}@{c.context_tokens}" for c in shape.prefills]
-    if shape.decode_context_tokens:
-        ctx = shape.decode_context_tokens
-        parts.append(f"decode x{len(ctx)} @{int(np.mean(ctx))}")
-    return " + ".join(parts)
 
 
 def summary(result: dict[str, Any]) -> str:
