@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.sched.section import checked_section
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -212,11 +213,7 @@ def fetch_path(section: Mapping[str, Any] | None, default: str) -> FetchPath:
     path named ``default``. A decoder rate given one way replaces the engine's, given the other."""
     if section is None:
         return fetch_engine(default)
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"sim `fetch` is {section!r}; expected a mapping such as {{engine: bluefield3}}")
-    unknown = sorted(set(section) - {"engine", *FETCH_KEYS})
-    if unknown:
-        raise ConfigError(f"unknown fetch key(s) {unknown}; expected some of {['engine', *FETCH_KEYS]}")
+    section = checked_section("fetch", section, ("engine", *FETCH_KEYS), "{engine: bluefield3}")
     name = section.get("engine", default)
     if not isinstance(name, str):
         raise ConfigError(f"fetch `engine` is {name!r}; expected one of {sorted(FETCH_ENGINES)}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.sched.section import checked_section
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +87,7 @@ def swap_copy(section: Mapping[str, Any] | None, default: str) -> SwapCopy:
     ``engine``: the engine named ``default`` (:func:`kvtier.sched.data_plane.default_engine`)."""
     if section is None:
         return swap_engine(default)
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"sim `swap` is {section!r}; expected a mapping such as {{engine: duplexkv}}")
-    unknown = sorted(set(section) - {"engine"})
-    if unknown:
-        raise ConfigError(f"unknown swap key(s) {unknown}; expected some of ['engine']")
+    section = checked_section("swap", section, ("engine",), "{engine: duplexkv}")
     name = section.get("engine", default)
     if not isinstance(name, str):
         raise ConfigError(f"swap `engine` is {name!r}; expected one of {sorted(SWAP_ENGINES)}")

@@ -40,6 +40,7 @@ from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
 from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.placement import ROUTERS
+from kvtier.sched.section import checked_section
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.tiers import Tier
 
@@ -253,13 +254,7 @@ def network_isolation(network: Mapping[str, Any] | None) -> bool:
     """The sim config's ``network`` section's ``traffic_isolation``: true where it is left out."""
     if network is None:
         return True
-    if not isinstance(network, Mapping):
-        raise ConfigError(
-            f"sim `network` is {network!r}; expected a mapping such as {{traffic_isolation: true}}"
-        )
-    unknown = sorted(set(network) - {"traffic_isolation"})
-    if unknown:
-        raise ConfigError(f"unknown network key(s) {unknown}; expected some of ['traffic_isolation']")
+    network = checked_section("network", network, ("traffic_isolation",), "{traffic_isolation: true}")
     value = network.get("traffic_isolation", True)
     if not isinstance(value, bool):
         raise ConfigError(f"network `traffic_isolation` is {value!r}; expected true or false")
