@@ -22,6 +22,7 @@ script itself.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -227,8 +228,8 @@ class Attention:
 
     @staticmethod
     def cu(lens_q: list[int], lens_k: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-        cq = torch.tensor([0, *itertools_accumulate(lens_q)], dtype=torch.int32, device=device)
-        ck = torch.tensor([0, *itertools_accumulate(lens_k)], dtype=torch.int32, device=device)
+        cq = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=device)
+        ck = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=device)
         return cq, ck
 
     def __call__(
@@ -268,14 +269,6 @@ class Attention:
             )
             oq, ok = oq + nq, ok + nk
         return torch.cat(outs)
-
-
-def itertools_accumulate(xs: list[int]) -> list[int]:
-    out, s = [], 0
-    for x in xs:
-        s += x
-        out.append(s)
-    return out
 
 
 class Model:
