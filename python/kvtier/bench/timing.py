@@ -22,9 +22,17 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+PAGE_BYTES = 4096
+
+
 def touched(nbytes: int, fill: int = 0) -> npt.NDArray[np.uint8]:
-    """A uint8 array whose pages are already faulted in, so timings measure copies, not faults."""
-    arr = np.empty(nbytes, dtype=np.uint8)
+    """A page-aligned uint8 array whose pages are already faulted in, so timings measure copies,
+    not faults. Aligned as an engine's buffers are (torch's CPU allocator aligns to 64 B, vLLM's
+    pools to pages); a large ``np.empty`` starts 16 B past a page, which splits the first and last
+    cache line of every page-sized piece a paged pool's gather or scatter copies."""
+    raw = np.empty(nbytes + PAGE_BYTES, dtype=np.uint8)
+    start = -raw.ctypes.data % PAGE_BYTES
+    arr = raw[start : start + nbytes]
     arr.fill(fill)
     return arr
 
