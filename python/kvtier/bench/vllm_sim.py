@@ -43,8 +43,16 @@ import yaml
 
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import ConfigError, KvtierError
-from kvtier.sim.calibrate import Sample, connector_report, report
-from kvtier.sim.cost import COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk, read_calibration
+from kvtier.sim.calibrate import (
+    Calibration,
+    ConnectorSection,
+    EngineTimed,
+    Sample,
+    connector_report,
+    fitted_model,
+    report,
+)
+from kvtier.sim.cost import BatchShape, PrefillChunk, read_calibration
 from kvtier.sim.machine import fingerprint
 from kvtier.sim.models import MODELS_DIR
 from kvtier.sim.validate import Turn, compare, simulate
@@ -127,7 +135,7 @@ def calibration_workload(quick: bool = False, seed: int = 1) -> dict[str, Any]:
 
 def calibrate(
     venv: Path, *, quick: bool = False, dtype: str = "float32", clock: str = "wall", progress: bool = True
-) -> dict[str, Any]:
+) -> Calibration:
     """Runs the calibration workload on vLLM and fits the cost model to its steps; returns
     :func:`kvtier.sim.calibrate.report` of them plus the engine that was timed."""
     if progress:
@@ -149,19 +157,17 @@ def calibrate(
     # The same requests with the connector (its random prompts hit nothing: every block is saved,
     # none loaded): what the connector adds to each step, each step paired with its plain twin.
     rc = _steps(venv, {**spec, "connector": CONNECTOR_DRAM})
-    base = FittedCostModel(kv_bytes, NUM_LAYERS, **{k: float(result[k]) for k in COEFFICIENTS})
+    base = fitted_model(result, kv_bytes, NUM_LAYERS)
     plain = samples(r["steps"], clock)
-    result["connector"] = {
-        "config": CONNECTOR_DRAM,
-        **connector_report(base, samples(rc["steps"], clock), plain),
-    }
-    result["engine"] = {
-        "name": r["engine"],
-        "torch": r["torch"],
-        "torch_threads": r["torch_threads"],
-        "block_tokens": r["block_tokens"],
-        "clock": clock,
-    }
+    fit = connector_report(base, samples(rc["steps"], clock), plain)
+    result["connector"] = ConnectorSection(config=CONNECTOR_DRAM, **fit)
+    result["engine"] = EngineTimed(
+        name=r["engine"],
+        torch=r["torch"],
+        torch_threads=r["torch_threads"],
+        block_tokens=r["block_tokens"],
+        clock=clock,
+    )
     return result
 
 
@@ -364,7 +370,7 @@ def _model_profile(directory: Path, dtype: str) -> str:
     return str(path)
 
 
-def calibrate_command(args: Any) -> dict[str, Any]:
+def calibrate_command(args: Any) -> Calibration:
     """:func:`calibrate` with `kvtier sim calibrate --engine vllm`'s arguments."""
     return calibrate(Path(args.venv), quick=args.quick, clock=args.clock, progress=not args.json)
 
