@@ -36,13 +36,15 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import yaml
 
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.integrations.vllm.step_log import Chat, LoggedStep, StepLogResult, StepsSpec, Waves, parse_result
+from kvtier.results import field_of
 from kvtier.sim.calibrate import (
     Calibration,
     ConnectorSection,
@@ -57,6 +59,7 @@ from kvtier.sim.machine import fingerprint
 from kvtier.sim.models import MODELS_DIR
 from kvtier.sim.validate import Turn, compare, simulate
 
+N = TypeVar("N", int, float)
 VOCAB = 49152  # SmolLM2's
 NUM_LAYERS = 30
 KV_HEADS, HEAD_DIM = 3, 64
@@ -66,7 +69,7 @@ MODEL = "smollm2-135m-instruct"
 CLOCKS = {"wall": "wall_s", "cpu": "cpu_s"}
 
 
-def samples(steps: Sequence[Mapping[str, Any]], clock: str = "wall") -> list[Sample]:
+def samples(steps: Sequence[LoggedStep], clock: str = "wall") -> list[Sample]:
     """The worker's step log as :class:`Sample` s in the simulator's terms. Each logged sequence is
     ``[scheduled tokens, computed tokens before the step, prompt tokens]``: a prefill chunk while
     the computed tokens are short of the prompt (its context: the computed tokens, prefix hits
@@ -88,7 +91,7 @@ def samples(steps: Sequence[Mapping[str, Any]], clock: str = "wall") -> list[Sam
                 decodes.append(computed + 1)
             else:
                 raise KvtierError(f"step log entry {seq!r}: {new} tokens scheduled after the prompt")
-        seconds = float(step[CLOCKS[clock]])
+        seconds = step["cpu_s"] if clock == "cpu" else step["wall_s"]
         if not seconds > 0:
             raise KvtierError(f"step log entry with {clock} {seconds}: expected > 0")
         out.append(Sample(BatchShape(tuple(prefills), tuple(decodes)), seconds))
@@ -102,23 +105,25 @@ def _model(venv: Path) -> Path:
     return model
 
 
-def _base(venv: Path, dtype: str, max_model_len: int) -> dict[str, Any]:
+def _base(venv: Path, dtype: str, max_model_len: int) -> StepsSpec:
     rng = np.random.default_rng(99)
-    return {
-        "model": str(_model(venv)),
-        "dtype": dtype,
-        "max_model_len": max_model_len,
-        "max_num_seqs": 16,
-        "gpu_memory_utilization": 0.3,
-        "warm": rng.integers(100, VOCAB - 100, 256).tolist(),
-    }
+    return StepsSpec(
+        model=str(_model(venv)),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=16,
+        gpu_memory_utilization=0.3,
+        warm=rng.integers(100, VOCAB - 100, 256).tolist(),
+    )
 
 
-def _steps(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    return run_worker(venv, "kvtier.integrations.vllm.steps", [], "vLLM step log", 1800, spec=spec)
+def _steps(venv: Path, spec: StepsSpec) -> StepLogResult:
+    return parse_result(
+        run_worker(venv, "kvtier.integrations.vllm.steps", [], "vLLM step log", 1800, spec=spec)
+    )
 
 
-def calibration_workload(quick: bool = False, seed: int = 1) -> dict[str, Any]:
+def calibration_workload(quick: bool = False, seed: int = 1) -> Waves:
     """Random-token requests with log-uniform prompt lengths (16 to 1,800 tokens; 16 to 200 quick)
     and replies, sent in two waves (the first 16 at once, then one per finished request): prefills
     of whole prompts and of chunks beside decodes, decodes of 1-16 sequences at many contexts."""
@@ -126,11 +131,11 @@ def calibration_workload(quick: bool = False, seed: int = 1) -> dict[str, Any]:
     count, longest, first = (6, 200, 4) if quick else (28, 1800, 16)
     lengths = np.exp(rng.uniform(np.log(16), np.log(longest), size=count)).astype(int)
     replies = rng.integers(4, 10 if quick else 40, size=count)
-    return {
-        "prompts": [rng.integers(100, VOCAB - 100, int(n)).tolist() for n in lengths],
-        "max_tokens": [int(r) for r in replies],
-        "first_wave": first,
-    }
+    return Waves(
+        prompts=[rng.integers(100, VOCAB - 100, int(n)).tolist() for n in lengths],
+        max_tokens=[int(r) for r in replies],
+        first_wave=first,
+    )
 
 
 def calibrate(
@@ -140,7 +145,8 @@ def calibrate(
     :func:`kvtier.sim.calibrate.report` of them plus the engine that was timed."""
     if progress:
         print("[sim calibrate] timing vLLM's steps on the calibration workload", file=sys.stderr, flush=True)
-    spec = {**_base(venv, dtype, 2048), "waves": calibration_workload(quick)}
+    spec = _base(venv, dtype, 2048)
+    spec["waves"] = calibration_workload(quick)
     r = _steps(venv, spec)
     kv_bytes = 2 * NUM_LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES[dtype]
     result = report(
@@ -149,14 +155,14 @@ def calibrate(
         kv_bytes_per_token=kv_bytes,
         num_layers=NUM_LAYERS,
         model=f"SmolLM2-135M-Instruct ({r['engine']}, {dtype})",
-        blas_threads=int(r["torch_threads"]),
-        runtime=r,
+        blas_threads=r["torch_threads"],
+        runtime={"torch": r["torch"], "torch_threads": r["torch_threads"]},
     )
     if progress:
         print("[sim calibrate] again with kvtier's connector configured", file=sys.stderr, flush=True)
     # The same requests with the connector (its random prompts hit nothing: every block is saved,
     # none loaded): what the connector adds to each step, each step paired with its plain twin.
-    rc = _steps(venv, {**spec, "connector": CONNECTOR_DRAM})
+    rc = _steps(venv, StepsSpec(**spec, connector=CONNECTOR_DRAM))
     base = fitted_model(result, kv_bytes, NUM_LAYERS)
     plain = samples(r["steps"], clock)
     fit = connector_report(base, samples(rc["steps"], clock), plain)
@@ -243,18 +249,18 @@ def _connector(case: Case, directory: Path) -> dict[str, Any] | None:
     return out
 
 
-def request_turns(r: Mapping[str, Any], clock: str = "wall") -> list[Turn]:
+def request_turns(r: StepLogResult, clock: str = "wall") -> list[Turn]:
     """The worker's requests as :class:`Turn` s. On the ``wall`` clock their TTFT and TPOT are the
     worker's wall times; on ``cpu``, sums of the process CPU time of the steps between (the
     steps after the request was added up to the one returning its first token; then to its
     last), a clock the other jobs of a loaded machine disturb less (the fit must use it too)."""
     if clock not in CLOCKS:
         raise ConfigError(f"clock {clock!r}; expected one of {list(CLOCKS)}")
-    cpu = [float(s["cpu_s"]) for s in r["steps"]]
+    cpu = [s["cpu_s"] for s in r["steps"]]
     out = []
     for q in sorted(r["requests"], key=lambda q: q["id"]):
         n = len(q["output"])
-        ttft, tpot = float(q["ttft_s"]), float(q["tpot_s"])
+        ttft, tpot = q["ttft_s"], q["tpot_s"]
         if clock == "cpu":
             added, first, last = q["steps"]
             if not added <= first <= last < len(cpu):
@@ -314,13 +320,18 @@ def validate(
     out: dict[str, Any] = {"calibration": calibration, "clock": clock, "repeats": repeats, "cases": {}}
     for name in cases:
         case = CASES[name]
-        runs: list[dict[str, Any]] = []
+        runs: list[StepLogResult] = []
         for i in range(repeats):
             if progress:
                 print(f"[bench vllm sim] {name}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
             connector = _connector(case, Path(workdir.name) / f"{name}-{i}")
-            spec = {**base, "prefix_caching": case.prefix_caching, "connector": connector}
-            runs.append(_steps(venv, {**spec, "chat": {"conversations": conv, "reply_tokens": reply_tokens}}))
+            spec = StepsSpec(
+                **base,
+                prefix_caching=case.prefix_caching,
+                connector=connector,
+                chat=Chat(conversations=conv, reply_tokens=reply_tokens),
+            )
+            runs.append(_steps(venv, spec))
         sizes = VllmSizes(
             runs[0]["block_tokens"], max_len, base["max_num_seqs"], runs[0]["num_blocks"], case.prefix_caching
         )
@@ -350,14 +361,21 @@ def validate(
         if "stats" in runs[0]:
             # The link model against the connector's real loads: the simulator's time blocked on
             # loads (the cpu profile's memcpy and SSD links) beside the worker's measured load time.
-            row["kvtier_stats"] = runs[0]["stats"]
-            row["kvtier_load_s"] = float(runs[0]["stats"].get("load_s", 0.0))
-            row["kvtier_loaded_blocks"] = int(runs[0]["stats"].get("loaded_blocks", 0))
+            stats = runs[0]["stats"]
+            store = field_of(stats, "store", dict, "connector stats") if "store" in stats else {}
+            row["kvtier_stats"] = stats
+            row["kvtier_load_s"] = _counter(stats, "load_s", float)
+            row["kvtier_loaded_blocks"] = _counter(stats, "loaded_blocks", int)
             # Loads that read SSD: each such block is promoted into DRAM (ssd.promote_on_hit).
-            row["kvtier_ssd_loaded_blocks"] = int(runs[0]["stats"].get("store", {}).get("promoted_blocks", 0))
+            row["kvtier_ssd_loaded_blocks"] = _counter(store, "promoted_blocks", int)
         out["cases"][name] = row
     workdir.cleanup()
     return out
+
+
+def _counter(stats: Mapping[str, object], key: str, kind: type[N]) -> N:
+    """A counter of the connector's stats (absent: never counted, 0)."""
+    return field_of(stats, key, kind, "connector stats") if key in stats else kind(0)
 
 
 def _model_profile(directory: Path, dtype: str) -> str:
