@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 import yaml
@@ -57,7 +57,7 @@ from kvtier.sim.calibrate import (
 from kvtier.sim.cost import BatchShape, PrefillChunk, read_calibration
 from kvtier.sim.machine import fingerprint
 from kvtier.sim.models import MODELS_DIR
-from kvtier.sim.validate import Turn, compare, simulate
+from kvtier.sim.validate import Comparison, Turn, compare, simulate
 
 N = TypeVar("N", int, float)
 VOCAB = 49152  # SmolLM2's
@@ -272,6 +272,34 @@ def request_turns(r: StepLogResult, clock: str = "wall") -> list[Turn]:
     return out
 
 
+class KvtierLoads(TypedDict, total=False):
+    """With kvtier's connector: its loads as its worker counted them."""
+
+    kvtier_stats: dict[str, object]  # the connector's worker stats, as reported
+    kvtier_load_s: float
+    kvtier_loaded_blocks: int
+    kvtier_ssd_loaded_blocks: int  # loads that read SSD (each promoted into DRAM)
+
+
+class VllmCase(Comparison, KvtierLoads):
+    """One validation case: :func:`kvtier.sim.validate.compare`'s figures, the hits vLLM reported
+    and the simulator's, and (with kvtier's connector) the connector's loads beside the time the
+    simulator blocked on them."""
+
+    cached_tokens: int  # vLLM's num_cached_tokens, summed over the first run's requests
+    sim_hit_rate_tokens: dict[str, float]
+    sim_blocked_io_s: float
+
+
+class VllmValidation(TypedDict):
+    """:func:`validate`: ``kvtier bench vllm --case sim``'s report (under ``sim``)."""
+
+    calibration: str
+    clock: str
+    repeats: int
+    cases: dict[str, VllmCase]
+
+
 def validate(
     venv: Path,
     calibration: str,
@@ -284,7 +312,7 @@ def validate(
     doc_tokens: Sequence[int] = (900, 400, 1400, 650),
     dtype: str = "float32",
     progress: bool = True,
-) -> dict[str, Any]:
+) -> VllmValidation:
     """Per case: the chat workload on vLLM ``repeats`` times (a fresh process each) and once in the
     simulator; :func:`kvtier.sim.validate.compare` of them, plus the hits vLLM reported
     (``num_cached_tokens``) and, with kvtier, the connector's loads."""
@@ -317,7 +345,7 @@ def validate(
     model = _model_profile(Path(workdir.name), dtype)
     max_len = 2048 if max(doc_tokens) + (turns - 1) * (24 + reply_tokens) + 32 <= 2048 else 4096
     base = _base(venv, dtype, max_len)
-    out: dict[str, Any] = {"calibration": calibration, "clock": clock, "repeats": repeats, "cases": {}}
+    out = VllmValidation(calibration=calibration, clock=clock, repeats=repeats, cases={})
     for name in cases:
         case = CASES[name]
         runs: list[StepLogResult] = []
@@ -347,7 +375,7 @@ def validate(
             model=model,
         )
         engine_steps = samples(runs[0]["steps"], clock)
-        row = compare(
+        figures = compare(
             [request_turns(r, clock) for r in runs],
             sim,
             calibration,
@@ -355,22 +383,29 @@ def validate(
             sim_steps=sim_steps,
             machine=fingerprint(runs[0]),
         )
-        row["cached_tokens"] = sum(q["cached"] for q in runs[0]["requests"])
-        row["sim_hit_rate_tokens"] = sim["hit_rate_tokens"]
-        row["sim_blocked_io_s"] = sim["blocked_io_s"]
-        if "stats" in runs[0]:
-            # The link model against the connector's real loads: the simulator's time blocked on
-            # loads (the cpu profile's memcpy and SSD links) beside the worker's measured load time.
-            stats = runs[0]["stats"]
-            store = field_of(stats, "store", dict, "connector stats") if "store" in stats else {}
-            row["kvtier_stats"] = stats
-            row["kvtier_load_s"] = _counter(stats, "load_s", float)
-            row["kvtier_loaded_blocks"] = _counter(stats, "loaded_blocks", int)
-            # Loads that read SSD: each such block is promoted into DRAM (ssd.promote_on_hit).
-            row["kvtier_ssd_loaded_blocks"] = _counter(store, "promoted_blocks", int)
-        out["cases"][name] = row
+        # The link model against the connector's real loads: the simulator's time blocked on loads
+        # (the cpu profile's memcpy and SSD links) beside the worker's measured load time.
+        loads = _kvtier_loads(runs[0]["stats"]) if "stats" in runs[0] else KvtierLoads()
+        out["cases"][name] = {
+            **figures,
+            "cached_tokens": sum(q["cached"] for q in runs[0]["requests"]),
+            "sim_hit_rate_tokens": sim["hit_rate_tokens"],
+            "sim_blocked_io_s": sim["blocked_io_s"],
+            **loads,
+        }
     workdir.cleanup()
     return out
+
+
+def _kvtier_loads(stats: dict[str, object]) -> KvtierLoads:
+    store = field_of(stats, "store", dict, "connector stats") if "store" in stats else {}
+    return KvtierLoads(
+        kvtier_stats=stats,
+        kvtier_load_s=_counter(stats, "load_s", float),
+        kvtier_loaded_blocks=_counter(stats, "loaded_blocks", int),
+        # Loads that read SSD: each such block is promoted into DRAM (ssd.promote_on_hit).
+        kvtier_ssd_loaded_blocks=_counter(store, "promoted_blocks", int),
+    )
 
 
 def _counter(stats: Mapping[str, object], key: str, kind: type[N]) -> N:
@@ -407,7 +442,7 @@ def add_calibrate_arguments(cmd: Any) -> None:
     )
 
 
-def summary(result: Mapping[str, Any]) -> str:
+def summary(result: VllmValidation) -> str:
     lines = [
         f"simulator vs vLLM, calibration {result['calibration']} ({result['clock']} clock), "
         f"{result['repeats']} vLLM run(s) per case:"
