@@ -20,29 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Required, TypedDict
+from typing import TypedDict
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import make_cost_model
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
-from kvtier.sim.reproduce import Row, experiments_dir, reproduction
+from kvtier.sim.reproduce import PlaneProfile, PolicySpec, Row, experiments_dir, reproduction
 from kvtier.sim.run import SimResult, run
 from kvtier.sim.run import workload as requests_of
 
 PAPER = "composed"
 Result = SimResult
-
-
-class PolicySpec(TypedDict, total=False):
-    """A ``policy:`` section as this experiment sets it (the policy's other keys: the config's)."""
-
-    name: Required[str]
-    stages: list[str]  # composed's
-    store_writes: bool  # ShadowServe's
-    ttft_slo_s: float  # the experiment's SLOs and B_xfer, for RotaSched and composed (_policy)
-    tbt_slo_s: float
-    xfer_blocks: int
 
 
 class LoadPoint(TypedDict, total=False):
@@ -81,8 +70,8 @@ WITHOUT: dict[str, tuple[PolicySpec, bool]] = {
 }
 # Systems on the unified pool's data plane (the rest on LMCache's serial path).
 POOLED = ("unified_pool", *COMPOSED)
-POOLED_PLANE = {"layout": "pooled", "passthrough": True}
-SERIAL_PLANE = {"layout": "serial", "passthrough": False}
+POOLED_PLANE = PlaneProfile(layout="pooled", passthrough=True)
+SERIAL_PLANE = PlaneProfile(layout="serial", passthrough=False)
 # The swap path of the systems that rotate (RotaSched, composed's rotation stage): DuplexKV
 # (SuperInfer §4.3); the rest swap on the engine's plain path. The fetch path is the experiments'
 # (ShadowServe's SmartNIC), used only by the loads that fetch compressed (ShadowServe, async_fetch).

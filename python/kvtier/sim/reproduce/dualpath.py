@@ -32,17 +32,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from kvtier.sim.config import SimConfig
-from kvtier.sim.reproduce import Row, experiments_dir, reproduction
+from kvtier.sim.reproduce import PolicySpec, Row, experiments_dir, reproduction
 from kvtier.sim.run import RateRun, SimResult, run
 
 PAPER = "dualpath"
 OFFLINE = "offline_ds660b_2p4d.yaml"
 ONLINE = "online_ds660b_2p4d.yaml"
 ONLINE_DS27B = "online_ds27b_1p1d.yaml"
-POLICIES: dict[str, dict[str, Any]] = {
+POLICIES: dict[str, PolicySpec] = {
     "basic": {"name": "dualpath_basic"},
     "layerwise": {"name": "dualpath", "read_paths": "pe", "scheduler": "round_robin"},
     "dual_path": {"name": "dualpath", "read_paths": "dual", "scheduler": "round_robin"},
