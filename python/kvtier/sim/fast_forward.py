@@ -38,7 +38,7 @@ from typing import Protocol
 from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.core import EventLoop
-from kvtier.sim.cost import BatchShape, CostModel
+from kvtier.sim.cost import BatchShape, CostModel, RooflineCostModel
 from kvtier.sim.events.step_end import Step, StepEngine
 from kvtier.sim.state import SimRequest
 
@@ -131,7 +131,12 @@ def next_step(engine: DecodeEngine) -> bool:
     step.decode_contexts = contexts
     # Engine.start_step's slowdown and compute time, with no loads in the step: the same floats.
     slowdown = max([*engine.load_paths.interference], default=0.0)
-    step.compute_s = engine.cost.step_time_s(BatchShape((), tuple(contexts))) * (1.0 + slowdown)
+    cost = engine.cost
+    if type(cost) is RooflineCostModel:  # its decode-only form: the same float, fewer calls
+        compute_s = cost.decode_step_time_s(contexts)
+    else:
+        compute_s = cost.step_time_s(BatchShape((), tuple(contexts)))
+    step.compute_s = compute_s * (1.0 + slowdown)
     engine.stepping = True
     if not engine.swaps.holds_step(step):
         step.begin()
