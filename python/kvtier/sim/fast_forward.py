@@ -130,7 +130,7 @@ def next_step(engine: DecodeEngine) -> bool:
     step.decodes = decodes
     step.decode_contexts = contexts
     # Engine.start_step's slowdown and compute time, with no loads in the step: the same floats.
-    slowdown = max([*engine.load_paths.interference], default=0.0)
+    slowdown = max(engine.load_paths.interference, default=0.0)
     cost = engine.cost
     if type(cost) is RooflineCostModel:  # its decode-only form: the same float, fewer calls
         compute_s = cost.decode_step_time_s(contexts)
