@@ -198,3 +198,17 @@ def test_a_decodes_attention_inline_is_attention_flops_to_the_bit(name: str, con
     cost = RooflineCostModel(H100, model)
     gpu = cost.tp * H100.gpu_bf16_flops_per_s
     assert cost.step_cost(BatchShape((), ctx)).compute_s == by_call / (gpu * cost.mfu_decode)
+
+
+@pytest.mark.parametrize("name", model_names())
+@given(st.lists(st.integers(0, 1 << 20), max_size=300), st.sampled_from([1, 2, 8]))
+def test_the_decode_only_step_time_is_step_time_s_to_the_bit(name: str, contexts: list[int], tp: int) -> None:
+    # The decode fast-forward plans steps through decode_step_time_s (issue 20): a different float
+    # would move every later event.
+    model = load_model(name)
+    if model.num_attention_heads % tp or (
+        not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads
+    ):
+        return
+    cost = RooflineCostModel(H100, model, tp=tp)
+    assert repr(cost.decode_step_time_s(contexts)) == repr(cost.step_time_s(BatchShape((), tuple(contexts))))

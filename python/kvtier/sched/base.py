@@ -144,6 +144,23 @@ class Policy(ABC):
     @abstractmethod
     def schedule(self, view: SchedulerView) -> SchedulerDecision: ...
 
+    def steady_decode(self, view: SchedulerView) -> bool:
+        """Whether :meth:`schedule` of ``view`` decodes every running request, in order, and
+        orders nothing else, and would decide the same in every later view that differs from it
+        only by the running requests' generated tokens (while none finishes or needs a new block).
+
+        An explicit opt-in (default False): where True, the simulator plans such steps without
+        calling :meth:`schedule` (decode fast-forward, :mod:`kvtier.sim.fast_forward`), so it
+        must hold for this policy's state too. A subclass that redefines :meth:`schedule` does not
+        inherit a True answer (:meth:`__init_subclass__`); it opts in again if it can.
+        """
+        return False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "schedule" in cls.__dict__ and "steady_decode" not in cls.__dict__:
+            cls.steady_decode = Policy.steady_decode  # type: ignore[method-assign]
+
     def params(self) -> dict[str, Any]:
         return {}
 

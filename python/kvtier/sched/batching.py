@@ -32,6 +32,19 @@ def schedule_running(view: SchedulerView, decision: SchedulerDecision) -> int:
     return budget
 
 
+def steady_fcfs(view: SchedulerView) -> bool:
+    """:meth:`Policy.steady_decode` of a policy that is :func:`schedule_running` then
+    :func:`admit_fcfs` (or any admission that orders nothing with nobody waiting or fetching):
+    with nothing but running decodes, every one fits the token budget and nobody can be admitted."""
+    return (
+        not view.waiting
+        and not view.fetching
+        and not view.swapped
+        and len(view.running) <= view.max_batch_tokens
+        and all(r.computed_tokens >= r.prompt_tokens for r in view.running)
+    )
+
+
 def admit_fcfs(
     view: SchedulerView,
     decision: SchedulerDecision,

@@ -4,7 +4,7 @@ chunked prefill, passive preemption by recompute when device blocks run out (don
 from __future__ import annotations
 
 from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView, register
-from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
 
 
 @register
@@ -17,3 +17,6 @@ class Fcfs(Policy):
         budget = schedule_running(view, decision)
         admit_fcfs(view, decision, budget, load_mode=None)
         return decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return steady_fcfs(view)  # FCFS batching: decodes first, nobody to admit

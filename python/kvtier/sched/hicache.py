@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.sched.base import LoadMode, Policy, SchedulerDecision, SchedulerView, register
-from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
 
 
 @register
@@ -31,6 +31,9 @@ class HiCache(Policy):
             reserve_full_prompt=True,  # SGLang admits a request only if its whole input fits
         )
         return decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return steady_fcfs(view)  # FCFS batching: decodes first, nobody to admit
 
     def params(self) -> dict[str, Any]:
         return {"page_tokens": self.page_tokens}

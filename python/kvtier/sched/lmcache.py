@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.sched.base import LoadMode, Policy, SchedulerDecision, SchedulerView, register
-from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
 
 
 @register
@@ -25,6 +25,9 @@ class LmCache(Policy):
         # A chunk of all layers is one object: the segment is chunk_tokens x all layers.
         admit_fcfs(view, decision, budget, load_mode=LoadMode.SYNC, segment_tokens=None)
         return decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return steady_fcfs(view)  # FCFS batching: decodes first, nobody to admit
 
     def params(self) -> dict[str, Any]:
         return {"chunk_tokens": self.chunk_tokens}

@@ -39,7 +39,7 @@ from kvtier.sched.base import (
     deprecated_name,
     register,
 )
-from kvtier.sched.batching import admit_fcfs, blocks_for, reusable_tokens, schedule_running
+from kvtier.sched.batching import admit_fcfs, blocks_for, reusable_tokens, schedule_running, steady_fcfs
 from kvtier.tiers import Tier
 
 T = TypeVar("T")
@@ -144,6 +144,9 @@ class LmCacheLp(_LmCacheBase):
         admit_fcfs(view, decision, budget, load_mode=LoadMode.LAYERWISE)
         return decision
 
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return steady_fcfs(view)  # FCFS batching: decodes first, nobody to admit
+
 
 @register
 class LmCacheLpAsync(_LmCacheBase):
@@ -157,6 +160,9 @@ class LmCacheLpAsync(_LmCacheBase):
         budget = schedule_running(view, decision)
         admit_async(view, decision, budget)
         return decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return steady_fcfs(view)  # FCFS batching: decodes first, nobody to admit
 
 
 # Unified pooling's KV orchestrator and KV-passthrough are data-plane mechanism: the sim config's

@@ -31,6 +31,7 @@ from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
 from kvtier.sim.events.step_end import Step, finish_step
+from kvtier.sim.fast_forward import arm, next_step
 from kvtier.sim.loads import LoadOrders, LoadPaths
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.request import Request
@@ -142,6 +143,10 @@ class Engine:
         self.stepping = False
         self._kick_pending = False
         self.incoming: deque[SimRequest] = deque()  # P/D decode engines: KV arrived, awaiting blocks
+        # Decode fast-forward (kvtier.sim.fast_forward): the running batch while the policy's
+        # decision is known to be "decode them all"; False plans every step through the policy.
+        self.decode_fast_forward = True
+        self.decode_run: list[SimRequest] | None = None
         if config.preload_tier is not None and config.preload_tier not in self.lower_tiers:
             raise SimError(
                 f"engine {name!r} preloads tier {config.preload_tier.label!r}, which it does not have"
@@ -203,6 +208,8 @@ class Engine:
         if self.swaps.holds_start():  # the last step's swaps land first
             self.stepping = True
             return
+        if self.decode_run is not None and next_step(self):  # the decision is known: no view
+            return
         if self.incoming:
             self._admit_incoming()
         if self.config.swap_copy.eager:
@@ -221,6 +228,7 @@ class Engine:
             if not busy and self.waiting:
                 self._check_not_stuck()
             return
+        arm(self, view, decision, step)
         self.stepping = True
         shape = BatchShape(tuple(step.prefill_chunks), tuple(step.decode_contexts))
         slowdown = max(
