@@ -143,7 +143,7 @@ class Cost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-4 * new_tokens
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
         return 0.0
 
 

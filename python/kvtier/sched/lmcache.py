@@ -22,8 +22,7 @@ class LmCache(Policy):
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()
         budget = schedule_running(view, decision)
-        # A chunk of all layers is one object: the segment is chunk_tokens x all layers.
-        admit_fcfs(view, decision, budget, load_mode=LoadMode.SYNC, segment_tokens=None)
+        admit_fcfs(view, decision, budget, load_mode=LoadMode.SYNC)
         return decision
 
     def params(self) -> dict[str, Any]:

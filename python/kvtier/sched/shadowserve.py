@@ -149,7 +149,7 @@ class BatchInterception(Policy):
         return view.fetch.fetch_interference(
             view.kv_bytes_per_token,
             tokens,
-            lambda: view.cost.load_s(tokens, store_tier(r), LoadMode.ASYNC, None),
+            lambda: view.cost.load_s(tokens, store_tier(r), LoadMode.ASYNC),
         )
 
     def fetch_order(

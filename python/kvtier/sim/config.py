@@ -7,7 +7,7 @@ seed: 0
 hardware: h100-sxm          # a profile name (kvtier.sim.hardware.hardware_names()) or a YAML path
 model: llama-3.1-8b         # a profile name (kvtier.sim.models.model_names()) or a YAML path
 tp: 1
-policy: {name: hicache, page_tokens: 32}
+policy: {name: hicache}
 engines: 1                  # colocated engines behind `router`; or prefill_engines + decode_engines for P/D
 router: least_loaded        # round_robin | least_loaded | prefix_aware (default: the policy's, else least_loaded)
 block_tokens: 512
@@ -20,6 +20,7 @@ slo: {ttft_s: 5.0, tpot_s: 0.1}
 # out is the one the policy's paper ran on (kvtier.sched.data_plane).
 swap: {engine: plain}       # how swaps cross the host link (kvtier.sched.swap_copy)
 fetch: {engine: plain}      # how compressed fetches reach the device (kvtier.sched.fetch_path)
+load: {engine: per_page, page_tokens: 32}  # the copies loads cross the host link in (kvtier.sched.load_path)
 pool: {layout: serial}      # host-memory modules and SSDs as devices (kvtier.sim.pool)
 network: {traffic_isolation: true}  # the NICs' lanes (DualPath §5.1)
 ```
@@ -39,6 +40,7 @@ from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
 from kvtier.sched.fetch_path import fetch_path
+from kvtier.sched.load_path import load_path
 from kvtier.sched.placement import ROUTERS
 from kvtier.sched.section import checked_section
 from kvtier.sched.swap_copy import swap_copy
@@ -87,6 +89,10 @@ class SimConfig:
     # cachegen_gpu, compression_ratio, decode_bytes_per_s | decode_input_bytes_per_s,
     # decode_on_device, interference, duty_cycle}. None or no engine: the policy's, likewise.
     fetch: Mapping[str, Any] | None = None
+    # The copies a load crosses the host link in (kvtier.sched.load_path): {engine: plain|per_page|
+    # gpu_kernel, copy, page_tokens, interference, layerwise_interference}. None or no engine: the
+    # policy's, likewise.
+    load: Mapping[str, Any] | None = None
     # The compute NICs (DualPath §5.1): {traffic_isolation: true}, KV transfers in the low-priority
     # lane behind the model's collectives (the default); false: one lane shared. None: the defaults.
     network: Mapping[str, Any] | None = None
@@ -139,6 +145,7 @@ class SimConfig:
             PoolSpec.from_mapping(self.pool)  # validates the section
         swap_copy(self.swap, "plain")  # validates the section
         fetch_path(self.fetch, "plain")  # validates the section
+        load_path(self.load, "plain")  # validates the section
         network_isolation(self.network)  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
@@ -197,14 +204,16 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     section where the section is present and leaves them out (the run is unchanged). ``composed``
     in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
     pool's layout the same way. A policy's ``transfer`` (RotaSched, the static swap policies, and
-    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise, and
-    ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys."""
+    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise,
+    ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys, and
+    HiCache's and Strata's copy parameters (``page_tokens``, ``io``) the ``load`` section's."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
     swap = config.swap
     fetch = _fetch_keys(name, spec, config.fetch)
     network = _network_keys(name, spec, config.network)
+    load = _load_keys(name, spec, config.load)
     transfer = spec.pop("transfer", None)
     rota = spec.get("rotasched")
     if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
@@ -229,13 +238,13 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    unchanged = fetch is config.fetch and network is config.network
+    unchanged = fetch is config.fetch and network is config.network and load is config.load
     if name == spec["name"] and not implied and transfer is None and unchanged:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
     return config.with_overrides(
-        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network
+        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network, load=load
     )
 
 
@@ -248,6 +257,42 @@ _FETCH_PARAMS = (
     "interference",
     "duty_cycle",
 )
+
+
+# Policy parameters that described the load path (deprecated): now the `load` section's keys.
+_LOAD_POLICIES = ("hicache", "strata", "strata_sched")
+_IO_ENGINES = {"gpu": "gpu_kernel", "page": "per_page"}  # Strata's old `io` -> load.engine
+
+
+def _load_keys(name: str, spec: dict[str, Any], load: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Moves HiCache's and Strata's deprecated copy parameters (``page_tokens``; Strata's ``io``,
+    also inside composed's ``strata``) out of ``spec`` into the ``load`` section (where the section
+    does not set them already), with a DeprecationWarning naming the keys."""
+    params = spec
+    if name == "composed" and isinstance(spec.get("strata"), Mapping):
+        params = spec["strata"] = dict(spec["strata"])
+    elif name not in _LOAD_POLICIES:
+        return load
+    moved: dict[str, Any] = {}
+    if "io" in params:
+        io = params.pop("io")
+        if io not in _IO_ENGINES:
+            raise ConfigError(
+                f"policy {name!r} parameter `io` is {io!r}; expected one of {list(_IO_ENGINES)}"
+            )
+        moved["engine"] = _IO_ENGINES[io]
+    if "page_tokens" in params:
+        moved["page_tokens"] = params.pop("page_tokens")
+    if not moved:
+        return load
+    keys = ", ".join(f"load.{k}: {v!r}" for k, v in moved.items())
+    warnings.warn(
+        f"policy {name!r} parameters {sorted(k if k != 'engine' else 'io' for k in moved)} are "
+        f"deprecated: use {keys} (the load's copies are data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {**moved, **(load or {})}
 
 
 def network_isolation(network: Mapping[str, Any] | None) -> bool:

@@ -20,6 +20,7 @@ from kvtier.sched.base import Policy, policy_class
 from kvtier.sched.data_plane import default_engine
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.fetch_path import fetch_path
+from kvtier.sched.load_path import load_path
 from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.sim.cluster import Cluster
@@ -192,6 +193,7 @@ def build(config: SimConfig) -> Simulation:
         # The data plane: the config's sections, else what the policy was evaluated on.
         swap_copy=swap_copy(config.swap, default_engine(config.policy, "swap")),
         fetch=fetch_path(config.fetch, default_engine(config.policy, "fetch")),
+        load=load_path(config.load, default_engine(config.policy, "load")),
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
