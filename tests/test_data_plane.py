@@ -34,7 +34,7 @@ def test_a_policy_without_an_entry_gets_the_plain_engine(section: str) -> None:
 
 def test_policies_carry_no_data_plane() -> None:
     mechanism = {"swap_engine", "transfer", "compression_ratio", "decode_bytes_per_s", "decode_on_device"}
-    mechanism |= {"page_tokens", "segment_tokens", "io"}  # the load path (kvtier.sched.load_path)
+    mechanism |= {"page_tokens", "segment_tokens", "io", "chunk_tokens"}  # the load path, block_tokens
     for name in policy_names():
         assert not mechanism & set(dir(make_policy(name))), name
     assert not mechanism & set(dir(Policy))

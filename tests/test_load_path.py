@@ -124,3 +124,28 @@ def test_an_ablation_as_a_config_difference_replays_the_ablation_policy(
     want = records(bench({"name": ablation}))
     assert records(bench({"name": policy}, load={"engine": load})) == want
     assert records(bench({"name": policy})) != want  # the data plane is what the ablation changes
+
+
+# ------------------------------------------------------------------------------------------------
+# LMCache's chunk: its object size is the config's block_tokens (the plain path moves objects whole)
+
+
+@pytest.mark.parametrize("policy", ["lmcache", "lmcache_lp", "lmcache_lp_async", "unified_pool"])
+def test_old_chunk_tokens_is_dropped_with_a_warning_naming_block_tokens(policy: str) -> None:
+    old = SimConfig(policy={"name": policy, "chunk_tokens": 256}, block_tokens=256)
+    with pytest.warns(DeprecationWarning, match=r"chunk_tokens.*block_tokens \(256"):
+        new = resolve_deprecated(old)
+    assert "chunk_tokens" not in new.policy and new.block_tokens == 256
+
+
+def test_a_bad_chunk_tokens_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="parameter `chunk_tokens` is 0"):
+        resolve_deprecated(SimConfig(policy={"name": "lmcache", "chunk_tokens": 0}))
+    with pytest.raises(ConfigError, match="`block_tokens` is 0"):
+        SimConfig(policy={"name": "lmcache"}, block_tokens=0)
+
+
+def test_old_chunk_tokens_replays_as_block_tokens_alone() -> None:
+    with pytest.warns(DeprecationWarning, match="block_tokens"):
+        old = records(bench({"name": "lmcache_lp", "chunk_tokens": 128}))
+    assert old == records(bench({"name": "lmcache_lp"}))  # it never reached the engine

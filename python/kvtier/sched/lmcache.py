@@ -1,11 +1,10 @@
 """``lmcache``: vLLM + LMCache-like baseline. Computed prompt KV is written through to host (and
 SSD below it); on admission, a request's host/SSD prefix is loaded *synchronously*: the step's
 compute waits for the load (blocked I/O). Loads move whole chunk objects (LMCache's 256-token
-chunks, Strata §5.1), so segments are large."""
+chunks, Strata §5.1), so segments are large: the object is the sim config's ``block_tokens``, moved
+whole by the ``plain`` load path (data-plane config, not the policy's)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from kvtier.sched.base import LoadMode, Policy, SchedulerDecision, SchedulerView, register
 from kvtier.sched.batching import admit_fcfs, schedule_running
@@ -16,14 +15,8 @@ class LmCache(Policy):
     name = "lmcache"
     offload = "write_through"
 
-    def __init__(self, chunk_tokens: int = 256) -> None:
-        self.chunk_tokens = chunk_tokens
-
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()
         budget = schedule_running(view, decision)
         admit_fcfs(view, decision, budget, load_mode=LoadMode.SYNC)
         return decision
-
-    def params(self) -> dict[str, Any]:
-        return {"chunk_tokens": self.chunk_tokens}

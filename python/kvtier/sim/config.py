@@ -206,7 +206,9 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     pool's layout the same way. A policy's ``transfer`` (RotaSched, the static swap policies, and
     composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise,
     ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys, and
-    HiCache's and Strata's copy parameters (``page_tokens``, ``io``) the ``load`` section's."""
+    HiCache's and Strata's copy parameters (``page_tokens``, ``io``) the ``load`` section's. LMCache's
+    ``chunk_tokens`` (its object size, which never reached the engine: the objects are
+    ``block_tokens``) is dropped with a warning naming ``block_tokens``."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
@@ -214,6 +216,7 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     fetch = _fetch_keys(name, spec, config.fetch)
     network = _network_keys(name, spec, config.network)
     load = _load_keys(name, spec, config.load)
+    chunk = _drop_chunk_tokens(name, spec, config.block_tokens)
     transfer = spec.pop("transfer", None)
     rota = spec.get("rotasched")
     if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
@@ -239,7 +242,7 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
     unchanged = fetch is config.fetch and network is config.network and load is config.load
-    if name == spec["name"] and not implied and transfer is None and unchanged:
+    if name == spec["name"] and not implied and transfer is None and unchanged and not chunk:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
@@ -293,6 +296,26 @@ def _load_keys(name: str, spec: dict[str, Any], load: Mapping[str, Any] | None) 
         stacklevel=3,
     )
     return {**moved, **(load or {})}
+
+
+_CHUNK_POLICIES = ("lmcache", "lmcache_lp", "lmcache_lp_async")
+
+
+def _drop_chunk_tokens(name: str, spec: dict[str, Any], block_tokens: int) -> bool:
+    """Drops LMCache's deprecated ``chunk_tokens`` from ``spec`` (checked, with a DeprecationWarning
+    naming ``block_tokens``, the object size the engine moves); whether there was one."""
+    if name not in _CHUNK_POLICIES or "chunk_tokens" not in spec:
+        return False
+    chunk = spec.pop("chunk_tokens")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f"policy {name!r} parameter `chunk_tokens` is {chunk!r}; expected an int >= 1")
+    warnings.warn(
+        f"policy {name!r} parameter `chunk_tokens` is deprecated: LMCache's object size is the "
+        f"config's block_tokens ({block_tokens}; chunk_tokens {chunk} was never read)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def network_isolation(network: Mapping[str, Any] | None) -> bool:
