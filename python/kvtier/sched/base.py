@@ -102,6 +102,9 @@ class SchedulerView:
     kv_bytes_per_token: int = 0  # raw KV bytes per token on one GPU, for sizing transfers (0: unknown)
     swap_copy: SwapCopy = PLAIN_SWAP  # how the engine's swaps move KV (data-plane config, not the policy's)
     fetch: FetchPath = PLAIN_FETCH  # how the engine's compressed loads move KV (data-plane config)
+    # The engine streams a prefill's hit KV into per-layer buffers (DualPath's layerwise prefill,
+    # data-plane config: kvtier.sched.kv_io), so a batch's KV need not fit the device at once.
+    layerwise_prefill: bool = False
 
 
 @dataclass(frozen=True, slots=True)

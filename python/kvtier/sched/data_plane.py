@@ -2,7 +2,8 @@
 
 How the engine moves KV is configuration (issue 18 step 4): the sim config's ``swap`` section
 (:mod:`kvtier.sched.swap_copy`), ``fetch`` section (:mod:`kvtier.sched.fetch_path`) and ``load``
-section (:mod:`kvtier.sched.load_path`), the reference engine's ``EngineConfig.swap_engine``. A paper reproduction is (policy, data-plane
+section (:mod:`kvtier.sched.load_path`), the P/D cluster's ``io`` section (:mod:`kvtier.sched.kv_io`),
+the reference engine's ``EngineConfig.swap_engine``. A paper reproduction is (policy, data-plane
 profile); where a config leaves a section's ``engine`` out, :func:`default_engine` fills in the
 profile the policy was evaluated on, so that ``policy: rotasched`` alone still runs on DuplexKV.
 Policies hold no data-plane setting of their own.
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from kvtier.sched.base import Policy
 
 #: The data-plane sections a config may name an engine in.
-SECTIONS = ("swap", "fetch", "load")
+SECTIONS = ("swap", "fetch", "load", "io")
 
 #: policy -> section -> the engine its paper ran it on. Sections not listed: the plain engine.
 EVALUATED_ON: dict[str, dict[str, str]] = {
@@ -35,6 +36,9 @@ EVALUATED_ON: dict[str, dict[str, str]] = {
     "strata": {"load": "gpu_kernel"},
     "strata_sched": {"load": "per_page"},
     "strata_io": {"load": "gpu_kernel"},
+    # DualPath §7.2: Basic without layerwise prefill; Oracle with every KV transfer bypassed.
+    "dualpath_basic": {"io": "blocking"},
+    "dualpath_oracle": {"io": "oracle"},
     # composed: DuplexKV under its `rotation` stage, the SmartNIC under `async_fetch` (compressed
     # loads come only from that stage, so the fetch path is idle without it), Strata's kernels under
     # `balance` (without it its loads are the plain FCFS or async-loading ones).

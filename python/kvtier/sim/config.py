@@ -23,6 +23,7 @@ fetch: {engine: plain}      # how compressed fetches reach the device (kvtier.sc
 load: {engine: per_page, page_tokens: 32}  # the copies loads cross the host link in (kvtier.sched.load_path)
 pool: {layout: serial}      # host-memory modules and SSDs as devices (kvtier.sim.pool)
 network: {traffic_isolation: true}  # the NICs' lanes (DualPath §5.1)
+io: {layerwise: true}       # P/D prefill engines' KV intake: layerwise prefill, Oracle bypass (kvtier.sched.kv_io)
 ```
 """
 
@@ -40,6 +41,7 @@ from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
 from kvtier.sched.fetch_path import fetch_path
+from kvtier.sched.kv_io import kv_io
 from kvtier.sched.load_path import load_path
 from kvtier.sched.placement import ROUTERS
 from kvtier.sched.section import checked_section
@@ -96,6 +98,9 @@ class SimConfig:
     # The compute NICs (DualPath §5.1): {traffic_isolation: true}, KV transfers in the low-priority
     # lane behind the model's collectives (the default); false: one lane shared. None: the defaults.
     network: Mapping[str, Any] | None = None
+    # The node-group (DualPath) cluster's KV intake (kvtier.sched.kv_io): {engine: plain|blocking|
+    # oracle, layerwise, bypass}. None or no engine: the policy's paper's.
+    io: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -146,6 +151,7 @@ class SimConfig:
         swap_copy(self.swap, "plain")  # validates the section
         fetch_path(self.fetch, "plain")  # validates the section
         load_path(self.load, "plain")  # validates the section
+        kv_io(self.io, "plain")  # validates the section
         network_isolation(self.network)  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
@@ -208,13 +214,15 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys, and
     HiCache's and Strata's copy parameters (``page_tokens``, ``io``) the ``load`` section's. LMCache's
     ``chunk_tokens`` (its object size, which never reached the engine: the objects are
-    ``block_tokens``) is dropped with a warning naming ``block_tokens``."""
+    ``block_tokens``) is dropped with a warning naming ``block_tokens``. DualPath's ``layerwise``
+    becomes the ``io`` section's key, likewise."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
     swap = config.swap
     fetch = _fetch_keys(name, spec, config.fetch)
     network = _network_keys(name, spec, config.network)
+    io = _io_keys(name, spec, config.io)
     load = _load_keys(name, spec, config.load)
     chunk = _drop_chunk_tokens(name, spec, config.block_tokens)
     transfer = spec.pop("transfer", None)
@@ -241,13 +249,15 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    unchanged = fetch is config.fetch and network is config.network and load is config.load
+    unchanged = (
+        fetch is config.fetch and network is config.network and load is config.load and io is config.io
+    )
     if name == spec["name"] and not implied and transfer is None and unchanged and not chunk:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
     return config.with_overrides(
-        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network, load=load
+        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network, load=load, io=io
     )
 
 
@@ -327,6 +337,21 @@ def network_isolation(network: Mapping[str, Any] | None) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"network `traffic_isolation` is {value!r}; expected true or false")
     return value
+
+
+def _io_keys(name: str, spec: dict[str, Any], io: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Moves DualPath's deprecated ``layerwise`` parameter out of ``spec`` into the ``io`` section
+    (where the section does not set it already), with a DeprecationWarning naming the key."""
+    if not name.startswith("dualpath") or "layerwise" not in spec:
+        return io
+    value = spec.pop("layerwise")
+    warnings.warn(
+        f"policy {name!r} parameter `layerwise` is deprecated: use io.layerwise: {value!r} (layerwise "
+        "prefill is data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"layerwise": value, **(io or {})}
 
 
 def _network_keys(

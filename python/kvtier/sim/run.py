@@ -146,6 +146,11 @@ def build(config: SimConfig) -> Simulation:
             raise ConfigError(f"global scheduler {scheduler!r} needs a dualpath policy; got {policy_name!r}")
         dp = DualPathCluster(config, policy)
         return Simulation(config, dp.loop, dp, dp.metrics, dp.links, dp.hw, dp.model, dp.result)
+    if config.io is not None:  # read only by the node-group cluster: refuse rather than ignore
+        raise ConfigError(
+            f"sim `io` is {dict(config.io)!r}, but only the node-group (dualpath) cluster reads it; "
+            f"policy {policy_name!r} runs per engine: drop `io`"
+        )
     cost_spec = dict(config.cost)
     cost = make_cost_model(str(cost_spec.pop("kind", "roofline")), hw, model, tp=config.tp, **cost_spec)
     loop = EventLoop()
