@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kvtier.errors import ConfigError
+
 if TYPE_CHECKING:
     from kvtier.sched.base import Policy
 
@@ -70,3 +72,21 @@ def _composed_runs(spec: Mapping[str, Any], stage: str) -> bool:
     if stages is not None:
         return stage in stages
     return bool(spec.get(stage, True))
+
+
+#: What an engine keeps below the device (the sim config's ``offload: {mode: ...}``).
+OFFLOAD_MODES = ("none", "write_through", "write_back")
+
+
+def offload_mode(section: Mapping[str, Any] | None) -> str | None:
+    """The sim config's ``offload`` section's ``mode``; None where it names none (the policy's
+    paper's engine's, ``Policy.offload``)."""
+    from kvtier.sched.section import checked_section
+
+    if section is None:
+        return None
+    section = checked_section("offload", section, ("mode",), "{mode: write_through}")
+    mode = section.get("mode")
+    if mode is not None and mode not in OFFLOAD_MODES:
+        raise ConfigError(f"offload `mode` is {mode!r}; expected one of {list(OFFLOAD_MODES)}")
+    return None if mode is None else str(mode)

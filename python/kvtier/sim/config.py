@@ -23,6 +23,7 @@ fetch: {engine: plain}      # how compressed fetches reach the device (kvtier.sc
 load: {engine: per_page, page_tokens: 32}  # the copies loads cross the host link in (kvtier.sched.load_path)
 pool: {layout: serial}      # host-memory modules and SSDs as devices (kvtier.sim.pool)
 network: {traffic_isolation: true}  # the NICs' lanes (DualPath §5.1)
+offload: {mode: write_through}  # what the engines keep below the device (default: the policy's paper's)
 io: {layerwise: true}       # P/D prefill engines' KV intake: layerwise prefill, Oracle bypass (kvtier.sched.kv_io)
 ```
 """
@@ -40,6 +41,7 @@ from typing import Any
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
+from kvtier.sched.data_plane import offload_mode
 from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.kv_io import kv_io
 from kvtier.sched.load_path import load_path
@@ -101,6 +103,9 @@ class SimConfig:
     # The node-group (DualPath) cluster's KV intake (kvtier.sched.kv_io): {engine: plain|blocking|
     # oracle, layerwise, bypass}. None or no engine: the policy's paper's.
     io: Mapping[str, Any] | None = None
+    # What the engines keep below the device: {mode: none|write_through|write_back}. None or no
+    # mode: the policy's paper's engine's (Policy.offload).
+    offload: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -152,6 +157,7 @@ class SimConfig:
         fetch_path(self.fetch, "plain")  # validates the section
         load_path(self.load, "plain")  # validates the section
         kv_io(self.io, "plain")  # validates the section
+        offload_mode(self.offload)  # validates the section
         network_isolation(self.network)  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
@@ -215,7 +221,8 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     HiCache's and Strata's copy parameters (``page_tokens``, ``io``) the ``load`` section's. LMCache's
     ``chunk_tokens`` (its object size, which never reached the engine: the objects are
     ``block_tokens``) is dropped with a warning naming ``block_tokens``. DualPath's ``layerwise``
-    becomes the ``io`` section's key, likewise."""
+    becomes the ``io`` section's key, likewise, and ShadowServe's ``store_writes`` the ``offload``
+    section's ``mode``."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
@@ -223,6 +230,7 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     fetch = _fetch_keys(name, spec, config.fetch)
     network = _network_keys(name, spec, config.network)
     io = _io_keys(name, spec, config.io)
+    offload = _offload_keys(name, spec, config.offload)
     load = _load_keys(name, spec, config.load)
     chunk = _drop_chunk_tokens(name, spec, config.block_tokens)
     transfer = spec.pop("transfer", None)
@@ -249,15 +257,21 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    unchanged = (
-        fetch is config.fetch and network is config.network and load is config.load and io is config.io
-    )
+    sections = ((fetch, config.fetch), (network, config.network), (load, config.load), (io, config.io))
+    unchanged = all(new is old for new, old in (*sections, (offload, config.offload)))
     if name == spec["name"] and not implied and transfer is None and unchanged and not chunk:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
     return config.with_overrides(
-        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network, load=load, io=io
+        policy={**spec, "name": name},
+        pool=pool,
+        swap=swap,
+        fetch=fetch,
+        network=network,
+        load=load,
+        io=io,
+        offload=offload,
     )
 
 
@@ -337,6 +351,26 @@ def network_isolation(network: Mapping[str, Any] | None) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"network `traffic_isolation` is {value!r}; expected true or false")
     return value
+
+
+def _offload_keys(
+    name: str, spec: dict[str, Any], offload: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """Moves ShadowServe's deprecated ``store_writes`` out of ``spec``: true becomes the ``offload``
+    section's ``mode: write_through`` (where the section does not set a mode), with a warning."""
+    if name != "shadowserve_async" or "store_writes" not in spec:
+        return offload
+    value = spec.pop("store_writes")
+    if not isinstance(value, bool):
+        raise ConfigError(f"policy {name!r} parameter `store_writes` is {value!r}; expected true or false")
+    mode = "write_through" if value else "none"
+    warnings.warn(
+        f"policy {name!r} parameter `store_writes` is deprecated: use offload.mode: {mode!r} (what the "
+        "engine keeps below the device is data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"mode": mode, **(offload or {})}
 
 
 def _io_keys(name: str, spec: dict[str, Any], io: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

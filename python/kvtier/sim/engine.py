@@ -63,6 +63,9 @@ class EngineConfig:
     swap_copy: SwapCopy = PLAIN_SWAP  # how swaps cross the host link (the sim config's `swap` section)
     fetch: FetchPath = PLAIN_FETCH  # how compressed loads reach the device (the sim config's `fetch` section)
     load: LoadPath = PLAIN_LOAD  # the copies loads cross the host link in (the sim config's `load` section)
+    # What the engine keeps below the device (the sim config's `offload` section): none |
+    # write_through | write_back. None: its policy's paper's engine's (`Policy.offload`).
+    offload: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -149,7 +152,7 @@ class Engine:
             raise SimError(
                 f"engine {name!r} preloads tier {config.preload_tier.label!r}, which it does not have"
             )
-        if config.host_blocks == 0 and policy.offload != "none":
+        if config.host_blocks == 0 and self.offload != "none":
             raise SimError(
                 f"policy {policy.name!r} writes KV through to host, but the engine has no host tier"
             )
@@ -373,8 +376,13 @@ class Engine:
         moved = min(full - start, r.private_blocks)
         r.private_blocks -= moved
         self.private_blocks -= moved
-        if self.policy.offload == "write_through":
+        if self.offload == "write_through":
             self.lower_tiers.write_through(path, full - start)
+
+    @property
+    def offload(self) -> str:
+        """What this engine keeps below the device: its config's, else its policy's paper's."""
+        return self.config.offload or self.policy.offload
 
     def extend_lock(self, r: SimRequest, end: int) -> None:
         """``r`` now holds ``keys[:end]`` on device: lock the new blocks, clear their in-flight mark."""
