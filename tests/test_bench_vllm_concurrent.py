@@ -49,7 +49,7 @@ def test_measure_reports_medians_ratios_and_the_keys_it_always_had() -> None:
     assert sync["worker_stats"] == [{"loads": 2}, {"loads": 2}]  # the store's figures left out
     assert out["async_over_sync"]["ttft_s"] == pytest.approx(0.5)
     assert out["async_over_sync"]["bg_mean_itl_s"] == pytest.approx(1.0)  # the background steps every 10 ms
-    text = vllm.summary({"concurrent": result})
+    text = vllm.summary(vllm.VllmBench(concurrent=result))
     assert "load_async sync : loader TTFT 0.050 s" in text and "async / sync: TTFT 0.50x" in text
 
 

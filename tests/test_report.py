@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import KvtierError
-from kvtier.report import write_html
+from kvtier.report import reproduction_rows, write_html
 
 
 def kvtier(*args: str) -> str:
@@ -48,3 +48,24 @@ def test_report_of_a_directory_without_results_names_it(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(KvtierError, match=r"bad\.json"):
         write_html(tmp_path)
+
+
+def test_rows_written_before_their_later_fields_read_back_with_them_empty() -> None:
+    old = {"paper": "x", "metric": "m", "paper_ratio": None, "kvtier_ratio": 2, "paper_range": [1, 3]}
+    (row,) = reproduction_rows({"rows": [old]}, "rows.json")
+    assert row == {**old, "paper_range": (1, 3), "note": "", "within_30_percent": None}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"kvtier_ratio": "2"}, r"rows\[0\]: `kvtier_ratio` is '2'; expected float"),
+        ({"paper_range": [1]}, r"rows\[0\]: `paper_range` is \[1\]; expected \[low, high\]"),
+        ({"within_30_percent": 1}, r"rows\[0\]: `within_30_percent` is 1; expected bool"),
+        ({"metric": None}, r"rows\[0\]: `metric` is None; expected str"),
+    ],
+)
+def test_a_bad_row_field_is_named(change: dict[str, object], message: str) -> None:
+    row = {"paper": "x", "metric": "m", "paper_ratio": 1.5, "kvtier_ratio": 1.4, **change}
+    with pytest.raises(KvtierError, match=message):
+        reproduction_rows({"rows": [row]}, "rows.json")

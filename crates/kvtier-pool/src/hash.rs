@@ -82,9 +82,12 @@ impl Hasher for KeyHasher {
         }
     }
 
+    /// One more fold: without it the low bits of `fm(x, seed)` for keys that differ only in a few
+    /// low bits are nearly linear in those bits, and for ~3% of seeds 1000 sequential keys shared
+    /// fewer than 700 of 4096 buckets (the test below failed that often).
     #[inline]
     fn finish(&self) -> u64 {
-        self.state
+        folded_multiply(self.state, self.seed ^ 0x9e37_79b9_7f4a_7c15)
     }
 }
 
@@ -94,7 +97,12 @@ mod tests {
 
     #[test]
     fn spreads_keys_that_differ_in_one_half() {
-        let builder = KeyHashBuilder::new();
+        for _ in 0..200 {
+            spreads_with(&KeyHashBuilder::new());
+        }
+    }
+
+    fn spreads_with(builder: &KeyHashBuilder) {
         let low: std::collections::HashSet<u64> =
             (0u128..1000).map(|k| builder.hash_one(k << 64) & 0xfff).collect();
         assert!(low.len() > 700, "high-half keys collide in low bits: {} buckets", low.len());

@@ -75,25 +75,33 @@ impl OpCounters {
     }
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub exists: OpCounters,
-    pub get: OpCounters,
-    pub set: OpCounters,
-    pub del: OpCounters,
-    pub connects: AtomicU64,
-    pub reconnects: AtomicU64,
-    pub connect_failures: AtomicU64,
-    pub auth_failures: AtomicU64,
-    pub down_misses: AtomicU64,
-    pub down_skipped_writes: AtomicU64,
-    pub missing_on_get: AtomicU64,
-    pub bad_magic: AtomicU64,
-    pub bad_length: AtomicU64,
-    pub bad_checksum: AtomicU64,
-    pub foreign_objects: AtomicU64,
-    pub redirects: AtomicU64,
-    pub slot_refreshes: AtomicU64,
+/// The live counters, named once: each becomes a field of `Counters` and of its `RemoteMetrics`
+/// snapshot (operation kinds as `OpCounters` → `OpMetrics`, the rest as `AtomicU64` → `u64`).
+macro_rules! counters {
+    (ops: $($op:ident),*; counts: $($count:ident),* $(,)?) => {
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub $op: OpCounters,)*
+            $(pub $count: AtomicU64,)*
+        }
+
+        impl Counters {
+            pub fn snapshot(&self, nodes: u64, nodes_down: u64) -> RemoteMetrics {
+                RemoteMetrics {
+                    $($op: self.$op.snapshot(),)*
+                    $($count: self.$count.load(Ordering::Relaxed),)*
+                    nodes,
+                    nodes_down,
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    ops: exists, get, set, del;
+    counts: connects, reconnects, connect_failures, auth_failures, down_misses, down_skipped_writes,
+        missing_on_get, bad_magic, bad_length, bad_checksum, foreign_objects, redirects, slot_refreshes,
 }
 
 pub(crate) fn bump(c: &AtomicU64, by: usize) {
@@ -150,33 +158,6 @@ kvtier_core::fields! {
         /// Nodes known and nodes now in reconnect backoff.
         pub nodes: u64,
         pub nodes_down: u64,
-    }
-}
-
-impl Counters {
-    pub fn snapshot(&self, nodes: u64, nodes_down: u64) -> RemoteMetrics {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        RemoteMetrics {
-            exists: self.exists.snapshot(),
-            get: self.get.snapshot(),
-            set: self.set.snapshot(),
-            del: self.del.snapshot(),
-            connects: r(&self.connects),
-            reconnects: r(&self.reconnects),
-            connect_failures: r(&self.connect_failures),
-            auth_failures: r(&self.auth_failures),
-            down_misses: r(&self.down_misses),
-            down_skipped_writes: r(&self.down_skipped_writes),
-            missing_on_get: r(&self.missing_on_get),
-            bad_magic: r(&self.bad_magic),
-            bad_length: r(&self.bad_length),
-            bad_checksum: r(&self.bad_checksum),
-            foreign_objects: r(&self.foreign_objects),
-            redirects: r(&self.redirects),
-            slot_refreshes: r(&self.slot_refreshes),
-            nodes,
-            nodes_down,
-        }
     }
 }
 

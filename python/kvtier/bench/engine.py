@@ -23,7 +23,7 @@ import gc
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from kvtier.errors import KvtierError
 from kvtier.results import Result
 from kvtier.store import Store
 from kvtier.tiers import Tier
+
+if TYPE_CHECKING:
+    from kvtier.sim.validate import Comparison
 
 BLOCK_TOKENS = 16
 OBJECT_BYTES = 741_376  # one 16-token fp32 SmolLM2 block in the store (payload + header, whole pages)
@@ -71,7 +74,7 @@ class EngineBench(Result):
     decode_tokens_per_s_batch_1: float
     decode_tokens_per_s_batch_8: float
     ttft: Ttft
-    sim_validation: dict[str, Any] | None = None  # kvtier.engine.validate's report
+    sim_validation: Comparison | None = None  # kvtier.engine.validate's report
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {

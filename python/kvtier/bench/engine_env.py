@@ -13,9 +13,8 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from kvtier.errors import KvtierError
+from kvtier.errors import KvtierError, shown
 
 
 def engine_python(venv: Path) -> Path:
@@ -33,7 +32,7 @@ def run_worker(
     what: str,
     timeout_s: float,
     spec: Mapping[str, object] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Runs ``python -m module *args`` in `venv` (its libiomp5 preloaded when it has one) and
     returns the worker's result. With `spec`, the spec goes in a temporary file whose path is
     passed last as ``@path`` (long prompt lists pass the kernel's 128 KiB argument limit)."""
@@ -56,4 +55,10 @@ def run_worker(
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise KvtierError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
+    try:
+        data = json.loads(lines[-1][len("RESULT ") :])
+    except json.JSONDecodeError as e:
+        raise KvtierError(f"{what}: its RESULT is not JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise KvtierError(f"{what}: its RESULT is {shown(data)}; expected a JSON object")
+    return data

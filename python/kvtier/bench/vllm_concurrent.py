@@ -50,7 +50,7 @@ class Spec(TypedDict, total=False):
     background_max_tokens: int
     gap_steps: int
     loaders: list[list[int]]
-    connector: dict[str, Any] | None
+    connector: Mapping[str, object] | None  # the connector's config (kvtier's config keys)
 
 
 class LoadRecord(TypedDict):
@@ -178,7 +178,7 @@ def window_metrics(result: WorkerRun) -> Windows:
 def measure(
     worker: Callable[[Spec], Mapping[str, object]],
     spec: Spec,
-    connector: dict[str, Any],
+    connector: Mapping[str, object],
     repeats: int,
     say: Callable[[str], None],
 ) -> Concurrent:
@@ -228,13 +228,14 @@ def measure(
 
 def main() -> None:
     arg = sys.argv[1]
-    spec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
+    spec: Spec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    kwargs: dict[str, Any] = {}
-    if spec.get("connector") is not None:
-        kwargs["kv_transfer_config"] = transfer_config(spec["connector"])
+    kwargs: dict[str, object] = {}
+    connector = spec.get("connector")
+    if connector is not None:
+        kwargs["kv_transfer_config"] = transfer_config(connector)
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
@@ -295,11 +296,13 @@ def main() -> None:
     for _ in range(spec["gap_steps"]):
         step()
     engine.abort_request([r for r, n in names.items() if n in background])
-    result: dict[str, Any] = {"arrivals": {b: arrivals[b] for b in background}, "loads": loads}
+    result = WorkerRun(arrivals={b: arrivals[b] for b in background}, loads=loads, stats={})
     if spec.get("connector") is not None:
         from kvtier.integrations.vllm.run import close_local_workers
 
-        result |= close_local_workers()
+        stats = close_local_workers().get("stats")
+        if isinstance(stats, dict):
+            result["stats"] = stats
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -36,19 +36,30 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 import yaml
 
 from kvtier.bench.engine_env import run_worker
 from kvtier.errors import ConfigError, KvtierError
-from kvtier.sim.calibrate import Sample, connector_report, report
-from kvtier.sim.cost import COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk, read_calibration
+from kvtier.integrations.vllm.step_log import Chat, LoggedStep, StepLogResult, StepsSpec, Waves, parse_result
+from kvtier.results import field_of
+from kvtier.sim.calibrate import (
+    Calibration,
+    ConnectorSection,
+    EngineTimed,
+    Sample,
+    connector_report,
+    fitted_model,
+    report,
+)
+from kvtier.sim.cost import BatchShape, PrefillChunk, read_calibration
 from kvtier.sim.machine import fingerprint
 from kvtier.sim.models import MODELS_DIR
-from kvtier.sim.validate import Turn, compare, simulate
+from kvtier.sim.validate import Comparison, Turn, compare, simulate
 
+N = TypeVar("N", int, float)
 VOCAB = 49152  # SmolLM2's
 NUM_LAYERS = 30
 KV_HEADS, HEAD_DIM = 3, 64
@@ -58,7 +69,7 @@ MODEL = "smollm2-135m-instruct"
 CLOCKS = {"wall": "wall_s", "cpu": "cpu_s"}
 
 
-def samples(steps: Sequence[Mapping[str, Any]], clock: str = "wall") -> list[Sample]:
+def samples(steps: Sequence[LoggedStep], clock: str = "wall") -> list[Sample]:
     """The worker's step log as :class:`Sample` s in the simulator's terms. Each logged sequence is
     ``[scheduled tokens, computed tokens before the step, prompt tokens]``: a prefill chunk while
     the computed tokens are short of the prompt (its context: the computed tokens, prefix hits
@@ -80,7 +91,7 @@ def samples(steps: Sequence[Mapping[str, Any]], clock: str = "wall") -> list[Sam
                 decodes.append(computed + 1)
             else:
                 raise KvtierError(f"step log entry {seq!r}: {new} tokens scheduled after the prompt")
-        seconds = float(step[CLOCKS[clock]])
+        seconds = step["cpu_s"] if clock == "cpu" else step["wall_s"]
         if not seconds > 0:
             raise KvtierError(f"step log entry with {clock} {seconds}: expected > 0")
         out.append(Sample(BatchShape(tuple(prefills), tuple(decodes)), seconds))
@@ -94,23 +105,25 @@ def _model(venv: Path) -> Path:
     return model
 
 
-def _base(venv: Path, dtype: str, max_model_len: int) -> dict[str, Any]:
+def _base(venv: Path, dtype: str, max_model_len: int) -> StepsSpec:
     rng = np.random.default_rng(99)
-    return {
-        "model": str(_model(venv)),
-        "dtype": dtype,
-        "max_model_len": max_model_len,
-        "max_num_seqs": 16,
-        "gpu_memory_utilization": 0.3,
-        "warm": rng.integers(100, VOCAB - 100, 256).tolist(),
-    }
+    return StepsSpec(
+        model=str(_model(venv)),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=16,
+        gpu_memory_utilization=0.3,
+        warm=rng.integers(100, VOCAB - 100, 256).tolist(),
+    )
 
 
-def _steps(venv: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    return run_worker(venv, "kvtier.integrations.vllm.steps", [], "vLLM step log", 1800, spec=spec)
+def _steps(venv: Path, spec: StepsSpec) -> StepLogResult:
+    return parse_result(
+        run_worker(venv, "kvtier.integrations.vllm.steps", [], "vLLM step log", 1800, spec=spec)
+    )
 
 
-def calibration_workload(quick: bool = False, seed: int = 1) -> dict[str, Any]:
+def calibration_workload(quick: bool = False, seed: int = 1) -> Waves:
     """Random-token requests with log-uniform prompt lengths (16 to 1,800 tokens; 16 to 200 quick)
     and replies, sent in two waves (the first 16 at once, then one per finished request): prefills
     of whole prompts and of chunks beside decodes, decodes of 1-16 sequences at many contexts."""
@@ -118,21 +131,22 @@ def calibration_workload(quick: bool = False, seed: int = 1) -> dict[str, Any]:
     count, longest, first = (6, 200, 4) if quick else (28, 1800, 16)
     lengths = np.exp(rng.uniform(np.log(16), np.log(longest), size=count)).astype(int)
     replies = rng.integers(4, 10 if quick else 40, size=count)
-    return {
-        "prompts": [rng.integers(100, VOCAB - 100, int(n)).tolist() for n in lengths],
-        "max_tokens": [int(r) for r in replies],
-        "first_wave": first,
-    }
+    return Waves(
+        prompts=[rng.integers(100, VOCAB - 100, int(n)).tolist() for n in lengths],
+        max_tokens=[int(r) for r in replies],
+        first_wave=first,
+    )
 
 
 def calibrate(
     venv: Path, *, quick: bool = False, dtype: str = "float32", clock: str = "wall", progress: bool = True
-) -> dict[str, Any]:
+) -> Calibration:
     """Runs the calibration workload on vLLM and fits the cost model to its steps; returns
     :func:`kvtier.sim.calibrate.report` of them plus the engine that was timed."""
     if progress:
         print("[sim calibrate] timing vLLM's steps on the calibration workload", file=sys.stderr, flush=True)
-    spec = {**_base(venv, dtype, 2048), "waves": calibration_workload(quick)}
+    spec = _base(venv, dtype, 2048)
+    spec["waves"] = calibration_workload(quick)
     r = _steps(venv, spec)
     kv_bytes = 2 * NUM_LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES[dtype]
     result = report(
@@ -141,27 +155,25 @@ def calibrate(
         kv_bytes_per_token=kv_bytes,
         num_layers=NUM_LAYERS,
         model=f"SmolLM2-135M-Instruct ({r['engine']}, {dtype})",
-        blas_threads=int(r["torch_threads"]),
-        runtime=r,
+        blas_threads=r["torch_threads"],
+        runtime={"torch": r["torch"], "torch_threads": r["torch_threads"]},
     )
     if progress:
         print("[sim calibrate] again with kvtier's connector configured", file=sys.stderr, flush=True)
     # The same requests with the connector (its random prompts hit nothing: every block is saved,
     # none loaded): what the connector adds to each step, each step paired with its plain twin.
-    rc = _steps(venv, {**spec, "connector": CONNECTOR_DRAM})
-    base = FittedCostModel(kv_bytes, NUM_LAYERS, **{k: float(result[k]) for k in COEFFICIENTS})
+    rc = _steps(venv, StepsSpec(**spec, connector=CONNECTOR_DRAM))
+    base = fitted_model(result, kv_bytes, NUM_LAYERS)
     plain = samples(r["steps"], clock)
-    result["connector"] = {
-        "config": CONNECTOR_DRAM,
-        **connector_report(base, samples(rc["steps"], clock), plain),
-    }
-    result["engine"] = {
-        "name": r["engine"],
-        "torch": r["torch"],
-        "torch_threads": r["torch_threads"],
-        "block_tokens": r["block_tokens"],
-        "clock": clock,
-    }
+    fit = connector_report(base, samples(rc["steps"], clock), plain)
+    result["connector"] = ConnectorSection(config=CONNECTOR_DRAM, **fit)
+    result["engine"] = EngineTimed(
+        name=r["engine"],
+        torch=r["torch"],
+        torch_threads=r["torch_threads"],
+        block_tokens=r["block_tokens"],
+        clock=clock,
+    )
     return result
 
 
@@ -237,18 +249,18 @@ def _connector(case: Case, directory: Path) -> dict[str, Any] | None:
     return out
 
 
-def request_turns(r: Mapping[str, Any], clock: str = "wall") -> list[Turn]:
+def request_turns(r: StepLogResult, clock: str = "wall") -> list[Turn]:
     """The worker's requests as :class:`Turn` s. On the ``wall`` clock their TTFT and TPOT are the
     worker's wall times; on ``cpu``, sums of the process CPU time of the steps between (the
     steps after the request was added up to the one returning its first token; then to its
     last), a clock the other jobs of a loaded machine disturb less (the fit must use it too)."""
     if clock not in CLOCKS:
         raise ConfigError(f"clock {clock!r}; expected one of {list(CLOCKS)}")
-    cpu = [float(s["cpu_s"]) for s in r["steps"]]
+    cpu = [s["cpu_s"] for s in r["steps"]]
     out = []
     for q in sorted(r["requests"], key=lambda q: q["id"]):
         n = len(q["output"])
-        ttft, tpot = float(q["ttft_s"]), float(q["tpot_s"])
+        ttft, tpot = q["ttft_s"], q["tpot_s"]
         if clock == "cpu":
             added, first, last = q["steps"]
             if not added <= first <= last < len(cpu):
@@ -258,6 +270,34 @@ def request_turns(r: Mapping[str, Any], clock: str = "wall") -> list[Turn]:
             ttft, tpot = sum(cpu[added : first + 1]), sum(cpu[first + 1 : last + 1]) / max(n - 1, 1)
         out.append(Turn(q["id"], q["parent"], q["prompt"], q["output"], n, ttft, tpot))
     return out
+
+
+class KvtierLoads(TypedDict, total=False):
+    """With kvtier's connector: its loads as its worker counted them."""
+
+    kvtier_stats: dict[str, object]  # the connector's worker stats, as reported
+    kvtier_load_s: float
+    kvtier_loaded_blocks: int
+    kvtier_ssd_loaded_blocks: int  # loads that read SSD (each promoted into DRAM)
+
+
+class VllmCase(Comparison, KvtierLoads):
+    """One validation case: :func:`kvtier.sim.validate.compare`'s figures, the hits vLLM reported
+    and the simulator's, and (with kvtier's connector) the connector's loads beside the time the
+    simulator blocked on them."""
+
+    cached_tokens: int  # vLLM's num_cached_tokens, summed over the first run's requests
+    sim_hit_rate_tokens: dict[str, float]
+    sim_blocked_io_s: float
+
+
+class VllmValidation(TypedDict):
+    """:func:`validate`: ``kvtier bench vllm --case sim``'s report (under ``sim``)."""
+
+    calibration: str
+    clock: str
+    repeats: int
+    cases: dict[str, VllmCase]
 
 
 def validate(
@@ -272,7 +312,7 @@ def validate(
     doc_tokens: Sequence[int] = (900, 400, 1400, 650),
     dtype: str = "float32",
     progress: bool = True,
-) -> dict[str, Any]:
+) -> VllmValidation:
     """Per case: the chat workload on vLLM ``repeats`` times (a fresh process each) and once in the
     simulator; :func:`kvtier.sim.validate.compare` of them, plus the hits vLLM reported
     (``num_cached_tokens``) and, with kvtier, the connector's loads."""
@@ -305,16 +345,21 @@ def validate(
     model = _model_profile(Path(workdir.name), dtype)
     max_len = 2048 if max(doc_tokens) + (turns - 1) * (24 + reply_tokens) + 32 <= 2048 else 4096
     base = _base(venv, dtype, max_len)
-    out: dict[str, Any] = {"calibration": calibration, "clock": clock, "repeats": repeats, "cases": {}}
+    out = VllmValidation(calibration=calibration, clock=clock, repeats=repeats, cases={})
     for name in cases:
         case = CASES[name]
-        runs: list[dict[str, Any]] = []
+        runs: list[StepLogResult] = []
         for i in range(repeats):
             if progress:
                 print(f"[bench vllm sim] {name}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
             connector = _connector(case, Path(workdir.name) / f"{name}-{i}")
-            spec = {**base, "prefix_caching": case.prefix_caching, "connector": connector}
-            runs.append(_steps(venv, {**spec, "chat": {"conversations": conv, "reply_tokens": reply_tokens}}))
+            spec = StepsSpec(
+                **base,
+                prefix_caching=case.prefix_caching,
+                connector=connector,
+                chat=Chat(conversations=conv, reply_tokens=reply_tokens),
+            )
+            runs.append(_steps(venv, spec))
         sizes = VllmSizes(
             runs[0]["block_tokens"], max_len, base["max_num_seqs"], runs[0]["num_blocks"], case.prefix_caching
         )
@@ -330,7 +375,7 @@ def validate(
             model=model,
         )
         engine_steps = samples(runs[0]["steps"], clock)
-        row = compare(
+        figures = compare(
             [request_turns(r, clock) for r in runs],
             sim,
             calibration,
@@ -338,20 +383,34 @@ def validate(
             sim_steps=sim_steps,
             machine=fingerprint(runs[0]),
         )
-        row["cached_tokens"] = sum(q["cached"] for q in runs[0]["requests"])
-        row["sim_hit_rate_tokens"] = sim["hit_rate_tokens"]
-        row["sim_blocked_io_s"] = sim["blocked_io_s"]
-        if "stats" in runs[0]:
-            # The link model against the connector's real loads: the simulator's time blocked on
-            # loads (the cpu profile's memcpy and SSD links) beside the worker's measured load time.
-            row["kvtier_stats"] = runs[0]["stats"]
-            row["kvtier_load_s"] = float(runs[0]["stats"].get("load_s", 0.0))
-            row["kvtier_loaded_blocks"] = int(runs[0]["stats"].get("loaded_blocks", 0))
-            # Loads that read SSD: each such block is promoted into DRAM (ssd.promote_on_hit).
-            row["kvtier_ssd_loaded_blocks"] = int(runs[0]["stats"].get("store", {}).get("promoted_blocks", 0))
-        out["cases"][name] = row
+        # The link model against the connector's real loads: the simulator's time blocked on loads
+        # (the cpu profile's memcpy and SSD links) beside the worker's measured load time.
+        loads = _kvtier_loads(runs[0]["stats"]) if "stats" in runs[0] else KvtierLoads()
+        out["cases"][name] = {
+            **figures,
+            "cached_tokens": sum(q["cached"] for q in runs[0]["requests"]),
+            "sim_hit_rate_tokens": sim["hit_rate_tokens"],
+            "sim_blocked_io_s": sim["blocked_io_s"],
+            **loads,
+        }
     workdir.cleanup()
     return out
+
+
+def _kvtier_loads(stats: dict[str, object]) -> KvtierLoads:
+    store = field_of(stats, "store", dict, "connector stats") if "store" in stats else {}
+    return KvtierLoads(
+        kvtier_stats=stats,
+        kvtier_load_s=_counter(stats, "load_s", float),
+        kvtier_loaded_blocks=_counter(stats, "loaded_blocks", int),
+        # Loads that read SSD: each such block is promoted into DRAM (ssd.promote_on_hit).
+        kvtier_ssd_loaded_blocks=_counter(store, "promoted_blocks", int),
+    )
+
+
+def _counter(stats: Mapping[str, object], key: str, kind: type[N]) -> N:
+    """A counter of the connector's stats (absent: never counted, 0)."""
+    return field_of(stats, key, kind, "connector stats") if key in stats else kind(0)
 
 
 def _model_profile(directory: Path, dtype: str) -> str:
@@ -364,7 +423,7 @@ def _model_profile(directory: Path, dtype: str) -> str:
     return str(path)
 
 
-def calibrate_command(args: Any) -> dict[str, Any]:
+def calibrate_command(args: Any) -> Calibration:
     """:func:`calibrate` with `kvtier sim calibrate --engine vllm`'s arguments."""
     return calibrate(Path(args.venv), quick=args.quick, clock=args.clock, progress=not args.json)
 
@@ -383,7 +442,7 @@ def add_calibrate_arguments(cmd: Any) -> None:
     )
 
 
-def summary(result: Mapping[str, Any]) -> str:
+def summary(result: VllmValidation) -> str:
     lines = [
         f"simulator vs vLLM, calibration {result['calibration']} ({result['clock']} clock), "
         f"{result['repeats']} vLLM run(s) per case:"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from kvtier.engine.sampling import SamplingParams
 from kvtier.engine.scheduler import Engine
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
-from kvtier.sim.calibrate import DEFAULT_SHAPES, QUICK_SHAPES, Sample, report, summary, write
+from kvtier.sim.calibrate import DEFAULT_SHAPES, QUICK_SHAPES, Calibration, Sample, report, summary, write
 from kvtier.sim.cost import BatchShape, PrefillChunk
 
 __all__ = [
@@ -138,7 +137,7 @@ def calibrate(
     repeats: int = 3,
     threads: int = 1,
     progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
+) -> Calibration:
     """Runs the calibration workload on the reference engine and times the standalone forward grid
     (:data:`~kvtier.sim.calibrate.DEFAULT_SHAPES`, or the quick one) on ``threads`` BLAS threads;
     returns :func:`kvtier.sim.calibrate.report` of them (coefficients, held-out error, grid)."""

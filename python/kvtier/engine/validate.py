@@ -13,8 +13,6 @@ never the other way round (issue 18).
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvtier.engine.calibrate import logged_samples, warm_up
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.model import Model, load
@@ -25,7 +23,7 @@ from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
 from kvtier.sim.calibrate import Sample
 from kvtier.sim.cost import BatchShape, read_calibration
-from kvtier.sim.validate import Turn, compare, simulate
+from kvtier.sim.validate import Comparison, Turn, compare, simulate
 
 QUESTIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -103,7 +101,7 @@ def validate(
     repeats: int = 3,
     model: Model | None = None,
     tokenizer: Tokenizer | None = None,
-) -> dict[str, Any]:
+) -> Comparison:
     """Runs the held-out workload ``repeats`` times on the engine and once in the simulator; returns
     both, the errors against the engine's mean over the runs, and the engine's own spread."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]

@@ -21,14 +21,14 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import yaml
 
 from kvtier.errors import ConfigError
 from kvtier.sim.cost import COEFFICIENTS, CONNECTOR_COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk
-from kvtier.sim.machine import fingerprint
+from kvtier.sim.machine import Fingerprint, fingerprint
 
 
 def _p(new: int, ctx: int) -> PrefillChunk:
@@ -80,6 +80,67 @@ QUICK_SHAPES: tuple[BatchShape, ...] = (
 class Sample:
     shape: BatchShape
     seconds: float
+
+
+class ForwardRow(TypedDict):
+    """A standalone forward pass of the grid against the fit's prediction."""
+
+    shape: str  # :func:`describe`
+    measured_s: float
+    predicted_s: float
+
+
+class ConnectorFit(TypedDict):
+    """:func:`connector_report`: the connector's increments of CONNECTOR_COEFFICIENTS and their check."""
+
+    base_s: float
+    token_s: float
+    engine_steps: int
+    paired: bool
+    mean_slowdown: float
+    median_slowdown: float
+    held_out_mean_rel_error_base: float
+    held_out_mean_rel_error: float
+
+
+class ConnectorSection(ConnectorFit):
+    """A calibration's ``connector`` section: the fit and the connector config it was timed with."""
+
+    config: Mapping[str, object]
+
+
+class EngineTimed(TypedDict):
+    """A calibration's ``engine`` section: another engine's steps (``kvtier.bench.vllm_sim``)."""
+
+    name: str
+    torch: str
+    torch_threads: int
+    block_tokens: int
+    clock: str  # the clock the steps were timed on: "wall" or "cpu"
+
+
+class Calibration(TypedDict):
+    """:func:`report`: the YAML file ``kvtier sim calibrate`` writes (:func:`write`) and
+    :func:`kvtier.sim.cost.read_calibration` reads back; its keys in the order written."""
+
+    model: str
+    blas_threads: int
+    machine: Fingerprint
+    kind: str  # "fitted"
+    base_s: float  # COEFFICIENTS, FittedCostModel's
+    token_s: float
+    pair_s: float
+    seq_s: float
+    decode_pair_s: float
+    multi_token_s: float
+    engine_steps: int
+    held_out_mean_rel_error: float
+    held_out_max_rel_error: float
+    fit_mean_rel_error: float
+    forward_grid: list[ForwardRow]
+    connector: NotRequired[ConnectorSection]  # kvtier.bench.vllm_sim's
+    engine: NotRequired[EngineTimed]  # kvtier.bench.vllm_sim's
+    written_to: NotRequired[str]  # added for the report, not written
 
 
 def _nnls_relative(x: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
@@ -144,7 +205,7 @@ def with_increments(base: FittedCostModel, increments: Mapping[str, float]) -> F
 
 def connector_report(
     base: FittedCostModel, samples: Sequence[Sample], plain: Sequence[Sample] = ()
-) -> dict[str, Any]:
+) -> ConnectorFit:
     """What kvtier's connector adds to the engine's steps (``samples``: the calibration workload
     again, the connector configured; its random prompts hit nothing, so every difference is the
     connector's per-step and write-through work). Where ``plain`` (the run without the connector
@@ -161,15 +222,17 @@ def connector_report(
     train, held_out = samples[0::2], samples[1::2]
     trial = with_increments(base, fit_connector(train, offsets[0::2]))
     slowdown = [(s.seconds - o) / o for s, o in zip(samples, offsets, strict=True)]
-    return {
-        **fit_connector(samples, offsets),
-        "engine_steps": len(samples),
-        "paired": paired,
-        "mean_slowdown": float(np.mean(slowdown)),
-        "median_slowdown": float(np.median(slowdown)),
-        "held_out_mean_rel_error_base": float(np.mean(relative_errors(base, held_out))),
-        "held_out_mean_rel_error": float(np.mean(relative_errors(trial, held_out))),
-    }
+    increments = fit_connector(samples, offsets)
+    return ConnectorFit(
+        base_s=increments["base_s"],
+        token_s=increments["token_s"],
+        engine_steps=len(samples),
+        paired=paired,
+        mean_slowdown=float(np.mean(slowdown)),
+        median_slowdown=float(np.median(slowdown)),
+        held_out_mean_rel_error_base=float(np.mean(relative_errors(base, held_out))),
+        held_out_mean_rel_error=float(np.mean(relative_errors(trial, held_out))),
+    )
 
 
 def relative_errors(model: FittedCostModel, samples: Sequence[Sample]) -> list[float]:
@@ -192,8 +255,8 @@ def report(
     num_layers: int,
     model: str,
     blas_threads: int,
-    runtime: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    runtime: Mapping[str, object] | None = None,
+) -> Calibration:
     """Fits the engine's step log ``samples`` (every other step held out of a first fit, whose error
     is reported; then refitted on all steps) and reports how the fit predicts ``grid``, standalone
     forward passes: those lack the loop's per-step costs, so they show what the fit would miss
@@ -202,24 +265,56 @@ def report(
     trial = fit(train, kv_bytes_per_token, num_layers)
     held_out_errors = relative_errors(trial, held_out)
     final = fit(samples, kv_bytes_per_token, num_layers)
-    return {
-        "model": model,
-        "blas_threads": blas_threads,
-        "machine": fingerprint(runtime),
-        "kind": "fitted",
-        **{name: getattr(final, name) for name in COEFFICIENTS},
-        "engine_steps": len(samples),
-        "held_out_mean_rel_error": float(np.mean(held_out_errors)),
-        "held_out_max_rel_error": float(np.max(held_out_errors)),
-        "fit_mean_rel_error": float(np.mean(relative_errors(final, samples))),
-        "forward_grid": [
-            {"shape": describe(s.shape), "measured_s": s.seconds, "predicted_s": final.step_time_s(s.shape)}
+    return Calibration(
+        model=model,
+        blas_threads=blas_threads,
+        machine=fingerprint(runtime),
+        kind="fitted",
+        base_s=final.base_s,
+        token_s=final.token_s,
+        pair_s=final.pair_s,
+        seq_s=final.seq_s,
+        decode_pair_s=final.decode_pair_s,
+        multi_token_s=final.multi_token_s,
+        engine_steps=len(samples),
+        held_out_mean_rel_error=float(np.mean(held_out_errors)),
+        held_out_max_rel_error=float(np.max(held_out_errors)),
+        fit_mean_rel_error=float(np.mean(relative_errors(final, samples))),
+        forward_grid=[
+            ForwardRow(shape=describe(s.shape), measured_s=s.seconds, predicted_s=final.step_time_s(s.shape))
             for s in grid
         ],
+    )
+
+
+def coefficients(result: Calibration) -> dict[str, float]:
+    """The fitted coefficients of ``result``, in COEFFICIENTS' order."""
+    return {
+        "base_s": result["base_s"],
+        "token_s": result["token_s"],
+        "pair_s": result["pair_s"],
+        "seq_s": result["seq_s"],
+        "decode_pair_s": result["decode_pair_s"],
+        "multi_token_s": result["multi_token_s"],
     }
 
 
-def write(result: dict[str, Any], path: Path) -> None:
+def fitted_model(result: Calibration, kv_bytes_per_token: int, num_layers: int) -> FittedCostModel:
+    """The :class:`FittedCostModel` that ``result`` fitted."""
+    c = coefficients(result)
+    return FittedCostModel(
+        kv_bytes_per_token,
+        num_layers,
+        base_s=c["base_s"],
+        token_s=c["token_s"],
+        pair_s=c["pair_s"],
+        seq_s=c["seq_s"],
+        decode_pair_s=c["decode_pair_s"],
+        multi_token_s=c["multi_token_s"],
+    )
+
+
+def write(result: Calibration, path: Path) -> None:
     header = (
         "# Fitted by `kvtier sim calibrate` (kvtier.sim.calibrate): step_s = base_s + token_s x tokens\n"
         "# + pair_s x prefill attention pairs + decode_pair_s x decode attention pairs + seq_s x sequences\n"
@@ -230,11 +325,11 @@ def write(result: dict[str, Any], path: Path) -> None:
     path.write_text(header + yaml.safe_dump(result, sort_keys=False))
 
 
-def summary(result: dict[str, Any]) -> str:
+def summary(result: Calibration) -> str:
     lines = [
         f"calibrated {result['model']} on {result['blas_threads']} BLAS thread(s) from "
         f"{result['engine_steps']} engine steps; written to {result.get('written_to', '-')}",
-        "  step_s = " + " + ".join(f"{result[k]:.3g} {k}" for k in COEFFICIENTS),
+        "  step_s = " + " + ".join(f"{v:.3g} {k}" for k, v in coefficients(result).items()),
         f"  held-out steps: mean relative error {result['held_out_mean_rel_error']:.3f}, "
         f"max {result['held_out_max_rel_error']:.3f}; fit on all: mean {result['fit_mean_rel_error']:.3f}",
     ]

@@ -22,29 +22,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from kvtier.errors import ConfigError
+from kvtier.results import OMIT, Result, to_json
 from kvtier.sim.calibrate import Sample, describe, fit, relative_errors
-from kvtier.sim.cost import COEFFICIENTS, BatchShape, PrefillChunk, RooflineCostModel
+from kvtier.sim.cost import COEFFICIENTS, BatchShape, RooflineCostModel
+from kvtier.sim.gpu_measurement import Measurement, StepRow, Steps, read
 from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.models import load_model
 
 #: GPU names (as torch reports them) to the hardware profile that describes them.
 PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("GH200", "gh200"), ("L40S", "l40s"))
 ROOFLINE_CONSTANTS = ("mfu_prefill", "mfu_decode", "bandwidth_efficiency", "step_overhead_s")
-
-
-@dataclass(frozen=True)
-class StepRow:
-    shape: BatchShape
-    seconds: float
-    clock: str  # "graph" (CUDA-graph replay) or "eager"
+#: Each of ROOFLINE_CONSTANTS set on a model (``replace`` per field, so mypy checks the names).
+_SET: dict[str, Callable[[RooflineCostModel, float], RooflineCostModel]] = {
+    "mfu_prefill": lambda m, v: replace(m, mfu_prefill=v),
+    "mfu_decode": lambda m, v: replace(m, mfu_decode=v),
+    "bandwidth_efficiency": lambda m, v: replace(m, bandwidth_efficiency=v),
+    "step_overhead_s": lambda m, v: replace(m, step_overhead_s=v),
+}
 
 
 @dataclass(frozen=True)
@@ -58,45 +59,97 @@ class LinkFit:
     max_rel_error: float  # of the fit over the rows it was fitted to
 
 
-def _need(data: dict[str, Any], key: str, where: str) -> Any:
-    if key not in data:
-        raise ConfigError(f"{where}: missing {key!r} (is this a scripts/gpu_calibrate.py output?)")
-    return data[key]
+@dataclass(frozen=True)
+class LinkProfile(Result):
+    """The hardware profile's host link, which the fits are compared with."""
+
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    per_segment_overhead_s: float
 
 
-def read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON file: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    _need(data, "machine", str(path))
-    return data
+@dataclass(frozen=True)
+class PythonLink(Result):
+    """One direction's torch ``copy_`` per segment, fitted, and its one large copy."""
+
+    bytes_per_s: float
+    per_segment_overhead_s: float
+    fit_max_rel_error: float
+    one_copy_bytes_per_s: float
 
 
-def step_rows(data: dict[str, Any]) -> list[StepRow]:
-    steps = _need(data, "steps", "measurement")
-    rows = []
-    for i, raw in enumerate(_need(steps, "rows", "steps")):
-        where = f"steps.rows[{i}]"
-        prefills = tuple(PrefillChunk(int(n), int(c)) for n, c in _need(raw, "prefills", where))
-        shape = BatchShape(prefills, tuple(int(c) for c in _need(raw, "decodes", where)))
-        seconds, clock = (
-            (raw["graph_s"], "graph") if "graph_s" in raw else (_need(raw, "eager_s", where), "eager")
-        )
-        if not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
-            raise ConfigError(f"{where}: step time {seconds!r}; expected a positive number of seconds")
-        rows.append(StepRow(shape, float(seconds), clock))
-    if not rows:
-        raise ConfigError("measurement has no step rows")
-    return rows
+@dataclass(frozen=True)
+class CppLink(Result):
+    """One direction's ``cudaMemcpyAsync`` per segment, fitted, and its gather kernel's range."""
+
+    bytes_per_s: float
+    per_segment_overhead_s: float
+    fit_max_rel_error: float
+    gather_kernel_bytes_per_s_min: float  # NaN where no gather kernel was timed
+    gather_kernel_bytes_per_s_max: float
+    smallest_segment_bytes: int
 
 
-def hardware_for(data: dict[str, Any], name: str | None = None) -> HardwareProfile:
+@dataclass(frozen=True)
+class LinksReport(Result):
+    profile: LinkProfile
+    python_h2d: PythonLink | None = field(default=None, metadata=OMIT)
+    python_d2h: PythonLink | None = field(default=None, metadata=OMIT)
+    duplex_bytes_per_s: float | None = field(default=None, metadata=OMIT)
+    cpp_h2d: CppLink | None = field(default=None, metadata=OMIT)
+    cpp_d2h: CppLink | None = field(default=None, metadata=OMIT)
+
+
+@dataclass(frozen=True)
+class StepFigures(Result):
+    shape: str
+    measured_s: float
+    roofline_s: float
+    fitted_roofline_s: float
+
+
+@dataclass(frozen=True)
+class StepsReport(Result):
+    clock: list[str]
+    attention: str | None
+    rows: list[StepFigures]
+    roofline_default: dict[str, float]  # ROOFLINE_CONSTANTS' values
+    roofline_default_mean_abs_rel_error: float
+    roofline_default_max_abs_rel_error: float
+    roofline_fitted: dict[str, float]
+    roofline_fitted_mean_abs_rel_error: float
+    roofline_fitted_max_abs_rel_error: float
+    fitted_cost_model_held_out_mean_rel_error: float  # NaN with too few steps to hold half out
+    fitted_cost_model_held_out_max_rel_error: float
+    repeat_mean_rel_diff: float | None = field(default=None, metadata=OMIT)  # with ``steps_repeat``
+    repeat_max_rel_diff: float | None = field(default=None, metadata=OMIT)
+
+
+@dataclass(frozen=True)
+class OverlapFigures(Result):
+    shape: str
+    direction: str
+    step_slowdown: float
+    copy_alone_bytes_per_s: float
+    copy_together_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class GpuCheck(Result):
+    """What the module docs list; a part is left out where the measurement lacks it."""
+
+    machine: Mapping[str, object]  # the measurement's, as written
+    hardware_profile: str
+    steps: StepsReport | None = field(default=None, metadata=OMIT)
+    links: LinksReport | None = field(default=None, metadata=OMIT)
+    overlap: list[OverlapFigures] | None = field(default=None, metadata=OMIT)
+    kvtier: Mapping[str, object] | None = field(default=None, metadata=OMIT)  # as written
+
+
+def hardware_for(gpu: str, name: str | None = None) -> HardwareProfile:
+    """The profile ``name``, else the one that describes ``gpu`` (torch's name for it)."""
     if name:
         return load_hardware(name)
-    gpu = str(data["machine"].get("gpu", ""))
     for marker, profile in PROFILES:  # H200 before H100: "GH200" contains "H200"
         if marker in gpu and not (marker == "H200" and "GH200" in gpu):
             return load_hardware(profile)
@@ -121,11 +174,9 @@ def fit_roofline(base: RooflineCostModel, rows: Sequence[StepRow], rounds: int =
         for name in ROOFLINE_CONSTANTS:
             scores = []
             for value in grids[name]:
-                change: dict[str, Any] = {name: float(value)}
-                trial = replace(best, **change)
+                trial = _SET[name](best, float(value))
                 scores.append(float(np.mean(_errors(trial.step_time_s, rows) ** 2)))
-            change = {name: float(grids[name][int(np.argmin(scores))])}
-            best = replace(best, **change)
+            best = _SET[name](best, float(grids[name][int(np.argmin(scores))]))
     return best
 
 
@@ -143,189 +194,198 @@ def fit_link(rows: Sequence[tuple[int, int, float]], direction: str) -> LinkFit:
     return LinkFit(direction, 1.0 / inv_rate, overhead, float(np.max(np.abs(pred - y) / y)))
 
 
-def _link_report(data: dict[str, Any], hw: HardwareProfile) -> dict[str, Any]:
+def _link_report(data: Measurement, hw: HardwareProfile) -> LinksReport:
     link = hw.host_link
-    out: dict[str, Any] = {
-        "profile": {
-            "h2d_bytes_per_s": link.h2d_bytes_per_s,
-            "d2h_bytes_per_s": link.d2h_bytes_per_s,
-            "per_segment_overhead_s": link.per_segment_overhead_s,
-        }
-    }
-    if "links" in data:  # from Python: torch copy_ per segment, and one copy of everything
-        rows = _need(data["links"], "rows", "links")
+    profile = LinkProfile(link.h2d_bytes_per_s, link.d2h_bytes_per_s, link.per_segment_overhead_s)
+    python: dict[str, PythonLink] = {}
+    if data.links:  # from Python: torch copy_ per segment, and one copy of everything
         for d in ("h2d", "d2h"):
-            mine = [r for r in rows if r["direction"] == d]
-            f = fit_link([(r["bytes"], r["segments"], r["per_segment_s"]) for r in mine], d)
-            out[f"python_{d}"] = {
-                "bytes_per_s": f.bytes_per_s,
-                "per_segment_overhead_s": f.per_segment_overhead_s,
-                "fit_max_rel_error": f.max_rel_error,
-                "one_copy_bytes_per_s": max(r["bytes"] / r["one_copy_s"] for r in mine),
-            }
-        out["duplex_bytes_per_s"] = data["links"]["duplex_bytes"] / data["links"]["duplex_s"]
-    if "links_cpp" in data:  # from C++: cudaMemcpyAsync per segment, and one gather kernel
-        rows = _need(data["links_cpp"], "rows", "links_cpp")
+            mine = [r for r in data.links.rows if r.direction == d]
+            f = fit_link([(r.bytes, r.segments, r.per_segment_s) for r in mine], d)
+            python[d] = PythonLink(
+                f.bytes_per_s,
+                f.per_segment_overhead_s,
+                f.max_rel_error,
+                max(r.bytes / r.one_copy_s for r in mine),
+            )
+    cpp: dict[str, CppLink] = {}
+    if data.links_cpp is not None:  # from C++: cudaMemcpyAsync per segment, and one gather kernel
         for d in ("h2d", "d2h"):
-            copies = [r for r in rows if r["direction"] == d and r["method"] == "memcpy_async_per_segment"]
-            f = fit_link([(r["bytes"], r["segments"], r["seconds"]) for r in copies], d)
-            gather = [
-                r["bytes"] / r["seconds"]
-                for r in rows
-                if r["direction"] == d and r["method"] == "gather_kernel"
+            copies = [
+                r for r in data.links_cpp if r.direction == d and r.method == "memcpy_async_per_segment"
             ]
-            out[f"cpp_{d}"] = {
-                "bytes_per_s": f.bytes_per_s,
-                "per_segment_overhead_s": f.per_segment_overhead_s,
-                "fit_max_rel_error": f.max_rel_error,
-                "gather_kernel_bytes_per_s_min": min(gather) if gather else math.nan,
-                "gather_kernel_bytes_per_s_max": max(gather) if gather else math.nan,
-                "smallest_segment_bytes": min(r["segment_bytes"] for r in copies),
-            }
-    return out
-
-
-def check(data: dict[str, Any], hardware: str | None = None) -> dict[str, Any]:
-    """Everything the module docs list, as one JSON-ready dict."""
-    hw = hardware_for(data, hardware)
-    out: dict[str, Any] = {"machine": data["machine"], "hardware_profile": hw.name}
-    if "steps" in data:
-        if data["steps"].get("model") != "Llama-3.1-8B-shaped":
-            raise ConfigError(
-                f"steps were measured on {data['steps'].get('model')!r}; the check compares a "
-                "Llama-3.1-8B-shaped model's steps (scripts/gpu_calibrate.py without --tiny)"
+            f = fit_link([(r.bytes, r.segments, r.seconds) for r in copies], d)
+            gather = [
+                r.bytes / r.seconds
+                for r in data.links_cpp
+                if r.direction == d and r.method == "gather_kernel"
+            ]
+            cpp[d] = CppLink(
+                f.bytes_per_s,
+                f.per_segment_overhead_s,
+                f.max_rel_error,
+                min(gather) if gather else math.nan,
+                max(gather) if gather else math.nan,
+                min(r.segment_bytes for r in copies),
             )
-        rows = step_rows(data)
-        base = RooflineCostModel(hw, load_model("llama-3.1-8b"))
-        fitted = fit_roofline(base, rows)
-        default_err, fitted_err = _errors(base.step_time_s, rows), _errors(fitted.step_time_s, rows)
-        samples = [Sample(r.shape, r.seconds) for r in rows]
-        held = [math.nan]
-        if len(samples) >= 4 * len(COEFFICIENTS):  # half to fit, half to check
-            trial = fit(samples[0::2], base.kv_bytes_per_token, base.num_layers)
-            held = relative_errors(trial, samples[1::2])
-        out["steps"] = {
-            "clock": sorted({r.clock for r in rows}),
-            "attention": data["steps"].get("attention"),
-            "rows": [
-                {
-                    "shape": describe(r.shape),
-                    "measured_s": r.seconds,
-                    "roofline_s": base.step_time_s(r.shape),
-                    "fitted_roofline_s": fitted.step_time_s(r.shape),
-                }
-                for r in rows
-            ],
-            "roofline_default": {name: getattr(base, name) for name in ROOFLINE_CONSTANTS},
-            "roofline_default_mean_abs_rel_error": float(np.mean(np.abs(default_err))),
-            "roofline_default_max_abs_rel_error": float(np.max(np.abs(default_err))),
-            "roofline_fitted": {name: getattr(fitted, name) for name in ROOFLINE_CONSTANTS},
-            "roofline_fitted_mean_abs_rel_error": float(np.mean(np.abs(fitted_err))),
-            "roofline_fitted_max_abs_rel_error": float(np.max(np.abs(fitted_err))),
-            "fitted_cost_model_held_out_mean_rel_error": float(np.mean(held)),
-            "fitted_cost_model_held_out_max_rel_error": float(np.max(held)),
-        }
-    if "links" in data or "links_cpp" in data:
-        out["links"] = _link_report(data, hw)
-    if (
-        "steps_repeat" in data and "steps" in out
-    ):  # the same shapes measured again: the measurement's own noise
-        again = step_rows({"steps": data["steps_repeat"]})
-        diffs = [abs(a.seconds - b.seconds) / a.seconds for a, b in zip(step_rows(data), again, strict=True)]
-        out["steps"]["repeat_mean_rel_diff"] = float(np.mean(diffs))
-        out["steps"]["repeat_max_rel_diff"] = float(np.max(diffs))
-    if "overlap" in data:  # a step with DMA copies in flight on another stream, and the copies
-        out["overlap"] = [
-            {
-                "shape": describe(
-                    BatchShape(
-                        tuple(PrefillChunk(int(n), int(c)) for n, c in r["prefills"]),
-                        (1024,) * int(r["decodes"]),
-                    )
-                ),
-                "direction": r["direction"],
-                "step_slowdown": r["step_together_s"] / r["step_alone_s"],
-                "copy_alone_bytes_per_s": r["copy_bytes"] / r["copy_alone_s"],
-                "copy_together_bytes_per_s": r["copy_bytes"] / r["copy_together_s"],
-            }
-            for r in _need(data["overlap"], "rows", "overlap")
+    return LinksReport(
+        profile,
+        python_h2d=python.get("h2d"),
+        python_d2h=python.get("d2h"),
+        duplex_bytes_per_s=data.links.duplex_bytes / data.links.duplex_s if data.links else None,
+        cpp_h2d=cpp.get("h2d"),
+        cpp_d2h=cpp.get("d2h"),
+    )
+
+
+def _steps_report(steps: Steps, repeat: Steps | None, hw: HardwareProfile) -> StepsReport:
+    if steps.model != "Llama-3.1-8B-shaped":
+        raise ConfigError(
+            f"steps were measured on {steps.model!r}; the check compares a "
+            "Llama-3.1-8B-shaped model's steps (scripts/gpu_calibrate.py without --tiny)"
+        )
+    rows = steps.rows
+    base = RooflineCostModel(hw, load_model("llama-3.1-8b"))
+    fitted = fit_roofline(base, rows)
+    default_err, fitted_err = _errors(base.step_time_s, rows), _errors(fitted.step_time_s, rows)
+    samples = [Sample(r.shape, r.seconds) for r in rows]
+    held = [math.nan]
+    if len(samples) >= 4 * len(COEFFICIENTS):  # half to fit, half to check
+        trial = fit(samples[0::2], base.kv_bytes_per_token, base.num_layers)
+        held = relative_errors(trial, samples[1::2])
+    diffs = None
+    if repeat is not None:  # the same shapes measured again: the measurement's own noise
+        diffs = [abs(a.seconds - b.seconds) / a.seconds for a, b in zip(rows, repeat.rows, strict=True)]
+    return StepsReport(
+        clock=sorted({r.clock for r in rows}),
+        attention=steps.attention,
+        rows=[
+            StepFigures(describe(r.shape), r.seconds, base.step_time_s(r.shape), fitted.step_time_s(r.shape))
+            for r in rows
+        ],
+        roofline_default={name: getattr(base, name) for name in ROOFLINE_CONSTANTS},
+        roofline_default_mean_abs_rel_error=float(np.mean(np.abs(default_err))),
+        roofline_default_max_abs_rel_error=float(np.max(np.abs(default_err))),
+        roofline_fitted={name: getattr(fitted, name) for name in ROOFLINE_CONSTANTS},
+        roofline_fitted_mean_abs_rel_error=float(np.mean(np.abs(fitted_err))),
+        roofline_fitted_max_abs_rel_error=float(np.max(np.abs(fitted_err))),
+        fitted_cost_model_held_out_mean_rel_error=float(np.mean(held)),
+        fitted_cost_model_held_out_max_rel_error=float(np.max(held)),
+        repeat_mean_rel_diff=None if diffs is None else float(np.mean(diffs)),
+        repeat_max_rel_diff=None if diffs is None else float(np.max(diffs)),
+    )
+
+
+def check(data: Measurement, hardware: str | None = None) -> GpuCheck:
+    """Everything the module docs list."""
+    hw = hardware_for(data.gpu, hardware)
+    overlap = None
+    if data.overlap is not None:  # a step with DMA copies in flight on another stream, and the copies
+        overlap = [
+            OverlapFigures(
+                describe(BatchShape(r.prefills, (1024,) * r.decodes)),
+                r.direction,
+                r.step_together_s / r.step_alone_s,
+                r.copy_bytes / r.copy_alone_s,
+                r.copy_bytes / r.copy_together_s,
+            )
+            for r in data.overlap
         ]
-    if "kvtier" in data:
-        out["kvtier"] = data["kvtier"]
-    return out
+    return GpuCheck(
+        data.machine,
+        hw.name,
+        steps=None if data.steps is None else _steps_report(data.steps, data.steps_repeat, hw),
+        links=_link_report(data, hw) if data.links or data.links_cpp is not None else None,
+        overlap=overlap,
+        kvtier=None if data.kvtier is None else data.kvtier.raw,
+    )
 
 
-def summary(result: dict[str, Any]) -> str:
-    m = result["machine"]
-    lines = [f"{m.get('gpu', '?')} (profile {result['hardware_profile']}), torch {m.get('torch', '?')}"]
-    s = result.get("steps")
-    if s:
-        lines.append(f"steps ({', '.join(s['clock'])} clock, attention {s['attention']}):")
-        lines.append(f"  {'shape':36s} {'measured ms':>12s} {'roofline ms':>12s} {'fitted ms':>10s}")
-        for r in s["rows"]:
+def _steps_summary(s: StepsReport) -> list[str]:
+    lines = [f"steps ({', '.join(s.clock)} clock, attention {s.attention}):"]
+    lines.append(f"  {'shape':36s} {'measured ms':>12s} {'roofline ms':>12s} {'fitted ms':>10s}")
+    for r in s.rows:
+        lines.append(
+            f"  {r.shape:36s} {r.measured_s * 1e3:12.2f} {r.roofline_s * 1e3:12.2f} {r.fitted_roofline_s * 1e3:10.2f}"
+        )
+    for which, consts, mean, worst in (
+        (
+            "default",
+            s.roofline_default,
+            s.roofline_default_mean_abs_rel_error,
+            s.roofline_default_max_abs_rel_error,
+        ),
+        (
+            "fitted",
+            s.roofline_fitted,
+            s.roofline_fitted_mean_abs_rel_error,
+            s.roofline_fitted_max_abs_rel_error,
+        ),
+    ):
+        shown = ", ".join(f"{k} {v:.3g}" for k, v in consts.items())
+        lines.append(f"  roofline {which} ({shown}): mean |rel error| {mean:.3f}, max {worst:.3f}")
+    lines.append(
+        f"  fitted cost model, half held out: mean {s.fitted_cost_model_held_out_mean_rel_error:.3f}, "
+        f"max {s.fitted_cost_model_held_out_max_rel_error:.3f}"
+    )
+    if s.repeat_mean_rel_diff is not None and s.repeat_max_rel_diff is not None:
+        lines.append(
+            f"  the same steps measured again: mean |rel diff| {s.repeat_mean_rel_diff:.4f}, "
+            f"max {s.repeat_max_rel_diff:.4f} (the measurement's noise)"
+        )
+    return lines
+
+
+def _links_summary(links: LinksReport) -> list[str]:
+    p = links.profile
+    lines = [
+        f"links (profile: {p.h2d_bytes_per_s / 1e9:.1f} / {p.d2h_bytes_per_s / 1e9:.1f} GB/s h2d / d2h "
+        f"+ {p.per_segment_overhead_s * 1e6:.2f} us a segment):"
+    ]
+    fits: tuple[tuple[str, CppLink | PythonLink | None], ...] = (
+        ("h2d cudaMemcpyAsync per segment (C++)", links.cpp_h2d),
+        ("d2h cudaMemcpyAsync per segment (C++)", links.cpp_d2h),
+        ("h2d torch copy_ per segment", links.python_h2d),
+        ("d2h torch copy_ per segment", links.python_d2h),
+    )
+    for what, f in fits:
+        if f:
             lines.append(
-                f"  {r['shape']:36s} {r['measured_s'] * 1e3:12.2f} {r['roofline_s'] * 1e3:12.2f} "
-                f"{r['fitted_roofline_s'] * 1e3:10.2f}"
+                f"  {what}: {f.bytes_per_s / 1e9:.1f} GB/s + "
+                f"{f.per_segment_overhead_s * 1e6:.2f} us a segment (fit max err {f.fit_max_rel_error:.2f})"
             )
-        for which in ("default", "fitted"):
-            consts = ", ".join(f"{k} {v:.3g}" for k, v in s[f"roofline_{which}"].items())
+    for d, c, py in (("h2d", links.cpp_h2d, links.python_h2d), ("d2h", links.cpp_d2h, links.python_d2h)):
+        if c:
             lines.append(
-                f"  roofline {which} ({consts}): mean |rel error| "
-                f"{s[f'roofline_{which}_mean_abs_rel_error']:.3f}, max {s[f'roofline_{which}_max_abs_rel_error']:.3f}"
+                f"  {d} one gather kernel over pinned pages of {c.smallest_segment_bytes >> 10} KiB and up: "
+                f"{c.gather_kernel_bytes_per_s_min / 1e9:.1f}-{c.gather_kernel_bytes_per_s_max / 1e9:.1f} GB/s"
             )
+        if py:
+            lines.append(f"  {d} one large copy: {py.one_copy_bytes_per_s / 1e9:.1f} GB/s")
+    if links.duplex_bytes_per_s is not None:
+        lines.append(f"  both directions at once: {links.duplex_bytes_per_s / 1e9:.1f} GB/s in total")
+    return lines
+
+
+def summary(result: GpuCheck, measurement: Measurement) -> str:
+    m = result.machine
+    lines = [f"{m.get('gpu', '?')} (profile {result.hardware_profile}), torch {m.get('torch', '?')}"]
+    if result.steps:
+        lines += _steps_summary(result.steps)
+    if result.links:
+        lines += _links_summary(result.links)
+    for r in result.overlap or []:
         lines.append(
-            f"  fitted cost model, half held out: mean {s['fitted_cost_model_held_out_mean_rel_error']:.3f}, "
-            f"max {s['fitted_cost_model_held_out_max_rel_error']:.3f}"
+            f"{r.shape} with {r.direction} copies in flight: step x{r.step_slowdown:.3f}; copies "
+            f"{r.copy_alone_bytes_per_s / 1e9:.1f} GB/s alone, {r.copy_together_bytes_per_s / 1e9:.1f} beside the step"
         )
-    if s and "repeat_mean_rel_diff" in s:
+    k = measurement.kvtier
+    for threads, t in k.threads if k else ():
         lines.append(
-            f"  the same steps measured again: mean |rel diff| {s['repeat_mean_rel_diff']:.4f}, "
-            f"max {s['repeat_max_rel_diff']:.4f} (the measurement's noise)"
+            f"kvtier DRAM tier, {threads} copy thread(s), {k.bytes >> 20 if k else 0} MiB: put {t.put_s * 1e3:.1f} ms, "
+            f"lease+load into pinned memory {t.load_s * 1e3:.1f} ms, then to the GPU {t.h2d_s * 1e3:.1f} ms; "
+            f"memcpy into the same pinned memory {t.memcpy_s * 1e3:.1f} ms"
         )
-    links = result.get("links")
-    if links:
-        p = links["profile"]
-        lines.append(
-            f"links (profile: {p['h2d_bytes_per_s'] / 1e9:.1f} / {p['d2h_bytes_per_s'] / 1e9:.1f} GB/s h2d / d2h "
-            f"+ {p['per_segment_overhead_s'] * 1e6:.2f} us a segment):"
-        )
-        for key, what in (
-            ("cpp", "cudaMemcpyAsync per segment (C++)"),
-            ("python", "torch copy_ per segment"),
-        ):
-            for d in ("h2d", "d2h"):
-                f = links.get(f"{key}_{d}")
-                if f:
-                    lines.append(
-                        f"  {d} {what}: {f['bytes_per_s'] / 1e9:.1f} GB/s + "
-                        f"{f['per_segment_overhead_s'] * 1e6:.2f} us a segment (fit max err {f['fit_max_rel_error']:.2f})"
-                    )
-        for d in ("h2d", "d2h"):
-            f = links.get(f"cpp_{d}")
-            if f:
-                lines.append(
-                    f"  {d} one gather kernel over pinned pages of {f['smallest_segment_bytes'] >> 10} KiB and up: "
-                    f"{f['gather_kernel_bytes_per_s_min'] / 1e9:.1f}-{f['gather_kernel_bytes_per_s_max'] / 1e9:.1f} GB/s"
-                )
-            f = links.get(f"python_{d}")
-            if f:
-                lines.append(f"  {d} one large copy: {f['one_copy_bytes_per_s'] / 1e9:.1f} GB/s")
-        if "duplex_bytes_per_s" in links:
-            lines.append(f"  both directions at once: {links['duplex_bytes_per_s'] / 1e9:.1f} GB/s in total")
-    for r in result.get("overlap", []):
-        lines.append(
-            f"{r['shape']} with {r['direction']} copies in flight: step x{r['step_slowdown']:.3f}; copies "
-            f"{r['copy_alone_bytes_per_s'] / 1e9:.1f} GB/s alone, {r['copy_together_bytes_per_s'] / 1e9:.1f} beside the step"
-        )
-    k = result.get("kvtier")
-    if k:
-        for key in sorted(x for x in k if x.startswith("threads_")):
-            t = k[key]
-            lines.append(
-                f"kvtier DRAM tier, {key.split('_')[1]} copy thread(s), {k['bytes'] >> 20} MiB: put {t['put_s'] * 1e3:.1f} ms, "
-                f"lease+load into pinned memory {t['load_s'] * 1e3:.1f} ms, then to the GPU {t['h2d_s'] * 1e3:.1f} ms; "
-                f"memcpy into the same pinned memory {t['memcpy_s'] * 1e3:.1f} ms"
-            )
     return "\n".join(lines)
 
 
@@ -335,8 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hardware", help="hardware profile name or file (default: from the GPU's name)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = check(read(args.file), args.hardware)
-    print(json.dumps(result, indent=1) if args.json else summary(result))
+    measurement = read(args.file)
+    result = check(measurement, args.hardware)
+    print(json.dumps(to_json(result), indent=1) if args.json else summary(result, measurement))
     return 0
 
 

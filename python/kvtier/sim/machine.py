@@ -16,12 +16,30 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Mapping
-from typing import Any
+from typing import NotRequired, TypedDict
+
+from kvtier.results import field_of
 
 #: The fields whose difference makes step times not transfer (others are recorded for the reader).
 COMPARED = ("cpu_model", "cores", "avx512f", "avx512_bf16", "blas", "numpy")
 #: An engine runtime's fields (vLLM's torch), compared only when both fingerprints have them.
 RUNTIME = ("torch", "torch_threads")
+
+
+class Fingerprint(TypedDict):
+    """A machine as a calibration file records it (YAML, read back by :func:`differences`)."""
+
+    cpu_model: str
+    cores: int
+    avx512f: bool
+    avx512_bf16: bool
+    blas: str
+    numpy: str
+    python: str
+    torch: NotRequired[str]  # RUNTIME: an engine's torch, where its worker reported it
+    torch_threads: NotRequired[int]
+
+
 REFIT = "kvtier sim calibrate --out my-calibration.yaml (then pass calibration: my-calibration.yaml)"
 
 
@@ -50,7 +68,7 @@ def _blas() -> str:
         return "unknown"
 
 
-def fingerprint(runtime: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def fingerprint(runtime: Mapping[str, object] | None = None) -> Fingerprint:
     """This machine, as a calibration records it; ``runtime``, the engine's :data:`RUNTIME` fields
     where it has them (reported by its worker), are added."""
     import numpy as np
@@ -58,19 +76,26 @@ def fingerprint(runtime: Mapping[str, Any] | None = None) -> dict[str, Any]:
     model, flags = _cpuinfo()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
     numpy_version = ".".join(np.__version__.split(".")[:2])
-    return {
-        "cpu_model": model,
-        "cores": cores,
-        "avx512f": "avx512f" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "blas": _blas(),
-        "numpy": numpy_version,
-        "python": platform.python_version(),
-        **{key: runtime[key] for key in RUNTIME if runtime is not None and key in runtime},
-    }
+    out = Fingerprint(
+        cpu_model=model,
+        cores=cores,
+        avx512f="avx512f" in flags,
+        avx512_bf16="avx512_bf16" in flags,
+        blas=_blas(),
+        numpy=numpy_version,
+        python=platform.python_version(),
+    )
+    runtime = runtime or {}
+    if "torch" in runtime:
+        out["torch"] = field_of(runtime, "torch", str, "engine runtime")
+    if "torch_threads" in runtime:
+        out["torch_threads"] = field_of(runtime, "torch_threads", int, "engine runtime")
+    return out
 
 
-def differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None = None) -> list[str]:
+def differences(
+    recorded: Mapping[str, object] | None, current: Mapping[str, object] | None = None
+) -> list[str]:
     """How the machine a calibration recorded differs from this one (empty: the same kind)."""
     if not recorded:
         return ["the calibration records no machine (fitted before kvtier recorded machines)"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import numpy as np
 
@@ -53,6 +53,40 @@ class Turn:
     output_tokens: int
     ttft_s: float
     tpot_s: float
+
+
+class StepErrors(TypedDict):
+    """:func:`step_errors`: the fitted model on the engine's own steps (none: only the counts)."""
+
+    engine_steps: int
+    sim_steps: int
+    sim_steps_match_engine: NotRequired[bool]
+    step_mean_error: NotRequired[float]
+    step_mean_abs_error: NotRequired[float]
+
+
+class Comparison(StepErrors):
+    """:func:`compare`: the engine's and the simulator's TTFT and TPOT, their errors and the noise."""
+
+    requests: int
+    engine_runs: int
+    calibration: str
+    # Empty when the calibration was fitted on this kind of machine; else what differs (and the
+    # errors below say little about the model: refit with `kvtier sim calibrate`).
+    calibration_machine_differences: list[str]
+    calibration_fitted_here: bool
+    engine_mean_ttft_s: float
+    sim_mean_ttft_s: float
+    engine_mean_tpot_s: float
+    sim_mean_tpot_s: float
+    sim_ttft_error: float
+    sim_tpot_error: float
+    # The same workload's own spread over the engine runs (0 with one run): the noise floor.
+    engine_ttft_noise: float
+    engine_tpot_noise: float
+    engine_run_mean_ttft_s: list[float]
+    engine_run_mean_tpot_s: list[float]
+    sim_requests: int
 
 
 def _block_keys(prompt: Sequence[int], block_tokens: int, req_id: int) -> tuple[int, ...]:
@@ -179,22 +213,22 @@ def _spread(values: Sequence[float]) -> float:
 
 def step_errors(
     calibration: str, engine_steps: Sequence[Sample], sim_steps: Sequence[BatchShape]
-) -> dict[str, Any]:
+) -> StepErrors:
     """The fitted model's signed relative error on the engine's own steps (``(predicted - measured)
     / measured``: its mean and mean absolute value), and whether the simulator computed the same
     batch shapes in the same order."""
     if not engine_steps:
-        return {"engine_steps": 0, "sim_steps": len(sim_steps)}
+        return StepErrors(engine_steps=0, sim_steps=len(sim_steps))
     model = FittedCostModel(1, 1, **load_calibration(calibration))
     errors = [(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in engine_steps]
     same = [canonical(s.shape) for s in engine_steps] == [canonical(s) for s in sim_steps]
-    return {
-        "engine_steps": len(engine_steps),
-        "sim_steps": len(sim_steps),
-        "sim_steps_match_engine": same,
-        "step_mean_error": float(np.mean(errors)),
-        "step_mean_abs_error": float(np.mean(np.abs(errors))),
-    }
+    return StepErrors(
+        engine_steps=len(engine_steps),
+        sim_steps=len(sim_steps),
+        sim_steps_match_engine=same,
+        step_mean_error=float(np.mean(errors)),
+        step_mean_abs_error=float(np.mean(np.abs(errors))),
+    )
 
 
 def compare(
@@ -204,8 +238,8 @@ def compare(
     *,
     engine_steps: Sequence[Sample] = (),
     sim_steps: Sequence[BatchShape] = (),
-    machine: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    machine: Mapping[str, object] | None = None,
+) -> Comparison:
     """The engine's (mean over ``runs``, the same workload repeated) and the simulator's mean TTFT and
     TPOT, the errors ``|sim - engine| / engine``, the engine's own spread over the runs, and
     :func:`step_errors`. ``machine``: this machine's fingerprint with the engine's runtime
@@ -218,25 +252,22 @@ def compare(
     engine_ttft, engine_tpot = float(np.mean(ttfts)), float(np.mean(tpots))
     sim_ttft, sim_tpot = float(sim["ttft_s"]["mean"]), float(sim["tpot_s"]["mean"])
     differs = differences(read_calibration(calibration).get("machine"), machine)
-    return {
-        "requests": len(runs[0]),
-        "engine_runs": len(runs),
-        "calibration": calibration,
-        # Empty when the calibration was fitted on this kind of machine; else what differs (and the
-        # errors below say little about the model: refit with `kvtier sim calibrate`).
-        "calibration_machine_differences": differs,
-        "calibration_fitted_here": not differs,
-        "engine_mean_ttft_s": engine_ttft,
-        "sim_mean_ttft_s": sim_ttft,
-        "engine_mean_tpot_s": engine_tpot,
-        "sim_mean_tpot_s": sim_tpot,
-        "sim_ttft_error": abs(sim_ttft - engine_ttft) / engine_ttft,
-        "sim_tpot_error": abs(sim_tpot - engine_tpot) / engine_tpot,
-        # The same workload's own spread over the engine runs (0 with one run): the noise floor.
-        "engine_ttft_noise": _spread(ttfts),
-        "engine_tpot_noise": _spread(tpots),
-        "engine_run_mean_ttft_s": ttfts,
-        "engine_run_mean_tpot_s": tpots,
-        "sim_requests": int(sim["requests"]),
+    return Comparison(
+        requests=len(runs[0]),
+        engine_runs=len(runs),
+        calibration=calibration,
+        calibration_machine_differences=differs,
+        calibration_fitted_here=not differs,
+        engine_mean_ttft_s=engine_ttft,
+        sim_mean_ttft_s=sim_ttft,
+        engine_mean_tpot_s=engine_tpot,
+        sim_mean_tpot_s=sim_tpot,
+        sim_ttft_error=abs(sim_ttft - engine_ttft) / engine_ttft,
+        sim_tpot_error=abs(sim_tpot - engine_tpot) / engine_tpot,
+        engine_ttft_noise=_spread(ttfts),
+        engine_tpot_noise=_spread(tpots),
+        engine_run_mean_ttft_s=ttfts,
+        engine_run_mean_tpot_s=tpots,
+        sim_requests=int(sim["requests"]),
         **step_errors(calibration, engine_steps, sim_steps),
-    }
+    )

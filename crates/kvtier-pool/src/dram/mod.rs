@@ -306,8 +306,7 @@ impl Tier for DramTier {
         pin: bool,
         stop_at_miss: bool,
     ) -> usize {
-        let mut st = self.state.lock();
-        let st = &mut *st;
+        let st = &mut *self.state.lock();
         locate_each(TierKind::Dram, keys, located, stop_at_miss, |_, key| {
             let entry = st.index.get_mut(key).filter(|e| e.visible() && e.namespace == namespace)?;
             if pin {

@@ -32,19 +32,22 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvtier.integrations.vllm.config import transfer_config
+from kvtier.integrations.vllm.step_log import LoggedRequest, LoggedStep, StepLogResult, StepsSpec
 
 
-def _engine(spec: dict[str, Any]) -> Any:
+def _engine(spec: StepsSpec) -> Any:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {"distributed_executor_backend": "uni"}
-    if spec.get("connector") is not None:
-        kwargs["kv_transfer_config"] = transfer_config(spec["connector"])
+    kwargs: dict[str, object] = {"distributed_executor_backend": "uni"}
+    connector = spec.get("connector")
+    if connector is not None:
+        kwargs["kv_transfer_config"] = transfer_config(connector)
     return LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
@@ -56,6 +59,39 @@ def _engine(spec: dict[str, Any]) -> Any:
         enable_prefix_caching=spec.get("prefix_caching", False),
         **kwargs,
     )
+
+
+@dataclass
+class _Request:
+    """A request while it runs: when it was added, got its first token and finished."""
+
+    id: int
+    prompt: list[int]
+    added: float
+    added_step: int
+    parent: int | None = None
+    conv: int = 0  # chat: its conversation and turn
+    turn: int = 0
+    first: float | None = None
+    first_step: int = -1
+    finish: float = 0.0
+    finish_step: int = -1
+    output: list[int] = field(default_factory=list)
+    cached: int = 0
+
+    def logged(self) -> LoggedRequest:
+        assert self.first is not None, f"request {self.id} finished without a first token"
+        n = len(self.output)
+        return LoggedRequest(
+            id=self.id,
+            parent=self.parent,
+            prompt=self.prompt,
+            output=self.output,
+            cached=self.cached,
+            steps=[self.added_step, self.first_step, self.finish_step],
+            ttft_s=self.first - self.added,
+            tpot_s=(self.finish - self.first) / max(n - 1, 1),
+        )
 
 
 class StepLog:
@@ -82,7 +118,7 @@ class StepLog:
 
 def main() -> None:
     arg = sys.argv[1]
-    spec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
+    spec: StepsSpec = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
     from vllm import SamplingParams
 
     llm = _engine(spec)
@@ -91,18 +127,15 @@ def main() -> None:
     warm = SamplingParams(temperature=0, max_tokens=4)
     llm.generate([{"prompt_token_ids": spec["warm"]}], warm, use_tqdm=False)
 
-    steps: list[dict[str, Any]] = []
-    requests: dict[str, dict[str, Any]] = {}
-    next_id = 0
+    steps: list[LoggedStep] = []
+    requests: dict[str, _Request] = {}
 
-    def add(prompt: list[int], max_tokens: int, meta: dict[str, Any]) -> None:
-        nonlocal next_id
-        rid = str(next_id)
-        next_id += 1
+    def add(
+        prompt: list[int], max_tokens: int, parent: int | None = None, conv: int = 0, turn: int = 0
+    ) -> None:
+        rid = str(len(requests))
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        requests[rid] = {
-            "id": int(rid), "prompt": prompt, "added": time.perf_counter(), "added_step": len(steps), **meta
-        }  # fmt: skip
+        requests[rid] = _Request(int(rid), prompt, time.perf_counter(), len(steps), parent, conv, turn)
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
 
     waves, chat = spec.get("waves"), spec.get("chat")
@@ -111,49 +144,33 @@ def main() -> None:
         queue = list(range(len(waves["prompts"])))
         for _ in range(waves["first_wave"]):
             i = queue.pop(0)
-            add(waves["prompts"][i], waves["max_tokens"][i], {"parent": None})
-    else:
+            add(waves["prompts"][i], waves["max_tokens"][i])
+    elif chat is not None:
         for c, conv in enumerate(chat["conversations"]):
-            add(conv[0], chat["reply_tokens"], {"parent": None, "conv": c, "turn": 0})
+            add(conv[0], chat["reply_tokens"], conv=c)
 
     while engine.has_unfinished_requests():
         t0, c0 = time.perf_counter(), time.process_time()
         outs = engine.step()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         now = time.perf_counter()
-        steps.append({"wall_s": wall, "cpu_s": cpu, "seqs": log.pending})
+        steps.append(LoggedStep(wall_s=wall, cpu_s=cpu, seqs=log.pending))
         log.pending = []
         for out in outs:
             r = requests[out.request_id]
-            if "first" not in r and out.outputs and out.outputs[0].token_ids:
-                r["first"], r["first_step"] = now, len(steps) - 1
+            if r.first is None and out.outputs and out.outputs[0].token_ids:
+                r.first, r.first_step = now, len(steps) - 1
             if not out.finished:
                 continue
-            r["finish"], r["finish_step"], r["output"] = now, len(steps) - 1, list(out.outputs[0].token_ids)
-            r["cached"] = int(out.num_cached_tokens or 0)
+            r.finish, r.finish_step, r.output = now, len(steps) - 1, list(out.outputs[0].token_ids)
+            r.cached = int(out.num_cached_tokens or 0)
             if waves is not None and queue:
                 i = queue.pop(0)
-                add(waves["prompts"][i], waves["max_tokens"][i], {"parent": None})
-            elif chat is not None and r["turn"] + 1 < len(chat["conversations"][r["conv"]]):
-                follow = chat["conversations"][r["conv"]][r["turn"] + 1]
-                meta = {"parent": r["id"], "conv": r["conv"], "turn": r["turn"] + 1}
-                add(r["prompt"] + r["output"] + follow, chat["reply_tokens"], meta)
+                add(waves["prompts"][i], waves["max_tokens"][i])
+            elif chat is not None and r.turn + 1 < len(chat["conversations"][r.conv]):
+                follow = chat["conversations"][r.conv][r.turn + 1]
+                add(r.prompt + r.output + follow, chat["reply_tokens"], r.id, r.conv, r.turn + 1)
 
-    turns = []
-    for r in requests.values():
-        n = len(r["output"])
-        turns.append(
-            {
-                "id": r["id"],
-                "parent": r["parent"],
-                "prompt": r["prompt"],
-                "output": r["output"],
-                "cached": r["cached"],
-                "steps": [r["added_step"], r["first_step"], r["finish_step"]],
-                "ttft_s": r["first"] - r["added"],
-                "tpot_s": (r["finish"] - r["first"]) / max(n - 1, 1),
-            }
-        )
     from importlib.metadata import PackageNotFoundError, version
 
     import torch
@@ -163,19 +180,21 @@ def main() -> None:
     except PackageNotFoundError:
         engine_name = f"vllm {version('vllm')}"
 
-    result: dict[str, Any] = {
-        "steps": steps,
-        "requests": turns,
-        "engine": engine_name,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "block_tokens": int(engine.vllm_config.cache_config.block_size),
-        "num_blocks": int(engine.vllm_config.cache_config.num_gpu_blocks or 0),
-    }
+    result = StepLogResult(
+        steps=steps,
+        requests=[r.logged() for r in requests.values()],
+        engine=engine_name,
+        torch=str(torch.__version__),
+        torch_threads=torch.get_num_threads(),
+        block_tokens=int(engine.vllm_config.cache_config.block_size),
+        num_blocks=int(engine.vllm_config.cache_config.num_gpu_blocks or 0),
+    )
     if spec.get("connector") is not None:
         from kvtier.integrations.vllm.run import close_local_workers
 
-        result |= close_local_workers()
+        stats = close_local_workers().get("stats")
+        if isinstance(stats, dict):
+            result["stats"] = stats
     print("RESULT " + json.dumps(result), flush=True)
 
 

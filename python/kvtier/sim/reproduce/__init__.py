@@ -12,10 +12,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Required, TypedDict
 
 from kvtier.errors import ConfigError
 from kvtier.sim.config import experiments_dir as experiments_dir
+
+
+class PolicySpec(TypedDict, total=False):
+    """A ``policy:`` section as a reproduction sets it (the policy's other keys: the config's)."""
+
+    name: Required[str]
+    stages: list[str]  # composed's
+    read_paths: str  # DualPath's ablation: "pe" or "dual"
+    scheduler: str  # DualPath's inter-engine scheduler
+    ttft_slo_s: float  # the experiment's SLOs and B_xfer, for RotaSched and composed
+    tbt_slo_s: float
+    xfer_blocks: int
+
+
+class PlaneProfile(TypedDict):
+    """The data-plane part of a reproduced system: the ``pool:`` keys it sets (``kvtier.sim.pool.PoolSpec``)."""
+
+    layout: str  # "serial" or "pooled"
+    passthrough: bool
 
 
 class RowJson(TypedDict):

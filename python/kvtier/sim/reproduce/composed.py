@@ -20,22 +20,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import make_cost_model
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
-from kvtier.sim.reproduce import Row, experiments_dir, reproduction
+from kvtier.sim.reproduce import PlaneProfile, PolicySpec, Row, experiments_dir, reproduction
 from kvtier.sim.run import SimResult, run
 from kvtier.sim.run import workload as requests_of
 
 PAPER = "composed"
 Result = SimResult
 
+
+class LoadPoint(TypedDict, total=False):
+    """A load point: the workload keys it overrides (Mooncake's replay speed, agentic's count)."""
+
+    max_requests: int
+    time_scale: float
+    num_trajectories: int
+
+
 # Each paper's policy alone (and the two baselines), as the paper's module names it. ShadowServe
 # writes computed KV to the store here (STORE_WRITES): its paper assumes a store other servers fill.
-SINGLE: dict[str, dict[str, Any]] = {
+SINGLE: dict[str, PolicySpec] = {
     "fcfs": {"name": "fcfs"},
     "lmcache": {"name": "lmcache"},
     "strata": {"name": "strata"},
@@ -43,27 +52,27 @@ SINGLE: dict[str, dict[str, Any]] = {
     "unified_pool": {"name": "lmcache_lp_async"},  # on the pooled data plane (POOLED below)
     "shadowserve": {"name": "shadowserve_async"},
 }
-STORE_WRITES = {"mode": "write_through"}  # the `offload` section of ShadowServe alone
+STORE_WRITES: dict[str, str] = {"mode": "write_through"}  # the `offload` section of ShadowServe alone
 BASELINES = ("fcfs", "lmcache")
 # The pieces whose contribution is measured: a stage, or (pool) the pooled data plane.
 PIECES = ("rotation", "async_fetch", "balance", "pool")
 FULL = ("rotation", "async_fetch", "balance")
 # The compositions compared: all four pieces, and all but rotation (see the module doc).
-COMPOSED: dict[str, dict[str, Any]] = {
+COMPOSED: dict[str, PolicySpec] = {
     "composed": {"name": "composed", "stages": list(FULL)},
     "composed-no-rotation": {"name": "composed", "stages": ["async_fetch", "balance"]},
 }
 # Composed without one piece: the stages left (balance off: the unified pool's async loading
 # admits), and the data plane (pool off: LMCache's serial path).
-WITHOUT: dict[str, tuple[dict[str, Any], bool]] = {
+WITHOUT: dict[str, tuple[PolicySpec, bool]] = {
     "async_fetch": ({"name": "composed", "stages": ["rotation", "balance"]}, True),
     "balance": ({"name": "composed", "stages": ["rotation", "async_fetch", "async_load"]}, True),
     "pool": ({"name": "composed", "stages": list(FULL)}, False),
 }
 # Systems on the unified pool's data plane (the rest on LMCache's serial path).
 POOLED = ("unified_pool", *COMPOSED)
-POOLED_PLANE = {"layout": "pooled", "passthrough": True}
-SERIAL_PLANE = {"layout": "serial", "passthrough": False}
+POOLED_PLANE = PlaneProfile(layout="pooled", passthrough=True)
+SERIAL_PLANE = PlaneProfile(layout="serial", passthrough=False)
 # The swap path of the systems that rotate (RotaSched, composed's rotation stage): DuplexKV
 # (SuperInfer §4.3); the rest swap on the engine's plain path. The fetch path is the experiments'
 # (ShadowServe's SmartNIC), used only by the loads that fetch compressed (ShadowServe, async_fetch).
@@ -71,7 +80,7 @@ ROTATION_SWAP, PLAIN_SWAP = {"engine": "duplexkv"}, {"engine": "plain"}
 PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16  # SuperInfer §5.1 (§4.3.1: P = 16)
 
 
-def _workloads(quick: bool) -> dict[str, tuple[str, list[dict[str, Any]]]]:
+def _workloads(quick: bool) -> dict[str, tuple[str, list[LoadPoint]]]:
     """Per workload: its experiment file and the workload overrides of each load point (light to
     heavy). Mooncake's load is its replay speed (time_scale 2.5 = 0.4x the trace's rate); the
     agentic workload's is the number of trajectories started at 1 a second."""
@@ -110,17 +119,22 @@ def _config(name: str) -> SimConfig:
     return SimConfig.from_yaml(experiments_dir() / PAPER / f"{name}.yaml")
 
 
-def _policy(base: SimConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
+def _policy(base: SimConfig, spec: PolicySpec) -> PolicySpec:
     """``spec`` with the experiment's SLOs and the derived B_xfer (:func:`xfer_blocks`) where the
     policy takes them, so RotaSched alone and the composed policy see the same numbers."""
-    shared = {k: base.policy[k] for k in ("ttft_slo_s", "tbt_slo_s") if k in base.policy}
-    shared["xfer_blocks"] = xfer_blocks(base)[0]
-    if spec["name"] in ("rotasched", "composed"):
-        return {**shared, **spec}
-    return dict(spec)
+    if spec["name"] not in ("rotasched", "composed"):
+        return spec.copy()
+    out = spec.copy()  # the spec's own keys win over the shared ones
+    if "ttft_slo_s" in base.policy and "ttft_slo_s" not in spec:
+        out["ttft_slo_s"] = base.policy["ttft_slo_s"]
+    if "tbt_slo_s" in base.policy and "tbt_slo_s" not in spec:
+        out["tbt_slo_s"] = base.policy["tbt_slo_s"]
+    if "xfer_blocks" not in spec:
+        out["xfer_blocks"] = xfer_blocks(base)[0]
+    return out
 
 
-def _run(base: SimConfig, spec: Mapping[str, Any], load: Mapping[str, Any], pooled: bool) -> Result:
+def _run(base: SimConfig, spec: PolicySpec, load: LoadPoint, pooled: bool) -> Result:
     pool = {**(base.pool or {}), **(POOLED_PLANE if pooled else SERIAL_PLANE)}
     rotates = spec["name"] == "rotasched" or "rotation" in spec.get("stages", ())
     swap = ROTATION_SWAP if rotates else PLAIN_SWAP
@@ -148,7 +162,7 @@ def _fmt(name: str, m: Mapping[str, float]) -> str:
     )
 
 
-def _load_label(base: SimConfig, load: Mapping[str, Any]) -> str:
+def _load_label(base: SimConfig, load: LoadPoint) -> str:
     """The offered load: requests and their arrival rate (Mooncake), trajectories and their start
     rate (agentic: later steps are closed-loop)."""
     config = base.with_overrides(workload={**base.workload, **load})
@@ -259,12 +273,10 @@ def reproduce(out_dir: Path, quick: bool) -> list[Row]:
     return rows
 
 
-def _xfer_row(
-    workload: str, label: str, base: SimConfig, full: dict[str, float], load: Mapping[str, Any]
-) -> Row:
+def _xfer_row(workload: str, label: str, base: SimConfig, full: dict[str, float], load: LoadPoint) -> Row:
     """The rotation piece's sensitivity to B_xfer: the time-equal budget vs the token-equal one."""
     time_equal, token_equal = xfer_blocks(base)
-    m = _metrics(_run(base, {**COMPOSED["composed"], "xfer_blocks": token_equal}, load, pooled=True))
+    m = _metrics(_run(base, PolicySpec(**COMPOSED["composed"], xfer_blocks=token_equal), load, pooled=True))
     return Row(
         PAPER,
         f"{workload} ({label}): TTFT SLO attainment, composed B_xfer {time_equal} / {token_equal} blocks",

@@ -32,10 +32,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from kvtier.sim.config import SimConfig
-from kvtier.sim.reproduce import Row, experiments_dir, reproduction
+from kvtier.sim.reproduce import PolicySpec, Row, experiments_dir, reproduction
 from kvtier.sim.run import RateRun, SimResult, run
 
 PAPER = "dualpath"
@@ -45,14 +44,14 @@ ONLINE_DS27B = "online_ds27b_1p1d.yaml"
 # Each system as (policy, data plane): the ablation steps are config differences. +Layerwise is
 # Basic on layerwise prefill (`io`), +Dual-Path adds the DE read path, DualPath the §6.1 scheduler;
 # the Oracle is DualPath with every KV transfer bypassed.
-POLICIES: dict[str, dict[str, Any]] = {
+POLICIES: dict[str, PolicySpec] = {
     "basic": {"name": "dualpath_basic"},
     "layerwise": {"name": "dualpath_basic"},
     "dual_path": {"name": "dualpath_basic", "read_paths": "dual"},
     "dualpath": {"name": "dualpath"},
     "oracle": {"name": "dualpath"},
 }
-IO: dict[str, dict[str, Any] | None] = {
+IO: dict[str, dict[str, bool] | None] = {
     "basic": None,  # dualpath_basic's paper's: io: {engine: blocking}
     "layerwise": {"layerwise": True},
     "dual_path": {"layerwise": True},

