@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import ConfigError
+from kvtier.sched.section import checked_section
 
 if TYPE_CHECKING:
     from kvtier.sched.base import Policy
@@ -81,8 +82,6 @@ OFFLOAD_MODES = ("none", "write_through", "write_back")
 def offload_mode(section: Mapping[str, Any] | None) -> str | None:
     """The sim config's ``offload`` section's ``mode``; None where it names none (the policy's
     paper's engine's, ``Policy.offload``)."""
-    from kvtier.sched.section import checked_section
-
     if section is None:
         return None
     section = checked_section("offload", section, ("mode",), "{mode: write_through}")
