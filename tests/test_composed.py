@@ -13,6 +13,7 @@ from kvtier.sched import make_policy, policy_names
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.composed import Composed, stages_from_pieces
 from kvtier.sched.data_plane import default_engine, policy_spec
+from kvtier.sched.load_path import LOAD_ENGINES
 from kvtier.sched.rotasched import RotaSched
 from kvtier.sched.strata import Strata
 from kvtier.sched.swap_copy import SWAP_ENGINES
@@ -32,7 +33,8 @@ class Cost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-3 + 3e-5 * new_tokens + 1e-9 * new_tokens * context_tokens
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
+        segment_tokens = LOAD_ENGINES["gpu_kernel"].segment_tokens(mode, tokens)  # composed's balance stage
         per_token = 2.6e-6 if segment_tokens is None or segment_tokens >= 256 else 1.2e-5
         return tokens * per_token
 

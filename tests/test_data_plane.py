@@ -12,9 +12,11 @@ from kvtier.sched import make_policy, policy_names
 from kvtier.sched.base import LoadOrder, Policy
 from kvtier.sched.data_plane import EVALUATED_ON, SECTIONS, default_engine
 from kvtier.sched.fetch_path import FETCH_ENGINES
+from kvtier.sched.kv_io import IO_ENGINES
+from kvtier.sched.load_path import LOAD_ENGINES
 from kvtier.sched.swap_copy import SWAP_ENGINES
 
-ENGINES = {"swap": SWAP_ENGINES, "fetch": FETCH_ENGINES}
+ENGINES = {"swap": SWAP_ENGINES, "fetch": FETCH_ENGINES, "load": LOAD_ENGINES, "io": IO_ENGINES}
 
 
 def test_every_default_names_a_registered_policy_and_a_known_engine() -> None:
@@ -28,15 +30,29 @@ def test_every_default_names_a_registered_policy_and_a_known_engine() -> None:
 @pytest.mark.parametrize("section", SECTIONS)
 def test_a_policy_without_an_entry_gets_the_plain_engine(section: str) -> None:
     assert default_engine({"name": "fcfs"}, section) == "plain"
-    assert default_engine({"name": "strata", "defer": True}, section) == "plain"
+    assert default_engine({"name": "lmcache_lp", "x": True}, section) == "plain"
 
 
 def test_policies_carry_no_data_plane() -> None:
     mechanism = {"swap_engine", "transfer", "compression_ratio", "decode_bytes_per_s", "decode_on_device"}
+    mechanism |= {
+        "page_tokens",
+        "segment_tokens",
+        "io",
+        "chunk_tokens",
+        "layerwise",
+        "zero_io",
+    }  # load path, io
     for name in policy_names():
         assert not mechanism & set(dir(make_policy(name))), name
     assert not mechanism & set(dir(Policy))
     assert not mechanism & set(LoadOrder.__dataclass_fields__)
+
+
+def test_composed_loads_on_strata_kernels_only_with_its_balance_stage() -> None:
+    assert default_engine({"name": "composed"}, "load") == "gpu_kernel"
+    assert default_engine({"name": "composed", "stages": ["rotation", "async_load"]}, "load") == "plain"
+    assert default_engine({"name": "composed", "balance": False}, "load") == "plain"
 
 
 def test_the_reference_engine_swap_path_is_config() -> None:

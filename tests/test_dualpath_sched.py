@@ -143,7 +143,7 @@ class Cost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-4 * new_tokens
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
         return 0.0
 
 
@@ -153,6 +153,7 @@ def view(
     free_blocks: int,
     max_batch_tokens: int = 10**9,
     max_running: int = 10**9,
+    layerwise_prefill: bool = True,
 ) -> SchedulerView:
     return SchedulerView(
         now_s=0.0,
@@ -167,6 +168,7 @@ def view(
         max_running=max_running,
         num_layers=61,
         cost=Cost(),
+        layerwise_prefill=layerwise_prefill,
     )
 
 
@@ -190,16 +192,18 @@ def test_policy_decodes_everything_and_prefills_with_layerwise_loads() -> None:
 
 def test_basic_loads_synchronously_and_stops_when_the_batch_kv_leaves_hbm() -> None:
     w = (waiting_request(1, 6_400, 6_336), waiting_request(2, 6_400, 6_336))
-    d = make_policy("dualpath_basic").schedule(view(w, (), free_blocks=150))  # one request is 100 blocks
+    # Basic's engine does not stream layers (io: {engine: blocking}): one request is 100 blocks.
+    d = make_policy("dualpath_basic").schedule(view(w, (), free_blocks=150, layerwise_prefill=False))
     assert d.prefill == [(1, 64)]
     assert [lo.mode for lo in d.loads] == [LoadMode.SYNC]
+    streamed = make_policy("dualpath_basic").schedule(view(w, (), free_blocks=150))
+    assert [lo.mode for lo in streamed.loads] == [LoadMode.LAYERWISE] * 2  # +Layerwise: the same policy
 
 
 def test_policy_parameters_are_checked() -> None:
     basic = make_policy("dualpath_basic")
     assert isinstance(basic, DualPath)
-    assert basic.params()["read_paths"] == "pe" and not basic.params()["layerwise"]
-    assert make_policy("dualpath_oracle").zero_io
+    assert basic.params()["read_paths"] == "pe" and "layerwise" not in basic.params()
     with pytest.raises(ConfigError):
         make_policy("dualpath", read_paths="both")
     with pytest.raises(ConfigError):

@@ -10,6 +10,7 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
 from kvtier.sched.dualpath import DualPath
+from kvtier.sched.kv_io import KvIo
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
 from kvtier.sim.dualpath import KV_PRIORITY, MODEL_PRIORITY, DualPathCluster
@@ -213,3 +214,73 @@ def test_ds27b_1p1d_config_runs_and_dualpath_reads_through_both_nodes() -> None:
     assert links["dualpath_basic"]["p0.snic"]["bytes_in"] > 0
     assert links["dualpath_basic"]["d0.snic"]["bytes_in"] == 0
     assert links["dualpath"]["d0.snic"]["bytes_in"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Layerwise prefill and the Oracle's bypass are data-plane config (the `io` section, kvtier.sched.kv_io)
+
+
+def test_the_old_layerwise_parameter_warns_and_sets_the_io_key() -> None:
+    old = config({"name": "dualpath", "layerwise": False})
+    with pytest.warns(DeprecationWarning, match="io.layerwise: False"):
+        new = resolve_deprecated(old)
+    assert new.io == {"layerwise": False} and "layerwise" not in new.policy
+    with pytest.warns(DeprecationWarning):  # the section's own key wins
+        assert resolve_deprecated(
+            config({"name": "dualpath", "layerwise": False}, io={"layerwise": True})
+        ).io == {"layerwise": True}
+
+
+@pytest.mark.parametrize(
+    ("io", "message"),
+    [
+        ({"layerwise": "no"}, "io `layerwise` is 'no'"),
+        ({"bypass": 1}, "io `bypass` is 1"),
+        ({"engine": "basic"}, "unknown io engine 'basic'"),
+        ({"zero_io": True}, r"unknown io key\(s\) \['zero_io'\]"),
+        (True, "sim `io` is True"),
+    ],
+)
+def test_bad_io_sections_are_refused_naming_the_key(io: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config("dualpath", io=io)
+
+
+def test_a_per_engine_run_refuses_an_io_section() -> None:
+    with pytest.raises(ConfigError, match="only the node-group"):
+        build(SimConfig(policy={"name": "fcfs"}, io={"layerwise": False}))
+
+
+def test_the_io_section_reaches_the_cluster_and_the_policy_view() -> None:
+    cluster = build(config("dualpath", io={"layerwise": False})).cluster
+    assert isinstance(cluster, DualPathCluster)
+    assert not cluster.io.layerwise and not cluster.pes[0].shape.layerwise_prefill
+    assert build(config("dualpath_basic")).cluster.io == KvIo(layerwise=False)  # its paper's
+    assert build(config("dualpath_oracle")).cluster.io == KvIo(bypass=True)
+
+
+def simulated(result: Any) -> dict[str, Any]:
+    """A run's results without what the host measured or the spelling of its policy."""
+    return {k: v for k, v in result.items() if k not in ("wall_s", "cpu_s", "peak_rss_bytes", "policy")}
+
+
+@pytest.mark.parametrize(
+    ("ablation", "policy", "io"),
+    [
+        (
+            "dualpath_basic",
+            {"name": "dualpath", "read_paths": "pe", "scheduler": "round_robin"},
+            {"layerwise": False},
+        ),
+        ("dualpath_oracle", {"name": "dualpath"}, {"bypass": True}),
+    ],
+)
+def test_an_ablation_as_a_config_difference_runs_as_the_ablation_policy(
+    ablation: str, policy: dict[str, Any], io: dict[str, Any]
+) -> None:
+    want = simulated(run(config(ablation)))
+    assert simulated(run(config(policy, io=io))) == want
+    assert simulated(run(config(policy))) != want  # the data plane is what differs
+    if ablation == "dualpath_basic":  # the old spelling of Basic's layerwise switch, too
+        with pytest.warns(DeprecationWarning, match="io.layerwise"):
+            assert simulated(run(config({**policy, "layerwise": False}))) == want

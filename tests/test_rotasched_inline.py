@@ -18,7 +18,7 @@ class _NoCost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 0.0
 
-    def load_s(self, tokens: int, tier: object, mode: object, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: object, mode: object) -> float:
         return 0.0
 
 

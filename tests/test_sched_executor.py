@@ -196,7 +196,6 @@ class _PrefetchFirst(Policy):
                         r.req_id,
                         r.cached_tokens[Tier.SSD] + r.cached_tokens[Tier.REMOTE],
                         LoadMode.ASYNC,
-                        None,
                         2,
                         Tier.HOST,
                     )
@@ -205,7 +204,7 @@ class _PrefetchFirst(Policy):
             )
         decision = SchedulerDecision()
         budget = schedule_running(view, decision)
-        admit_fcfs(view, decision, budget, len(view.running), LoadMode.SYNC)
+        admit_fcfs(view, decision, budget, LoadMode.SYNC)
         if self.load == "running":  # a load for a request already on the device
             decision.loads += [LoadOrder(r.req_id, 16, LoadMode.SYNC) for r in view.running[:1]]
         return decision

@@ -57,7 +57,7 @@ class FakeCost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 0.01
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
         return tokens * KV / self.store_bytes_per_s
 
 

@@ -12,15 +12,8 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy
 from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView
-from kvtier.sched.strata import (
-    DECODE_INTERFERENCE,
-    PREFILL_INTERFERENCE,
-    Batch,
-    Candidate,
-    IoModel,
-    Strata,
-    defer_delay_hits,
-)
+from kvtier.sched.load_path import DECODE_INTERFERENCE, PREFILL_INTERFERENCE, LoadPath, load_engine
+from kvtier.sched.strata import Batch, Candidate, Strata, defer_delay_hits
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventLoop
@@ -39,12 +32,17 @@ DOC = 4096  # tokens of a document context: 128 blocks
 
 
 class Cost:
-    """Llama-8B-like estimates on an H200: 50 GB/s whole-object loads, ~22% of it per page."""
+    """Llama-8B-like estimates on an H200: 50 GB/s whole-object loads, ~22% of it per page, priced
+    on the engine's load path (Strata's GPU-assisted kernels unless given another)."""
+
+    def __init__(self, path: LoadPath) -> None:
+        self.path = path
 
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 1e-3 + 3e-5 * new_tokens + 1e-9 * new_tokens * context_tokens
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
+        segment_tokens = self.path.segment_tokens(mode, tokens)
         per_token = 2.6e-6 if segment_tokens is None or segment_tokens >= 256 else 1.2e-5
         return tokens * per_token
 
@@ -80,6 +78,7 @@ def view(
     fetching: tuple[RequestView, ...] = (),
     max_batch_tokens: int = 8192,
     free_device_blocks: int = 100_000,
+    load: str = "gpu_kernel",
 ) -> SchedulerView:
     return SchedulerView(
         now_s=0.0,
@@ -93,7 +92,7 @@ def view(
         max_batch_tokens=max_batch_tokens,
         max_running=256,
         num_layers=32,
-        cost=Cost(),
+        cost=Cost(load_engine(load)),
     )
 
 
@@ -141,7 +140,7 @@ def test_deprioritised_requests_keep_their_order_and_fill_the_batch() -> None:
 
 def test_a_request_without_load_is_never_loading_bound() -> None:
     v = view()
-    batch = Batch(v, 8192, 256, 100_000, 1.0, "tokens", 100, IoModel())
+    batch = Batch(v, 8192, 256, 100_000, 1.0, "tokens", 100)
     batch.add(Candidate.of(hit(0, doc=1), BT))  # 4096 loaded over 32 new: far over a bound of 1
     assert not batch.loading_bound(Candidate.of(hit(1, doc=2, host=0, device=DOC), BT))  # device hit
     assert not batch.loading_bound(Candidate.of(miss(2, doc=3), BT))
@@ -217,8 +216,9 @@ def test_loading_bound_batch_loads_async_while_decodes_run() -> None:
     assert d.decode == [9]
     (order,) = d.loads
     assert order.mode is LoadMode.ASYNC
-    assert order.segment_tokens is None  # whole page-first objects
-    assert order.interference == DECODE_INTERFERENCE
+    kernels = load_engine("gpu_kernel")  # Strata's load path carries it
+    assert kernels.segment_tokens(order.mode, order.tokens) is None  # whole page-first objects
+    assert kernels.slowdown(order.mode) == DECODE_INTERFERENCE
     off = make_policy("strata", bubble_filling=False).schedule(view((hit(0, doc=1),), running=(decoding,)))
     assert off.loads[0].mode is LoadMode.LAYERWISE
 
@@ -227,8 +227,9 @@ def test_compute_bound_batch_overlaps_its_load_layer_by_layer() -> None:
     d = make_policy("strata").schedule(view((hit(0, doc=1), miss(1, doc=2, tokens=8000))))
     (order,) = d.loads
     assert order.mode is LoadMode.LAYERWISE
-    assert order.segment_tokens == DOC  # one gather kernel per layer for the request's context
-    assert order.interference == PREFILL_INTERFERENCE
+    kernels = load_engine("gpu_kernel")
+    assert kernels.segment_tokens(order.mode, order.tokens) == DOC  # one gather kernel per layer
+    assert kernels.slowdown(order.mode) == PREFILL_INTERFERENCE
     assert order.priority == 0  # ahead of queued asynchronous batches
 
 
@@ -246,15 +247,16 @@ def test_asynchronous_batches_queue_in_order_and_at_most_two() -> None:
 
 
 def test_ablations_vary_only_the_io_or_only_the_schedule() -> None:
-    v = view((hit(0, doc=1), hit(1, doc=2), miss(2, doc=3)), max_batch_tokens=32 + DOC + 32)
+    """Fig. 9's ablations: the same decisions as Strata / HiCache, priced on the other load path."""
+    q = (hit(0, doc=1), hit(1, doc=2), miss(2, doc=3))
+    v = view(q, max_batch_tokens=32 + DOC + 32, load="per_page")
     sched = make_policy("strata_sched").schedule(v)
     assert prefilled(sched) == [0, 2]  # Strata's batch
-    assert sched.loads[0].segment_tokens == 32 and sched.loads[0].interference == 0.0  # per page
-    io = make_policy("strata_io").schedule(v)
+    assert sched == make_policy("strata").schedule(v)  # the schedule is Strata's
+    io = make_policy("strata_io").schedule(view(q, max_batch_tokens=32 + DOC + 32))
     assert prefilled(io) == [0, 1, 2]  # FCFS
     assert {o.mode for o in io.loads} == {LoadMode.LAYERWISE}
-    assert [o.segment_tokens for o in io.loads] == [DOC, DOC]
-    assert all(o.interference == PREFILL_INTERFERENCE for o in io.loads)
+    assert io == make_policy("hicache").schedule(view(q, max_batch_tokens=32 + DOC + 32))
 
 
 def test_storage_prefix_of_a_queued_request_is_prefetched_to_host() -> None:

@@ -96,7 +96,7 @@ class _NoCost:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return 0.0
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
         return 0.0
 
 

@@ -114,7 +114,7 @@ class CpuEstimates:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return new_tokens / self._config.prefill_tokens_per_s
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
         c = self._config
         rate = {Tier.SSD: c.ssd_load_bytes_per_s, Tier.REMOTE: c.remote_load_bytes_per_s}.get(
             tier, c.host_load_bytes_per_s

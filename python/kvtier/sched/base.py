@@ -72,7 +72,10 @@ class CostEstimates(Protocol):
 
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float: ...
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float: ...
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
+        """Seconds to load ``tokens`` from ``tier`` in ``mode`` on idle links, over the engine's load
+        path (its copy granularity: data-plane config, :mod:`kvtier.sched.load_path`)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +102,26 @@ class SchedulerView:
     kv_bytes_per_token: int = 0  # raw KV bytes per token on one GPU, for sizing transfers (0: unknown)
     swap_copy: SwapCopy = PLAIN_SWAP  # how the engine's swaps move KV (data-plane config, not the policy's)
     fetch: FetchPath = PLAIN_FETCH  # how the engine's compressed loads move KV (data-plane config)
+    # The engine streams a prefill's hit KV into per-layer buffers (DualPath's layerwise prefill,
+    # data-plane config: kvtier.sched.kv_io), so a batch's KV need not fit the device at once.
+    layerwise_prefill: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class LoadOrder:
-    """Bring ``tokens`` of a request's cached prefix (beyond its device part) to the device."""
+    """Bring ``tokens`` of a request's cached prefix (beyond its device part) to the device.
+
+    What to load, when and how urgently is the policy's; the copies that carry it (their granularity,
+    the compute they slow) are the engine's load path (data-plane config, :mod:`kvtier.sched.load_path`).
+    """
 
     req_id: int
     tokens: int
     mode: LoadMode
-    segment_tokens: int | None = None  # copy granularity per layer; None = whole objects
     priority: int = 1  # link priority class (0 is most urgent)
     target: Tier = Tier.DEVICE  # HOST: prefetch SSD/remote blocks into host memory only (Strata §4.3.3)
-    # Fractional slowdown of model compute while this load runs: GPU copy kernels (Strata Fig. 5:
-    # < 5%) or GPU-side decompression (CacheGen-Async, ShadowServe §2.2).
+    # Fractional slowdown of model compute while this compressed fetch runs beyond the load path's:
+    # GPU-side decompression (CacheGen-Async, ShadowServe §2.2), from the engine's fetch path.
     interference: float = 0.0
     # Fetch compressed (ShadowServe, CacheGen-Async): through the engine's fetch path (its ratio,
     # decoder stage and where decoding runs: data-plane config, SchedulerView.fetch).

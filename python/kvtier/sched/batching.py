@@ -50,7 +50,6 @@ def admit_fcfs(
     decision: SchedulerDecision,
     budget: int,
     load_mode: LoadMode | None,
-    segment_tokens: int | None = None,
     load_priority: int = 1,
     reserve_full_prompt: bool = False,
 ) -> None:
@@ -75,7 +74,7 @@ def admit_fcfs(
             break
         loaded = reused - r.cached_tokens[Tier.DEVICE]
         if load_mode is not None and loaded > 0:
-            decision.loads.append(LoadOrder(r.req_id, loaded, load_mode, segment_tokens, load_priority))
+            decision.loads.append(LoadOrder(r.req_id, loaded, load_mode, load_priority))
         decision.prefill.append((r.req_id, n))
         budget -= n
         free_blocks -= need

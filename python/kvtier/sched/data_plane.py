@@ -1,8 +1,9 @@
 """The data plane a config gets where it names none: the one each policy's paper ran on.
 
 How the engine moves KV is configuration (issue 18 step 4): the sim config's ``swap`` section
-(:mod:`kvtier.sched.swap_copy`) and ``fetch`` section (:mod:`kvtier.sched.fetch_path`), the
-reference engine's ``EngineConfig.swap_engine``. A paper reproduction is (policy, data-plane
+(:mod:`kvtier.sched.swap_copy`), ``fetch`` section (:mod:`kvtier.sched.fetch_path`) and ``load``
+section (:mod:`kvtier.sched.load_path`), the P/D cluster's ``io`` section (:mod:`kvtier.sched.kv_io`),
+the reference engine's ``EngineConfig.swap_engine``. A paper reproduction is (policy, data-plane
 profile); where a config leaves a section's ``engine`` out, :func:`default_engine` fills in the
 profile the policy was evaluated on, so that ``policy: rotasched`` alone still runs on DuplexKV.
 Policies hold no data-plane setting of their own.
@@ -13,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kvtier.errors import ConfigError
+from kvtier.sched.section import checked_section
+
 if TYPE_CHECKING:
     from kvtier.sched.base import Policy
 
 #: The data-plane sections a config may name an engine in.
-SECTIONS = ("swap", "fetch")
+SECTIONS = ("swap", "fetch", "load", "io")
 
 #: policy -> section -> the engine its paper ran it on. Sections not listed: the plain engine.
 EVALUATED_ON: dict[str, dict[str, str]] = {
@@ -29,9 +33,19 @@ EVALUATED_ON: dict[str, dict[str, str]] = {
     # ShadowServe §4.2-§4.3: the BlueField-3 chunked pipeline; §6.1: CacheGen-Async decodes on the GPU.
     "shadowserve_async": {"fetch": "bluefield3"},
     "cachegen_async": {"fetch": "cachegen_gpu"},
+    # Strata §3.1, §5.1: SGLang-HiCache copies per page; §4.2: Strata's GPU-assisted I/O kernels.
+    # Fig. 9's ablations: Strata's scheduling on HiCache's copies, HiCache's scheduling on Strata's.
+    "hicache": {"load": "per_page"},
+    "strata": {"load": "gpu_kernel"},
+    "strata_sched": {"load": "per_page"},
+    "strata_io": {"load": "gpu_kernel"},
+    # DualPath §7.2: Basic without layerwise prefill; Oracle with every KV transfer bypassed.
+    "dualpath_basic": {"io": "blocking"},
+    "dualpath_oracle": {"io": "oracle"},
     # composed: DuplexKV under its `rotation` stage, the SmartNIC under `async_fetch` (compressed
-    # loads come only from that stage, so the fetch path is idle without it).
-    "composed": {"swap": "duplexkv", "fetch": "bluefield3"},
+    # loads come only from that stage, so the fetch path is idle without it), Strata's kernels under
+    # `balance` (without it its loads are the plain FCFS or async-loading ones).
+    "composed": {"swap": "duplexkv", "fetch": "bluefield3", "load": "gpu_kernel"},
 }
 
 
@@ -40,8 +54,10 @@ def default_engine(policy: Mapping[str, Any], section: str) -> str:
     what a config's ``swap``/``fetch`` section means where it names no ``engine``."""
     name = str(policy.get("name"))
     engine = EVALUATED_ON.get(name, {}).get(section, "plain")
-    if name == "composed" and section == "swap" and not _composed_rotates(policy):
+    if name == "composed" and section == "swap" and not _composed_runs(policy, "rotation"):
         return "plain"  # no rotation stage: composed never swaps
+    if name == "composed" and section == "load" and not _composed_runs(policy, "balance"):
+        return "plain"  # no balance stage: no Strata loads
     return engine
 
 
@@ -50,10 +66,26 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     return {"name": policy.name, **policy.params()}
 
 
-def _composed_rotates(spec: Mapping[str, Any]) -> bool:
-    """Whether a composed spec runs its ``rotation`` stage: in ``stages``, else the deprecated
-    ``rotation`` boolean (on unless given off; the default stages start with rotation)."""
+def _composed_runs(spec: Mapping[str, Any], stage: str) -> bool:
+    """Whether a composed spec runs ``stage`` (``rotation`` or ``balance``): in ``stages``, else the
+    deprecated boolean of that name (on unless given off; both are default stages)."""
     stages = spec.get("stages")
     if stages is not None:
-        return "rotation" in stages
-    return bool(spec.get("rotation", True))
+        return stage in stages
+    return bool(spec.get(stage, True))
+
+
+#: What an engine keeps below the device (the sim config's ``offload: {mode: ...}``).
+OFFLOAD_MODES = ("none", "write_through", "write_back")
+
+
+def offload_mode(section: Mapping[str, Any] | None) -> str | None:
+    """The sim config's ``offload`` section's ``mode``; None where it names none (the policy's
+    paper's engine's, ``Policy.offload``)."""
+    if section is None:
+        return None
+    section = checked_section("offload", section, ("mode",), "{mode: write_through}")
+    mode = section.get("mode")
+    if mode is not None and mode not in OFFLOAD_MODES:
+        raise ConfigError(f"offload `mode` is {mode!r}; expected one of {list(OFFLOAD_MODES)}")
+    return None if mode is None else str(mode)

@@ -31,10 +31,12 @@ compute network (*DE read path*, §4.1). Scheduling has two levels:
   chunks (:func:`pack_compute_quota`). KV of hit tokens streams in layer by layer (layerwise prefill,
   §2.1/§4). DEs put every running request in the batch.
 
-The paper's ablation (§7.5, Fig. 12) switches these parts off: ``layerwise=False`` (the whole batch's
-KV in HBM, loaded before compute), ``read_paths="pe"`` (storage→PE only), ``scheduler="round_robin"``
-(engines and read side in turn instead of §6.1). ``dualpath_basic`` is all three off: the paper's
-*Basic*.
+The paper's ablation (§7.5, Fig. 12) switches these parts off: layerwise prefill (data-plane config,
+the sim config's ``io: {layerwise: false}``, :mod:`kvtier.sched.kv_io`: the whole batch's KV in HBM,
+loaded before compute; the policy reads it as ``view.layerwise_prefill``), ``read_paths="pe"``
+(storage→PE only), ``scheduler="round_robin"`` (engines and read side in turn instead of §6.1).
+``dualpath_basic`` is all three off: the paper's *Basic* (its paper's data plane is ``io:
+{engine: blocking}``); ``dualpath_oracle`` decides as DualPath on ``io: {engine: oracle}``.
 
 alpha and beta (App. A.4: "the number of tokens we can read during alpha seconds", "the number of tokens one
 GPU can process for beta seconds") lost their values in our copy of the paper; the defaults are ours
@@ -325,13 +327,11 @@ class DualPath(Policy):
 
     name = "dualpath"
     global_scheduler = "dualpath"  # its inter-engine half: DualPathScheduler (§6.1)
-    offload = "none"
-    zero_io = False  # Oracle (§7.2): no reads, H2D/D2H or P/D transfers  # KV persists through storage (the simulator's DE writes), not host tiers
+    offload = "none"  # KV persists through storage (the simulator's DE writes), not host tiers
 
     def __init__(
         self,
         compute_quota_s: float = COMPUTE_QUOTA_S,
-        layerwise: bool = True,
         read_paths: str = "dual",
         scheduler: str = "dualpath",
         short_read_queue_s: float = SHORT_READ_QUEUE_S,
@@ -346,7 +346,6 @@ class DualPath(Policy):
         if not (short_read_queue_s >= 0 and unfinished_limit_s > 0):
             raise ConfigError("dualpath short_read_queue_s must be >= 0 and unfinished_limit_s > 0")
         self.compute_quota_s = compute_quota_s
-        self.layerwise = layerwise
         self.read_paths = read_paths
         self.scheduler = scheduler
         self.short_read_queue_s = short_read_queue_s
@@ -371,7 +370,8 @@ class DualPath(Policy):
             return sum(view.cost.prefill_s(new, cached) for cached, new in pairs if new > 0)
 
         free_blocks = view.free_device_blocks
-        mode = LoadMode.LAYERWISE if self.layerwise else LoadMode.SYNC
+        layerwise = view.layerwise_prefill  # the engine's data plane (kvtier.sched.kv_io)
+        mode = LoadMode.LAYERWISE if layerwise else LoadMode.SYNC
         # The engine's own bounds still hold (the reference engine's token budget and slots).
         budget = view.max_batch_tokens - len(decision.decode)
         slots = view.max_running - len(view.running)
@@ -385,7 +385,7 @@ class DualPath(Policy):
                 slots -= 1
             budget -= n
             load = loadable.get(req_id, 0)
-            if not self.layerwise:  # the batch's whole KV sits in HBM (no layerwise prefill, §2.1)
+            if not layerwise:  # the batch's whole KV sits in HBM (no layerwise prefill, §2.1)
                 cached = next(c for i, c, _ in candidates if i == req_id)
                 need = -(-(cached + n) // view.block_tokens)
                 if need > free_blocks and decision.prefill:
@@ -399,7 +399,6 @@ class DualPath(Policy):
     def params(self) -> dict[str, Any]:
         return {
             "compute_quota_s": self.compute_quota_s,
-            "layerwise": self.layerwise,
             "read_paths": self.read_paths,
             "scheduler": self.scheduler,
             "short_read_queue_s": self.short_read_queue_s,
@@ -409,19 +408,19 @@ class DualPath(Policy):
 
 @register
 class DualPathBasic(DualPath):
-    """The paper's *Basic* (§7.2): storage→PE reads only, no layerwise prefill, round-robin engines."""
+    """The paper's *Basic* (§7.2): storage→PE reads only, round-robin engines; on its paper's data
+    plane, no layerwise prefill (``io: {engine: blocking}``)."""
 
     name = "dualpath_basic"
 
     def __init__(self, **params: Any) -> None:
-        defaults: dict[str, Any] = {"layerwise": False, "read_paths": "pe", "scheduler": "round_robin"}
+        defaults: dict[str, Any] = {"read_paths": "pe", "scheduler": "round_robin"}
         super().__init__(**{**defaults, **params})
 
 
 @register
 class DualPathOracle(DualPath):
-    """The paper's *Oracle* (§7.2): DualPath with every disk read, H2D/D2H and P/D KV transfer
-    bypassed, the zero-I/O bound."""
+    """The paper's *Oracle* (§7.2): DualPath's decisions on its paper's data plane with every disk
+    read, H2D/D2H and P/D KV transfer bypassed (``io: {engine: oracle}``), the zero-I/O bound."""
 
     name = "dualpath_oracle"
-    zero_io = True

@@ -1,11 +1,11 @@
 """``hicache``: SGLang-HiCache-like baseline. Write-through to host; a request's host/SSD prefix
-loads *layerwise*, overlapped with the step's compute (layer l starts once its KV arrived), but
-copied per page per layer with cudaMemcpyAsync: small segments (page 32 tokens, Strata §5.1) reach
-only ~22% of PCIe 5.0 bandwidth (Strata §3.1, Fig. 3)."""
+loads *layerwise*, overlapped with the step's compute (layer l starts once its KV arrived). Its
+paper's copies are per page per layer with cudaMemcpyAsync: small segments (page 32 tokens, Strata
+§5.1) reach only ~22% of PCIe 5.0 bandwidth (Strata §3.1, Fig. 3). The copies are data-plane config
+(the sim config's ``load`` section, ``engine: per_page`` by default for this policy, ``page_tokens``
+the page size; :mod:`kvtier.sched.load_path`), not the policy's."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from kvtier.sched.base import LoadMode, Policy, SchedulerDecision, SchedulerView, register
 from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
@@ -16,9 +16,6 @@ class HiCache(Policy):
     name = "hicache"
     offload = "write_through"
 
-    def __init__(self, page_tokens: int = 32) -> None:
-        self.page_tokens = page_tokens
-
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()
         budget = schedule_running(view, decision)
@@ -27,13 +24,9 @@ class HiCache(Policy):
             decision,
             budget,
             load_mode=LoadMode.LAYERWISE,
-            segment_tokens=self.page_tokens,
             reserve_full_prompt=True,  # SGLang admits a request only if its whole input fits
         )
         return decision
 
     def steady_decode(self, view: SchedulerView) -> bool:
         return steady_fcfs(view)  # FCFS batching: decodes first, nobody to admit
-
-    def params(self) -> dict[str, Any]:
-        return {"page_tokens": self.page_tokens}

@@ -149,7 +149,7 @@ class BatchInterception(Policy):
         return view.fetch.fetch_interference(
             view.kv_bytes_per_token,
             tokens,
-            lambda: view.cost.load_s(tokens, store_tier(r), LoadMode.ASYNC, None),
+            lambda: view.cost.load_s(tokens, store_tier(r), LoadMode.ASYNC),
         )
 
     def fetch_order(
@@ -181,16 +181,7 @@ def store_tier(r: RequestView) -> Tier:
 class ShadowServeAsync(BatchInterception):
     name = "shadowserve_async"
 
-    def __init__(
-        self, fetch_mode: str = "async", serial_fetch: bool = True, store_writes: bool = False
-    ) -> None:
-        super().__init__(fetch_mode, serial_fetch)
-        # §6.1 runs against a store that other servers filled (a preloaded tier here). In a run
-        # with no preload, ``store_writes`` lets this engine fill the store itself: computed prompt
-        # KV is written through to the lower tiers, as the cluster's other engines would.
-        self.store_writes = store_writes
-        if store_writes:
-            self.offload = "write_through"
-
-    def params(self) -> dict[str, Any]:
-        return {**super().params(), "store_writes": self.store_writes}
+    # §6.1 runs against a store that other servers filled (a preloaded tier here): this engine keeps
+    # nothing below the device (the class default). In a run with no preload, the sim config's
+    # ``offload: {mode: write_through}`` lets it fill the store itself, as the cluster's other
+    # engines would (data-plane config, not the policy's).

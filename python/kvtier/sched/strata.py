@@ -24,11 +24,9 @@ policy), Strata forms the next prefill batch in three stages (§4.3):
 
 I/O (§4.2): GPU-assisted gather/scatter kernels with a page-first host layout move large
 contiguous segments, so they reach ~50 GB/s on the H200's PCIe 5.0 link (Fig. 5) where per-page
-``cudaMemcpyAsync`` reaches ~22% of it (Fig. 3): an asynchronous load moves whole page-first objects
-(``segment_tokens=None``), a layerwise one moves each layer's K and V of the request in one kernel
-(``segment_tokens`` = the loaded tokens). The kernels run on two CUDA blocks and slow concurrent
-compute by < 5% for prefill and ~10% for decode (Fig. 5): ``interference`` 0.05 for a layerwise
-load (it runs beside the prefill), 0.10 for an asynchronous one (it runs beside decode batches).
+``cudaMemcpyAsync`` reaches ~22% of it (Fig. 3). The copies are the data plane's, not the policy's:
+the sim config's ``load`` section (:mod:`kvtier.sched.load_path`; Strata's own is ``gpu_kernel``),
+and the policy weighs a load's time as the engine prices it (``cost.load_s``).
 Loads of one engine go through one I/O queue: successive asynchronous batches get successive link
 priority classes, so they land in issue order (FIFO) rather than sharing the link; at most
 ``max_loading_batches`` are queued (double buffering: the next batch loads while the current one
@@ -44,8 +42,10 @@ a bundle hit's follower cannot share another request's load within one step, so 
 loads have followers loads asynchronously and its followers are dispatched (as device hits, in the
 same prefill step as their leader) when the shared load has landed.
 
-Ablations (Strata Fig. 9): ``strata_io`` is GPU-assisted I/O under SGLang-HiCache's FCFS scheduler;
-``strata_sched`` is Strata's scheduling with HiCache's per-page ``cudaMemcpyAsync`` I/O.
+Ablations (Strata Fig. 9) are data-plane differences: ``strata_sched`` is Strata's scheduling on
+HiCache's per-page ``cudaMemcpyAsync`` copies (``strata`` with ``load: {engine: per_page}``, its
+default load path); ``strata_io`` is SGLang-HiCache's FCFS scheduler on GPU-assisted I/O
+(``hicache`` with ``load: {engine: gpu_kernel}``).
 """
 
 from __future__ import annotations
@@ -63,40 +63,18 @@ from kvtier.sched.base import (
     SchedulerView,
     register,
 )
-from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.sched.batching import schedule_running
+from kvtier.sched.hicache import HiCache
 from kvtier.tiers import Tier
 
 DEFER_THRESHOLD_TOKENS = 100  # §4.3.1: "a default threshold of 100 active token matches"
 LOAD_COMPUTE_RATIO = 100.0  # §4.3.2 / Fig. 1: tokens loaded per new input token
-PREFILL_INTERFERENCE = 0.05  # Fig. 5: < 5% prefill slowdown with two 1024-thread I/O blocks
-DECODE_INTERFERENCE = 0.10  # Fig. 5: 10% decode slowdown with the same quota
-HICACHE_PAGE_TOKENS = 32  # §5.1: SGLang-HiCache page size (per-page cudaMemcpyAsync)
-IO_KINDS = ("gpu", "page")
 RATIO_UNITS = ("tokens", "seconds")
 
 
-@dataclass(frozen=True, slots=True)
-class IoModel:
-    """How a policy's loads cross the host link (Strata §4.2 vs HiCache-style per-page copies)."""
-
-    kind: str = "gpu"
-    page_tokens: int = HICACHE_PAGE_TOKENS
-
-    def order(self, req_id: int, tokens: int, mode: LoadMode, priority: int) -> LoadOrder:
-        if self.kind == "page":  # one cudaMemcpyAsync per page, layer, K and V: DMA, no SM use
-            return LoadOrder(req_id, tokens, mode, self.page_tokens, priority)
-        if mode is LoadMode.LAYERWISE:  # one gather kernel per layer (K and V) for the request
-            return LoadOrder(
-                req_id, tokens, mode, max(tokens, 1), priority, interference=PREFILL_INTERFERENCE
-            )
-        # Whole page-first objects (all layers of a block contiguous on host, §4.2.1, Fig. 6).
-        return LoadOrder(req_id, tokens, mode, None, priority, interference=DECODE_INTERFERENCE)
-
-    def load_s(self, view: SchedulerView, tokens: int, mode: LoadMode) -> float:
-        if tokens <= 0:
-            return 0.0
-        o = self.order(-1, tokens, mode, 1)
-        return view.cost.load_s(tokens, Tier.HOST, mode, o.segment_tokens)
+def host_load_s(view: SchedulerView, tokens: int) -> float:
+    """The engine's estimate of a layerwise load of ``tokens`` from host (0 for none)."""
+    return view.cost.load_s(tokens, Tier.HOST, LoadMode.LAYERWISE) if tokens > 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -143,7 +121,6 @@ class Batch:
     load_compute_ratio: float
     ratio_unit: str
     bundle_threshold_tokens: int
-    io: IoModel
     members: list[Member] = field(default_factory=list)
     load_tokens: int = 0
     compute_tokens: int = 0
@@ -184,7 +161,7 @@ class Batch:
         if self.ratio_unit == "tokens":
             return load > self.load_compute_ratio * max(compute, 1)
         context = self.compute_context + chunk * (c.view.prompt_tokens - c.new_tokens)
-        load_s = self.io.load_s(self.view, load, LoadMode.LAYERWISE)
+        load_s = host_load_s(self.view, load)
         return load_s > self.load_compute_ratio * self.compute_s(compute, context)
 
     def compute_s(self, tokens: int, context_sum: int) -> float:
@@ -302,16 +279,12 @@ class Strata(Policy):
         defer_threshold_tokens: int = DEFER_THRESHOLD_TOKENS,
         load_compute_ratio: float = LOAD_COMPUTE_RATIO,
         ratio_unit: str = "tokens",
-        io: str = "gpu",
-        page_tokens: int = HICACHE_PAGE_TOKENS,
         max_loading_batches: int = 2,
         defer: bool = True,
         balance: bool = True,
         bubble_filling: bool = True,
         prefetch: bool = True,
     ) -> None:
-        if io not in IO_KINDS:
-            raise ConfigError(f"strata io {io!r}; expected one of {list(IO_KINDS)}")
         if ratio_unit not in RATIO_UNITS:
             raise ConfigError(f"strata ratio_unit {ratio_unit!r}; expected one of {list(RATIO_UNITS)}")
         if defer_threshold_tokens < 0 or not load_compute_ratio > 0 or max_loading_batches < 1:
@@ -321,7 +294,6 @@ class Strata(Policy):
         self.defer_threshold_tokens = defer_threshold_tokens
         self.load_compute_ratio = load_compute_ratio
         self.ratio_unit = ratio_unit
-        self.io = IoModel(io, page_tokens)
         self.max_loading_batches = max_loading_batches
         self.defer = defer
         self.balance = balance
@@ -343,7 +315,6 @@ class Strata(Policy):
             self.load_compute_ratio,
             self.ratio_unit,
             self.defer_threshold_tokens,
-            self.io,
         )
         running = {r.req_id: r for r in view.running}
         for rid, n in decision.prefill:
@@ -396,7 +367,7 @@ class Strata(Policy):
     ) -> None:
         """§4.3.3: layerwise loads, or asynchronous ones with decode steps filling the bubble."""
         leaders = [m for m in batch.members if m.own_load_tokens > 0 and not m.follower]
-        load_s = sum(self.io.load_s(view, m.own_load_tokens, LoadMode.LAYERWISE) for m in leaders)
+        load_s = sum(host_load_s(view, m.own_load_tokens) for m in leaders)
         compute_s = batch.compute_s(batch.compute_tokens, batch.compute_context)
         bubble = self.bubble_filling and load_s > compute_s
         if bubble and leaders:
@@ -409,12 +380,10 @@ class Strata(Policy):
             rid = m.candidate.view.req_id
             if m.own_load_tokens > 0:
                 if bubble or not shared.isdisjoint(m.candidate.load_keys):
-                    decision.loads.append(
-                        self.io.order(rid, m.own_load_tokens, LoadMode.ASYNC, async_priority)
-                    )
+                    decision.loads.append(LoadOrder(rid, m.own_load_tokens, LoadMode.ASYNC, async_priority))
                     self.load_priority[rid] = async_priority
                 else:  # on the step's critical path: ahead of queued asynchronous batches
-                    decision.loads.append(self.io.order(rid, m.own_load_tokens, LoadMode.LAYERWISE, 0))
+                    decision.loads.append(LoadOrder(rid, m.own_load_tokens, LoadMode.LAYERWISE, 0))
             decision.prefill.append((rid, max(m.chunk_tokens, 1)))
 
     def _prefetch(self, head: HeadPlan, decision: SchedulerDecision) -> None:
@@ -424,15 +393,13 @@ class Strata(Policy):
         dispatched = {rid for rid, _ in decision.prefill}
         for rid, stored in head.stored:
             if rid not in dispatched:
-                decision.loads.append(LoadOrder(rid, stored, LoadMode.ASYNC, None, 2, Tier.HOST))
+                decision.loads.append(LoadOrder(rid, stored, LoadMode.ASYNC, 2, Tier.HOST))
 
     def params(self) -> dict[str, Any]:
         return {
             "defer_threshold_tokens": self.defer_threshold_tokens,
             "load_compute_ratio": self.load_compute_ratio,
             "ratio_unit": self.ratio_unit,
-            "io": self.io.kind,
-            "page_tokens": self.io.page_tokens,
             "max_loading_batches": self.max_loading_batches,
             "defer": self.defer,
             "balance": self.balance,
@@ -443,29 +410,16 @@ class Strata(Policy):
 
 @register
 class StrataSched(Strata):
-    """Strata-Schedule-Only (Fig. 9): Strata's scheduling over HiCache's per-page copies."""
+    """Strata-Schedule-Only (Fig. 9): Strata's scheduling; its paper's data plane is HiCache's
+    per-page copies (:data:`kvtier.sched.data_plane.EVALUATED_ON`, ``load: {engine: per_page}``)."""
 
     name = "strata_sched"
 
-    def __init__(self, **params: Any) -> None:
-        params.setdefault("io", "page")
-        super().__init__(**params)
-
 
 @register
-class StrataIo(Policy):
-    """Strata-IO (Fig. 9): GPU-assisted I/O under SGLang-HiCache's FCFS, layerwise-overlapped
-    scheduling (no deferral, balancing or bubble filling)."""
+class StrataIo(HiCache):
+    """Strata-IO (Fig. 9): SGLang-HiCache's FCFS, layerwise-overlapped scheduling (no deferral,
+    balancing or bubble filling); its paper's data plane is GPU-assisted I/O (``load: {engine:
+    gpu_kernel}``)."""
 
     name = "strata_io"
-    offload = "write_through"
-
-    def __init__(self) -> None:
-        self.io = IoModel("gpu")
-
-    def schedule(self, view: SchedulerView) -> SchedulerDecision:
-        decision = SchedulerDecision()
-        budget = schedule_running(view, decision)
-        admit_fcfs(view, decision, budget, LoadMode.LAYERWISE, reserve_full_prompt=True)
-        decision.loads = [self.io.order(o.req_id, o.tokens, o.mode, o.priority) for o in decision.loads]
-        return decision

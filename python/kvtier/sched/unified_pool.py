@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import (
@@ -120,15 +120,10 @@ def admit_async(view: SchedulerView, decision: SchedulerDecision, budget: int) -
 
 
 class _LmCacheBase(Policy):
-    """LMCache (§II-A, Fig. 1): computed prompt KV written through to host and SSD."""
+    """LMCache (§II-A, Fig. 1): computed prompt KV written through to host and SSD. Its chunk (one
+    object, one file on SSD, per 256 tokens) is the sim config's ``block_tokens``, not the policy's."""
 
     offload = "write_through"
-
-    def __init__(self, chunk_tokens: int = 256) -> None:
-        self.chunk_tokens = chunk_tokens  # LMCache's chunk: one object (file) per 256 tokens
-
-    def params(self) -> dict[str, Any]:
-        return {"chunk_tokens": self.chunk_tokens}
 
 
 @register

@@ -7,7 +7,7 @@ seed: 0
 hardware: h100-sxm          # a profile name (kvtier.sim.hardware.hardware_names()) or a YAML path
 model: llama-3.1-8b         # a profile name (kvtier.sim.models.model_names()) or a YAML path
 tp: 1
-policy: {name: hicache, page_tokens: 32}
+policy: {name: hicache}
 engines: 1                  # colocated engines behind `router`; or prefill_engines + decode_engines for P/D
 router: least_loaded        # round_robin | least_loaded | prefix_aware (default: the policy's, else least_loaded)
 block_tokens: 512
@@ -20,8 +20,11 @@ slo: {ttft_s: 5.0, tpot_s: 0.1}
 # out is the one the policy's paper ran on (kvtier.sched.data_plane).
 swap: {engine: plain}       # how swaps cross the host link (kvtier.sched.swap_copy)
 fetch: {engine: plain}      # how compressed fetches reach the device (kvtier.sched.fetch_path)
+load: {engine: per_page, page_tokens: 32}  # the copies loads cross the host link in (kvtier.sched.load_path)
 pool: {layout: serial}      # host-memory modules and SSDs as devices (kvtier.sim.pool)
 network: {traffic_isolation: true}  # the NICs' lanes (DualPath §5.1)
+offload: {mode: write_through}  # what the engines keep below the device (default: the policy's paper's)
+io: {layerwise: true}       # P/D prefill engines' KV intake: layerwise prefill, Oracle bypass (kvtier.sched.kv_io)
 ```
 """
 
@@ -38,7 +41,10 @@ from typing import Any
 from kvtier.config import parse_size, read_yaml
 from kvtier.errors import ConfigError
 from kvtier.sched.base import renamed
+from kvtier.sched.data_plane import offload_mode
 from kvtier.sched.fetch_path import fetch_path
+from kvtier.sched.kv_io import kv_io
+from kvtier.sched.load_path import load_path
 from kvtier.sched.placement import ROUTERS
 from kvtier.sched.section import checked_section
 from kvtier.sched.swap_copy import swap_copy
@@ -87,9 +93,19 @@ class SimConfig:
     # cachegen_gpu, compression_ratio, decode_bytes_per_s | decode_input_bytes_per_s,
     # decode_on_device, interference, duty_cycle}. None or no engine: the policy's, likewise.
     fetch: Mapping[str, Any] | None = None
+    # The copies a load crosses the host link in (kvtier.sched.load_path): {engine: plain|per_page|
+    # gpu_kernel, copy, page_tokens, interference, layerwise_interference}. None or no engine: the
+    # policy's, likewise.
+    load: Mapping[str, Any] | None = None
     # The compute NICs (DualPath §5.1): {traffic_isolation: true}, KV transfers in the low-priority
     # lane behind the model's collectives (the default); false: one lane shared. None: the defaults.
     network: Mapping[str, Any] | None = None
+    # The node-group (DualPath) cluster's KV intake (kvtier.sched.kv_io): {engine: plain|blocking|
+    # oracle, layerwise, bypass}. None or no engine: the policy's paper's.
+    io: Mapping[str, Any] | None = None
+    # What the engines keep below the device: {mode: none|write_through|write_back}. None or no
+    # mode: the policy's paper's engine's (Policy.offload).
+    offload: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "engines", "block_tokens", "max_batch_tokens", "max_running"):
@@ -139,6 +155,9 @@ class SimConfig:
             PoolSpec.from_mapping(self.pool)  # validates the section
         swap_copy(self.swap, "plain")  # validates the section
         fetch_path(self.fetch, "plain")  # validates the section
+        load_path(self.load, "plain")  # validates the section
+        kv_io(self.io, "plain")  # validates the section
+        offload_mode(self.offload)  # validates the section
         network_isolation(self.network)  # validates the section
         if not isinstance(self.device_prefix_cache, bool):
             raise ConfigError(
@@ -197,14 +216,23 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
     section where the section is present and leaves them out (the run is unchanged). ``composed``
     in its old spelling (no ``stages``; its ``pool`` piece on, the default) implies the unified
     pool's layout the same way. A policy's ``transfer`` (RotaSched, the static swap policies, and
-    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise, and
-    ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys."""
+    composed's ``rotasched`` parameters) becomes the ``swap`` section's ``engine``, likewise,
+    ShadowServe's and CacheGen-Async's fetch parameters become the ``fetch`` section's keys, and
+    HiCache's and Strata's copy parameters (``page_tokens``, ``io``) the ``load`` section's. LMCache's
+    ``chunk_tokens`` (its object size, which never reached the engine: the objects are
+    ``block_tokens``) is dropped with a warning naming ``block_tokens``. DualPath's ``layerwise``
+    becomes the ``io`` section's key, likewise, and ShadowServe's ``store_writes`` the ``offload``
+    section's ``mode``."""
     spec = dict(config.policy)
     name, implied = renamed(str(spec["name"]))
     pool = config.pool
     swap = config.swap
     fetch = _fetch_keys(name, spec, config.fetch)
     network = _network_keys(name, spec, config.network)
+    io = _io_keys(name, spec, config.io)
+    offload = _offload_keys(name, spec, config.offload)
+    load = _load_keys(name, spec, config.load)
+    chunk = _drop_chunk_tokens(name, spec, config.block_tokens)
     transfer = spec.pop("transfer", None)
     rota = spec.get("rotasched")
     if transfer is None and isinstance(rota, Mapping) and "transfer" in rota:
@@ -229,13 +257,21 @@ def resolve_deprecated(config: SimConfig) -> SimConfig:
             stacklevel=2,
         )
         implied = {"pool": {"layout": "pooled", "passthrough": True}}  # the old `pool: true` default
-    unchanged = fetch is config.fetch and network is config.network
-    if name == spec["name"] and not implied and transfer is None and unchanged:
+    sections = ((fetch, config.fetch), (network, config.network), (load, config.load), (io, config.io))
+    unchanged = all(new is old for new, old in (*sections, (offload, config.offload)))
+    if name == spec["name"] and not implied and transfer is None and unchanged and not chunk:
         return config
     if pool is not None and "pool" in implied:
         pool = {**implied["pool"], **pool}
     return config.with_overrides(
-        policy={**spec, "name": name}, pool=pool, swap=swap, fetch=fetch, network=network
+        policy={**spec, "name": name},
+        pool=pool,
+        swap=swap,
+        fetch=fetch,
+        network=network,
+        load=load,
+        io=io,
+        offload=offload,
     )
 
 
@@ -250,6 +286,62 @@ _FETCH_PARAMS = (
 )
 
 
+# Policy parameters that described the load path (deprecated): now the `load` section's keys.
+_LOAD_POLICIES = ("hicache", "strata", "strata_sched")
+_IO_ENGINES = {"gpu": "gpu_kernel", "page": "per_page"}  # Strata's old `io` -> load.engine
+
+
+def _load_keys(name: str, spec: dict[str, Any], load: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Moves HiCache's and Strata's deprecated copy parameters (``page_tokens``; Strata's ``io``,
+    also inside composed's ``strata``) out of ``spec`` into the ``load`` section (where the section
+    does not set them already), with a DeprecationWarning naming the keys."""
+    params = spec
+    if name == "composed" and isinstance(spec.get("strata"), Mapping):
+        params = spec["strata"] = dict(spec["strata"])
+    elif name not in _LOAD_POLICIES:
+        return load
+    moved: dict[str, Any] = {}
+    if "io" in params:
+        io = params.pop("io")
+        if io not in _IO_ENGINES:
+            raise ConfigError(
+                f"policy {name!r} parameter `io` is {io!r}; expected one of {list(_IO_ENGINES)}"
+            )
+        moved["engine"] = _IO_ENGINES[io]
+    if "page_tokens" in params:
+        moved["page_tokens"] = params.pop("page_tokens")
+    if not moved:
+        return load
+    keys = ", ".join(f"load.{k}: {v!r}" for k, v in moved.items())
+    warnings.warn(
+        f"policy {name!r} parameters {sorted(k if k != 'engine' else 'io' for k in moved)} are "
+        f"deprecated: use {keys} (the load's copies are data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {**moved, **(load or {})}
+
+
+_CHUNK_POLICIES = ("lmcache", "lmcache_lp", "lmcache_lp_async")
+
+
+def _drop_chunk_tokens(name: str, spec: dict[str, Any], block_tokens: int) -> bool:
+    """Drops LMCache's deprecated ``chunk_tokens`` from ``spec`` (checked, with a DeprecationWarning
+    naming ``block_tokens``, the object size the engine moves); whether there was one."""
+    if name not in _CHUNK_POLICIES or "chunk_tokens" not in spec:
+        return False
+    chunk = spec.pop("chunk_tokens")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f"policy {name!r} parameter `chunk_tokens` is {chunk!r}; expected an int >= 1")
+    warnings.warn(
+        f"policy {name!r} parameter `chunk_tokens` is deprecated: LMCache's object size is the "
+        f"config's block_tokens ({block_tokens}; chunk_tokens {chunk} was never read)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return True
+
+
 def network_isolation(network: Mapping[str, Any] | None) -> bool:
     """The sim config's ``network`` section's ``traffic_isolation``: true where it is left out."""
     if network is None:
@@ -259,6 +351,41 @@ def network_isolation(network: Mapping[str, Any] | None) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"network `traffic_isolation` is {value!r}; expected true or false")
     return value
+
+
+def _offload_keys(
+    name: str, spec: dict[str, Any], offload: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """Moves ShadowServe's deprecated ``store_writes`` out of ``spec``: true becomes the ``offload``
+    section's ``mode: write_through`` (where the section does not set a mode), with a warning."""
+    if name != "shadowserve_async" or "store_writes" not in spec:
+        return offload
+    value = spec.pop("store_writes")
+    if not isinstance(value, bool):
+        raise ConfigError(f"policy {name!r} parameter `store_writes` is {value!r}; expected true or false")
+    mode = "write_through" if value else "none"
+    warnings.warn(
+        f"policy {name!r} parameter `store_writes` is deprecated: use offload.mode: {mode!r} (what the "
+        "engine keeps below the device is data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"mode": mode, **(offload or {})}
+
+
+def _io_keys(name: str, spec: dict[str, Any], io: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Moves DualPath's deprecated ``layerwise`` parameter out of ``spec`` into the ``io`` section
+    (where the section does not set it already), with a DeprecationWarning naming the key."""
+    if not name.startswith("dualpath") or "layerwise" not in spec:
+        return io
+    value = spec.pop("layerwise")
+    warnings.warn(
+        f"policy {name!r} parameter `layerwise` is deprecated: use io.layerwise: {value!r} (layerwise "
+        "prefill is data-plane config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"layerwise": value, **(io or {})}
 
 
 def _network_keys(

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from kvtier.errors import SimError
+from kvtier.sched.data_plane import default_engine
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
+from kvtier.sched.kv_io import kv_io
 from kvtier.sched.placement import EngineLoad, PendingRequest, Placement, Role
 from kvtier.sim.arrivals import Arrivals
 from kvtier.sim.config import SimConfig
@@ -82,7 +84,10 @@ class DualPathCluster:
     def __init__(self, config: SimConfig, policy: DualPath) -> None:
         self.config = config
         self.policy = policy
-        self.zero_io = bool(getattr(policy, "zero_io", False))
+        # The data plane: layerwise prefill, the Oracle's bypass (the config's `io` section, else
+        # the policy's paper's).
+        self.io = kv_io(config.io, default_engine(config.policy, "io"))
+        self.zero_io = self.io.bypass
         self.kv_priority = KV_PRIORITY if config.traffic_isolation else MODEL_PRIORITY  # §5.1
         self.hw = load_hardware(config.hardware)
         self.model = load_model(config.model)
@@ -101,11 +106,12 @@ class DualPathCluster:
         pe_hbm_blocks = max(1, int((pe_hbm - ACTIVATION_RESERVE_BYTES) // self._bytes(self.block_tokens)))
         layers = self.model.num_layers
         shape = ViewShape(
-            pe_hbm_blocks * (layers if policy.layerwise else 1),
+            pe_hbm_blocks * (layers if self.io.layerwise else 1),
             self.block_tokens,
             layers,
             self.cost.kv_bytes_per_token,
             PrefillEstimates(self.cost),
+            self.io.layerwise,
         )
         self.requests: dict[int, GroupRequest] = {}
         self.engines = {
@@ -266,7 +272,7 @@ class DualPathCluster:
         done_at = {"load": start, "a2a": start}
 
         def finish_at() -> float:
-            if self.policy.layerwise:  # the last layer computes once its KV is in
+            if self.io.layerwise:  # the last layer computes once its KV is in
                 load_end = done_at["load"] + compute_s / self.model.num_layers
                 return max(start + compute_s, load_end, done_at["a2a"])
             return max(done_at["load"] + compute_s, done_at["a2a"])
@@ -308,11 +314,11 @@ class DualPathCluster:
                 continue
             for r, _ in chunks:
                 first = r.computed_tokens == r.hit_tokens
-                context = r.computed_tokens if (self.policy.layerwise or first) else 0
+                context = r.computed_tokens if (self.io.layerwise or first) else 0
                 if context <= 0:
                     continue
                 nbytes = self._bytes(context)
-                segment = layer_block if self.policy.layerwise else self._bytes(self.block_tokens)
+                segment = layer_block if self.io.layerwise else self._bytes(self.block_tokens)
                 io.append((pe.cnic, nbytes, Direction.IN, segment, kv_priority, "load"))
                 if r.side == "de":  # DE buffer -> DE CNIC -> compute network -> PE CNIC (§4.1)
                     io.append((by_id[r.de].cnic, nbytes, Direction.OUT, segment, kv_priority, "load"))

@@ -27,6 +27,7 @@ from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, RequestView, SchedulerView
 from kvtier.sched.executor import execute
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
+from kvtier.sched.load_path import PLAIN_LOAD, LoadPath
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
@@ -62,6 +63,10 @@ class EngineConfig:
     device_prefix_cache: bool = True
     swap_copy: SwapCopy = PLAIN_SWAP  # how swaps cross the host link (the sim config's `swap` section)
     fetch: FetchPath = PLAIN_FETCH  # how compressed loads reach the device (the sim config's `fetch` section)
+    load: LoadPath = PLAIN_LOAD  # the copies loads cross the host link in (the sim config's `load` section)
+    # What the engine keeps below the device (the sim config's `offload` section): none |
+    # write_through | write_back. None: its policy's paper's engine's (`Policy.offload`).
+    offload: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -122,6 +127,7 @@ class Engine:
             cost.kv_bytes_per_token,
             cost.num_layers,
             config.fetch,
+            config.load,
         )
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
         self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)
@@ -151,7 +157,7 @@ class Engine:
             raise SimError(
                 f"engine {name!r} preloads tier {config.preload_tier.label!r}, which it does not have"
             )
-        if config.host_blocks == 0 and policy.offload != "none":
+        if config.host_blocks == 0 and self.offload != "none":
             raise SimError(
                 f"policy {policy.name!r} writes KV through to host, but the engine has no host tier"
             )
@@ -232,7 +238,8 @@ class Engine:
         self.stepping = True
         shape = BatchShape(tuple(step.prefill_chunks), tuple(step.decode_contexts))
         slowdown = max(
-            [*self.load_paths.interference, *(load.order.interference for load in step.loads)], default=0.0
+            [*self.load_paths.interference, *(self.load_paths.slowdown(load.order) for load in step.loads)],
+            default=0.0,
         )
         step.compute_s = self.cost.step_time_s(shape) * (1.0 + slowdown)
         if self.swaps.holds_step(step):  # it computes once its swaps land
@@ -377,8 +384,13 @@ class Engine:
         moved = min(full - start, r.private_blocks)
         r.private_blocks -= moved
         self.private_blocks -= moved
-        if self.policy.offload == "write_through":
+        if self.offload == "write_through":
             self.lower_tiers.write_through(path, full - start)
+
+    @property
+    def offload(self) -> str:
+        """What this engine keeps below the device: its config's, else its policy's paper's."""
+        return self.config.offload or self.policy.offload
 
     def extend_lock(self, r: SimRequest, end: int) -> None:
         """``r`` now holds ``keys[:end]`` on device: lock the new blocks, clear their in-flight mark."""

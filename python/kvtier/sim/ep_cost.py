@@ -66,5 +66,5 @@ class PrefillEstimates:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return self._cost.attention_s(new_tokens, context_tokens)
 
-    def load_s(self, tokens: int, tier: Tier, mode: Any, segment_tokens: int | None) -> float:
+    def load_s(self, tokens: int, tier: Tier, mode: Any) -> float:
         return 0.0

@@ -72,6 +72,7 @@ class ViewShape:
     num_layers: int
     kv_bytes_per_token: int
     estimates: PrefillEstimates
+    layerwise_prefill: bool = True  # the cluster's `io` section (kvtier.sched.kv_io)
 
 
 @dataclass(eq=False)
@@ -141,6 +142,7 @@ class GpuEngine:
             num_layers=s.num_layers,
             cost=s.estimates,
             kv_bytes_per_token=s.kv_bytes_per_token,
+            layerwise_prefill=s.layerwise_prefill,
         )
 
     # The executor's backend ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Protocol
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
+from kvtier.sched.load_path import PLAIN_LOAD, LoadPath
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.owner import SeamOwner
@@ -46,6 +47,7 @@ class LoadPaths:
         kv_bytes_per_token: int,
         num_layers: int,
         fetch: FetchPath = PLAIN_FETCH,
+        load: LoadPath = PLAIN_LOAD,
     ) -> None:
         self._loop = loop
         self._name = name
@@ -59,6 +61,7 @@ class LoadPaths:
         self.interference: list[float] = []  # compute slowdowns of the loads running now
         self._decoders: dict[float, Link] = {}
         self._fetch = fetch  # the path of compressed loads (the sim config's `fetch` section)
+        self._load = load  # the copies over the host link (the sim config's `load` section)
 
     def start(self, load: LoadOrder, blocks: list[tuple[int, Tier]], done: Callable[[], None]) -> None:
         """Moves ``blocks`` to the device (or host, for a prefetch), each from its tier; ``done``
@@ -90,14 +93,15 @@ class LoadPaths:
             self._loop.after(0.0, EventKind.TRANSFER_DONE, done)
             return
         pending = [len(legs)]
-        if load.interference > 0:
-            self.interference.append(load.interference)
+        slowdown = self.slowdown(load)
+        if slowdown > 0:
+            self.interference.append(slowdown)
 
         def leg_done(_t: Transfer) -> None:
             pending[0] -= 1
             if pending[0] == 0:
-                if load.interference > 0:
-                    self.interference.remove(load.interference)
+                if slowdown > 0:
+                    self.interference.remove(slowdown)
                 done()
 
         for link, nbytes, seg in legs:
@@ -111,20 +115,28 @@ class LoadPaths:
             self._decoders[bytes_per_s] = link
         return link
 
+    def slowdown(self, load: LoadOrder) -> float:
+        """How much ``load`` slows the model's compute while it runs: its load path's copies (to the
+        device only), or a compressed fetch's decoder (the order's), whichever is more."""
+        if load.target is not Tier.DEVICE:
+            return load.interference
+        return max(load.interference, self._load.slowdown(load.mode))
+
     def segment_bytes(self, load: LoadOrder) -> int:
-        """Bytes per copy over the host link: a page of one layer's K or V, one layer of a block
-        (layerwise), or whole blocks."""
+        """Bytes per copy over the host link, on the engine's load path: a page (or the load's
+        tokens) of one layer's K or V, one layer of a block (layerwise), or whole blocks."""
         per_token_layer = self._kv_bytes_per_token / self._num_layers
-        if load.segment_tokens is not None:  # per page, per layer, K and V separately
-            return max(1, int(load.segment_tokens * per_token_layer / 2))
+        segment_tokens = self._load.segment_tokens(load.mode, load.tokens)
+        if segment_tokens is not None:  # per layer, K and V separately
+            return max(1, int(segment_tokens * per_token_layer / 2))
         if load.mode is LoadMode.LAYERWISE:  # one layer of one block
             return max(1, int(self._block_tokens * per_token_layer))
         return self._block_bytes
 
-    def estimate_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
+    def estimate_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
         """The policy's estimate of loading ``tokens`` from ``tier`` on idle links."""
         nbytes = math.ceil(tokens / self._block_tokens) * self._block_bytes
-        order = LoadOrder(-1, tokens, mode, segment_tokens)
+        order = LoadOrder(-1, tokens, mode)
         seconds = self._host_link.work_s(nbytes, self.segment_bytes(order), Direction.IN)
         if tier in (Tier.SSD, Tier.REMOTE) and tier in self._tiers:
             seconds = max(seconds, self._tiers.link(tier).work_s(nbytes, self._block_bytes, Direction.IN))

@@ -17,9 +17,10 @@ from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
-from kvtier.sched.data_plane import default_engine
+from kvtier.sched.data_plane import default_engine, offload_mode
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.fetch_path import fetch_path
+from kvtier.sched.load_path import load_path
 from kvtier.sched.placement import GlobalScheduler, make_router
 from kvtier.sched.swap_copy import swap_copy
 from kvtier.sim.cluster import Cluster
@@ -145,6 +146,11 @@ def build(config: SimConfig) -> Simulation:
             raise ConfigError(f"global scheduler {scheduler!r} needs a dualpath policy; got {policy_name!r}")
         dp = DualPathCluster(config, policy)
         return Simulation(config, dp.loop, dp, dp.metrics, dp.links, dp.hw, dp.model, dp.result)
+    if config.io is not None:  # read only by the node-group cluster: refuse rather than ignore
+        raise ConfigError(
+            f"sim `io` is {dict(config.io)!r}, but only the node-group (dualpath) cluster reads it; "
+            f"policy {policy_name!r} runs per engine: drop `io`"
+        )
     cost_spec = dict(config.cost)
     cost = make_cost_model(str(cost_spec.pop("kind", "roofline")), hw, model, tp=config.tp, **cost_spec)
     loop = EventLoop()
@@ -192,6 +198,8 @@ def build(config: SimConfig) -> Simulation:
         # The data plane: the config's sections, else what the policy was evaluated on.
         swap_copy=swap_copy(config.swap, default_engine(config.policy, "swap")),
         fetch=fetch_path(config.fetch, default_engine(config.policy, "fetch")),
+        load=load_path(config.load, default_engine(config.policy, "load")),
+        offload=offload_mode(config.offload),
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)

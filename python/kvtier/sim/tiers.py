@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvtier.radix import HiRadixTree
-from kvtier.sched.base import Policy
 from kvtier.sim.core import EventLoop
 from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.tiers import Tier
@@ -25,7 +24,7 @@ class TierOwner(Protocol):
     """What the tiers read of the engine that owns them (its policy may be replaced between runs)."""
 
     @property
-    def policy(self) -> Policy: ...
+    def offload(self) -> str: ...
     @property
     def tree(self) -> HiRadixTree: ...
     @property
@@ -73,7 +72,7 @@ class LowerTiers:
         if short <= 0:
             return
         tree = self._owner.tree
-        lower = self._next_lower(tier) if self._owner.policy.offload == "write_back" else None
+        lower = self._next_lower(tier) if self._owner.offload == "write_back" else None
         if lower is None:
             tree.evict(tier, short)
             return
@@ -84,7 +83,7 @@ class LowerTiers:
     def evict_device(self, blocks: int) -> None:
         """Evicts ``blocks`` unlocked device blocks; under write-back they are copied down to host."""
         tree = self._owner.tree
-        if self._owner.policy.offload == "write_back" and Tier.HOST in self:
+        if self._owner.offload == "write_back" and Tier.HOST in self:
             self.make_room(Tier.HOST, blocks)
             demoted = tree.evict(Tier.DEVICE, blocks, demote_to=Tier.HOST)
             self._offload_bytes(Tier.HOST, len(demoted))

@@ -166,7 +166,7 @@ def simulate(
     the KV a load moves)."""
     policy: dict[str, Any] = {"name": "fcfs"}
     if host_capacity_bytes or ssd_capacity_bytes:
-        policy = {"name": "lmcache", "chunk_tokens": engine_config.block_tokens}
+        policy = {"name": "lmcache"}  # its objects: the config's block_tokens
     config = SimConfig(
         name="engine-validation",
         hardware="cpu",

@@ -351,5 +351,5 @@ class Estimates:
     def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
         return self._cost.prefill_time_s(new_tokens, context_tokens)
 
-    def load_s(self, tokens: int, tier: Tier, mode: LoadMode, segment_tokens: int | None) -> float:
-        return self._load_paths.estimate_s(tokens, tier, mode, segment_tokens)
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
+        return self._load_paths.estimate_s(tokens, tier, mode)

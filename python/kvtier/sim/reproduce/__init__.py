@@ -23,7 +23,6 @@ class PolicySpec(TypedDict, total=False):
 
     name: Required[str]
     stages: list[str]  # composed's
-    store_writes: bool  # ShadowServe's
     read_paths: str  # DualPath's ablation: "pe" or "dual"
     scheduler: str  # DualPath's inter-engine scheduler
     ttft_slo_s: float  # the experiment's SLOs and B_xfer, for RotaSched and composed

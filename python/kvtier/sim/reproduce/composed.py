@@ -43,15 +43,16 @@ class LoadPoint(TypedDict, total=False):
 
 
 # Each paper's policy alone (and the two baselines), as the paper's module names it. ShadowServe
-# writes computed KV to the store here (store_writes): its paper assumes a store other servers fill.
+# writes computed KV to the store here (STORE_WRITES): its paper assumes a store other servers fill.
 SINGLE: dict[str, PolicySpec] = {
     "fcfs": {"name": "fcfs"},
     "lmcache": {"name": "lmcache"},
     "strata": {"name": "strata"},
     "rotasched": {"name": "rotasched"},
     "unified_pool": {"name": "lmcache_lp_async"},  # on the pooled data plane (POOLED below)
-    "shadowserve": {"name": "shadowserve_async", "store_writes": True},
+    "shadowserve": {"name": "shadowserve_async"},
 }
+STORE_WRITES: dict[str, str] = {"mode": "write_through"}  # the `offload` section of ShadowServe alone
 BASELINES = ("fcfs", "lmcache")
 # The pieces whose contribution is measured: a stage, or (pool) the pooled data plane.
 PIECES = ("rotation", "async_fetch", "balance", "pool")
@@ -137,8 +138,9 @@ def _run(base: SimConfig, spec: PolicySpec, load: LoadPoint, pooled: bool) -> Re
     pool = {**(base.pool or {}), **(POOLED_PLANE if pooled else SERIAL_PLANE)}
     rotates = spec["name"] == "rotasched" or "rotation" in spec.get("stages", ())
     swap = ROTATION_SWAP if rotates else PLAIN_SWAP
+    offload = STORE_WRITES if spec["name"] == "shadowserve_async" else base.offload
     config = base.with_overrides(
-        policy=_policy(base, spec), workload={**base.workload, **load}, pool=pool, swap=swap
+        policy=_policy(base, spec), workload={**base.workload, **load}, pool=pool, swap=swap, offload=offload
     )
     return run(config)
 

@@ -41,12 +41,22 @@ PAPER = "dualpath"
 OFFLINE = "offline_ds660b_2p4d.yaml"
 ONLINE = "online_ds660b_2p4d.yaml"
 ONLINE_DS27B = "online_ds27b_1p1d.yaml"
+# Each system as (policy, data plane): the ablation steps are config differences. +Layerwise is
+# Basic on layerwise prefill (`io`), +Dual-Path adds the DE read path, DualPath the §6.1 scheduler;
+# the Oracle is DualPath with every KV transfer bypassed.
 POLICIES: dict[str, PolicySpec] = {
     "basic": {"name": "dualpath_basic"},
-    "layerwise": {"name": "dualpath", "read_paths": "pe", "scheduler": "round_robin"},
-    "dual_path": {"name": "dualpath", "read_paths": "dual", "scheduler": "round_robin"},
+    "layerwise": {"name": "dualpath_basic"},
+    "dual_path": {"name": "dualpath_basic", "read_paths": "dual"},
     "dualpath": {"name": "dualpath"},
-    "oracle": {"name": "dualpath_oracle"},
+    "oracle": {"name": "dualpath"},
+}
+IO: dict[str, dict[str, bool] | None] = {
+    "basic": None,  # dualpath_basic's paper's: io: {engine: blocking}
+    "layerwise": {"layerwise": True},
+    "dual_path": {"layerwise": True},
+    "dualpath": None,
+    "oracle": {"bypass": True},
 }
 LABELS = {
     "basic": "Basic",
@@ -84,7 +94,7 @@ def offline(quick: bool) -> dict[str, Result]:
     agents = QUICK_AGENTS if quick else AGENTS
     systems = ("basic", "dualpath", "oracle") if quick else (*ABLATION, "oracle")
     workload = {**base.workload, "num_trajectories": agents}
-    return {s: run(base.with_overrides(policy=POLICIES[s], workload=workload)) for s in systems}
+    return {s: run(base.with_overrides(policy=POLICIES[s], io=IO[s], workload=workload)) for s in systems}
 
 
 def online(quick: bool, config: str = ONLINE) -> dict[str, list[OnlineRun]]:
@@ -98,7 +108,7 @@ def online(quick: bool, config: str = ONLINE) -> dict[str, list[OnlineRun]]:
 
         def at(aps: float, system: str = system) -> OnlineRun:
             workload = {**base.workload, "rate_per_s": aps}
-            result = run(base.with_overrides(policy=POLICIES[system], workload=workload))
+            result = run(base.with_overrides(policy=POLICIES[system], io=IO[system], workload=workload))
             last, projected = projected_ttft_s(result, horizon)
             return {**result, "rate_per_s": aps, "ttft_last_window_s": last, "ttft_projected_s": projected}
 
