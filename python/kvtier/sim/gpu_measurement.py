@@ -42,14 +42,20 @@ class Steps:
 
 
 @dataclass(frozen=True)
-class CopyRow:
-    """Copies of ``bytes`` in ``segments`` segments one way (``links``: torch ``copy_`` per segment
-    taking ``per_segment_s``, and one copy of everything taking ``one_copy_s``)."""
+class Copies:
+    """Copies of ``bytes`` in ``segments`` segments of ``segment_bytes`` one way (``direction``)."""
 
     direction: str
     segment_bytes: int
     segments: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class CopyRow(Copies):
+    """``links``: torch ``copy_`` per segment taking ``per_segment_s``, and one copy of everything
+    taking ``one_copy_s``."""
+
     per_segment_s: float
     one_copy_s: float
 
@@ -62,15 +68,11 @@ class Links:
 
 
 @dataclass(frozen=True)
-class CppCopyRow:
+class CppCopyRow(Copies):
     """``links_cpp``: ``method`` is ``memcpy_async_per_segment`` or ``gather_kernel``."""
 
-    method: str
-    direction: str
-    segment_bytes: int
-    segments: int
-    bytes: int
     seconds: float
+    method: str
 
 
 @dataclass(frozen=True)
@@ -218,28 +220,24 @@ def _links(data: Mapping[str, object], where: str) -> Links | None:
     if part is None:
         return None
     rows = tuple(
-        CopyRow(
-            _get(r, "direction", str, at),
-            _get(r, "segment_bytes", int, at),
-            _get(r, "segments", int, at),
-            _get(r, "bytes", int, at),
-            _seconds(r, "per_segment_s", at),
-            _seconds(r, "one_copy_s", at),
-        )
+        CopyRow(*_copies(r, at), _seconds(r, "per_segment_s", at), _seconds(r, "one_copy_s", at))
         for r, at in _rows(part, "links")
     )
     return Links(rows, _get(part, "duplex_bytes", int, "links"), _seconds(part, "duplex_s", "links"))
 
 
-def _cpp_row(r: Mapping[str, object], at: str) -> CppCopyRow:
-    return CppCopyRow(
-        _get(r, "method", str, at),
+def _copies(r: Mapping[str, object], at: str) -> tuple[str, int, int, int]:
+    """:class:`Copies`' fields of row ``r``, in their order."""
+    return (
         _get(r, "direction", str, at),
         _get(r, "segment_bytes", int, at),
         _get(r, "segments", int, at),
         _get(r, "bytes", int, at),
-        _seconds(r, "seconds", at),
     )
+
+
+def _cpp_row(r: Mapping[str, object], at: str) -> CppCopyRow:
+    return CppCopyRow(*_copies(r, at), _seconds(r, "seconds", at), _get(r, "method", str, at))
 
 
 def _overlap_row(r: Mapping[str, object], at: str) -> OverlapRow:
