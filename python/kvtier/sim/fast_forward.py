@@ -12,11 +12,20 @@ decodes (``plan_decode``'s work), the same contexts, the same cost-model call an
 clock, the shared metrics, the event count — happens at the same instant and in the same order as
 without the fast-forward: results are bit-identical (``tests/sim/test_fast_forward.py``).
 
-Why one step at a time and not many in one loop: the engines of a cluster share one
-:class:`~kvtier.sim.metrics.Metrics` (float sums of busy time and token gaps, added in event order)
-and one router that reads every engine's load at each arrival; jumping one engine ahead over
-other engines' events would reorder those float additions. Each fast step still goes through the
-event heap, but costs the cost model and the step's end, not a view, a decision and its checks.
+Several steps in one loop (issue 20, seventh slice): while nothing but other engines' step ends can
+happen before a step's end (:meth:`EventLoop.horizon_s`: no arrival, transfer end, wake or the run's
+bound sooner), no step-synced swap copy is in flight, and those cannot reach this engine
+(``engine.isolated()``: a colocated cluster, open loop, no closed-loop request waiting for its
+parent, so a finish only folds its record), the step ends here, without an event (:func:`_ahead`),
+as ``finish_step`` would end it: the same tokens, gaps, maximum gap, step and event counts, at the
+same instants. It stops before a step at whose end a request finishes (its record and any effect of
+the finish keep their event and its order) and before a step whose decodes would cross into a block
+they do not hold (the slow path allocates it); that step is then scheduled as the usual
+``STEP_END``. What changes is only the order in which the engines add to the shared float sums
+(``Metrics.busy_s``, the TBT histogram's total): an engine's run-ahead steps add theirs before other
+engines' earlier steps do, so those sums differ by rounding (rel < 1e-12,
+``tests/sim/test_fast_forward.py``); per-request records, counts, histogram buckets and the event
+count are exact.
 
 The run (:attr:`DecodeEngine.decode_run`) is armed after a slow step whose decision was exactly
 "decode every running request" in a state where nothing else could be decided (no waiting,
