@@ -57,6 +57,10 @@ class Arrivals:
         else:
             self.loop.schedule(child.arrival_s, EventKind.ARRIVAL, partial(self._land, child))
 
+    def held_children(self) -> bool:
+        """Whether a pulled request waits for its parent to finish (a finish may then arrive one)."""
+        return bool(self._children)
+
     def finished(self, req_id: int, now_s: float) -> None:
         """``req_id`` finished at ``now_s``: its children follow."""
         for child in self.children(req_id):

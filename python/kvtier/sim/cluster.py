@@ -76,6 +76,15 @@ class Cluster:
                 e.on_prefill_done = self._prefill_done
         for d in self.decode_engines:
             d.on_finish = self._finished
+        if not self.decode_engines:
+            for e in engines:
+                e.isolated = self._isolated
+
+    def _isolated(self) -> bool:
+        """Whether, until the next arrival, no engine's events can reach another engine: colocated,
+        open loop, no closed-loop request waiting for a parent (a finish only folds its record);
+        what lets an engine fast-forward several decode steps (:mod:`kvtier.sim.fast_forward`)."""
+        return self.max_outstanding is None and not self.arrivals.held_children()
 
     # Arrivals and placement ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ skipped when popped (O(log n) cancellation without a search).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -47,6 +48,18 @@ class EventLoop:
         self._heap: list[tuple[float, int, int, Event]] = []
         self._seq = 0
         self.events_run = 0
+        self.until_s: float | None = None  # the running ``run``'s bound
+
+    def horizon_s(self) -> float:
+        """The earliest pending event that is not a step's end, or the running ``run``'s bound if
+        sooner (inf: none): what a multi-step decode fast-forward must stop before
+        (:mod:`kvtier.sim.fast_forward`)."""
+        step_end = EventKind.STEP_END
+        soonest = math.inf if self.until_s is None else self.until_s
+        for time_s, kind, _, event in self._heap:
+            if time_s < soonest and kind != step_end and not event.cancelled:
+                soonest = time_s
+        return soonest
 
     def schedule(self, time_s: float, kind: EventKind, action: Callable[[], None]) -> Event:
         if time_s < self.now_s - 1e-12:
@@ -65,6 +78,7 @@ class EventLoop:
     def run(self, until_s: float | None = None) -> None:
         """Runs events until the heap is empty or the next event is after ``until_s``."""
         heap, pop = self._heap, heapq.heappop
+        self.until_s = until_s
         while heap:
             if until_s is not None and heap[0][0] > until_s:
                 self.now_s = until_s

@@ -153,6 +153,7 @@ class Engine:
         # decision is known to be "decode them all"; False plans every step through the policy.
         self.decode_fast_forward = True
         self.decode_run: list[SimRequest] | None = None
+        self.isolated: Callable[[], bool] | None = None  # set by a colocated Cluster (multi-step runs)
         if config.preload_tier is not None and config.preload_tier not in self.lower_tiers:
             raise SimError(
                 f"engine {name!r} preloads tier {config.preload_tier.label!r}, which it does not have"

@@ -12,11 +12,20 @@ decodes (``plan_decode``'s work), the same contexts, the same cost-model call an
 clock, the shared metrics, the event count — happens at the same instant and in the same order as
 without the fast-forward: results are bit-identical (``tests/sim/test_fast_forward.py``).
 
-Why one step at a time and not many in one loop: the engines of a cluster share one
-:class:`~kvtier.sim.metrics.Metrics` (float sums of busy time and token gaps, added in event order)
-and one router that reads every engine's load at each arrival; jumping one engine ahead over
-other engines' events would reorder those float additions. Each fast step still goes through the
-event heap, but costs the cost model and the step's end, not a view, a decision and its checks.
+Several steps in one loop (issue 20, seventh slice): while nothing but other engines' step ends can
+happen before a step's end (:meth:`EventLoop.horizon_s`: no arrival, transfer end, wake or the run's
+bound sooner), no step-synced swap copy is in flight, and those cannot reach this engine
+(``engine.isolated()``: a colocated cluster, open loop, no closed-loop request waiting for its
+parent, so a finish only folds its record), the step ends here, without an event (:func:`_ahead`),
+as ``finish_step`` would end it: the same tokens, gaps, maximum gap, step and event counts, at the
+same instants. It stops before a step at whose end a request finishes (its record and any effect of
+the finish keep their event and its order) and before a step whose decodes would cross into a block
+they do not hold (the slow path allocates it); that step is then scheduled as the usual
+``STEP_END``. What changes is only the order in which the engines add to the shared float sums
+(``Metrics.busy_s``, the TBT histogram's total): an engine's run-ahead steps add theirs before other
+engines' earlier steps do, so those sums differ by rounding (rel < 1e-12,
+``tests/sim/test_fast_forward.py``); per-request records, counts, histogram buckets and the event
+count are exact.
 
 The run (:attr:`DecodeEngine.decode_run`) is armed after a slow step whose decision was exactly
 "decode every running request" in a state where nothing else could be decided (no waiting,
@@ -33,11 +42,12 @@ slow path plans the step) as soon as, at a step's start, anything could make the
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView
 from kvtier.sched.swap_copy import SwapCopy
-from kvtier.sim.core import EventLoop
+from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import BatchShape, CostModel, RooflineCostModel
 from kvtier.sim.events.step_end import Step, StepEngine
 from kvtier.sim.state import SimRequest
@@ -53,6 +63,8 @@ class _LoadPaths(Protocol):
 
 
 class _Swaps(Protocol):
+    barrier: int  # step-synced swap copies in flight
+
     def holds_step(self, step: Step) -> bool: ...
 
 
@@ -69,6 +81,7 @@ class DecodeEngine(StepEngine, Protocol):
     fetching: dict[int, SimRequest]
     swapped: dict[int, SimRequest]
     incoming: deque[SimRequest]
+    isolated: Callable[[], bool] | None  # multi-step runs allowed now (a colocated Cluster's)
 
     @property
     def loop(self) -> EventLoop: ...
@@ -108,14 +121,14 @@ def arm(engine: DecodeEngine, view: SchedulerView, decision: SchedulerDecision, 
 
 def next_step(engine: DecodeEngine) -> bool:
     """Plans and begins the engine's next step as the slow path would, if the decode run still
-    holds; False (and the run disarmed) if the slow path must plan it."""
+    holds; False (and the run disarmed) if the slow path must plan it. Steps that can end before
+    anything else could reach the engine are run here, in one loop (:func:`_ahead`)."""
     batch = engine.decode_run
     running = engine.running
     if batch is None or len(running) != len(batch) or _others_pending(engine):
         engine.decode_run = None
         return False
     block_tokens = engine.block_tokens
-    decodes: list[tuple[SimRequest, int]] = []
     contexts: list[int] = []
     for r, armed in zip(running, batch, strict=True):
         context = r.req.prompt_tokens + r.generated_tokens
@@ -124,20 +137,78 @@ def next_step(engine: DecodeEngine) -> bool:
         if r is not armed or -(-(context + 1) // block_tokens) > held:
             engine.decode_run = None
             return False
-        decodes.append((r, r.epoch))
         contexts.append(context)
-    step = Step(engine, start_s=engine.loop.now_s)
-    step.decodes = decodes
+    loop = engine.loop
+    # Engine.start_step's slowdown, with no loads in the step: it holds until a transfer ends.
+    slowdown = 1.0 + max(engine.load_paths.interference, default=0.0)
+    start_s, compute_s = loop.now_s, _compute_s(engine.cost, contexts, slowdown)
+    isolated = engine.isolated
+    if isolated is not None and not engine.swaps.barrier and isolated():
+        start_s, compute_s, contexts = _ahead(engine, contexts, start_s, compute_s, slowdown)
+    step = Step(engine, start_s=start_s)
+    step.decodes = [(r, r.epoch) for r in running]
     step.decode_contexts = contexts
-    # Engine.start_step's slowdown and compute time, with no loads in the step: the same floats.
-    slowdown = max(engine.load_paths.interference, default=0.0)
-    cost = engine.cost
-    if type(cost) is RooflineCostModel:  # its decode-only form: the same float, fewer calls
-        compute_s = cost.decode_step_time_s(contexts)
-    else:
-        compute_s = cost.step_time_s(BatchShape((), tuple(contexts)))
-    step.compute_s = compute_s * (1.0 + slowdown)
+    step.compute_s = compute_s
     engine.stepping = True
-    if not engine.swaps.holds_step(step):
+    if start_s != loop.now_s:  # steps ran ahead: this one ends as begin() would have scheduled it
+        loop.schedule(start_s + compute_s, EventKind.STEP_END, lambda: engine.end_step(step))
+    elif not engine.swaps.holds_step(step):
         step.begin()
     return True
+
+
+def _compute_s(cost: CostModel, contexts: list[int], slowdown: float) -> float:
+    """Engine.start_step's compute time of a decode-only step: the same floats."""
+    if type(cost) is RooflineCostModel:  # its decode-only form: the same float, fewer calls
+        return cost.decode_step_time_s(contexts) * slowdown
+    return cost.step_time_s(BatchShape((), tuple(contexts))) * slowdown
+
+
+def _ahead(
+    engine: DecodeEngine, contexts: list[int], start_s: float, compute_s: float, slowdown: float
+) -> tuple[float, float, list[int]]:
+    """Runs whole decode steps of the run here, without events, while each ends before the next
+    event that could reach the engine (:meth:`EventLoop.horizon_s`: an arrival, a transfer's end,
+    a wake, the run's bound; other engines' step ends cannot while ``engine.isolated()``), no
+    request finishes at its end, and the step after it is planned the same way (no decode crosses
+    into a block it does not hold). Together they do what ``finish_step`` does for each of them,
+    in order: tokens, gaps, the shared metrics, the event count. Returns the start, compute time
+    and contexts of the first step left to end through the event heap."""
+    loop, metrics, running = engine.loop, engine.metrics, engine.running
+    horizon_s = loop.horizon_s()
+    block_tokens = engine.block_tokens
+    # Step j (from 0) may run here if no request finishes at its end (generated + j + 1 < output)
+    # and step j + 1's decodes stay in their blocks (context + j + 2 <= held blocks' tokens).
+    limit = min(
+        min(
+            r.req.output_tokens - r.generated_tokens,
+            (r.locked_blocks + r.private_blocks + r.reserved_blocks) * block_tokens - context,
+        )
+        - 1
+        for r, context in zip(running, contexts, strict=True)
+    )
+    cost = engine.cost
+    end_s = start_s + compute_s
+    steps = 0
+    busy_s = metrics.busy_s
+    gaps: list[float] = []
+    while steps < limit and end_s < horizon_s:
+        for r in running:  # finish_step's decode loop, no request finishing
+            gap = end_s - r.last_token_s
+            gaps.append(gap)
+            if gap > r.max_tbt_s:
+                r.max_tbt_s = gap
+            r.last_token_s = end_s
+        busy_s += end_s - start_s
+        steps += 1
+        contexts = [c + 1 for c in contexts]
+        start_s, compute_s = end_s, _compute_s(cost, contexts, slowdown)
+        end_s = start_s + compute_s
+    if steps:
+        for r in running:
+            r.generated_tokens += steps
+        metrics.steps += steps
+        metrics.busy_s = busy_s
+        metrics.add_tbts(gaps)  # the same as one call per step: gaps in step order
+        loop.events_run += steps  # the steps' ends, events without the fast-forward
+    return start_s, compute_s, contexts
