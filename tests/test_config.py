@@ -133,7 +133,7 @@ def core_config(g: kvtier.Geometry, **top: object) -> dict[str, object]:
         ({"ssd": {"directory": "/nonexistent", "io_depth": "deep"}}, r"`ssd\.io_depth`: "),
         ({"remote": {"urls": ["redis://h"], "connect_timeout_s": "fast"}}, r"`remote\.connect_timeout_s`: "),
         ({"remote": {"urls": ["redis://h"], "tls_ca_file": 5}}, r"`remote\.tls_ca_file`: "),
-        ({"remote": {"urls": ["redis://h"], "codec": "gzip"}}, "remote_codec is"),
+        ({"remote": {"urls": ["redis://h"], "codec": "gzip"}}, r"remote\.codec is"),
         ({"geometry": "llama-3-8b"}, "`geometry`"),
     ],
 )

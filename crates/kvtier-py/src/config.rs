@@ -81,18 +81,16 @@ impl<'py> Section<'py> {
     }
 }
 
-/// For each `key` the section `s` holds (not None), sets `c.key` (or `c.field`, written
-/// `key => field`) to its value, of the field's type.
+/// For each `key` the section `s` holds (not None), sets `c.key` to its value, of the field's
+/// type: the Rust field and the Python key have one name.
 macro_rules! set_present {
-    ($s:expr, $c:ident { $($key:ident $(=> $field:ident)?),+ $(,)? }) => {
+    ($s:expr, $c:ident { $($key:ident),+ $(,)? }) => {
         $(
             if let Some(v) = $s.get(stringify!($key))? {
-                set_present!(@field $c, $key $(, $field)?) = v;
+                $c.$key = v;
             }
         )+
     };
-    (@field $c:ident, $key:ident) => { $c.$key };
-    (@field $c:ident, $key:ident, $field:ident) => { $c.$field };
 }
 pub(crate) use set_present;
 
@@ -195,7 +193,8 @@ pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConf
         c.lease_ttl = lease_ttl(v)?;
     }
     if let Some(dram) = s.section("dram")? {
-        set_present!(dram, c { capacity_bytes => dram_capacity_bytes, prefault => dram_prefault });
+        let d = &mut c.dram;
+        set_present!(dram, d { capacity_bytes, prefault });
     }
     if let Some(ssd) = s.section("ssd")? {
         let mut t = SsdStoreConfig::new(ssd_pool_config(&ssd)?);
