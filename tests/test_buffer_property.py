@@ -656,7 +656,7 @@ class Ctx:
 
             url = os.environ["KVTIER_PROP_REDIS_URL"]
             config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="buffer-prop", remote_urls=url)
-            self._remote = RemotePool(config.remote_options() or {}, self.ns.hash)
+            self._remote = RemotePool(config.remote, self.ns.hash)
         return self._remote
 
     @property

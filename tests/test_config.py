@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import kvtier
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
+from kvtier.schema import Section
 
 
 def test_from_dict_with_preset_and_sizes() -> None:
@@ -115,7 +119,7 @@ def test_binding_rejects_bad_lease_ttl_without_panicking(ttl: float) -> None:
 
 
 def core_config(g: kvtier.Geometry, **top: object) -> dict[str, object]:
-    """The one nested mapping ``_core.Store`` takes (``StoreConfig.core_config()`` writes it)."""
+    """A mapping of ``StoreConfig``'s keys, which ``_core.Store`` takes as it takes the config itself."""
     base = {"geometry": g._handle, "model_id": "m", "cache_salt": "", "rank": 0, "layout_version": 1}
     return {**base, "copy_threads": 1, "leases_max": 16, "dram": {"capacity_bytes": 2**16}, **top}
 
@@ -128,8 +132,8 @@ def core_config(g: kvtier.Geometry, **top: object) -> dict[str, object]:
         ({"dram": 5}, r"`dram` is .*int.*; expected a mapping"),
         ({"ssd": {"directory": "/nonexistent", "io_depth": "deep"}}, r"`ssd\.io_depth`: "),
         ({"remote": {"urls": ["redis://h"], "connect_timeout_s": "fast"}}, r"`remote\.connect_timeout_s`: "),
-        ({"remote": {"urls": ["redis://h"], "tls": {"ca_file": 5}}}, r"`remote\.tls_ca_file`: "),
-        ({"remote": {"urls": ["redis://h"], "codec": "gzip"}}, "remote_codec is"),
+        ({"remote": {"urls": ["redis://h"], "tls_ca_file": 5}}, r"`remote\.tls_ca_file`: "),
+        ({"remote": {"urls": ["redis://h"], "codec": "gzip"}}, r"remote\.codec is"),
         ({"geometry": "llama-3-8b"}, "`geometry`"),
     ],
 )
@@ -142,12 +146,57 @@ def test_binding_parses_the_one_nested_mapping_naming_bad_keys(
         kvtier._core.Store(core_config(kvtier.Geometry(1, 1, 8), **change))
 
 
-def test_binding_mapping_is_what_store_config_writes() -> None:
+def test_binding_takes_the_store_config_itself() -> None:
     config = kvtier.StoreConfig(
         geometry=kvtier.Geometry(1, 1, 8), model_id="m", dram={"capacity_bytes": 2**16}
     )
-    core = kvtier._core.Store(config.core_config())
+    core = kvtier._core.Store(config)
     assert bytes(core.namespace_hash) == config.namespace.hash
+    assert core.block_bytes == config.geometry.block_bytes
+
+
+@pytest.mark.parametrize("config", [5, "store.yaml", [("model_id", "m")]])
+def test_binding_refuses_a_config_that_is_neither_mapping_nor_dataclass(config: object) -> None:
+    with pytest.raises(
+        ConfigError, match=r"store config is .*; expected a mapping or a kvtier config dataclass"
+    ):
+        kvtier._core.Store(config)  # type: ignore[arg-type]
+
+
+class Recording:
+    """A config section (it passes the binding's dataclass check) that records every key the
+    binding reads from it, under the section's path, and answers from ``section``."""
+
+    __dataclass_fields__: ClassVar[dict[str, object]] = {}
+
+    def __init__(self, section: object, path: str, read: set[str]) -> None:
+        self._section, self._path, self._read = section, path, read
+
+    def __getattr__(self, key: str) -> object:
+        self._read.add(f"{self._path}{key}")
+        value = getattr(self._section, key, None)
+        if isinstance(value, Section):
+            return Recording(value, f"{key}.", self._read)
+        return value
+
+
+def test_binding_reads_every_key_python_declares_by_its_name(tmp_path: Path) -> None:
+    # The sections cross as objects and Rust reads each key by name: a key Python declares that the
+    # binding never reads (or reads misspelt) would be silently left at the Rust default.
+    config = kvtier.StoreConfig(
+        geometry=kvtier.Geometry(1, 1, 8),
+        dram={"capacity_bytes": 2**16},
+        ssd={"directory": str(tmp_path), "capacity_bytes": 2**20, "probe_bytes": 0},
+        remote={"urls": "redis://127.0.0.1:1", "connect_timeout_s": 0.01},
+    )
+    read: set[str] = set()
+    with contextlib.suppress(kvtier.KvtierError):  # the keys are read before any tier opens
+        kvtier._core.Store(Recording(config, "", read))  # type: ignore[arg-type]
+    declared = {f.name for f in dataclasses.fields(config) if f.init} - {"metrics_port", "metrics_addr"}
+    for name in ("dram", "ssd", "remote"):
+        declared |= {f"{name}.{f.name}" for f in dataclasses.fields(getattr(config, name))}
+    pool_only = {"ssd.throttle_bytes_per_s", "ssd.min_object_bytes", "ssd.compact_min_records"}
+    assert read - pool_only == declared
 
 
 @pytest.mark.parametrize("capacity", [2**70, 2**64, 2**63, "20000000TiB"])

@@ -73,7 +73,6 @@ def test_absent_sections_mean_no_tier_and_dram_defaults() -> None:
     config = kvtier.StoreConfig(geometry=GEOMETRY)
     assert config.ssd is None and config.remote is None
     assert config.dram == kvtier.DramConfig() and config.dram.capacity_bytes == 4 * 2**30
-    assert config.ssd_options() is None and config.remote_options() is None
 
 
 def test_nested_yaml(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def test_garbage_values_are_counted_misses(redis: LocalRedis, damage: str) -> No
     keys = writer.namespace.block_keys(TOKENS)
     data = blocks(16)
     writer.put(keys, data)
-    pool = RemotePool(config(redis.url).remote_options() or {}, writer.namespace.hash)
+    pool = RemotePool(config(redis.url).remote, writer.namespace.hash)
     name = pool.key_name(keys[5])
     good = redis.command("GET", name)
     assert isinstance(good, bytes) and len(good) == 64 + GEOMETRY.block_bytes
@@ -264,7 +264,7 @@ def test_ttl_is_set_on_stored_objects(redis: LocalRedis) -> None:
     store = kvtier.Store(config(redis.url, remote_ttl_s=100))
     keys = store.namespace.block_keys(TOKENS)
     store.put(keys, blocks(16))
-    pool = RemotePool(config(redis.url).remote_options() or {}, store.namespace.hash)
+    pool = RemotePool(config(redis.url).remote, store.namespace.hash)
     ttl = redis.command("TTL", pool.key_name(keys[0]))
     assert isinstance(ttl, int) and 0 < ttl <= 100
 
@@ -322,7 +322,7 @@ def test_config_round_trips_remote_fields() -> None:
 
 def test_remote_pool_raw_and_verified_paths(redis: LocalRedis) -> None:
     ns = kvtier.StoreConfig(geometry=GEOMETRY).namespace
-    pool = RemotePool(config(redis.url).remote_options() or {}, ns.hash)
+    pool = RemotePool(config(redis.url).remote, ns.hash)
     keys = ns.block_keys(TOKENS)
     data = blocks(16)
     assert pool.put(keys.raw, data, GEOMETRY.block_bytes) == (16, 0, 0)

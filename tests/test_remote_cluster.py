@@ -97,7 +97,7 @@ def test_killed_master_gives_misses_for_its_slots_only(cluster: LocalCluster) ->
     keys = writer.namespace.block_keys(TOKENS)
     data = blocks(len(keys))
     writer.put(keys, data)
-    pool = RemotePool(config(cluster.urls).remote_options() or {}, writer.namespace.hash)
+    pool = RemotePool(config(cluster.urls).remote, writer.namespace.hash)
     first_owner = cluster.node_for(pool.key_name(keys[0]))
     victim = next(n for n in cluster.nodes if n is not first_owner)
     on_victim = [i for i in range(len(keys)) if cluster.node_for(pool.key_name(keys[i])) is victim]

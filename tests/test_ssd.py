@@ -127,7 +127,7 @@ def test_ssd_config_round_trips_through_dict_and_yaml(tmp_path: Path) -> None:
         "round_robin",
         2,
     )
-    assert kvtier.StoreConfig(geometry=GEOMETRY).ssd_options() is None
+    assert kvtier.StoreConfig(geometry=GEOMETRY).ssd is None
 
 
 def test_missing_unwritable_and_busy_directories(tmp_path: Path) -> None:

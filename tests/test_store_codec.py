@@ -332,7 +332,7 @@ def test_quant_needs_fp16_without_extra_groups(tmp_path: Path) -> None:
         model_id="m",
         ssd=kvtier.SsdConfig(directory=str(tmp_path), capacity_bytes="1MiB", probe_bytes=0, codec="quant"),
     )
-    with pytest.raises(ConfigError, match=r"ssd_codec \(quant\).*half"):
+    with pytest.raises(ConfigError, match=r"ssd\.codec \(quant\).*half"):
         kvtier.Store(config)
 
 

@@ -220,32 +220,6 @@ class StoreConfig(Section):
         """Bytes one block takes on an SSD device: the payload rounded up to whole pages."""
         return max(1, -(-self.geometry.block_bytes // PAGE_BYTES)) * PAGE_BYTES
 
-    def core_config(self) -> dict[str, Any]:
-        """The whole config as the extension's ``Store`` takes it: one nested mapping, parsed in
-        Rust into kvtier-store's ``StoreConfig`` (crates/kvtier-py/src/store_config.rs)."""
-        return {
-            "geometry": self.geometry._handle,
-            "model_id": self.model_id,
-            "cache_salt": self.cache_salt,
-            "rank": self.rank,
-            "layout_version": self.layout_version,
-            "eviction": self.eviction,
-            "copy_threads": self.copy_threads,
-            "lease_ttl_s": float(self.lease_ttl_s),
-            "leases_max": self.leases_max,
-            "dram": self.dram.to_dict(),
-            "ssd": self.ssd_options(),
-            "remote": self.remote_options(),
-        }
-
-    def ssd_options(self) -> dict[str, Any] | None:
-        """The SSD settings as the extension takes them, or ``None`` without an SSD tier."""
-        return None if self.ssd is None else self.ssd.options()
-
-    def remote_options(self) -> dict[str, Any] | None:
-        """The remote settings as the extension takes them, or ``None`` without a remote tier."""
-        return None if self.remote is None else self.remote.options()
-
     if not TYPE_CHECKING:
 
         def __getattr__(self, name: str) -> Any:

@@ -83,9 +83,6 @@ class _LowerTier(Section):
         if self.codec_level is not None:
             integer(lo, hi)(self.codec_level, self.key_path("codec_level"))
 
-    def codec_options(self) -> dict[str, Any]:
-        return {"codec": self.codec, "codec_backend": self.codec_backend, "codec_level": self.codec_level}
-
 
 def _bandwidths(value: Any, path: str) -> tuple[float, ...] | None:
     if value is None:
@@ -141,13 +138,6 @@ class SsdConfig(_LowerTier):
                 f"`ssd.bandwidth_bytes_per_s` is {list(self.bandwidth_bytes_per_s)!r}; expected one number "
                 f"of bytes/s per device ({n})"
             )
-
-    def options(self) -> dict[str, Any]:
-        """The settings as the extension takes them."""
-        out = {k: v for k, v in self.to_dict().items() if not k.startswith("codec")}
-        if self.bandwidth_bytes_per_s is not None:
-            out["bandwidth_bytes_per_s"] = [float(b) for b in self.bandwidth_bytes_per_s]
-        return {**out, **self.codec_options()}
 
 
 def _urls(value: Any, path: str) -> tuple[str, ...]:
@@ -238,13 +228,3 @@ class RemoteConfig(_LowerTier):
                 f"`remote.reconnect_backoff_max_s` ({self.reconnect_backoff_max_s}) is below "
                 f"`remote.reconnect_backoff_min_s` ({self.reconnect_backoff_min_s}); expected max >= min"
             )
-
-    def options(self) -> dict[str, Any]:
-        """The settings as the extension takes them."""
-        out = {k: v for k, v in self.to_dict().items() if not k.startswith(("tls_", "codec"))}
-        tls = {k.removeprefix("tls_"): v for k, v in self.to_dict().items() if k.startswith("tls_")}
-        if any(v is not None for v in tls.values()):
-            out["tls"] = tls
-        else:
-            out["tls"] = None
-        return {**out, **self.codec_options()}

@@ -14,12 +14,14 @@ Throw-away loopback servers for tests and benchmarks are in :mod:`kvtier.testing
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from kvtier import _core
 from kvtier.errors import ConfigError
+from kvtier.schema import Section
 
 
 def redact_url(url: str) -> str:
@@ -48,10 +50,11 @@ def check_url(url: object, name: str = "remote.urls") -> str:
 class RemotePool:
     """The remote tier alone, for one namespace: put/get/exists of verified kvtier objects, plus
     ``raw_set``/``raw_get`` of plain values (the raw-client baseline of ``kvtier bench remote``,
-    and a way to plant test values). ``options`` as :meth:`kvtier.StoreConfig.remote_options` returns them."""
+    and a way to plant test values). ``config`` is a :class:`kvtier.RemoteConfig` (a store config's
+    ``remote`` section) or a mapping of its keys."""
 
-    def __init__(self, options: dict[str, Any], namespace_hash: bytes) -> None:
-        self._core = _core.RemotePool(options, namespace_hash)
+    def __init__(self, config: Section | Mapping[str, Any], namespace_hash: bytes) -> None:
+        self._core = _core.RemotePool(config, namespace_hash)
 
     def key_name(self, key: int) -> bytes:
         return bytes(self._core.key_name(key.to_bytes(16, "little")))

@@ -180,7 +180,7 @@ class Store:
         self.config = config
         self.namespace: Namespace = config.namespace
         self.block_bytes = config.geometry.block_bytes
-        self._core = _core.Store(config.core_config())
+        self._core = _core.Store(config)
         assert bytes(self._core.namespace_hash) == self.namespace.hash
         if config.metrics_port is not None:
             from kvtier.metrics import serve

@@ -22,7 +22,7 @@ blocks of a job in flight.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -177,7 +177,7 @@ class TransferEngine:
         self.config = config or TransferConfig()
         self.store = store
         self.geometry: Geometry = store.config.geometry
-        self._core = _core.TransferEngine(store._core, asdict(self.config))
+        self._core = _core.TransferEngine(store._core, self.config)
         if store.config.metrics_port is not None:  # its stage statistics join the store's metrics
             from kvtier.metrics import watch_engine
 

@@ -163,7 +163,7 @@ def test_a_corrupt_page_on_the_server_is_a_miss_never_wrong_bytes(redis: LocalRe
     expected = [page_bytes(pool, slots, i) for i in range(4)]
     keys = page_keys("r", 4)
     writer.batch_set_v1(keys, slots)
-    server = RemotePool(writer.store.config.remote_options() or {}, writer.store.namespace.hash)
+    server = RemotePool(writer.store.config.remote, writer.store.namespace.hash)
     name = server.key_name(writer.keys(keys)[1])
     good = redis.command("GET", name)
     assert isinstance(good, bytes)

@@ -2,7 +2,7 @@
 //! The classes live in Python so users and mypy see them as ordinary Python classes.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::PyType;
 
 use kvtier_core::{GeometryError, KeyError, LayoutError, ObjectError};
 
@@ -52,32 +52,3 @@ pub fn layout_err(e: LayoutError) -> PyErr {
 pub fn object_err(e: ObjectError) -> PyErr {
     kvtier_error("ObjectFormatError", e.to_string())
 }
-
-/// The value of `key` in `d` (`None` when absent or None); a value of the wrong type is a
-/// ConfigError naming `path` (the key's path in the store config, e.g. `ssd.io_depth`).
-pub(crate) fn item<'py, T: FromPyObject<'py>>(
-    d: &Bound<'py, PyDict>,
-    key: &str,
-    path: &str,
-) -> PyResult<Option<T>> {
-    match d.get_item(key)? {
-        Some(v) if !v.is_none() => v.extract().map(Some).map_err(|e| config_error(format!("`{path}`: {e}"))),
-        _ => Ok(None),
-    }
-}
-
-/// For each `key` present in the mapping `d` (and not None), sets `c.key` (or `c.field`, written
-/// `key => field`) to its value; a value of the wrong type is a ConfigError naming
-/// `<prefix><key>` (`prefix` the section's path, e.g. `"ssd."`).
-macro_rules! set_present {
-    ($d:expr, $prefix:literal, $c:ident { $($key:ident $(=> $field:ident)?),+ $(,)? }) => {
-        $(
-            if let Some(v) = $crate::errors::item($d, stringify!($key), concat!($prefix, stringify!($key)))? {
-                set_present!(@field $c, $key $(, $field)?) = v;
-            }
-        )+
-    };
-    (@field $c:ident, $key:ident) => { $c.$key };
-    (@field $c:ident, $key:ident, $field:ident) => { $c.$field };
-}
-pub(crate) use set_present;

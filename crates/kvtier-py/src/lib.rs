@@ -9,6 +9,7 @@ mod baselines;
 mod blocks;
 mod buffer;
 mod codec;
+mod config;
 mod errors;
 mod geometry;
 mod layout;
@@ -17,7 +18,6 @@ mod remote;
 mod reports;
 mod ssd;
 mod store;
-mod store_config;
 mod tokens;
 mod transfer;
 

@@ -1,30 +1,17 @@
-//! The remote tier for Python: the store's `remote` options dict → [`RemoteStoreConfig`],
-//! metrics as dicts, and `RemotePool` — the tier on its own (benchmarks, tests, tools), with
+//! The remote tier for Python: metrics as dicts, and `RemotePool` — the tier on its own (benchmarks, tests, tools), with
 //! raw GET/SET of plain values for the raw-client baseline (`bench-baselines` feature). The GIL is released while bytes
 //! move.
-
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use kvtier_pool::{ReadOutcome, Tier};
-use kvtier_remote::{RemoteConfig, RemoteMetrics, RemoteTier, TlsConfig};
-use kvtier_store::RemoteStoreConfig;
+use kvtier_remote::{RemoteMetrics, RemoteTier};
 
 use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
-use crate::errors::{config_error, item, kvtier_error, set_present};
+use crate::config::{remote_client_config, Section};
+use crate::errors::{config_error, kvtier_error};
 use crate::reports::{add_fields, fields_dict};
-
-/// The `remote` section's `key` (`None` when absent or None); errors name `remote.<key>`.
-fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-    item(d, key, &format!("remote.{key}"))
-}
-
-fn seconds(name: &str, v: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| config_error(format!("remote {name} is {v}; expected a non-negative number of seconds")))
-}
 
 /// `url` with its password replaced by `***` (what every message shows).
 #[pyfunction]
@@ -37,43 +24,6 @@ pub fn redact_url(url: &str) -> String {
 #[pyfunction]
 pub fn check_url(url: &str) -> PyResult<()> {
     kvtier_remote::config::parse_url(url).map(|_| ()).map_err(|e| config_error(e.to_string()))
-}
-
-/// The client settings of a `remote` options dict (keys as `StoreConfig.remote_options()` writes).
-pub fn remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteConfig> {
-    let mut c = RemoteConfig::default();
-    set_present!(d, "remote.", c { urls, cluster, inflight_bytes_max, connections_per_node_max, key_prefix });
-    c.username = get(d, "username")?;
-    c.password = get(d, "password")?;
-    if let Some(v) = get::<f64>(d, "ttl_s")? {
-        c.ttl = Some(seconds("ttl_s", v)?);
-    }
-    for (name, field) in [
-        ("connect_timeout_s", &mut c.connect_timeout),
-        ("io_timeout_s", &mut c.io_timeout),
-        ("reconnect_backoff_min_s", &mut c.reconnect_backoff_min),
-        ("reconnect_backoff_max_s", &mut c.reconnect_backoff_max),
-    ] {
-        if let Some(v) = get::<f64>(d, name)? {
-            *field = seconds(name, v)?;
-        }
-    }
-    if let Some(t) = d.get_item("tls")?.filter(|t| !t.is_none()) {
-        let t = t.downcast::<PyDict>()?;
-        c.tls = Some(TlsConfig {
-            ca_file: item(t, "ca_file", "remote.tls_ca_file")?,
-            cert_file: item(t, "cert_file", "remote.tls_cert_file")?,
-            key_file: item(t, "key_file", "remote.tls_key_file")?,
-            server_name: item(t, "server_name", "remote.tls_server_name")?,
-        });
-    }
-    Ok(c)
-}
-
-pub fn store_remote_config(d: &Bound<'_, PyDict>) -> PyResult<RemoteStoreConfig> {
-    let mut c = RemoteStoreConfig::new(remote_config(d)?);
-    set_present!(d, "remote.", c { write_through, promote_on_hit });
-    Ok(c)
 }
 
 /// The remote tier's metrics as nested dicts (JSON-ready).
@@ -95,10 +45,12 @@ pub struct RemotePool {
 
 #[pymethods]
 impl RemotePool {
+    /// The tier `config` describes (a `kvtier.RemoteConfig` or a mapping of its keys,
+    /// `crate::config::remote_client_config`), for the namespace `namespace_hash`.
     #[new]
-    fn new(py: Python<'_>, options: &Bound<'_, PyDict>, namespace_hash: &[u8]) -> PyResult<Self> {
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>, namespace_hash: &[u8]) -> PyResult<Self> {
         let namespace = u128_from(namespace_hash, "namespace_hash")?;
-        let config = remote_config(options)?;
+        let config = remote_client_config(&Section::root(config, "remote config", "remote")?)?;
         let tier = py
             .allow_threads(|| RemoteTier::open(config, namespace))
             .map_err(|e| kvtier_error("ConfigError", format!("remote: {e}")))?;

@@ -1,71 +1,25 @@
-//! The SSD pool for Python: its config (a dict from `kvtier.config`), its metrics as dicts, the
+//! The SSD pool for Python: its metrics as dicts, the
 //! pool-level `SsdPool` (benchmarks and tests; users go through `Store`) and Algorithm 1's
 //! counts. The baselines of `kvtier bench ssd` are in `baselines`.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use kvtier_pool::ssd::{placement, SsdMetrics};
-use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, ReadOutcome, SsdConfig, SsdTier, Tier};
-use kvtier_store::SsdStoreConfig;
+use kvtier_pool::{PoolError, ReadOutcome, SsdTier, Tier};
 
 use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
-use crate::errors::{config_error, item, kvtier_error, set_present};
+use crate::config::{ssd_pool_config, Section};
+use crate::errors::{config_error, kvtier_error};
 use crate::reports::{add_fields, fields_dict};
-
-/// The `ssd` section's `key` (`None` when absent or None); errors name `ssd.<key>`.
-fn get<'py, T: FromPyObject<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-    item(d, key, &format!("ssd.{key}"))
-}
 
 fn pool_err(e: PoolError) -> PyErr {
     match e {
         PoolError::SsdConfig(m) => config_error(format!("ssd: {m}")),
         other => kvtier_error("StoreError", other.to_string()),
     }
-}
-
-fn parse<T>(value: Option<String>, parse: fn(&str) -> Result<T, PoolError>, default: T) -> PyResult<T> {
-    value.map_or(Ok(default), |v| parse(&v).map_err(pool_err))
-}
-
-/// The pool part of an ssd config dict (keys as in `kvtier.config.StoreConfig`, without `ssd_`).
-pub fn pool_config(d: &Bound<'_, PyDict>) -> PyResult<SsdConfig> {
-    let directory: String =
-        get(d, "directory")?.ok_or_else(|| config_error("ssd config has no `ssd.directory`".into()))?;
-    let mut c = SsdConfig::new(directory);
-    if let Some(devices) = get::<Vec<String>>(d, "devices")? {
-        c.devices = devices.into_iter().map(PathBuf::from).collect();
-    }
-    c.durability = parse(get(d, "durability")?, Durability::parse, c.durability)?;
-    c.placement = parse(get(d, "placement")?, Placement::parse, c.placement)?;
-    c.io_engine = parse(get(d, "io_engine")?, IoEngineKind::parse, c.io_engine)?;
-    c.bandwidth_bytes_per_s = get(d, "bandwidth_bytes_per_s")?;
-    c.throttle_bytes_per_s = get(d, "throttle_bytes_per_s")?;
-    set_present!(
-        d,
-        "ssd.",
-        c {
-            capacity_bytes,
-            io_depth,
-            probe_bytes,
-            direct_io,
-            min_object_bytes,
-            compact_min_records,
-            format_devices
-        }
-    );
-    Ok(c)
-}
-
-/// The store's SSD config from the dict `kvtier.Store` passes.
-pub fn store_ssd_config(d: &Bound<'_, PyDict>) -> PyResult<SsdStoreConfig> {
-    let mut c = SsdStoreConfig::new(pool_config(d)?);
-    set_present!(d, "ssd.", c { admission_k, write_through, promote_on_hit });
-    Ok(c)
 }
 
 /// The pool's metrics as nested dicts (JSON-ready); each device's dict has its `io` fields too.
@@ -102,10 +56,11 @@ impl SsdPool {
 
 #[pymethods]
 impl SsdPool {
-    /// Opens (or creates) the pool described by `config` (the dict `pool_config` reads).
+    /// Opens (or creates) the pool `config` describes (a `kvtier.SsdConfig` or a mapping of its
+    /// keys, `crate::config::ssd_pool_config`).
     #[new]
-    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
-        let c = pool_config(config)?;
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let c = ssd_pool_config(&Section::root(config, "ssd config", "ssd")?)?;
         let tier = py.allow_threads(|| SsdTier::open(c)).map_err(pool_err)?;
         Ok(SsdPool { inner: Mutex::new(Some(Arc::new(tier))) })
     }

@@ -7,13 +7,13 @@ use pyo3::types::PyDict;
 use kvtier_store::{Store as CoreStore, StoreError};
 
 use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
+use crate::config::store_config;
 use crate::errors::{key_err, kvtier_error};
 use crate::layout::block_ids_of;
 use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::metrics_dict as remote_metrics_dict;
 use crate::reports::{StoreStats, TierStats};
 use crate::ssd::metrics_dict;
-use crate::store_config::store_config;
 
 fn store_err(e: StoreError) -> PyErr {
     let class = match &e {
@@ -46,10 +46,10 @@ pub struct Store {
 
 #[pymethods]
 impl Store {
-    /// A store from the one nested mapping `kvtier.StoreConfig.core_config()` writes
-    /// (`crate::store_config`).
+    /// A store from one `kvtier.StoreConfig` (or a mapping of its keys), read by
+    /// `crate::config::store_config`.
     #[new]
-    fn new(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
         let (namespace, config) = store_config(config)?;
         namespace.hash().map_err(key_err)?;
         let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use kvtier_store::Store as CoreStore;
 use kvtier_transfer::duplex::BlockState;
@@ -18,7 +17,8 @@ use kvtier_transfer::{
 
 use crate::blocks::keys_from;
 use crate::buffer::{Buffer, Format};
-use crate::errors::{buffer_error, error_in, item, kvtier_error, set_present};
+use crate::config::{set_present, Section};
+use crate::errors::{buffer_error, error_in, kvtier_error};
 use crate::geometry::CoreGeometry;
 use crate::paged::paged_pool;
 use crate::store::Store;
@@ -96,14 +96,14 @@ pub struct TransferEngine {
 
 #[pymethods]
 impl TransferEngine {
-    /// An engine on `store` shaped by `config`, one mapping (`kvtier.TransferConfig`'s fields;
-    /// a key left out takes the Rust default).
+    /// An engine on `store` shaped by `config` (a `kvtier.TransferConfig`, or a mapping of its
+    /// keys; a key left out takes the Rust default).
     #[new]
-    fn new(py: Python<'_>, store: Py<Store>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+    fn new(py: Python<'_>, store: Py<Store>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let config = Section::root(config, "transfer config", "")?;
         let mut c = TransferConfig::default();
         set_present!(
             config,
-            "",
             c {
                 chunk_blocks,
                 buffer_chunks,
@@ -114,7 +114,7 @@ impl TransferEngine {
                 allocate_per_chunk,
             }
         );
-        if let Some(workers) = item(config, "stage_workers", "stage_workers")? {
+        if let Some(workers) = config.get("stage_workers")? {
             c.stage_workers = StageWorkers::from_array(workers);
         }
         let block_bytes = store.get().inner.block_bytes();

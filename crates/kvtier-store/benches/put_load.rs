@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kvtier_core::{block_keys, Dtype, Geometry, Namespace};
-use kvtier_store::{Store, StoreConfig};
+use kvtier_store::{DramStoreConfig, Store, StoreConfig};
 
 const ROUNDS: usize = 3;
 
@@ -50,7 +50,8 @@ fn main() {
     });
     drop(dst_flat);
 
-    let config = StoreConfig { dram_capacity_bytes: blocks as u64 * object_bytes, ..StoreConfig::default() };
+    let config =
+        StoreConfig { dram: DramStoreConfig::new(blocks as u64 * object_bytes), ..StoreConfig::default() };
     let store = Store::new(namespace(geometry), config).unwrap();
     let ns = store.namespace_hash();
     let objects: Vec<&[u8]> = src.chunks_exact(block_bytes).collect();
@@ -94,7 +95,7 @@ fn main() {
     // Lookup of a 128K-token prompt: 8192 blocks, all present (small blocks keep memory low).
     let small = Geometry::new(1, 1, 64, Dtype::F16, 16, vec![]).unwrap();
     let small_object = kvtier_pool::object_extent_bytes(small.block_bytes());
-    let config = StoreConfig { dram_capacity_bytes: 8192 * small_object, ..StoreConfig::default() };
+    let config = StoreConfig { dram: DramStoreConfig::new(8192 * small_object), ..StoreConfig::default() };
     let store = Store::new(namespace(small), config).unwrap();
     let ns = store.namespace_hash();
     let tokens: Vec<u32> = (0..8192 * 16).collect();

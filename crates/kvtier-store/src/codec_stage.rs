@@ -48,17 +48,17 @@ impl TierEncoder {
             TierCodec::Raw => None,
             TierCodec::Lossless { backend, level } => {
                 let b = Backend::from_name(backend).ok_or_else(|| {
-                    bad(format!("{tier}_codec_backend is {backend:?}; expected zstd, lz4 or deflate"))
+                    bad(format!("{tier}.codec_backend is {backend:?}; expected zstd, lz4 or deflate"))
                 })?;
                 let level = level.unwrap_or_else(|| b.default_level());
                 Some(Box::new(
-                    LosslessCodec::new(b, level).map_err(|e| bad(format!("{tier}_codec (lossless): {e}")))?,
+                    LosslessCodec::new(b, level).map_err(|e| bad(format!("{tier}.codec (lossless): {e}")))?,
                 ))
             }
             TierCodec::Quant => {
                 if geometry.dtype() != Dtype::F16 || !geometry.extra_groups().is_empty() {
                     return Err(bad(format!(
-                        "{tier}_codec is \"quant\", which needs fp16 KV with no extra groups; this store's \
+                        "{tier}.codec is \"quant\", which needs fp16 KV with no extra groups; this store's \
                          geometry is {} with {} extra group(s) (use \"lossless\" or \"raw\")",
                         geometry.dtype().name(),
                         geometry.extra_groups().len()
@@ -66,7 +66,7 @@ impl TierEncoder {
                 }
                 let narrow = |what: &str, v: u32| {
                     u16::try_from(v).map_err(|_| {
-                        bad(format!("{tier}_codec is \"quant\": {what} {v} exceeds {}", u16::MAX))
+                        bad(format!("{tier}.codec is \"quant\": {what} {v} exceeds {}", u16::MAX))
                     })
                 };
                 let config = QuantConfig::cachegen(
@@ -77,7 +77,7 @@ impl TierEncoder {
                     narrow("head_dim", geometry.head_dim())?,
                 );
                 Some(Box::new(
-                    QuantCodec::new(config).map_err(|e| bad(format!("{tier}_codec (quant): {e}")))?,
+                    QuantCodec::new(config).map_err(|e| bad(format!("{tier}.codec (quant): {e}")))?,
                 ))
             }
         };
@@ -286,7 +286,7 @@ mod tests {
     fn quant_needs_fp16_without_extra_groups() {
         let g = Geometry::new(2, 2, 64, Dtype::Bf16, 16, vec![]).unwrap();
         let e = TierEncoder::new(&TierCodec::Quant, "remote", &g).unwrap_err().to_string();
-        assert!(e.contains("remote_codec") && e.contains("fp16"), "{e}");
+        assert!(e.contains("remote.codec") && e.contains("fp16"), "{e}");
         assert!(TierEncoder::new(&TierCodec::Quant, "remote", &geometry()).is_ok());
     }
 

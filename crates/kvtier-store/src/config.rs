@@ -34,8 +34,8 @@ impl TierCodec {
         }
     }
 
-    /// Parses the `<tier>_codec`, `<tier>_codec_backend` and `<tier>_codec_level` settings;
-    /// `tier` (`"ssd"`, `"remote"`) names the keys in errors.
+    /// Parses the `codec`, `codec_backend` and `codec_level` keys of a tier's section; `tier`
+    /// (`"ssd"`, `"remote"`) names the keys in errors (`ssd.codec_level`).
     pub fn parse(
         tier: &str,
         name: &str,
@@ -51,7 +51,7 @@ impl TierCodec {
                     Some(l) => match i8::try_from(l) {
                         Ok(l) => Some(l),
                         Err(_) => {
-                            return bad(format!("{tier}_codec_level is {l}; out of range for any backend"))
+                            return bad(format!("{tier}.codec_level is {l}; out of range for any backend"))
                         }
                     },
                 };
@@ -59,12 +59,12 @@ impl TierCodec {
             }
             "quant" => TierCodec::Quant,
             other => {
-                return bad(format!("{tier}_codec is {other:?}; expected \"raw\", \"lossless\" or \"quant\""))
+                return bad(format!("{tier}.codec is {other:?}; expected \"raw\", \"lossless\" or \"quant\""))
             }
         };
         if !matches!(codec, TierCodec::Lossless { .. }) && (backend.is_some() || level.is_some()) {
             return bad(format!(
-                "{tier}_codec_backend/{tier}_codec_level are set but {tier}_codec is {name:?}; they apply to \"lossless\" only"
+                "{tier}.codec_backend/{tier}.codec_level are set but {tier}.codec is {name:?}; they apply to \"lossless\" only"
             ));
         }
         codec.validate(tier)?;
@@ -79,12 +79,12 @@ impl TierCodec {
             let Some(b) = kvtier_codec::streams::Backend::from_name(backend).filter(|b| b.name() != "none")
             else {
                 return Err(StoreError::Config(format!(
-                    "{tier}_codec_backend is {backend:?}; expected \"zstd\", \"lz4\" or \"deflate\""
+                    "{tier}.codec_backend is {backend:?}; expected \"zstd\", \"lz4\" or \"deflate\""
                 )));
             };
             if let Some(l) = level {
                 b.check_level(*l)
-                    .map_err(|e| StoreError::Config(format!("{tier}_codec_level is {l}: {e}")))?;
+                    .map_err(|e| StoreError::Config(format!("{tier}.codec_level is {l}: {e}")))?;
             }
         }
         Ok(())
@@ -111,6 +111,31 @@ pub const LEASES_MAX_LIMIT: usize = 1 << 24;
 pub const COPY_THREADS_MAX: usize = 256;
 /// Largest SSD admission threshold accepted.
 pub const ADMISSION_K_MAX: u32 = 1 << 20;
+
+/// The DRAM tier (host memory), always present: the top of the hierarchy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DramStoreConfig {
+    /// Bytes of host memory (rounded down to 4 KiB pages). Each block takes a 64-byte header
+    /// plus `block_bytes`, rounded up to whole pages.
+    pub capacity_bytes: u64,
+    /// Fault the whole arena in at construction (with the copy workers), so the first puts run
+    /// at memcpy speed instead of paying page faults. Costs the time and commits the memory up
+    /// front.
+    pub prefault: bool,
+}
+
+impl DramStoreConfig {
+    /// `capacity_bytes` of host memory, faulted in on first use.
+    pub fn new(capacity_bytes: u64) -> Self {
+        DramStoreConfig { capacity_bytes, prefault: false }
+    }
+}
+
+impl Default for DramStoreConfig {
+    fn default() -> Self {
+        DramStoreConfig::new(DRAM_CAPACITY_BYTES_DEFAULT)
+    }
+}
 
 /// The SSD tier below DRAM, and how blocks move between the two.
 #[derive(Clone, Debug, PartialEq)]
@@ -164,11 +189,10 @@ impl RemoteStoreConfig {
     }
 }
 
+/// The store's settings: the store-wide ones, then one section per tier (`dram`, `ssd`,
+/// `remote`), as `kvtier.StoreConfig` has them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
-    /// Bytes of host memory for the DRAM tier (rounded down to 4 KiB pages). Each block takes
-    /// a 64-byte header plus `block_bytes`, rounded up to whole pages.
-    pub dram_capacity_bytes: u64,
     /// Eviction policy name: `"lru"` (default) or `"s3fifo"`.
     pub eviction: String,
     /// Workers copying objects in `put`/`load` (0 = one per core).
@@ -177,10 +201,8 @@ pub struct StoreConfig {
     pub lease_ttl: Duration,
     /// Bound on leases held at once (each pins blocks: a leak must not pin the whole cache).
     pub leases_max: usize,
-    /// Fault the whole DRAM arena in at construction (with the copy workers), so the first puts
-    /// run at memcpy speed instead of paying page faults. Costs the time and commits the memory
-    /// up front.
-    pub dram_prefault: bool,
+    /// The DRAM tier.
+    pub dram: DramStoreConfig,
     /// An SSD tier below DRAM (`None`: DRAM only).
     pub ssd: Option<SsdStoreConfig>,
     /// A remote tier below DRAM and SSD (`None`: local tiers only).
@@ -190,12 +212,11 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
-            dram_capacity_bytes: DRAM_CAPACITY_BYTES_DEFAULT,
             eviction: "lru".to_string(),
             copy_threads: 0,
             lease_ttl: LEASE_TTL_DEFAULT,
             leases_max: LEASES_MAX_DEFAULT,
-            dram_prefault: false,
+            dram: DramStoreConfig::default(),
             ssd: None,
             remote: None,
         }
@@ -206,13 +227,13 @@ impl StoreConfig {
     /// Checks every field that does not depend on the namespace.
     pub(crate) fn validate(&self) -> Result<(), StoreError> {
         let bad = |msg: String| Err(StoreError::Config(msg));
-        if self.dram_capacity_bytes == 0 {
-            return bad("dram_capacity_bytes is 0; expected at least one block's worth of bytes".into());
+        if self.dram.capacity_bytes == 0 {
+            return bad("dram.capacity_bytes is 0; expected at least one block's worth of bytes".into());
         }
-        if self.dram_capacity_bytes > DRAM_CAPACITY_BYTES_MAX {
+        if self.dram.capacity_bytes > DRAM_CAPACITY_BYTES_MAX {
             return bad(format!(
-                "dram_capacity_bytes is {}; expected at most {DRAM_CAPACITY_BYTES_MAX} (the address space)",
-                self.dram_capacity_bytes
+                "dram.capacity_bytes is {}; expected at most {DRAM_CAPACITY_BYTES_MAX} (the address space)",
+                self.dram.capacity_bytes
             ));
         }
         if self.copy_threads > COPY_THREADS_MAX {
@@ -233,7 +254,7 @@ impl StoreConfig {
         if let Some(ssd) = &self.ssd {
             if ssd.admission_k == 0 || ssd.admission_k > ADMISSION_K_MAX {
                 return bad(format!(
-                    "ssd admission_k is {}; expected 1 (every block) to {ADMISSION_K_MAX} accesses",
+                    "ssd.admission_k is {}; expected 1 (every block) to {ADMISSION_K_MAX} accesses",
                     ssd.admission_k
                 ));
             }

@@ -5,11 +5,11 @@
 //!
 //! ```
 //! use kvtier_core::{block_keys, Dtype, Geometry, Namespace};
-//! use kvtier_store::{Store, StoreConfig};
+//! use kvtier_store::{DramStoreConfig, Store, StoreConfig};
 //!
 //! let geometry = Geometry::new(2, 2, 64, Dtype::F16, 16, vec![]).unwrap();
 //! let namespace = Namespace { model_id: "demo".into(), geometry, layout_version: 1, cache_salt: String::new(), rank: 0 };
-//! let config = StoreConfig { dram_capacity_bytes: 1 << 20, ..StoreConfig::default() };
+//! let config = StoreConfig { dram: DramStoreConfig::new(1 << 20), ..StoreConfig::default() };
 //! let store = Store::new(namespace, config).unwrap();
 //! let ns = store.namespace_hash();
 //! let keys = block_keys(ns, &(0..64).collect::<Vec<u32>>(), 16, &[]).unwrap();
@@ -57,7 +57,7 @@ pub mod stats;
 mod store;
 mod types;
 
-pub use config::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
+pub use config::{DramStoreConfig, RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
 pub use error::StoreError;
 pub use kvtier_core::{BlockKey, Namespace};
 pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};

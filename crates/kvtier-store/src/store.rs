@@ -66,7 +66,7 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// A store with a DRAM tier of `config.dram_capacity_bytes` and, with `config.ssd`, an SSD
+    /// A store with a DRAM tier of `config.dram.capacity_bytes` and, with `config.ssd`, an SSD
     /// pool below it (opened, and recovered from its index log, here).
     pub fn new(namespace: Namespace, config: StoreConfig) -> Result<Store, StoreError> {
         config.validate()?;
@@ -74,12 +74,12 @@ impl Store {
         let block_bytes = usize::try_from(namespace.geometry.block_bytes())
             .map_err(|_| StoreError::Config("block_bytes does not fit this machine's usize".into()))?;
         let object_bytes = object_extent_bytes(block_bytes as u64);
-        let usable = config.dram_capacity_bytes / PAGE_BYTES * PAGE_BYTES;
+        let usable = config.dram.capacity_bytes / PAGE_BYTES * PAGE_BYTES;
         if usable < object_bytes {
             return Err(StoreError::Config(format!(
-                "dram_capacity_bytes is {} and holds no block; expected at least {object_bytes} \
+                "dram.capacity_bytes is {} and holds no block; expected at least {object_bytes} \
                  (64-byte header + {block_bytes}-byte block, rounded up to {PAGE_BYTES}-byte pages)",
-                config.dram_capacity_bytes
+                config.dram.capacity_bytes
             )));
         }
         let geometry = &namespace.geometry;
@@ -89,8 +89,8 @@ impl Store {
         let remote_encoder = TierEncoder::new(&remote_codec, "remote", geometry)?;
         let policy = eviction_by_name(&config.eviction).map_err(|e| StoreError::Config(e.to_string()))?;
         let workers = Arc::new(WorkerPool::new(config.copy_threads));
-        let dram = DramTier::new(config.dram_capacity_bytes, policy, workers)?;
-        if config.dram_prefault {
+        let dram = DramTier::new(config.dram.capacity_bytes, policy, workers)?;
+        if config.dram.prefault {
             // A failed prefault only means pages fault in on first use, as without it.
             let _ = dram.prefault();
         }

@@ -5,10 +5,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use kvtier_store::{Store, StoreConfig, StoreError};
+use kvtier_store::{DramStoreConfig, Store, StoreConfig, StoreError};
 
 fn config(capacity: u64) -> StoreConfig {
-    StoreConfig { dram_capacity_bytes: capacity, ..StoreConfig::default() }
+    StoreConfig { dram: DramStoreConfig::new(capacity), ..StoreConfig::default() }
 }
 
 #[test]
@@ -63,7 +63,7 @@ fn too_many_loads_and_wrong_destination_size() {
 #[test]
 fn zero_or_too_small_capacity() {
     let err = Store::new(namespace("m", ""), config(0)).unwrap_err();
-    assert!(matches!(&err, StoreError::Config(m) if m.contains("dram_capacity_bytes is 0")), "{err}");
+    assert!(matches!(&err, StoreError::Config(m) if m.contains("dram.capacity_bytes is 0")), "{err}");
     let err = Store::new(namespace("m", ""), config(OBJECT_BYTES - 1)).unwrap_err();
     let message = err.to_string();
     assert!(
@@ -78,7 +78,7 @@ fn capacity_beyond_the_address_space() {
     for capacity in [u64::MAX, 1 << 63] {
         let err = Store::new(namespace("m", ""), config(capacity)).unwrap_err();
         assert!(
-            matches!(&err, StoreError::Config(m) if m.contains("dram_capacity_bytes") && m.contains(&capacity.to_string())),
+            matches!(&err, StoreError::Config(m) if m.contains("dram.capacity_bytes") && m.contains(&capacity.to_string())),
             "{err}"
         );
     }

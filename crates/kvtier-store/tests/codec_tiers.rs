@@ -17,8 +17,8 @@ use kvtier_remote::pipeline::{HeaderSpec, SetItem};
 use kvtier_remote::testing::{server_binary, LoopbackServer};
 use kvtier_remote::{key_name, RemoteClient};
 use kvtier_store::{
-    RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierCodec,
-    TierKind,
+    DramStoreConfig, RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig,
+    StoreError, TierCodec, TierKind,
 };
 
 /// 4 layers × 2 heads × 64 dims × 16 tokens × fp16 × K,V = 32 KiB per block. (`quant` with
@@ -80,7 +80,7 @@ fn ssd_config(dir: &TempDir, codec: TierCodec, write_through: bool) -> SsdStoreC
 
 fn ssd_store(dir: &TempDir, codec: TierCodec, write_through: bool) -> Store {
     let config = StoreConfig {
-        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        dram: DramStoreConfig::new(2 * OBJECT_BYTES),
         copy_threads: 2,
         ssd: Some(ssd_config(dir, codec, write_through)),
         ..StoreConfig::default()
@@ -205,7 +205,7 @@ fn ssd_blocks_held_are_not_encoded_again() {
             let mut ssd = ssd_config(&dir, codec.clone(), write_through);
             ssd.promote_on_hit = true;
             let config = StoreConfig {
-                dram_capacity_bytes: 2 * OBJECT_BYTES,
+                dram: DramStoreConfig::new(2 * OBJECT_BYTES),
                 ssd: Some(ssd),
                 ..StoreConfig::default()
             };
@@ -344,35 +344,35 @@ fn undecodable_ssd_objects_are_counted_misses() {
 fn bad_codec_config_is_a_clear_error() {
     let dir = TempDir::new("badconfig");
     let e = TierCodec::parse("ssd", "gzip", None, None).unwrap_err().to_string();
-    assert!(e.contains("ssd_codec") && e.contains("gzip"), "{e}");
+    assert!(e.contains("ssd.codec") && e.contains("gzip"), "{e}");
     let e = TierCodec::parse("remote", "lossless", Some("brotli"), None).unwrap_err().to_string();
-    assert!(e.contains("remote_codec_backend") && e.contains("brotli"), "{e}");
+    assert!(e.contains("remote.codec_backend") && e.contains("brotli"), "{e}");
     let e = TierCodec::parse("ssd", "lossless", Some("deflate"), Some(40)).unwrap_err().to_string();
-    assert!(e.contains("ssd_codec_level"), "{e}");
+    assert!(e.contains("ssd.codec_level"), "{e}");
     let e = TierCodec::parse("ssd", "raw", Some("zstd"), None).unwrap_err().to_string();
-    assert!(e.contains("ssd_codec_backend"), "{e}");
+    assert!(e.contains("ssd.codec_backend"), "{e}");
     assert_eq!(TierCodec::parse("ssd", "lossless", None, None).unwrap(), lossless("zstd"));
 
     // Backend checked by Store::new too (a config built in Rust, not parsed).
     let config = StoreConfig {
-        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        dram: DramStoreConfig::new(2 * OBJECT_BYTES),
         ssd: Some(ssd_config(&dir, lossless("snappy"), false)),
         ..StoreConfig::default()
     };
     let e = Store::new(namespace("m", ""), config).unwrap_err();
-    assert!(matches!(&e, StoreError::Config(m) if m.contains("ssd_codec_backend")), "{e}");
+    assert!(matches!(&e, StoreError::Config(m) if m.contains("ssd.codec_backend")), "{e}");
 
     // quant needs fp16 and no extra groups.
     let geometry = Geometry::new(2, 2, 64, Dtype::Bf16, 16, vec![]).unwrap();
     let ns =
         Namespace { model_id: "m".into(), geometry, layout_version: 1, cache_salt: String::new(), rank: 0 };
     let config = StoreConfig {
-        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        dram: DramStoreConfig::new(2 * OBJECT_BYTES),
         ssd: Some(ssd_config(&dir, TierCodec::Quant, false)),
         ..StoreConfig::default()
     };
     let e = Store::new(ns, config).unwrap_err();
-    assert!(matches!(&e, StoreError::Config(m) if m.contains("ssd_codec") && m.contains("fp16")), "{e}");
+    assert!(matches!(&e, StoreError::Config(m) if m.contains("ssd.codec") && m.contains("fp16")), "{e}");
 }
 
 // ---- remote ----
@@ -399,7 +399,7 @@ fn remote_store(server: &Server, prefix: &str, codec: TierCodec, write_through: 
     remote.codec = codec;
     remote.write_through = write_through;
     let config = StoreConfig {
-        dram_capacity_bytes: 2 * OBJECT_BYTES,
+        dram: DramStoreConfig::new(2 * OBJECT_BYTES),
         copy_threads: 2,
         remote: Some(remote),
         ..StoreConfig::default()

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{keys, load, namespace, payload, put_keys, OBJECT_BYTES};
-use kvtier_store::{Durability, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierKind};
+use kvtier_store::{
+    DramStoreConfig, Durability, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierKind,
+};
 
 struct TempDir(PathBuf);
 impl TempDir {
@@ -48,7 +50,7 @@ fn ssd_store_of(
     let mut ssd = SsdStoreConfig::new(pool);
     tweak(&mut ssd);
     let config = StoreConfig {
-        dram_capacity_bytes: dram_blocks * OBJECT_BYTES,
+        dram: DramStoreConfig::new(dram_blocks * OBJECT_BYTES),
         copy_threads: 2,
         lease_ttl: Duration::from_secs(30),
         leases_max: 64,
@@ -176,7 +178,7 @@ fn bad_ssd_settings_are_config_errors() {
     let dir = TempDir::new("store-ssd-bad");
     let mut ssd = SsdStoreConfig::new(SsdConfig::new(dir.0.join("missing")));
     let config = |ssd: SsdStoreConfig| StoreConfig {
-        dram_capacity_bytes: 1 << 20,
+        dram: DramStoreConfig::new(1 << 20),
         ssd: Some(ssd),
         ..StoreConfig::default()
     };

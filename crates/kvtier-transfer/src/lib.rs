@@ -20,13 +20,13 @@
 //! ```
 //! use std::sync::Arc;
 //! use kvtier_core::{block_keys, Dtype, Geometry, Namespace};
-//! use kvtier_store::{Store, StoreConfig};
+//! use kvtier_store::{DramStoreConfig, Store, StoreConfig};
 //! use kvtier_transfer::{BlockOutcome, PoolBuffer, PoolRef, TransferConfig, TransferEngine};
 //!
 //! let geometry = Geometry::new(2, 2, 64, Dtype::F16, 16, vec![]).unwrap();
 //! let namespace = Namespace { model_id: "demo".into(), geometry, layout_version: 1,
 //!                             cache_salt: String::new(), rank: 0 };
-//! let config = StoreConfig { dram_capacity_bytes: 1 << 20, ..StoreConfig::default() };
+//! let config = StoreConfig { dram: DramStoreConfig::new(1 << 20), ..StoreConfig::default() };
 //! let store = Arc::new(Store::new(namespace, config).unwrap());
 //! let keys = block_keys(store.namespace_hash(), &(0..64).collect::<Vec<u32>>(), 16, &[]).unwrap();
 //! let engine = TransferEngine::new(store.clone(), TransferConfig::default()).unwrap();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kvtier_core::{block_keys, BlockKey, Dtype, Geometry, Namespace};
-use kvtier_store::{Store, StoreConfig};
+use kvtier_store::{DramStoreConfig, Store, StoreConfig};
 
 /// 2 layers × 2 heads × 64 dims × 16 tokens × fp16 × K,V = 16 KiB per block (5 pages with header).
 pub fn namespace(model_id: &str, cache_salt: &str) -> Namespace {
@@ -24,12 +24,11 @@ pub const OBJECT_BYTES: u64 = 5 * 4096;
 
 pub fn store_with(blocks: u64, ttl: Duration, leases_max: usize, eviction: &str) -> Store {
     let config = StoreConfig {
-        dram_capacity_bytes: blocks * OBJECT_BYTES,
+        dram: DramStoreConfig { capacity_bytes: blocks * OBJECT_BYTES, prefault: blocks % 2 == 0 }, // both paths run
         eviction: eviction.into(),
         copy_threads: 2,
         lease_ttl: ttl,
         leases_max,
-        dram_prefault: blocks % 2 == 0, // both paths run in the suite
         ssd: None,
         remote: None,
     };

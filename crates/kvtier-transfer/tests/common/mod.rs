@@ -9,7 +9,7 @@ use half::f16;
 use kvtier_core::layout::gather_contiguous;
 use kvtier_core::parallel::WorkerPool;
 use kvtier_core::{block_keys, BlockKey, Dtype, Geometry, Namespace};
-use kvtier_store::{SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierCodec};
+use kvtier_store::{DramStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierCodec};
 use kvtier_transfer::{PoolBuffer, PoolRef, StoreHandle, TransferConfig, TransferEngine};
 
 pub fn namespace(geometry: Geometry) -> Namespace {
@@ -32,7 +32,7 @@ fn object_bytes(geometry: &Geometry) -> u64 {
 
 pub fn store(geometry: Geometry, blocks: u64) -> Arc<Store> {
     let config = StoreConfig {
-        dram_capacity_bytes: blocks * object_bytes(&geometry),
+        dram: DramStoreConfig::new(blocks * object_bytes(&geometry)),
         copy_threads: 1,
         lease_ttl: Duration::from_secs(60),
         leases_max: 256,
@@ -65,7 +65,7 @@ pub fn ssd_store(dir: &TempDir, geometry: Geometry, dram_blocks: u64, ssd_blocks
     let mut ssd = SsdStoreConfig::new(pool);
     ssd.promote_on_hit = false;
     let config = StoreConfig {
-        dram_capacity_bytes: dram_blocks * object,
+        dram: DramStoreConfig::new(dram_blocks * object),
         copy_threads: 1,
         lease_ttl: Duration::from_secs(60),
         leases_max: 256,
@@ -113,7 +113,7 @@ pub fn coded_ssd_store_promoting(
     ssd.admission_k = 1;
     ssd.codec = codec;
     let config = StoreConfig {
-        dram_capacity_bytes: dram_blocks * object,
+        dram: DramStoreConfig::new(dram_blocks * object),
         copy_threads: 1,
         lease_ttl: Duration::from_secs(60),
         leases_max: 256,
