@@ -184,13 +184,14 @@ def test_layerwise_wait_and_cancel(geometry: kvtier.Geometry) -> None:
         engine.wait_layer(job, layer)
         assert np.array_equal(view[layer], expected[layer]), f"layer {layer}"
     assert engine.wait([job])[0].ok
-    # Queued behind a 32-chunk job (oldest jobs are read first, one buffer region), so the job is
-    # still running when it is cancelled right away (as the Rust test does).
-    blocker = engine.submit_load(keys, layout.alloc_pool(geometry, 32), ids)
+    # Queued behind eight 32-chunk jobs (oldest jobs are read first, one buffer region), so the job
+    # is still running when it is cancelled right away (as the Rust test does); one blocker was
+    # not enough on a loaded machine (the thread that cancels can be descheduled that long).
+    blockers = [engine.submit_load(keys, layout.alloc_pool(geometry, 32), ids) for _ in range(8)]
     big = engine.submit_load(keys, layout.alloc_pool(geometry, 32), ids)
     assert engine.cancel(big), "the job was still running"
-    done, blocked = engine.wait([big, blocker])
-    assert done.cancelled and "cancelled" in done.outcomes and blocked.ok
+    done, *blocked = engine.wait([big, *blockers])
+    assert done.cancelled and "cancelled" in done.outcomes and all(b.ok for b in blocked)
     assert set(done.outcomes) <= {"done", "cancelled"}
     assert store.stats().leases_active == 0
     stats = {s.name: s for s in engine.stage_stats()}
