@@ -36,11 +36,11 @@ output (§6.2.1); :data:`COMPRESSION_RATIO` is derived from the unloaded TTFTs a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.sched.section import checked_section
+from kvtier.sched.section import profile, profile_section
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -201,28 +201,21 @@ FETCH_KEYS = tuple(f.name for f in fields(FetchPath))
 
 def fetch_engine(name: str) -> FetchPath:
     """The :class:`FetchPath` named ``name`` in :data:`FETCH_ENGINES`; unknown names raise."""
-    try:
-        return FETCH_ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown fetch engine {name!r}; expected one of {sorted(FETCH_ENGINES)}") from None
+    return profile("fetch", FETCH_ENGINES, name)
+
+
+def _one_decoder_rate(changes: dict[str, Any]) -> None:
+    """A decoder rate given one way replaces the engine's, given the other."""
+    rates = ("decode_bytes_per_s", "decode_input_bytes_per_s")
+    for given, other in (rates, rates[::-1]):
+        if given in changes and other not in changes:
+            changes[other] = None
 
 
 def fetch_path(section: Mapping[str, Any] | None, default: str) -> FetchPath:
     """The sim config's ``fetch`` section as a :class:`FetchPath`: ``{engine: NAME, KEY: VALUE...}``,
     the named path with the given keys (:data:`FETCH_KEYS`) changed; ``None`` or no ``engine``: the
     path named ``default``. A decoder rate given one way replaces the engine's, given the other."""
-    if section is None:
-        return fetch_engine(default)
-    section = checked_section("fetch", section, ("engine", *FETCH_KEYS), "{engine: bluefield3}")
-    name = section.get("engine", default)
-    if not isinstance(name, str):
-        raise ConfigError(f"fetch `engine` is {name!r}; expected one of {sorted(FETCH_ENGINES)}")
-    changes = {k: v for k, v in section.items() if k != "engine"}
-    rates = ("decode_bytes_per_s", "decode_input_bytes_per_s")
-    for given, other in (rates, rates[::-1]):
-        if given in changes and other not in changes:
-            changes[other] = None  # the decoder's rate, given the other way: the engine's is replaced
-    try:
-        return replace(fetch_engine(name), **changes)
-    except TypeError as e:
-        raise ConfigError(f"bad fetch section {dict(section)!r}: {e}") from None
+    return profile_section(
+        "fetch", section, FETCH_ENGINES, default, "{engine: bluefield3}", _one_decoder_rate
+    )

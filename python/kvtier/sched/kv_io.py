@@ -15,11 +15,11 @@ engine streams layers from its view (``SchedulerView.layerwise_prefill``) to siz
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.sched.section import checked_section
+from kvtier.sched.section import profile_section
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +53,4 @@ def kv_io(section: Mapping[str, Any] | None, default: str) -> KvIo:
     """The sim config's ``io`` section as a :class:`KvIo`: ``{engine: NAME, KEY: VALUE...}``, the
     named profile (:data:`IO_ENGINES`) with the given keys changed; ``None`` or no ``engine``: the
     profile named ``default``."""
-    if section is None:
-        section = {}
-    section = checked_section("io", section, ("engine", *IO_KEYS), "{layerwise: false}")
-    name = section.get("engine", default)
-    if not isinstance(name, str) or name not in IO_ENGINES:
-        raise ConfigError(f"unknown io engine {name!r}; expected one of {sorted(IO_ENGINES)}")
-    return replace(IO_ENGINES[name], **{k: v for k, v in section.items() if k != "engine"})
+    return profile_section("io", section, IO_ENGINES, default, "{layerwise: false}")

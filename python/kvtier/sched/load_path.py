@@ -27,12 +27,12 @@ A prefetch into host memory (``target=Tier.HOST``) does not cross the host link:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import LoadMode
-from kvtier.sched.section import checked_section
+from kvtier.sched.section import profile, profile_section
 
 COPIES = ("object", "page", "kernel")
 HICACHE_PAGE_TOKENS = 32  # Strata §5.1: SGLang-HiCache's page size (per-page cudaMemcpyAsync)
@@ -99,20 +99,11 @@ LOAD_KEYS = tuple(f.name for f in fields(LoadPath))
 
 def load_engine(name: str) -> LoadPath:
     """The :class:`LoadPath` named ``name`` in :data:`LOAD_ENGINES`; unknown names raise."""
-    try:
-        return LOAD_ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown load engine {name!r}; expected one of {sorted(LOAD_ENGINES)}") from None
+    return profile("load", LOAD_ENGINES, name)
 
 
 def load_path(section: Mapping[str, Any] | None, default: str) -> LoadPath:
     """The sim config's ``load`` section as a :class:`LoadPath`: ``{engine: NAME, KEY: VALUE...}``,
     the named path with the given keys (:data:`LOAD_KEYS`) changed; ``None`` or no ``engine``: the
     path named ``default``."""
-    if section is None:
-        return load_engine(default)
-    section = checked_section("load", section, ("engine", *LOAD_KEYS), "{engine: per_page}")
-    name = section.get("engine", default)
-    if not isinstance(name, str):
-        raise ConfigError(f"load `engine` is {name!r}; expected one of {sorted(LOAD_ENGINES)}")
-    return replace(load_engine(name), **{k: v for k, v in section.items() if k != "engine"})
+    return profile_section("load", section, LOAD_ENGINES, default, "{engine: per_page}")

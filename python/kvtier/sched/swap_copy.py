@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.sched.section import checked_section
+from kvtier.sched.section import checked_section, profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +76,7 @@ TABLE1_LADDER = ("naive", "ms", "ms_mk", "duplexkv")
 
 def swap_engine(name: str) -> SwapCopy:
     """The :class:`SwapCopy` named ``name`` in :data:`SWAP_ENGINES`; unknown names raise."""
-    try:
-        return SWAP_ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown swap engine {name!r}; expected one of {sorted(SWAP_ENGINES)}") from None
+    return profile("swap", SWAP_ENGINES, name)
 
 
 def swap_copy(section: Mapping[str, Any] | None, default: str) -> SwapCopy:
@@ -88,7 +85,4 @@ def swap_copy(section: Mapping[str, Any] | None, default: str) -> SwapCopy:
     if section is None:
         return swap_engine(default)
     section = checked_section("swap", section, ("engine",), "{engine: duplexkv}")
-    name = section.get("engine", default)
-    if not isinstance(name, str):
-        raise ConfigError(f"swap `engine` is {name!r}; expected one of {sorted(SWAP_ENGINES)}")
-    return swap_engine(name)
+    return profile("swap", SWAP_ENGINES, section.get("engine", default))
