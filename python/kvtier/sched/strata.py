@@ -63,7 +63,7 @@ from kvtier.sched.base import (
     SchedulerView,
     register,
 )
-from kvtier.sched.batching import schedule_running
+from kvtier.sched.batching import schedule_running, steady_fcfs
 from kvtier.sched.hicache import HiCache
 from kvtier.tiers import Tier
 
@@ -335,6 +335,12 @@ class Strata(Policy):
         if self.prefetch:
             self._prefetch(head, decision)
         return decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        # Nobody waiting or fetching: the head plan is empty (no batch, load, deferral or prefetch),
+        # the load queue is empty, and what is left is schedule_running's decodes, as in fcfs. The
+        # state it keeps (head plan, load priorities, counters) is what it was after the arming step.
+        return steady_fcfs(view)
 
     def _plan_head(self, view: SchedulerView) -> HeadPlan:
         """The waiting head's plan: the last step's while the head's views are the same."""
