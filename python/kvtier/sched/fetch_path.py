@@ -217,5 +217,5 @@ def fetch_path(section: Mapping[str, Any] | None, default: str) -> FetchPath:
     the named path with the given keys (:data:`FETCH_KEYS`) changed; ``None`` or no ``engine``: the
     path named ``default``. A decoder rate given one way replaces the engine's, given the other."""
     return profile_section(
-        "fetch", section, FETCH_ENGINES, default, "{engine: bluefield3}", _one_decoder_rate
+        "fetch", section, FETCH_ENGINES, FETCH_KEYS, default, "{engine: bluefield3}", _one_decoder_rate
     )

@@ -53,4 +53,4 @@ def kv_io(section: Mapping[str, Any] | None, default: str) -> KvIo:
     """The sim config's ``io`` section as a :class:`KvIo`: ``{engine: NAME, KEY: VALUE...}``, the
     named profile (:data:`IO_ENGINES`) with the given keys changed; ``None`` or no ``engine``: the
     profile named ``default``."""
-    return profile_section("io", section, IO_ENGINES, default, "{layerwise: false}")
+    return profile_section("io", section, IO_ENGINES, IO_KEYS, default, "{layerwise: false}")

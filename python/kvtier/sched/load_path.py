@@ -106,4 +106,4 @@ def load_path(section: Mapping[str, Any] | None, default: str) -> LoadPath:
     """The sim config's ``load`` section as a :class:`LoadPath`: ``{engine: NAME, KEY: VALUE...}``,
     the named path with the given keys (:data:`LOAD_KEYS`) changed; ``None`` or no ``engine``: the
     path named ``default``."""
-    return profile_section("load", section, LOAD_ENGINES, default, "{engine: per_page}")
+    return profile_section("load", section, LOAD_ENGINES, LOAD_KEYS, default, "{engine: per_page}")

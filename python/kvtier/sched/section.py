@@ -6,12 +6,16 @@ messages."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import fields, replace
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.errors import ConfigError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 P = TypeVar("P")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 def checked_section(name: str, section: object, known: Collection[str], example: str) -> Mapping[str, Any]:
@@ -39,24 +43,24 @@ def profile(kind: str, profiles: Mapping[str, P], name: object) -> P:
 def profile_section(
     kind: str,
     section: Mapping[str, Any] | None,
-    profiles: Mapping[str, P],
+    profiles: Mapping[str, D],
+    keys: Collection[str],
     default: str,
     example: str,
     adjust: Callable[[dict[str, Any]], None] | None = None,
-) -> P:
+) -> D:
     """The sim config's ``kind`` section as a profile: ``{engine: NAME, KEY: VALUE...}`` is the
-    profile named ``NAME`` in ``profiles`` with the given keys (its dataclass fields) changed; no
-    section or no ``engine``: the profile named ``default``. ``adjust`` may rewrite the changes
-    before they apply (a key that implies another)."""
+    profile named ``NAME`` in ``profiles`` with the given ``keys`` (fields of the profiles'
+    dataclass) changed; no section or no ``engine``: the profile named ``default``. ``adjust`` may
+    rewrite the changes before they apply (a key that implies another)."""
     if section is None:
         return profile(kind, profiles, default)
-    keys = tuple(f.name for f in fields(next(iter(profiles.values()))))  # type: ignore[arg-type]
     section = checked_section(kind, section, ("engine", *keys), example)
     base = profile(kind, profiles, section.get("engine", default))
     changes = {k: v for k, v in section.items() if k != "engine"}
     if adjust is not None:
         adjust(changes)
     try:
-        return replace(base, **changes)  # type: ignore[type-var]
+        return replace(base, **changes)
     except TypeError as e:  # a value its profile's checks cannot compare (a string for a rate)
         raise ConfigError(f"bad {kind} section {dict(section)!r}: {e}") from None
