@@ -27,6 +27,7 @@ from kvtier.engine.errors import EngineError
 from kvtier.engine.scheduler import STALLED_STEPS_MAX
 from kvtier.sched import Policy, SchedulerDecision, SchedulerView, make_policy, policy_names
 from kvtier.sched.batching import admit_fcfs, schedule_running
+from kvtier.sched.data_plane import default_offload
 from kvtier.store import Store
 
 QUESTIONS = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")
@@ -194,6 +195,32 @@ def test_eager_rotation_leaves_only_the_tail_to_copy_at_preemption(engine_parts,
 def test_engine_flags_must_be_bools() -> None:
     with pytest.raises(EngineInputError, match="eager_rotation"):
         EngineConfig(eager_rotation=1)  # type: ignore[arg-type]
+    with pytest.raises(EngineInputError, match=r"engine `offload` is 'lazy'; expected one of \['none'"):
+        EngineConfig(offload="lazy")
+
+
+@pytest.mark.parametrize(
+    ("policy", "offload", "mode"),
+    [
+        ("fcfs", None, "none"),  # vLLM's GPU prefix cache
+        ("fcfs", "write_through", "write_through"),
+        ("lmcache", None, "write_through"),  # its paper's engine's (kvtier.sched.data_plane)
+        ("lmcache", "none", "none"),
+    ],
+)
+def test_offload_is_engine_config_else_the_policys_papers(
+    engine_parts, prompts, policy: str, offload: str | None, mode: str
+) -> None:
+    """What the engine keeps below the device is ``EngineConfig.offload``, else the policy's paper's
+    engine's: write-through saves the prompt's blocks once prefilled, before the request finishes."""
+    model, tokenizer = engine_parts
+    store = Store(llm_store_config(8, dram={"capacity_bytes": 64 << 20}))
+    config = EngineConfig(num_blocks=64, block_tokens=8, offload=offload)
+    llm = LLM(model=model, tokenizer=tokenizer, config=config, store=store, policy=policy)
+    llm.engine.add_request(prompts[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    llm.engine.step()  # the whole prompt prefills; its first token is sampled
+    assert llm.engine.offload == mode and llm.engine.has_unfinished()
+    assert llm.engine.stats.saved_blocks == (len(prompts[0]) // 8 if mode == "write_through" else 0)
 
 
 class _Scripted(Policy):
@@ -421,8 +448,11 @@ def test_bad_requests_are_refused_when_added(engine_parts, prompts) -> None:
         engine.add_request([49152], params)
     with pytest.raises(EngineInputError, match=r"KV pool has 4 blocks of 16 tokens .* needs 5"):
         engine.add_request([1] * 60, params)
-    with pytest.raises(EngineInputError, match="writes KV through"):
-        Engine(model, make_policy("lmcache"), EngineConfig())
+    with pytest.raises(EngineInputError, match="offload 'write_through' writes KV to a lower tier"):
+        Engine(model, make_policy("lmcache"), EngineConfig())  # its paper's engine writes through
+    with pytest.raises(EngineInputError, match=r"offload 'write_back' .* no store"):
+        Engine(model, make_policy("fcfs"), EngineConfig(offload="write_back"))
+    assert Engine(model, make_policy("lmcache"), EngineConfig(offload="none")).offload == "none"
     assert not engine.has_unfinished()
 
 
@@ -452,7 +482,7 @@ def test_every_registered_policy_drives_the_engine(
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outputs] == reference
     llm.engine.check_integrity()
-    if make_policy(policy).offload != "none":
+    if default_offload({"name": policy}) != "none":
         assert llm.engine.stats.loaded_blocks > 0, (
             "a policy with a lower tier never loaded from the warm store"
         )

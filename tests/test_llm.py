@@ -231,6 +231,13 @@ def test_cli_generate(cli_uses_loaded_model, capsys) -> None:
     assert '"finish_reason": "stop"' in out and "Paris" in out
     assert cli.main(["generate", "hi", "--top-p", "2"]) == 2
     assert "top_p is 2.0" in capsys.readouterr().err
+    # The offload mode is the engine's (EngineConfig.offload), not the policy's: lmcache's paper
+    # wrote through, but with no store the engine may keep nothing below the device.
+    assert cli.main(["generate", "hi", "--max-tokens", "2", "--policy", "lmcache", "--offload", "none"]) == 0
+    assert cli.main(["generate", "hi", "--policy", "lmcache"]) == 2
+    assert "offload 'write_through' writes KV to a lower tier" in capsys.readouterr().err
+    assert cli.main(["generate", "hi", "--offload", "lazy"]) == 2
+    assert "engine `offload` is 'lazy'" in capsys.readouterr().err
 
 
 def test_cli_chat_answers_each_line_with_the_conversation(cli_uses_loaded_model, capsys) -> None:

@@ -1,7 +1,8 @@
 """What an engine keeps below the device is data-plane config (the sim config's ``offload: {mode}``),
 not a policy's: ShadowServe's old ``store_writes`` works for one release with a warning naming the
-key, the key reaches the engine (else the policy's paper's engine's), bad values are refused naming
-the key, and the old spelling replays exactly as the new one."""
+key, the key reaches the engine (else the policy's paper's engine's, one table in
+:mod:`kvtier.sched.data_plane`), bad values are refused naming the key, the old spelling replays
+exactly as the new one, and a policy that still sets ``offload`` fails naming the key."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 
 from kvtier.errors import ConfigError
+from kvtier.sched import Policy, SchedulerDecision, SchedulerView, make_policy, policy_names
+from kvtier.sched.data_plane import default_offload
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.engine import Engine
 from kvtier.sim.run import build
@@ -69,3 +72,45 @@ def test_old_store_writes_replays_as_the_offload_mode_and_the_mode_matters() -> 
     assert records(bench({"name": "hicache"}, offload={"mode": "none"})) != records(
         bench({"name": "hicache"})
     )
+
+
+def test_the_papers_offload_modes_are_one_data_plane_table() -> None:
+    """The modes the policies' papers' engines kept (the ``Policy.offload`` class defaults of
+    earlier releases): write-through for LMCache, HiCache, Strata (and their ablations) and
+    composed; nothing below the device for the rest."""
+    writes = {name for name in policy_names() if default_offload({"name": name}) == "write_through"}
+    assert writes == {
+        "composed",
+        "hicache",
+        "lmcache",
+        "lmcache_lp",
+        "lmcache_lp_async",
+        "strata",
+        "strata_io",
+        "strata_sched",
+    }
+    assert {default_offload({"name": name}) for name in policy_names()} == {"none", "write_through"}
+    for name in policy_names():  # every simulated engine defaults to the table
+        engines = build(bench({"name": name})).cluster.engines
+        if isinstance(engines, dict):  # DualPath's node groups: KV persists through storage
+            continue
+        assert {e.offload for e in engines} == {default_offload({"name": name})}, name
+
+
+def test_a_policy_setting_offload_fails_naming_the_config_key() -> None:
+    with pytest.raises(ConfigError, match=r"class Old sets `offload`.*`offload: \{mode: \.\.\.\}`"):
+
+        class Old(Policy):
+            name = "test_old_offload"
+            offload = "write_through"
+
+            def schedule(self, view: SchedulerView) -> SchedulerDecision:
+                return SchedulerDecision()
+
+    policy = make_policy("hicache")
+    with pytest.raises(ConfigError, match=r"EngineConfig\.offload"):
+        policy.offload = "none"  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="policy 'hicache': reading `offload`, which is no longer"):
+        _ = policy.offload  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="policy 'fcfs' sets `offload`"):
+        make_policy("fcfs", offload="write_through")

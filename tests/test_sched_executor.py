@@ -180,7 +180,6 @@ class _PrefetchFirst(Policy):
     then FCFS with a synchronous load of whatever is cached below the device."""
 
     name = "test-prefetch-first"
-    offload = "write_through"
 
     def __init__(self, load: str = "device") -> None:
         self.steps = 0
@@ -234,7 +233,8 @@ def test_the_reference_engine_carries_out_a_host_prefetch(parts, prompt, tmp_pat
     cap = (len(prompt) - 1) // 16
     keys = store.namespace.block_keys(prompt)[:cap]
     assert set(store.lookup(keys).tiers) == {"ssd"}
-    llm = LLM(model=model, tokenizer=tokenizer, store=store, policy=_PrefetchFirst())
+    config = EngineConfig(offload="write_through")
+    llm = LLM(model=model, tokenizer=tokenizer, config=config, store=store, policy=_PrefetchFirst())
     rid = llm.engine.add_request(prompt, PARAMS, tokenizer.stop_token_ids)
     assert llm.engine.step() == 0  # the prefetch step computes nothing
     assert store.lookup(keys).tiers == ("dram",) * cap, "the prefetch was not carried out"
@@ -249,7 +249,8 @@ def test_the_reference_engine_refuses_what_it_cannot_do(parts, prompt) -> None:
     store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
     LLM(model=model, tokenizer=tokenizer, store=store).generate([prompt], PARAMS)
     # A load for a running request: the engine loads from the store only at admission.
-    llm = LLM(model=model, tokenizer=tokenizer, store=store, policy=_PrefetchFirst("running"))
+    config = EngineConfig(offload="write_through")
+    llm = LLM(model=model, tokenizer=tokenizer, config=config, store=store, policy=_PrefetchFirst("running"))
     with pytest.raises(EngineError, match=r"loads a prefix for request \d+ \(running\)"):
         llm.generate([prompt, prompt], PARAMS)
     # A prefetch with no store below the device.

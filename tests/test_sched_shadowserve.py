@@ -22,6 +22,7 @@ from kvtier.sched.fetch_path import (
     DECODE_INPUT_BYTES_PER_S,
     GBPS,
     INTERFERENCE,
+    PLAIN_FETCH,
     ChunkedPipeline,
     FetchPath,
     fetch_engine,
@@ -114,7 +115,7 @@ def test_fig6_interception_strips_stored_prefills_and_restores_fetched_ones() ->
     for lo in decision.loads:
         assert lo.mode is LoadMode.ASYNC and lo.target is Tier.DEVICE
         assert lo.tokens == (PROMPT - 1) // BT * BT  # the whole stored prompt but its last token
-        assert lo.compressed and lo.interference == 0.0  # through the engine's fetch path
+        assert lo.compressed  # through the engine's fetch path (its slowdown is the engine's)
     assert decision.loads[0].priority < decision.loads[1].priority  # FIFO: A before B
 
 
@@ -194,23 +195,21 @@ def test_cachegen_decodes_on_the_gpu_with_duty_cycled_interference() -> None:
     assert gpu.compression_ratio == pytest.approx(COMPRESSION_RATIO)
     assert pytest.approx(32 / 6 * 502.2 / 600.5) == COMPRESSION_RATIO
     assert gpu.decoder_bytes_per_s() == pytest.approx(DECODE_INPUT_BYTES_PER_S * COMPRESSION_RATIO)
-    at_20 = CacheGenAsync().schedule(view(waiting=(remote_hit(1),), store_gbps=20.0, fetch="cachegen_gpu"))
-    # At 20 Gbps the 32 Gbps decoder is busy 20/32 of the fetch; at 40 Gbps it is the bottleneck.
-    assert at_20.loads[0].compressed
-    assert at_20.loads[0].interference == pytest.approx(INTERFERENCE * 20 / 32)
-    at_40 = CacheGenAsync().schedule(view(waiting=(remote_hit(1),), store_gbps=40.0, fetch="cachegen_gpu"))
-    assert at_40.loads[0].interference == pytest.approx(INTERFERENCE)
-    flat = dataclasses.replace(
-        view(waiting=(remote_hit(1),), store_gbps=10.0),
-        fetch=FetchPath(
-            compression_ratio=COMPRESSION_RATIO,
-            decode_input_bytes_per_s=DECODE_INPUT_BYTES_PER_S,
-            decode_on_device=True,
-            interference=INTERFERENCE,
-            duty_cycle=False,
-        ),
-    )
-    assert CacheGenAsync().schedule(flat).loads[0].interference == pytest.approx(INTERFERENCE)
+    # The engine works the slowdown out from its fetch path when it starts the fetch (the order
+    # carries none): at 20 Gbps the 32 Gbps decoder is busy 20/32 of the fetch; at 40 Gbps it is
+    # the bottleneck; a path without the duty cycle slows by its whole ``interference``.
+    order = CacheGenAsync().schedule(view(waiting=(remote_hit(1),), fetch="cachegen_gpu")).loads[0]
+    assert order.compressed and order.mode is LoadMode.ASYNC
+    blocks = [(k, Tier.REMOTE) for k in range(order.tokens // BT)]
+    at_20 = _engine("cachegen_async", 10_000, None, remote_gbps=20.0, fetch=gpu)[1].load_paths
+    assert at_20.slowdown(order, blocks) == pytest.approx(INTERFERENCE * 20 / 32, rel=1e-3)
+    at_40 = _engine("cachegen_async", 10_000, None, remote_gbps=40.0, fetch=gpu)[1].load_paths
+    assert at_40.slowdown(order, blocks) == pytest.approx(INTERFERENCE)
+    flat = dataclasses.replace(gpu, duty_cycle=False)
+    at_10 = _engine("cachegen_async", 10_000, None, remote_gbps=10.0, fetch=flat)[1].load_paths
+    assert at_10.slowdown(order, blocks) == pytest.approx(INTERFERENCE)
+    # An uncompressed load does not decode: only the (plain) load path's copies, which slow nothing.
+    assert at_20.slowdown(dataclasses.replace(order, compressed=False), blocks) == 0.0
     # The control planes are one: on the same data plane the two policies decide the same.
     same = view(waiting=(remote_hit(1), remote_hit(2)), fetch="cachegen_gpu")
     assert ShadowServeAsync().schedule(same) == CacheGenAsync().schedule(same)
@@ -250,19 +249,24 @@ def test_deprecated_fetch_parameters_move_to_the_fetch_section() -> None:
 
 
 def _engine(
-    policy: str, remote_blocks: int, preload: Tier | None
+    policy: str,
+    remote_blocks: int,
+    preload: Tier | None,
+    remote_gbps: float = 20.0,
+    fetch: FetchPath = PLAIN_FETCH,
 ) -> tuple[EventLoop, Engine, Metrics, Cluster]:
     loop, metrics = EventLoop(), Metrics()
     hw = load_hardware("l40s")
     cost = RooflineCostModel(hw, load_model("llama-3.1-8b"))
     host = Link(loop, "host", 25e9, 25e9, True, 5e-6)
-    remote = Link(loop, "remote", 2.5e9, 2.5e9)
+    remote = Link(loop, "remote", remote_gbps * GBPS, remote_gbps * GBPS)
     config = EngineConfig(
         block_tokens=BT,
         device_blocks=2_000,
         remote_blocks=remote_blocks,
         max_batch_tokens=16_384,
         preload_tier=preload,
+        fetch=fetch,
     )
     engine = Engine(loop, "e0", config, cost, make_policy(policy), metrics, host, remote_link=remote)
     return loop, engine, metrics, Cluster(loop, metrics, [engine])

@@ -323,7 +323,6 @@ class _SwapOnce(Policy):
     """FCFS, but swaps the newest decoding request out once, and back in when it can."""
 
     name = "test-swap-once"
-    offload = "none"
 
     def __init__(self) -> None:
         self.swapped_out = False
@@ -344,7 +343,6 @@ class _SwapOnce(Policy):
 
 class _WriteBack(Policy):
     name = "test-write-back"
-    offload = "write_back"
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()
@@ -374,7 +372,7 @@ def test_swap_out_and_in_keeps_the_request_and_moves_its_kv() -> None:
 
 def test_write_back_offloads_evicted_blocks_and_they_hit_later() -> None:
     _register(_WriteBack)
-    loop, engine, metrics, cluster = make_engine(device_blocks=120, host_blocks=1000)
+    loop, engine, metrics, cluster = make_engine(device_blocks=120, host_blocks=1000, offload="write_back")
     engine.policy = make_policy("test-write-back")
     a = tuple(range(100))
     run_requests(cluster, loop, [req(0, 0.0, a), req(1, 50.0, tuple(range(1000, 1110))), req(2, 100.0, a)])

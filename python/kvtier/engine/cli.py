@@ -56,6 +56,12 @@ def _engine_args(parser: argparse.ArgumentParser, positive: Callable[[str], int]
     parser.add_argument(
         "--policy", default=None, help="scheduling policy (default: fcfs, or lmcache with a store)"
     )
+    parser.add_argument(
+        "--offload",
+        default=None,
+        help="what the engine writes to the store: none, write_through (each prompt once prefilled), "
+        "write_back (default: the policy's paper's, kvtier.sched.data_plane)",
+    )
     parser.add_argument("--num-blocks", type=positive, default=512, help="KV pool blocks (default 512)")
     parser.add_argument("--block-tokens", type=positive, default=16)
     parser.add_argument(
@@ -107,7 +113,7 @@ def _llm(args: argparse.Namespace) -> LLM:
         store = llm_store_config(args.block_tokens, **fields)
     elif args.ssd_dir is not None or args.remote_url:
         raise EngineInputError("--ssd-dir and --remote-url need --dram-capacity (those tiers sit below DRAM)")
-    config = EngineConfig(num_blocks=args.num_blocks, block_tokens=args.block_tokens)
+    config = EngineConfig(num_blocks=args.num_blocks, block_tokens=args.block_tokens, offload=args.offload)
     return LLM(config=config, policy=args.policy, store=store)
 
 

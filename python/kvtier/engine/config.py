@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.engine.errors import EngineInputError
+from kvtier.sched.data_plane import OFFLOAD_MODES
 from kvtier.sched.swap_copy import SWAP_ENGINES
 
 
@@ -44,8 +45,16 @@ class EngineConfig:
     # kvtier.sched.swap_copy.SWAP_ENGINES; the engine's own swaps are synchronous, docs/engine.md).
     # None: the one the policy was evaluated on (kvtier.sched.data_plane).
     swap_engine: str | None = None
+    # What the engine keeps below the device (a name in kvtier.sched.data_plane.OFFLOAD_MODES; as the
+    # simulator's `offload.mode`): `write_through` also saves each prompt's blocks once prefilled;
+    # any mode but `none` needs a store. None: its policy's paper's (kvtier.sched.data_plane).
+    offload: str | None = None
 
     def __post_init__(self) -> None:
+        if self.offload is not None and self.offload not in OFFLOAD_MODES:
+            raise EngineInputError(
+                f"engine `offload` is {self.offload!r}; expected one of {list(OFFLOAD_MODES)}"
+            )
         if self.swap_engine is not None and self.swap_engine not in SWAP_ENGINES:
             raise EngineInputError(
                 f"engine `swap_engine` is {self.swap_engine!r}; expected one of {sorted(SWAP_ENGINES)}"

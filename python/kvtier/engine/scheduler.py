@@ -17,7 +17,8 @@ fit. Loads and swaps finish before the step's forward pass (layerwise loads: eac
 this engine cannot carry out (a load for a request already running, a host prefetch with no store)
 raises :class:`EngineError`.
 
-Finished requests' full blocks, and with a ``write_through`` policy each prompt's blocks once
+Finished requests' full blocks, and with ``write_through`` offload (``EngineConfig.offload``, else
+the policy's paper's: :func:`kvtier.sched.data_plane.default_offload`) each prompt's blocks once
 prefilled, are saved to the store; evicted device blocks are therefore already below.
 """
 
@@ -44,6 +45,7 @@ from kvtier.engine.swap import HostSwap
 from kvtier.engine.view import build_view
 from kvtier.keys import Namespace
 from kvtier.sched.base import LoadOrder, Phase, Policy, SchedulerView
+from kvtier.sched.data_plane import default_offload, policy_spec
 from kvtier.sched.executor import execute
 from kvtier.transfer import DuplexEngine
 
@@ -97,9 +99,11 @@ class Engine:
                 f"namespace geometry {self.namespace.geometry} is not the pool's {geometry}"
             )
         self.transfer = transfer
-        if policy.offload != "none" and transfer is None:
+        # What the engine keeps below the device: its config's, else its policy's paper's.
+        self.offload = config.offload or default_offload(policy_spec(policy))
+        if self.offload != "none" and transfer is None:
             raise EngineInputError(
-                f"policy {policy.name!r} writes KV through to a lower tier, but the engine has no store"
+                f"offload {self.offload!r} writes KV to a lower tier, but the engine has no store"
             )
         self.blocks = BlockManager(config.num_blocks)
         self.requests: dict[int, EngineRequest] = {}
@@ -309,7 +313,7 @@ class Engine:
             # Write-through of a just-prefilled prompt, after its first token (off the TTFT path, as
             # an asynchronous copy would be); a finished request was saved already.
             done = prefilling and r.num_computed >= r.prefill_len and r.finish_reason is None
-            if done and self.policy.offload == "write_through":
+            if done and self.offload == "write_through":
                 self._save(r)
 
     def _append_token(self, r: EngineRequest, token: int) -> None:

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvtier.errors import ConfigError
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
@@ -120,11 +120,9 @@ class LoadOrder:
     mode: LoadMode
     priority: int = 1  # link priority class (0 is most urgent)
     target: Tier = Tier.DEVICE  # HOST: prefetch SSD/remote blocks into host memory only (Strata §4.3.3)
-    # Fractional slowdown of model compute while this compressed fetch runs beyond the load path's:
-    # GPU-side decompression (CacheGen-Async, ShadowServe §2.2), from the engine's fetch path.
-    interference: float = 0.0
     # Fetch compressed (ShadowServe, CacheGen-Async): through the engine's fetch path (its ratio,
-    # decoder stage and where decoding runs: data-plane config, SchedulerView.fetch).
+    # decoder stage, where decoding runs and how much that slows model compute: data-plane config,
+    # SchedulerView.fetch), which the engine applies when it starts the fetch.
     compressed: bool = False
 
 
@@ -141,12 +139,12 @@ class SchedulerDecision:
 class Policy(ABC):
     """A scheduling policy. Subclasses set ``name`` and implement :meth:`schedule`.
 
-    ``offload`` tells the engine what to keep below the device: ``"none"`` (a GPU-only prefix
-    cache) or ``"write_through"`` (computed prompt blocks are copied to host after prefill).
+    What the engine keeps below the device is not the policy's: it is data-plane configuration (the
+    sim config's ``offload: {mode: ...}``, the reference engine's ``EngineConfig.offload``; where
+    they name none, the policy's paper's, :func:`kvtier.sched.data_plane.default_offload`).
     """
 
     name: ClassVar[str]
-    offload: str = "none"  # a class default; a configurable policy may set its own per instance
     # The inter-engine scheduler this policy needs (kvtier.sched.placement), by name; None: any router.
     global_scheduler: ClassVar[str | None] = None
 
@@ -167,11 +165,32 @@ class Policy(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "offload" in cls.__dict__:
+            raise ConfigError(_offload_moved(f"policy class {cls.__name__} sets"))
         if "schedule" in cls.__dict__ and "steady_decode" not in cls.__dict__:
             cls.steady_decode = Policy.steady_decode  # type: ignore[method-assign]
 
     def params(self) -> dict[str, Any]:
         return {}
+
+    if not TYPE_CHECKING:  # `offload` is gone (issue 18 step 4): using it fails, naming its new key
+
+        @property
+        def offload(self) -> str:
+            raise AttributeError(_offload_moved(f"policy {self.name!r}: reading"))
+
+        @offload.setter
+        def offload(self, value: str) -> None:
+            raise ConfigError(_offload_moved(f"policy {self.name!r} sets"))
+
+
+def _offload_moved(who: str) -> str:
+    """Why ``Policy.offload`` of earlier releases fails now (issue 18 step 4), naming its new home."""
+    return (
+        f"{who} `offload`, which is no longer the policy's: what the engine keeps below the device is "
+        "the sim config's `offload: {mode: ...}` (the reference engine's EngineConfig.offload); "
+        "per-policy defaults are kvtier.sched.data_plane.EVALUATED_ON"
+    )
 
 
 _REGISTRY: dict[str, type[Policy]] = {}
@@ -229,6 +248,8 @@ def make_policy(name: str, **params: Any) -> Policy:
     """A new policy instance; unknown names raise :class:`ConfigError` listing the known ones."""
     name = renamed(name)[0]
     factory = policy_class(name)
+    if "offload" in params:
+        raise ConfigError(_offload_moved(f"policy {name!r} sets"))
     try:
         return factory(**params)
     except TypeError as e:

@@ -113,7 +113,6 @@ class Composed(Policy):
     """Strata + RotaSched/DuplexKV + ShadowServe async fetch + unified pool admission, as stages."""
 
     name = "composed"
-    offload = "write_through"
 
     def __init__(
         self,
@@ -227,7 +226,7 @@ class Composed(Policy):
             )
             if stored > self.fetch_min_tokens and slots > 0 and need <= free:
                 fetched = min(r.loadable_tokens, r.prompt_tokens - 1 - r.cached_tokens[Tier.DEVICE])
-                decision.loads.append(self.shadow.intercept(view, r, fetched))
+                decision.loads.append(self.shadow.intercept(r, fetched))
                 free, slots, taken = free - need, slots - 1, taken + need
                 self.intercepted_total += 1
                 continue

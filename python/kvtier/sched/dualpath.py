@@ -327,7 +327,6 @@ class DualPath(Policy):
 
     name = "dualpath"
     global_scheduler = "dualpath"  # its inter-engine half: DualPathScheduler (§6.1)
-    offload = "none"  # KV persists through storage (the simulator's DE writes), not host tiers
 
     def __init__(
         self,

@@ -10,7 +10,6 @@ from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
 @register
 class Fcfs(Policy):
     name = "fcfs"
-    offload = "none"
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()

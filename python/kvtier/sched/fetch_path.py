@@ -7,7 +7,8 @@ LoadOrder` with ``compressed=True``: ShadowServe's and CacheGen-Async's fetches,
 config chooses one (``fetch: {engine: bluefield3}``, :func:`fetch_path`, with per-key overrides);
 where it names none, the path the policy's paper ran on (:mod:`kvtier.sched.data_plane`). A policy
 decides *which* loads go compressed and reads the engine's path from its view
-(``SchedulerView.fetch``) to weigh them; the engine moves the bytes.
+(``SchedulerView.fetch``) to weigh them; the engine moves the bytes and, while a fetch runs, slows
+its model compute by :meth:`FetchPath.fetch_interference` (worked out when it starts the fetch).
 
 **ShadowServe's SmartNIC (§4.2-§4.3, §6.3).** A fetch crosses network -> lossless decompression
 (Deflate, on the BlueField-3 accelerator) -> dequantization (Arm cores) -> DMA into GPU memory, chunk

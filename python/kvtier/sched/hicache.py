@@ -14,7 +14,6 @@ from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
 @register
 class HiCache(Policy):
     name = "hicache"
-    offload = "write_through"
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()

@@ -13,7 +13,6 @@ from kvtier.sched.batching import admit_fcfs, schedule_running, steady_fcfs
 @register
 class LmCache(Policy):
     name = "lmcache"
-    offload = "write_through"
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         decision = SchedulerDecision()

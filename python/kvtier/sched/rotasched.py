@@ -267,7 +267,6 @@ class RotaSched(Policy):
     """RotaSched + DuplexKV. SLOs and the §4.2.2 coefficients are parameters (§5.1's defaults)."""
 
     name = "rotasched"
-    offload = "none"  # the host tier holds rotary requests' KV only
 
     def __init__(
         self,

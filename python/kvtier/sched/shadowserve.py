@@ -28,8 +28,9 @@ the queue has every stage to itself and the rest wait: serial FIFO fetching.
 the engine moves it through its fetch path, data-plane config (the sim config's ``fetch`` section,
 :class:`~kvtier.sched.fetch_path.FetchPath`): ShadowServe's BlueField-3 chunked pipeline
 (``engine: bluefield3``, the default for this policy) or CacheGen-Async's GPU decoder
-(``engine: cachegen_gpu``, :mod:`kvtier.sched.cachegen_async`). The policy reads the path from its
-view only to tell the engine how much the fetch slows the model (``interference``).
+(``engine: cachegen_gpu``, :mod:`kvtier.sched.cachegen_async`). How much a fetch slows the model
+while it runs (the path's ``interference``, duty-cycled by its decoder) is the engine's to work out
+from its fetch path when it starts the fetch; the order names only the tokens, mode and priority.
 
 **Bounded buffers and rounds (§4.3).** ShadowServe stages a request through fixed 0.5 GiB buffers
 in rounds of chunks and scatters each round into paged KV with one small GPU kernel. The buffers sit
@@ -67,8 +68,6 @@ class BatchInterception(Policy):
     CacheGen-Async baseline (which the paper equips with this same design, §6.1). How a fetch
     moves its bytes is the engine's fetch path (data-plane config), not the policy's."""
 
-    offload: str = "none"  # §6.1: local prefix caching disabled; KV comes from the store
-
     def __init__(self, fetch_mode: str = "async", serial_fetch: bool = True) -> None:
         if fetch_mode not in FETCH_MODES:
             raise ConfigError(f"fetch_mode is {fetch_mode!r}; expected one of {list(FETCH_MODES)}")
@@ -89,12 +88,12 @@ class BatchInterception(Policy):
         fetching = {r.req_id for r in view.fetching}
         self._fetch_class = {rid: c for rid, c in self._fetch_class.items() if rid in fetching}
 
-    def intercept(self, view: SchedulerView, r: RequestView, tokens: int) -> LoadOrder:
+    def intercept(self, r: RequestView, tokens: int) -> LoadOrder:
         """① in Fig. 6: ``r`` goes to the fetching queue, behind the fetches already queued."""
         priority = self._next_class()
         if self.serial_fetch:
             self._fetch_class[r.req_id] = priority
-        return self.fetch_order(view, r, tokens, LoadMode.ASYNC, priority)
+        return self.fetch_order(r, tokens, LoadMode.ASYNC, priority)
 
     def _admit_and_intercept(self, view: SchedulerView, decision: SchedulerDecision, budget: int) -> None:
         self.forget_landed(view)
@@ -127,54 +126,29 @@ class BatchInterception(Policy):
             budget -= new_tokens  # the scheduler counted it before the manager stripped it
             scheduled += 1
             if self.fetch_mode == "sync":  # No AF (§6.4): the step waits for the fetch
-                decision.loads.append(self.fetch_order(view, r, fetched, LoadMode.SYNC, 1))
+                decision.loads.append(self.fetch_order(r, fetched, LoadMode.SYNC, 1))
                 decision.prefill.append((r.req_id, r.prompt_tokens - reused))
                 running += 1
                 continue
-            decision.loads.append(self.intercept(view, r, fetched))
+            decision.loads.append(self.intercept(r, fetched))
 
     def _next_class(self) -> int:
         """The link priority class of the next fetch: one after every queued fetch (FIFO), so it
         waits for them on every stage; 1 (the class of ordinary loads) when none is queued.
 
-        Classes above 2 rank below write-backs (``EngineConfig.offload_priority``); this policy
-        writes nothing back (``offload = "none"``)."""
+        Classes above 2 rank below write-backs (``EngineConfig.offload_priority``); its paper's
+        engine writes nothing back (offload ``none``, :mod:`kvtier.sched.data_plane`)."""
         if not self.serial_fetch:
             return 1
         return max(self._fetch_class.values(), default=0) + 1
 
-    def fetch_interference(self, view: SchedulerView, r: RequestView, tokens: int) -> float:
-        """How much a fetch of ``tokens`` slows the model's compute while it runs, by the engine's
-        fetch path (the decoder's duty cycle over the fetch, where the path scales by it)."""
-        return view.fetch.fetch_interference(
-            view.kv_bytes_per_token,
-            tokens,
-            lambda: view.cost.load_s(tokens, store_tier(r), LoadMode.ASYNC),
-        )
-
-    def fetch_order(
-        self, view: SchedulerView, r: RequestView, tokens: int, mode: LoadMode, priority: int
-    ) -> LoadOrder:
-        return LoadOrder(
-            r.req_id,
-            tokens,
-            mode,
-            priority=priority,
-            target=Tier.DEVICE,
-            interference=self.fetch_interference(view, r, tokens),
-            compressed=True,
-        )
+    def fetch_order(self, r: RequestView, tokens: int, mode: LoadMode, priority: int) -> LoadOrder:
+        """A compressed fetch of ``tokens``: how it moves, and how much it slows the model while it
+        runs, is the engine's fetch path (data-plane config), not the order's."""
+        return LoadOrder(r.req_id, tokens, mode, priority=priority, target=Tier.DEVICE, compressed=True)
 
     def params(self) -> dict[str, Any]:
         return {"fetch_mode": self.fetch_mode, "serial_fetch": self.serial_fetch}
-
-
-def store_tier(r: RequestView) -> Tier:
-    """The slowest tier holding part of ``r``'s cached prefix (what a fetch waits on)."""
-    for tier in (Tier.REMOTE, Tier.SSD, Tier.HOST):
-        if r.cached_tokens[tier] > 0:
-            return tier
-    return Tier.HOST
 
 
 @register
@@ -182,6 +156,6 @@ class ShadowServeAsync(BatchInterception):
     name = "shadowserve_async"
 
     # §6.1 runs against a store that other servers filled (a preloaded tier here): this engine keeps
-    # nothing below the device (the class default). In a run with no preload, the sim config's
+    # nothing below the device (its paper's offload mode, :mod:`kvtier.sched.data_plane`). In a run with no preload, the sim config's
     # ``offload: {mode: write_through}`` lets it fill the store itself, as the cluster's other
     # engines would (data-plane config, not the policy's).

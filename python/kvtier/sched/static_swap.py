@@ -29,8 +29,6 @@ from kvtier.sched.rotasched import (
 
 
 class _StaticSwap(Policy):
-    offload = "none"
-
     def _released(self, view: SchedulerView, r: RequestView) -> int:
         # Static policies keep no history: under eager rotation, count the blocks full now less the
         # one that may have filled during the last step (its copy may still be in flight).

@@ -272,7 +272,6 @@ class Strata(Policy):
     """Strata (§4.3 scheduling + §4.2 I/O); ``io="page"`` and the ablation subclasses vary it."""
 
     name = "strata"
-    offload = "write_through"  # §4.1: the cache controller backs new KV up to host asynchronously
 
     def __init__(
         self,

@@ -120,10 +120,10 @@ def admit_async(view: SchedulerView, decision: SchedulerDecision, budget: int) -
 
 
 class _LmCacheBase(Policy):
-    """LMCache (§II-A, Fig. 1): computed prompt KV written through to host and SSD. Its chunk (one
-    object, one file on SSD, per 256 tokens) is the sim config's ``block_tokens``, not the policy's."""
-
-    offload = "write_through"
+    """LMCache (§II-A, Fig. 1): computed prompt KV written through to host and SSD (the engine's
+    ``offload`` mode, data-plane config: :data:`kvtier.sched.data_plane.EVALUATED_ON`). Its chunk
+    (one object, one file on SSD, per 256 tokens) is the sim config's ``block_tokens``, not the
+    policy's."""
 
 
 @register

@@ -104,7 +104,7 @@ class SimConfig:
     # oracle, layerwise, bypass}. None or no engine: the policy's paper's.
     io: Mapping[str, Any] | None = None
     # What the engines keep below the device: {mode: none|write_through|write_back}. None or no
-    # mode: the policy's paper's engine's (Policy.offload).
+    # mode: the policy's paper's engine's (kvtier.sched.data_plane.default_offload).
     offload: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, RequestView, SchedulerView
+from kvtier.sched.data_plane import default_offload, policy_spec
 from kvtier.sched.executor import execute
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.load_path import PLAIN_LOAD, LoadPath
@@ -65,7 +66,7 @@ class EngineConfig:
     fetch: FetchPath = PLAIN_FETCH  # how compressed loads reach the device (the sim config's `fetch` section)
     load: LoadPath = PLAIN_LOAD  # the copies loads cross the host link in (the sim config's `load` section)
     # What the engine keeps below the device (the sim config's `offload` section): none |
-    # write_through | write_back. None: its policy's paper's engine's (`Policy.offload`).
+    # write_through | write_back. None: its policy's paper's engine's (data_plane.default_offload).
     offload: str | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +105,8 @@ class Engine:
         self.block_tokens = config.block_tokens  # read once per decode per step
         self.cost = cost
         self.policy = policy
+        # What this engine keeps below the device: its config's, else its policy's paper's.
+        self.offload = config.offload or default_offload(policy_spec(policy))
         self.metrics = metrics
         self.host_link = host_link
         self.ssd_link = ssd_link
@@ -238,9 +241,9 @@ class Engine:
         arm(self, view, decision, step)
         self.stepping = True
         shape = BatchShape(tuple(step.prefill_chunks), tuple(step.decode_contexts))
+        paths = self.load_paths
         slowdown = max(
-            [*self.load_paths.interference, *(self.load_paths.slowdown(load.order) for load in step.loads)],
-            default=0.0,
+            [*paths.interference, *(paths.slowdown(ld.order, ld.blocks) for ld in step.loads)], default=0.0
         )
         step.compute_s = self.cost.step_time_s(shape) * (1.0 + slowdown)
         if self.swaps.holds_step(step):  # it computes once its swaps land
@@ -387,11 +390,6 @@ class Engine:
         self.private_blocks -= moved
         if self.offload == "write_through":
             self.lower_tiers.write_through(path, full - start)
-
-    @property
-    def offload(self) -> str:
-        """What this engine keeps below the device: its config's, else its policy's paper's."""
-        return self.config.offload or self.policy.offload
 
     def extend_lock(self, r: SimRequest, end: int) -> None:
         """``r`` now holds ``keys[:end]`` on device: lock the new blocks, clear their in-flight mark."""

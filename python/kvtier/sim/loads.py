@@ -93,7 +93,7 @@ class LoadPaths:
             self._loop.after(0.0, EventKind.TRANSFER_DONE, done)
             return
         pending = [len(legs)]
-        slowdown = self.slowdown(load)
+        slowdown = self.slowdown(load, blocks)
         if slowdown > 0:
             self.interference.append(slowdown)
 
@@ -115,12 +115,24 @@ class LoadPaths:
             self._decoders[bytes_per_s] = link
         return link
 
-    def slowdown(self, load: LoadOrder) -> float:
-        """How much ``load`` slows the model's compute while it runs: its load path's copies (to the
-        device only), or a compressed fetch's decoder (the order's), whichever is more."""
+    def slowdown(self, load: LoadOrder, blocks: list[tuple[int, Tier]]) -> float:
+        """How much ``load`` of ``blocks`` slows the model's compute while it runs: its load path's
+        copies (to the device only), or a compressed fetch's decoder, whichever is more."""
+        decoder = self._fetch_interference(load, blocks) if load.compressed else 0.0
         if load.target is not Tier.DEVICE:
-            return load.interference
-        return max(load.interference, self._load.slowdown(load.mode))
+            return decoder
+        return max(decoder, self._load.slowdown(load.mode))
+
+    def _fetch_interference(self, load: LoadOrder, blocks: list[tuple[int, Tier]]) -> float:
+        """The fetch path's slowdown of a compressed fetch of ``load.tokens``: its ``interference``,
+        scaled where the path says by the decoder's duty cycle over the fetch from the slowest
+        tier the blocks come from (on idle links, as the policies' estimates)."""
+        tier = max((t for _, t in blocks), default=Tier.HOST)
+        return self._fetch.fetch_interference(
+            self._kv_bytes_per_token,
+            load.tokens,
+            lambda: self.estimate_s(load.tokens, tier, LoadMode.ASYNC),
+        )
 
     def segment_bytes(self, load: LoadOrder) -> int:
         """Bytes per copy over the host link, on the engine's load path: a page (or the load's

@@ -17,7 +17,7 @@ from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
-from kvtier.sched.data_plane import default_engine, offload_mode
+from kvtier.sched.data_plane import default_engine, default_offload, offload_mode
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.load_path import load_path
@@ -199,7 +199,7 @@ def build(config: SimConfig) -> Simulation:
         swap_copy=swap_copy(config.swap, default_engine(config.policy, "swap")),
         fetch=fetch_path(config.fetch, default_engine(config.policy, "fetch")),
         load=load_path(config.load, default_engine(config.policy, "load")),
-        offload=offload_mode(config.offload),
+        offload=offload_mode(config.offload) or default_offload(config.policy),
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict
 
+from kvtier.sched.data_plane import default_offload, offload_mode
 from kvtier.sim.config import SimConfig
 from kvtier.sim.cost import make_cost_model
 from kvtier.sim.hardware import load_hardware
@@ -138,11 +139,23 @@ def _run(base: SimConfig, spec: PolicySpec, load: LoadPoint, pooled: bool) -> Re
     pool = {**(base.pool or {}), **(POOLED_PLANE if pooled else SERIAL_PLANE)}
     rotates = spec["name"] == "rotasched" or "rotation" in spec.get("stages", ())
     swap = ROTATION_SWAP if rotates else PLAIN_SWAP
-    offload = STORE_WRITES if spec["name"] == "shadowserve_async" else base.offload
     config = base.with_overrides(
-        policy=_policy(base, spec), workload={**base.workload, **load}, pool=pool, swap=swap, offload=offload
+        policy=_policy(base, spec),
+        workload={**base.workload, **load},
+        pool=pool,
+        swap=swap,
+        offload=_offload(base, spec),
     )
     return run(config)
+
+
+def _offload(base: SimConfig, spec: PolicySpec) -> dict[str, str]:
+    """The ``offload`` section a system runs with: ShadowServe alone writes computed KV to the store
+    (:data:`STORE_WRITES`); the others keep the experiment's mode, else their paper's engine's
+    (:func:`kvtier.sched.data_plane.default_offload`, the table the engines default to)."""
+    if spec["name"] == "shadowserve_async":
+        return STORE_WRITES
+    return {"mode": offload_mode(base.offload) or default_offload(spec)}
 
 
 def _metrics(r: Result) -> dict[str, float]:
