@@ -156,6 +156,6 @@ class ShadowServeAsync(BatchInterception):
     name = "shadowserve_async"
 
     # §6.1 runs against a store that other servers filled (a preloaded tier here): this engine keeps
-    # nothing below the device (its paper's offload mode, :mod:`kvtier.sched.data_plane`). In a run with no preload, the sim config's
-    # ``offload: {mode: write_through}`` lets it fill the store itself, as the cluster's other
-    # engines would (data-plane config, not the policy's).
+    # nothing below the device (its paper's offload mode, kvtier.sched.data_plane). In a run with
+    # no preload, the sim config's ``offload: {mode: write_through}`` lets it fill the store itself,
+    # as the cluster's other engines would (data-plane config, not the policy's).
