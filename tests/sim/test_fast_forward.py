@@ -118,6 +118,8 @@ def replay(
         ("strata", 300, 4),
         ("waiting_first", 300, 4),
         ("swapped_first", 300, 4),
+        ("shadowserve_async", 300, 4),
+        ("cachegen_async", 300, 4),
         ("rotasched", 150, 4),  # not opted in: never fast-forwarded, still equal
     ],
 )
@@ -133,6 +135,18 @@ def test_fast_forward_changes_no_record_or_metric(policy: str, requests: int, en
         assert asked_fast < asked_slow / 2, (asked_fast, asked_slow)
     else:
         assert asked_fast < asked_slow
+
+
+@pytest.mark.parametrize("policy", ["shadowserve_async", "cachegen_async"])
+def test_batch_interception_with_every_prompt_fetched_changes_nothing(policy: str) -> None:
+    """Every prompt's KV in the remote store (ShadowServe's §6.1 setting): requests are intercepted
+    and fetched while others decode; the steps between are still planned without the policy."""
+    cfg = config(200, policy, engines=4).with_overrides(preload_tier="remote", remote_capacity_bytes="inf")
+    fast, asked_fast = replay(cfg, True)
+    slow, asked_slow = replay(cfg, False)
+    assert len(fast["records"]) == 200
+    assert_same(fast, slow)
+    assert asked_fast < asked_slow / 2, (asked_fast, asked_slow)
 
 
 def test_a_closed_loop_client_is_not_run_ahead() -> None:
