@@ -230,7 +230,7 @@ def defer_delay_hits(view: SchedulerView, threshold_tokens: int) -> tuple[list[R
     of its uncached tokens were marked in-queue by a request ahead of it in the queue.
     """
     bt = view.block_tokens
-    # bt x (claimed keys) > threshold iff more than this many keys: counted only until that is known.
+    # bt x (claimed keys) > threshold iff there are more than this many claimed keys.
     claimed_over = threshold_tokens // bt
     claimed: set[int] = set()
     ready: list[RequestView] = []
@@ -238,10 +238,10 @@ def defer_delay_hits(view: SchedulerView, threshold_tokens: int) -> tuple[list[R
     for r in view.waiting:
         new_keys = r.block_keys[sum(r.cached_tokens) // bt :]
         delay_hit = r.in_flight_tokens > threshold_tokens
-        if (
-            not delay_hit and r.in_queue_tokens > threshold_tokens and new_keys
-        ):  # keys a request ahead claimed
-            if claimed_over == 0:  # one claimed key is enough (the default: 100 tokens, 512-token blocks)
+        # Or keys a request ahead claimed: one is enough where claimed_over is 0 (the default: 100
+        # tokens, 512-token blocks), and isdisjoint stops at the first.
+        if not delay_hit and r.in_queue_tokens > threshold_tokens and new_keys:
+            if claimed_over == 0:
                 delay_hit = not claimed.isdisjoint(new_keys)
             else:
                 delay_hit = sum(map(claimed.__contains__, new_keys)) > claimed_over
