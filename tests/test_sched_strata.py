@@ -201,6 +201,20 @@ def test_in_queue_marks_defer_the_later_request_of_a_shared_new_context() -> Non
     assert prefilled(make_policy("hicache").schedule(view((a, b), max_batch_tokens=16_384))) == [0, 1]
 
 
+def test_a_delay_hit_needs_more_claimed_tokens_than_the_threshold_below_and_above_a_block() -> None:
+    """The keys a request ahead claimed count in blocks: ``b`` shares 2 new blocks (64 tokens) with
+    ``a``, so thresholds below 64 defer it and 64 or more do not (one claimed key decides below
+    one block, a count above it); a request with in-flight tokens over the threshold is deferred
+    whatever it shares."""
+    a = miss(0, doc=1, tokens=2 * BT, in_queue_tokens=DOC)
+    b = miss(1, doc=1, tokens=2 * BT, in_queue_tokens=DOC)
+    c = miss(2, doc=2, tokens=2 * BT, in_queue_tokens=DOC, in_flight_tokens=DOC)
+    for threshold in (0, 1, BT - 1, BT, 2 * BT - 1):
+        assert defer_delay_hits(view((a, b, c)), threshold)[1] == [1, 2], threshold
+    for threshold in (2 * BT, 3 * BT):
+        assert defer_delay_hits(view((a, b, c)), threshold)[1] == [2], threshold
+
+
 def test_deferral_can_be_switched_off() -> None:
     d = make_policy("strata", defer=False).schedule(view((miss(0, doc=1, in_flight_tokens=DOC),)))
     assert prefilled(d) == [0]

@@ -14,14 +14,20 @@ from typing import Any
 
 import pytest
 
+import kvtier.sim.engine as engine_module
 from kvtier.bench.sim import config
-from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView
+from kvtier.sched import make_policy
+from kvtier.sched.base import LoadMode, Phase, Policy, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.fcfs import Fcfs
 from kvtier.sched.hicache import HiCache
+from kvtier.sched.rotasched import running_claims
+from kvtier.sched.swap_copy import SWAP_ENGINES
 from kvtier.sim.config import SimConfig
+from kvtier.sim.fast_forward import next_step
 from kvtier.sim.metrics import RequestRecord
 from kvtier.sim.request import Request
 from kvtier.sim.run import build, workload
+from kvtier.tiers import Tier
 
 
 def _state(value: Any, exact: bool = True) -> Any:
@@ -110,7 +116,11 @@ def replay(
         ("lmcache_lp", 300, 4),
         ("lmcache_lp_async", 300, 4),
         ("strata", 300, 4),
-        ("waiting_first", 150, 4),  # not opted in: never fast-forwarded, still equal
+        ("waiting_first", 300, 4),
+        ("swapped_first", 300, 4),
+        ("shadowserve_async", 300, 4),
+        ("cachegen_async", 300, 4),
+        ("rotasched", 150, 4),  # not opted in: never fast-forwarded, still equal
     ],
 )
 def test_fast_forward_changes_no_record_or_metric(policy: str, requests: int, engines: int) -> None:
@@ -119,12 +129,24 @@ def test_fast_forward_changes_no_record_or_metric(policy: str, requests: int, en
     slow, asked_slow = replay(cfg, False)
     assert fast["records"] and len(fast["records"]) == requests
     assert_same(fast, slow)
-    if policy == "waiting_first":
+    if policy == "rotasched":
         assert asked_fast == asked_slow
     elif engines > 1:  # a sized cluster: most steps are steady decodes
         assert asked_fast < asked_slow / 2, (asked_fast, asked_slow)
     else:
         assert asked_fast < asked_slow
+
+
+@pytest.mark.parametrize("policy", ["shadowserve_async", "cachegen_async"])
+def test_batch_interception_with_every_prompt_fetched_changes_nothing(policy: str) -> None:
+    """Every prompt's KV in the remote store (ShadowServe's §6.1 setting): requests are intercepted
+    and fetched while others decode; the steps between are still planned without the policy."""
+    cfg = config(200, policy, engines=4).with_overrides(preload_tier="remote", remote_capacity_bytes="inf")
+    fast, asked_fast = replay(cfg, True)
+    slow, asked_slow = replay(cfg, False)
+    assert len(fast["records"]) == 200
+    assert_same(fast, slow)
+    assert asked_fast < asked_slow / 2, (asked_fast, asked_slow)
 
 
 def test_a_closed_loop_client_is_not_run_ahead() -> None:
@@ -228,3 +250,117 @@ def test_steps_run_ahead_on_a_sized_cluster() -> None:
     sim.loop.run(until_s=cfg.max_sim_s)
     assert sim.metrics.requests == 400
     assert sim.loop._seq < sim.loop.events_run / 2  # events scheduled, against events counted
+
+
+class _NoCost:
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
+        return 0.0
+
+    def load_s(self, tokens: int, tier: Tier, mode: LoadMode) -> float:
+        return 0.0
+
+
+def _decoding(generated: int, free: int, prompts: tuple[int, ...] = (32, 48)) -> SchedulerView:
+    """Requests past their prefill, decoding, on 16-token blocks; nothing else on the engine."""
+    running = tuple(RequestView(i, 0.0, Phase.RUNNING, p, p, generated) for i, p in enumerate(prompts))
+    return SchedulerView(
+        now_s=1.0,
+        waiting=(),
+        running=running,
+        fetching=(),
+        swapped=(),
+        free_device_blocks=free,
+        free_host_blocks=None,
+        block_tokens=16,
+        max_batch_tokens=4096,
+        max_running=256,
+        num_layers=32,
+        cost=_NoCost(),
+        swap_copy=SWAP_ENGINES["vllm"],
+    )
+
+
+@pytest.mark.parametrize("policy", ["waiting_first", "swapped_first"])
+def test_a_static_swap_policys_steady_view_decodes_every_running_request_in_every_later_one(
+    policy: str,
+) -> None:
+    """Where ``steady_decode`` says yes, the policy decodes every running request in that view and in
+    each later one with more tokens generated and fewer free blocks by what this step may take (its
+    claims). Its claims count blocks from tokens, so a later step can claim one per request; with
+    only the waiting/fetching/swapped check (``steady_fcfs``) this fails (free 0, claims 0 now)."""
+    p = make_policy(policy)
+    steady = 0
+    for generated in range(1, 40):
+        for free in range(6):
+            view = _decoding(generated, free)
+            if not p.steady_decode(view):
+                continue
+            steady += 1
+            left = free - running_claims(view)
+            for later in range(generated, generated + 40):
+                decision = p.schedule(_decoding(later, left))
+                assert decision.decode == [0, 1], (generated, free, later)
+                assert not (decision.prefill or decision.swap_out or decision.swap_in or decision.preempt)
+    assert steady > 100
+    # Claiming nothing now, with one block free: the plain decode now, but not once both cross.
+    assert p.schedule(_decoding(15, 1)).decode == [0, 1] and not p.steady_decode(_decoding(15, 1))
+    assert p.schedule(_decoding(16, 1)).decode != [0, 1]
+
+
+def _swapping() -> Iterator[Request]:
+    """Two long decodes, then a long prompt, on a 14-block device (512-token blocks): requests swap
+    out and back in, with steady decode runs between."""
+    spec = [(0.0, 1024, 3000), (0.05, 1024, 3000), (12.0, 5120, 50), (30.0, 512, 1500)]
+    for i, (arrival_s, prompt, output) in enumerate(spec):
+        yield Request(i, arrival_s, prompt, output, tuple(range(100 * i, 100 * i + -(-prompt // 512))))
+
+
+@pytest.mark.parametrize("policy", ["waiting_first", "swapped_first"])
+def test_a_static_swap_policy_decides_the_plain_decode_at_every_fast_step(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At every step the fast-forward plans, the policy asked on the view the slow path would build
+    decodes every running request in order and orders nothing else, on an engine short of blocks
+    (swaps out and in); and the replay equals the one without the fast-forward."""
+    cfg = config(4, policy).with_overrides(device_blocks=14)
+    slow, _ = replay(cfg, False, _swapping())
+    sim = build(cfg)
+    planned, swaps = [0], [0, 0]
+    engine = sim.cluster.engines[0]  # type: ignore[attr-defined]
+    engine.isolated = None  # one step a time: each is checked here
+    schedule = engine.policy.schedule
+
+    def counted(view: SchedulerView) -> SchedulerDecision:
+        decision: SchedulerDecision = schedule(view)
+        swaps[0] += len(decision.swap_out)
+        swaps[1] += len(decision.swap_in)
+        return decision
+
+    engine.policy.schedule = counted
+
+    def checked(engine: Any) -> bool:
+        view = engine.view() if engine.decode_run is not None else None
+        if not next_step(engine):
+            return False
+        assert view is not None
+        decision = schedule(view)
+        assert decision.decode == [r.req_id for r in view.running]
+        assert not (
+            decision.prefill or decision.loads or decision.swap_out or decision.swap_in or decision.preempt
+        )
+        planned[0] += 1
+        return True
+
+    monkeypatch.setattr(engine_module, "next_step", checked)
+    records: list[Any] = []
+    add = sim.metrics.add_request
+
+    def record(r: RequestRecord) -> None:
+        records.append(_state(r))
+        add(r)
+
+    sim.metrics.add_request = record  # type: ignore[method-assign]
+    sim.cluster.feed(_swapping())  # type: ignore[attr-defined]
+    sim.loop.run(until_s=cfg.max_sim_s)
+    assert records == slow["records"] and sim.loop.events_run == slow["events"]
+    assert planned[0] > 2000 and swaps[0] > 0 and swaps[1] > 0, (planned, swaps)

@@ -57,7 +57,7 @@ from kvtier.sched.base import (
     SchedulerView,
     register,
 )
-from kvtier.sched.batching import blocks_for, reusable_tokens, schedule_running
+from kvtier.sched.batching import blocks_for, reusable_tokens, schedule_running, steady_fcfs
 from kvtier.tiers import Tier
 
 FETCH_MODES = ("async", "sync")
@@ -82,6 +82,12 @@ class BatchInterception(Policy):
         budget = schedule_running(view, decision)
         self._admit_and_intercept(view, decision, budget)
         return decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        # Nobody waiting, fetching or swapped: schedule_running's decodes, nothing to admit or
+        # intercept. The state a step keeps (the fetch classes of fetching requests) is empty after
+        # every such step, the arming one included, so steps not asked change nothing of it.
+        return steady_fcfs(view)
 
     def forget_landed(self, view: SchedulerView) -> None:
         """Drops the fetch classes of requests no longer fetching (their fetch has landed)."""

@@ -19,6 +19,7 @@ none gets (:mod:`kvtier.sched.data_plane`).
 from __future__ import annotations
 
 from kvtier.sched.base import Phase, Policy, RequestView, SchedulerDecision, SchedulerView, register
+from kvtier.sched.batching import steady_fcfs
 from kvtier.sched.rotasched import (
     StepPlan,
     claim,
@@ -48,6 +49,32 @@ class _StaticSwap(Policy):
             out.append(victim)
             free += self._released(view, victim) + claim(victim, bt)
         return out, free
+
+    def _steady(self, view: SchedulerView) -> bool:
+        """:meth:`Policy.steady_decode` of both. With nobody waiting, fetching or swapped, both
+        decide :meth:`_passive` then :meth:`StepPlan.run` and nothing else (no one to admit or
+        resume): every running request decodes, in order, iff the batch fits ``max_batch_tokens``,
+        each is past its prefill and the batch's claims (:func:`running_claims`) fit the free
+        blocks; otherwise tail decodes are swapped out or stall.
+
+        A claim is reckoned from token counts, not from the blocks the engine holds, so it can
+        differ from the engine's block check (``Engine.plan_decode``): a request swapped out right
+        after its prefill comes back holding the block of its first token, which its claim
+        (``generated == 1``: that token's KV not written yet) still counts; an engine holding a
+        block beyond its context would be claimed for one too, while its decode run goes on. So
+        the later views are bounded, not assumed to claim nothing: the engine holds at least the
+        blocks a claim counts as written, so this step takes at most :func:`running_claims` new
+        blocks; while the run holds nothing else takes any (no admission, load, swap-in or
+        finish); and in each later step every request has generated >= 2, so it claims at most
+        one block. The decision stays the plain decode while the free blocks left after this
+        step's claims cover one block per running request.
+        """
+        if not steady_fcfs(view):
+            return False
+        running = view.running
+        if any(r.generated_tokens < 1 for r in running):  # not reached: a prefill emits a token
+            return False
+        return running_claims(view) + len(running) <= view.free_device_blocks
 
     def _plan(self, view: SchedulerView, out: list[RequestView], released: int) -> StepPlan:
         gone = {r.req_id for r in out}
@@ -97,6 +124,9 @@ class WaitingFirst(_StaticSwap):
                     break
         return plan.decision
 
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return self._steady(view)
+
 
 @register
 class SwappedFirst(_StaticSwap):
@@ -118,3 +148,6 @@ class SwappedFirst(_StaticSwap):
                 if w.phase is Phase.WAITING and not plan.admit(w):
                     break
         return plan.decision
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        return self._steady(view)

@@ -230,16 +230,23 @@ def defer_delay_hits(view: SchedulerView, threshold_tokens: int) -> tuple[list[R
     of its uncached tokens were marked in-queue by a request ahead of it in the queue.
     """
     bt = view.block_tokens
+    # bt x (claimed keys) > threshold iff there are more than this many claimed keys.
+    claimed_over = threshold_tokens // bt
     claimed: set[int] = set()
     ready: list[RequestView] = []
     deferred: list[int] = []
     for r in view.waiting:
         new_keys = r.block_keys[sum(r.cached_tokens) // bt :]
-        transient = r.in_flight_tokens
-        if r.in_queue_tokens > threshold_tokens and new_keys:  # keys a request ahead claimed
-            transient = max(transient, bt * sum(map(claimed.__contains__, new_keys)))
+        delay_hit = r.in_flight_tokens > threshold_tokens
+        # Or keys a request ahead claimed: one is enough where claimed_over is 0 (the default: 100
+        # tokens, 512-token blocks), and isdisjoint stops at the first.
+        if not delay_hit and r.in_queue_tokens > threshold_tokens and new_keys:
+            if claimed_over == 0:
+                delay_hit = not claimed.isdisjoint(new_keys)
+            else:
+                delay_hit = sum(map(claimed.__contains__, new_keys)) > claimed_over
         claimed.update(new_keys)
-        if transient > threshold_tokens:
+        if delay_hit:
             deferred.append(r.req_id)
         else:
             ready.append(r)
@@ -315,9 +322,10 @@ class Strata(Policy):
             self.ratio_unit,
             self.defer_threshold_tokens,
         )
-        running = {r.req_id: r for r in view.running}
-        for rid, n in decision.prefill:
-            batch.seed(n, running[rid].computed_tokens)
+        if decision.prefill:  # running prefill chunks (most steps: decodes only)
+            running = {r.req_id: r for r in view.running}
+            for rid, n in decision.prefill:
+                batch.seed(n, running[rid].computed_tokens)
         head = self._plan_head(view)
         self.deferred_total += head.deferred
         fetching = {r.req_id for r in view.fetching}
@@ -371,6 +379,8 @@ class Strata(Policy):
         self, view: SchedulerView, batch: Batch, decision: SchedulerDecision, async_priority: int
     ) -> None:
         """§4.3.3: layerwise loads, or asynchronous ones with decode steps filling the bubble."""
+        if not batch.members:  # nothing to dispatch (the estimates below order nothing)
+            return
         leaders = [m for m in batch.members if m.own_load_tokens > 0 and not m.follower]
         load_s = sum(host_load_s(view, m.own_load_tokens) for m in leaders)
         compute_s = batch.compute_s(batch.compute_tokens, batch.compute_context)
