@@ -8,22 +8,6 @@ use pyo3::types::{PyList, PyTuple};
 use crate::buffer::{ensure_all_disjoint, Buffer, Format};
 use crate::errors::buffer_error;
 
-/// A 16-byte little-endian id (a namespace hash, a key) from a caller's bytes.
-pub(crate) fn u128_from(bytes: &[u8], what: &str) -> PyResult<u128> {
-    let arr: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| buffer_error(format!("{what} has {} bytes; expected 16", bytes.len())))?;
-    Ok(u128::from_le_bytes(arr))
-}
-
-/// Block keys from a caller's bytes (16 little-endian bytes each).
-pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
-    if !raw.len().is_multiple_of(16) {
-        return Err(buffer_error(format!("keys have {} bytes; expected a multiple of 16", raw.len())));
-    }
-    Ok(raw.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
-}
-
 /// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
 /// per block; `writable` ones are checked pairwise disjoint too (as [`split_mut`] needs). (Other
 /// sequences are not taken apart here: a numpy array is a sequence too. The Python wrapper turns

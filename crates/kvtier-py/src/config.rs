@@ -16,9 +16,9 @@ use kvtier_core::Namespace;
 use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig};
 use kvtier_remote::{RemoteConfig, TlsConfig};
 use kvtier_store::config::LEASE_TTL_MAX;
-use kvtier_store::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, StoreError, TierCodec};
+use kvtier_store::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
 
-use crate::errors::config_error;
+use crate::errors::{config_error, raise};
 use crate::geometry::CoreGeometry;
 
 /// A config or one of its sections: a config dataclass or a mapping, and its key path.
@@ -121,14 +121,13 @@ fn seconds(s: &Section<'_>, key: &str) -> PyResult<Option<Duration>> {
 fn tier_codec(s: &Section<'_>) -> PyResult<TierCodec> {
     let name: String = s.get("codec")?.unwrap_or_else(|| "raw".to_string());
     let backend: Option<String> = s.get("codec_backend")?;
-    TierCodec::parse(&s.path, &name, backend.as_deref(), s.get("codec_level")?)
-        .map_err(|e: StoreError| config_error(e.to_string()))
+    TierCodec::parse(&s.path, &name, backend.as_deref(), s.get("codec_level")?).map_err(raise)
 }
 
 /// The name `key` of `s` parsed by `parse` (an SSD pool setting such as `durability`).
 fn parsed<T>(s: &Section<'_>, key: &str, parse: fn(&str) -> Result<T, PoolError>) -> PyResult<Option<T>> {
     let name: Option<String> = s.get(key)?;
-    name.map(|v| parse(&v).map_err(|e| config_error(format!("ssd: {e}")))).transpose()
+    name.map(|v| parse(&v).map_err(raise)).transpose()
 }
 
 /// An SSD pool's config (`kvtier.SsdConfig`'s keys, and the pool-only `throttle_bytes_per_s`,
