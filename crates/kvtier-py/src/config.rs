@@ -1,10 +1,11 @@
 //! Configs crossing from Python, each as one object: `kvtier.StoreConfig` (its `dram`, `ssd` and
 //! `remote` sections map 1:1 to kvtier-store's [`StoreConfig`]), `kvtier.SsdConfig` for an
-//! `SsdPool`, `kvtier.RemoteConfig` for a `RemotePool`, `kvtier.TransferConfig`. A config (or a
-//! section of it) is a config dataclass, read by attribute, or a mapping of the same keys, read by
-//! item. Each key is read here once, under the name Python declares it with; a missing or
-//! mistyped one is a `ConfigError` naming its path (`ssd.io_depth`). Keys left out (or None) take
-//! the Rust defaults, and the Rust configs check every bound again.
+//! `SsdPool`, `kvtier.RemoteConfig` for a `RemotePool`, `kvtier.TransferConfig` for a
+//! `TransferEngine`. A config (or a section of it) is a config dataclass, read by attribute, or a
+//! mapping of the same keys, read by item. Each key is read here once, under the name Python
+//! declares it with; a missing or mistyped one is a `ConfigError` naming its path
+//! (`ssd.io_depth`). Keys left out (or None) take the Rust defaults, and the Rust configs check
+//! every bound again.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig};
 use kvtier_remote::{RemoteConfig, TlsConfig};
 use kvtier_store::config::LEASE_TTL_MAX;
 use kvtier_store::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
+use kvtier_transfer::{StageWorkers, TransferConfig};
 
 use crate::errors::{config_error, raise};
 use crate::geometry::CoreGeometry;
@@ -92,7 +94,6 @@ macro_rules! set_present {
         )+
     };
 }
-pub(crate) use set_present;
 
 /// `lease_ttl_s` as a `Duration`, within the bounds the store enforces: more than 0 once rounded
 /// to nanoseconds, at most [`LEASE_TTL_MAX`]. NaN, infinities and values past `u64` seconds are
@@ -208,4 +209,27 @@ pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConf
         c.remote = Some(t);
     }
     Ok((namespace, c))
+}
+
+/// A transfer engine's config (`kvtier.TransferConfig`'s keys; one left out takes the Rust
+/// default).
+pub fn transfer_config(config: &Bound<'_, PyAny>) -> PyResult<TransferConfig> {
+    let s = Section::root(config, "transfer config", "")?;
+    let mut c = TransferConfig::default();
+    set_present!(
+        s,
+        c {
+            chunk_blocks,
+            buffer_chunks,
+            store_workers,
+            jobs_in_flight_max,
+            inflight_bytes_max,
+            job_blocks_max,
+            allocate_per_chunk,
+        }
+    );
+    if let Some(workers) = s.get("stage_workers")? {
+        c.stage_workers = StageWorkers::from_array(workers);
+    }
+    Ok(c)
 }

@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use kvtier_store::Store as CoreStore;
 
-use crate::args::{BlockIds, Key, Keys, NamespaceHash};
+use crate::args::{BlockIds, Keys, NamespaceHash};
 use crate::blocks::{read_blocks, write_blocks};
 use crate::config::store_config;
 use crate::errors::raise;
@@ -180,7 +180,7 @@ impl Store {
     }
 
     #[cfg(feature = "test-hooks")]
-    fn corrupt_for_test(&self, key: Key, payload_byte_offset: usize) -> bool {
+    fn corrupt_for_test(&self, key: crate::args::Key, payload_byte_offset: usize) -> bool {
         self.inner.corrupt_for_test(key.0, payload_byte_offset)
     }
 }

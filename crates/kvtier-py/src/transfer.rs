@@ -12,12 +12,12 @@ use kvtier_store::Store as CoreStore;
 use kvtier_transfer::duplex::BlockState;
 use kvtier_transfer::{
     DuplexConfig, DuplexEngine as CoreDuplex, FinishedJob, JobKind, PoolRef, StageWorkers, StoreHandle,
-    TransferConfig, TransferEngine as CoreEngine, TransferError,
+    TransferEngine as CoreEngine, TransferError,
 };
 
 use crate::args::{JobBlockIds, Keys};
 use crate::buffer::{Buffer, Format};
-use crate::config::{set_present, Section};
+use crate::config::transfer_config;
 use crate::errors::raise;
 use crate::geometry::CoreGeometry;
 use crate::paged::paged_pool;
@@ -71,23 +71,7 @@ pub struct TransferEngine {
 impl TransferEngine {
     #[new]
     fn new(py: Python<'_>, store: Py<Store>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let config = Section::root(config, "transfer config", "")?;
-        let mut c = TransferConfig::default();
-        set_present!(
-            config,
-            c {
-                chunk_blocks,
-                buffer_chunks,
-                store_workers,
-                jobs_in_flight_max,
-                inflight_bytes_max,
-                job_blocks_max,
-                allocate_per_chunk,
-            }
-        );
-        if let Some(workers) = config.get("stage_workers")? {
-            c.stage_workers = StageWorkers::from_array(workers);
-        }
+        let c = transfer_config(config)?;
         let block_bytes = store.get().inner.block_bytes();
         let handle: Arc<dyn StoreHandle> = Arc::new(PyStore(store));
         let inner = py.allow_threads(|| CoreEngine::new(handle, c)).map_err(raise)?;
@@ -154,7 +138,7 @@ impl TransferEngine {
         self.inner.jobs()
     }
 
-    /// Per stage: (name, workers, busy_s, bytes, chunks).
+    /// Per stage: (name, workers, busy_s, bytes, chunks, stored_bytes).
     fn stage_stats(&self) -> Vec<(&'static str, usize, f64, u64, u64, u64)> {
         self.inner
             .stage_stats()
