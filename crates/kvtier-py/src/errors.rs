@@ -72,7 +72,10 @@ raise_as! {
     KeyError { _ => "KeyHashError" }
     ObjectError { _ => "ObjectFormatError" }
     IntegrityError { _ => "IntegrityError" }
-    LayoutError { LayoutError::BufferSize { .. } | LayoutError::ObjectSize { .. } => "BufferError", _ => "LayoutError" }
+    LayoutError {
+        LayoutError::BufferSize { .. } | LayoutError::ObjectSize { .. } => "BufferError",
+        _ => "LayoutError",
+    }
     StoreError {
         StoreError::NamespaceMismatch { .. } => "NamespaceError",
         StoreError::ObjectSize { .. } | StoreError::CountMismatch { .. } => "BufferError",
@@ -94,6 +97,9 @@ raise_as! {
         _ => "kvtier.transfer.TransferError",
     }
     // `kvtier.codec.CodecError`, or its subclass `NonFiniteError` for NaN/inf given to `quant`.
-    CodecError { CodecError::NonFinite { .. } => "kvtier.codec.NonFiniteError", _ => "kvtier.codec.CodecError" }
+    CodecError {
+        CodecError::NonFinite { .. } => "kvtier.codec.NonFiniteError",
+        _ => "kvtier.codec.CodecError",
+    }
     PoolError { PoolError::SsdConfig(_) => "ConfigError", _ => "StoreError" }
 }

@@ -26,7 +26,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use kvtier_core::object::{decode_object as core_decode, encode_object as core_encode, CODEC_RAW};
-use kvtier_core::tier::TierKind;
 
 use crate::args::{Key, NamespaceHash};
 use crate::buffer::{ensure_disjoint, Buffer, Format};
@@ -108,46 +107,40 @@ fn checksum(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
     Ok(py.allow_threads(|| kvtier_core::checksum::checksum(unsafe { b.as_slice() })))
 }
 
-/// Adds each class (`class T`) and function (`fn f`) to the module `m`.
-macro_rules! add {
-    ($m:ident, $(class $class:path,)* $(fn $f:path,)*) => {
-        $($m.add_class::<$class>()?;)*
-        $($m.add_function(wrap_pyfunction!($f, $m)?)?;)*
-    };
-}
-
+/// The module: its classes and functions, and the constants `init` adds.
 #[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    // The store's tier names, fastest first (`Lookup.tiers`, `tier_stats()`): kvtier.tiers maps them.
-    m.add("STORE_TIERS", [TierKind::Dram, TierKind::Ssd, TierKind::Remote].map(|k| k.name()))?;
-    add!(
-        m,
-        class geometry::CoreGeometry,
-        class layout::Copier,
-        class store::Store,
-        class reports::StoreStats,
-        class reports::TierStats,
-        class paged::LayerProgress,
-        class transfer::TransferEngine,
-        class transfer::DuplexEngine,
-        class ssd::SsdPool,
-        class remote::RemotePool,
-        fn transfer::balanced_stage_workers,
-        fn codec::codec_encode_lossless,
-        fn codec::codec_encode_quant,
-        fn codec::codec_decoded_len,
-        fn codec::codec_decode,
-        fn remote::redact_url,
-        fn remote::check_url,
-        fn ssd::ssd_placement_counts,
-        fn block_keys,
-        fn encode_object,
-        fn decode_object,
-        fn memcpy,
-        fn checksum,
-    );
+mod _core {
     #[cfg(feature = "bench-baselines")]
-    add!(m, fn baselines::ssd_raw_sequential, fn baselines::ssd_file_per_object,);
-    Ok(())
+    #[pymodule_export]
+    use crate::baselines::{ssd_file_per_object, ssd_raw_sequential};
+    #[pymodule_export]
+    use crate::codec::{codec_decode, codec_decoded_len, codec_encode_lossless, codec_encode_quant};
+    #[pymodule_export]
+    use crate::geometry::CoreGeometry;
+    #[pymodule_export]
+    use crate::layout::Copier;
+    #[pymodule_export]
+    use crate::paged::LayerProgress;
+    #[pymodule_export]
+    use crate::remote::{check_url, redact_url, RemotePool};
+    #[pymodule_export]
+    use crate::reports::{StoreStats, TierStats};
+    #[pymodule_export]
+    use crate::ssd::{ssd_placement_counts, SsdPool};
+    #[pymodule_export]
+    use crate::store::Store;
+    #[pymodule_export]
+    use crate::transfer::{balanced_stage_workers, DuplexEngine, TransferEngine};
+    #[pymodule_export]
+    use crate::{block_keys, checksum, decode_object, encode_object, memcpy};
+
+    use kvtier_core::tier::TierKind;
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        // The store's tier names, fastest first (`Lookup.tiers`, `tier_stats()`): kvtier.tiers maps them.
+        m.add("STORE_TIERS", [TierKind::Dram, TierKind::Ssd, TierKind::Remote].map(|k| k.name()))
+    }
 }
