@@ -27,6 +27,10 @@ pub enum KeyError {
     ZeroBlockTokens,
     #[error("namespace field `{field}` is too long ({len} bytes); expected at most {max} bytes")]
     FieldTooLong { field: &'static str, len: usize, max: usize },
+    #[error("token id {value} at index {index} is out of range; expected 0 <= id < 2**32")]
+    TokenOutOfRange { index: usize, value: String },
+    #[error("tokens have {bytes} bytes; expected whole items of {item_bytes} bytes (1, 2, 4 or 8)")]
+    TokenItems { bytes: usize, item_bytes: usize },
 }
 
 /// Bad buffers or block tables given to a layout copy.

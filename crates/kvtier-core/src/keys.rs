@@ -96,6 +96,37 @@ pub fn block_keys(
     Ok(keys)
 }
 
+/// Token ids from native-endian integer items of `item_bytes` (1, 2, 4 or 8) bytes each, signed
+/// or not (an integer buffer: numpy arrays of any int dtype, `array.array`). Every id must be
+/// `0 <= id < 2**32`; the first that is not is named with its index.
+pub fn token_ids_from_ints(bytes: &[u8], item_bytes: usize, signed: bool) -> Result<Vec<u32>, KeyError> {
+    let mut ids = Vec::with_capacity(bytes.len() / item_bytes.max(1));
+    macro_rules! convert {
+        ($t:ty) => {
+            for (index, c) in bytes.chunks_exact(item_bytes).enumerate() {
+                let v = <$t>::from_ne_bytes(c.try_into().expect("item size"));
+                let out_of_range = || KeyError::TokenOutOfRange { index, value: v.to_string() };
+                ids.push(u32::try_from(v).map_err(|_| out_of_range())?);
+            }
+        };
+    }
+    match (item_bytes, signed) {
+        _ if item_bytes == 0 || !bytes.len().is_multiple_of(item_bytes) => {
+            return Err(KeyError::TokenItems { bytes: bytes.len(), item_bytes });
+        }
+        (1, false) => ids.extend(bytes.iter().map(|&b| u32::from(b))),
+        (1, true) => convert!(i8),
+        (2, false) => convert!(u16),
+        (2, true) => convert!(i16),
+        (4, false) => convert!(u32),
+        (4, true) => convert!(i32),
+        (8, false) => convert!(u64),
+        (8, true) => convert!(i64),
+        _ => return Err(KeyError::TokenItems { bytes: bytes.len(), item_bytes }),
+    }
+    Ok(ids)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +175,22 @@ mod tests {
         let mut n = ns("");
         n.model_id = "x".repeat(NAMESPACE_FIELD_BYTES_MAX + 1);
         assert!(matches!(n.hash(), Err(KeyError::FieldTooLong { field: "model_id", .. })));
+    }
+
+    #[test]
+    fn token_ids_from_ints_convert_every_width_and_name_the_first_bad_id() {
+        let ne = |v: &[i64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        assert_eq!(token_ids_from_ints(&ne(&[0, 7, u32::MAX.into()]), 8, true).unwrap(), [0, 7, u32::MAX]);
+        assert_eq!(token_ids_from_ints(&[255, 1], 1, false).unwrap(), [255, 1]);
+        assert_eq!(token_ids_from_ints(&(-1i16).to_ne_bytes(), 2, false).unwrap(), [65535]);
+        let e = token_ids_from_ints(&ne(&[1, -5]), 8, true).unwrap_err();
+        assert_eq!(e, KeyError::TokenOutOfRange { index: 1, value: "-5".into() });
+        let big = ne(&[1, 2, 1 << 32]);
+        assert!(token_ids_from_ints(&big, 8, true)
+            .unwrap_err()
+            .to_string()
+            .contains("4294967296 at index 2"));
+        assert!(matches!(token_ids_from_ints(&[0; 3], 2, false), Err(KeyError::TokenItems { bytes: 3, .. })));
+        assert!(matches!(token_ids_from_ints(&[0; 3], 3, false), Err(KeyError::TokenItems { .. })));
     }
 }

@@ -9,6 +9,7 @@
 //! - [`paged`]: an engine's paged pool as regions, for copies straight between store and engine.
 //! - [`fields`]: report structs (counters, gauges, labels), declared once with their (name, value) list.
 //! - [`parallel`]: the bounded worker pool that runs large copies.
+//! - [`progress`]: the layers of a layerwise load in place, waited on by engine threads.
 //!
 //! Invariants: a block key never collides across namespaces by construction (the namespace hash
 //! seeds the chain); every object read is verified against its xxh3 checksum before use.
@@ -23,6 +24,7 @@ pub mod layout;
 pub mod object;
 pub mod paged;
 pub mod parallel;
+pub mod progress;
 pub mod tier;
 pub mod xxh3;
 

@@ -58,13 +58,6 @@ pub fn ssd_file_per_object(
     })
 }
 
-/// Adds the baseline functions to `_core`.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(ssd_raw_sequential, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd_file_per_object, m)?)?;
-    Ok(())
-}
-
 /// `names` as the byte slices the client takes.
 fn name_refs(names: &[Vec<u8>]) -> Vec<&[u8]> {
     names.iter().map(|n| &n[..]).collect()

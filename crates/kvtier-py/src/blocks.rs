@@ -8,42 +8,27 @@ use pyo3::types::{PyList, PyTuple};
 use crate::buffer::{ensure_all_disjoint, Buffer, Format};
 use crate::errors::buffer_error;
 
-/// A 16-byte little-endian id (a namespace hash, a key) from a caller's bytes.
-pub(crate) fn u128_from(bytes: &[u8], what: &str) -> PyResult<u128> {
-    let arr: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| buffer_error(format!("{what} has {} bytes; expected 16", bytes.len())))?;
-    Ok(u128::from_le_bytes(arr))
-}
-
-/// Block keys from a caller's bytes (16 little-endian bytes each).
-pub(crate) fn keys_from(raw: &[u8]) -> PyResult<Vec<u128>> {
-    if !raw.len().is_multiple_of(16) {
-        return Err(buffer_error(format!("keys have {} bytes; expected a multiple of 16", raw.len())));
-    }
-    Ok(raw.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
-}
-
-/// Caller buffers holding `count` blocks: one contiguous buffer, or a list or tuple of one buffer
-/// per block; `writable` ones are checked pairwise disjoint too (as [`split_mut`] needs). (Other
-/// sequences are not taken apart here: a numpy array is a sequence too. The Python wrapper turns
-/// any sequence of blocks into a list.)
-fn block_buffers(obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Vec<Buffer>> {
-    let get = |item: &Bound<'_, PyAny>| Buffer::get(item, what, writable, Format::Bytes);
-    let bufs = if let Ok(list) = obj.downcast::<PyList>() {
-        list.iter().map(|item| get(&item)).collect::<PyResult<Vec<_>>>()?
-    } else if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        tuple.iter().map(|item| get(&item)).collect::<PyResult<Vec<_>>>()?
-    } else {
-        vec![get(obj)?]
+/// Caller buffers holding `count` blocks of `block_bytes`, sizes checked: one contiguous buffer,
+/// or a list or tuple of one buffer per block; `writable` ones are checked pairwise disjoint too
+/// (as [`write_blocks`] needs). (Other sequences are not taken apart here: a numpy array is a
+/// sequence too. The Python wrapper turns any sequence of blocks into a list.)
+fn block_buffers(
+    obj: &Bound<'_, PyAny>,
+    what: &'static str,
+    writable: bool,
+    count: usize,
+    block_bytes: usize,
+) -> PyResult<Vec<Buffer>> {
+    let items: Vec<Bound<'_, PyAny>> = match (obj.downcast::<PyList>(), obj.downcast::<PyTuple>()) {
+        (Ok(list), _) => list.iter().collect(),
+        (_, Ok(tuple)) => tuple.iter().collect(),
+        _ => vec![obj.clone()],
     };
+    let bufs: Vec<Buffer> =
+        items.iter().map(|i| Buffer::get(i, what, writable, Format::Bytes)).collect::<PyResult<_>>()?;
     if writable {
         ensure_all_disjoint(&bufs)?;
     }
-    Ok(bufs)
-}
-
-fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -> PyResult<()> {
     if block_bytes == 0 && count > 0 {
         return Err(buffer_error(format!(
             "{what}: blocks of 0 bytes for {count} keys; expected at least 1 byte per block"
@@ -63,7 +48,7 @@ fn check_blocks(bufs: &[Buffer], count: usize, block_bytes: usize, what: &str) -
             bufs.len()
         )));
     }
-    Ok(())
+    Ok(bufs)
 }
 
 /// Runs `f` over `count` read-only blocks of `block_bytes` from `obj` ([`block_buffers`], sizes
@@ -75,8 +60,7 @@ pub(crate) fn read_blocks<R>(
     block_bytes: usize,
     f: impl FnOnce(&[&[u8]]) -> R,
 ) -> PyResult<R> {
-    let bufs = block_buffers(obj, what, false)?;
-    check_blocks(&bufs, count, block_bytes, what)?;
+    let bufs = block_buffers(obj, what, false, count, block_bytes)?;
     let blocks: Vec<&[u8]> = bufs
         .iter()
         .filter(|b| b.len() > 0)
@@ -95,8 +79,7 @@ pub(crate) fn write_blocks<R>(
     block_bytes: usize,
     f: impl FnOnce(&mut [&mut [u8]]) -> R,
 ) -> PyResult<R> {
-    let bufs = block_buffers(obj, what, true)?;
-    check_blocks(&bufs, count, block_bytes, what)?;
+    let bufs = block_buffers(obj, what, true, count, block_bytes)?;
     let mut blocks: Vec<&mut [u8]> = bufs
         .iter()
         .filter(|b| b.len() > 0)

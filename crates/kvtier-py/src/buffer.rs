@@ -141,16 +141,6 @@ impl Buffer {
         self.view.buf.cast::<u8>()
     }
 
-    /// Byte range covered, to detect aliasing between source and destination.
-    pub fn range(&self) -> std::ops::Range<usize> {
-        let start = self.view.buf as usize;
-        start..start + self.len()
-    }
-
-    pub fn what(&self) -> &'static str {
-        self.what
-    }
-
     /// The bytes, read-only.
     ///
     /// # Safety
@@ -188,13 +178,10 @@ impl Drop for Buffer {
 
 /// Errors if two buffers overlap (a pool passed as its own objects would corrupt both).
 pub fn ensure_disjoint(a: &Buffer, b: &Buffer) -> PyResult<()> {
-    let (ra, rb) = (a.range(), b.range());
-    if a.len() > 0 && b.len() > 0 && ra.start < rb.end && rb.start < ra.end {
-        return Err(buffer_error(format!(
-            "{} and {} share memory; expected separate buffers",
-            a.what(),
-            b.what()
-        )));
+    let (start_a, start_b) = (a.ptr() as usize, b.ptr() as usize);
+    if a.len() > 0 && b.len() > 0 && start_a < start_b + b.len() && start_b < start_a + a.len() {
+        let (x, y) = (a.what, b.what);
+        return Err(buffer_error(format!("{x} and {y} share memory; expected separate buffers")));
     }
     Ok(())
 }

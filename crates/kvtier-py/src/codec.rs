@@ -11,21 +11,13 @@ use kvtier_codec::streams::{Backend, Stage};
 use kvtier_codec::{Codec, CodecError};
 
 use crate::buffer::{ensure_disjoint, Buffer, Format};
-use crate::errors::error_in;
-
-fn codec_err(e: CodecError) -> PyErr {
-    let class = match e {
-        CodecError::NonFinite { .. } => "NonFiniteError",
-        _ => "CodecError",
-    };
-    error_in("kvtier.codec", class, e.to_string())
-}
+use crate::errors::raise;
 
 fn stage(backend: &str, level: Option<i8>) -> PyResult<Stage> {
     let backend = Backend::from_name(backend).ok_or_else(|| {
-        codec_err(CodecError::InvalidParam { what: "backend name (none, zstd, lz4, deflate)", value: 0 })
+        raise(CodecError::InvalidParam { what: "backend name (none, zstd, lz4, deflate)", value: 0 })
     })?;
-    Stage::new(backend, level.unwrap_or(backend.default_level())).map_err(codec_err)
+    Stage::new(backend, level.unwrap_or(backend.default_level())).map_err(raise)
 }
 
 fn encode_with<'py>(
@@ -36,7 +28,7 @@ fn encode_with<'py>(
     let buf = Buffer::get(data, "data", false, Format::Bytes)?;
     let mut out = vec![0u8; codec.max_encoded_len(buf.len())];
     // SAFETY: read-only view of a live buffer; `out` is ours.
-    let n = py.allow_threads(|| codec.encode(unsafe { buf.as_slice() }, &mut out)).map_err(codec_err)?;
+    let n = py.allow_threads(|| codec.encode(unsafe { buf.as_slice() }, &mut out)).map_err(raise)?;
     Ok(PyBytes::new(py, &out[..n]))
 }
 
@@ -52,7 +44,7 @@ pub fn codec_encode_lossless<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let stage = stage(backend, level)?;
     let codec =
-        LosslessCodec::with_element_bytes(stage.backend, stage.level, element_bytes).map_err(codec_err)?;
+        LosslessCodec::with_element_bytes(stage.backend, stage.level, element_bytes).map_err(raise)?;
     encode_with(py, &codec, data)
 }
 
@@ -73,7 +65,7 @@ pub fn codec_encode_quant<'py>(
     level: Option<i8>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let num_layers = u16::try_from(key_bins.len()).map_err(|_| {
-        codec_err(CodecError::InvalidParam { what: "number of layers", value: key_bins.len() as u64 })
+        raise(CodecError::InvalidParam { what: "number of layers", value: key_bins.len() as u64 })
     })?;
     let config = QuantConfig {
         first_layer,
@@ -85,7 +77,7 @@ pub fn codec_encode_quant<'py>(
         value_bins,
         stage: stage(backend, level)?,
     };
-    let codec = QuantCodec::new(config).map_err(codec_err)?;
+    let codec = QuantCodec::new(config).map_err(raise)?;
     encode_with(py, &codec, data)
 }
 
@@ -94,7 +86,7 @@ pub fn codec_encode_quant<'py>(
 pub fn codec_decoded_len(codec_id: u16, payload: &Bound<'_, PyAny>) -> PyResult<usize> {
     let buf = Buffer::get(payload, "payload", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
-    kvtier_codec::decoded_len(codec_id, unsafe { buf.as_slice() }).map_err(codec_err)
+    kvtier_codec::decoded_len(codec_id, unsafe { buf.as_slice() }).map_err(raise)
 }
 
 /// Decodes a payload of codec `codec_id` into the writable buffer `out`; returns bytes written.
@@ -112,13 +104,5 @@ pub fn codec_decode(
     py.allow_threads(|| {
         kvtier_codec::decode(codec_id, unsafe { src.as_slice() }, unsafe { dst.as_mut_slice() })
     })
-    .map_err(codec_err)
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(codec_encode_lossless, m)?)?;
-    m.add_function(wrap_pyfunction!(codec_encode_quant, m)?)?;
-    m.add_function(wrap_pyfunction!(codec_decoded_len, m)?)?;
-    m.add_function(wrap_pyfunction!(codec_decode, m)?)?;
-    Ok(())
+    .map_err(raise)
 }

@@ -1,10 +1,11 @@
 //! Configs crossing from Python, each as one object: `kvtier.StoreConfig` (its `dram`, `ssd` and
 //! `remote` sections map 1:1 to kvtier-store's [`StoreConfig`]), `kvtier.SsdConfig` for an
-//! `SsdPool`, `kvtier.RemoteConfig` for a `RemotePool`, `kvtier.TransferConfig`. A config (or a
-//! section of it) is a config dataclass, read by attribute, or a mapping of the same keys, read by
-//! item. Each key is read here once, under the name Python declares it with; a missing or
-//! mistyped one is a `ConfigError` naming its path (`ssd.io_depth`). Keys left out (or None) take
-//! the Rust defaults, and the Rust configs check every bound again.
+//! `SsdPool`, `kvtier.RemoteConfig` for a `RemotePool`, `kvtier.TransferConfig` for a
+//! `TransferEngine`. A config (or a section of it) is a config dataclass, read by attribute, or a
+//! mapping of the same keys, read by item. Each key is read here once, under the name Python
+//! declares it with; a missing or mistyped one is a `ConfigError` naming its path
+//! (`ssd.io_depth`). Keys left out (or None) take the Rust defaults, and the Rust configs check
+//! every bound again.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,9 +17,10 @@ use kvtier_core::Namespace;
 use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig};
 use kvtier_remote::{RemoteConfig, TlsConfig};
 use kvtier_store::config::LEASE_TTL_MAX;
-use kvtier_store::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, StoreError, TierCodec};
+use kvtier_store::{RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
+use kvtier_transfer::{StageWorkers, TransferConfig};
 
-use crate::errors::config_error;
+use crate::errors::{config_error, raise};
 use crate::geometry::CoreGeometry;
 
 /// A config or one of its sections: a config dataclass or a mapping, and its key path.
@@ -92,7 +94,6 @@ macro_rules! set_present {
         )+
     };
 }
-pub(crate) use set_present;
 
 /// `lease_ttl_s` as a `Duration`, within the bounds the store enforces: more than 0 once rounded
 /// to nanoseconds, at most [`LEASE_TTL_MAX`]. NaN, infinities and values past `u64` seconds are
@@ -121,14 +122,13 @@ fn seconds(s: &Section<'_>, key: &str) -> PyResult<Option<Duration>> {
 fn tier_codec(s: &Section<'_>) -> PyResult<TierCodec> {
     let name: String = s.get("codec")?.unwrap_or_else(|| "raw".to_string());
     let backend: Option<String> = s.get("codec_backend")?;
-    TierCodec::parse(&s.path, &name, backend.as_deref(), s.get("codec_level")?)
-        .map_err(|e: StoreError| config_error(e.to_string()))
+    TierCodec::parse(&s.path, &name, backend.as_deref(), s.get("codec_level")?).map_err(raise)
 }
 
 /// The name `key` of `s` parsed by `parse` (an SSD pool setting such as `durability`).
 fn parsed<T>(s: &Section<'_>, key: &str, parse: fn(&str) -> Result<T, PoolError>) -> PyResult<Option<T>> {
     let name: Option<String> = s.get(key)?;
-    name.map(|v| parse(&v).map_err(|e| config_error(format!("ssd: {e}")))).transpose()
+    name.map(|v| parse(&v).map_err(raise)).transpose()
 }
 
 /// An SSD pool's config (`kvtier.SsdConfig`'s keys, and the pool-only `throttle_bytes_per_s`,
@@ -209,4 +209,27 @@ pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConf
         c.remote = Some(t);
     }
     Ok((namespace, c))
+}
+
+/// A transfer engine's config (`kvtier.TransferConfig`'s keys; one left out takes the Rust
+/// default).
+pub fn transfer_config(config: &Bound<'_, PyAny>) -> PyResult<TransferConfig> {
+    let s = Section::root(config, "transfer config", "")?;
+    let mut c = TransferConfig::default();
+    set_present!(
+        s,
+        c {
+            chunk_blocks,
+            buffer_chunks,
+            store_workers,
+            jobs_in_flight_max,
+            inflight_bytes_max,
+            job_blocks_max,
+            allocate_per_chunk,
+        }
+    );
+    if let Some(workers) = s.get("stage_workers")? {
+        c.stage_workers = StageWorkers::from_array(workers);
+    }
+    Ok(c)
 }

@@ -5,7 +5,7 @@ use pyo3::types::PyDict;
 
 use kvtier_core::{Dtype, ExtraGroup, Geometry, Namespace};
 
-use crate::errors::{geometry_err, key_err};
+use crate::errors::raise;
 
 /// A validated geometry, held by the Python `kvtier.Geometry` dataclass.
 #[pyclass(frozen, name = "CoreGeometry", module = "kvtier._core")]
@@ -25,11 +25,11 @@ impl CoreGeometry {
         block_tokens: u32,
         extra_groups: Vec<(String, u32)>,
     ) -> PyResult<Self> {
-        let dtype = Dtype::parse(dtype).map_err(geometry_err)?;
+        let dtype = Dtype::parse(dtype).map_err(raise)?;
         let extra =
             extra_groups.into_iter().map(|(name, bytes_per_token)| ExtraGroup { name, bytes_per_token });
         let inner = Geometry::new(num_layers, num_kv_heads, head_dim, dtype, block_tokens, extra.collect())
-            .map_err(geometry_err)?;
+            .map_err(raise)?;
         Ok(CoreGeometry { inner })
     }
 
@@ -57,6 +57,6 @@ impl CoreGeometry {
         rank: u32,
     ) -> PyResult<[u8; 16]> {
         let ns = Namespace { model_id, geometry: self.inner.clone(), layout_version, cache_salt, rank };
-        Ok(ns.hash().map_err(key_err)?.to_le_bytes())
+        Ok(ns.hash().map_err(raise)?.to_le_bytes())
     }
 }

@@ -4,6 +4,7 @@
 //! validates its buffers, then releases the GIL for the copy or hash. Errors are raised as the
 //! classes of `kvtier.errors`.
 
+mod args;
 #[cfg(feature = "bench-baselines")]
 mod baselines;
 mod blocks;
@@ -25,26 +26,25 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use kvtier_core::object::{decode_object as core_decode, encode_object as core_encode, CODEC_RAW};
-use kvtier_core::tier::TierKind;
 
-use crate::blocks::u128_from;
+use crate::args::{Key, NamespaceHash};
 use crate::buffer::{ensure_disjoint, Buffer, Format};
-use crate::errors::{buffer_error, key_err, object_err};
+use crate::errors::{buffer_error, raise};
 
 /// Keys of every full block of `tokens` (a list or tuple of ints, or a 1-D integer buffer; see
 /// `tokens.rs`), as `n * 16` bytes.
 #[pyfunction]
 fn block_keys<'py>(
     py: Python<'py>,
-    namespace_hash: &[u8],
+    namespace_hash: NamespaceHash,
     tokens: &Bound<'py, PyAny>,
     block_tokens: u32,
     extra: &[u8],
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let ns = u128_from(namespace_hash, "namespace_hash")?;
     let ids = tokens::token_ids(tokens)?;
-    let keys =
-        py.allow_threads(|| kvtier_core::block_keys(ns, &ids, block_tokens, extra)).map_err(key_err)?;
+    let keys = py
+        .allow_threads(|| kvtier_core::block_keys(namespace_hash.0, &ids, block_tokens, extra))
+        .map_err(raise)?;
     let raw: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
     Ok(PyBytes::new(py, &raw))
 }
@@ -53,15 +53,13 @@ fn block_keys<'py>(
 #[pyfunction]
 fn encode_object<'py>(
     py: Python<'py>,
-    namespace_hash: &[u8],
-    key: &[u8],
+    namespace_hash: NamespaceHash,
+    key: Key,
     payload: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let ns = u128_from(namespace_hash, "namespace_hash")?;
-    let key = u128_from(key, "key")?;
     let buf = Buffer::get(payload, "payload", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
-    let bytes = core_encode(ns, key, CODEC_RAW, unsafe { buf.as_slice() });
+    let bytes = core_encode(namespace_hash.0, key.0, CODEC_RAW, unsafe { buf.as_slice() });
     Ok(PyBytes::new(py, &bytes))
 }
 
@@ -74,7 +72,7 @@ fn decode_object<'py>(
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, u16, Bound<'py, PyBytes>)> {
     let buf = Buffer::get(data, "data", false, Format::Bytes)?;
     // SAFETY: read-only view of a live buffer.
-    let (header, payload) = core_decode(unsafe { buf.as_slice() }).map_err(object_err)?;
+    let (header, payload) = core_decode(unsafe { buf.as_slice() }).map_err(raise)?;
     Ok((
         PyBytes::new(py, &header.namespace.to_le_bytes()),
         PyBytes::new(py, &header.key.to_le_bytes()),
@@ -109,29 +107,40 @@ fn checksum(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
     Ok(py.allow_threads(|| kvtier_core::checksum::checksum(unsafe { b.as_slice() })))
 }
 
+/// The module: its classes and functions, and the constants `init` adds.
 #[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    // The store's tier names, fastest first (`Lookup.tiers`, `tier_stats()`): kvtier.tiers maps them.
-    m.add("STORE_TIERS", [TierKind::Dram, TierKind::Ssd, TierKind::Remote].map(|k| k.name()))?;
-    m.add_class::<geometry::CoreGeometry>()?;
-    m.add_class::<layout::Copier>()?;
-    m.add_class::<store::Store>()?;
-    reports::register(m)?;
-    m.add_class::<paged::LayerProgress>()?;
-    transfer::register(m)?;
-    codec::register(m)?;
-    m.add_class::<ssd::SsdPool>()?;
-    m.add_class::<remote::RemotePool>()?;
-    m.add_function(wrap_pyfunction!(remote::redact_url, m)?)?;
-    m.add_function(wrap_pyfunction!(remote::check_url, m)?)?;
-    m.add_function(wrap_pyfunction!(ssd::ssd_placement_counts, m)?)?;
+mod _core {
     #[cfg(feature = "bench-baselines")]
-    baselines::register(m)?;
-    m.add_function(wrap_pyfunction!(block_keys, m)?)?;
-    m.add_function(wrap_pyfunction!(encode_object, m)?)?;
-    m.add_function(wrap_pyfunction!(decode_object, m)?)?;
-    m.add_function(wrap_pyfunction!(memcpy, m)?)?;
-    m.add_function(wrap_pyfunction!(checksum, m)?)?;
-    Ok(())
+    #[pymodule_export]
+    use crate::baselines::{ssd_file_per_object, ssd_raw_sequential};
+    #[pymodule_export]
+    use crate::codec::{codec_decode, codec_decoded_len, codec_encode_lossless, codec_encode_quant};
+    #[pymodule_export]
+    use crate::geometry::CoreGeometry;
+    #[pymodule_export]
+    use crate::layout::Copier;
+    #[pymodule_export]
+    use crate::paged::LayerProgress;
+    #[pymodule_export]
+    use crate::remote::{check_url, redact_url, RemotePool};
+    #[pymodule_export]
+    use crate::reports::{StoreStats, TierStats};
+    #[pymodule_export]
+    use crate::ssd::{ssd_placement_counts, SsdPool};
+    #[pymodule_export]
+    use crate::store::Store;
+    #[pymodule_export]
+    use crate::transfer::{balanced_stage_workers, DuplexEngine, TransferEngine};
+    #[pymodule_export]
+    use crate::{block_keys, checksum, decode_object, encode_object, memcpy};
+
+    use kvtier_core::tier::TierKind;
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        // The store's tier names, fastest first (`Lookup.tiers`, `tier_stats()`): kvtier.tiers maps them.
+        m.add("STORE_TIERS", [TierKind::Dram, TierKind::Ssd, TierKind::Remote].map(|k| k.name()))
+    }
 }

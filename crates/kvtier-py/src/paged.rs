@@ -1,15 +1,16 @@
 //! An engine's paged pool for Python ([`PagedPool`] over caller buffers) and [`LayerProgress`],
 //! which a layerwise load advances and an engine thread waits on with the GIL released.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
 use kvtier_core::paged::PagedPool;
+use kvtier_core::progress::LayerProgress as Progress;
 
 use crate::buffer::{ensure_all_disjoint, Buffer, Format};
-use crate::errors::{buffer_error, layout_err};
+use crate::errors::{buffer_error, raise};
 
 /// A `kvtier.layout.PagedPool` (its `regions`, `num_blocks` rows each, `layer_regions` and
 /// `num_blocks`; see `kvtier_core::paged`), every region checked writable, plain bytes, a whole
@@ -40,91 +41,50 @@ pub(crate) fn paged_pool(pool: &Bound<'_, PyAny>) -> PyResult<(Vec<Buffer>, Page
     // SAFETY: each region is a live writable buffer of `num_blocks * block_len` bytes (checked),
     // the regions are disjoint (checked), and the returned buffers keep the views alive for as
     // long as the caller keeps them with the pool.
-    let pool = unsafe { PagedPool::from_regions(&parts, &layer_regions, num_blocks) }.map_err(layout_err)?;
+    let pool = unsafe { PagedPool::from_regions(&parts, &layer_regions, num_blocks) }.map_err(raise)?;
     Ok((bufs, pool))
 }
 
-#[derive(Default)]
-struct Progress {
-    done: usize,
-    closed: bool,
-}
-
-/// Layers of a layerwise load that are in place: the loading thread advances it, engine
-/// threads wait for a layer with the GIL released.
+/// Layers of a layerwise load that are in place ([`kvtier_core::progress::LayerProgress`]): the
+/// loading thread advances it, engine threads wait for a layer with the GIL released.
 #[pyclass(frozen, module = "kvtier._core")]
 pub struct LayerProgress {
-    inner: Arc<(Mutex<Progress>, Condvar)>,
-}
-
-fn lock(m: &Mutex<Progress>) -> MutexGuard<'_, Progress> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl LayerProgress {
-    /// Layers `0..done` are in place.
-    pub(crate) fn advance(&self, done: usize) {
-        let (m, cv) = &*self.inner;
-        let mut p = lock(m);
-        p.done = p.done.max(done);
-        cv.notify_all();
-    }
+    pub(crate) inner: Arc<Progress>,
 }
 
 #[pymethods]
 impl LayerProgress {
     #[new]
     fn new() -> Self {
-        LayerProgress { inner: Arc::new((Mutex::new(Progress::default()), Condvar::new())) }
+        LayerProgress { inner: Arc::default() }
     }
 
     /// Waits until layer `layer` is in place or the load ended (closed); True unless
     /// `timeout_s` passed first.
     #[pyo3(signature = (layer, timeout_s=None))]
     fn wait(&self, py: Python<'_>, layer: usize, timeout_s: Option<f64>) -> PyResult<bool> {
-        let deadline = match timeout_s {
-            None => None,
-            Some(t) => Some(
-                Instant::now()
-                    + Duration::try_from_secs_f64(t)
-                        .map_err(|_| buffer_error(format!("timeout_s is {t}; expected seconds >= 0")))?,
-            ),
-        };
+        let timeout = timeout_s.map(|t| {
+            Duration::try_from_secs_f64(t)
+                .map_err(|_| buffer_error(format!("timeout_s is {t}; expected seconds >= 0")))
+        });
+        let deadline = timeout.transpose()?.map(|t| Instant::now() + t);
         let inner = self.inner.clone();
-        Ok(py.allow_threads(move || {
-            let (m, cv) = &*inner;
-            let mut p = lock(m);
-            while p.done <= layer && !p.closed {
-                p = match deadline {
-                    None => cv.wait(p).unwrap_or_else(|e| e.into_inner()),
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return false;
-                        }
-                        cv.wait_timeout(p, left).unwrap_or_else(|e| e.into_inner()).0
-                    }
-                };
-            }
-            true
-        }))
+        Ok(py.allow_threads(move || inner.wait(layer, deadline)))
     }
 
     /// Layers in place so far.
     #[getter]
     fn done_layers(&self) -> usize {
-        lock(&self.inner.0).done
+        self.inner.done_layers()
     }
 
     /// The load ended (done or failed): every waiter returns now and later waits do not block.
     fn close(&self) {
-        let (m, cv) = &*self.inner;
-        lock(m).closed = true;
-        cv.notify_all();
+        self.inner.close();
     }
 
     #[getter]
     fn closed(&self) -> bool {
-        lock(&self.inner.0).closed
+        self.inner.closed()
     }
 }

@@ -8,7 +8,8 @@ use pyo3::types::{PyBytes, PyDict};
 use kvtier_pool::{ReadOutcome, Tier};
 use kvtier_remote::{RemoteMetrics, RemoteTier};
 
-use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
+use crate::args::{Key, Keys, NamespaceHash};
+use crate::blocks::{read_blocks, write_blocks};
 use crate::config::{remote_client_config, Section};
 use crate::errors::{config_error, kvtier_error};
 use crate::reports::{add_fields, fields_dict};
@@ -48,32 +49,29 @@ impl RemotePool {
     /// The tier `config` describes (a `kvtier.RemoteConfig` or a mapping of its keys,
     /// `crate::config::remote_client_config`), for the namespace `namespace_hash`.
     #[new]
-    fn new(py: Python<'_>, config: &Bound<'_, PyAny>, namespace_hash: &[u8]) -> PyResult<Self> {
-        let namespace = u128_from(namespace_hash, "namespace_hash")?;
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>, namespace_hash: NamespaceHash) -> PyResult<Self> {
         let config = remote_client_config(&Section::root(config, "remote config", "remote")?)?;
         let tier = py
-            .allow_threads(|| RemoteTier::open(config, namespace))
+            .allow_threads(|| RemoteTier::open(config, namespace_hash.0))
             .map_err(|e| kvtier_error("ConfigError", format!("remote: {e}")))?;
-        Ok(RemotePool { tier, namespace })
+        Ok(RemotePool { tier, namespace: namespace_hash.0 })
     }
 
     /// The server key of block `key` (16 bytes).
-    fn key_name<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-        let key = u128_from(key, "key")?;
-        Ok(PyBytes::new(py, &self.tier.key_name(self.namespace, key)))
+    fn key_name<'py>(&self, py: Python<'py>, key: Key) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.tier.key_name(self.namespace, key.0))
     }
 
     /// Stores objects of `block_bytes` each. Returns (stored, already_present, rejected).
     fn put(
         &self,
         py: Python<'_>,
-        keys: &[u8],
+        keys: Keys,
         objects: &Bound<'_, PyAny>,
         block_bytes: usize,
     ) -> PyResult<(usize, usize, usize)> {
-        let keys = keys_from(keys)?;
-        let r = read_blocks(objects, "objects", keys.len(), block_bytes, |objects| {
-            py.allow_threads(|| self.tier.put(self.namespace, &keys, objects))
+        let r = read_blocks(objects, "objects", keys.0.len(), block_bytes, |objects| {
+            py.allow_threads(|| self.tier.put(self.namespace, &keys.0, objects))
         })?;
         Ok((r.stored, r.already_present, r.rejected))
     }
@@ -82,27 +80,24 @@ impl RemotePool {
     fn get(
         &self,
         py: Python<'_>,
-        keys: &[u8],
+        keys: Keys,
         out: &Bound<'_, PyAny>,
         block_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
-        let keys = keys_from(keys)?;
-        let outcomes = write_blocks(out, "out", keys.len(), block_bytes, |dst| {
-            py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys, dst))
+        let outcomes = write_blocks(out, "out", keys.0.len(), block_bytes, |dst| {
+            py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys.0, dst))
         })?;
         Ok(outcomes.into_iter().map(ReadOutcome::name).collect())
     }
 
     /// Which keys exist: True, False, or None (server down).
-    fn exists(&self, py: Python<'_>, keys: &[u8]) -> PyResult<Vec<Option<bool>>> {
-        let keys = keys_from(keys)?;
-        Ok(py.allow_threads(|| self.tier.exists(self.namespace, &keys)))
+    fn exists(&self, py: Python<'_>, keys: Keys) -> Vec<Option<bool>> {
+        py.allow_threads(|| self.tier.exists(self.namespace, &keys.0))
     }
 
     /// Deletes blocks; returns how many existed.
-    fn remove(&self, py: Python<'_>, keys: &[u8]) -> PyResult<usize> {
-        let keys = keys_from(keys)?;
-        Ok(py.allow_threads(|| self.tier.remove(self.namespace, &keys)))
+    fn remove(&self, py: Python<'_>, keys: Keys) -> usize {
+        py.allow_threads(|| self.tier.remove(self.namespace, &keys.0))
     }
 
     /// Plain `SET name value` of each value of `value_bytes` (the raw-client baseline; also plants

@@ -72,9 +72,3 @@ macro_rules! report_classes {
 }
 
 report_classes!(StoreStats = "StoreStats", TierStats = "TierStats");
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<StoreStats>()?;
-    m.add_class::<TierStats>()?;
-    Ok(())
-}

@@ -8,19 +8,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use kvtier_pool::ssd::{placement, SsdMetrics};
-use kvtier_pool::{PoolError, ReadOutcome, SsdTier, Tier};
+use kvtier_pool::{ReadOutcome, SsdTier, Tier};
 
-use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
+use crate::args::{Keys, NamespaceHash};
+use crate::blocks::{read_blocks, write_blocks};
 use crate::config::{ssd_pool_config, Section};
-use crate::errors::{config_error, kvtier_error};
+use crate::errors::{config_error, kvtier_error, raise};
 use crate::reports::{add_fields, fields_dict};
-
-fn pool_err(e: PoolError) -> PyErr {
-    match e {
-        PoolError::SsdConfig(m) => config_error(format!("ssd: {m}")),
-        other => kvtier_error("StoreError", other.to_string()),
-    }
-}
 
 /// The pool's metrics as nested dicts (JSON-ready); each device's dict has its `io` fields too.
 pub fn metrics_dict<'py>(py: Python<'py>, m: &SsdMetrics) -> PyResult<Bound<'py, PyDict>> {
@@ -61,7 +55,7 @@ impl SsdPool {
     #[new]
     fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
         let c = ssd_pool_config(&Section::root(config, "ssd config", "ssd")?)?;
-        let tier = py.allow_threads(|| SsdTier::open(c)).map_err(pool_err)?;
+        let tier = py.allow_threads(|| SsdTier::open(c)).map_err(raise)?;
         Ok(SsdPool { inner: Mutex::new(Some(Arc::new(tier))) })
     }
 
@@ -69,16 +63,14 @@ impl SsdPool {
     fn put(
         &self,
         py: Python<'_>,
-        namespace_hash: &[u8],
-        keys: &[u8],
+        namespace_hash: NamespaceHash,
+        keys: Keys,
         objects: &Bound<'_, PyAny>,
         object_bytes: usize,
     ) -> PyResult<(usize, usize, usize, usize)> {
-        let ns = u128_from(namespace_hash, "namespace_hash")?;
-        let keys = keys_from(keys)?;
         let tier = self.tier()?;
-        let r = read_blocks(objects, "objects", keys.len(), object_bytes, |objects| {
-            py.allow_threads(|| tier.put(ns, &keys, objects))
+        let r = read_blocks(objects, "objects", keys.0.len(), object_bytes, |objects| {
+            py.allow_threads(|| tier.put(namespace_hash.0, &keys.0, objects))
         })?;
         Ok((r.stored, r.already_present, r.rejected, r.evicted))
     }
@@ -87,16 +79,14 @@ impl SsdPool {
     fn get(
         &self,
         py: Python<'_>,
-        namespace_hash: &[u8],
-        keys: &[u8],
+        namespace_hash: NamespaceHash,
+        keys: Keys,
         out: &Bound<'_, PyAny>,
         object_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
-        let ns = u128_from(namespace_hash, "namespace_hash")?;
-        let keys = keys_from(keys)?;
         let tier = self.tier()?;
-        let outcomes = write_blocks(out, "out", keys.len(), object_bytes, |dst| {
-            py.allow_threads(|| tier.get(ns, &keys, dst))
+        let outcomes = write_blocks(out, "out", keys.0.len(), object_bytes, |dst| {
+            py.allow_threads(|| tier.get(namespace_hash.0, &keys.0, dst))
         })?;
         Ok(outcomes.into_iter().map(|o| o.map_or("miss", ReadOutcome::name)).collect())
     }
@@ -108,7 +98,7 @@ impl SsdPool {
 
     fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
         let tier = self.tier()?;
-        py.allow_threads(|| tier.check_integrity()).map_err(|e| kvtier_error("IntegrityError", e.to_string()))
+        py.allow_threads(|| tier.check_integrity()).map_err(raise)
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {

@@ -4,33 +4,16 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use kvtier_store::{Store as CoreStore, StoreError};
+use kvtier_store::Store as CoreStore;
 
-use crate::blocks::{keys_from, read_blocks, u128_from, write_blocks};
+use crate::args::{BlockIds, Keys, NamespaceHash};
+use crate::blocks::{read_blocks, write_blocks};
 use crate::config::store_config;
-use crate::errors::{key_err, kvtier_error};
-use crate::layout::block_ids_of;
+use crate::errors::raise;
 use crate::paged::{paged_pool, LayerProgress};
 use crate::remote::metrics_dict as remote_metrics_dict;
 use crate::reports::{StoreStats, TierStats};
 use crate::ssd::metrics_dict;
-
-fn store_err(e: StoreError) -> PyErr {
-    let class = match &e {
-        StoreError::NamespaceMismatch { .. } => "NamespaceError",
-        StoreError::ObjectSize { .. } | StoreError::CountMismatch { .. } => "BufferError",
-        StoreError::LeaseUnknown { .. }
-        | StoreError::LeaseExpired { .. }
-        | StoreError::LeaseEnded { .. }
-        | StoreError::LeaseLimit { .. }
-        | StoreError::LoadTooMany { .. } => "LeaseError",
-        StoreError::Config(_) => "ConfigError",
-        StoreError::Layout(_) => "LayoutError",
-        StoreError::Integrity(_) | StoreError::TierIntegrity(_) => "IntegrityError",
-        _ => "StoreError",
-    };
-    kvtier_error(class, e.to_string())
-}
 
 /// A put's (stored, present, rejected, evicted, written to DRAM, SSD, remote).
 type PutTuple = (usize, usize, usize, usize, usize, usize, usize);
@@ -51,8 +34,8 @@ impl Store {
     #[new]
     fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
         let (namespace, config) = store_config(config)?;
-        namespace.hash().map_err(key_err)?;
-        let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(store_err)?;
+        namespace.hash().map_err(raise)?;
+        let inner = py.allow_threads(|| CoreStore::new(namespace, config)).map_err(raise)?;
         Ok(Store { inner })
     }
 
@@ -70,16 +53,14 @@ impl Store {
     fn put(
         &self,
         py: Python<'_>,
-        namespace_hash: &[u8],
-        keys: &[u8],
+        namespace_hash: NamespaceHash,
+        keys: Keys,
         objects: &Bound<'_, PyAny>,
     ) -> PyResult<PutTuple> {
-        let ns = u128_from(namespace_hash, "namespace_hash")?;
-        let keys = keys_from(keys)?;
-        let r = read_blocks(objects, "objects", keys.len(), self.inner.block_bytes(), |objects| {
-            py.allow_threads(|| self.inner.put(ns, &keys, objects))
+        let r = read_blocks(objects, "objects", keys.0.len(), self.inner.block_bytes(), |objects| {
+            py.allow_threads(|| self.inner.put(namespace_hash.0, &keys.0, objects))
         })?
-        .map_err(store_err)?;
+        .map_err(raise)?;
         Ok(put_tuple(&r))
     }
 
@@ -88,17 +69,16 @@ impl Store {
     fn put_from_pool(
         &self,
         py: Python<'_>,
-        namespace_hash: &[u8],
-        keys: &[u8],
+        namespace_hash: NamespaceHash,
+        keys: Keys,
         pool: &Bound<'_, PyAny>,
-        block_ids: &Bound<'_, PyAny>,
+        block_ids: BlockIds,
     ) -> PyResult<PutTuple> {
-        let ns = u128_from(namespace_hash, "namespace_hash")?;
-        let keys = keys_from(keys)?;
-        let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
         let (_views, pool) = paged_pool(pool)?;
-        let r = py.allow_threads(|| self.inner.put_from_pool(ns, &keys, &pool, &ids)).map_err(store_err)?;
+        let r = py
+            .allow_threads(|| self.inner.put_from_pool(namespace_hash.0, &keys.0, &pool, &block_ids.0))
+            .map_err(raise)?;
         Ok(put_tuple(&r))
     }
 
@@ -106,12 +86,10 @@ impl Store {
     fn lookup(
         &self,
         py: Python<'_>,
-        namespace_hash: &[u8],
-        keys: &[u8],
+        namespace_hash: NamespaceHash,
+        keys: Keys,
     ) -> PyResult<(usize, Vec<&'static str>)> {
-        let ns = u128_from(namespace_hash, "namespace_hash")?;
-        let keys = keys_from(keys)?;
-        let r = py.allow_threads(|| self.inner.lookup(ns, &keys)).map_err(store_err)?;
+        let r = py.allow_threads(|| self.inner.lookup(namespace_hash.0, &keys.0)).map_err(raise)?;
         Ok((r.hit_blocks, r.tiers.iter().map(|t| t.name()).collect()))
     }
 
@@ -119,12 +97,10 @@ impl Store {
     fn lease(
         &self,
         py: Python<'_>,
-        namespace_hash: &[u8],
-        keys: &[u8],
+        namespace_hash: NamespaceHash,
+        keys: Keys,
     ) -> PyResult<(u64, usize, Vec<&'static str>)> {
-        let ns = u128_from(namespace_hash, "namespace_hash")?;
-        let keys = keys_from(keys)?;
-        let r = py.allow_threads(|| self.inner.lease(ns, &keys)).map_err(store_err)?;
+        let r = py.allow_threads(|| self.inner.lease(namespace_hash.0, &keys.0)).map_err(raise)?;
         Ok((r.id, r.hit_blocks, r.tiers.iter().map(|t| t.name()).collect()))
     }
 
@@ -139,7 +115,7 @@ impl Store {
         let r = write_blocks(out, "out", count, self.inner.block_bytes(), |dst| {
             py.allow_threads(|| self.inner.load(lease_id, dst))
         })?
-        .map_err(store_err)?;
+        .map_err(raise)?;
         Ok((r.loaded_blocks, r.checksum_failures))
     }
 
@@ -153,26 +129,23 @@ impl Store {
         lease_id: u64,
         first: usize,
         pool: &Bound<'_, PyAny>,
-        block_ids: &Bound<'_, PyAny>,
+        block_ids: BlockIds,
         progress: Option<Py<LayerProgress>>,
     ) -> PyResult<(usize, Vec<usize>, usize)> {
-        let ids = block_ids_of(block_ids)?;
         // `_views` holds the exporters' buffers until the copy is done.
         let (_views, pool) = paged_pool(pool)?;
-        let progress = progress.as_ref().map(|p| p.get());
+        let progress = progress.as_ref().map(|p| &p.get().inner);
         let report = py.allow_threads(|| {
-            self.inner.load_into_pool(lease_id, first, &pool, &ids, &mut |layer| {
-                if let Some(p) = progress {
-                    p.advance(layer + 1);
-                }
+            self.inner.load_into_pool(lease_id, first, &pool, &block_ids.0, &mut |layer| {
+                progress.inspect(|p| p.advance(layer + 1));
             })
         });
-        let r = report.map_err(store_err)?;
+        let r = report.map_err(raise)?;
         Ok((r.loaded_blocks, r.failed, r.checksum_failures))
     }
 
     fn release(&self, lease_id: u64) -> PyResult<()> {
-        self.inner.release(lease_id).map_err(store_err)
+        self.inner.release(lease_id).map_err(raise)
     }
 
     fn stats(&self, py: Python<'_>) -> PyResult<StoreStats> {
@@ -190,30 +163,24 @@ impl Store {
 
     /// The SSD pool's metrics, or None without an SSD tier.
     fn ssd_metrics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        match py.allow_threads(|| self.inner.ssd_metrics()) {
-            Some(m) => Ok(Some(metrics_dict(py, &m)?)),
-            None => Ok(None),
-        }
+        py.allow_threads(|| self.inner.ssd_metrics()).map(|m| metrics_dict(py, &m)).transpose()
     }
 
     /// The remote tier's metrics, or None without a remote tier.
     fn remote_metrics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        match py.allow_threads(|| self.inner.remote_metrics()) {
-            Some(m) => Ok(Some(remote_metrics_dict(py, &m)?)),
-            None => Ok(None),
-        }
+        py.allow_threads(|| self.inner.remote_metrics()).map(|m| remote_metrics_dict(py, &m)).transpose()
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        py.allow_threads(|| self.inner.flush()).map_err(store_err)
+        py.allow_threads(|| self.inner.flush()).map_err(raise)
     }
 
     fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
-        py.allow_threads(|| self.inner.check_integrity()).map_err(store_err)
+        py.allow_threads(|| self.inner.check_integrity()).map_err(raise)
     }
 
     #[cfg(feature = "test-hooks")]
-    fn corrupt_for_test(&self, key: &[u8], payload_byte_offset: usize) -> PyResult<bool> {
-        Ok(self.inner.corrupt_for_test(u128_from(key, "key")?, payload_byte_offset))
+    fn corrupt_for_test(&self, key: crate::args::Key, payload_byte_offset: usize) -> bool {
+        self.inner.corrupt_for_test(key.0, payload_byte_offset)
     }
 }

@@ -2,20 +2,21 @@
 //! integer buffer (numpy arrays of any int dtype, `array.array`, memoryview). No numpy round
 //! trip: `np.asarray(list)` plus a range check cost 3–6 ms for a 128K-token prompt.
 //!
-//! Every id must be `0 <= id < 2**32`; the first that is not is named with its index.
+//! Every id must be `0 <= id < 2**32`; the first that is not is named with its index (buffers are
+//! converted by `kvtier_core::keys::token_ids_from_ints`).
 
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList, PyTuple};
 
+use kvtier_core::keys::token_ids_from_ints;
+use kvtier_core::KeyError;
+
 use crate::buffer::{Buffer, Format};
-use crate::errors::kvtier_error;
+use crate::errors::{kvtier_error, raise};
 
 fn out_of_range(index: usize, value: impl std::fmt::Display) -> PyErr {
-    kvtier_error(
-        "KeyHashError",
-        format!("token id {value} at index {index} is out of range; expected 0 <= id < 2**32"),
-    )
+    raise(KeyError::TokenOutOfRange { index, value: value.to_string() })
 }
 
 fn item_id(item: &Bound<'_, PyAny>, index: usize) -> PyResult<u32> {
@@ -55,35 +56,8 @@ fn from_items<'a>(items: impl Iterator<Item = Bound<'a, PyAny>>, len: usize) -> 
 /// Items of an integer buffer as u32, each range-checked.
 fn from_buffer(buf: &Buffer) -> PyResult<Vec<u32>> {
     let (size, signed) = buf.int_items();
-    if !buf.len().is_multiple_of(size) {
-        return Err(kvtier_error(
-            "KeyHashError",
-            format!("tokens have {} bytes; expected whole items", buf.len()),
-        ));
-    }
     // SAFETY: a live, read-only view; nothing writes it while the GIL is held.
-    let bytes = unsafe { buf.as_slice() };
-    let mut ids = Vec::with_capacity(bytes.len() / size);
-    macro_rules! convert {
-        ($t:ty) => {
-            for (index, c) in bytes.chunks_exact(size).enumerate() {
-                let v = <$t>::from_ne_bytes(c.try_into().expect("item size"));
-                ids.push(u32::try_from(v).map_err(|_| out_of_range(index, v))?);
-            }
-        };
-    }
-    match (size, signed) {
-        (1, false) => ids.extend(bytes.iter().map(|&b| u32::from(b))),
-        (1, true) => convert!(i8),
-        (2, false) => convert!(u16),
-        (2, true) => convert!(i16),
-        (4, false) => convert!(u32),
-        (4, true) => convert!(i32),
-        (8, false) => convert!(u64),
-        (8, true) => convert!(i64),
-        _ => unreachable!("Format::Ints accepts 1, 2, 4 and 8-byte items"),
-    }
-    Ok(ids)
+    token_ids_from_ints(unsafe { buf.as_slice() }, size, signed).map_err(raise)
 }
 
 /// A list's items read in place: exact `int`s converted through the C API without touching

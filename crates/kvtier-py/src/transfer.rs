@@ -12,31 +12,16 @@ use kvtier_store::Store as CoreStore;
 use kvtier_transfer::duplex::BlockState;
 use kvtier_transfer::{
     DuplexConfig, DuplexEngine as CoreDuplex, FinishedJob, JobKind, PoolRef, StageWorkers, StoreHandle,
-    TransferConfig, TransferEngine as CoreEngine, TransferError,
+    TransferEngine as CoreEngine, TransferError,
 };
 
-use crate::blocks::keys_from;
+use crate::args::{JobBlockIds, Keys};
 use crate::buffer::{Buffer, Format};
-use crate::config::{set_present, Section};
-use crate::errors::{buffer_error, error_in, kvtier_error};
+use crate::config::transfer_config;
+use crate::errors::raise;
 use crate::geometry::CoreGeometry;
 use crate::paged::paged_pool;
 use crate::store::Store;
-
-fn transfer_err(e: TransferError) -> PyErr {
-    let class = match &e {
-        TransferError::Config(_) => "ConfigError",
-        TransferError::PoolSize { .. } | TransferError::CountMismatch { .. } => "BufferError",
-        TransferError::Store(s) => return kvtier_error("StoreError", s.to_string()),
-        _ => return transfer_error(e.to_string()),
-    };
-    kvtier_error(class, e.to_string())
-}
-
-/// `kvtier.transfer.TransferError` (a `KvtierError`): bounds reached, unknown jobs, duplex misuse.
-fn transfer_error(msg: String) -> PyErr {
-    error_in("kvtier.transfer", "TransferError", msg)
-}
 
 /// The Python store, as the engine's store handle.
 struct PyStore(Py<Store>);
@@ -65,18 +50,6 @@ fn pool_ref(
     Ok((buf, r))
 }
 
-/// Block ids as little-endian int64 bytes; negative ids become out of range (reported per block).
-fn ids_from(raw: &[u8]) -> PyResult<Vec<u64>> {
-    if !raw.len().is_multiple_of(8) {
-        return Err(buffer_error(format!("block_ids have {} bytes; expected int64 values", raw.len())));
-    }
-    Ok(raw
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .map(|v| u64::try_from(v).unwrap_or(u64::MAX))
-        .collect())
-}
-
 fn job_tuple(j: &FinishedJob) -> JobTuple {
     let kind = if j.kind == JobKind::Load { "load" } else { "store" };
     let outcomes = j.outcomes.iter().map(|o| o.name()).collect();
@@ -96,30 +69,12 @@ pub struct TransferEngine {
 
 #[pymethods]
 impl TransferEngine {
-    /// An engine on `store` shaped by `config` (a `kvtier.TransferConfig`, or a mapping of its
-    /// keys; a key left out takes the Rust default).
     #[new]
     fn new(py: Python<'_>, store: Py<Store>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let config = Section::root(config, "transfer config", "")?;
-        let mut c = TransferConfig::default();
-        set_present!(
-            config,
-            c {
-                chunk_blocks,
-                buffer_chunks,
-                store_workers,
-                jobs_in_flight_max,
-                inflight_bytes_max,
-                job_blocks_max,
-                allocate_per_chunk,
-            }
-        );
-        if let Some(workers) = config.get("stage_workers")? {
-            c.stage_workers = StageWorkers::from_array(workers);
-        }
+        let c = transfer_config(config)?;
         let block_bytes = store.get().inner.block_bytes();
         let handle: Arc<dyn StoreHandle> = Arc::new(PyStore(store));
-        let inner = py.allow_threads(|| CoreEngine::new(handle, c)).map_err(transfer_err)?;
+        let inner = py.allow_threads(|| CoreEngine::new(handle, c)).map_err(raise)?;
         Ok(TransferEngine { inner, buffers: Mutex::new(HashMap::new()), block_bytes })
     }
 
@@ -129,27 +84,16 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         load: bool,
-        keys: &[u8],
+        keys: Keys,
         pool: &Bound<'_, PyAny>,
-        block_ids: &[u8],
+        block_ids: JobBlockIds,
         num_blocks: Option<u64>,
     ) -> PyResult<u64> {
-        let keys = keys_from(keys)?;
-        let ids = ids_from(block_ids)?;
         let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
-        // The GIL stays held (submission only leases and queues): no other Python thread can
-        // collect the job before its buffer is registered, and the buffer map's lock is only
-        // ever taken with the GIL held, so the two locks cannot deadlock.
-        let _ = py;
-        let mut buffers = lock(&self.buffers);
-        let id = if load {
-            self.inner.submit_load(&keys, r, &ids)
-        } else {
-            self.inner.submit_store(&keys, r, &ids)
-        }
-        .map_err(transfer_err)?;
-        buffers.insert(id, vec![buf]);
-        Ok(id)
+        self.hold(py, vec![buf], || match load {
+            true => self.inner.submit_load(&keys.0, r, &block_ids.0),
+            false => self.inner.submit_store(&keys.0, r, &block_ids.0),
+        })
     }
 
     /// A job into (`load`) or from an engine's `PagedPool` (see `kvtier_core::paged`).
@@ -157,23 +101,15 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         load: bool,
-        keys: &[u8],
+        keys: Keys,
         pool: &Bound<'_, PyAny>,
-        block_ids: &[u8],
+        block_ids: JobBlockIds,
     ) -> PyResult<u64> {
-        let keys = keys_from(keys)?;
-        let ids = ids_from(block_ids)?;
         let (views, pool) = paged_pool(pool)?;
-        let _ = py; // held, as in `submit`
-        let mut buffers = lock(&self.buffers);
-        let id = if load {
-            self.inner.submit_paged_load(&keys, pool, &ids)
-        } else {
-            self.inner.submit_paged_store(&keys, pool, &ids)
-        }
-        .map_err(transfer_err)?;
-        buffers.insert(id, views);
-        Ok(id)
+        self.hold(py, views, || match load {
+            true => self.inner.submit_paged_load(&keys.0, pool, &block_ids.0),
+            false => self.inner.submit_paged_store(&keys.0, pool, &block_ids.0),
+        })
     }
 
     fn finished(&self) -> Vec<JobTuple> {
@@ -182,27 +118,27 @@ impl TransferEngine {
     }
 
     fn wait(&self, py: Python<'_>, ids: Vec<u64>) -> PyResult<Vec<JobTuple>> {
-        let jobs = py.allow_threads(|| self.inner.wait(&ids)).map_err(transfer_err)?;
+        let jobs = py.allow_threads(|| self.inner.wait(&ids)).map_err(raise)?;
         Ok(self.collect(&jobs))
     }
 
     fn wait_layer(&self, py: Python<'_>, id: u64, layer: u32) -> PyResult<()> {
-        py.allow_threads(|| self.inner.wait_layer(id, layer)).map_err(transfer_err)
+        py.allow_threads(|| self.inner.wait_layer(id, layer)).map_err(raise)
     }
 
     fn outcomes(&self, id: u64) -> PyResult<Vec<&'static str>> {
-        Ok(self.inner.outcomes(id).map_err(transfer_err)?.iter().map(|o| o.name()).collect())
+        Ok(self.inner.outcomes(id).map_err(raise)?.iter().map(|o| o.name()).collect())
     }
 
     fn cancel(&self, id: u64) -> PyResult<bool> {
-        self.inner.cancel(id).map_err(transfer_err)
+        self.inner.cancel(id).map_err(raise)
     }
 
     fn jobs(&self) -> usize {
         self.inner.jobs()
     }
 
-    /// Per stage: (name, workers, busy_s, bytes, chunks).
+    /// Per stage: (name, workers, busy_s, bytes, chunks, stored_bytes).
     fn stage_stats(&self) -> Vec<(&'static str, usize, f64, u64, u64, u64)> {
         self.inner
             .stage_stats()
@@ -217,17 +153,16 @@ impl TransferEngine {
     fn load_sequential(
         &self,
         py: Python<'_>,
-        keys: &[u8],
+        keys: Keys,
         pool: &Bound<'_, PyAny>,
-        block_ids: &[u8],
+        block_ids: JobBlockIds,
         num_blocks: Option<u64>,
         per_chunk: bool,
     ) -> PyResult<(JobTuple, [f64; 4])> {
-        let keys = keys_from(keys)?;
-        let ids = ids_from(block_ids)?;
         let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
-        let result =
-            py.allow_threads(|| self.inner.load_sequential(&keys, r, &ids, per_chunk)).map_err(transfer_err);
+        let result = py
+            .allow_threads(|| self.inner.load_sequential(&keys.0, r, &block_ids.0, per_chunk))
+            .map_err(raise);
         drop(buf);
         let (job, times) = result?;
         Ok((job_tuple(&job), times))
@@ -235,6 +170,24 @@ impl TransferEngine {
 }
 
 impl TransferEngine {
+    /// Submits a job with `submit` and holds `bufs` (its pool's views) until it is collected. The
+    /// GIL (`_py`) stays held (submission only leases and queues): no other Python thread can
+    /// collect the job before its buffers are registered, and the buffer map's lock is only ever
+    /// taken with the GIL held, so the two locks cannot deadlock.
+    fn hold(
+        &self,
+        _py: Python<'_>,
+        bufs: Vec<Buffer>,
+        submit: impl FnOnce() -> Result<u64, TransferError>,
+    ) -> PyResult<u64> {
+        let mut buffers = lock(&self.buffers);
+        let id = submit().map_err(raise)?;
+        buffers.insert(id, bufs);
+        Ok(id)
+    }
+
+    /// An engine on `store` shaped by `config` (a `kvtier.TransferConfig`, or a mapping of its
+    /// keys; a key left out takes the Rust default).
     /// Drops the buffers of collected jobs (the GIL is held: this runs inside a method).
     fn collect(&self, jobs: &[FinishedJob]) -> Vec<JobTuple> {
         let mut buffers = lock(&self.buffers);
@@ -262,10 +215,6 @@ pub struct DuplexEngine {
     _buffers: (Buffer, Buffer),
 }
 
-fn duplex<T>(r: Result<T, TransferError>) -> PyResult<T> {
-    r.map_err(transfer_err)
-}
-
 #[pymethods]
 impl DuplexEngine {
     #[new]
@@ -281,44 +230,44 @@ impl DuplexEngine {
         let (hbuf, href) = pool_ref(host, bb, None)?;
         crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
-        let inner = duplex(CoreDuplex::new(&geometry.inner, dref, href, config))?;
+        let inner = CoreDuplex::new(&geometry.inner, dref, href, config).map_err(raise)?;
         Ok(DuplexEngine { inner, _buffers: (dbuf, hbuf) })
     }
 
     fn state(&self, dev: u64) -> PyResult<(&'static str, Option<u64>)> {
-        Ok(state_name(duplex(self.inner.state(dev))?))
+        Ok(state_name(self.inner.state(dev).map_err(raise)?))
     }
     fn write(&self, dev: u64) -> PyResult<()> {
-        duplex(self.inner.write(dev))
+        self.inner.write(dev).map_err(raise)
     }
     fn wait_block(&self, py: Python<'_>, dev: u64) -> PyResult<()> {
-        duplex(py.allow_threads(|| self.inner.wait_block(dev)))
+        py.allow_threads(|| self.inner.wait_block(dev)).map_err(raise)
     }
     fn rotate(&self, dev: u64, host: u64) -> PyResult<()> {
-        duplex(self.inner.rotate(dev, host))
+        self.inner.rotate(dev, host).map_err(raise)
     }
     fn swap_out(&self, dev: u64, host: u64) -> PyResult<bool> {
-        duplex(self.inner.swap_out(dev, host))
+        self.inner.swap_out(dev, host).map_err(raise)
     }
     fn swap_in(&self, host: u64, dev: u64) -> PyResult<()> {
-        duplex(self.inner.swap_in(host, dev))
+        self.inner.swap_in(host, dev).map_err(raise)
     }
     fn free(&self, dev: u64) -> PyResult<()> {
-        duplex(self.inner.free(dev))
+        self.inner.free(dev).map_err(raise)
     }
     fn dirty_blocks(&self, devs: Vec<u64>) -> PyResult<Vec<u64>> {
-        duplex(self.inner.dirty_blocks(&devs))
+        self.inner.dirty_blocks(&devs).map_err(raise)
     }
     /// Returns (swap-out transfer id or None, swap-in transfer id or None).
     fn submit_step(&self) -> PyResult<(Option<u64>, Option<u64>)> {
-        let t = duplex(self.inner.submit_step())?;
+        let t = self.inner.submit_step().map_err(raise)?;
         Ok((t.swap_out, t.swap_in))
     }
     fn swap_out_per_segment(&self, pairs: Vec<(u64, u64)>) -> PyResult<Option<u64>> {
-        duplex(self.inner.swap_out_per_segment(&pairs))
+        self.inner.swap_out_per_segment(&pairs).map_err(raise)
     }
     fn wait(&self, py: Python<'_>, seq: u64) -> PyResult<()> {
-        duplex(py.allow_threads(|| self.inner.wait(seq)))
+        py.allow_threads(|| self.inner.wait(seq)).map_err(raise)
     }
     fn wait_all(&self, py: Python<'_>) {
         py.allow_threads(|| self.inner.wait_all())
@@ -329,11 +278,4 @@ impl DuplexEngine {
 #[pyfunction]
 pub fn balanced_stage_workers(rates_bytes_per_s: [f64; 4], threads: usize) -> [usize; 4] {
     StageWorkers::balanced(rates_bytes_per_s, threads).as_array()
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<TransferEngine>()?;
-    m.add_class::<DuplexEngine>()?;
-    m.add_function(wrap_pyfunction!(balanced_stage_workers, m)?)?;
-    Ok(())
 }
