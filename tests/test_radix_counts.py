@@ -108,15 +108,19 @@ def test_a_released_watch_leaves_no_registration() -> None:
     _, watch = watched_prefix_counts(tree, (1, 2, 3, 4, 5))
     assert not watch.valid and all(node.watch is None for node in _nodes(tree))  # not armed yet
     watch.arm()
+    released: list[int] = []
+    watch.on_release = lambda: released.append(1)  # the sim engine's waiting_changed
     assert watch.valid and len(watch.nodes) == 4
     with pytest.raises(RuntimeError):
         watch.arm()
     tree.insert((1, 2, 3), Tier.HOST, 2.0)  # the device run keeps the device fastest: still valid
     assert watch.valid
     tree.mark_in_queue((1, 2), True)  # marks inside the device run are not read
-    assert watch.valid
+    assert watch.valid and released == []
     tree.insert((1, 2, 3, 4, 5), Tier.SSD, 3.0)  # the child the walk missed appears
-    assert not watch.valid and watch.nodes == []
+    assert not watch.valid and watch.nodes == [] and released == [1]
+    watch.release()  # released again: on_release was called once
+    assert released == [1]
     assert all(node.watch is None for node in _nodes(tree))  # no empty dicts left behind
 
 

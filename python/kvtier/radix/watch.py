@@ -16,7 +16,7 @@ does not arm its watch: nothing is registered.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 RESIDENCY = 1  # the node's fastest tier (whether it is the device, or which one)
@@ -34,14 +34,16 @@ class Watched(Protocol):
 class Watch:
     """What a walk read of the tree: the nodes of its run (each read for :data:`RESIDENCY`) and
     other reads (a node and what was read of it; a node may appear twice). ``valid`` from
-    :meth:`arm` until :func:`notify` releases it; never valid if not armed."""
+    :meth:`arm` until :func:`notify` releases it; never valid if not armed. ``on_release``, if set,
+    is called once, when it is released (its owner's results that rest on it are stale)."""
 
-    __slots__ = ("nodes", "reads", "run", "valid")
+    __slots__ = ("nodes", "on_release", "reads", "run", "valid")
 
     def __init__(self, run: Sequence[Watched], reads: Sequence[tuple[Watched, int]]) -> None:
         self.run, self.reads = run, reads
         self.valid = False
         self.nodes: list[Watched] = []  # where it is registered
+        self.on_release: Callable[[], None] | None = None
 
     def arm(self) -> None:
         """Registers on every node read, for what was read. Call it before the tree changes after
@@ -68,8 +70,11 @@ class Watch:
         self.valid = True
 
     def release(self) -> None:
-        """Invalid from now on; unregistered from every node it read."""
+        """Invalid from now on; unregistered from every node it read; ``on_release`` called."""
         self.valid = False
+        if (on_release := self.on_release) is not None:
+            self.on_release = None
+            on_release()
         for node in self.nodes:
             if (w := node.watch) is not None:
                 w.pop(self, None)

@@ -145,6 +145,8 @@ class Engine:
         self.find: Callable[[int], SimRequest | None] = self.requests.get
         self.waiting: list[tuple[float, int]] = []  # (arrival_s, req_id), kept sorted
         self.waiting_prompt_tokens = 0  # summed over the waiting requests (the router's load)
+        self.waiting_version = 0  # bumped when `waiting` or a waiting watch changes (kvtier.sim.view)
+        self.waiting_views: WaitingViews | None = None  # the head's views, kept while the version stays
         self.running: list[SimRequest] = []
         self.fetching: dict[int, SimRequest] = {}
         self.private_blocks = 0
@@ -186,9 +188,13 @@ class Engine:
     def _enqueue(self, r: SimRequest) -> None:
         """Waiting: its blocks are marked in-queue (Strata §4.3.1 transient nodes)."""
         bisect.insort(self.waiting, (r.req.arrival_s, r.req_id))
+        self.waiting_version += 1
         self.waiting_prompt_tokens += r.req.prompt_tokens
         self.tree.mark_in_queue(r.keys, True)
         r.queue_marked = True
+
+    def waiting_changed(self) -> None:  # a waiting request's watch was released (its on_release)
+        self.waiting_version += 1
 
     def kick(self) -> None:
         """Starts a step at the current instant unless one is running (arrivals at one instant batch)."""
@@ -296,6 +302,7 @@ class Engine:
         r.admitted = True
         forget_waiting_view(r)
         del self.waiting[self._waiting_index(r)]
+        self.waiting_version += 1  # also when its watch was released already (no on_release left)
         self.waiting_prompt_tokens -= r.req.prompt_tokens
         r.phase = Phase.RUNNING
         self.running.append(r)

@@ -14,13 +14,16 @@ request's view is kept on the request and rebuilt only when its phase or token c
 swapped request's view is the same step after step). A waiting request's view is kept too, with a
 :class:`~kvtier.radix.watch.Watch` on the prefix-index nodes its lookup read: the index changes every
 step, but rarely along a given waiting request's path (one lookup in ~170 found other counts on the
-bundled trace under ``strata``), and the watch is released exactly when it did.
+bundled trace under ``strata``), and the watch is released exactly when it did. The head's views
+as a whole are kept across steps too (the engine's ``waiting_version``, bumped when the queue
+changes or a waiting request's watch is released): a step where neither happened reads the last
+step's list as it is, without asking each watch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, cast, overload
 
 from kvtier.errors import SimError
@@ -114,6 +117,13 @@ class ViewedEngine(Protocol):
 
     swapped_views: tuple[int, tuple[RequestView, ...]]  # (swapped_version, the views shown then)
 
+    @property
+    def waiting_version(self) -> int: ...  # bumped when the waiting queue or a waiting watch changes
+
+    waiting_views: WaitingViews | None  # the last step's head (its views valid at its version)
+
+    def waiting_changed(self) -> None: ...  # bumps waiting_version
+
     def available_device_blocks(self) -> int: ...
 
 
@@ -122,16 +132,29 @@ class WaitingViews(Sequence[RequestView]):
 
     Valid while the policy decides the step it was built for: the engine calls :meth:`close` once
     the decision is back, and a later read raises (it would see the prefix index of a later step).
+    A later step whose engine is still at ``version`` takes its views as they are (:meth:`again`).
     """
 
-    __slots__ = ("_block_tokens", "_built", "_engine", "_requests", "_tree", "_views")
+    __slots__ = ("_block_tokens", "_built", "_changed", "_engine", "_requests", "_tree", "_views", "version")
 
     def __init__(self, engine: ViewedEngine, requests: list[SimRequest]) -> None:
         self._engine: ViewedEngine | None = engine
         self._tree, self._block_tokens = engine.tree, engine.config.block_tokens
+        self._changed = engine.waiting_changed  # each new watch's on_release
         self._requests = requests
         self._views: list[RequestView | None] = [None] * len(requests)
         self._built = 0  # views built so far (all of them: iterate the list itself)
+        self.version = engine.waiting_version  # what the views are valid for
+
+    def again(self, engine: ViewedEngine) -> WaitingViews:
+        """The head at a later step of an engine still at :attr:`version` (the same requests, and
+        nothing any view read changed since): this one's views, built or not, in a list both share
+        (this one is closed: only the new one builds more)."""
+        w: WaitingViews = _object_new(WaitingViews)
+        w._engine, w._tree, w._block_tokens = engine, self._tree, self._block_tokens
+        w._changed, w._requests, w._views = self._changed, self._requests, self._views
+        w._built, w.version = self._built, self.version
+        return w
 
     def close(self) -> None:
         self._engine = None
@@ -159,6 +182,7 @@ class WaitingViews(Sequence[RequestView]):
 
     def _iter_building(self) -> Iterator[RequestView]:
         views, requests, tree, bt = self._views, self._requests, self._tree, self._block_tokens
+        changed = self._changed
         for i in range(len(views)):
             view = views[i]
             if view is None:  # _get inline (Strata reads the whole head every step)
@@ -170,7 +194,7 @@ class WaitingViews(Sequence[RequestView]):
                 elif (w := r.watch) is not None and w.valid and r.waiting_view is not None:
                     view = r.waiting_view  # waiting_view's reuse inline
                 else:
-                    view = waiting_view(tree, bt, r)
+                    view = waiting_view(tree, bt, r, changed)
                 views[i] = view
                 self._built += 1
             yield view
@@ -182,7 +206,9 @@ class WaitingViews(Sequence[RequestView]):
                 raise SimError("a waiting request's view was read after the step it was built for")
             r = self._requests[i]
             view = self._views[i] = (
-                admitted_view(r) if r.admitted else waiting_view(self._tree, self._block_tokens, r)
+                admitted_view(r)
+                if r.admitted
+                else waiting_view(self._tree, self._block_tokens, r, self._changed)
             )
             self._built += 1
         return view
@@ -190,8 +216,15 @@ class WaitingViews(Sequence[RequestView]):
 
 def build_view(engine: ViewedEngine) -> SchedulerView:
     config, tree = engine.config, engine.tree
-    requests = engine.requests
-    waiting = WaitingViews(engine, [requests[rid] for _, rid in engine.waiting[: config.view_waiting_max]])
+    kept = engine.waiting_views
+    if kept is not None and kept.version == engine.waiting_version:
+        waiting = kept.again(engine)
+    else:
+        requests = engine.requests
+        waiting = WaitingViews(
+            engine, [requests[rid] for _, rid in engine.waiting[: config.view_waiting_max]]
+        )
+    engine.waiting_views = waiting
     return SchedulerView(
         now_s=engine.loop.now_s,
         waiting=waiting,
@@ -259,15 +292,16 @@ def admitted_view(r: SimRequest) -> RequestView:
 def request_view(engine: ViewedEngine, r: SimRequest) -> RequestView:
     if r.admitted:
         return admitted_view(r)
-    return waiting_view(engine.tree, engine.config.block_tokens, r)
+    return waiting_view(engine.tree, engine.config.block_tokens, r, engine.waiting_changed)
 
 
-def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
+def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest, on_release: Callable[[], None]) -> RequestView:
     """A request not admitted yet: its cached prefix per tier, and the marked blocks after it.
 
     Kept while its watch is valid (nothing its lookup read changed; its phase and token counts do
     not change while it waits, and admission forgets it: :func:`forget_waiting_view`). A lookup
-    that finds what the previous one found keeps the previous view object.
+    that finds what the previous one found keeps the previous view object. ``on_release`` is called
+    when the new watch is released (the engine's ``waiting_changed``: the kept head is stale).
     """
     v = r.waiting_view
     w = r.watch
@@ -277,6 +311,7 @@ def waiting_view(tree: HiRadixTree, bt: int, r: SimRequest) -> RequestView:
         w.release()
     (per_tier, in_queue, in_flight), w = watched_prefix_counts(tree, r.keys, r.queue_marked)
     w.arm()
+    w.on_release = on_release
     r.watch = w
     req = r.req
     # cap_prefix on the block counts: whole blocks before the last prompt token, fastest tier first.
