@@ -150,7 +150,10 @@ class StepPlan:
         self.budget, self.free_blocks = budget, free
 
     def swap_in(self, r: RequestView) -> bool:
-        need = kv_blocks(r, self.view.block_tokens)
+        if r.phase is Phase.WAITING:
+            need = kv_blocks(r, self.view.block_tokens)
+        else:  # kv_blocks inline: up to every rotary request per step
+            need = -(-(r.computed_tokens + r.generated_tokens) // self.view.block_tokens)
         if need > self.free_blocks or self.slots <= 0:
             return False
         self.decision.swap_in.append(r.req_id)
@@ -222,6 +225,7 @@ class _Seen:
     last_token_s: float
     run_start_s: float
     seen_s: float
+    view: RequestView | None = None  # the view these fields were read from (views are frozen)
 
 
 def lvf(
@@ -364,9 +368,13 @@ class RotaSched(Policy):
                 seen = seen_map.get(rid)
                 if seen is None:
                     last_s = now if r.generated_tokens else r.arrival_s
-                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now)
+                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
                     continue
                 seen_map.move_to_end(rid)
+                if seen.view is r:  # the very view seen last time: phase and tokens as recorded
+                    seen.seen_s, seen.prev_tokens = now, seen.tokens
+                    continue
+                seen.view = r
                 if r.generated_tokens > seen.generated:
                     seen.last_token_s = now
                 if r.phase is running and seen.phase is not running:
