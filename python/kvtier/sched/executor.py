@@ -119,6 +119,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
         get(rid, "load")
     prefills = [(get(rid, "prefill"), tokens) for rid, tokens in decision.prefill]
     find = backend.find  # a decode per running request per step: no closure call each
+    running = Phase.RUNNING
     found = [find(rid) for rid in decision.decode]
     if None in found:
         get(decision.decode[found.index(None)], "decode")  # raises: the first unknown one
@@ -131,10 +132,19 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
     decode_epochs = [r.epoch for r in decodes]
     for rid in decision.preempt:
         backend.preempt(expect(get(rid, "preempt"), Phase.RUNNING, "preempts"))
+    # Swaps: get and expect inline (a rotating policy swaps ~20 requests each way per step).
+    swap_out, swap_in = backend.swap_out, backend.swap_in
     for rid in decision.swap_out:
-        backend.swap_out(expect(get(rid, "swap out"), Phase.RUNNING, "swaps out"))
+        found_r = find(rid)
+        if found_r is None or found_r.phase is not running:
+            expect(get(rid, "swap out"), running, "swaps out")  # raises
+        swap_out(cast("R", found_r))
+    swapped = Phase.SWAPPED
     for rid in decision.swap_in:
-        backend.swap_in(expect(get(rid, "swap in"), Phase.SWAPPED, "swaps in"))
+        found_r = find(rid)
+        if found_r is None or found_r.phase is not swapped:
+            expect(get(rid, "swap in"), swapped, "swaps in")  # raises
+        swap_in(cast("R", found_r))
     backend.end_swaps()
     for (r, tokens), epoch in zip(prefills, prefill_epochs, strict=True):
         if r.epoch == epoch:  # else it left the device while this step was planned
@@ -144,7 +154,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
                     f"policy {name!r} prefills request {r.req_id} and prefetches it to host in one step"
                 )
             backend.plan_prefill(plan, r, tokens, load)
-    plan_decode, running = backend.plan_decode, Phase.RUNNING
+    plan_decode = backend.plan_decode
     for r, epoch in zip(decodes, decode_epochs, strict=True):
         if r.epoch != epoch:
             continue

@@ -150,7 +150,10 @@ class StepPlan:
         self.budget, self.free_blocks = budget, free
 
     def swap_in(self, r: RequestView) -> bool:
-        need = kv_blocks(r, self.view.block_tokens)
+        if r.phase is Phase.WAITING:
+            need = kv_blocks(r, self.view.block_tokens)
+        else:  # kv_blocks inline: up to every rotary request per step
+            need = -(-(r.computed_tokens + r.generated_tokens) // self.view.block_tokens)
         if need > self.free_blocks or self.slots <= 0:
             return False
         self.decision.swap_in.append(r.req_id)
@@ -222,6 +225,7 @@ class _Seen:
     last_token_s: float
     run_start_s: float
     seen_s: float
+    view: RequestView | None = None  # the view these fields were read from (views are frozen)
 
 
 def lvf(
@@ -235,25 +239,55 @@ def lvf(
     ``candidates`` are (VLT, request) for every running, waiting and rotary request; ``blocks`` maps
     a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer.
     """
-    left = free_blocks + xfer_blocks  # line 1: B_left
     waiting_rotary = [r for _, r in candidates if r.phase is not Phase.RUNNING]
     if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
         return [], sorted(waiting_rotary, key=_fcfs_key)  # fall back to FCFS
-    # step 2: by VLT, highest first, then FCFS. The keys are built in one pass, not by a key function
-    # per candidate; the index ends each key, so equal keys keep their order (as a stable sort does).
-    keys = sorted([(-vlt, r.arrival_s, r.req_id, i) for i, (vlt, r) in enumerate(candidates)])
-    ordered = [candidates[key[3]] for key in keys]
+    views = [(r, blocks[r.req_id]) for _, r in candidates]
+    heads, tails = [], []
+    for i, (vlt, r) in enumerate(candidates):
+        if r.phase is not Phase.RUNNING:
+            if vlt >= 0:
+                heads.append((-vlt, r.arrival_s, r.req_id, i))
+        elif vlt < 0:
+            tails.append((-vlt, r.arrival_s, r.req_id, i))
+    return _lvf_ordered(views, heads, tails, free_blocks + xfer_blocks, xfer_blocks)
+
+
+LvfKey = tuple[float, float, int, int]  # (-VLT, arrival, id, index into the candidates)
+
+
+def _lvf_ordered(
+    views: Sequence[tuple[RequestView, int]],
+    heads: list[LvfKey],
+    tails: list[LvfKey],
+    left: int,
+    xfer_blocks: int,
+) -> tuple[list[RequestView], list[RequestView]]:
+    """Steps 2-4 of Algorithm 1 once the contention check has passed. ``views`` holds each
+    candidate with blk(r); ``heads`` the keys of the waiting/rotary candidates with VLT >= 0,
+    ``tails`` those of the running candidates with VLT < 0; ``left`` is B_left.
+
+    Step 2 sorts every candidate by (-VLT, arrival, id), a total order, so the candidates steps 3
+    and 4 can take keep their places if each group is sorted alone: step 3 walks the heads from the
+    highest VLT, step 4 the tails from the lowest (``reverse``: the index ends each key, so no two
+    keys are equal and reversing the sort is reversing the order) and stops once B_swap is found."""
+    heads.sort()
     prioritised: list[RequestView] = []
-    for vlt, r in ordered:  # step 3
-        if r.phase is not Phase.RUNNING and vlt >= 0 and blocks[r.req_id] <= left:
+    for key in heads:  # step 3
+        r, need = views[key[3]]
+        if need <= left:
             prioritised.append(r)
-            left -= blocks[r.req_id]
+            left -= need
     swap = xfer_blocks - left  # step 4: B_swap
     preempted: list[RequestView] = []
-    for vlt, r in reversed(ordered):
-        if r.phase is Phase.RUNNING and vlt < 0 and swap > 0:
+    if swap > 0:
+        tails.sort(reverse=True)
+        for key in tails:
+            r, need = views[key[3]]
             preempted.append(r)
-            swap -= blocks[r.req_id]
+            swap -= need
+            if swap <= 0:
+                break
     return preempted, prioritised
 
 
@@ -333,9 +367,13 @@ class RotaSched(Policy):
                 seen = seen_map.get(rid)
                 if seen is None:
                     last_s = now if r.generated_tokens else r.arrival_s
-                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now)
+                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
                     continue
                 seen_map.move_to_end(rid)
+                if seen.view is r:  # the very view seen last time: phase and tokens as recorded
+                    seen.seen_s, seen.prev_tokens = now, seen.tokens
+                    continue
+                seen.view = r
                 if r.generated_tokens > seen.generated:
                     seen.last_token_s = now
                 if r.phase is running and seen.phase is not running:
@@ -366,42 +404,55 @@ class RotaSched(Policy):
         self.observe(view)
         now, bt = view.now_s, view.block_tokens
         seen_map = self._seen  # observe() saw every request below
-        # blk(r) (kv_blocks), VLT (vlt) and the running batch's claims (running_claims) in one pass.
-        blocks: dict[int, int] = {}
-        candidates: list[tuple[float, RequestView]] = []
+        # blk(r) (kv_blocks), VLT (vlt), LVF's keys (lvf) and the running batch's claims
+        # (running_claims) in one pass: each candidate's key goes to the group LVF takes it from.
+        views: list[tuple[RequestView, int]] = []
+        heads: list[LvfKey] = []  # waiting/rotary, VLT >= 0: step 3's
+        tails: list[LvfKey] = []  # running, VLT < 0: step 4's
+        waiting_rotary: list[RequestView] = []
+        contended = 0  # blocks of every waiting and rotary request (step 1)
         claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
-        for group, phase in (
-            (view.running, Phase.RUNNING),
-            (view.waiting, Phase.WAITING),
-            (view.swapped, Phase.SWAPPED),
-        ):
+        running, waiting, swapped = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED
+        for group, phase in ((view.running, running), (view.waiting, waiting), (view.swapped, swapped)):
             for r in group:
                 if r.phase is not phase:  # not where a simulator shows it: the general path
-                    blocks[r.req_id] = kv_blocks(r, bt)
-                    candidates.append((self.vlt(r, now), r))
-                elif phase is Phase.WAITING:
-                    blocks[r.req_id] = -(-r.prompt_tokens // bt) - r.cached_tokens[Tier.DEVICE] // bt
-                    candidates.append((max(0.0, now - r.arrival_s - wait_s), r))
-                elif phase is Phase.RUNNING:
-                    blocks[r.req_id] = -(-(r.computed_tokens + r.generated_tokens) // bt)
-                    candidates.append((-(now - seen_map[r.req_id].run_start_s), r))
+                    need, vlt, phase_r = kv_blocks(r, bt), self.vlt(r, now), r.phase
+                elif phase is waiting:
+                    need = -(-r.prompt_tokens // bt) - r.cached_tokens[Tier.DEVICE] // bt
+                    vlt, phase_r = max(0.0, now - r.arrival_s - wait_s), phase
+                elif phase is running:
+                    need = -(-(r.computed_tokens + r.generated_tokens) // bt)
+                    vlt, phase_r = -(now - seen_map[r.req_id].run_start_s), phase
                 else:
-                    blocks[r.req_id] = -(-(r.computed_tokens + r.generated_tokens) // bt)
+                    need = -(-(r.computed_tokens + r.generated_tokens) // bt)
                     lag = now - seen_map[r.req_id].last_token_s - lag_s
-                    candidates.append((alpha * max(0.0, lag), r))
-        # lvf orders by (-VLT, arrival, id), a total order: the order built here does not matter.
+                    vlt, phase_r = alpha * max(0.0, lag), phase
+                if phase_r is not running:
+                    waiting_rotary.append(r)
+                    contended += need
+                    if vlt >= 0:
+                        heads.append((-vlt, r.arrival_s, r.req_id, len(views)))
+                elif vlt < 0:
+                    tails.append((-vlt, r.arrival_s, r.req_id, len(views)))
+                views.append((r, need))
         # B_HBM: free blocks less the running batch's claims, plus those of earlier swap-outs still
         # copying (already rotated out: counting them again would preempt twice for one need).
         pending = sum(held for held, _ in self._pending_out.values())
         free_hbm = view.free_device_blocks - claims + pending
-        preempted, prioritised = lvf(candidates, blocks, free_hbm, self.xfer_blocks)
+        preempted: list[RequestView]
+        if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
+            preempted, prioritised = [], sorted(waiting_rotary, key=_fcfs_key)
+        else:
+            preempted, prioritised = _lvf_ordered(
+                views, heads, tails, free_hbm + self.xfer_blocks, self.xfer_blocks
+            )
         released = 0
         for r in preempted:
             now_free = released_now(r, view.swap_copy, self.synced_blocks(r, bt), bt)
             released += now_free
-            self._pending_out[r.req_id] = (blocks[r.req_id] - now_free, now)
+            self._pending_out[r.req_id] = (kv_blocks(r, bt) - now_free, now)
         return preempted, prioritised, released
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:

@@ -413,8 +413,9 @@ class Engine:
         if r.flight_marked:
             self.tree.mark_in_flight(r.keys, False, start=r.locked_blocks)
             r.flight_marked = False
-        self.tree.unlock(r.keys[: r.locked_blocks])
-        r.locked_blocks = 0
+        if r.locked_blocks:  # unlocking an empty path changes nothing (a landed swap-out's release)
+            self.tree.unlock(r.keys[: r.locked_blocks])
+            r.locked_blocks = 0
         self.private_blocks -= r.private_blocks
         r.private_blocks = 0
         self.reserved_blocks -= r.reserved_blocks

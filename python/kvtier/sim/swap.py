@@ -74,10 +74,11 @@ class Swaps:
                 f"policy {owner.policy.name!r} swaps out, but engine {owner.name!r} has no host tier"
             )
         blocks = math.ceil((r.computed_tokens + r.generated_tokens) / self._block_tokens)
-        tiers.make_room(Tier.HOST, blocks)
-        if tiers.free_blocks(Tier.HOST) < blocks:
-            owner.preempt(r)  # host cannot hold it: fall back to recompute
-            return
+        if tiers.free_blocks(Tier.HOST) < blocks:  # make_room's own first test, spelled here
+            tiers.make_room(Tier.HOST, blocks)
+            if tiers.free_blocks(Tier.HOST) < blocks:
+                owner.preempt(r)  # host cannot hold it: fall back to recompute
+                return
         tiers.swap_host_blocks += blocks
         r.swapped_blocks = blocks
         owner.running.remove(r)
