@@ -384,8 +384,7 @@ class Engine:
 
     def commit_prefix(self, r: SimRequest) -> None:
         """Puts ``r``'s newly computed prompt blocks in the prefix index (device), locked."""
-        bt = self.config.block_tokens
-        full = len(r.keys) if r.prefill_done else r.computed_tokens // bt
+        full = len(r.keys) if r.prefill_done else r.computed_tokens // self.config.block_tokens
         start = r.locked_blocks
         if full <= start:
             return
