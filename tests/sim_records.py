@@ -17,7 +17,7 @@ from typing import Any
 
 from kvtier.bench.sim import config
 from kvtier.sim.metrics import RequestRecord
-from kvtier.sim.run import build, workload
+from kvtier.sim.run import build, replay, workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sim_records.json"
 REQUESTS = 320
@@ -56,7 +56,7 @@ def fingerprint(policy: str, requests: int = REQUESTS) -> dict[str, Any]:
 
     sim.metrics.add_request = record  # type: ignore[method-assign]
     sim.cluster.feed(workload(cfg))
-    sim.loop.run(until_s=cfg.max_sim_s)
+    replay(sim, cfg.max_sim_s)  # raises where the replay stalls (kvtier.sim.stall)
     return {
         "requests": len(records),
         "steps": sim.metrics.steps,

@@ -75,6 +75,11 @@ class EventLoop:
     def pending(self) -> int:
         return len(self._heap)
 
+    def exhausted(self) -> bool:
+        """Whether no event is left to run (cancelled ones do not count): a ``run`` that ended so
+        ran out of events rather than reaching its bound."""
+        return all(event.cancelled for *_, event in self._heap)
+
     def run(self, until_s: float | None = None) -> None:
         """Runs events until the heap is empty or the next event is after ``until_s``."""
         heap, pop = self._heap, heapq.heappop

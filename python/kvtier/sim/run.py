@@ -35,6 +35,7 @@ from kvtier.sim.models import ModelProfile, load_model
 from kvtier.sim.pool import PoolSpec, build_pool
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Link, StripedLink
+from kvtier.sim.stall import check_not_stalled
 from kvtier.sim.workload import make_workload
 from kvtier.tiers import Tier
 
@@ -291,7 +292,7 @@ def run(
     if show_progress:  # counts requests as they are pulled in (arrivals), total when known
         requests = _counting(requests, expected_requests, progress_label)
     sim.cluster.feed(requests)
-    sim.loop.run(until_s=config.max_sim_s)
+    replay(sim, config.max_sim_s)
     return {
         **sim.result(),
         "config": config.name,
@@ -306,6 +307,15 @@ def run(
         "cluster": cluster_shape(sim),
         "peak_rss_bytes": peak_rss_bytes(),
     }
+
+
+def replay(sim: Simulation, until_s: float | None = None) -> None:
+    """Runs ``sim``'s events to the end (or ``until_s``); a replay whose events ran out with requests
+    unfinished stalled, and raises :class:`SimError` naming its engines (:mod:`kvtier.sim.stall`)."""
+    sim.loop.run(until_s=until_s)
+    cluster = sim.cluster
+    engines = cluster.engines + cluster.decode_engines if isinstance(cluster, Cluster) else []
+    check_not_stalled(sim.loop, cluster, engines, sim.metrics.steps)
 
 
 def cluster_shape(sim: Simulation) -> ClusterShape:

@@ -39,7 +39,7 @@ from kvtier.sim.machine import differences
 from kvtier.sim.metrics import SimMetrics
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.request import Request
-from kvtier.sim.run import build
+from kvtier.sim.run import build, replay
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def simulate(
         for t in turns
     ]
     sim.cluster.feed(iter(requests))
-    sim.loop.run()
+    replay(sim)
     return sim.metrics.result()
 
 
