@@ -39,6 +39,13 @@ def sim_summary(r: SimResult) -> str:
         f"{r['preemptions']} preemptions, SLO attainment {r['slo']['attainment']:.1%}",
         f"  {r['events']} events in {r['wall_s']:.1f} s wall for {r['sim_time_s']:.0f} s simulated",
     ]
+    unfinished = r.get("unfinished_requests", 0)  # absent from results written before it was reported
+    if unfinished:  # a max_sim_s cut: a replay that stalls raises instead (kvtier.sim.stall)
+        lines.insert(
+            1,
+            f"  {unfinished} requests unfinished at the max_sim_s cut ({r['sim_time_s']:.0f} s): "
+            "the metrics are the finished requests'",
+        )
     c = r.get("cluster")  # absent from results written before it was reported
     if c is not None:
         shape = (

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from kvtier import report
 from kvtier.errors import SimError
 from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView, policy_names, register
 from kvtier.sched.batching import blocks_for
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.request import Request
-from kvtier.sim.run import build, replay
+from kvtier.sim.run import build, replay, run
 
 BT = 16
 
@@ -96,3 +97,25 @@ def test_cancelled_events_do_not_count_as_left() -> None:
     loop.after(1.0, EventKind.WAKE, lambda: None)
     loop.run(until_s=0.5)
     assert not loop.exhausted()
+
+
+def test_a_horizon_cut_states_its_unfinished_requests_in_the_summary() -> None:
+    config = SimConfig(
+        name="cut-test",
+        hardware="h100-sxm",
+        model="llama-3.1-8b",
+        policy={"name": "fcfs"},
+        block_tokens=512,
+        workload={"name": "mooncake", "max_requests": 40},
+        max_sim_s=5.0,
+    )
+    result = run(config)
+    unfinished = result["unfinished_requests"]
+    assert unfinished > 0
+    summary = report.sim_summary(result).splitlines()
+    assert summary[1] == (
+        f"  {unfinished} requests unfinished at the max_sim_s cut (5 s): the metrics are the finished requests'"
+    )
+    finished = run(config.with_overrides(max_sim_s=None))
+    assert finished["unfinished_requests"] == 0
+    assert "unfinished" not in report.sim_summary(finished)
