@@ -465,13 +465,13 @@ class RotaSched(Policy):
 
         Algorithm 1's step 4 takes only VLT < 0, so no request in the iteration it lands in: if all
         are that new and their claims exceed the free blocks (B_HBM < 0), nothing is planned and
-        nothing in flight frees a block. SuperInfer runs LVF on vLLM v0.6.6 (§5), whose running
-        queue still preempts a request that cannot get its blocks (§4.2.1's passive preemption, kept
-        against OOM): step 4 goes on from the tail of L without its VLT filter until B_swap = -B_HBM
-        blocks are found (blk(r) plus the claim a victim no longer makes)."""
+        nothing in flight frees a block. SuperInfer runs LVF on vLLM v0.6.6 (§5), whose running queue
+        still preempts a request that cannot get its blocks (§4.2.1's passive preemption): step 4
+        goes on from L's tail without its VLT filter until B_swap = -B_HBM blocks are found (blk(r)
+        and the victim's claim). None while a swap-out copy is in flight (it frees blocks as it lands)."""
         bt, swap, out = view.block_tokens, running_claims(view) - view.free_device_blocks, []
         keys = sorted(((-self.vlt(r, view.now_s), r.arrival_s, r.req_id), r) for r in view.running)
-        while swap > 0 and keys:  # keys.pop(): the tail of L
+        while swap > 0 and keys and not self._pending_out:  # keys.pop(): L's tail
             r = keys.pop()[1]
             out.append(r)
             swap -= kv_blocks(r, bt) + claim(r, bt)
@@ -480,8 +480,8 @@ class RotaSched(Policy):
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         preempted, prioritised, released = self.rotate(view)
         d = self.plan(view, preempted, prioritised, released)
-        if view.running and not (d.prefill or d.decode or d.swap_in or d.swap_out or self._pending_out):
-            victims = self.unstall(view)  # the stall path (a copy in flight frees blocks as it lands)
+        if view.running and not (d.prefill or d.decode or d.swap_in or d.swap_out):
+            victims = self.unstall(view)  # the stall path: passive preemption (§4.2.1, §5)
             if victims:
                 d = self.plan(view, victims, prioritised, self.swap_out(view, victims))
         return d
