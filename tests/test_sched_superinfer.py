@@ -141,6 +141,24 @@ def test_a_budget_near_the_pool_rotates_a_resumed_request_out_after_one_decode()
     assert sorted(r.req_id for r in preempted) == [1, 2] and len(prioritised) == 2
 
 
+def test_an_iteration_that_would_plan_nothing_swaps_out_from_the_tail() -> None:
+    # Every running request landed this iteration (VLT 0: Algorithm 1's step 4 takes none) and the
+    # chunked prompt at the head claims 3 blocks of none free, so no decode or prefill fits: without
+    # the passive preemption of vLLM's running queue (§4.2.1, §5) the plan was empty, forever.
+    prefilling = RequestView(1, 0.2, Phase.RUNNING, 64, 16, 0)  # 3 blocks of its prompt to come
+    decoding = RequestView(2, 0.5, Phase.RUNNING, 50, 50, 5)  # 4 blocks, its next token fits them
+    view = _view(1.0, [prefilling, decoding], free=0)
+    policy = RotaSched(xfer_blocks=8)
+    assert policy.rotate(view)[0] == []  # LVF alone preempts no one
+    decision = RotaSched(xfer_blocks=8).schedule(view)
+    # The tail of L (latest arrival at equal VLT) goes: its 4 blocks cover the 3 claimed.
+    assert decision.swap_out == [2] and decision.decode == [] and decision.prefill == []
+    # Where something fits, the plan is LVF's alone: the decode runs, nobody is swapped out.
+    first = _view(1.0, [decoding, prefilling], free=0)
+    decision = RotaSched(xfer_blocks=8).schedule(first)
+    assert decision.swap_out == [] and decision.decode == [2]
+
+
 def test_metrics_report_tbt_attainment_per_token_gap_beside_per_request() -> None:
     # §5.1 counts requests; the per-gap share is reported beside it as a sensitivity reading.
     m = Metrics(slo_ttft_s=5.0, slo_tpot_s=0.1)

@@ -87,6 +87,33 @@ def test_a_replay_that_finishes_is_not_a_stall() -> None:
     assert sim.cluster.unfinished_requests() == 0 and sim.metrics.requests == 2
 
 
+@pytest.mark.parametrize("policy", ["rotasched", "composed"])
+def test_a_rotasched_replay_whose_running_requests_all_just_landed_finishes(policy: str) -> None:
+    # Three requests on 8 blocks: the last two are admitted together and, once every earlier one is
+    # gone, are the whole running batch in the iteration after (VLT 0, which Algorithm 1 never
+    # preempts) with claims the free blocks do not cover. It stalled (no arrival left to move the
+    # clock) until RotaSched fell back on passive preemption (RotaSched.unstall); composed, which
+    # rotates through RotaSched, too.
+    config = SimConfig(
+        name="rotasched-stall",
+        hardware="h100-sxm",
+        model="llama-3.1-8b",
+        policy={"name": policy, "xfer_blocks": 2},
+        block_tokens=BT,
+        device_blocks=8,
+    )
+    sim = build(config)
+    shapes = [(0.311, 61, 66), (0.343, 62, 5), (0.383, 47, 8)]  # arrival, prompt, output
+    sim.cluster.feed(
+        iter(
+            Request(i, t, p, n, tuple(range(i * 100, i * 100 + -(-p // BT))))
+            for i, (t, p, n) in enumerate(shapes)
+        )
+    )
+    replay(sim)
+    assert sim.cluster.unfinished_requests() == 0 and sim.metrics.requests == 3
+
+
 def test_cancelled_events_do_not_count_as_left() -> None:
     loop = EventLoop()
     assert loop.exhausted()

@@ -175,6 +175,17 @@ class Composed(Policy):
         if "async_fetch" in self.stages:
             sub = self._intercept(sub, decision)
         self._admit(sub, decision)
+        d = decision
+        if (
+            self.rotation
+            and view.running
+            and not (d.prefill or d.decode or d.loads or d.swap_in or d.swap_out)
+        ):
+            # The stall path (RotaSched.unstall: passive preemption, SuperInfer §4.2.1, §5): nothing
+            # fits and LVF preempts no one; swap out from L's tail, the next iteration plans the rest.
+            victims = self.rota.unstall(view)
+            self.rota.swap_out(view, victims)
+            d.swap_out.extend(r.req_id for r in victims)
         return decision
 
     def _plain(self, view: SchedulerView) -> tuple[SchedulerDecision, SchedulerView]:

@@ -22,17 +22,17 @@ rotated per iteration (§4.2.3: 2400 in §5.1).
 
 Policy state (kvtier adaptation): the view carries arrival, phase and token counts but not t_last or
 t_run, so the policy records them from successive views: t_last is the first view in which a
-request's ``generated_tokens`` grew (the engine shows a view right when a step ends, so that is the
-token's time); t_run is the first view showing it running. A swap-in lands between iterations, so
-a request selected in iteration t first runs in t+1 (in vLLM it runs in t itself); t_run is taken
-from then, so its VLT is 0 and it decodes at least once before it can be preempted again (taking
-t_run at selection made requests rotate back out before their first decode: a livelock).
+request's ``generated_tokens`` grew (a view is shown right when a step ends: the token's time);
+t_run the first view showing it running. A swap-in lands between iterations, so a request selected
+in iteration t first runs in t+1 (in vLLM, in t); t_run is taken then, so its VLT is 0 and it
+decodes once before it can be preempted again (t_run at selection rotated requests back out before
+their first decode: a livelock). Where that leaves LVF nobody to preempt and nothing runs, vLLM's
+passive preemption steps in (:meth:`RotaSched.unstall`).
 
-B_HBM: the view's free device blocks less what the running batch already claims — the rest of a
-chunked prompt being prefilled and the new block a decode crossing a block boundary needs — so
-admissions never push the engine into its passive recompute preemption; plus the blocks of earlier
-swap-outs whose copy is still in flight (already rotated out; counting them as used would preempt
-twice for one need).
+B_HBM: the view's free device blocks less what the running batch already claims (the rest of a
+chunked prompt, the new block a decode crossing a block boundary needs), so admissions never push
+the engine into its passive recompute preemption; plus the blocks of earlier swap-outs whose copy
+is still in flight (already rotated out; counting them as used would preempt twice for one need).
 
 DuplexKV (§4.3) is the engine's swap path (:class:`~kvtier.sched.swap_copy.SwapCopy`): data-plane
 config (the sim config's ``swap: {engine: ...}``; where it names none, ``duplexkv``, the engine
@@ -253,6 +253,7 @@ def lvf(
     return _lvf_ordered(views, heads, tails, free_blocks + xfer_blocks, xfer_blocks)
 
 
+Requests = Sequence[RequestView]
 LvfKey = tuple[float, float, int, int]  # (-VLT, arrival, id, index into the candidates)
 
 
@@ -448,19 +449,50 @@ class RotaSched(Policy):
             preempted, prioritised = _lvf_ordered(
                 views, heads, tails, free_hbm + self.xfer_blocks, self.xfer_blocks
             )
-        released = 0
+        return preempted, prioritised, self.swap_out(view, preempted)
+
+    def swap_out(self, view: SchedulerView, preempted: Sequence[RequestView]) -> int:
+        """Records ``preempted``'s swap-outs; returns the device blocks they free for this iteration."""
+        released, bt = 0, view.block_tokens
         for r in preempted:
             now_free = released_now(r, view.swap_copy, self.synced_blocks(r, bt), bt)
             released += now_free
-            self._pending_out[r.req_id] = (kv_blocks(r, bt) - now_free, now)
-        return preempted, prioritised, released
+            self._pending_out[r.req_id] = (kv_blocks(r, bt) - now_free, view.now_s)
+        return released
+
+    def unstall(self, view: SchedulerView) -> list[RequestView]:
+        """Running requests to swap out where the iteration would plan nothing (the stall path).
+
+        Algorithm 1's step 4 takes only VLT < 0, so no request in the iteration it lands in: if all
+        are that new and their claims exceed the free blocks (B_HBM < 0), nothing is planned and
+        nothing in flight frees a block. SuperInfer runs LVF on vLLM v0.6.6 (§5), whose running queue
+        still preempts a request that cannot get its blocks (§4.2.1's passive preemption): step 4
+        goes on from L's tail without its VLT filter until B_swap = -B_HBM blocks are found (blk(r)
+        and the victim's claim). None while a swap-out copy is in flight (it frees blocks as it lands)."""
+        bt, swap, out = view.block_tokens, running_claims(view) - view.free_device_blocks, []
+        keys = sorted(((-self.vlt(r, view.now_s), r.arrival_s, r.req_id), r) for r in view.running)
+        while swap > 0 and keys and not self._pending_out:  # keys.pop(): L's tail
+            r = keys.pop()[1]
+            out.append(r)
+            swap -= kv_blocks(r, bt) + claim(r, bt)
+        return out
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         preempted, prioritised, released = self.rotate(view)
-        out = {r.req_id for r in preempted}
-        plan = StepPlan(view, view.free_device_blocks + released, preempted)
-        plan.run([r for r in view.running if r.req_id not in out] if out else view.running)
-        for r in prioritised:
+        d = self.plan(view, preempted, prioritised, released)
+        if view.running and not (d.prefill or d.decode or d.swap_in or d.swap_out):
+            victims = self.unstall(view)  # the stall path: passive preemption (§4.2.1, §5)
+            if victims:
+                d = self.plan(view, victims, prioritised, self.swap_out(view, victims))
+        return d
+
+    @staticmethod
+    def plan(view: SchedulerView, out: Requests, prio: Requests, freed: int) -> SchedulerDecision:
+        """``out`` swap out (``freed`` blocks free now), the rest run, ``prio`` swap in / start."""
+        plan = StepPlan(view, view.free_device_blocks + freed, out)
+        ids = {r.req_id for r in out}
+        plan.run([r for r in view.running if r.req_id not in ids] if ids else view.running)
+        for r in prio:
             if r.phase is Phase.SWAPPED:
                 plan.swap_in(r)
             else:
