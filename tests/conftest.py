@@ -33,5 +33,7 @@ def small_geometry() -> kvtier.Geometry:
 
 @pytest.fixture
 def small_store(small_geometry: kvtier.Geometry) -> kvtier.Store:
-    config = kvtier.StoreConfig(geometry=small_geometry, model_id="test-model", dram_capacity_bytes=64 * 4096)
+    config = kvtier.StoreConfig(
+        geometry=small_geometry, model_id="test-model", dram=kvtier.DramConfig(capacity_bytes=64 * 4096)
+    )
     return kvtier.Store(config)

@@ -29,7 +29,7 @@ import numpy as np
 import kvtier
 from kvtier import layout, codec, _core
 g = kvtier.Geometry(num_layers=2, num_kv_heads=1, head_dim=8, dtype="fp16", block_tokens=4)
-store = kvtier.Store(kvtier.StoreConfig(geometry=g, model_id="fmt-test", dram_capacity_bytes="1MiB"))
+store = kvtier.Store(kvtier.StoreConfig(geometry=g, model_id="fmt-test", dram=kvtier.DramConfig(capacity_bytes="1MiB")))
 keys = store.namespace.block_keys(list(range(8)))
 good = np.arange(2 * g.block_bytes, dtype=np.uint8).reshape(2, g.block_bytes)
 store.put(keys, good)
@@ -129,7 +129,9 @@ def test_every_item_type_is_refused_or_gives_correct_bytes(call: str) -> None:
 def test_object_arrays_never_reach_the_store_in_process() -> None:
     """In process (after the subprocess tests showed no crash): nothing is stored, counters unmoved."""
     g = kvtier.Geometry(num_layers=2, num_kv_heads=1, head_dim=8, dtype="fp16", block_tokens=4)
-    store = kvtier.Store(kvtier.StoreConfig(geometry=g, model_id="fmt-test", dram_capacity_bytes="1MiB"))
+    store = kvtier.Store(
+        kvtier.StoreConfig(geometry=g, model_id="fmt-test", dram=kvtier.DramConfig(capacity_bytes="1MiB"))
+    )
     keys = store.namespace.block_keys(list(range(8)))
     objs = np.empty((2, g.block_bytes // 8), dtype=object)
     with pytest.raises(BufferError, match="object"):

@@ -24,16 +24,14 @@ BLOCK = GEOMETRY.block_bytes
 OBJECT = 5 * 4096
 
 
-def ssd_store(directory: Path, model: str, **fields: Any) -> kvtier.Store:
+def ssd_store(directory: Path, model: str, **ssd: Any) -> kvtier.Store:
     config = kvtier.StoreConfig(
         geometry=GEOMETRY,
         model_id=model,
-        dram_capacity_bytes=2 * OBJECT,
-        ssd_directory=str(directory),
-        ssd_capacity_bytes="4MiB",
-        ssd_probe_bytes=0,
-        ssd_write_through=True,
-        **fields,
+        dram=kvtier.DramConfig(capacity_bytes=2 * OBJECT),
+        ssd=kvtier.SsdConfig(
+            directory=str(directory), capacity_bytes="4MiB", probe_bytes=0, write_through=True, **ssd
+        ),
     )
     return kvtier.Store(config)
 
@@ -86,7 +84,10 @@ def test_defect2_another_models_keys_on_a_shared_redis_are_misses(redis: LocalRe
     def store(model: str) -> kvtier.Store:
         return kvtier.Store(
             kvtier.StoreConfig(
-                geometry=GEOMETRY, model_id=model, dram_capacity_bytes=2 * OBJECT, remote_urls=redis.url
+                geometry=GEOMETRY,
+                model_id=model,
+                dram=kvtier.DramConfig(capacity_bytes=2 * OBJECT),
+                remote=kvtier.RemoteConfig(urls=redis.url),
             )
         )
 
@@ -115,9 +116,9 @@ def test_defect3_a_file_of_other_data_is_refused_untouched(tmp_path: Path) -> No
     data = os.urandom(10_000)
     victim.write_bytes(data)
     with pytest.raises(ConfigError, match=r"holding other data.*ssd_format_devices"):
-        ssd_store(pool, "m", ssd_devices=[str(victim)])
+        ssd_store(pool, "m", devices=[str(victim)])
     assert victim.read_bytes() == data, "the file was written"
-    store = ssd_store(pool, "m", ssd_devices=[str(victim)], ssd_format_devices=True)
+    store = ssd_store(pool, "m", devices=[str(victim)], format_devices=True)
     keys = store.namespace.block_keys(range(16))
     assert store.put(keys, blocks(1, seed=5)).stored == 1
     del store

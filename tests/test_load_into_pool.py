@@ -21,9 +21,9 @@ HYBRID = kvtier.Geometry(2, 2, 16, "fp16", 8, extra_groups=(kvtier.ExtraGroup("s
 
 
 def store_for(geometry: kvtier.Geometry, blocks: int = 64, **kw: object) -> kvtier.Store:
-    cap = kw.pop("dram_capacity_bytes", blocks * 2 * (geometry.block_bytes + 4096))
+    dram = kw.pop("dram", kvtier.DramConfig(capacity_bytes=blocks * 2 * (geometry.block_bytes + 4096)))
     return kvtier.Store(
-        kvtier.StoreConfig(geometry=geometry, model_id="into-pool", dram_capacity_bytes=cap, **kw)  # type: ignore[arg-type]
+        kvtier.StoreConfig(geometry=geometry, model_id="into-pool", dram=dram, **kw)  # type: ignore[arg-type]
     )
 
 
@@ -110,10 +110,8 @@ def test_blocks_from_ssd_and_dram_in_one_load(tmp_path: Path) -> None:
     """Blocks evicted to SSD are read, verified and scattered in the same layerwise pass."""
     store = store_for(
         GEOMETRY,
-        dram_capacity_bytes=4 * (GEOMETRY.block_bytes + 4096),
-        ssd_directory=str(tmp_path),
-        ssd_capacity_bytes="8MiB",
-        ssd_probe_bytes=0,
+        dram=kvtier.DramConfig(capacity_bytes=4 * (GEOMETRY.block_bytes + 4096)),
+        ssd=kvtier.SsdConfig(directory=str(tmp_path), capacity_bytes="8MiB", probe_bytes=0),
     )
     keys, objects = stored(store, 10)
     pool = alloc_pool(GEOMETRY, 16)
@@ -245,7 +243,7 @@ def test_put_from_per_layer_regions_and_eviction() -> None:
     seg = GEOMETRY.segment_bytes
     rng = np.random.default_rng(5)
     layers = [[rng.integers(0, 256, (n, 2 * seg), dtype=np.uint8)] for _ in range(3)]
-    store = store_for(GEOMETRY, dram_capacity_bytes=4 * 4096)  # 4 objects of one page each
+    store = store_for(GEOMETRY, dram=kvtier.DramConfig(capacity_bytes=4 * 4096))  # 4 objects of one page each
     keys = store.namespace.block_keys(np.arange(n * GEOMETRY.block_tokens, dtype=np.uint32))
     assert store.put_from_pool(keys[:4], PagedPool(layers), np.arange(4)).stored == 4
     report = store.put_from_pool(keys[4:], PagedPool(layers), np.arange(4, 8))
@@ -261,10 +259,8 @@ def test_put_from_per_layer_regions_and_eviction() -> None:
 def test_put_from_pool_with_an_ssd_tier_below(tmp_path: Path) -> None:
     store = store_for(
         GEOMETRY,
-        dram_capacity_bytes=4 * (GEOMETRY.block_bytes + 4096),
-        ssd_directory=str(tmp_path),
-        ssd_capacity_bytes="8MiB",
-        ssd_probe_bytes=0,
+        dram=kvtier.DramConfig(capacity_bytes=4 * (GEOMETRY.block_bytes + 4096)),
+        ssd=kvtier.SsdConfig(directory=str(tmp_path), capacity_bytes="8MiB", probe_bytes=0),
     )
     pool = random_pool(GEOMETRY, 12, 6)
     keys = store.namespace.block_keys(np.arange(12 * GEOMETRY.block_tokens, dtype=np.uint32))
@@ -284,12 +280,14 @@ def test_reused_staging_never_leaks_an_earlier_loads_bytes(tmp_path: Path) -> No
     first load left in the buffer; every other block is exact."""
     store = store_for(
         GEOMETRY,
-        dram_capacity_bytes=1 * (GEOMETRY.block_bytes + 4096),
-        ssd_directory=str(tmp_path),
-        ssd_capacity_bytes="8MiB",
-        ssd_probe_bytes=0,
-        ssd_write_through=True,
-        ssd_promote_on_hit=False,
+        dram=kvtier.DramConfig(capacity_bytes=1 * (GEOMETRY.block_bytes + 4096)),
+        ssd=kvtier.SsdConfig(
+            directory=str(tmp_path),
+            capacity_bytes="8MiB",
+            probe_bytes=0,
+            write_through=True,
+            promote_on_hit=False,
+        ),
     )
     keys_a, objects_a = stored(store, 6, seed=1)
     keys_b, objects_b = stored(store, 6, seed=2)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier import Store, StoreConfig, layout
+from kvtier import DramConfig, RemoteConfig, SsdConfig, Store, StoreConfig, layout
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
 from kvtier.keys import block_keys
@@ -57,9 +57,10 @@ def test_scrape_of_a_store_with_every_tier_moves_with_real_traffic(tmp_path: Pat
     with LocalRedis(tmp_path / "redis", password=PASSWORD) as redis:
         store = store_on_free_port(
             lambda port: StoreConfig(
-                geometry=GEOMETRY, model_id="metrics-test", dram_capacity_bytes="1MiB",
-                ssd_directory=str(tmp_path / "ssd"), ssd_capacity_bytes="16MiB", ssd_write_through=True,
-                ssd_probe_bytes=0, remote_urls=(redis.url,), metrics_port=port,
+                geometry=GEOMETRY, model_id="metrics-test", dram=DramConfig(capacity_bytes="1MiB"),
+                ssd=SsdConfig(directory=str(tmp_path / "ssd"), capacity_bytes="16MiB", write_through=True,
+                              probe_bytes=0),
+                remote=RemoteConfig(urls=(redis.url,)), metrics_port=port,
             )
         )  # fmt: skip
         ns = namespace_label(store)
@@ -112,14 +113,14 @@ def test_scrape_of_a_store_with_every_tier_moves_with_real_traffic(tmp_path: Pat
 def test_two_stores_share_a_port_and_a_dropped_store_leaves_the_scrape(tmp_path: Path) -> None:
     first = store_on_free_port(
         lambda port: StoreConfig(
-            geometry=GEOMETRY, model_id="a", dram_capacity_bytes="1MiB", metrics_port=port
+            geometry=GEOMETRY, model_id="a", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
         )
     )
     second = Store(
         StoreConfig(
             geometry=GEOMETRY,
             model_id="b",
-            dram_capacity_bytes="1MiB",
+            dram=DramConfig(capacity_bytes="1MiB"),
             metrics_port=first.config.metrics_port,
         )
     )
@@ -138,8 +139,9 @@ def test_every_declared_metric_is_exported_and_no_other(tmp_path: Path) -> None:
     with LocalRedis(tmp_path / "redis") as redis:
         store = store_on_free_port(
             lambda port: StoreConfig(
-                geometry=GEOMETRY, model_id="all", dram_capacity_bytes="1MiB", ssd_directory=str(tmp_path / "ssd"),
-                ssd_capacity_bytes="16MiB", ssd_probe_bytes=0, remote_urls=(redis.url,), metrics_port=port,
+                geometry=GEOMETRY, model_id="all", dram=DramConfig(capacity_bytes="1MiB"),
+                ssd=SsdConfig(directory=str(tmp_path / "ssd"), capacity_bytes="16MiB", probe_bytes=0),
+                remote=RemoteConfig(urls=(redis.url,)), metrics_port=port,
             )
         )  # fmt: skip
         engine = TransferEngine(store)  # noqa: F841  # alive during the scrape: its stages are exported
@@ -163,7 +165,10 @@ def test_a_port_taken_by_another_program_is_a_config_error() -> None:
         with pytest.raises(ConfigError, match=f"`metrics_port` {port}"):
             Store(
                 StoreConfig(
-                    geometry=GEOMETRY, model_id="taken", dram_capacity_bytes="1MiB", metrics_port=port
+                    geometry=GEOMETRY,
+                    model_id="taken",
+                    dram=DramConfig(capacity_bytes="1MiB"),
+                    metrics_port=port,
                 )
             )
 

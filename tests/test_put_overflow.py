@@ -30,7 +30,7 @@ def make(**kw: object) -> kvtier.Store:
         kvtier.StoreConfig(
             geometry=GEOMETRY,
             model_id="overflow",
-            dram_capacity_bytes=DRAM_BLOCKS * 4096,
+            dram=kvtier.DramConfig(capacity_bytes=DRAM_BLOCKS * 4096),
             **kw,  # type: ignore[arg-type]
         )
     )
@@ -63,10 +63,9 @@ def test_dram_alone_keeps_what_fits_and_says_so() -> None:
 @pytest.mark.parametrize("write_through", [True, False], ids=["write-through", "demotion"])
 def test_ssd_below_takes_everything_dram_cannot(tmp_path: Path, write_through: bool) -> None:
     store = make(
-        ssd_directory=str(tmp_path),
-        ssd_capacity_bytes="4MiB",
-        ssd_probe_bytes=0,
-        ssd_write_through=write_through,
+        ssd=kvtier.SsdConfig(
+            directory=str(tmp_path), capacity_bytes="4MiB", probe_bytes=0, write_through=write_through
+        ),
     )
     keys, objects = batch(store)
     r = store.put(keys, objects)
@@ -81,12 +80,14 @@ def test_ssd_below_takes_everything_dram_cannot(tmp_path: Path, write_through: b
 
 
 def test_remote_write_through_takes_everything_dram_cannot(redis: LocalRedis) -> None:
-    store = make(remote_urls=[redis.url])
+    store = make(remote=kvtier.RemoteConfig(urls=[redis.url]))
     keys, objects = batch(store)
     r = store.put(keys, objects)
     assert (r.stored, r.already_present, r.rejected) == (N, 0, 0), r
     assert r.written.remote == N and r.written.dram == DRAM_BLOCKS, r.written
-    fresh = make(remote_urls=[redis.url])  # another process's view: all of it on the server
+    fresh = make(
+        remote=kvtier.RemoteConfig(urls=[redis.url])
+    )  # another process's view: all of it on the server
     assert np.array_equal(load_all(fresh, keys), objects)
 
 
@@ -95,7 +96,7 @@ def test_a_refusal_is_reported_when_the_server_is_down(tmp_path: Path) -> None:
     in no tier, and the report says so (no claimed write)."""
     from kvtier.testing.redis import free_port
 
-    store = make(remote_urls=[f"redis://127.0.0.1:{free_port()}"], remote_connect_timeout_s=0.2)
+    store = make(remote=kvtier.RemoteConfig(urls=[f"redis://127.0.0.1:{free_port()}"], connect_timeout_s=0.2))
     keys, objects = batch(store)
     r = store.put(keys, objects)
     assert (r.stored, r.rejected) == (DRAM_BLOCKS, N - DRAM_BLOCKS), r

@@ -31,16 +31,22 @@ def redis(tmp_path: Path) -> Iterator[LocalRedis]:
         yield server
 
 
-def config(url: str, **kw: object) -> kvtier.StoreConfig:
+def config(
+    url: str, *, dram: dict[str, object] | None = None, remote: dict[str, object] | None = None, **kw: object
+) -> kvtier.StoreConfig:
+    """A store on ``url``; ``dram`` and ``remote`` override keys of those sections."""
     fields: dict[str, object] = {
         "geometry": GEOMETRY,
         "model_id": "remote-test",
-        "dram_capacity_bytes": 64 * 4096,
-        "remote_urls": url,
-        "remote_reconnect_backoff_min_s": 0.01,
-        "remote_reconnect_backoff_max_s": 0.05,
-        "remote_connect_timeout_s": 0.5,
-        "remote_io_timeout_s": 2.0,
+        "dram": {"capacity_bytes": 64 * 4096, **(dram or {})},
+        "remote": {
+            "urls": url,
+            "reconnect_backoff_min_s": 0.01,
+            "reconnect_backoff_max_s": 0.05,
+            "connect_timeout_s": 0.5,
+            "io_timeout_s": 2.0,
+            **(remote or {}),
+        },
     }
     fields.update(kw)
     return kvtier.StoreConfig(**fields)  # type: ignore[arg-type]
@@ -85,7 +91,7 @@ def test_consecutive_prefix_spans_dram_and_remote(redis: LocalRedis) -> None:
     keys = a.namespace.block_keys(TOKENS)
     data = blocks(len(keys))
     a.put(keys[:8], data[:8])
-    b = kvtier.Store(config(redis.url, remote_write_through=False))
+    b = kvtier.Store(config(redis.url, remote={"write_through": False}))
     b.put(keys[:4], data[:4])  # DRAM of b holds 0..4; the server holds 0..8
     lookup = b.lookup(keys)
     assert lookup.hit_blocks == 8
@@ -100,7 +106,7 @@ def test_stores_in_two_processes_share_blocks(redis: LocalRedis) -> None:
         import numpy as np, kvtier
         g = kvtier.Geometry(2, 2, 8, "fp16", 4)
         s = kvtier.Store(kvtier.StoreConfig(geometry=g, model_id="remote-test",
-                         dram_capacity_bytes=64 * 4096, remote_urls={redis.url!r}))
+                         dram={{"capacity_bytes": 64 * 4096}}, remote={{"urls": {redis.url!r}}}))
         keys = s.namespace.block_keys(np.arange(64, dtype=np.uint32))
         data = np.random.default_rng(7).integers(0, 256, (len(keys), g.block_bytes), dtype=np.uint8)
         print(s.put(keys, data).stored)
@@ -181,7 +187,7 @@ def test_server_killed_and_restarted_during_a_load_loop(redis: LocalRedis) -> No
 
 
 def test_long_lived_store_survives_a_restart(redis: LocalRedis) -> None:
-    store = kvtier.Store(config(redis.url, dram_capacity_bytes=4096))  # DRAM holds one block
+    store = kvtier.Store(config(redis.url, dram={"capacity_bytes": 4096}))  # DRAM holds one block
     keys = store.namespace.block_keys(TOKENS)
     data = blocks(16)
     store.put(keys, data)
@@ -247,7 +253,9 @@ def test_other_namespace_keys_are_not_seen(redis: LocalRedis) -> None:
 
 
 def test_write_back_goes_remote_only_on_eviction(redis: LocalRedis) -> None:
-    store = kvtier.Store(config(redis.url, remote_write_through=False, dram_capacity_bytes=4 * 4096))
+    store = kvtier.Store(
+        config(redis.url, dram={"capacity_bytes": 4 * 4096}, remote={"write_through": False})
+    )
     keys = store.namespace.block_keys(TOKENS)
     data = blocks(16)
     store.put(keys[:4], data[:4])
@@ -261,7 +269,7 @@ def test_write_back_goes_remote_only_on_eviction(redis: LocalRedis) -> None:
 
 
 def test_ttl_is_set_on_stored_objects(redis: LocalRedis) -> None:
-    store = kvtier.Store(config(redis.url, remote_ttl_s=100))
+    store = kvtier.Store(config(redis.url, remote={"ttl_s": 100}))
     keys = store.namespace.block_keys(TOKENS)
     store.put(keys, blocks(16))
     pool = RemotePool(config(redis.url).remote, store.namespace.hash)
@@ -275,7 +283,7 @@ def test_wrong_password_is_a_clear_error_at_start(tmp_path: Path) -> None:
             kvtier.Store(config(f"redis://:wrong@127.0.0.1:{server.port}"))
         with pytest.raises(ConfigError, match="needs a password"):
             kvtier.Store(config(server.plain_url))
-        store = kvtier.Store(config(server.plain_url, remote_password="right-one"))
+        store = kvtier.Store(config(server.plain_url, remote={"password": "right-one"}))
         keys = store.namespace.block_keys(TOKENS)
         assert store.put(keys, blocks(16)).stored == 16
         assert server.command("DBSIZE") == 16
@@ -298,26 +306,29 @@ def test_bad_urls_are_clear_errors_at_start(url: str, message: str) -> None:
 def test_bad_remote_fields_are_config_errors() -> None:
     url = f"redis://127.0.0.1:{free_port()}"
     for kw in (
-        {"remote_ttl_s": 0.5},
-        {"remote_connect_timeout_s": 0},
-        {"remote_reconnect_backoff_min_s": 1.0, "remote_reconnect_backoff_max_s": 0.5},
-        {"remote_inflight_bytes_max": 0},
-        {"remote_key_prefix": "a b"},
-        {"remote_username": "u"},
-        {"remote_urls": (url, url)},
-        {"remote_tls_ca_file": "/ca.pem"},
+        {"ttl_s": 0.5},
+        {"connect_timeout_s": 0},
+        {"reconnect_backoff_min_s": 1.0, "reconnect_backoff_max_s": 0.5},
+        {"inflight_bytes_max": 0},
+        {"key_prefix": "a b"},
+        {"username": "u"},
+        {"urls": (url, url)},
+        {"tls_ca_file": "/ca.pem"},
     ):
         with pytest.raises(ConfigError):
-            kvtier.Store(config(url, **kw))
+            kvtier.Store(config(url, remote=kw))
 
 
 def test_config_round_trips_remote_fields() -> None:
-    c = config("redis://127.0.0.1:1", remote_ttl_s=60, remote_inflight_bytes_max="8MiB")
-    assert c.remote_urls == ("redis://127.0.0.1:1",)
-    assert c.remote_inflight_bytes_max == 8 * 2**20
+    c = config("redis://127.0.0.1:1", remote={"ttl_s": 60, "inflight_bytes_max": "8MiB"})
+    assert c.remote is not None and c.remote.urls == ("redis://127.0.0.1:1",)
+    assert c.remote.inflight_bytes_max == 8 * 2**20
     again = kvtier.StoreConfig.from_dict(c.to_dict())
     assert again == c
-    assert "remote_password" not in repr(kvtier.StoreConfig(geometry=GEOMETRY, remote_password="s"))
+    shown = repr(
+        kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": "redis://127.0.0.1:1", "password": "pw-9f3"})
+    )
+    assert "password" not in shown and "pw-9f3" not in shown
 
 
 def test_remote_pool_raw_and_verified_paths(redis: LocalRedis) -> None:
@@ -343,23 +354,22 @@ def test_remote_pool_raw_and_verified_paths(redis: LocalRedis) -> None:
 def test_acl_user_and_password(tmp_path: Path) -> None:
     with LocalRedis(tmp_path, password="admin-pw") as server:
         assert server.command("ACL", "SETUSER", "kv", "on", ">kv-pw", "~kvtier:*", "+@all") == "OK"
-        store = kvtier.Store(config(server.plain_url, remote_username="kv", remote_password="kv-pw"))
+        store = kvtier.Store(config(server.plain_url, remote={"username": "kv", "password": "kv-pw"}))
         keys = store.namespace.block_keys(TOKENS)
         assert store.put(keys, blocks(16)).stored == 16
         assert store.stats().remote_written == 16
         with pytest.raises(ConfigError, match=r"user \"kv\".*WRONGPASS"):
-            kvtier.Store(config(server.plain_url, remote_username="kv", remote_password="nope"))
+            kvtier.Store(config(server.plain_url, remote={"username": "kv", "password": "nope"}))
 
 
 def test_long_prompt_with_short_cached_prefix_asks_few_keys(redis: LocalRedis) -> None:
     geometry = kvtier.Geometry(1, 1, 8, "fp16", 1)  # 32-byte blocks, one token each
-    fields = {"geometry": geometry, "dram_capacity_bytes": 4096}
-    writer = kvtier.Store(config(redis.url, **fields))
+    writer = kvtier.Store(config(redis.url, geometry=geometry, dram={"capacity_bytes": 4096}))
     tokens = np.arange(4000, dtype=np.uint32)
     keys = writer.namespace.block_keys(tokens)
     data = np.ones((600, geometry.block_bytes), dtype=np.uint8)
     writer.put(keys[:600], data)
-    reader = kvtier.Store(config(redis.url, **fields))
+    reader = kvtier.Store(config(redis.url, geometry=geometry, dram={"capacity_bytes": 4096}))
     assert reader.lookup(keys).hit_blocks == 600
     m = reader.remote_metrics()
     assert m is not None
@@ -374,7 +384,7 @@ def test_concurrent_loads_share_the_connection_pool(redis: LocalRedis) -> None:
     keys = writer.namespace.block_keys(TOKENS)
     data = blocks(16)
     writer.put(keys, data)
-    reader = kvtier.Store(config(redis.url, remote_promote_on_hit=False, remote_connections_per_node_max=2))
+    reader = kvtier.Store(config(redis.url, remote={"promote_on_hit": False, "connections_per_node_max": 2}))
     errors: list[str] = []
 
     def work() -> None:
@@ -404,11 +414,9 @@ def test_prefix_across_dram_ssd_and_remote(redis: LocalRedis, tmp_path: Path) ->
     store = kvtier.Store(
         config(
             redis.url,
-            dram_capacity_bytes=4 * 4096,  # four blocks
-            ssd_directory=str(ssd),
-            ssd_capacity_bytes="1MiB",
-            ssd_probe_bytes=0,
-            remote_write_through=False,
+            dram={"capacity_bytes": 4 * 4096},  # four blocks
+            ssd=kvtier.SsdConfig(directory=str(ssd), capacity_bytes="1MiB", probe_bytes=0),
+            remote={"write_through": False},
         )
     )
     store.put(keys[:8], data[:8])  # DRAM keeps 4..8; 0..4 are demoted to SSD (and written back)

@@ -72,25 +72,24 @@ def tls_server(tmp_path: Path, certs: dict[str, str]) -> Iterator[LocalRedis]:
         yield server
 
 
-def config(url: str, **kw: object) -> kvtier.StoreConfig:
-    fields: dict[str, object] = {
-        "geometry": GEOMETRY,
-        "model_id": "tls-test",
-        "dram_capacity_bytes": 64 * 4096,
-        "remote_urls": url,
-    }
-    fields.update(kw)
-    return kvtier.StoreConfig(**fields)  # type: ignore[arg-type]
+def config(url: str, **remote: object) -> kvtier.StoreConfig:
+    """A store on ``url``; ``remote`` are further keys of its remote section (``tls_ca_file``, ...)."""
+    return kvtier.StoreConfig(
+        geometry=GEOMETRY,
+        model_id="tls-test",
+        dram=kvtier.DramConfig(capacity_bytes=64 * 4096),
+        remote={"urls": url, **remote},
+    )
 
 
 def test_round_trip_over_tls(tls_server: LocalRedis, certs: dict[str, str]) -> None:
     assert tls_server.url.startswith("rediss://")
-    writer = kvtier.Store(config(tls_server.url, remote_tls_ca_file=certs["ca"]))
+    writer = kvtier.Store(config(tls_server.url, tls_ca_file=certs["ca"]))
     keys = writer.namespace.block_keys(TOKENS)
     data = np.random.default_rng(0).integers(0, 256, (len(keys), GEOMETRY.block_bytes), dtype=np.uint8)
     assert writer.put(keys, data).stored == len(keys)
     assert tls_server.command("DBSIZE") == len(keys)
-    reader = kvtier.Store(config(tls_server.url, remote_tls_ca_file=certs["ca"]))
+    reader = kvtier.Store(config(tls_server.url, tls_ca_file=certs["ca"]))
     with reader.lease(keys) as lease:
         out = np.zeros_like(data)
         assert lease.tiers == ("remote",) * len(keys)
@@ -100,13 +99,11 @@ def test_round_trip_over_tls(tls_server: LocalRedis, certs: dict[str, str]) -> N
 
 def test_untrusted_certificate_is_an_error_at_start(tls_server: LocalRedis, certs: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="TLS handshake failed"):
-        kvtier.Store(config(tls_server.url, remote_tls_ca_file=certs["other_ca"]))
+        kvtier.Store(config(tls_server.url, tls_ca_file=certs["other_ca"]))
     with pytest.raises(ConfigError, match="TLS handshake failed"):
         kvtier.Store(config(tls_server.url))  # built-in public roots do not include the test CA
     with pytest.raises(ConfigError, match="TLS handshake failed"):
-        kvtier.Store(
-            config(tls_server.url, remote_tls_ca_file=certs["ca"], remote_tls_server_name="wrong.example")
-        )
+        kvtier.Store(config(tls_server.url, tls_ca_file=certs["ca"], tls_server_name="wrong.example"))
 
 
 def test_mutual_tls(tmp_path: Path, certs: dict[str, str]) -> None:
@@ -116,9 +113,9 @@ def test_mutual_tls(tmp_path: Path, certs: dict[str, str]) -> None:
     ) as server:
         c = config(
             server.url,
-            remote_tls_ca_file=certs["ca"],
-            remote_tls_cert_file=certs["client_crt"],
-            remote_tls_key_file=certs["client_key"],
+            tls_ca_file=certs["ca"],
+            tls_cert_file=certs["client_crt"],
+            tls_key_file=certs["client_key"],
         )
         store = kvtier.Store(c)
         keys = store.namespace.block_keys(TOKENS)
@@ -130,8 +127,8 @@ def test_mutual_tls(tmp_path: Path, certs: dict[str, str]) -> None:
 
 def test_tls_settings_errors(tmp_path: Path, certs: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="rediss"):
-        kvtier.Store(config("redis://127.0.0.1:1", remote_tls_ca_file=certs["ca"]))
+        kvtier.Store(config("redis://127.0.0.1:1", tls_ca_file=certs["ca"]))
     with pytest.raises(ConfigError, match="cannot be read"):
-        kvtier.Store(config("rediss://127.0.0.1:1", remote_tls_ca_file=str(tmp_path / "missing.pem")))
+        kvtier.Store(config("rediss://127.0.0.1:1", tls_ca_file=str(tmp_path / "missing.pem")))
     with pytest.raises(ConfigError, match="go together"):
-        kvtier.Store(config("rediss://127.0.0.1:1", remote_tls_cert_file=certs["client_crt"]))
+        kvtier.Store(config("rediss://127.0.0.1:1", tls_cert_file=certs["client_crt"]))

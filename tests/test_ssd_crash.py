@@ -30,9 +30,9 @@ WRITER = textwrap.dedent(
     direct_io = sys.argv[5] == "1"
     geometry = kvtier.Geometry(2, 2, 64, "fp16", 16)
     store = kvtier.Store(kvtier.StoreConfig(
-        geometry=geometry, model_id="crash", dram_capacity_bytes=8 * 20480, ssd_directory=directory,
-        ssd_capacity_bytes=capacity, ssd_probe_bytes=0, ssd_write_through=True, ssd_durability=durability,
-        ssd_direct_io=direct_io,
+        geometry=geometry, model_id="crash", dram=kvtier.DramConfig(capacity_bytes=8 * 20480),
+        ssd=kvtier.SsdConfig(directory=directory, capacity_bytes=capacity, probe_bytes=0, write_through=True,
+                             durability=durability, direct_io=direct_io),
     ))
     prompt = start
     print("READY", flush=True)
@@ -97,11 +97,10 @@ def reopen(directory: Path, durability: str, capacity: int) -> kvtier.Store:
         kvtier.StoreConfig(
             geometry=GEOMETRY,
             model_id="crash",
-            dram_capacity_bytes=8 * 20480,
-            ssd_directory=str(directory),
-            ssd_capacity_bytes=capacity,
-            ssd_probe_bytes=0,
-            ssd_durability=durability,
+            dram=kvtier.DramConfig(capacity_bytes=8 * 20480),
+            ssd=kvtier.SsdConfig(
+                directory=str(directory), capacity_bytes=capacity, probe_bytes=0, durability=durability
+            ),
         )
     )
 

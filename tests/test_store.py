@@ -37,7 +37,7 @@ def test_put_lease_load_round_trip(small_store: kvtier.Store) -> None:
 
 def test_prefaulted_store_round_trips(small_geometry: kvtier.Geometry) -> None:
     config = kvtier.StoreConfig(
-        geometry=small_geometry, model_id="m", dram_capacity_bytes=2**20, dram_prefault=True
+        geometry=small_geometry, model_id="m", dram=kvtier.DramConfig(capacity_bytes=2**20, prefault=True)
     )
     store = kvtier.Store(config)
     keys = store.namespace.block_keys(range(8))
@@ -78,7 +78,9 @@ def test_load_a_prefix_of_the_lease(small_store: kvtier.Store) -> None:
 
 def test_other_model_or_tenant_never_hits(small_geometry: kvtier.Geometry) -> None:
     a = kvtier.Store(
-        kvtier.StoreConfig(geometry=small_geometry, model_id="model-a", dram_capacity_bytes=2**20)
+        kvtier.StoreConfig(
+            geometry=small_geometry, model_id="model-a", dram=kvtier.DramConfig(capacity_bytes=2**20)
+        )
     )
     keys = a.namespace.block_keys(range(40))
     a.put(keys, blocks_for(keys, a.block_bytes))
@@ -109,7 +111,9 @@ def test_corrupt_byte_is_a_counted_miss(small_store: kvtier.Store) -> None:
 
 
 def test_leased_blocks_survive_eviction_pressure(small_geometry: kvtier.Geometry) -> None:
-    config = kvtier.StoreConfig(geometry=small_geometry, model_id="m", dram_capacity_bytes=16 * 4096)
+    config = kvtier.StoreConfig(
+        geometry=small_geometry, model_id="m", dram=kvtier.DramConfig(capacity_bytes=16 * 4096)
+    )
     store = kvtier.Store(config)
     keys = store.namespace.block_keys(range(16))  # 4 blocks
     objects = blocks_for(keys, store.block_bytes)
@@ -134,7 +138,9 @@ def test_leased_blocks_survive_eviction_pressure(small_geometry: kvtier.Geometry
 
 def test_full_of_leased_blocks_rejects_instead_of_growing(small_geometry: kvtier.Geometry) -> None:
     store = kvtier.Store(
-        kvtier.StoreConfig(geometry=small_geometry, model_id="m", dram_capacity_bytes=4 * 4096)
+        kvtier.StoreConfig(
+            geometry=small_geometry, model_id="m", dram=kvtier.DramConfig(capacity_bytes=4 * 4096)
+        )
     )
     keys = store.namespace.block_keys(range(16))
     store.put(keys, blocks_for(keys, store.block_bytes))
@@ -231,7 +237,11 @@ def test_tuple_and_other_sequences_of_blocks(small_store: kvtier.Store) -> None:
 
 def test_expired_lease_releases_after_more_than_leases_max_expiries(small_geometry: kvtier.Geometry) -> None:
     config = kvtier.StoreConfig(
-        geometry=small_geometry, model_id="m", dram_capacity_bytes=2**16, lease_ttl_s=0.02, leases_max=2
+        geometry=small_geometry,
+        model_id="m",
+        dram=kvtier.DramConfig(capacity_bytes=2**16),
+        lease_ttl_s=0.02,
+        leases_max=2,
     )
     store = kvtier.Store(config)
     keys = store.namespace.block_keys(range(8))

@@ -38,10 +38,6 @@ CODECS: list[dict[str, Any]] = [
 ]
 
 
-def codec_fields(tier: str, codec: dict[str, Any]) -> dict[str, Any]:
-    return {f"{tier}_{k}": v for k, v in codec.items()}
-
-
 def shrinks(codec: dict[str, Any]) -> bool:
     """Whether blocks shrink under ``codec``: every codec but raw shrinks this test data."""
     return codec["codec"] != "raw"
@@ -79,16 +75,13 @@ def load_all(store: kvtier.Store, keys: BlockKeys) -> tuple[int, list[str], np.n
         return report.loaded_blocks, list(lease.tiers), out
 
 
-def ssd_store(directory: Path, codec: dict[str, Any], **kw: Any) -> kvtier.Store:
+def ssd_store(directory: Path, codec: dict[str, Any], **ssd: Any) -> kvtier.Store:
+    """A store with an SSD tier under ``codec``; ``ssd`` are further keys of its SSD section."""
     config = kvtier.StoreConfig(
         geometry=GEOMETRY,
         model_id="codec-test",
-        dram_capacity_bytes=2 * OBJECT,
-        ssd_directory=str(directory),
-        ssd_capacity_bytes="8MiB",
-        ssd_probe_bytes=0,
-        **codec_fields("ssd", codec),
-        **kw,
+        dram=kvtier.DramConfig(capacity_bytes=2 * OBJECT),
+        ssd=kvtier.SsdConfig(directory=str(directory), capacity_bytes="8MiB", probe_bytes=0, **codec, **ssd),
     )
     return kvtier.Store(config)
 
@@ -102,7 +95,7 @@ def put_each(store: kvtier.Store, keys: BlockKeys, data: np.ndarray) -> None:
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: "-".join(str(v) for v in c.values()))
 @pytest.mark.parametrize("write_through", [False, True])
 def test_ssd_round_trip(tmp_path: Path, codec: dict[str, Any], write_through: bool) -> None:
-    store = ssd_store(tmp_path, codec, ssd_write_through=write_through)
+    store = ssd_store(tmp_path, codec, write_through=write_through)
     keys = store.namespace.block_keys(np.arange(16 * 8, dtype=np.uint32))
     data = kv_blocks(keys)
     put_each(store, keys, data)  # DRAM holds 2: the rest are demoted (or were written through)
@@ -133,7 +126,7 @@ def test_ssd_round_trip(tmp_path: Path, codec: dict[str, Any], write_through: bo
 def test_ssd_reader_follows_the_header(
     tmp_path: Path, writer: dict[str, Any], reader: dict[str, Any]
 ) -> None:
-    store = ssd_store(tmp_path, writer, ssd_write_through=True)
+    store = ssd_store(tmp_path, writer, write_through=True)
     keys = store.namespace.block_keys(np.arange(16 * 6, dtype=np.uint32))
     data = kv_blocks(keys)
     put_each(store, keys, data)
@@ -149,7 +142,7 @@ def test_ssd_reader_follows_the_header(
 
 
 def test_corrupt_encoded_ssd_object_is_a_counted_miss(tmp_path: Path) -> None:
-    store = ssd_store(tmp_path, CODECS[1], ssd_write_through=True)
+    store = ssd_store(tmp_path, CODECS[1], write_through=True)
     keys = store.namespace.block_keys(np.arange(16 * 6, dtype=np.uint32))
     data = kv_blocks(keys)
     put_each(store, keys, data)
@@ -170,13 +163,12 @@ def test_real_kv_through_ssd(tmp_path: Path, codec: str) -> None:
     fields: dict[str, Any] = {
         "geometry": KV_GEOMETRY,
         "model_id": "real-kv",
-        "dram_capacity_bytes": "8MiB",
-        "ssd_directory": str(tmp_path),
-        "ssd_capacity_bytes": "64MiB",
-        "ssd_probe_bytes": 0,
+        "dram": {"capacity_bytes": "8MiB"},
+        "ssd": {"directory": str(tmp_path), "capacity_bytes": "64MiB", "probe_bytes": 0},
     }
-    extra = {"ssd_codec_backend": "deflate"} if codec == "lossless" else {}
-    writer = kvtier.Store(kvtier.StoreConfig(**fields, ssd_codec=codec, ssd_write_through=True, **extra))
+    extra = {"codec_backend": "deflate"} if codec == "lossless" else {}
+    ssd = {**fields["ssd"], "codec": codec, "write_through": True, **extra}
+    writer = kvtier.Store(kvtier.StoreConfig(**{**fields, "ssd": ssd}))
     keys = writer.namespace.block_keys(np.arange(16 * len(blocks), dtype=np.uint32))
     writer.put(keys, blocks)
     s = writer.stats()
@@ -210,16 +202,15 @@ def redis(tmp_path: Path) -> Iterator[LocalRedis]:
         yield server
 
 
-def remote_store(url: str, codec: dict[str, Any], **kw: Any) -> kvtier.Store:
+def remote_store(url: str, codec: dict[str, Any]) -> kvtier.Store:
+    """A store with a remote tier on ``url`` under ``codec``."""
     config = kvtier.StoreConfig(
         geometry=GEOMETRY,
         model_id="codec-test",
-        dram_capacity_bytes=2 * OBJECT,
-        remote_urls=url,
-        remote_reconnect_backoff_min_s=0.01,
-        remote_reconnect_backoff_max_s=0.05,
-        **codec_fields("remote", codec),
-        **kw,
+        dram=kvtier.DramConfig(capacity_bytes=2 * OBJECT),
+        remote=kvtier.RemoteConfig(
+            urls=url, reconnect_backoff_min_s=0.01, reconnect_backoff_max_s=0.05, **codec
+        ),
     )
     return kvtier.Store(config)
 

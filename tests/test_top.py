@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kvtier import Store, StoreConfig, layout
+from kvtier import DramConfig, SsdConfig, Store, StoreConfig, layout
 from kvtier.geometry import Geometry
 from kvtier.metrics import namespace_label
 from kvtier.testing.redis import free_port
@@ -26,8 +26,10 @@ def test_top_once_shows_tiers_hit_rate_and_bandwidth_of_a_busy_store(tmp_path: P
         try:
             store = Store(
                 StoreConfig(
-                    geometry=GEOMETRY, model_id="top", dram_capacity_bytes="4MiB", ssd_directory=str(tmp_path / "ssd"),
-                    ssd_capacity_bytes="16MiB", ssd_write_through=True, ssd_probe_bytes=0, metrics_port=port,
+                    geometry=GEOMETRY, model_id="top", dram=DramConfig(capacity_bytes="4MiB"),
+                    ssd=SsdConfig(directory=str(tmp_path / "ssd"), capacity_bytes="16MiB", write_through=True,
+                                  probe_bytes=0),
+                    metrics_port=port,
                 )
             )  # fmt: skip
             break

@@ -31,19 +31,19 @@ def per_layer_pool(num_blocks: int) -> tuple[list[np.ndarray], PagedPool]:
 
 def make_store(directory: Path | None = None, codec: str = "raw", backend: str | None = None) -> kvtier.Store:
     object_bytes = (GEOMETRY.block_bytes + 64 + 4095) // 4096 * 4096
-    extra: dict[str, object] = {}
+    ssd = None
     if directory is not None:  # DRAM holds one block; every block is written through to SSD
-        extra = dict(
-            ssd_directory=str(directory),
-            ssd_capacity_bytes=40 * object_bytes,
-            ssd_probe_bytes=0,
-            ssd_write_through=True,
-            ssd_promote_on_hit=False,
-            ssd_codec=codec,
-            ssd_codec_backend=backend,
+        ssd = kvtier.SsdConfig(
+            directory=str(directory),
+            capacity_bytes=40 * object_bytes,
+            probe_bytes=0,
+            write_through=True,
+            promote_on_hit=False,
+            codec=codec,
+            codec_backend=backend,
         )
-    dram = object_bytes if directory is not None else 32 * object_bytes
-    config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="paged", dram_capacity_bytes=dram, **extra)  # type: ignore[arg-type]
+    dram = kvtier.DramConfig(capacity_bytes=object_bytes if directory is not None else 32 * object_bytes)
+    config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="paged", dram=dram, ssd=ssd)
     return kvtier.Store(config)
 
 
