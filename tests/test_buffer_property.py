@@ -625,7 +625,9 @@ class Ctx:
 
     def __init__(self) -> None:
         self.store = kvtier.Store(
-            kvtier.StoreConfig(geometry=GEOMETRY, model_id="buffer-prop", dram_capacity_bytes="64MiB")
+            kvtier.StoreConfig(
+                geometry=GEOMETRY, model_id="buffer-prop", dram=kvtier.DramConfig(capacity_bytes="64MiB")
+            )
         )
         self.ns = self.store.namespace
         self.keys = self.ns.block_keys(range(2 * POOL_BLOCKS * GEOMETRY.block_tokens))[:POOL_BLOCKS]
@@ -655,7 +657,9 @@ class Ctx:
             from kvtier.remote import RemotePool
 
             url = os.environ["KVTIER_PROP_REDIS_URL"]
-            config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="buffer-prop", remote_urls=url)
+            config = kvtier.StoreConfig(
+                geometry=GEOMETRY, model_id="buffer-prop", remote=kvtier.RemoteConfig(urls=url)
+            )
             self._remote = RemotePool(config.remote, self.ns.hash)
         return self._remote
 

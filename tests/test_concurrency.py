@@ -58,7 +58,10 @@ def test_eight_threads_no_torn_or_foreign_bytes() -> None:
     geometry = kvtier.Geometry(4, 2, 64, "fp16", 16)  # 16 KiB blocks
     store = kvtier.Store(
         kvtier.StoreConfig(
-            geometry=geometry, model_id="conc", dram_capacity_bytes=48 * 20 * 2**10, copy_threads=2
+            geometry=geometry,
+            model_id="conc",
+            dram=kvtier.DramConfig(capacity_bytes=48 * 20 * 2**10),
+            copy_threads=2,
         )
     )
     prompts = [np.random.default_rng(p).integers(0, 50_000, 16 * 12) for p in range(10)]

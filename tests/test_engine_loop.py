@@ -460,7 +460,7 @@ def test_bad_requests_are_refused_when_added(engine_parts, prompts) -> None:
 def warm_store(engine_parts, prompts) -> Store:
     """A store already holding the prompts' blocks (8-token blocks), from an earlier engine."""
     model, tokenizer = engine_parts
-    store = Store(llm_store_config(8, dram_capacity_bytes="64MiB"))
+    store = Store(llm_store_config(8, dram={"capacity_bytes": "64MiB"}))
     llm = LLM(
         model=model, tokenizer=tokenizer, config=EngineConfig(num_blocks=64, block_tokens=8), store=store
     )

@@ -76,7 +76,7 @@ def _llm(parts: tuple[Model, Tokenizer], store: Store | None = None, **config: i
 
 
 def test_dram_hit_is_token_identical_to_recompute(parts, prompt, recompute) -> None:
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}))
     [first] = _llm(parts, store).generate([prompt], PARAMS)
     assert first.token_ids == recompute
     assert store.stats().put_blocks >= len(prompt) // 16
@@ -93,14 +93,16 @@ def test_dram_hit_is_token_identical_to_recompute(parts, prompt, recompute) -> N
 def test_ssd_hit_from_an_earlier_store_is_token_identical(parts, prompt, recompute, tmp_path: Path) -> None:
     """The first store writes through to SSD and goes away; a new store on the same directory (a
     second engine, as after a restart) serves the prefix from SSD alone."""
-    ssd = {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "128MiB", "ssd_probe_bytes": 0}
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, ssd_write_through=True, **ssd))
+    ssd = {"directory": str(tmp_path), "capacity_bytes": "128MiB", "probe_bytes": 0}
+    store = Store(
+        llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd={**ssd, "write_through": True})
+    )
     [first] = _llm(parts, store).generate([prompt], PARAMS)
     assert first.token_ids == recompute
     store.flush()
     del store
     gc.collect()
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **ssd))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd=ssd))
     llm = _llm(parts, store)
     [second] = llm.generate([prompt], PARAMS)
     assert second.token_ids == recompute
@@ -110,7 +112,7 @@ def test_ssd_hit_from_an_earlier_store_is_token_identical(parts, prompt, recompu
 
 
 def test_a_corrupt_stored_block_is_recomputed_not_used(parts, prompt, recompute) -> None:
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}))
     _llm(parts, store).generate([prompt], PARAMS)
     keys = store.namespace.block_keys(prompt)
     assert store._corrupt_for_test(keys[2], 1000)
@@ -207,7 +209,7 @@ def test_bad_inputs_raise_clear_errors(parts, prompt) -> None:
         llm.generate(["hi", ""], PARAMS)
     assert not llm.engine.has_unfinished()
     with pytest.raises(EngineInputError, match="store's geometry"):
-        _llm(parts, Store(llm_store_config(block_tokens=8, dram_capacity_bytes="16MiB")))
+        _llm(parts, Store(llm_store_config(block_tokens=8, dram={"capacity_bytes": "16MiB"})))
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -62,7 +62,7 @@ def _hit(parts: tuple[Model, Tokenizer], store: Store, prompt: list[int], tier: 
 
 
 def test_dram_hit_through_the_transfer_engine(parts, prompt, recompute) -> None:
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}))
     [first] = _llm(parts, store).generate([prompt], PARAMS)
     assert first.token_ids == recompute
     assert store.stats().put_blocks >= len(prompt) // 16  # saved by a store job
@@ -73,13 +73,15 @@ def test_dram_hit_through_the_transfer_engine(parts, prompt, recompute) -> None:
 
 
 def test_ssd_hit_through_the_transfer_engine(parts, prompt, recompute, tmp_path: Path) -> None:
-    ssd = {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "128MiB", "ssd_probe_bytes": 0}
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, ssd_write_through=True, **ssd))
+    ssd = {"directory": str(tmp_path), "capacity_bytes": "128MiB", "probe_bytes": 0}
+    store = Store(
+        llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd={**ssd, "write_through": True})
+    )
     _llm(parts, store).generate([prompt], PARAMS)
     store.flush()
     del store
     gc.collect()
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **ssd))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd=ssd))
     llm = _llm(parts, store)
     [out] = llm.generate([prompt], PARAMS)
     assert out.token_ids == recompute
@@ -89,13 +91,13 @@ def test_ssd_hit_through_the_transfer_engine(parts, prompt, recompute, tmp_path:
 def test_remote_hit_through_the_transfer_engine(parts, prompt, recompute, tmp_path: Path) -> None:
     server = LocalRedis(tmp_path).start()
     try:
-        config = {"remote_urls": (server.url,), "remote_write_through": True, "remote_promote_on_hit": False}
-        _llm(parts, Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **config))).generate(
-            [prompt], PARAMS
-        )
+        remote = {"urls": (server.url,), "write_through": True, "promote_on_hit": False}
+        _llm(
+            parts, Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, remote=remote))
+        ).generate([prompt], PARAMS)
         gc.collect()
         # A second store (another process would do the same) with DRAM for one object only.
-        store = Store(llm_store_config(dram_capacity_bytes=OBJECT_BYTES, **config))
+        store = Store(llm_store_config(dram={"capacity_bytes": OBJECT_BYTES}, remote=remote))
         [out] = _llm(parts, store).generate([prompt], PARAMS)
         assert out.token_ids == recompute
         assert out.cached_tokens["remote"] == (len(prompt) - 1) // 16 * 16
@@ -104,7 +106,7 @@ def test_remote_hit_through_the_transfer_engine(parts, prompt, recompute, tmp_pa
 
 
 def test_a_corrupt_block_ends_the_transfer_engine_load(parts, prompt, recompute) -> None:
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}))
     _llm(parts, store).generate([prompt], PARAMS)
     keys = store.namespace.block_keys(prompt)
     assert store._corrupt_for_test(keys[2], 1000)
@@ -121,19 +123,23 @@ def test_lossless_ssd_and_remote_hits_are_token_identical(
     server = LocalRedis(tmp_path).start()
     (tmp_path / "ssd").mkdir()
     try:
-        tiers = {
-            "ssd_directory": str(tmp_path / "ssd"),
-            "ssd_capacity_bytes": "128MiB",
-            "ssd_probe_bytes": 0,
-            "ssd_write_through": True,
-            "ssd_codec": "lossless",
-            "ssd_codec_backend": backend,
-            "remote_urls": (server.url,),
-            "remote_write_through": True,
-            "remote_codec": "lossless",
-            "remote_codec_backend": backend,
+        tiers: dict[str, dict[str, object]] = {
+            "ssd": {
+                "directory": str(tmp_path / "ssd"),
+                "capacity_bytes": "128MiB",
+                "probe_bytes": 0,
+                "write_through": True,
+                "codec": "lossless",
+                "codec_backend": backend,
+            },
+            "remote": {
+                "urls": (server.url,),
+                "write_through": True,
+                "codec": "lossless",
+                "codec_backend": backend,
+            },
         }
-        writer = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **tiers))
+        writer = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, **tiers))
         _llm(parts, writer).generate([prompt], PARAMS)
         writer.flush()
         stats = writer.stats()
@@ -148,9 +154,10 @@ def test_lossless_ssd_and_remote_hits_are_token_identical(
         del writer
         gc.collect()
         # From SSD: a store on the same directory, its DRAM one object, promotion off.
-        ssd_only = {k: v for k, v in tiers.items() if not k.startswith("remote")}
         store = Store(
-            llm_store_config(dram_capacity_bytes=OBJECT_BYTES, ssd_promote_on_hit=False, **ssd_only)
+            llm_store_config(
+                dram={"capacity_bytes": OBJECT_BYTES}, ssd={**tiers["ssd"], "promote_on_hit": False}
+            )
         )
         [out] = _llm(parts, store).generate([prompt], PARAMS)
         assert out.token_ids == recompute
@@ -160,7 +167,7 @@ def test_lossless_ssd_and_remote_hits_are_token_identical(
         # From the server: a store with no SSD, configured raw (the header says lossless).
         store = Store(
             llm_store_config(
-                dram_capacity_bytes=OBJECT_BYTES, remote_urls=(server.url,), remote_promote_on_hit=False
+                dram={"capacity_bytes": OBJECT_BYTES}, remote={"urls": (server.url,), "promote_on_hit": False}
             )
         )
         [out] = _llm(parts, store).generate([prompt], PARAMS)
@@ -193,8 +200,10 @@ def test_layerwise_loads_overlap_the_step_and_are_token_identical(parts, prompt,
         pending.wait_layer = wait_layer  # type: ignore[method-assign]
         return pending
 
-    ssd = {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "128MiB", "ssd_probe_bytes": 0}
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, ssd_write_through=True, **ssd))
+    ssd = {"directory": str(tmp_path), "capacity_bytes": "128MiB", "probe_bytes": 0}
+    store = Store(
+        llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd={**ssd, "write_through": True})
+    )
     _llm(parts, store).generate([prompt], PARAMS)
     llm: LLM | None = None
     for source in ("host", "ssd"):
@@ -202,7 +211,9 @@ def test_layerwise_loads_overlap_the_step_and_are_token_identical(parts, prompt,
             store.flush()
             del store, llm  # the engine holds the store too
             gc.collect()
-            store = Store(llm_store_config(dram_capacity_bytes=OBJECT_BYTES, ssd_promote_on_hit=False, **ssd))
+            store = Store(
+                llm_store_config(dram={"capacity_bytes": OBJECT_BYTES}, ssd={**ssd, "promote_on_hit": False})
+            )
         waits.clear()
         TransferEngineKvTransfer.load_async = counting  # type: ignore[method-assign]
         try:
@@ -217,7 +228,7 @@ def test_layerwise_loads_overlap_the_step_and_are_token_identical(parts, prompt,
 
 
 def test_a_block_failing_mid_step_voids_the_step_and_recomputes(parts, prompt, recompute) -> None:
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}))
     _llm(parts, store).generate([prompt], PARAMS)
     keys = store.namespace.block_keys(prompt)
     assert store._corrupt_for_test(keys[2], 1000)

@@ -31,13 +31,15 @@ def config(urls: list[str], **kw: object) -> kvtier.StoreConfig:
     fields: dict[str, object] = {
         "geometry": GEOMETRY,
         "model_id": "cluster-test",
-        "dram_capacity_bytes": 128 * 4096,
-        "remote_urls": tuple(urls),
-        "remote_cluster": True,
-        "remote_reconnect_backoff_min_s": 0.01,
-        "remote_reconnect_backoff_max_s": 0.05,
-        "remote_connect_timeout_s": 0.5,
-        "remote_io_timeout_s": 2.0,
+        "dram": {"capacity_bytes": 128 * 4096},
+        "remote": {
+            "urls": tuple(urls),
+            "cluster": True,
+            "reconnect_backoff_min_s": 0.01,
+            "reconnect_backoff_max_s": 0.05,
+            "connect_timeout_s": 0.5,
+            "io_timeout_s": 2.0,
+        },
     }
     fields.update(kw)
     return kvtier.StoreConfig(**fields)  # type: ignore[arg-type]
@@ -76,8 +78,8 @@ def test_processes_on_different_seed_nodes_share(cluster: LocalCluster) -> None:
         f"""
         import numpy as np, kvtier
         g = kvtier.Geometry(2, 2, 8, "fp16", 4)
-        s = kvtier.Store(kvtier.StoreConfig(geometry=g, model_id="cluster-test", dram_capacity_bytes=128 * 4096,
-                         remote_urls=({cluster.urls[1]!r},), remote_cluster=True))
+        s = kvtier.Store(kvtier.StoreConfig(geometry=g, model_id="cluster-test", dram={{"capacity_bytes": 128 * 4096}},
+                         remote={{"urls": ({cluster.urls[1]!r},), "cluster": True}}))
         keys = s.namespace.block_keys(np.arange(256, dtype=np.uint32))
         data = np.random.default_rng(3).integers(0, 256, (len(keys), g.block_bytes), dtype=np.uint8)
         print(s.put(keys, data).stored)

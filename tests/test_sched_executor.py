@@ -223,13 +223,15 @@ def test_the_reference_engine_carries_out_a_host_prefetch(parts, prompt, tmp_pat
     """Once dropped silently by the engine (the simulator executed it): the SSD-only prefix is in
     the store's DRAM after the prefetch step, and the request then loads it from there."""
     model, tokenizer = parts
-    ssd = {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "128MiB", "ssd_probe_bytes": 0}
-    writer = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, ssd_write_through=True, **ssd))
+    ssd = {"directory": str(tmp_path), "capacity_bytes": "128MiB", "probe_bytes": 0}
+    writer = Store(
+        llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd={**ssd, "write_through": True})
+    )
     [recompute] = LLM(model=model, tokenizer=tokenizer, store=writer).generate([prompt], PARAMS)
     writer.flush()
     del writer
     gc.collect()
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES, **ssd))  # DRAM starts empty
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}, ssd=ssd))  # DRAM starts empty
     cap = (len(prompt) - 1) // 16
     keys = store.namespace.block_keys(prompt)[:cap]
     assert set(store.lookup(keys).tiers) == {"ssd"}
@@ -246,7 +248,7 @@ def test_the_reference_engine_carries_out_a_host_prefetch(parts, prompt, tmp_pat
 
 def test_the_reference_engine_refuses_what_it_cannot_do(parts, prompt) -> None:
     model, tokenizer = parts
-    store = Store(llm_store_config(dram_capacity_bytes=64 * OBJECT_BYTES))
+    store = Store(llm_store_config(dram={"capacity_bytes": 64 * OBJECT_BYTES}))
     LLM(model=model, tokenizer=tokenizer, store=store).generate([prompt], PARAMS)
     # A load for a running request: the engine loads from the store only at admission.
     config = EngineConfig(offload="write_through")

@@ -32,14 +32,13 @@ def payloads(keys: BlockKeys) -> np.ndarray:
 
 
 def make_store(directory: Path, dram_blocks: int = 4, **ssd: Any) -> kvtier.Store:
-    fields: dict[str, Any] = {
-        "ssd_directory": str(directory),
-        "ssd_capacity_bytes": "4MiB",
-        "ssd_probe_bytes": 0,
-    }
-    fields.update(ssd)
+    """A store with ``dram_blocks`` blocks of DRAM over an SSD tier in ``directory``; ``ssd`` are
+    further keys of its SSD section."""
     config = kvtier.StoreConfig(
-        geometry=GEOMETRY, model_id="ssd-test", dram_capacity_bytes=dram_blocks * OBJECT, **fields
+        geometry=GEOMETRY,
+        model_id="ssd-test",
+        dram=kvtier.DramConfig(capacity_bytes=dram_blocks * OBJECT),
+        ssd={"directory": str(directory), "capacity_bytes": "4MiB", "probe_bytes": 0, **ssd},
     )
     return kvtier.Store(config)
 
@@ -64,7 +63,6 @@ def load_all(store: kvtier.Store, keys: BlockKeys) -> tuple[kvtier.LoadReport, n
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"ssd_devices": ["/tmp/a"]}, "`ssd_devices` is set but `ssd_directory` is None"),  # flat, deprecated
         ({"ssd": {"devices": ["/tmp/a"]}}, "`ssd.directory` is missing"),
         ({"ssd": {"directory": "/tmp", "devices": ["/a", "/a"]}}, "lists a device or file twice"),
         ({"ssd": {"directory": "/tmp", "devices": "/a"}}, "expected a list of device or file paths"),
@@ -99,30 +97,44 @@ def test_bad_ssd_settings_are_config_errors(fields: dict[str, Any], message: str
     assert message in str(info.value)
 
 
+def test_flat_ssd_devices_without_a_directory_is_a_config_error() -> None:
+    """The deprecated flat spelling, as before the sections: ``ssd_devices`` needs ``ssd_directory``."""
+    with (
+        pytest.warns(DeprecationWarning, match=r"`ssd_devices` is deprecated .*use `ssd\.devices`"),
+        pytest.raises(ConfigError, match="`ssd_devices` is set but `ssd_directory` is None"),
+    ):
+        kvtier.StoreConfig(geometry=GEOMETRY, ssd_devices=["/tmp/a"])
+
+
 def test_ssd_config_round_trips_through_dict_and_yaml(tmp_path: Path) -> None:
     config = kvtier.StoreConfig(
         geometry=GEOMETRY,
-        ssd_directory=tmp_path,  # type: ignore[arg-type]  # a Path is accepted and stored as str
-        ssd_devices=[str(tmp_path / "a"), str(tmp_path / "b")],  # type: ignore[arg-type]
-        ssd_capacity_bytes="64MiB",  # type: ignore[arg-type]
-        ssd_durability="fsync",
-        ssd_bandwidth_bytes_per_s=[3e9, 1e9],  # type: ignore[arg-type]
+        ssd={
+            "directory": tmp_path,  # a Path is accepted and stored as str
+            "devices": [str(tmp_path / "a"), str(tmp_path / "b")],
+            "capacity_bytes": "64MiB",
+            "durability": "fsync",
+            "bandwidth_bytes_per_s": [3e9, 1e9],
+        },
     )
-    assert config.ssd_directory == str(tmp_path)
-    assert config.ssd_devices == (str(tmp_path / "a"), str(tmp_path / "b"))
-    assert config.ssd_capacity_bytes == 64 * 2**20
+    assert config.ssd is not None
+    assert config.ssd.directory == str(tmp_path)
+    assert config.ssd.devices == (str(tmp_path / "a"), str(tmp_path / "b"))
+    assert config.ssd.capacity_bytes == 64 * 2**20
     assert kvtier.StoreConfig.from_dict(config.to_dict()) == config
     path = tmp_path / "store.yaml"
     path.write_text(
         "store:\n"
         "  geometry: {num_layers: 2, num_kv_heads: 2, head_dim: 64, dtype: fp16, block_tokens: 16}\n"
-        f"  ssd_directory: {tmp_path}\n"
-        "  ssd_capacity_bytes: 1GiB\n"
-        "  ssd_placement: round_robin\n"
-        "  ssd_admission_k: 2\n"
+        "  ssd:\n"
+        f"    directory: {tmp_path}\n"
+        "    capacity_bytes: 1GiB\n"
+        "    placement: round_robin\n"
+        "    admission_k: 2\n"
     )
-    loaded = kvtier.StoreConfig.from_yaml(path)
-    assert (loaded.ssd_capacity_bytes, loaded.ssd_placement, loaded.ssd_admission_k) == (
+    loaded = kvtier.StoreConfig.from_yaml(path).ssd
+    assert loaded is not None
+    assert (loaded.capacity_bytes, loaded.placement, loaded.admission_k) == (
         2**30,
         "round_robin",
         2,
@@ -141,7 +153,7 @@ def test_missing_unwritable_and_busy_directories(tmp_path: Path) -> None:
         unwritable.mkdir()
         unwritable.chmod(0o500)
     with pytest.raises(ConfigError, match="is not writable"):
-        make_store(unwritable, ssd_devices=[str(tmp_path / "dev")])
+        make_store(unwritable, devices=[str(tmp_path / "dev")])
     first = make_store(tmp_path)
     with pytest.raises(ConfigError, match="in use by another store"):
         make_store(tmp_path)
@@ -150,7 +162,7 @@ def test_missing_unwritable_and_busy_directories(tmp_path: Path) -> None:
 
 def test_a_device_file_the_disk_cannot_hold_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no space left on device"):
-        make_store(tmp_path, ssd_capacity_bytes=2**50)
+        make_store(tmp_path, capacity_bytes=2**50)
     assert not list(tmp_path.glob("*.kvtd")) or all(p.stat().st_blocks == 0 for p in tmp_path.glob("*.kvtd"))
 
 
@@ -159,7 +171,7 @@ def test_failed_probe_means_equal_shares_and_a_logged_warning(
 ) -> None:
     devices = [str(tmp_path / "a"), str(tmp_path / "b")]
     with caplog.at_level(logging.WARNING, logger="kvtier"):
-        store = make_store(tmp_path, ssd_devices=devices, ssd_capacity_bytes="2MiB", ssd_probe_bytes="8MiB")
+        store = make_store(tmp_path, devices=devices, capacity_bytes="2MiB", probe_bytes="8MiB")
     assert any("placing objects in equal shares" in r.getMessage() for r in caplog.records)
     metrics = store.ssd_metrics()
     assert metrics is not None and metrics["bandwidth_source"].startswith("equal (probe failed")
@@ -188,7 +200,7 @@ def test_write_back_lookup_tiers_load_and_promotion(tmp_path: Path) -> None:
 
 
 def test_admission_needs_k_accesses(tmp_path: Path) -> None:
-    store = make_store(tmp_path, dram_blocks=4, ssd_admission_k=2)
+    store = make_store(tmp_path, dram_blocks=4, admission_k=2)
     a, _ = put_prompt(store, 0, 4)
     with store.lease(a):
         pass  # a second access of each block of a
@@ -200,7 +212,7 @@ def test_admission_needs_k_accesses(tmp_path: Path) -> None:
 
 
 def test_leases_cover_ssd_blocks_and_capacity_holds(tmp_path: Path) -> None:
-    store = make_store(tmp_path, dram_blocks=2, ssd_capacity_bytes=4 * BLOCK, ssd_promote_on_hit=False)
+    store = make_store(tmp_path, dram_blocks=2, capacity_bytes=4 * BLOCK, promote_on_hit=False)
     keys, objects = put_prompt(store, 0, 6)
     assert store.lookup(keys[:4]).tiers == ("ssd",) * 4
     with store.lease(keys[:4]) as lease:
@@ -264,7 +276,7 @@ def test_write_through_from_dram_pages_and_caller_buffers(
     """Write-through writes the copies DRAM holds from their pages and the rest (DRAM full of
     leased blocks) from the caller's unaligned buffers; a fresh store reads every one back
     (O_DIRECT), and a byte flipped on the device is refused."""
-    opts = {"ssd_write_through": True, "ssd_durability": durability, "ssd_direct_io": direct_io}
+    opts = {"write_through": True, "durability": durability, "direct_io": direct_io}
     store = make_store(tmp_path, dram_blocks=4, **opts)
     a_keys = store.namespace.block_keys(range(0, 16 * 4))
     a = payloads(a_keys)
@@ -298,7 +310,7 @@ def test_write_through_from_dram_pages_and_caller_buffers(
 def test_a_corrupt_dram_copy_written_through_is_refused_from_ssd(tmp_path: Path) -> None:
     """Write-through writes the DRAM copy with the checksum DRAM recorded (no second pass over
     it): a DRAM bit flip reaches SSD flagged, and a read from SSD refuses it, never serves it."""
-    opts = {"ssd_capacity_bytes": 4 * BLOCK, "ssd_write_through": True}
+    opts = {"capacity_bytes": 4 * BLOCK, "write_through": True}
     store = make_store(tmp_path, dram_blocks=8, **opts)
     a_keys, a = put_prompt(store, 0, 4)
     put_prompt(store, 1000, 4)  # SSD holds 4 objects: A leaves it, stays in DRAM
@@ -307,7 +319,7 @@ def test_a_corrupt_dram_copy_written_through_is_refused_from_ssd(tmp_path: Path)
     assert store._corrupt_for_test(a_keys[1], 1000)
     assert store.put(a_keys, a).already_present == 4  # in DRAM: written through from its pages
     del store
-    fresh = make_store(tmp_path, dram_blocks=8, ssd_capacity_bytes=4 * BLOCK)
+    fresh = make_store(tmp_path, dram_blocks=8, capacity_bytes=4 * BLOCK)
     assert fresh.lookup(a_keys).tiers == ("ssd",) * 4
     report, out = load_all(fresh, a_keys)
     assert (report.loaded_blocks, report.checksum_failures) == (1, 1)
@@ -316,10 +328,10 @@ def test_a_corrupt_dram_copy_written_through_is_refused_from_ssd(tmp_path: Path)
 
 
 def test_a_restarted_store_recovers_from_the_index_log(tmp_path: Path) -> None:
-    store = make_store(tmp_path, dram_blocks=4, ssd_write_through=True, ssd_durability="fsync")
+    store = make_store(tmp_path, dram_blocks=4, write_through=True, durability="fsync")
     keys, objects = put_prompt(store, 0, 10)
     del store
-    again = make_store(tmp_path, dram_blocks=4, ssd_write_through=True, ssd_durability="fsync")
+    again = make_store(tmp_path, dram_blocks=4, write_through=True, durability="fsync")
     metrics = again.ssd_metrics()
     assert metrics is not None and metrics["recovery"]["recovered_objects"] == 10
     assert again.lookup(keys).tiers == ("ssd",) * 10
@@ -330,7 +342,7 @@ def test_a_restarted_store_recovers_from_the_index_log(tmp_path: Path) -> None:
 
 def test_bandwidth_placement_over_two_devices_and_metrics(tmp_path: Path) -> None:
     devices = [str(tmp_path / "fast.kvtd"), str(tmp_path / "slow.kvtd")]
-    store = make_store(tmp_path, dram_blocks=8, ssd_devices=devices, ssd_bandwidth_bytes_per_s=[3e9, 1e9])
+    store = make_store(tmp_path, dram_blocks=8, devices=devices, bandwidth_bytes_per_s=[3e9, 1e9])
     put_prompt(store, 0, 16)  # the first 8 go to SSD in one demotion batch: 6 and 2
     metrics = store.ssd_metrics()
     assert metrics is not None
@@ -346,9 +358,8 @@ def test_odd_sized_blocks_go_through_staging(tmp_path: Path) -> None:
     geometry = kvtier.Geometry(1, 1, 40, "fp16", 3)  # 480-byte blocks: not whole pages
     config = kvtier.StoreConfig(
         geometry=geometry,
-        dram_capacity_bytes=2 * 4096,
-        ssd_directory=str(tmp_path),
-        ssd_capacity_bytes="1MiB",
+        dram=kvtier.DramConfig(capacity_bytes=2 * 4096),
+        ssd=kvtier.SsdConfig(directory=str(tmp_path), capacity_bytes="1MiB"),
     )
     store = kvtier.Store(config)
     keys = store.namespace.block_keys(range(30))
@@ -364,7 +375,7 @@ def test_odd_sized_blocks_go_through_staging(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
-    store = make_store(tmp_path, dram_blocks=6, ssd_capacity_bytes=24 * BLOCK)
+    store = make_store(tmp_path, dram_blocks=6, capacity_bytes=24 * BLOCK)
     errors: list[BaseException] = []
 
     stored = [0]

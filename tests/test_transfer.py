@@ -37,7 +37,7 @@ def fp16_blocks(keys: BlockKeys, block_bytes: int) -> np.ndarray:
 def make_store(geometry: kvtier.Geometry, blocks: int) -> kvtier.Store:
     object_bytes = (geometry.block_bytes + 64 + 4095) // 4096 * 4096
     config = kvtier.StoreConfig(
-        geometry=geometry, model_id="transfer", dram_capacity_bytes=blocks * object_bytes
+        geometry=geometry, model_id="transfer", dram=kvtier.DramConfig(capacity_bytes=blocks * object_bytes)
     )
     return kvtier.Store(config)
 
@@ -50,14 +50,16 @@ def make_ssd_store(
     config = kvtier.StoreConfig(
         geometry=geometry,
         model_id="transfer",
-        dram_capacity_bytes=object_bytes,
-        ssd_directory=directory,
-        ssd_capacity_bytes=(blocks + 4) * object_bytes,
-        ssd_probe_bytes=0,
-        ssd_write_through=True,
-        ssd_promote_on_hit=False,
-        ssd_codec=codec,
-        ssd_codec_backend=backend,
+        dram=kvtier.DramConfig(capacity_bytes=object_bytes),
+        ssd=kvtier.SsdConfig(
+            directory=directory,
+            capacity_bytes=(blocks + 4) * object_bytes,
+            probe_bytes=0,
+            write_through=True,
+            promote_on_hit=False,
+            codec=codec,
+            codec_backend=backend,
+        ),
     )
     return kvtier.Store(config)
 
@@ -153,7 +155,9 @@ def test_bad_input_is_a_clear_error(geometry: kvtier.Geometry) -> None:
         engine.submit_load(keys, np.zeros(geometry.block_bytes * 2 + 1, np.uint8), [0, 1])
     with pytest.raises(BufferError):
         engine.submit_load(keys, layout.alloc_pool(geometry, 2), [0])
-    other = kvtier.Store(kvtier.StoreConfig(geometry=geometry, model_id="other", dram_capacity_bytes=2**20))
+    other = kvtier.Store(
+        kvtier.StoreConfig(geometry=geometry, model_id="other", dram=kvtier.DramConfig(capacity_bytes=2**20))
+    )
     with pytest.raises(NamespaceError):
         engine.submit_load(other.namespace.block_keys(range(16)), layout.alloc_pool(geometry, 2), [0])
     job = engine.submit_load(keys[:1], layout.alloc_pool(geometry, 2), [0])
@@ -294,14 +298,16 @@ def test_pipelined_loads_from_the_remote_tier(
         config = kvtier.StoreConfig(
             geometry=geometry,
             model_id="transfer-remote",
-            dram_capacity_bytes=object_bytes,  # DRAM keeps the last block put
-            remote_urls=url,
-            remote_write_through=True,
-            remote_promote_on_hit=False,
-            remote_codec=codec[0],
-            remote_codec_backend=codec[1],
-            remote_reconnect_backoff_min_s=0.01,
-            remote_reconnect_backoff_max_s=0.05,
+            dram=kvtier.DramConfig(capacity_bytes=object_bytes),  # DRAM keeps the last block put
+            remote=kvtier.RemoteConfig(
+                urls=url,
+                write_through=True,
+                promote_on_hit=False,
+                codec=codec[0],
+                codec_backend=codec[1],
+                reconnect_backoff_min_s=0.01,
+                reconnect_backoff_max_s=0.05,
+            ),
         )
         return kvtier.Store(config)
 

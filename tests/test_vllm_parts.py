@@ -35,15 +35,15 @@ def paged(layers: list[np.ndarray]) -> PagedKV:
 
 def test_settings_name_every_bad_key() -> None:
     with pytest.raises(ConfigError, match="dram_capacity"):
-        ConnectorSettings.from_extra_config({"dram_capacity": 1})  # a typo of dram_capacity_bytes
+        ConnectorSettings.from_extra_config({"dram_capacity": 1})  # a typo of dram
     with pytest.raises(ConfigError, match="`geometry`"):
         ConnectorSettings.from_extra_config({"geometry": "llama-3-8b"})
     with pytest.raises(ConfigError, match="lookup_timeout_s"):
         ConnectorSettings.from_extra_config({"lookup_timeout_s": 0})
     with pytest.raises(ConfigError, match="load_failure_policy"):
         ConnectorSettings.from_extra_config({"load_failure_policy": "ignore"})
-    s = ConnectorSettings.from_extra_config({"dram_capacity_bytes": "lots"})
-    with pytest.raises(ConfigError, match="dram_capacity_bytes"):
+    s = ConnectorSettings.from_extra_config({"dram": {"capacity_bytes": "lots"}})
+    with pytest.raises(ConfigError, match=r"dram\.capacity_bytes"):
         s.store_config(GEOMETRY, "m", None, "", 1, "test", 0)
     with pytest.raises(ConfigError, match="not supported"):
         geometry_for(2, 2, 8, "fp8_e4m3", 16)
@@ -58,17 +58,17 @@ def test_layerwise_auto_follows_the_kv_cache_device_and_a_store_default_differs(
     with pytest.raises(ConfigError, match="layerwise"):
         ConnectorSettings.from_extra_config({"layerwise": "yes"})
     # Inside vLLM the DRAM tier is prefaulted unless the user says otherwise.
-    assert auto.store_config(GEOMETRY, "m", None, "", 1, "test", 0).dram_prefault is True
-    lazy = ConnectorSettings.from_extra_config({"dram_prefault": False})
-    assert lazy.store_config(GEOMETRY, "m", None, "", 1, "test", 0).dram_prefault is False
+    assert auto.store_config(GEOMETRY, "m", None, "", 1, "test", 0).dram.prefault is True
+    lazy = ConnectorSettings.from_extra_config({"dram": {"prefault": False}})
+    assert lazy.store_config(GEOMETRY, "m", None, "", 1, "test", 0).dram.prefault is False
 
 
 def test_settings_from_a_yaml_file_with_inline_overrides(tmp_path: Path) -> None:
     f = tmp_path / "kvtier.yaml"
-    f.write_text("store:\n  dram_capacity_bytes: 64MiB\n  eviction: lru\n")
-    s = ConnectorSettings.from_extra_config({"config_file": str(f), "dram_capacity_bytes": "32MiB"})
+    f.write_text("store:\n  dram:\n    capacity_bytes: 64MiB\n  eviction: lru\n")
+    s = ConnectorSettings.from_extra_config({"config_file": str(f), "dram": {"capacity_bytes": "32MiB"}})
     c = s.store_config(GEOMETRY, "smollm", "abc", "", 2, "cpu:fp32", 1)
-    assert c.dram_capacity_bytes == 32 * 2**20 and c.rank == 1
+    assert c.dram.capacity_bytes == 32 * 2**20 and c.rank == 1
     assert c.model_id == "smollm|rev=abc|tp=2|layout=cpu:fp32"
     other = s.store_config(GEOMETRY, "smollm", "abc", "", 2, "cuda:fp32", 1)
     assert other.namespace.hash != c.namespace.hash  # another layout never shares blocks
@@ -134,7 +134,9 @@ def test_lookups_cross_a_unix_socket_and_a_dead_worker_is_a_miss() -> None:
 
 
 def make_worker(layers: list[np.ndarray]) -> WorkerSide:
-    config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="vllm-parts", dram_capacity_bytes="16MiB")
+    config = kvtier.StoreConfig(
+        geometry=GEOMETRY, model_id="vllm-parts", dram=kvtier.DramConfig(capacity_bytes="16MiB")
+    )
     return WorkerSide(kvtier.Store(config), paged(layers))
 
 
