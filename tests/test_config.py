@@ -15,9 +15,9 @@ from kvtier.schema import Section
 
 def test_from_dict_with_preset_and_sizes() -> None:
     config = kvtier.StoreConfig.from_dict(
-        {"geometry": "llama-3-8b", "model_id": "m", "dram_capacity_bytes": "512MiB", "eviction": "lru"}
+        {"geometry": "llama-3-8b", "model_id": "m", "dram": {"capacity_bytes": "512MiB"}, "eviction": "lru"}
     )
-    assert config.dram_capacity_bytes == 512 * 2**20
+    assert config.dram.capacity_bytes == 512 * 2**20
     assert config.geometry.block_bytes == 2 * 2**20
     assert kvtier.StoreConfig.from_dict(config.to_dict()) == config
 
@@ -28,7 +28,7 @@ def test_from_yaml(tmp_path: Path) -> None:
         "store:\n"
         "  model_id: demo\n"
         "  cache_salt: tenant-a\n"
-        "  dram_capacity_bytes: 1GiB\n"
+        "  dram: {capacity_bytes: 1GiB}\n"
         "  geometry: {num_layers: 2, num_kv_heads: 2, head_dim: 8, dtype: fp16, block_tokens: 4}\n"
     )
     config = kvtier.StoreConfig.from_yaml(path)
@@ -41,14 +41,14 @@ def test_from_yaml(tmp_path: Path) -> None:
     [
         ({"geometry": "llama-3-8b", "dram_capacity": "1GiB"}, "unknown store config key"),
         ({"model_id": "m"}, "no `geometry`"),
-        ({"geometry": "llama-3-8b", "dram_capacity_bytes": 0}, "at least one block"),
-        ({"geometry": "llama-3-8b", "dram_capacity_bytes": "-5GiB"}, "size in bytes"),
-        ({"geometry": "llama-3-8b", "dram_capacity_bytes": "4 parsecs"}, "size in bytes"),
+        ({"geometry": "llama-3-8b", "dram": {"capacity_bytes": 0}}, "at least one block"),
+        ({"geometry": "llama-3-8b", "dram": {"capacity_bytes": "-5GiB"}}, "size in bytes"),
+        ({"geometry": "llama-3-8b", "dram": {"capacity_bytes": "4 parsecs"}}, "size in bytes"),
         ({"geometry": "llama-3-8b", "eviction": "random"}, "expected one of"),
         ({"geometry": "llama-3-8b", "lease_ttl_s": 0}, "positive"),
         ({"geometry": "llama-3-8b", "copy_threads": -1}, "copy_threads"),
         ({"geometry": "llama-3-8b", "model_id": ""}, "model_id"),
-        ({"geometry": "llama-3-8b", "dram_prefault": "yes"}, "dram_prefault"),
+        ({"geometry": "llama-3-8b", "dram": {"prefault": "yes"}}, "dram.prefault"),
         ({"geometry": {"num_layers": 2}}, "missing"),
     ],
 )
@@ -105,7 +105,9 @@ def test_lease_ttl_out_of_the_stores_bounds_is_a_config_error(ttl: object) -> No
 
 @pytest.mark.parametrize("ttl", [1e-9, 6e-10, 0.5, 30, LEASE_TTL_MAX_S, float(LEASE_TTL_MAX_S)])
 def test_lease_ttl_within_bounds_builds_a_store(ttl: float) -> None:
-    config = kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), dram_capacity_bytes=2**16, lease_ttl_s=ttl)
+    config = kvtier.StoreConfig(
+        geometry=kvtier.Geometry(1, 1, 8), dram=kvtier.DramConfig(capacity_bytes=2**16), lease_ttl_s=ttl
+    )
     kvtier.Store(config)
 
 
@@ -201,8 +203,8 @@ def test_binding_reads_every_key_python_declares_by_its_name(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("capacity", [2**70, 2**64, 2**63, "20000000TiB"])
 def test_capacity_beyond_the_address_space_is_a_config_error(capacity: object) -> None:
-    with pytest.raises(ConfigError, match="`dram_capacity_bytes`"):
-        kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), dram_capacity_bytes=capacity)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"`dram\.capacity_bytes`"):
+        kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), dram={"capacity_bytes": capacity})
 
 
 @pytest.mark.parametrize(

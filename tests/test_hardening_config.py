@@ -5,6 +5,7 @@ CLI user errors that printed tracebacks (11)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,13 +46,13 @@ def test_defect5_redact_url_replaces_the_password(url: str, redacted: str) -> No
 
 def test_defect5_store_config_repr_and_str_redact_passwords_and_to_dict_keeps_them() -> None:
     urls = (f"redis://:{SECRET}@127.0.0.1:7000", f"redis://alice:{SECRET}@127.0.0.1:7001")
-    config = kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=urls, remote_cluster=True)
+    config = kvtier.StoreConfig(geometry=GEOMETRY, remote=kvtier.RemoteConfig(urls=urls, cluster=True))
     for text in (repr(config), str(config)):
         assert SECRET not in text
         assert "'redis://:***@127.0.0.1:7000'" in text
         assert "'redis://alice:***@127.0.0.1:7001'" in text
         assert text.startswith("StoreConfig(geometry=Geometry(")
-    assert config.remote_urls == urls  # the config itself keeps the real URLs
+    assert config.remote is not None and config.remote.urls == urls  # the config itself keeps the real URLs
     assert config.to_dict()["remote"]["urls"] == list(urls)
     assert kvtier.StoreConfig.from_dict(config.to_dict()) == config
 
@@ -72,10 +73,10 @@ def test_defect5_store_config_repr_and_str_redact_passwords_and_to_dict_keeps_th
 )
 def test_defect5_bad_url_errors_do_not_show_the_password(url: str) -> None:
     with pytest.raises(ConfigError) as info:
-        kvtier.Store(kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=url))
+        kvtier.Store(kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": url}))
     message = str(info.value)
     assert SECRET not in message
-    assert "remote_urls" in message and ":***@" in message
+    assert "remote.urls" in message and ":***@" in message
 
 
 @pytest.mark.parametrize(
@@ -90,7 +91,8 @@ def test_defect5_bad_url_errors_do_not_show_the_password(url: str) -> None:
     ],
 )
 def test_defect5_url_check_accepts_what_the_rust_parser_accepts(url: str) -> None:
-    assert kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=url).remote_urls == (url,)
+    remote = kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": url}).remote
+    assert remote is not None and remote.urls == (url,)
 
 
 @pytest.mark.parametrize("flag", ["--url", "--cluster-url"])
@@ -135,26 +137,28 @@ def test_defect8_sizes_parse_exactly(text: str, size: int) -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        pytest.param("dram_capacity_bytes", "1" + "0" * 400, id="dram-str-1e400"),
+        pytest.param("dram.capacity_bytes", "1" + "0" * 400, id="dram-str-1e400"),
         # past Python's int <-> str digit limit (4300)
-        pytest.param("dram_capacity_bytes", "1" + "0" * 5000, id="dram-str-1e5000"),
-        pytest.param("dram_capacity_bytes", "1." + "0" * 5000 + "1GiB", id="dram-str-5000-fraction-digits"),
-        pytest.param("dram_capacity_bytes", 10**5000, id="dram-int-1e5000"),
-        ("dram_capacity_bytes", 2**63),
-        ("dram_capacity_bytes", -1),
-        ("remote_inflight_bytes_max", 10**30),
-        ("remote_inflight_bytes_max", 2**64),
-        ("remote_inflight_bytes_max", "20000000TiB"),
-        ("ssd_capacity_bytes", 2**64),
-        pytest.param("ssd_capacity_bytes", "1" + "0" * 400, id="ssd-str-1e400"),
-        ("ssd_probe_bytes", 10**30),
+        pytest.param("dram.capacity_bytes", "1" + "0" * 5000, id="dram-str-1e5000"),
+        pytest.param("dram.capacity_bytes", "1." + "0" * 5000 + "1GiB", id="dram-str-5000-fraction-digits"),
+        pytest.param("dram.capacity_bytes", 10**5000, id="dram-int-1e5000"),
+        ("dram.capacity_bytes", 2**63),
+        ("dram.capacity_bytes", -1),
+        ("remote.inflight_bytes_max", 10**30),
+        ("remote.inflight_bytes_max", 2**64),
+        ("remote.inflight_bytes_max", "20000000TiB"),
+        ("ssd.capacity_bytes", 2**64),
+        pytest.param("ssd.capacity_bytes", "1" + "0" * 400, id="ssd-str-1e400"),
+        ("ssd.probe_bytes", 10**30),
     ],
 )
 def test_defect8_out_of_range_sizes_are_config_errors_naming_the_key(key: str, value: object) -> None:
-    fields: dict[str, Any] = {key: value, "ssd_directory": "/nonexistent-kvtier-dir"}
-    if key.startswith("remote_"):
-        fields["remote_urls"] = "redis://127.0.0.1:1"
-    with pytest.raises(ConfigError, match=f"`{key}`"):
+    fields: dict[str, Any] = {"ssd": {"directory": "/nonexistent-kvtier-dir"}}
+    if key.startswith("remote."):
+        fields["remote"] = {"urls": "redis://127.0.0.1:1"}
+    section, _, name = key.partition(".")
+    fields.setdefault(section, {})[name] = value
+    with pytest.raises(ConfigError, match=re.escape(f"`{key}`")):
         kvtier.Store(kvtier.StoreConfig(geometry=GEOMETRY, **fields))
 
 
@@ -370,9 +374,9 @@ def test_defect11_unexpected_errors_keep_their_traceback(
 )
 def test_defect7_an_invalid_host_is_a_config_error(url: str) -> None:
     with pytest.raises(ConfigError, match="host"):
-        kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=url)
+        kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": url})
 
 
 def test_defect7_valid_hosts_still_parse() -> None:
     for url in ("redis://my_host-1.example.com.:1", "redis://[fe80::1]:6379", "redis://10.0.0.1"):
-        kvtier.StoreConfig(geometry=GEOMETRY, remote_urls=url)
+        kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": url})
