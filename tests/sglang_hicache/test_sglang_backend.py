@@ -27,26 +27,26 @@ from kvtier.integrations.sglang import KvtierHiCacheStorage
 from kvtier.remote import RemotePool
 from kvtier.testing.redis import LocalRedis
 
-DRAM = {"dram_capacity_bytes": "4MiB"}
+DRAM = {"dram": {"capacity_bytes": "4MiB"}}
 
 
 def ssd(directory: Path) -> dict[str, Any]:
     # Pages written through to SSD as they are stored, and read back from there by a fresh store.
     return {
         **DRAM,
-        "ssd_directory": str(directory),
-        "ssd_capacity_bytes": "4MiB",
-        "ssd_probe_bytes": 0,
-        "ssd_write_through": True,
+        "ssd": {
+            "directory": str(directory),
+            "capacity_bytes": "4MiB",
+            "probe_bytes": 0,
+            "write_through": True,
+        },
     }
 
 
 def remote(server: LocalRedis) -> dict[str, Any]:
     return {
         **DRAM,
-        "remote_urls": [server.url],
-        "remote_connect_timeout_s": 0.5,
-        "remote_io_timeout_s": 2.0,
+        "remote": {"urls": [server.url], "connect_timeout_s": 0.5, "io_timeout_s": 2.0},
     }
 
 
@@ -68,8 +68,8 @@ def test_the_dynamic_factory_builds_it_from_sglang_flags() -> None:
     made = StorageBackendFactory.create_backend("dynamic", storage_config(DRAM), pool)
     assert isinstance(made, KvtierHiCacheStorage) and isinstance(made, HiCacheStorage)
     made.register_mem_pool_host(pool)
-    assert made.store.config.dram_capacity_bytes == 4 * 2**20
-    assert made.store.config.dram_prefault is True  # a serving process commits its DRAM tier
+    assert made.store.config.dram.capacity_bytes == 4 * 2**20
+    assert made.store.config.dram.prefault is True  # a serving process commits its DRAM tier
     assert made.store.config.model_id == "sglang|org/test-model|tp=1|layout=mha-page_first-bfloat16"
 
 
@@ -208,7 +208,7 @@ def test_wrong_rank_model_or_layout_is_a_miss_and_mla_is_shared_by_ranks(redis: 
 def test_mla_with_several_ranks_and_no_shared_tier_is_refused_at_start(tmp_path: Path) -> None:
     # SGLang writes MLA pages from rank 0 only; without a tier the ranks share, rank 1 would
     # miss every page, so the backend refuses the configuration when SGLang registers its pool.
-    for extra in ({"dram_capacity_bytes": "1MiB"}, ssd(tmp_path)):
+    for extra in ({"dram": {"capacity_bytes": "1MiB"}}, ssd(tmp_path)):
         with pytest.raises(ConfigError, match=r"`remote\.urls`"):
             backend(host_pool("mla", "page_first"), extra, model="mla", tp_rank=1, tp_size=2)
     single = backend(host_pool("mla", "page_first"), ssd(tmp_path), model="mla", tp_rank=0, tp_size=1)
@@ -217,7 +217,7 @@ def test_mla_with_several_ranks_and_no_shared_tier_is_refused_at_start(tmp_path:
 
 def test_ranks_get_their_own_ssd_subdirectory(tmp_path: Path) -> None:
     ranks = [backend(host_pool(), ssd(tmp_path), tp_rank=r, tp_size=2) for r in range(2)]
-    assert [Path(b.store.config.ssd_directory).name for b in ranks] == [
+    assert [Path(b.store.config.ssd.directory).name for b in ranks if b.store.config.ssd] == [
         "tp0of2-pp0of1-cp0of1",
         "tp1of2-pp0of1-cp0of1",
     ]
@@ -247,7 +247,7 @@ def test_ranks_serve_metrics_on_their_own_ports(tmp_path: Path) -> None:
     ("extra", "message"),
     [
         ({"dram_capacity": 1}, "dram_capacity"),
-        ({"dram_capacity_bytes": "lots"}, "dram_capacity_bytes"),
+        ({"dram": {"capacity_bytes": "lots"}}, r"dram\.capacity_bytes"),
         ({"geometry": "llama-3-8b"}, "`geometry`; SGLang decides it"),
         ({"rank": 1}, "`rank`"),
         ({"eviction": "mru"}, "eviction"),
@@ -265,9 +265,9 @@ def test_bad_config_is_a_config_error_naming_the_key_at_construction(
 
 def test_config_from_a_yaml_file_with_inline_overrides(tmp_path: Path) -> None:
     path = tmp_path / "kvtier.yaml"
-    path.write_text("store:\n  dram_capacity_bytes: 2MiB\n  eviction: s3fifo\n")
+    path.write_text("store:\n  dram:\n    capacity_bytes: 2MiB\n  eviction: s3fifo\n")
     made = backend(host_pool(), {"config_file": str(path), "eviction": "lru"})
-    assert made.store.config.dram_capacity_bytes == 2 * 2**20 and made.store.config.eviction == "lru"
+    assert made.store.config.dram.capacity_bytes == 2 * 2**20 and made.store.config.eviction == "lru"
     bad = tmp_path / "bad.yaml"
     bad.write_text("geometry: llama-3-8b\n")
     with pytest.raises(ConfigError, match="sets `geometry`"):

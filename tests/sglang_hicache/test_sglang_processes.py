@@ -31,12 +31,16 @@ print("STORED", sum(done))
 
 @pytest.mark.parametrize("tier", ["ssd", "redis"])
 def test_a_second_process_sees_the_first_ones_pages(tier: str, tmp_path: Path, redis: LocalRedis) -> None:
-    extra: dict[str, Any] = {"dram_capacity_bytes": "1MiB"}
+    extra: dict[str, Any] = {"dram": {"capacity_bytes": "1MiB"}}
     if tier == "ssd":
-        extra |= {"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "4MiB", "ssd_probe_bytes": 0}
-        extra["ssd_write_through"] = True
+        extra["ssd"] = {
+            "directory": str(tmp_path),
+            "capacity_bytes": "4MiB",
+            "probe_bytes": 0,
+            "write_through": True,
+        }
     else:
-        extra["remote_urls"] = [redis.url]
+        extra["remote"] = {"urls": [redis.url]}
     proc = subprocess.run(
         [sys.executable, "-c", WRITER, str(HERE), json.dumps(extra)],
         capture_output=True,

@@ -68,7 +68,7 @@ def test_dram_hits_in_multiprocess_vllm_are_token_identical(vllm_run: Any, tmp_p
         {
             "multiprocess": True,
             "metrics": True,
-            "connector": {"dram_capacity_bytes": "1GiB", "stats_file": str(stats)},
+            "connector": {"dram": {"capacity_bytes": "1GiB"}, "stats_file": str(stats)},
             "prompts": [[PROMPT], [PROMPT], "+turn"],
         }
     )
@@ -103,10 +103,8 @@ def test_ssd_pool_is_shared_by_two_vllm_processes_and_corruption_is_recomputed(
     pool = tmp_path / "pool"
     pool.mkdir()
     connector = {
-        "dram_capacity_bytes": "256MiB",
-        "ssd_directory": str(pool),
-        "ssd_capacity_bytes": "512MiB",
-        "ssd_write_through": True,
+        "dram": {"capacity_bytes": "256MiB"},
+        "ssd": {"directory": str(pool), "capacity_bytes": "512MiB", "write_through": True},
         "layerwise": True,  # the layerwise path under a real forward, corruption included
     }
     a = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
@@ -136,10 +134,8 @@ def test_async_loads_between_steps_hit_and_corruption_is_recomputed(vllm_run: An
     pool = tmp_path / "pool"
     pool.mkdir()
     connector = {
-        "dram_capacity_bytes": "256MiB",
-        "ssd_directory": str(pool),
-        "ssd_capacity_bytes": "512MiB",
-        "ssd_write_through": True,
+        "dram": {"capacity_bytes": "256MiB"},
+        "ssd": {"directory": str(pool), "capacity_bytes": "512MiB", "write_through": True},
         "load_async": True,
     }
     a = vllm_run({"connector": connector, "prompts": [[PROMPT]]})
@@ -160,7 +156,7 @@ def test_async_loads_between_steps_hit_and_corruption_is_recomputed(vllm_run: An
 
 def test_redis_producer_feeds_a_consumer_and_corruption_is_recomputed(vllm_run: Any, tmp_path: Path) -> None:
     with LocalRedis(tmp_path / "redis") as server:
-        connector = {"dram_capacity_bytes": "256MiB", "remote_urls": [server.url]}
+        connector = {"dram": {"capacity_bytes": "256MiB"}, "remote": {"urls": [server.url]}}
         single = vllm_run({"prompts": [[PROMPT]]})  # plain vLLM, no connector
         producer = vllm_run({"connector": connector, "kv_role": "kv_producer", "prompts": [[PROMPT]]})
         assert only(producer, 0)["token_ids"] == only(single, 0)["token_ids"]
@@ -181,9 +177,9 @@ def test_redis_producer_feeds_a_consumer_and_corruption_is_recomputed(vllm_run: 
 
 
 def test_a_bad_store_field_stops_vllm_at_start_naming_the_key(vllm_run: Any) -> None:
-    r = vllm_run({"connector": {"dram_capacity_bytes": "lots"}, "prompts": [[PROMPT]]}, expect_ok=False)
+    r = vllm_run({"connector": {"dram": {"capacity_bytes": "lots"}}, "prompts": [[PROMPT]]}, expect_ok=False)
     assert r["returncode"] != 0
-    assert "ConfigError" in r["output"] and "dram_capacity_bytes" in r["output"], r["output"][-3000:]
+    assert "ConfigError" in r["output"] and "dram.capacity_bytes" in r["output"], r["output"][-3000:]
     r = vllm_run({"connector": {"geometry": "llama-3-8b"}, "prompts": [[PROMPT]]}, expect_ok=False)
     assert r["returncode"] != 0
     assert "ConfigError" in r["output"] and "`geometry`" in r["output"], r["output"][-3000:]

@@ -57,10 +57,12 @@ def test_tp2_ranks_store_and_load_their_own_shards_and_one_corrupt_rank_is_recom
 
     def connector(stats: Path) -> dict[str, Any]:
         return {
-            "dram_capacity_bytes": "256MiB",
-            "ssd_directory": str(pool),  # one pool per rank under it: pool/rank0, pool/rank1
-            "ssd_capacity_bytes": "256MiB",
-            "ssd_write_through": True,
+            "dram": {"capacity_bytes": "256MiB"},
+            "ssd": {
+                "directory": str(pool),
+                "capacity_bytes": "256MiB",
+                "write_through": True,
+            },  # one pool per rank under it: pool/rank0, pool/rank1
             "stats_file": str(stats),
         }
 
@@ -123,15 +125,16 @@ def test_tp2_ranks_store_and_load_their_own_shards_and_one_corrupt_rank_is_recom
 def test_each_rank_gets_its_own_ssd_pool_and_stats_file(tmp_path: Path) -> None:
     """No vLLM process: the per-rank paths the connector's workers use with TP > 1."""
     geometry = geometry_for(4, 1, 64, "float32", 128)
-    s = ConnectorSettings.from_extra_config({"ssd_directory": str(tmp_path), "ssd_capacity_bytes": "8MiB"})
-    assert s.store_config(geometry, "m", None, "", 1, "cpu", 0).ssd_directory == str(tmp_path)
+    s = ConnectorSettings.from_extra_config({"ssd": {"directory": str(tmp_path), "capacity_bytes": "8MiB"}})
+    one = s.store_config(geometry, "m", None, "", 1, "cpu", 0).ssd
+    assert one is not None and one.directory == str(tmp_path)
     for rank in range(TP):
         c = s.store_config(geometry, "m", None, "", TP, "cpu", rank)
-        assert c.ssd_directory == str(tmp_path / f"rank{rank}") and c.rank == rank
+        assert c.ssd is not None and c.ssd.directory == str(tmp_path / f"rank{rank}") and c.rank == rank
     devices = ConnectorSettings.from_extra_config(
-        {"ssd_directory": str(tmp_path), "ssd_devices": [str(tmp_path / "d0")], "ssd_capacity_bytes": "8MiB"}
+        {"ssd": {"directory": str(tmp_path), "devices": [str(tmp_path / "d0")], "capacity_bytes": "8MiB"}}
     )
-    with pytest.raises(ConfigError, match="ssd_devices"):
+    with pytest.raises(ConfigError, match=r"`ssd\.devices` with tensor_parallel_size > 1"):
         devices.store_config(geometry, "m", None, "", TP, "cpu", 1)
     metrics = ConnectorSettings.from_extra_config({"metrics_port": 9464})
     assert [metrics.store_config(geometry, "m", None, "", TP, "cpu", r).metrics_port for r in range(TP)] == [
