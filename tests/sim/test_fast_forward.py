@@ -69,12 +69,8 @@ def assert_same(fast: dict[str, Any], slow: dict[str, Any]) -> None:
     _close(fast["metrics"], slow["metrics"], "metrics")
 
 
-def replay(
-    cfg: SimConfig, fast_forward: bool, requests: Iterator[Request] | None = None
-) -> tuple[dict[str, Any], int]:
-    """Every record in finish order, the whole metrics, events and clock; and how many steps the
-    policies were asked to decide."""
-    sim = build(cfg)
+def _recording(sim: Any) -> list[Any]:
+    """The list every finished request's record is appended to (as :func:`_state`), in finish order."""
     records: list[Any] = []
     add = sim.metrics.add_request
 
@@ -82,7 +78,17 @@ def replay(
         records.append(_state(r))
         add(r)
 
-    sim.metrics.add_request = record  # type: ignore[method-assign]
+    sim.metrics.add_request = record
+    return records
+
+
+def replay(
+    cfg: SimConfig, fast_forward: bool, requests: Iterator[Request] | None = None
+) -> tuple[dict[str, Any], int]:
+    """Every record in finish order, the whole metrics, events and clock; and how many steps the
+    policies were asked to decide."""
+    sim = build(cfg)
+    records = _recording(sim)
     asked = [0]
     for engine in sim.cluster.engines:  # type: ignore[attr-defined]
         engine.decode_fast_forward = fast_forward
@@ -352,14 +358,7 @@ def test_a_static_swap_policy_decides_the_plain_decode_at_every_fast_step(
         return True
 
     monkeypatch.setattr(engine_module, "next_step", checked)
-    records: list[Any] = []
-    add = sim.metrics.add_request
-
-    def record(r: RequestRecord) -> None:
-        records.append(_state(r))
-        add(r)
-
-    sim.metrics.add_request = record  # type: ignore[method-assign]
+    records = _recording(sim)
     sim.cluster.feed(_swapping())  # type: ignore[attr-defined]
     sim.loop.run(until_s=cfg.max_sim_s)
     assert records == slow["records"] and sim.loop.events_run == slow["events"]

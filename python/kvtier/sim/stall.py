@@ -32,8 +32,8 @@ def check_not_stalled(loop: EventLoop, cluster: Replayed, engines: Sequence[Engi
     stuck = "; ".join(describe(e) for e in engines if e.requests) or "no engine holds them"
     raise SimError(
         f"the replay stalled at {loop.now_s:.6g} s after {steps} steps with {unfinished} requests "
-        f"unfinished: no event left can move them ({stuck}). The policy planned nothing while "
-        "its requests wait for blocks nothing will free"
+        f"unfinished: no event left can move them ({stuck}). The usual cause: the policy planned "
+        "nothing while its requests wait for blocks nothing in flight will free"
     )
 
 
