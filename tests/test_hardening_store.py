@@ -115,7 +115,7 @@ def test_defect3_a_file_of_other_data_is_refused_untouched(tmp_path: Path) -> No
     victim = tmp_path / "data.bin"
     data = os.urandom(10_000)
     victim.write_bytes(data)
-    with pytest.raises(ConfigError, match=r"holding other data.*ssd_format_devices"):
+    with pytest.raises(ConfigError, match=r"holding other data.*ssd\.format_devices"):
         ssd_store(pool, "m", devices=[str(victim)])
     assert victim.read_bytes() == data, "the file was written"
     store = ssd_store(pool, "m", devices=[str(victim)], format_devices=True)

@@ -142,7 +142,7 @@ fn a_file_of_other_data_is_never_taken_over() {
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
     std::fs::write(&c.devices[0], &data).unwrap();
     let message = open_error(c.clone());
-    assert!(message.contains("holding other data") && message.contains("ssd_format_devices"), "{message}");
+    assert!(message.contains("holding other data") && message.contains("ssd.format_devices"), "{message}");
     assert_eq!(std::fs::read(&c.devices[0]).unwrap(), data, "the file was changed");
     c.format_devices = true;
     let pool = SsdTier::open(c.clone()).unwrap();

@@ -239,8 +239,8 @@ impl Device {
                 let what = if block { "block device".to_string() } else { format!("file of {len} bytes") };
                 return Err(PoolError::SsdConfig(format!(
                     "device {} is a {what} holding other data (no kvtier superblock); the pool \
-                     will not overwrite it: give a new or empty path, or set ssd_format_devices \
-                     to format it",
+                     will not overwrite it: give a new or empty path, or set format_devices \
+                     (a store config's ssd.format_devices) to format it",
                     path.display()
                 )));
             }
