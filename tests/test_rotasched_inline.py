@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
-from kvtier.sched.rotasched import RotaSched, StepPlan, claim, lvf, running_claims, step_need, step_tokens
+from kvtier.sched.claims import claim, running_claims, step_need, step_tokens
+from kvtier.sched.rotasched import RotaSched, StepPlan, lvf
 from kvtier.sched.swap_copy import PLAIN_SWAP, SWAP_ENGINES
 
 BT = 16

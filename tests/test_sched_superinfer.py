@@ -3,9 +3,12 @@ views, the engine's swap-copy hooks, a short end-to-end run and the quick reprod
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +24,7 @@ from kvtier.sched.base import (
 )
 from kvtier.sched.batching import admit_fcfs, schedule_running
 from kvtier.sched.data_plane import default_engine, policy_spec
-from kvtier.sched.rotasched import RotaSched, lvf
+from kvtier.sched.rotasched import RotaSched, kv_blocks, lvf
 from kvtier.sched.swap_copy import SWAP_ENGINES, SwapCopy, swap_engine
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig, resolve_deprecated
@@ -33,7 +36,7 @@ from kvtier.sim.metrics import Metrics
 from kvtier.sim.models import load_model
 from kvtier.sim.request import Request
 from kvtier.sim.resources import Direction, Link, Transfer
-from kvtier.sim.run import build, run
+from kvtier.sim.run import build, replay, run, workload
 from kvtier.tiers import Tier
 
 BT = 16
@@ -48,9 +51,15 @@ class _NoCost:
 
 
 def _view(
-    now: float, requests: list[RequestView], free: int, max_batch_tokens: int = 4096, swap: str = "duplexkv"
+    now: float,
+    requests: list[RequestView],
+    free: int,
+    max_batch_tokens: int = 4096,
+    swap: str = "duplexkv",
+    host: int | None = None,
 ) -> SchedulerView:
-    """The view an engine swapping with ``swap`` (SuperInfer's DuplexKV unless said) shows."""
+    """The view an engine swapping with ``swap`` (SuperInfer's DuplexKV unless said) and ``host``
+    blocks of swap space free (None: unbounded) shows."""
     by = {p: tuple(r for r in requests if r.phase is p) for p in Phase}
     return SchedulerView(
         now_s=now,
@@ -59,7 +68,7 @@ def _view(
         fetching=(),
         swapped=by[Phase.SWAPPED],
         free_device_blocks=free,
-        free_host_blocks=None,
+        free_host_blocks=host,
         block_tokens=BT,
         max_batch_tokens=max_batch_tokens,
         max_running=256,
@@ -105,6 +114,50 @@ def test_lvf_falls_back_to_fcfs_without_contention_and_never_swaps_beyond_the_bu
     assert preempted == [] and [r.req_id for r in prioritised] == [4, 3]  # swapped resume first
     preempted, prioritised = lvf(candidates, blocks, free_blocks=0, xfer_blocks=0)  # B_xfer = 0
     assert preempted == [] and prioritised == []
+
+
+def test_lvf_takes_no_victim_the_host_room_cannot_hold() -> None:
+    # vLLM swaps out only what its swap space holds (can_swap_out): step 4 passes over a victim the
+    # host room left cannot hold and takes the next one that fits, never more than the room.
+    big = RequestView(1, 0.0, Phase.RUNNING, 100, 100, 5)  # 7 blocks
+    small_a, small_b = _req(2, Phase.RUNNING), _req(5, Phase.RUNNING)  # 4 blocks each
+    waiting, rotary = _req(3, Phase.WAITING), _req(4, Phase.SWAPPED)
+    candidates = [(-5.0, big), (-3.0, small_a), (-1.0, small_b), (2.0, waiting), (4.0, rotary)]
+    blocks = {1: 7, 2: 4, 3: 4, 4: 4, 5: 4}
+    taken = lvf(candidates, blocks, free_blocks=0, xfer_blocks=8)[0]
+    assert [r.req_id for r in taken] == [1, 2]  # unbounded: the lowest VLTs, 11 blocks
+    for host, want in ((11, [1, 2]), (10, [1]), (6, [2]), (3, [])):
+        taken = lvf(candidates, blocks, free_blocks=0, xfer_blocks=8, host_blocks=host)[0]
+        assert [r.req_id for r in taken] == want, host
+    # The policy reads the room from its view (SchedulerView.free_host_blocks). At t=2 the three
+    # running requests have run 2 s (equal VLT: L's tail is the highest id, 5, then 2, then 1).
+    for host, want in ((None, [5, 2]), (6, [5])):
+        policy = RotaSched(xfer_blocks=8)
+        view = _view(0.0, [big, small_a, small_b, waiting, rotary], free=0, host=host)
+        policy.observe(view)
+        assert [r.req_id for r in policy.rotate(dataclasses.replace(view, now_s=2.0))[0]] == want
+
+
+def test_rotasched_never_orders_a_swap_out_the_host_room_cannot_hold() -> None:
+    # Random overloaded views: whatever LVF and the stall path pick, the swap-outs of one decision
+    # fit the host room the view shows, and the stall path preempts the rest by recompute.
+    rng = random.Random(20)
+    for case in range(300):
+        policy = RotaSched(xfer_blocks=rng.choice([8, 40, 2400]))
+        requests = []
+        for rid in range(rng.randrange(1, 14)):
+            prompt = rng.randrange(16, 200)
+            phase = rng.choice(list((Phase.RUNNING, Phase.RUNNING, Phase.WAITING, Phase.SWAPPED)))
+            computed = 0 if phase is Phase.WAITING else rng.choice([prompt, rng.randrange(1, prompt + 1)])
+            generated = rng.randrange(1, 40) if phase is not Phase.WAITING and computed == prompt else 0
+            requests.append(RequestView(rid, rng.uniform(0, 5), phase, prompt, computed, generated))
+        host = rng.randrange(0, 30)
+        for now in (5.0, 5.5, 9.0):
+            view = _view(now, requests, free=rng.randrange(0, 10), host=host)
+            d = policy.schedule(view)
+            out = [r for r in view.running if r.req_id in set(d.swap_out)]
+            assert sum(kv_blocks(r, BT) for r in out) <= host, (case, now)
+            assert not set(d.preempt) & set(d.swap_out)
 
 
 def test_vlt_follows_section_4_2_2() -> None:
@@ -157,6 +210,53 @@ def test_an_iteration_that_would_plan_nothing_swaps_out_from_the_tail() -> None:
     first = _view(1.0, [decoding, prefilling], free=0)
     decision = RotaSched(xfer_blocks=8).schedule(first)
     assert decision.swap_out == [] and decision.decode == [2]
+
+
+@pytest.mark.parametrize("policy", ["rotasched", "composed"])
+def test_with_device_and_host_full_the_stall_path_preempts_by_recompute_and_runs_the_rest(
+    policy: str,
+) -> None:
+    # As above, but host has no room for the victim (3 blocks free, it holds 4): vLLM's passive
+    # preemption recomputes it, and its 4 blocks serve the chunked prompt in this very iteration (a
+    # decision with only a recompute would plan no work, and nothing in flight would start the next).
+    prefilling = RequestView(1, 0.2, Phase.RUNNING, 64, 16, 0)
+    decoding = RequestView(2, 0.5, Phase.RUNNING, 50, 50, 5)
+    view = _view(1.0, [prefilling, decoding], free=0, host=3)
+    decision = make_policy(policy, xfer_blocks=8).schedule(view)
+    assert decision.swap_out == [] and decision.preempt == [2]
+    assert decision.prefill == [(1, 48)] and decision.decode == []
+
+
+def test_an_engine_with_device_and_host_full_finishes_by_recompute_never_by_a_failed_swap() -> None:
+    # Host for about one request's KV: rotations stop at the room and the stall path preempts by
+    # recompute; the replay finishes (it raises where an engine stalls) and no swap-out the engine
+    # runs falls back to recompute (every one the policy orders, the host holds).
+    config = dataclasses.replace(
+        _short({"name": "rotasched", "xfer_blocks": 100}), host_capacity_bytes="200MB"
+    )
+    sim = build(config)
+    engine = sim.cluster.engines[0]
+    ordered, schedule = [], engine.policy.schedule
+
+    def recording(view: SchedulerView) -> SchedulerDecision:
+        decision = schedule(view)
+        ordered.append((view.free_host_blocks, len(decision.preempt), decision.swap_out))
+        return decision
+
+    engine.policy.schedule = recording  # type: ignore[method-assign]
+    fell_back, swap_out = [], engine.swaps.swap_out
+
+    def counting(r: Any) -> None:
+        before = engine.metrics.preemptions
+        swap_out(r)
+        fell_back.append(engine.metrics.preemptions != before)
+
+    engine.swaps.swap_out = counting  # type: ignore[method-assign]
+    sim.cluster.feed(workload(config))
+    replay(sim, config.max_sim_s)
+    assert sim.metrics.requests == 120
+    assert sum(n for _, n, _ in ordered) > 0  # the stall path recomputed
+    assert fell_back and not any(fell_back)  # it swapped, and the host held every swap-out
 
 
 def test_metrics_report_tbt_attainment_per_token_gap_beside_per_request() -> None:

@@ -18,9 +18,9 @@ import kvtier.sim.engine as engine_module
 from kvtier.bench.sim import config
 from kvtier.sched import make_policy
 from kvtier.sched.base import LoadMode, Phase, Policy, RequestView, SchedulerDecision, SchedulerView
+from kvtier.sched.claims import running_claims
 from kvtier.sched.fcfs import Fcfs
 from kvtier.sched.hicache import HiCache
-from kvtier.sched.rotasched import running_claims
 from kvtier.sched.swap_copy import SWAP_ENGINES
 from kvtier.sim.config import SimConfig
 from kvtier.sim.fast_forward import next_step

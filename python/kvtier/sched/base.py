@@ -93,7 +93,9 @@ class SchedulerView:
     fetching: tuple[RequestView, ...]
     swapped: tuple[RequestView, ...]
     free_device_blocks: int
-    free_host_blocks: int | None  # None: no host tier, or unbounded
+    # Host blocks a swap-out can take now: the swap space free (or held by cache that gives way to a
+    # swap). None: no host tier, or unbounded.
+    free_host_blocks: int | None
     block_tokens: int
     max_batch_tokens: int
     max_running: int

@@ -182,9 +182,13 @@ class Composed(Policy):
             and not (d.prefill or d.decode or d.loads or d.swap_in or d.swap_out)
         ):
             # The stall path (RotaSched.unstall: passive preemption, SuperInfer §4.2.1, §5): nothing
-            # fits and LVF preempts no one; swap out from L's tail, the next iteration plans the rest.
-            victims = self.rota.unstall(view)
-            self.rota.swap_out(view, victims)
+            # fits and LVF preempts no one; swap out from L's tail, the next iteration plans the rest
+            # (the copies' landing starts it). Victims host cannot hold are preempted by recompute,
+            # which lands nothing: this iteration runs the batch they leave.
+            victims, dropped = self.rota.unstall(view)
+            released = self.rota.swap_out(view, victims)
+            if dropped:
+                return self.rota.plan(view, victims, (), released, dropped)
             d.swap_out.extend(r.req_id for r in victims)
         return decision
 

@@ -29,6 +29,13 @@ decodes once before it can be preempted again (t_run at selection rotated reques
 their first decode: a livelock). Where that leaves LVF nobody to preempt and nothing runs, vLLM's
 passive preemption steps in (:meth:`RotaSched.unstall`).
 
+Host room: vLLM swaps a request out only if ``can_swap_out`` (its swap space holds it), and a
+rotation is meant to keep the victim's KV (§4.2.1: proactive preemption by swapping). So step 4 takes
+only victims the host room left can hold (``SchedulerView.free_host_blocks``: swap space free, or
+held by prefix cache that gives way) and never orders a swap-out the engine would turn into a
+recompute. Where device and host are both full and the running batch needs blocks, the stall path
+preempts by recompute (vLLM's passive preemption) the victims host cannot hold.
+
 B_HBM: the view's free device blocks less what the running batch already claims (the rest of a
 chunked prompt, the new block a decode crossing a block boundary needs), so admissions never push
 the engine into its passive recompute preemption; plus the blocks of earlier swap-outs whose copy
@@ -65,6 +72,7 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import blocks_for, reusable_tokens
+from kvtier.sched.claims import claim, running_claims
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.tiers import Tier
 
@@ -75,36 +83,6 @@ def kv_blocks(r: RequestView, block_tokens: int) -> int:
     if r.phase is Phase.WAITING:
         return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[Tier.DEVICE] // block_tokens
     return blocks_for(r.computed_tokens + r.generated_tokens, block_tokens)
-
-
-def step_need(r: RequestView, tokens: int, block_tokens: int) -> int:
-    """New device blocks a running request needs to compute ``tokens`` more this step.
-
-    A prefill chunk needs slots for ``computed + tokens``; a decode step slots for prompt + generated
-    + 1 (the engine's convention). A request holds slots for computed + generated tokens, except
-    right after its prefill (one token generated, none of it stored yet).
-    """
-    # Runs a few times per running request per step: blocks_for spelled inline (-(-n // bt)).
-    computed = r.computed_tokens
-    if computed < r.prompt_tokens:
-        return -(-(computed + tokens) // block_tokens) + (-computed // block_tokens)
-    generated = r.generated_tokens
-    held = computed + generated - (1 if generated == 1 else 0)
-    return -(-(computed + generated + tokens) // block_tokens) + (-held // block_tokens)
-
-
-def step_tokens(r: RequestView, budget: int) -> int:
-    """Tokens a running request computes this step: a decode token or a prefill chunk."""
-    if r.computed_tokens < r.prompt_tokens:
-        return min(r.remaining_prefill_tokens, budget)
-    return 1
-
-
-def prompt_reserve(r: RequestView, block_tokens: int) -> int:
-    """Blocks a running request still needs to finish its prompt (chunked prefill in progress)."""
-    if r.computed_tokens >= r.prompt_tokens:
-        return 0
-    return blocks_for(r.prompt_tokens, block_tokens) - blocks_for(r.computed_tokens, block_tokens)
 
 
 class StepPlan:
@@ -174,31 +152,6 @@ class StepPlan:
         return True
 
 
-def claim(r: RequestView, block_tokens: int) -> int:
-    """Blocks a running request claims beyond what it holds: the rest of an unfinished prompt, or
-    the new block a decode whose next token starts one needs."""
-    computed = r.computed_tokens
-    if computed < r.prompt_tokens:  # prompt_reserve
-        return -(-r.prompt_tokens // block_tokens) + (-computed // block_tokens)
-    generated = r.generated_tokens  # step_need(r, 1, block_tokens), inline
-    held = computed + generated - (1 if generated == 1 else 0)
-    return -(-(computed + generated + 1) // block_tokens) + (-held // block_tokens)
-
-
-def running_claims(view: SchedulerView) -> int:
-    """What the whole running batch claims (:func:`claim`, inline: per running request per step)."""
-    bt, total = view.block_tokens, 0
-    for r in view.running:
-        computed = r.computed_tokens
-        if computed < r.prompt_tokens:
-            total += -(-r.prompt_tokens // bt) + (-computed // bt)
-        else:
-            generated = r.generated_tokens
-            held = computed + generated - (1 if generated == 1 else 0)
-            total += -(-(computed + generated + 1) // bt) + (-held // bt)
-    return total
-
-
 def released_now(r: RequestView, copy: SwapCopy, synced_blocks: int, block_tokens: int) -> int:
     """Device blocks a swap-out frees for this very iteration: all of them if the copy runs before
     the step writes HBM (sync "step"); with eager rotation its synced blocks (a host copy exists,
@@ -233,11 +186,13 @@ def lvf(
     blocks: dict[int, int],
     free_blocks: int,
     xfer_blocks: int,
+    host_blocks: int | None = None,
 ) -> tuple[list[RequestView], list[RequestView]]:
     """Algorithm 1 (LVF scheduling): returns (preempted P, prioritised R).
 
     ``candidates`` are (VLT, request) for every running, waiting and rotary request; ``blocks`` maps
-    a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer.
+    a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer; ``host_blocks`` the
+    host room swap-outs can take this iteration (None: unbounded), which bounds step 4.
     """
     waiting_rotary = [r for _, r in candidates if r.phase is not Phase.RUNNING]
     if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
@@ -250,7 +205,7 @@ def lvf(
                 heads.append((-vlt, r.arrival_s, r.req_id, i))
         elif vlt < 0:
             tails.append((-vlt, r.arrival_s, r.req_id, i))
-    return _lvf_ordered(views, heads, tails, free_blocks + xfer_blocks, xfer_blocks)
+    return _lvf_ordered(views, heads, tails, free_blocks + xfer_blocks, xfer_blocks, host_blocks)
 
 
 Requests = Sequence[RequestView]
@@ -263,6 +218,7 @@ def _lvf_ordered(
     tails: list[LvfKey],
     left: int,
     xfer_blocks: int,
+    host_blocks: int | None = None,
 ) -> tuple[list[RequestView], list[RequestView]]:
     """Steps 2-4 of Algorithm 1 once the contention check has passed. ``views`` holds each
     candidate with blk(r); ``heads`` the keys of the waiting/rotary candidates with VLT >= 0,
@@ -271,7 +227,9 @@ def _lvf_ordered(
     Step 2 sorts every candidate by (-VLT, arrival, id), a total order, so the candidates steps 3
     and 4 can take keep their places if each group is sorted alone: step 3 walks the heads from the
     highest VLT, step 4 the tails from the lowest (``reverse``: the index ends each key, so no two
-    keys are equal and reversing the sort is reversing the order) and stops once B_swap is found."""
+    keys are equal and reversing the sort is reversing the order) and stops once B_swap is found.
+    A victim the host room left (``host_blocks``) cannot hold is passed over: vLLM swaps out only
+    what ``can_swap_out`` allows, and a rotation is a swap, never a recompute (§4.2.1)."""
     heads.sort()
     prioritised: list[RequestView] = []
     for key in heads:  # step 3
@@ -283,8 +241,12 @@ def _lvf_ordered(
     preempted: list[RequestView] = []
     if swap > 0:
         tails.sort(reverse=True)
+        room = math.inf if host_blocks is None else host_blocks
         for key in tails:
             r, need = views[key[3]]
+            if need > room:
+                continue
+            room -= need
             preempted.append(r)
             swap -= need
             if swap <= 0:
@@ -447,7 +409,7 @@ class RotaSched(Policy):
             preempted, prioritised = [], sorted(waiting_rotary, key=_fcfs_key)
         else:
             preempted, prioritised = _lvf_ordered(
-                views, heads, tails, free_hbm + self.xfer_blocks, self.xfer_blocks
+                views, heads, tails, free_hbm + self.xfer_blocks, self.xfer_blocks, view.free_host_blocks
             )
         return preempted, prioritised, self.swap_out(view, preempted)
 
@@ -460,36 +422,53 @@ class RotaSched(Policy):
             self._pending_out[r.req_id] = (kv_blocks(r, bt) - now_free, view.now_s)
         return released
 
-    def unstall(self, view: SchedulerView) -> list[RequestView]:
-        """Running requests to swap out where the iteration would plan nothing (the stall path).
+    def unstall(self, view: SchedulerView) -> tuple[list[RequestView], list[RequestView]]:
+        """Running requests to swap out, and to preempt by recompute, where the iteration would plan
+        nothing (the stall path).
 
         Algorithm 1's step 4 takes only VLT < 0, so no request in the iteration it lands in: if all
         are that new and their claims exceed the free blocks (B_HBM < 0), nothing is planned and
         nothing in flight frees a block. SuperInfer runs LVF on vLLM v0.6.6 (§5), whose running queue
         still preempts a request that cannot get its blocks (§4.2.1's passive preemption): step 4
         goes on from L's tail without its VLT filter until B_swap = -B_HBM blocks are found (blk(r)
-        and the victim's claim). None while a swap-out copy is in flight (it frees blocks as it lands)."""
-        bt, swap, out = view.block_tokens, running_claims(view) - view.free_device_blocks, []
+        and the victim's claim). A victim the host room cannot hold is preempted by recompute, as
+        vLLM does once device and swap space are both full. None while a swap-out copy is in flight
+        (it frees blocks as it lands)."""
+        bt, swap, out, dropped = view.block_tokens, running_claims(view) - view.free_device_blocks, [], []
+        room = math.inf if view.free_host_blocks is None else view.free_host_blocks
         keys = sorted(((-self.vlt(r, view.now_s), r.arrival_s, r.req_id), r) for r in view.running)
         while swap > 0 and keys and not self._pending_out:  # keys.pop(): L's tail
             r = keys.pop()[1]
-            out.append(r)
-            swap -= kv_blocks(r, bt) + claim(r, bt)
-        return out
+            need = kv_blocks(r, bt)
+            if need <= room:
+                out.append(r)
+                room -= need
+            else:
+                dropped.append(r)
+            swap -= need + claim(r, bt)
+        return out, dropped
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         preempted, prioritised, released = self.rotate(view)
         d = self.plan(view, preempted, prioritised, released)
         if view.running and not (d.prefill or d.decode or d.swap_in or d.swap_out):
-            victims = self.unstall(view)  # the stall path: passive preemption (§4.2.1, §5)
-            if victims:
-                d = self.plan(view, victims, prioritised, self.swap_out(view, victims))
+            out, dropped = self.unstall(view)  # the stall path: passive preemption (§4.2.1, §5)
+            if out or dropped:
+                d = self.plan(view, out, prioritised, self.swap_out(view, out), dropped)
         return d
 
     @staticmethod
-    def plan(view: SchedulerView, out: Requests, prio: Requests, freed: int) -> SchedulerDecision:
-        """``out`` swap out (``freed`` blocks free now), the rest run, ``prio`` swap in / start."""
-        plan = StepPlan(view, view.free_device_blocks + freed, out)
+    def plan(
+        view: SchedulerView, out: Requests, prio: Requests, freed: int, dropped: Requests = ()
+    ) -> SchedulerDecision:
+        """``out`` swap out (``freed`` blocks free now), ``dropped`` are preempted by recompute (their
+        blocks free now), the rest run, ``prio`` swap in / start."""
+        bt = view.block_tokens
+        plan = StepPlan(view, view.free_device_blocks + freed + sum(kv_blocks(r, bt) for r in dropped), out)
+        if dropped:
+            plan.decision.preempt.extend(r.req_id for r in dropped)
+            plan.slots += len(dropped)
+            out = (*out, *dropped)
         ids = {r.req_id for r in out}
         plan.run([r for r in view.running if r.req_id not in ids] if ids else view.running)
         for r in prio:

@@ -62,6 +62,14 @@ class LowerTiers:
     def free_blocks(self, tier: Tier) -> int:
         return self.capacity(tier) - self._owner.tree.used_blocks(tier)
 
+    def swap_room(self) -> int:
+        """Host blocks a swap-out can take now: free ones plus unlocked cached ones, which
+        :meth:`make_room` evicts for it (the engine's swap space, shown to policies as
+        ``SchedulerView.free_host_blocks``; 0 without a host tier)."""
+        if Tier.HOST not in self._tiers:
+            return 0
+        return self.free_blocks(Tier.HOST) + self._owner.tree.evictable_blocks(Tier.HOST)
+
     def _next_lower(self, tier: Tier) -> Tier | None:
         return next((t for t in self._tiers if t > tier), None)
 

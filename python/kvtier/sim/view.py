@@ -37,6 +37,7 @@ from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
+from kvtier.sim.tiers import LowerTiers
 from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
@@ -125,6 +126,9 @@ class ViewedEngine(Protocol):
     def waiting_changed(self) -> None: ...  # bumps waiting_version
 
     def available_device_blocks(self) -> int: ...
+
+    @property
+    def lower_tiers(self) -> LowerTiers: ...
 
 
 class WaitingViews(Sequence[RequestView]):
@@ -215,7 +219,7 @@ class WaitingViews(Sequence[RequestView]):
 
 
 def build_view(engine: ViewedEngine) -> SchedulerView:
-    config, tree = engine.config, engine.tree
+    config = engine.config
     kept = engine.waiting_views
     if kept is not None and kept.version == engine.waiting_version:
         waiting = kept.again(engine)
@@ -232,7 +236,9 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         fetching=_views(engine, engine.fetching.values()),
         swapped=_swapped_views(engine),
         free_device_blocks=engine.available_device_blocks(),
-        free_host_blocks=(config.host_blocks - tree.used_blocks(Tier.HOST)) if config.host_blocks else None,
+        # The host room a swap-out can take (as the reference engine's free swap space), not the
+        # host tier's free blocks: swapped KV shrinks the tier, and its cache gives way to a swap.
+        free_host_blocks=engine.lower_tiers.swap_room() if config.host_blocks else None,
         block_tokens=config.block_tokens,
         max_batch_tokens=config.max_batch_tokens,
         max_running=config.max_running,
