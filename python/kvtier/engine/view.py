@@ -65,7 +65,10 @@ def build_view(engine: EngineState) -> SchedulerView:
         fetching=(),
         swapped=tuple(request_view(engine, engine.requests[rid]) for rid in engine.swapped),
         free_device_blocks=engine.blocks.available(),
-        free_host_blocks=(config.swap_blocks - engine.swap_used_blocks()) if config.swap_blocks else None,
+        # The room a swap-out can take: swap slots not held by swapped requests (slots a running
+        # request keeps synced give way to a swap-out). 0, never None ("unbounded"), without swap
+        # space: a swap-out there falls back to recompute.
+        free_host_blocks=config.swap_blocks - engine.swap_used_blocks(),
         block_tokens=engine.pool.block_tokens,
         max_batch_tokens=config.max_batch_tokens,
         max_running=config.max_running,
