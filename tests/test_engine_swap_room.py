@@ -121,9 +121,9 @@ def test_rotasched_rotates_only_what_the_swap_space_holds(
     assert any(watch.swap_out_blocks), "RotaSched never rotated: the test misses its path"
     for step, (room, blocks) in enumerate(zip(watch.rooms, watch.swap_out_blocks, strict=True)):
         assert room is not None and sum(blocks) <= room, (step, room, blocks)
+    assert watch.swapped_out and all(watch.swapped_out), f"a swap-out fell back to recompute: {watch}"
     # The swap space was full for a running request at some point (it bounded the rotation).
     assert any(room < smallest for room, smallest in zip(watch.rooms, watch.smallest_running, strict=True))
-    assert watch.swapped_out and all(watch.swapped_out), f"a swap-out fell back to recompute: {watch}"
     assert engine.stats.swap_outs == engine.stats.swap_ins == len(watch.swapped_out)
     assert engine.stats.preemptions == 0
     assert (engine.stats.rotated_blocks > 0) == rotation
