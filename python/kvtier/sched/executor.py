@@ -23,8 +23,9 @@ The order, for every step:
    (of a waiting request).
 
 An order a backend cannot carry out raises (:meth:`DecisionBackend.error`); it never vanishes. An
-order that cannot be carried out *now* (no free blocks, no host room) is a state, not an error: the
-backend leaves the request where it is and the policy asks again next step.
+order that cannot be carried out *now* is a state, not an error: a swap-in or admission without free
+blocks leaves the request where it is and the policy asks again next step; a swap-out host has no
+room for preempts the request by recompute (vLLM's passive preemption), as both backends do.
 """
 
 from __future__ import annotations
