@@ -29,14 +29,16 @@ count are exact.
 
 The run (:attr:`DecodeEngine.decode_run`) is armed after a slow step whose decision was exactly
 "decode every running request" in a state where nothing else could be decided (no waiting,
-fetching, swapped or incoming request, no eager swap copies) and the policy opted in. It ends (the
-slow path plans the step) as soon as, at a step's start, anything could make the decision differ:
+fetching, swapped or incoming request) and the policy opted in. It ends (the slow path plans the
+step) as soon as, at a step's start, anything could make the decision or the step start differ:
 
 - a request arrived or was preempted back into waiting, or reached the fetching, swapped or
   P/D incoming sets;
 - the running set is not the armed batch (a request finished, left, or was added);
 - a decode would cross into a block it does not hold (``plan_decode`` would allocate, which can
-  evict or preempt).
+  evict or preempt);
+- under eager rotation (DuplexKV, twelfth slice), a running request filled a block since the last
+  step: the slow path's step start issues its host copy (``Swaps.rotate_synced_blocks``).
 """
 
 from __future__ import annotations
