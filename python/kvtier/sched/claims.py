@@ -4,12 +4,15 @@
 A request holds device slots for its computed + generated tokens, except right after its prefill
 (one token generated, none of it stored yet); a step adds a prefill chunk's tokens or a decode's
 one token, and claims the blocks those need (the rest of an unfinished prompt is set aside whole).
+Also Algorithm 1's blk(r) (:func:`kv_blocks`) and what a swap-out frees at once (:func:`released_now`).
 """
 
 from __future__ import annotations
 
-from kvtier.sched.base import RequestView, SchedulerView
+from kvtier.sched.base import Phase, RequestView, SchedulerView
 from kvtier.sched.batching import blocks_for
+from kvtier.sched.swap_copy import SwapCopy
+from kvtier.tiers import Tier
 
 
 def step_need(r: RequestView, tokens: int, block_tokens: int) -> int:
@@ -65,3 +68,23 @@ def running_claims(view: SchedulerView) -> int:
             held = computed + generated - (1 if generated == 1 else 0)
             total += -(-(computed + generated + 1) // bt) + (-held // bt)
     return total
+
+
+def kv_blocks(r: RequestView, block_tokens: int) -> int:
+    """blk(r) of Algorithm 1: the device blocks a request holds (running, rotary) or needs for its
+    whole prompt (waiting; its device-cached prefix is already there)."""
+    if r.phase is Phase.WAITING:
+        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[Tier.DEVICE] // block_tokens
+    return blocks_for(r.computed_tokens + r.generated_tokens, block_tokens)
+
+
+def released_now(r: RequestView, copy: SwapCopy, synced_blocks: int, block_tokens: int) -> int:
+    """Device blocks a swap-out frees for this very iteration: all of them if the copy runs before
+    the step writes HBM (sync "step"); with eager rotation its synced blocks (a host copy exists,
+    §4.3.2); otherwise none until the copy lands."""
+    held = kv_blocks(r, block_tokens)
+    if copy.sync == "step":
+        return held
+    if copy.eager:
+        return min(synced_blocks, held)
+    return 0

@@ -192,6 +192,14 @@ class Composed(Policy):
             d.swap_out.extend(r.req_id for r in victims)
         return decision
 
+    def steady_decode(self, view: SchedulerView) -> bool:
+        # With rotation: RotaSched's steady view (nobody waiting, fetching or swapped, no swap-out in
+        # flight, the claims within the margin) rotates no one and its plan decodes every running
+        # request; async_fetch has no one to intercept (the fetch classes it keeps are empty after
+        # this step) and admission no one to admit (Strata's steady view: its state stays the
+        # arming step's). The stall path is not taken: the plan decodes.
+        return self.rotation and self.rota.steady_decode(view)
+
     def _plain(self, view: SchedulerView) -> tuple[SchedulerDecision, SchedulerView]:
         """No rotation: the running batch first (every kvtier policy's order), queue order after."""
         return SchedulerDecision(), view

@@ -71,18 +71,9 @@ from kvtier.sched.base import (
     SchedulerView,
     register,
 )
-from kvtier.sched.batching import blocks_for, reusable_tokens
-from kvtier.sched.claims import claim, running_claims
-from kvtier.sched.swap_copy import SwapCopy
+from kvtier.sched.batching import reusable_tokens, steady_fcfs
+from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
 from kvtier.tiers import Tier
-
-
-def kv_blocks(r: RequestView, block_tokens: int) -> int:
-    """blk(r) of Algorithm 1: the device blocks a request holds (running, rotary) or needs for its
-    whole prompt (waiting; its device-cached prefix is already there)."""
-    if r.phase is Phase.WAITING:
-        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[Tier.DEVICE] // block_tokens
-    return blocks_for(r.computed_tokens + r.generated_tokens, block_tokens)
 
 
 class StepPlan:
@@ -150,18 +141,6 @@ class StepPlan:
         self.free_blocks -= need
         self.slots -= 1
         return True
-
-
-def released_now(r: RequestView, copy: SwapCopy, synced_blocks: int, block_tokens: int) -> int:
-    """Device blocks a swap-out frees for this very iteration: all of them if the copy runs before
-    the step writes HBM (sync "step"); with eager rotation its synced blocks (a host copy exists,
-    §4.3.2); otherwise none until the copy lands."""
-    held = kv_blocks(r, block_tokens)
-    if copy.sync == "step":
-        return held
-    if copy.eager:
-        return min(synced_blocks, held)
-    return 0
 
 
 _FORGET_S = 30.0  # a request unseen this long has left (finished); its records go
@@ -289,6 +268,7 @@ class RotaSched(Policy):
         self._seen: OrderedDict[int, _Seen] = OrderedDict()  # in order of last sight
         # Swapped out, copy not landed yet: (device blocks still held, when) per request.
         self._pending_out: dict[int, tuple[int, float]] = {}
+        self._steady = False  # steady_decode said yes: steps up to the next view may go unseen
 
     def params(self) -> dict[str, Any]:
         return {
@@ -321,6 +301,9 @@ class RotaSched(Policy):
         now = view.now_s
         seen_map, pending_out = self._seen, self._pending_out
         running = Phase.RUNNING
+        if self._steady:
+            self._steady = False
+            self._skipped(view)
         for group in (view.running, view.swapped, view.waiting, view.fetching):
             for r in group:
                 rid = r.req_id
@@ -350,6 +333,30 @@ class RotaSched(Policy):
             del seen_map[rid]
         for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
             del pending_out[rid]
+
+    def steady_decode(self, view: SchedulerView) -> bool:
+        """Nobody waiting, fetching or swapped (:func:`steady_fcfs`), no swap-out in flight and the
+        claims within the free blocks: no contention (step 1), so no rotation, and :meth:`plan`
+        decodes every running request. Later views differ in time (running VLTs, which the FCFS
+        fallback does not read) and tokens, bounded as ``static_swap._StaticSwap._steady`` bounds
+        them; what the views not shown would have changed is made up at the next one (_skipped)."""
+        if self._pending_out or not steady_fcfs(view) or any(r.generated_tokens < 1 for r in view.running):
+            return False
+        self._steady = running_claims(view) + len(view.running) <= view.free_device_blocks
+        return self._steady
+
+    def _skipped(self, view: SchedulerView) -> None:
+        """The first view after :meth:`steady_decode` said yes; the steps since may have gone
+        unseen (decode fast-forward), each decoding every running request and nothing else. A
+        request running now and at the last view seen decoded in the step before: that step's view
+        would have recorded ``tokens - 1`` (``prev_tokens`` below); every other field it would set,
+        this view sets again. Records of requests that finished meanwhile are forgotten sooner."""
+        for r in view.running:
+            seen = self._seen.get(r.req_id)
+            if seen is not None and seen.phase is Phase.RUNNING and seen.view is not r:
+                tokens = r.computed_tokens + r.generated_tokens
+                if tokens > seen.tokens:
+                    seen.tokens = tokens - 1
 
     def synced_blocks(self, r: RequestView, block_tokens: int) -> int:
         """Blocks full at the previous view: their eager host copy started then (§4.3.2)."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from kvtier.sched.base import Phase, Policy, RequestView, SchedulerDecision, SchedulerView, register
 from kvtier.sched.batching import steady_fcfs
-from kvtier.sched.claims import claim, running_claims
-from kvtier.sched.rotasched import StepPlan, kv_blocks, released_now
+from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
+from kvtier.sched.rotasched import StepPlan
 
 
 class _StaticSwap(Policy):

@@ -29,14 +29,16 @@ count are exact.
 
 The run (:attr:`DecodeEngine.decode_run`) is armed after a slow step whose decision was exactly
 "decode every running request" in a state where nothing else could be decided (no waiting,
-fetching, swapped or incoming request, no eager swap copies) and the policy opted in. It ends (the
-slow path plans the step) as soon as, at a step's start, anything could make the decision differ:
+fetching, swapped or incoming request) and the policy opted in. It ends (the slow path plans the
+step) as soon as, at a step's start, anything could make the decision or the step start differ:
 
 - a request arrived or was preempted back into waiting, or reached the fetching, swapped or
   P/D incoming sets;
 - the running set is not the armed batch (a request finished, left, or was added);
 - a decode would cross into a block it does not hold (``plan_decode`` would allocate, which can
-  evict or preempt).
+  evict or preempt);
+- under eager rotation (DuplexKV, twelfth slice), a running request filled a block since the last
+  step: the slow path's step start issues its host copy (``Swaps.rotate_synced_blocks``).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def arm(engine: DecodeEngine, view: SchedulerView, decision: SchedulerDecision, 
     every running request, in order" in a state where nothing else was possible, and the policy
     says it would decide the same while only the decodes' token counts advance."""
     engine.decode_run = None
-    if not engine.decode_fast_forward or engine.config.swap_copy.eager or _others_pending(engine):
+    if not engine.decode_fast_forward or _others_pending(engine):
         return
     if step.prefills or step.loads or decision.prefill or decision.loads:
         return
@@ -129,12 +131,18 @@ def next_step(engine: DecodeEngine) -> bool:
         engine.decode_run = None
         return False
     block_tokens = engine.block_tokens
+    eager = engine.config.swap_copy.eager
     contexts: list[int] = []
     for r, armed in zip(running, batch, strict=True):
         context = r.req.prompt_tokens + r.generated_tokens
         # Engine.plan_decode's test: crossing into a block it does not hold allocates (slow path).
         held = r.locked_blocks + r.private_blocks + r.reserved_blocks
         if r is not armed or -(-(context + 1) // block_tokens) > held:
+            engine.decode_run = None
+            return False
+        # Eager rotation (Swaps.rotate_synced_blocks, at the slow path's start): a block filled since
+        # the last step starts its host copy there, so such a step is the slow path's.
+        if eager and (r.computed_tokens + r.generated_tokens) // block_tokens > r.host_copied_blocks:
             engine.decode_run = None
             return False
         contexts.append(context)
@@ -187,6 +195,14 @@ def _ahead(
         - 1
         for r, context in zip(running, contexts, strict=True)
     )
+    if engine.config.swap_copy.eager:  # ... and no block fills before step j + 1 (next_step's test)
+        limit = min(
+            limit,
+            min(
+                (r.host_copied_blocks + 1) * block_tokens - r.computed_tokens - r.generated_tokens - 1
+                for r in running
+            ),
+        )
     cost = engine.cost
     end_s = start_s + compute_s
     steps = 0
