@@ -20,7 +20,7 @@ import pytest
 from kvtier.engine import Engine, EngineConfig, Model, SamplingParams, Tokenizer
 from kvtier.sched import SchedulerDecision, SchedulerView, make_policy
 from kvtier.sched.base import Phase
-from kvtier.sched.rotasched import kv_blocks
+from kvtier.sched.claims import kv_blocks
 
 QUESTIONS = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")
 MAX_TOKENS = 8

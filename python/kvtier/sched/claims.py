@@ -38,18 +38,11 @@ def step_tokens(r: RequestView, budget: int) -> int:
     return 1
 
 
-def prompt_reserve(r: RequestView, block_tokens: int) -> int:
-    """Blocks a running request still needs to finish its prompt (chunked prefill in progress)."""
-    if r.computed_tokens >= r.prompt_tokens:
-        return 0
-    return blocks_for(r.prompt_tokens, block_tokens) - blocks_for(r.computed_tokens, block_tokens)
-
-
 def claim(r: RequestView, block_tokens: int) -> int:
     """Blocks a running request claims beyond what it holds: the rest of an unfinished prompt, or
     the new block a decode whose next token starts one needs."""
     computed = r.computed_tokens
-    if computed < r.prompt_tokens:  # prompt_reserve
+    if computed < r.prompt_tokens:  # the rest of the prompt
         return -(-r.prompt_tokens // block_tokens) + (-computed // block_tokens)
     generated = r.generated_tokens  # step_need(r, 1, block_tokens), inline
     held = computed + generated - (1 if generated == 1 else 0)
