@@ -132,13 +132,14 @@ class RotarySet:
     """The rotary requests of the last view, sorted by (t_last, arrival, id), with blk(r) each,
     their sum (step 1) and the suffix minima of blk(r) along the order (step 3's stop)."""
 
-    __slots__ = ("by_object", "entries", "mins", "odd", "order", "shown", "total")
+    __slots__ = ("by_object", "entries", "ids", "mins", "odd", "order", "shown", "total")
 
     def __init__(self) -> None:
         self.shown: Sequence[RequestView] = ()  # the view's swapped sequence these were read from
         self.by_object: dict[
             int, int
         ] = {}  # id() of each member's view (kept alive by ``entries``) -> request id
+        self.ids: set[int] = set()  # the keys of ``by_object``
         self.entries: dict[int, Entry] = {}  # request id -> its entry in ``order``
         self.order: list[Entry] = []
         self.mins: list[int] = []
@@ -152,15 +153,19 @@ class RotarySet:
         """The views in ``shown`` that are not members (new requests, or members with a new view),
         by request id, and the ids of members whose view is not in ``shown`` (they left, or have a
         new view). Membership is by view object (a view never changes; a request's new state is a
-        new view), compared as sets: no Python-level step per member."""
+        new view), compared as sets: no Python-level step per member. New views are looked for
+        from the end of ``shown`` (where a simulator appends them)."""
         shown_ids = set(map(id, shown))
-        kept = self.by_object.keys()
-        gone = [self.by_object[i] for i in kept - shown_ids]
-        new = shown_ids - kept
-        if not new:
-            return [], gone
-        by_object = dict(zip(map(id, shown), shown, strict=True))
-        return sorted((by_object[i] for i in new), key=_req_id), gone
+        gone = [self.by_object[i] for i in self.ids - shown_ids]
+        new = shown_ids - self.ids
+        fresh: list[RequestView] = []
+        for r in reversed(shown):
+            if len(fresh) == len(new):
+                break
+            if id(r) in new:
+                fresh.append(r)
+        fresh.sort(key=_req_id)
+        return fresh, gone
 
     def update(self, shown: Sequence[RequestView], gone: Sequence[int], fresh: Iterable[Entry]) -> None:
         """Removes the members ``gone``, adds the entries ``fresh`` (their views are in ``shown``)."""
@@ -169,6 +174,7 @@ class RotarySet:
             entry = entries.pop(rid)
             del order[bisect_left(order, entry[:3], key=_prefix)]  # (t_last, arrival, id): unique
             del by_object[id(entry[4])]
+            self.ids.discard(id(entry[4]))
             self.total -= entry[3]
             self.odd -= entry[4].phase is not Phase.SWAPPED
         for entry in fresh:
@@ -176,6 +182,7 @@ class RotarySet:
             insort(order, entry, key=_prefix)
             entries[rid] = entry
             by_object[id(r)] = rid
+            self.ids.add(id(r))
             self.total += entry[3]
             self.odd += r.phase is not Phase.SWAPPED
         self.shown = shown
@@ -192,15 +199,19 @@ def rotary_heads(
     """The rotary requests in step 2's order, lazily, each with the index in ``order`` of the run
     of equal VLT it is in (every entry from there on is still to come or in this run)."""
     i, n = 0, len(order)
+    vlt = alpha * max(0.0, now - order[0][0] - lag_s) if n else 0.0  # as RotaSched.vlt computes it
     while i < n:
-        vlt = alpha * max(0.0, now - order[i][0] - lag_s)  # as RotaSched.vlt computes it
-        j = i + 1
-        while j < n and alpha * max(0.0, now - order[j][0] - lag_s) == vlt:
+        j, next_vlt = i + 1, 0.0
+        while j < n:
+            next_vlt = alpha * max(0.0, now - order[j][0] - lag_s)
+            if next_vlt != vlt:
+                break
             j += 1
-        run = order[i:j] if j - i == 1 else sorted(order[i:j], key=_arrival_id)
+        # A run of one t_last is in (arrival, id) order already; equal VLTs of several are not.
+        run = order[i:j] if order[i][0] == order[j - 1][0] else sorted(order[i:j], key=_arrival_id)
         for _, arrival, rid, need, r, _ in run:
             yield ((-vlt, arrival, rid), need, r), i
-        i = j
+        i, vlt = j, next_vlt
 
 
 def _arrival_id(entry: Entry) -> tuple[float, int]:
