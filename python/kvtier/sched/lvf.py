@@ -172,14 +172,14 @@ class RotarySet:
         order, entries, by_object = self.order, self.entries, self.by_object
         for rid in gone:
             entry = entries.pop(rid)
-            del order[bisect_left(order, entry[:3], key=_prefix)]  # (t_last, arrival, id): unique
+            del order[bisect_left(order, entry)]  # compared as tuples: (t_last, arrival, id) is unique
             del by_object[id(entry[4])]
             self.ids.discard(id(entry[4]))
             self.total -= entry[3]
             self.odd -= entry[4].phase is not Phase.SWAPPED
         for entry in fresh:
             rid, r = entry[2], entry[4]
-            insort(order, entry, key=_prefix)
+            insort(order, entry)
             entries[rid] = entry
             by_object[id(r)] = rid
             self.ids.add(id(r))
@@ -187,10 +187,6 @@ class RotarySet:
             self.odd += r.phase is not Phase.SWAPPED
         self.shown = shown
         self.mins = list(accumulate(map(_need, reversed(order)), min))[::-1]
-
-
-def _prefix(entry: Entry) -> tuple[float, float, int]:
-    return entry[:3]
 
 
 def rotary_heads(
