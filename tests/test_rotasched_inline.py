@@ -156,6 +156,7 @@ def test_rotate_with_kept_views_is_rotate_with_fresh_ones(
     """Shown the same view objects again (as the simulator shows swapped and unchanged waiting
     requests), RotaSched decides and remembers what it does when every view is a new object."""
     kept, fresh = RotaSched(xfer_blocks=12), RotaSched(xfer_blocks=12)
+    kept._rotary_base = fresh._rotary_base = 0  # the rotary set always kept
     now, previous = 0.0, [RequestView(0, 0.0, Phase.SWAPPED, 10, 10, 1)]
     for requests, repeat, dt in steps:
         now += dt
@@ -281,6 +282,8 @@ def _remembered(policy: RotaSched, now: float, members: Collection[int]) -> dict
     st.sampled_from([0.0, 1.0, 3.0]),
     st.sampled_from([0.0, 0.5]),
     st.sampled_from([None, 0, 8, 30]),
+    st.sampled_from([0, 1, 2, 3, 64]),
+    st.sampled_from([0.0, 1.0]),
 )
 def test_rotate_with_the_rotary_set_is_lvf_over_every_candidate(
     steps: list[tuple[list[RequestView], bool, float]],
@@ -288,11 +291,15 @@ def test_rotate_with_the_rotary_set_is_lvf_over_every_candidate(
     alpha: float,
     beta_b: float,
     host: int | None,
+    base: int,
+    per_swap: float,
 ) -> None:
     """Equal VLTs among rotary requests (alpha 0, or within beta_B's lag), requests that vanish and
-    come back after the forgetting horizon, and the very same swapped tuple shown again: the
-    decisions, swap-outs and records are the reference's."""
+    come back after the forgetting horizon, the very same swapped tuple shown again, and the set
+    kept, dropped and kept again as its size crosses the thresholds: the decisions, swap-outs and
+    records are the reference's."""
     new = RotaSched(xfer_blocks=12, alpha=alpha, beta_b=beta_b)
+    new._rotary_base, new._rotary_per_swap = base, per_swap
     ref = _Reference(xfer_blocks=12, alpha=alpha, beta_b=beta_b)
     now, previous, swapped = 0.0, [RequestView(0, 0.0, Phase.SWAPPED, 10, 10, 1)], None
     for requests, repeat, dt in steps:
@@ -318,6 +325,7 @@ def test_a_request_unseen_past_the_horizon_is_forgotten_behind_a_rotary_one_that
     a = RequestView(1, 0.0, Phase.SWAPPED, 40, 40, 2)
     c = RequestView(2, 0.0, Phase.RUNNING, 40, 40, 2)
     new, ref = RotaSched(xfer_blocks=12), _Reference(xfer_blocks=12)
+    new._rotary_base = 1  # the set kept from one rotary request on
     swapped = (a,)
     for now, shown in ((0.0, [a]), (0.01, [a, c]), (29.9, [a]), (29.95, []), (30.05, []), (30.06, [c])):
         view = _scheduler_view(now, shown, 8)

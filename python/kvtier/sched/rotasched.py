@@ -202,6 +202,8 @@ class RotaSched(Policy):
         self._rotary = RotarySet()  # the rotary requests of the last view, in t_last order
         self._last_now = -math.inf  # the time of the last view observed
         self._views = 0  # views observed
+        self._use_rotary = False  # the rotary set is kept (_keep_rotary)
+        self._swap_rate = 0.0  # swap-outs per iteration, a moving average
 
     def params(self) -> dict[str, Any]:
         return {
@@ -246,9 +248,10 @@ class RotaSched(Policy):
             self._steady = False
             self._skipped(view)
         shown = view.swapped
+        kept = self._keep_rotary(len(shown))
         fresh: Sequence[RequestView] = ()
         gone: list[int] = []
-        if shown is not rotary.shown:
+        if shown is not rotary.shown and (kept or rotary.entries):
             fresh, gone = rotary.diff(shown)
             entries = rotary.entries
             for rid in gone:  # in the set at the previous view: seen then, unchanged since entry
@@ -257,7 +260,7 @@ class RotaSched(Policy):
                         s.prev_tokens = s.tokens  # same-view path would have left it
                     s.seen_s = last
                     seen_map.move_to_end(rid)
-        for group in (view.running, fresh, view.waiting, view.fetching):
+        for group in (view.running, fresh if kept else shown, view.waiting, view.fetching):
             for r in group:
                 rid = r.req_id
                 if pending_out:
@@ -279,7 +282,10 @@ class RotaSched(Policy):
                     seen.run_start_s = now
                 seen.phase, seen.generated, seen.seen_s = r.phase, r.generated_tokens, now
                 seen.prev_tokens, seen.tokens = seen.tokens, tokens
-        if shown is not rotary.shown:
+        if not kept:
+            if rotary.entries:  # members seen now were visited above, those gone settled
+                rotary = self._rotary = RotarySet()
+        elif shown is not rotary.shown:
             rotary.update(shown, gone, [self._entry(r, view.block_tokens) for r in fresh])
         while seen_map:
             rid = next(iter(seen_map))
@@ -294,6 +300,19 @@ class RotaSched(Policy):
         for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
             del pending_out[rid]
         self._last_now = now
+
+    # The rotary set pays where many rotary requests wait and few change per view (SuperInfer's
+    # RotaSched on an overloaded engine: ~345 rotary, ~2 swaps a step); where most of them change
+    # each view (the composed policy there: ~54 rotary, ~25 swapped out a step), visiting each is
+    # cheaper. Kept from ``_rotary_base + _rotary_per_swap`` x the recent swap-outs per view up,
+    # dropped below half that. Either way the decisions are the same.
+    _rotary_base = 64
+    _rotary_per_swap = 8.0
+
+    def _keep_rotary(self, rotary: int) -> bool:
+        at = self._rotary_base + self._rotary_per_swap * self._swap_rate
+        self._use_rotary = rotary >= (at / 2 if self._use_rotary else at)
+        return self._use_rotary
 
     def _entry(self, r: RequestView, block_tokens: int) -> Entry:
         """A rotary request's place in the set: (t_last, arrival, id, blk(r), view, this view's number)."""
@@ -343,7 +362,7 @@ class RotaSched(Policy):
         now, bt = view.now_s, view.block_tokens
         seen_map = self._seen  # observe() saw every request below
         rotary = self._rotary
-        kept = not rotary.odd  # every rotary request is SWAPPED: the set's order is LVF's
+        kept = self._use_rotary and not rotary.odd  # the set holds every rotary request, in LVF's order
         # blk(r) (kv_blocks), VLT (vlt), LVF's keys and the running batch's claims (running_claims)
         # in one pass over the running and waiting requests: each key goes to the group LVF takes
         # it from.
@@ -394,6 +413,7 @@ class RotaSched(Policy):
     def swap_out(self, view: SchedulerView, preempted: Sequence[RequestView]) -> int:
         """Records ``preempted``'s swap-outs; returns the device blocks they free for this iteration."""
         released, bt = 0, view.block_tokens
+        self._swap_rate += (len(preempted) - self._swap_rate) / 16
         for r in preempted:
             now_free = released_now(r, view.swap_copy, self.synced_blocks(r, bt), bt)
             released += now_free
