@@ -58,7 +58,7 @@ def lvf(
                 heads.append((key, blocks[r.req_id], r))
         elif vlt < 0:
             tails.append((key, blocks[r.req_id], r))
-    heads.sort(key=_key)
+    heads.sort()  # the keys are unique: the need and the request are never compared
     left = free_blocks + xfer_blocks
     prioritised, left = take_heads(heads, left)
     return take_tails(tails, xfer_blocks - left, host_blocks), prioritised
@@ -81,6 +81,12 @@ def take_heads(
     t_last - lag_s)) are merged in. The walk stops once nothing after it can fit (suffix minima of
     blk(r)). Returns (prioritised R, B_left left)."""
     prioritised: list[RequestView] = []
+    if rotary is None or not rotary.order:  # the heads alone: a plain walk
+        for _, need, r in heads:
+            if need <= left:
+                prioritised.append(r)
+                left -= need
+        return prioritised, left
     w_mins = list(accumulate((h[1] for h in reversed(heads)), min))[::-1]
     wi, nw, big = 0, len(heads), math.inf
     rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
@@ -110,7 +116,7 @@ def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[Re
     preempted: list[RequestView] = []
     if swap <= 0:
         return preempted
-    tails.sort(key=_key, reverse=True)
+    tails.sort(reverse=True)  # unique keys, as in lvf
     room = math.inf if host_blocks is None else host_blocks
     for _, need, r in tails:
         if need > room:

@@ -144,10 +144,6 @@ class StepPlan:
         return True
 
 
-def _head_key(head: Head) -> tuple[float, float, int]:
-    return head[0]
-
-
 _FORGET_S = 30.0  # a request unseen this long has left (finished); its records go
 
 
@@ -402,7 +398,7 @@ class RotaSched(Policy):
         free_hbm = view.free_device_blocks - claims + pending
         if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
             return [], sorted(waiting_rotary, key=fcfs_key), 0
-        heads.sort(key=_head_key)  # step 2 (the rotary set is in its order)
+        heads.sort()  # step 2 (the rotary set is in its order); unique keys: nothing else compared
         left = free_hbm + self.xfer_blocks  # step 3: B_left
         prioritised, left = (
             take_heads(heads, left, rotary, now, alpha, lag_s) if kept else take_heads(heads, left)
