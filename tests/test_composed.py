@@ -5,12 +5,13 @@ unified pool's placement), each piece can be switched off, and a short simulatio
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy, policy_names
-from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView
+from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView, sub_view
 from kvtier.sched.composed import Composed, stages_from_pieces
 from kvtier.sched.data_plane import default_engine, policy_spec
 from kvtier.sched.load_path import LOAD_ENGINES
@@ -322,3 +323,34 @@ def test_composed_serves_an_agentic_burst_and_balance_alone_matches_strata() -> 
     alone = _agentic({"name": "composed", **ONLY_BALANCE})
     for key in ("requests", "ttft_s", "tpot_s", "hit_rate_tokens", "preemptions", "steps"):
         assert alone[key] == strata[key], key
+
+
+def test_sub_view_is_dataclasses_replace() -> None:
+    """The composed policy's sub-views (``sub_view``): every field as ``dataclasses.replace`` sets
+    it, for each field changed alone and several at once; an unknown field raises."""
+    r = RequestView(7, 1.5, Phase.WAITING, 64, 0, 0)
+    view = SchedulerView(2.0, (r,), (), (), (), 12, 30, 16, 512, 8, 4, _SubViewCost(), 128)
+    changes: dict[str, Any] = {
+        "waiting": (),
+        "running": (r,),
+        "swapped": (r,),
+        "free_device_blocks": 3,
+        "max_running": 2,
+        "max_batch_tokens": 77,
+        "free_host_blocks": None,
+        "layerwise_prefill": True,
+    }
+    for name, value in changes.items():
+        assert sub_view(view, **{name: value}) == dataclasses.replace(view, **{name: value})
+    assert sub_view(view, **changes) == dataclasses.replace(view, **changes)
+    assert sub_view(view) == view and sub_view(view) is not view
+    with pytest.raises(TypeError, match="no field"):
+        sub_view(view, free_blocks=3)
+
+
+class _SubViewCost:
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
+        return 0.0
+
+    def load_s(self, tokens: int, tier: object, mode: object) -> float:
+        return 0.0

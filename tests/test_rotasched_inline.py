@@ -5,13 +5,16 @@ batch's claims and one step's plan are what :func:`claim`, :func:`step_need` and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
+from typing import cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
-from kvtier.sched.claims import claim, running_claims, step_need, step_tokens
-from kvtier.sched.rotasched import RotaSched, StepPlan, lvf
+from kvtier.sched.claims import claim, kv_blocks, running_claims, step_need, step_tokens
+from kvtier.sched.lvf import lvf
+from kvtier.sched.rotasched import _FORGET_S, RotaSched, StepPlan, _Seen
 from kvtier.sched.swap_copy import PLAIN_SWAP, SWAP_ENGINES
 
 BT = 16
@@ -153,6 +156,7 @@ def test_rotate_with_kept_views_is_rotate_with_fresh_ones(
     """Shown the same view objects again (as the simulator shows swapped and unchanged waiting
     requests), RotaSched decides and remembers what it does when every view is a new object."""
     kept, fresh = RotaSched(xfer_blocks=12), RotaSched(xfer_blocks=12)
+    kept._rotary_base = fresh._rotary_base = 0  # the rotary set always kept
     now, previous = 0.0, [RequestView(0, 0.0, Phase.SWAPPED, 10, 10, 1)]
     for requests, repeat, dt in steps:
         now += dt
@@ -162,9 +166,7 @@ def test_rotate_with_kept_views_is_rotate_with_fresh_ones(
         assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
             [r.req_id for r in part] for part in b[:2]
         ] + [b[2]]
-        assert [(rid, _state(s)) for rid, s in kept._seen.items()] == [
-            (rid, _state(s)) for rid, s in fresh._seen.items()
-        ]
+        assert _records(kept, now) == _records(fresh, now)
         assert kept._pending_out == fresh._pending_out
         previous = shown
 
@@ -176,7 +178,22 @@ def _state(s: object) -> tuple[object, ...]:
     )
 
 
-def _scheduler_view(now: float, requests: list[RequestView], free: int) -> SchedulerView:
+def _records(
+    policy: RotaSched, now: float, members: Collection[int] | None = None
+) -> dict[int, tuple[object, ...]]:
+    """What the policy remembers, as it acts on it: a rotary request kept in its rotary set is not
+    visited while its view stays, so its record's last sight is this view (``seen_s``) and its
+    ``prev_tokens`` (read only for running requests, and set again when it runs) is left out."""
+    members = policy._rotary.entries if members is None else members
+    return {
+        rid: (*_state(s)[:3], None, *_state(s)[4:6], now) if rid in members else _state(s)
+        for rid, s in policy._seen.items()
+    }
+
+
+def _scheduler_view(
+    now: float, requests: list[RequestView], free: int, host: int | None = None
+) -> SchedulerView:
     by = {p: tuple(r for r in requests if r.phase is p) for p in Phase}
     return SchedulerView(
         now,
@@ -185,7 +202,7 @@ def _scheduler_view(now: float, requests: list[RequestView], free: int) -> Sched
         (),
         by[Phase.SWAPPED],
         free,
-        None,
+        host,
         BT,
         4096,
         256,
@@ -194,3 +211,127 @@ def _scheduler_view(now: float, requests: list[RequestView], free: int) -> Sched
         0,
         SWAP_ENGINES["duplexkv"],
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# The rotary set (issue 20): rotate with the rotary requests kept between views is Algorithm 1
+# over every candidate, with the records observe kept when it visited every request every view.
+
+
+class _Reference(RotaSched):
+    """RotaSched as it read before the rotary set: observe visits every request every view and
+    forgets by a scan of its head; rotate runs :func:`lvf` over every candidate's VLT."""
+
+    def observe(self, view: SchedulerView) -> None:
+        now = view.now_s
+        seen_map, pending_out = self._seen, self._pending_out
+        for group in (view.running, view.swapped, view.waiting, view.fetching):
+            for r in group:
+                rid = r.req_id
+                pending_out.pop(rid, None)
+                tokens = r.computed_tokens + r.generated_tokens
+                seen = seen_map.get(rid)
+                if seen is None:
+                    last_s = now if r.generated_tokens else r.arrival_s
+                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
+                    continue
+                seen_map.move_to_end(rid)
+                if seen.view is r:
+                    seen.seen_s, seen.prev_tokens = now, seen.tokens
+                    continue
+                seen.view = r
+                if r.generated_tokens > seen.generated:
+                    seen.last_token_s = now
+                if r.phase is Phase.RUNNING and seen.phase is not Phase.RUNNING:
+                    seen.run_start_s = now
+                seen.phase, seen.generated, seen.seen_s = r.phase, r.generated_tokens, now
+                seen.prev_tokens, seen.tokens = seen.tokens, tokens
+        while seen_map:
+            rid = next(iter(seen_map))
+            if not now - seen_map[rid].seen_s > _FORGET_S:
+                break
+            del seen_map[rid]
+        for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
+            del pending_out[rid]
+
+    def rotate(self, view: SchedulerView) -> tuple[list[RequestView], list[RequestView], int]:
+        self.observe(view)
+        cands = [(self.vlt(r, view.now_s), r) for g in (view.running, view.waiting, view.swapped) for r in g]
+        blocks = {r.req_id: kv_blocks(r, BT) for _, r in cands}
+        pending = sum(held for held, _ in self._pending_out.values())
+        free = view.free_device_blocks - running_claims(view) + pending
+        preempted, prioritised = lvf(cands, blocks, free, self.xfer_blocks, view.free_host_blocks)
+        return preempted, prioritised, self.swap_out(view, preempted)
+
+
+def _remembered(policy: RotaSched, now: float, members: Collection[int]) -> dict[int, tuple[object, ...]]:
+    """The records as the policy acts on them at ``now``: :func:`_records` (``members``: the rotary
+    set's), less those unseen for longer than ``_FORGET_S`` (forgotten, wherever they sit)."""
+    records = _records(policy, now, members)
+    return {rid: s for rid, s in records.items() if not now - cast(float, s[6]) > _FORGET_S}
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(views(), st.booleans(), st.sampled_from([0.0, 0.01, 0.04, 0.3, 29.95, 31.0])),
+        min_size=1,
+        max_size=10,
+    ),
+    st.integers(-4, 40),
+    st.sampled_from([0.0, 1.0, 3.0]),
+    st.sampled_from([0.0, 0.5]),
+    st.sampled_from([None, 0, 8, 30]),
+    st.sampled_from([0, 1, 2, 3, 64]),
+    st.sampled_from([0.0, 1.0]),
+)
+def test_rotate_with_the_rotary_set_is_lvf_over_every_candidate(
+    steps: list[tuple[list[RequestView], bool, float]],
+    free: int,
+    alpha: float,
+    beta_b: float,
+    host: int | None,
+    base: int,
+    per_swap: float,
+) -> None:
+    """Equal VLTs among rotary requests (alpha 0, or within beta_B's lag), requests that vanish and
+    come back after the forgetting horizon, the very same swapped tuple shown again, and the set
+    kept, dropped and kept again as its size crosses the thresholds: the decisions, swap-outs and
+    records are the reference's."""
+    new = RotaSched(xfer_blocks=12, alpha=alpha, beta_b=beta_b)
+    new._rotary_base, new._rotary_per_swap = base, per_swap
+    ref = _Reference(xfer_blocks=12, alpha=alpha, beta_b=beta_b)
+    now, previous, swapped = 0.0, [RequestView(0, 0.0, Phase.SWAPPED, 10, 10, 1)], None
+    for requests, repeat, dt in steps:
+        now += dt
+        shown = previous if repeat else requests
+        view = _scheduler_view(now, shown, free, host)
+        if repeat and swapped is not None:  # the simulator's kept swapped tuple
+            view = dataclasses.replace(view, swapped=swapped)
+        a, b = new.rotate(view), ref.rotate(view)
+        assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
+            [r.req_id for r in part] for part in b[:2]
+        ] + [b[2]]
+        members = set(new._rotary.entries)
+        assert _remembered(new, now, members) == _remembered(ref, now, members)
+        assert new._pending_out == ref._pending_out
+        previous, swapped = shown, view.swapped
+
+
+def test_a_request_unseen_past_the_horizon_is_forgotten_behind_a_rotary_one_that_left() -> None:
+    """A rotary request kept (not visited) for 30 s, then gone: its record must not shield an
+    older one from forgetting. C runs once, vanishes for over 30 s and comes back with the same
+    view: both policies remember it afresh (t_run is its return)."""
+    a = RequestView(1, 0.0, Phase.SWAPPED, 40, 40, 2)
+    c = RequestView(2, 0.0, Phase.RUNNING, 40, 40, 2)
+    new, ref = RotaSched(xfer_blocks=12), _Reference(xfer_blocks=12)
+    new._rotary_base = 1  # the set kept from one rotary request on
+    swapped = (a,)
+    for now, shown in ((0.0, [a]), (0.01, [a, c]), (29.9, [a]), (29.95, []), (30.05, []), (30.06, [c])):
+        view = _scheduler_view(now, shown, 8)
+        if a in shown:
+            view = dataclasses.replace(view, swapped=swapped)
+        assert [r.req_id for r in new.rotate(view)[1]] == [r.req_id for r in ref.rotate(view)[1]]
+        members = set(new._rotary.entries)
+        assert _remembered(new, now, members) == _remembered(ref, now, members)
+    assert new._seen[2].run_start_s == 30.06

@@ -25,7 +25,8 @@ from kvtier.sched.base import (
 from kvtier.sched.batching import admit_fcfs, schedule_running
 from kvtier.sched.claims import kv_blocks
 from kvtier.sched.data_plane import default_engine, policy_spec
-from kvtier.sched.rotasched import RotaSched, lvf
+from kvtier.sched.lvf import lvf
+from kvtier.sched.rotasched import RotaSched
 from kvtier.sched.swap_copy import SWAP_ENGINES, SwapCopy, swap_engine
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig, resolve_deprecated

@@ -57,7 +57,6 @@ the nearest copy). With ample HBM no piece has anything to do.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +70,7 @@ from kvtier.sched.base import (
     SchedulerDecision,
     SchedulerView,
     register,
+    sub_view,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
 from kvtier.sched.rotasched import RotaSched, StepPlan
@@ -219,7 +219,7 @@ class Composed(Policy):
             if r.phase is Phase.SWAPPED and plan.swap_in(r):
                 swapped_in += 1
         waiting = tuple(r for r in prioritised if r.phase is Phase.WAITING)
-        sub = dataclasses.replace(
+        sub = sub_view(
             view,
             waiting=waiting,
             running=staying,
@@ -254,7 +254,7 @@ class Composed(Policy):
                 self.intercepted_total += 1
                 continue
             kept.append(r)
-        return dataclasses.replace(
+        return sub_view(
             view,
             waiting=tuple(kept),
             free_device_blocks=view.free_device_blocks - taken,

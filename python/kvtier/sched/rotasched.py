@@ -13,7 +13,7 @@ naming, the ablations of §5.3 — beta_F delays *new* requests, Fig. 19; beta_B
 ones, Fig. 20 — and the evaluation's beta_F = 0.5 only make sense this way: a waiting request
 is tolerated for beta_F x 5 s, a rotary one for beta_B x 100 ms.)
 
-Each iteration runs **Largest-VLT-First** exactly as Algorithm 1 (:func:`lvf`): (1) if the free
+Each iteration runs **Largest-VLT-First** exactly as Algorithm 1 (:func:`~kvtier.sched.lvf.lvf`): (1) if the free
 blocks B_HBM hold every waiting and rotary request, fall back to FCFS; (2) sort all requests by VLT,
 descending; (3) from the head, prioritise waiting/rotary requests with VLT >= 0 that fit in
 B_HBM + B_xfer blocks left; (4) from the tail, swap out running requests with VLT < 0 until the
@@ -73,6 +73,7 @@ from kvtier.sched.base import (
 )
 from kvtier.sched.batching import reusable_tokens, steady_fcfs
 from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
+from kvtier.sched.lvf import Entry, Head, RotarySet, fcfs_key, take_heads, take_tails
 from kvtier.tiers import Tier
 
 
@@ -160,82 +161,7 @@ class _Seen:
     view: RequestView | None = None  # the view these fields were read from (views are frozen)
 
 
-def lvf(
-    candidates: Sequence[tuple[float, RequestView]],
-    blocks: dict[int, int],
-    free_blocks: int,
-    xfer_blocks: int,
-    host_blocks: int | None = None,
-) -> tuple[list[RequestView], list[RequestView]]:
-    """Algorithm 1 (LVF scheduling): returns (preempted P, prioritised R).
-
-    ``candidates`` are (VLT, request) for every running, waiting and rotary request; ``blocks`` maps
-    a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer; ``host_blocks`` the
-    host room swap-outs can take this iteration (None: unbounded), which bounds step 4.
-    """
-    waiting_rotary = [r for _, r in candidates if r.phase is not Phase.RUNNING]
-    if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
-        return [], sorted(waiting_rotary, key=_fcfs_key)  # fall back to FCFS
-    views = [(r, blocks[r.req_id]) for _, r in candidates]
-    heads, tails = [], []
-    for i, (vlt, r) in enumerate(candidates):
-        if r.phase is not Phase.RUNNING:
-            if vlt >= 0:
-                heads.append((-vlt, r.arrival_s, r.req_id, i))
-        elif vlt < 0:
-            tails.append((-vlt, r.arrival_s, r.req_id, i))
-    return _lvf_ordered(views, heads, tails, free_blocks + xfer_blocks, xfer_blocks, host_blocks)
-
-
 Requests = Sequence[RequestView]
-LvfKey = tuple[float, float, int, int]  # (-VLT, arrival, id, index into the candidates)
-
-
-def _lvf_ordered(
-    views: Sequence[tuple[RequestView, int]],
-    heads: list[LvfKey],
-    tails: list[LvfKey],
-    left: int,
-    xfer_blocks: int,
-    host_blocks: int | None = None,
-) -> tuple[list[RequestView], list[RequestView]]:
-    """Steps 2-4 of Algorithm 1 once the contention check has passed. ``views`` holds each
-    candidate with blk(r); ``heads`` the keys of the waiting/rotary candidates with VLT >= 0,
-    ``tails`` those of the running candidates with VLT < 0; ``left`` is B_left.
-
-    Step 2 sorts every candidate by (-VLT, arrival, id), a total order, so the candidates steps 3
-    and 4 can take keep their places if each group is sorted alone: step 3 walks the heads from the
-    highest VLT, step 4 the tails from the lowest (``reverse``: the index ends each key, so no two
-    keys are equal and reversing the sort is reversing the order) and stops once B_swap is found.
-    A victim the host room left (``host_blocks``) cannot hold is passed over: vLLM swaps out only
-    what ``can_swap_out`` allows, and a rotation is a swap, never a recompute (§4.2.1)."""
-    heads.sort()
-    prioritised: list[RequestView] = []
-    for key in heads:  # step 3
-        r, need = views[key[3]]
-        if need <= left:
-            prioritised.append(r)
-            left -= need
-    swap = xfer_blocks - left  # step 4: B_swap
-    preempted: list[RequestView] = []
-    if swap > 0:
-        tails.sort(reverse=True)
-        room = math.inf if host_blocks is None else host_blocks
-        for key in tails:
-            r, need = views[key[3]]
-            if need > room:
-                continue
-            room -= need
-            preempted.append(r)
-            swap -= need
-            if swap <= 0:
-                break
-    return preempted, prioritised
-
-
-def _fcfs_key(r: RequestView) -> tuple[int, float, int]:
-    """FCFS with vLLM's order: swapped (rotary) requests resume before waiting ones are admitted."""
-    return (0 if r.phase is Phase.SWAPPED else 1, r.arrival_s, r.req_id)
 
 
 @register
@@ -269,6 +195,11 @@ class RotaSched(Policy):
         # Swapped out, copy not landed yet: (device blocks still held, when) per request.
         self._pending_out: dict[int, tuple[int, float]] = {}
         self._steady = False  # steady_decode said yes: steps up to the next view may go unseen
+        self._rotary = RotarySet()  # the rotary requests of the last view, in t_last order
+        self._last_now = -math.inf  # the time of the last view observed
+        self._views = 0  # views observed
+        self._use_rotary = False  # the rotary set is kept (_keep_rotary)
+        self._swap_rate = 0.0  # swap-outs per iteration, a moving average
 
     def params(self) -> dict[str, Any]:
         return {
@@ -296,15 +227,36 @@ class RotaSched(Policy):
     def observe(self, view: SchedulerView) -> None:
         """Updates t_last and t_run from this view; forgets requests unseen for a while.
 
-        ``_seen`` is kept in order of last sight (a request seen now moves to the end), so the
-        requests to forget are a run at its head: no scan of every remembered request per step."""
-        now = view.now_s
-        seen_map, pending_out = self._seen, self._pending_out
+        The rotary set (:class:`~kvtier.sched.lvf.RotarySet`) is updated by what changed since the
+        last view: a rotary request whose view object is the one seen last time is not visited
+        (its phase, tokens and t_last are as recorded). Its record's last sight (``seen_s``, and
+        ``prev_tokens``, which only a running request's reading needs) is brought up to date
+        when it leaves the set, or when forgetting reaches it while it is still there.
+        ``_seen`` is kept in order of that last sight (a request seen moves to the end), so the
+        requests to forget are a run at its head: no scan of every remembered request per step,
+        and the records forgotten are those unseen for ``_FORGET_S`` at this view, as when every
+        request was visited every view."""
+        now, last = view.now_s, self._last_now
+        self._views += 1
+        seen_map, pending_out, rotary = self._seen, self._pending_out, self._rotary
         running = Phase.RUNNING
         if self._steady:
             self._steady = False
             self._skipped(view)
-        for group in (view.running, view.swapped, view.waiting, view.fetching):
+        shown = view.swapped
+        kept = self._keep_rotary(len(shown))
+        fresh: Sequence[RequestView] = ()
+        gone: list[int] = []
+        if shown is not rotary.shown and (kept or rotary.entries):
+            fresh, gone = rotary.diff(shown)
+            entries = rotary.entries
+            for rid in gone:  # in the set at the previous view: seen then, unchanged since entry
+                if (s := seen_map.get(rid)) is not None:
+                    if entries[rid][5] < self._views - 1:  # seen at two views or more: as the
+                        s.prev_tokens = s.tokens  # same-view path would have left it
+                    s.seen_s = last
+                    seen_map.move_to_end(rid)
+        for group in (view.running, fresh if kept else shown, view.waiting, view.fetching):
             for r in group:
                 rid = r.req_id
                 if pending_out:
@@ -326,13 +278,42 @@ class RotaSched(Policy):
                     seen.run_start_s = now
                 seen.phase, seen.generated, seen.seen_s = r.phase, r.generated_tokens, now
                 seen.prev_tokens, seen.tokens = seen.tokens, tokens
+        if not kept:
+            if rotary.entries:  # members seen now were visited above, those gone settled
+                rotary = self._rotary = RotarySet()
+        elif shown is not rotary.shown:
+            rotary.update(shown, gone, [self._entry(r, view.block_tokens) for r in fresh])
         while seen_map:
             rid = next(iter(seen_map))
-            if not now - seen_map[rid].seen_s > _FORGET_S:
+            seen = seen_map[rid]
+            if not now - seen.seen_s > _FORGET_S:
                 break
-            del seen_map[rid]
+            if rid in rotary:  # a rotary request, seen in this view (and at the one it entered)
+                seen.seen_s, seen.prev_tokens = now, seen.tokens
+                seen_map.move_to_end(rid)
+            else:
+                del seen_map[rid]
         for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
             del pending_out[rid]
+        self._last_now = now
+
+    # The rotary set pays where many rotary requests wait and few change per view (SuperInfer's
+    # RotaSched on an overloaded engine: ~345 rotary, ~2 swaps a step); where most of them change
+    # each view (the composed policy there: ~54 rotary, ~25 swapped out a step), visiting each is
+    # cheaper. Kept from ``_rotary_base + _rotary_per_swap`` x the recent swap-outs per view up,
+    # dropped below half that. Either way the decisions are the same.
+    _rotary_base = 64
+    _rotary_per_swap = 8.0
+
+    def _keep_rotary(self, rotary: int) -> bool:
+        at = self._rotary_base + self._rotary_per_swap * self._swap_rate
+        self._use_rotary = rotary >= (at / 2 if self._use_rotary else at)
+        return self._use_rotary
+
+    def _entry(self, r: RequestView, block_tokens: int) -> Entry:
+        """A rotary request's place in the set: (t_last, arrival, id, blk(r), view, this view's number)."""
+        last_s = self._seen[r.req_id].last_token_s
+        return (last_s, r.arrival_s, r.req_id, kv_blocks(r, block_tokens), r, self._views)
 
     def steady_decode(self, view: SchedulerView) -> bool:
         """Nobody waiting, fetching or swapped (:func:`steady_fcfs`), no swap-out in flight and the
@@ -370,22 +351,27 @@ class RotaSched(Policy):
         """One iteration's rotation: observes ``view``, runs LVF and records the swap-outs.
 
         Returns (preempted P, prioritised R, device blocks the swap-outs free for this iteration).
+        Algorithm 1 as :func:`~kvtier.sched.lvf.lvf` runs it, with the rotary requests read from
+        the rotary set (in step 2's order already, blk(r) summed) instead of one by one.
         """
         self.observe(view)
         now, bt = view.now_s, view.block_tokens
         seen_map = self._seen  # observe() saw every request below
-        # blk(r) (kv_blocks), VLT (vlt), LVF's keys (lvf) and the running batch's claims
-        # (running_claims) in one pass: each candidate's key goes to the group LVF takes it from.
-        views: list[tuple[RequestView, int]] = []
-        heads: list[LvfKey] = []  # waiting/rotary, VLT >= 0: step 3's
-        tails: list[LvfKey] = []  # running, VLT < 0: step 4's
-        waiting_rotary: list[RequestView] = []
-        contended = 0  # blocks of every waiting and rotary request (step 1)
+        rotary = self._rotary
+        kept = self._use_rotary and not rotary.odd  # the set holds every rotary request, in LVF's order
+        # blk(r) (kv_blocks), VLT (vlt), LVF's keys and the running batch's claims (running_claims)
+        # in one pass over the running and waiting requests: each key goes to the group LVF takes
+        # it from.
+        heads: list[Head] = []  # waiting (and rotary, if not kept), VLT >= 0: step 3's
+        tails: list[Head] = []  # running, VLT < 0: step 4's
+        waiting_rotary: list[RequestView] = list(view.swapped) if kept else []
+        contended = rotary.total if kept else 0  # blocks of every waiting and rotary request (step 1)
         claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
         running, waiting, swapped = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED
-        for group, phase in ((view.running, running), (view.waiting, waiting), (view.swapped, swapped)):
+        groups = ((view.running, running), (view.waiting, waiting))
+        for group, phase in groups if kept else (*groups, (view.swapped, swapped)):
             for r in group:
                 if r.phase is not phase:  # not where a simulator shows it: the general path
                     need, vlt, phase_r = kv_blocks(r, bt), self.vlt(r, now), r.phase
@@ -403,26 +389,27 @@ class RotaSched(Policy):
                     waiting_rotary.append(r)
                     contended += need
                     if vlt >= 0:
-                        heads.append((-vlt, r.arrival_s, r.req_id, len(views)))
+                        heads.append(((-vlt, r.arrival_s, r.req_id), need, r))
                 elif vlt < 0:
-                    tails.append((-vlt, r.arrival_s, r.req_id, len(views)))
-                views.append((r, need))
+                    tails.append(((-vlt, r.arrival_s, r.req_id), need, r))
         # B_HBM: free blocks less the running batch's claims, plus those of earlier swap-outs still
         # copying (already rotated out: counting them again would preempt twice for one need).
         pending = sum(held for held, _ in self._pending_out.values())
         free_hbm = view.free_device_blocks - claims + pending
-        preempted: list[RequestView]
         if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
-            preempted, prioritised = [], sorted(waiting_rotary, key=_fcfs_key)
-        else:
-            preempted, prioritised = _lvf_ordered(
-                views, heads, tails, free_hbm + self.xfer_blocks, self.xfer_blocks, view.free_host_blocks
-            )
+            return [], sorted(waiting_rotary, key=fcfs_key), 0
+        heads.sort()  # step 2 (the rotary set is in its order); unique keys: nothing else compared
+        left = free_hbm + self.xfer_blocks  # step 3: B_left
+        prioritised, left = (
+            take_heads(heads, left, rotary, now, alpha, lag_s) if kept else take_heads(heads, left)
+        )
+        preempted = take_tails(tails, self.xfer_blocks - left, view.free_host_blocks)  # step 4
         return preempted, prioritised, self.swap_out(view, preempted)
 
     def swap_out(self, view: SchedulerView, preempted: Sequence[RequestView]) -> int:
         """Records ``preempted``'s swap-outs; returns the device blocks they free for this iteration."""
         released, bt = 0, view.block_tokens
+        self._swap_rate += (len(preempted) - self._swap_rate) / 16
         for r in preempted:
             now_free = released_now(r, view.swap_copy, self.synced_blocks(r, bt), bt)
             released += now_free

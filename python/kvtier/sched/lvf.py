@@ -1,0 +1,220 @@
+"""SuperInfer's Largest-VLT-First (Algorithm 1, §4.2.3) and the rotary set it reads, kept across
+iterations so that one iteration costs what it rotates, not what waits (issue 20).
+
+:func:`lvf` is Algorithm 1 over a list of (VLT, request). RotaSched (:mod:`kvtier.sched.rotasched`)
+runs the same steps without that list: its waiting head is short (the view shows at most
+``view_waiting_max`` waiting requests), its running batch bounded, but its rotary set (requests
+swapped to host, kvtier's ``Phase.SWAPPED``) grows with the overload, to hundreds. A rotary
+request's VLT is alpha * ReLU(now - t_last - beta_B * S_B) and neither its t_last nor blk(r) changes
+while it sits in host memory, so :class:`RotarySet` keeps the rotary requests sorted by
+(t_last, arrival, id) between views and updates it by what a swap changed. Along that order the VLT
+never rises (IEEE subtraction, ``max`` and a product by alpha >= 0 are monotone), so step 2's order
+of the rotary requests is that order with each run of equal VLTs re-sorted by (arrival, id)
+(:func:`rotary_heads`), and step 3 can stop as soon as B_left is below every remaining blk(r)
+(suffix minima, :attr:`RotarySet.mins`): exactly the requests Algorithm 1 takes, in its order.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate
+from operator import attrgetter, itemgetter
+
+from kvtier.sched.base import Phase, RequestView
+
+LvfKey = tuple[float, float, int]  # (-VLT, arrival, id): step 2's order, a total one (ids are unique)
+Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0: key, blk(r), request
+# A rotary request: t_last, arrival, id, blk(r), view, and (for its owner) the view it entered at.
+Entry = tuple[float, float, int, int, RequestView, int]
+
+_req_id = attrgetter("req_id")
+_need = itemgetter(3)
+
+
+def lvf(
+    candidates: Sequence[tuple[float, RequestView]],
+    blocks: dict[int, int],
+    free_blocks: int,
+    xfer_blocks: int,
+    host_blocks: int | None = None,
+) -> tuple[list[RequestView], list[RequestView]]:
+    """Algorithm 1 (LVF scheduling): returns (preempted P, prioritised R).
+
+    ``candidates`` are (VLT, request) for every running, waiting and rotary request; ``blocks`` maps
+    a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer; ``host_blocks`` the
+    host room swap-outs can take this iteration (None: unbounded), which bounds step 4.
+    """
+    waiting_rotary = [r for _, r in candidates if r.phase is not Phase.RUNNING]
+    if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
+        return [], sorted(waiting_rotary, key=fcfs_key)  # fall back to FCFS
+    heads: list[Head] = []
+    tails: list[Head] = []
+    for vlt, r in candidates:
+        key = (-vlt, r.arrival_s, r.req_id)
+        if r.phase is not Phase.RUNNING:
+            if vlt >= 0:
+                heads.append((key, blocks[r.req_id], r))
+        elif vlt < 0:
+            tails.append((key, blocks[r.req_id], r))
+    heads.sort()  # the keys are unique: the need and the request are never compared
+    left = free_blocks + xfer_blocks
+    prioritised, left = take_heads(heads, left)
+    return take_tails(tails, xfer_blocks - left, host_blocks), prioritised
+
+
+def _key(head: Head) -> LvfKey:
+    return head[0]
+
+
+def take_heads(
+    heads: Sequence[Head],
+    left: int,
+    rotary: RotarySet | None = None,
+    now_s: float = 0.0,
+    alpha: float = 0.0,
+    lag_s: float = 0.0,
+) -> tuple[list[RequestView], int]:
+    """Step 3: from the head of step 2's order, every request whose blk(r) fits what is left of
+    B_left. ``heads`` are in step 2's order; the rotary set's requests (VLT = alpha * ReLU(now_s -
+    t_last - lag_s)) are merged in. The walk stops once nothing after it can fit (suffix minima of
+    blk(r)). Returns (prioritised R, B_left left)."""
+    prioritised: list[RequestView] = []
+    if rotary is None or not rotary.order:  # the heads alone: a plain walk
+        for _, need, r in heads:
+            if need <= left:
+                prioritised.append(r)
+                left -= need
+        return prioritised, left
+    w_mins = list(accumulate((h[1] for h in reversed(heads)), min))[::-1]
+    wi, nw, big = 0, len(heads), math.inf
+    rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
+    r_mins = rotary.mins if rotary is not None else []
+    nxt = next(rot, None)
+    while wi < nw or nxt is not None:
+        rest = min(w_mins[wi] if wi < nw else big, r_mins[nxt[1]] if nxt is not None else big)
+        if left < rest:
+            break
+        if nxt is None or (wi < nw and heads[wi][0] < nxt[0][0]):
+            _, need, r = heads[wi]
+            wi += 1
+        else:
+            (_, need, r), _ = nxt
+            nxt = next(rot, None)
+        if need <= left:
+            prioritised.append(r)
+            left -= need
+    return prioritised, left
+
+
+def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[RequestView]:
+    """Step 4: B_swap = ``swap`` blocks from the tail of step 2's order (running requests with
+    VLT < 0, lowest VLT first). A victim the host room left (``host_blocks``) cannot hold is passed
+    over: vLLM swaps out only what ``can_swap_out`` allows, and a rotation is a swap, never a
+    recompute (§4.2.1)."""
+    preempted: list[RequestView] = []
+    if swap <= 0:
+        return preempted
+    tails.sort(reverse=True)  # unique keys, as in lvf
+    room = math.inf if host_blocks is None else host_blocks
+    for _, need, r in tails:
+        if need > room:
+            continue
+        room -= need
+        preempted.append(r)
+        swap -= need
+        if swap <= 0:
+            break
+    return preempted
+
+
+def fcfs_key(r: RequestView) -> tuple[int, float, int]:
+    """FCFS with vLLM's order: swapped (rotary) requests resume before waiting ones are admitted."""
+    return (0 if r.phase is Phase.SWAPPED else 1, r.arrival_s, r.req_id)
+
+
+class RotarySet:
+    """The rotary requests of the last view, sorted by (t_last, arrival, id), with blk(r) each,
+    their sum (step 1) and the suffix minima of blk(r) along the order (step 3's stop)."""
+
+    __slots__ = ("by_object", "entries", "ids", "mins", "odd", "order", "shown", "total")
+
+    def __init__(self) -> None:
+        self.shown: Sequence[RequestView] = ()  # the view's swapped sequence these were read from
+        self.by_object: dict[
+            int, int
+        ] = {}  # id() of each member's view (kept alive by ``entries``) -> request id
+        self.ids: set[int] = set()  # the keys of ``by_object``
+        self.entries: dict[int, Entry] = {}  # request id -> its entry in ``order``
+        self.order: list[Entry] = []
+        self.mins: list[int] = []
+        self.total = 0  # sum of blk(r)
+        self.odd = 0  # members whose view is not SWAPPED (not where a simulator shows them)
+
+    def __contains__(self, req_id: int) -> bool:
+        return req_id in self.entries
+
+    def diff(self, shown: Sequence[RequestView]) -> tuple[list[RequestView], list[int]]:
+        """The views in ``shown`` that are not members (new requests, or members with a new view),
+        by request id, and the ids of members whose view is not in ``shown`` (they left, or have a
+        new view). Membership is by view object (a view never changes; a request's new state is a
+        new view), compared as sets: no Python-level step per member. New views are looked for
+        from the end of ``shown`` (where a simulator appends them)."""
+        shown_ids = set(map(id, shown))
+        gone = [self.by_object[i] for i in self.ids - shown_ids]
+        new = shown_ids - self.ids
+        fresh: list[RequestView] = []
+        for r in reversed(shown):
+            if len(fresh) == len(new):
+                break
+            if id(r) in new:
+                fresh.append(r)
+        fresh.sort(key=_req_id)
+        return fresh, gone
+
+    def update(self, shown: Sequence[RequestView], gone: Sequence[int], fresh: Iterable[Entry]) -> None:
+        """Removes the members ``gone``, adds the entries ``fresh`` (their views are in ``shown``)."""
+        order, entries, by_object = self.order, self.entries, self.by_object
+        for rid in gone:
+            entry = entries.pop(rid)
+            del order[bisect_left(order, entry)]  # compared as tuples: (t_last, arrival, id) is unique
+            del by_object[id(entry[4])]
+            self.ids.discard(id(entry[4]))
+            self.total -= entry[3]
+            self.odd -= entry[4].phase is not Phase.SWAPPED
+        for entry in fresh:
+            rid, r = entry[2], entry[4]
+            insort(order, entry)
+            entries[rid] = entry
+            by_object[id(r)] = rid
+            self.ids.add(id(r))
+            self.total += entry[3]
+            self.odd += r.phase is not Phase.SWAPPED
+        self.shown = shown
+        self.mins = list(accumulate(map(_need, reversed(order)), min))[::-1]
+
+
+def rotary_heads(
+    order: Sequence[Entry], now: float, alpha: float, lag_s: float
+) -> Iterator[tuple[Head, int]]:
+    """The rotary requests in step 2's order, lazily, each with the index in ``order`` of the run
+    of equal VLT it is in (every entry from there on is still to come or in this run)."""
+    i, n = 0, len(order)
+    vlt = alpha * max(0.0, now - order[0][0] - lag_s) if n else 0.0  # as RotaSched.vlt computes it
+    while i < n:
+        j, next_vlt = i + 1, 0.0
+        while j < n:
+            next_vlt = alpha * max(0.0, now - order[j][0] - lag_s)
+            if next_vlt != vlt:
+                break
+            j += 1
+        # A run of one t_last is in (arrival, id) order already; equal VLTs of several are not.
+        run = order[i:j] if order[i][0] == order[j - 1][0] else sorted(order[i:j], key=_arrival_id)
+        for _, arrival, rid, need, r, _ in run:
+            yield ((-vlt, arrival, rid), need, r), i
+        i, vlt = j, next_vlt
+
+
+def _arrival_id(entry: Entry) -> tuple[float, int]:
+    return entry[1], entry[2]
