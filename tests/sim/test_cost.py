@@ -211,7 +211,9 @@ def test_the_decode_only_step_time_is_step_time_s_to_the_bit(name: str, contexts
     ):
         return
     cost = RooflineCostModel(H100, model, tp=tp)
-    assert repr(cost.decode_step_time_s(contexts)) == repr(cost.step_cost(BatchShape((), tuple(contexts))).total_s)
+    assert repr(cost.decode_step_time_s(contexts)) == repr(
+        cost.step_cost(BatchShape((), tuple(contexts))).total_s
+    )
 
 
 @pytest.mark.parametrize("name", model_names())
@@ -259,3 +261,6 @@ def test_step_time_s_is_step_costs_total_to_the_bit(
     cost = RooflineCostModel(H100, model, tp=tp)
     shape = BatchShape(tuple(PrefillChunk(n, c) for n, c in chunks), tuple(contexts))
     assert repr(cost.step_time_s(shape)) == repr(cost.step_cost(shape).total_s)
+    for n, c in chunks:  # what policies estimate a prefill with
+        one = cost.step_cost(BatchShape((PrefillChunk(n, c),))).total_s
+        assert repr(cost.prefill_time_s(n, c)) == repr(one)

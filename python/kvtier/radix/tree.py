@@ -401,16 +401,17 @@ class HiRadixTree:
                     lrus[t].move_to_end(node)
 
     def _evict(self, t: int, n_blocks: int, demote_to: int | None = None) -> list[int]:
-        lru = self._lru[t]
+        lru, used = self._lru[t], self._used
         mask, faster = ~(1 << t), (1 << t) - 1  # faster: the tiers above t
         evicted: list[int] = []
-        while len(evicted) < n_blocks and lru:
-            node, _ = lru.popitem(last=False)
+        pop, victim = lru.popitem, evicted.append
+        for _ in range(min(n_blocks, len(lru))):  # only this loop takes from t's list
+            node = pop(last=False)[0]
             node.residency &= mask
             if node.watch and not node.residency & faster:
                 notify(node, RESIDENCY)
-            self._used[t] -= 1
-            evicted.append(node.key)
+            used[t] -= 1
+            victim(node.key)
             if demote_to is not None:
                 self._demote(node, demote_to)
             # _prune_upwards, inline (once per victim): remove it and its ancestors holding nothing.

@@ -208,7 +208,7 @@ class RooflineCostModel:
         return self.step_times.step_s(batch.prefills, batch.decode_context_tokens)
 
     def prefill_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
-        return self.step_time_s(BatchShape((PrefillChunk(new_tokens, context_tokens),)))
+        return self.step_times.step_s((PrefillChunk(new_tokens, context_tokens),), ())
 
     def transfer_work_s(
         self, nbytes: int, segment_bytes: int, bandwidth_bytes_per_s: float, per_segment_overhead_s: float

@@ -154,7 +154,9 @@ def next_step(engine: DecodeEngine) -> bool:
             if (r.computed_tokens + generated) // block_tokens > r.host_copied_blocks:
                 engine.decode_run = None
                 return False
-            if (room := (r.host_copied_blocks + 1) * block_tokens - r.computed_tokens - generated - 1) < limit:
+            if (
+                room := (r.host_copied_blocks + 1) * block_tokens - r.computed_tokens - generated - 1
+            ) < limit:
                 limit = room
         contexts.append(context)
     loop = engine.loop

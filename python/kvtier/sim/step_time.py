@@ -96,8 +96,11 @@ class StepTimes:
         else:  # attention_flops(1, ctx) inline: ctx + 1.0 pairs (the same float, one call fewer a decode)
             decode_flops = sum([linear + pair_flops * (ctx + 1.0) for ctx in contexts])
         compute_s = prefill_flops / self._prefill_rate + decode_flops / self._compute_rate
-        num_tokens = sum(c.new_tokens for c in prefills) + len(contexts)
-        kv_tokens = sum(c.context_tokens + c.new_tokens for c in prefills)
+        num_tokens = kv_tokens = 0  # ints: any order is exact
+        for c in prefills:
+            num_tokens += c.new_tokens
+            kv_tokens += c.context_tokens + c.new_tokens
+        num_tokens += len(contexts)
         kv_tokens += sum(contexts) + len(contexts)  # read each context, write one token
         weights, allreduce = self._per_n.get(num_tokens) or self._weights_and_allreduce(num_tokens)
         memory_s = (weights + kv_tokens * self._kv_bytes) / self._memory_rate
@@ -129,7 +132,10 @@ class StepTimes:
         advance = 0
         while True:
             memory_s = (weights + kv_tokens * kv_bytes) / memory_rate
-            if pair_flops is not None and (linear_n + pair_flops * kv_tokens) * _MARGIN / compute_rate < memory_s:
+            if (
+                pair_flops is not None
+                and (linear_n + pair_flops * kv_tokens) * _MARGIN / compute_rate < memory_s
+            ):
                 yield (memory_s + allreduce + overhead_s) * slowdown  # max(compute_s, memory_s) is memory_s
             else:
                 compute_s = self._compute_s(contexts, advance, memory_s)
