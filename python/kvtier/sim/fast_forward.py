@@ -220,14 +220,15 @@ def _ahead(
     # Every later step's decodes are the step before's, so each request's gap is the same float,
     # end_s - start_s (its last token came at start_s): one gap a step, repeated per decode.
     step_gaps: list[float] = []
-    times = _run_s(engine.cost, contexts, slowdown)
-    next(times)  # the first step's, compute_s
+    times = _run_s(engine.cost, [c + 1 for c in contexts], slowdown)  # from the second step on
     start_s, compute_s = end_s, next(times)
     end_s = start_s + compute_s
-    while len(step_gaps) + 1 < limit and end_s < horizon_s:
+    steps = 1
+    while steps < limit and end_s < horizon_s:
         gap = end_s - start_s
         step_gaps.append(gap)
         busy_s += gap
+        steps += 1
         start_s, compute_s = end_s, next(times)
         end_s = start_s + compute_s
     if step_gaps:
@@ -236,12 +237,12 @@ def _ahead(
             if max_gap > r.max_tbt_s:
                 r.max_tbt_s = max_gap
             r.last_token_s = start_s
-    steps = len(step_gaps) + 1
     for r in running:
         r.generated_tokens += steps
     metrics.steps += steps
     metrics.busy_s = busy_s
     metrics.add_tbts(gaps)  # the same as one call per step: gaps in step order
-    metrics.add_tbts(step_gaps, len(running))
+    if step_gaps:
+        metrics.add_tbts(step_gaps, len(running))
     loop.events_run += steps  # the steps' ends, events without the fast-forward
     return start_s, compute_s, [c + steps for c in contexts]
