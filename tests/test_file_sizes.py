@@ -30,7 +30,6 @@ ALLOWED: Mapping[str, Allowed] = {
     "crates/kvtier-remote/src/config.rs": Allowed(513, 18, "URL parsing and settings checks in one file"),
     "crates/kvtier-transfer/src/duplex.rs": Allowed(511, 18, "the duplex swap engine in one file"),
     "crates/kvtier-transfer/src/engine.rs": Allowed(808, 18, "the pipeline's job table and workers"),
-    "python/kvtier/radix/tree.py": Allowed(511, 18, "the HiRadixTree in one file"),
     "python/kvtier/sim/reproduce/superinfer.py": Allowed(520, 18, "every SuperInfer experiment in one file"),
 }
 

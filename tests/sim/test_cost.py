@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError
@@ -211,4 +211,56 @@ def test_the_decode_only_step_time_is_step_time_s_to_the_bit(name: str, contexts
     ):
         return
     cost = RooflineCostModel(H100, model, tp=tp)
-    assert repr(cost.decode_step_time_s(contexts)) == repr(cost.step_time_s(BatchShape((), tuple(contexts))))
+    assert repr(cost.decode_step_time_s(contexts)) == repr(
+        cost.step_cost(BatchShape((), tuple(contexts))).total_s
+    )
+
+
+@pytest.mark.parametrize("name", model_names())
+@given(
+    st.lists(st.integers(0, 1 << 20), max_size=300),
+    st.sampled_from([1, 2, 8]),
+    st.sampled_from([1.0, 1.37]),
+    st.integers(1, 40),
+)
+@example([0] * 300, 1, 1.0, 3)  # compute bound (dense models): the FLOPs summed per decode
+@example([100] * 4, 1, 1.37, 3)  # weights bound: the sum skipped
+def test_a_decode_runs_step_times_are_step_time_s_to_the_bit(
+    name: str, contexts: list[int], tp: int, slowdown: float, steps: int
+) -> None:
+    # The fast-forward's run ahead (issue 20): step k decodes every context + k. Small batches are
+    # bound by the weights (the FLOPs' sum is skipped), large ones by compute (summed): both exact.
+    model = load_model(name)
+    if model.num_attention_heads % tp or (
+        not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads
+    ):
+        return
+    cost = RooflineCostModel(H100, model, tp=tp)
+    times = cost.step_times.decode_run_s(contexts, slowdown)
+    for k in range(steps):
+        shape = BatchShape((), tuple(c + k for c in contexts))
+        assert repr(next(times)) == repr(cost.step_cost(shape).total_s * slowdown)
+
+
+@pytest.mark.parametrize("name", model_names())
+@given(
+    st.lists(st.tuples(st.integers(1, 1 << 14), st.integers(0, 1 << 20)), max_size=8),
+    st.lists(st.integers(0, 1 << 20), max_size=64),
+    st.sampled_from([1, 2, 8]),
+)
+def test_step_time_s_is_step_costs_total_to_the_bit(
+    name: str, chunks: list[tuple[int, int]], contexts: list[int], tp: int
+) -> None:
+    # step_time_s reads the roofline's constants once (sim/step_time.py); step_cost computes them
+    # every call: the engine's step times must be its floats.
+    model = load_model(name)
+    if model.num_attention_heads % tp or (
+        not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads
+    ):
+        return
+    cost = RooflineCostModel(H100, model, tp=tp)
+    shape = BatchShape(tuple(PrefillChunk(n, c) for n, c in chunks), tuple(contexts))
+    assert repr(cost.step_time_s(shape)) == repr(cost.step_cost(shape).total_s)
+    for n, c in chunks:  # what policies estimate a prefill with
+        one = cost.step_cost(BatchShape((PrefillChunk(n, c),))).total_s
+        assert repr(cost.prefill_time_s(n, c)) == repr(one)

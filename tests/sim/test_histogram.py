@@ -37,3 +37,21 @@ def test_a_steps_gaps_count_as_each_gap(steps: list[list[float]], slo: float | N
             batched.add_tbts(values)
     assert (one.tbt_gaps, one.slo_tbt_gaps_met) == (batched.tbt_gaps, batched.slo_tbt_gaps_met)
     assert repr(state(one.tbt_s)) == repr(state(batched.tbt_s))
+
+
+@given(
+    st.lists(st.floats(0.0, 1e4, allow_nan=False), max_size=20),
+    st.integers(1, 5),
+    st.sampled_from([None, 0.05]),
+)
+def test_repeated_gaps_count_as_each_gap_in_a_row(
+    values: list[float], repeat: int, slo: float | None
+) -> None:
+    # A decode run's steps (the fast-forward): one gap a step, the same for each of its decodes.
+    one, batched = Metrics(slo_tpot_s=slo), Metrics(slo_tpot_s=slo)
+    for v in values:
+        for _ in range(repeat):
+            one.add_tbt(v)
+    batched.add_tbts(values, repeat)
+    assert (one.tbt_gaps, one.slo_tbt_gaps_met) == (batched.tbt_gaps, batched.slo_tbt_gaps_met)
+    assert repr(state(one.tbt_s)) == repr(state(batched.tbt_s))

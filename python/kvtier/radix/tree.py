@@ -40,10 +40,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from kvtier.errors import ConfigError, IntegrityError, SimError
 from kvtier.radix.integrity import check_node
+from kvtier.radix.match import Match
 from kvtier.radix.watch import CHILD, MARKS, PRUNED, RESIDENCY, Watch, notify
 from kvtier.tiers import Tier
 
@@ -56,33 +56,6 @@ _TIERS_OF_MASK: tuple[tuple[int, ...], ...] = tuple(
 _FASTEST_OF_MASK: tuple[Tier | None, ...] = tuple(
     Tier((mask & -mask).bit_length() - 1) if mask else None for mask in range(1 << _NUM_TIERS)
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    """What the tree holds of a prompt's blocks (a miss is ``keys_matched == 0``).
-
-    ``tiers[i]`` is the fastest tier holding block ``i``. The transient counts look at the run of
-    blocks right after the device prefix that carry a mark: ``transient_blocks`` is its length, and
-    ``in_queue_blocks`` / ``in_flight_blocks`` count the blocks of that run marked in-queue /
-    in-flight (a block with both marks counts in both). A request with such a run would recompute or
-    reload KV that another request is about to bring to device: a delay hit (Strata §4.3.1).
-    """
-
-    keys_matched: int
-    tiers: tuple[Tier, ...]
-    in_queue_blocks: int = 0
-    in_flight_blocks: int = 0
-    transient_blocks: int = 0
-
-    def prefix_in(self, tier: Tier) -> int:
-        """Length of the longest prefix whose blocks are all held in ``tier`` or a faster tier."""
-        n = 0
-        for t in self.tiers:
-            if t > tier:
-                break
-            n += 1
-        return n
 
 
 class _Node:
@@ -390,11 +363,13 @@ class HiRadixTree:
     def _walk(self, keys: Sequence[int]) -> list[_Node]:
         """The existing nodes along ``keys``, stopping at the first key not in the tree."""
         path: list[_Node] = []
-        node = self._root
-        for key in keys:
-            if (child := node.children.get(key)) is None:
-                break
-            path.append(node := child)
+        visit, children = path.append, self._root.children
+        try:  # a missing key ends it: rarer than a found one, so no test per key
+            for key in keys:
+                visit(node := children[key])
+                children = node.children
+        except KeyError:
+            pass
         return path
 
     def _existing_path(self, keys: Sequence[int], what: str) -> list[_Node]:
@@ -426,19 +401,29 @@ class HiRadixTree:
                     lrus[t].move_to_end(node)
 
     def _evict(self, t: int, n_blocks: int, demote_to: int | None = None) -> list[int]:
-        lru = self._lru[t]
+        lru, used = self._lru[t], self._used
         mask, faster = ~(1 << t), (1 << t) - 1  # faster: the tiers above t
         evicted: list[int] = []
-        while len(evicted) < n_blocks and lru:
-            node, _ = lru.popitem(last=False)
+        pop, victim = lru.popitem, evicted.append
+        for _ in range(min(n_blocks, len(lru))):  # only this loop takes from t's list
+            node = pop(last=False)[0]
             node.residency &= mask
             if node.watch and not node.residency & faster:
                 notify(node, RESIDENCY)
-            self._used[t] -= 1
-            evicted.append(node.key)
+            used[t] -= 1
+            victim(node.key)
             if demote_to is not None:
                 self._demote(node, demote_to)
-            self._prune_upwards(node)
+            # _prune_upwards, inline (once per victim): remove it and its ancestors holding nothing.
+            while (parent := node.parent) is not None and not (
+                node.residency or node.children or node.lock or node.in_queue or node.in_flight
+            ):
+                del parent.children[node.key]
+                node.parent = None
+                if node.watch:
+                    notify(node, PRUNED)
+                self._num_nodes -= 1
+                node = parent
         return evicted
 
     def _demote(self, node: _Node, d: int) -> None:
@@ -465,8 +450,9 @@ class HiRadixTree:
 
     def _prune_upwards(self, node: _Node) -> None:
         """Remove ``node`` and then its ancestors while they hold nothing."""
-        while node.parent is not None and node.prunable():
-            parent = node.parent
+        while (parent := node.parent) is not None and not (
+            node.residency or node.children or node.lock or node.in_queue or node.in_flight
+        ):  # not node.prunable(), inline
             del parent.children[node.key]
             node.parent = None
             if node.watch:

@@ -40,6 +40,7 @@ from kvtier.errors import ConfigError
 from kvtier.sim.hardware import HardwareProfile
 from kvtier.sim.machine import REFIT, differences
 from kvtier.sim.models import ModelProfile
+from kvtier.sim.step_time import StepTimes
 
 log = logging.getLogger("kvtier.sim")
 
@@ -203,10 +204,11 @@ class RooflineCostModel:
         return self.model.num_layers
 
     def step_time_s(self, batch: BatchShape) -> float:
-        return self.step_cost(batch).total_s
+        # step_cost(batch).total_s, the same float, with its constants read once (sim/step_time.py)
+        return self.step_times.step_s(batch.prefills, batch.decode_context_tokens)
 
     def prefill_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
-        return self.step_time_s(BatchShape((PrefillChunk(new_tokens, context_tokens),)))
+        return self.step_times.step_s((PrefillChunk(new_tokens, context_tokens),), ())
 
     def transfer_work_s(
         self, nbytes: int, segment_bytes: int, bandwidth_bytes_per_s: float, per_segment_overhead_s: float
@@ -242,47 +244,13 @@ class RooflineCostModel:
         return StepCost(compute_s, memory_s, self.allreduce_s(num_tokens), self.step_overhead_s)
 
     def decode_step_time_s(self, contexts: Sequence[int]) -> float:
-        """``step_time_s(BatchShape((), contexts))`` (decodes only) by the same operations in the
-        same order, so the same float, without building the shape and the step's cost parts: the
-        decode fast-forward (:mod:`kvtier.sim.fast_forward`) plans most steps of a sized cluster
-        through this. ``tests/sim/test_cost.py`` checks it against :meth:`step_time_s`."""
-        n = len(contexts)
-        if n == 0:
-            return 0.0
-        linear, pair_flops, compute_rate, kv_bytes, memory_rate, per_n = self._decode_constants
-        if pair_flops is None:
-            attention = self.model.attention_flops
-            decode_flops = sum([linear + attention(1, ctx) for ctx in contexts])
-        else:
-            decode_flops = sum([linear + pair_flops * (ctx + 1.0) for ctx in contexts])
-        weights_and_allreduce = per_n.get(n)
-        if weights_and_allreduce is None:
-            weights_and_allreduce = per_n[n] = (
-                self.model.weight_bytes_read(n) / self.tp,
-                self.allreduce_s(n),
-            )
-        weights, allreduce = weights_and_allreduce
-        # step_cost adds 0.0 (no prefill) before this quotient and 0 (no prefill) to kv tokens
-        compute_s = decode_flops / compute_rate
-        memory_s = (weights + (sum(contexts) + n) * kv_bytes) / memory_rate
-        return max(compute_s, memory_s) + allreduce + self.step_overhead_s
+        """``step_time_s(BatchShape((), contexts))`` (decodes only): the same float."""
+        return self.step_times.decode_s(contexts)
 
     @cached_property
-    def _decode_constants(
-        self,
-    ) -> tuple[float, float | None, float, int, float, dict[int, tuple[float, float]]]:
-        """What :meth:`decode_step_time_s` reads every step, computed as :meth:`step_cost` computes
-        it (the same floats); the weights read and all-reduce time by batch size, filled as seen."""
-        m, hw = self.model, self.hardware
-        gpu_flops = self.tp * hw.gpu_bf16_flops_per_s
-        return (
-            m.linear_flops_per_token,
-            m.dense_pair_flops,
-            gpu_flops * self.mfu_decode,
-            self.kv_bytes_per_token,
-            hw.hbm_bytes_per_s * self.bandwidth_efficiency,
-            {},
-        )
+    def step_times(self) -> StepTimes:
+        """Step times by fewer operations, and a decode run's (the fast-forward's), to the bit."""
+        return StepTimes(self)
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Two ring all-reduces per layer of the ``num_tokens x hidden`` activations; 0 for tp 1.

@@ -43,8 +43,10 @@ step) as soon as, at a step's start, anything could make the decision or the ste
 
 from __future__ import annotations
 
+import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import count
 from typing import Protocol
 
 from kvtier.sched.base import Policy, SchedulerDecision, SchedulerView
@@ -133,18 +135,29 @@ def next_step(engine: DecodeEngine) -> bool:
     block_tokens = engine.block_tokens
     eager = engine.config.swap_copy.eager
     contexts: list[int] = []
+    # How many steps may run ahead (_ahead): step j (from 0) may if no request finishes at its end
+    # (generated + j + 1 < output) and step j + 1's decodes stay in their blocks (context + j + 2 <=
+    # held tokens) and, under eager rotation, fill no block (the test below, at step j + 1).
+    limit = sys.maxsize if running else 0  # an empty batch: nothing to run ahead
     for r, armed in zip(running, batch, strict=True):
-        context = r.req.prompt_tokens + r.generated_tokens
+        context, generated = r.req.prompt_tokens + r.generated_tokens, r.generated_tokens
         # Engine.plan_decode's test: crossing into a block it does not hold allocates (slow path).
-        held = r.locked_blocks + r.private_blocks + r.reserved_blocks
-        if r is not armed or -(-(context + 1) // block_tokens) > held:
+        held_tokens = (r.locked_blocks + r.private_blocks + r.reserved_blocks) * block_tokens
+        if r is not armed or context + 1 > held_tokens:  # ceil((context + 1) / block) > held blocks
             engine.decode_run = None
             return False
+        if (room := min(r.req.output_tokens - generated, held_tokens - context) - 1) < limit:
+            limit = room
         # Eager rotation (Swaps.rotate_synced_blocks, at the slow path's start): a block filled since
         # the last step starts its host copy there, so such a step is the slow path's.
-        if eager and (r.computed_tokens + r.generated_tokens) // block_tokens > r.host_copied_blocks:
-            engine.decode_run = None
-            return False
+        if eager:
+            if (r.computed_tokens + generated) // block_tokens > r.host_copied_blocks:
+                engine.decode_run = None
+                return False
+            if (
+                room := (r.host_copied_blocks + 1) * block_tokens - r.computed_tokens - generated - 1
+            ) < limit:
+                limit = room
         contexts.append(context)
     loop = engine.loop
     # Engine.start_step's slowdown, with no loads in the step: it holds until a transfer ends.
@@ -152,7 +165,7 @@ def next_step(engine: DecodeEngine) -> bool:
     start_s, compute_s = loop.now_s, _compute_s(engine.cost, contexts, slowdown)
     isolated = engine.isolated
     if isolated is not None and not engine.swaps.barrier and isolated():
-        start_s, compute_s, contexts = _ahead(engine, contexts, start_s, compute_s, slowdown)
+        start_s, compute_s, contexts = _ahead(engine, contexts, start_s, compute_s, slowdown, limit)
     step = Step(engine, start_s=start_s)
     step.decodes = [(r, r.epoch) for r in running]
     step.decode_contexts = contexts
@@ -167,64 +180,69 @@ def next_step(engine: DecodeEngine) -> bool:
 
 def _compute_s(cost: CostModel, contexts: list[int], slowdown: float) -> float:
     """Engine.start_step's compute time of a decode-only step: the same floats."""
-    if type(cost) is RooflineCostModel:  # its decode-only form: the same float, fewer calls
-        return cost.decode_step_time_s(contexts) * slowdown
+    if type(cost) is RooflineCostModel:  # its decode-only form: the same float, fewer operations
+        return cost.step_times.decode_s(contexts) * slowdown
     return cost.step_time_s(BatchShape((), tuple(contexts))) * slowdown
 
 
+def _run_s(cost: CostModel, contexts: list[int], slowdown: float) -> Iterator[float]:
+    """``_compute_s`` of each step of a decode run from ``contexts``: each context + 1 a step."""
+    if type(cost) is RooflineCostModel:
+        yield from cost.step_times.decode_run_s(contexts, slowdown)
+    for advance in count():
+        yield cost.step_time_s(BatchShape((), tuple(c + advance for c in contexts))) * slowdown
+
+
 def _ahead(
-    engine: DecodeEngine, contexts: list[int], start_s: float, compute_s: float, slowdown: float
+    engine: DecodeEngine, contexts: list[int], start_s: float, compute_s: float, slowdown: float, limit: int
 ) -> tuple[float, float, list[int]]:
     """Runs whole decode steps of the run here, without events, while each ends before the next
     event that could reach the engine (:meth:`EventLoop.horizon_s`: an arrival, a transfer's end,
     a wake, the run's bound; other engines' step ends cannot while ``engine.isolated()``), no
     request finishes at its end, and the step after it is planned the same way (no decode crosses
     into a block it does not hold). Together they do what ``finish_step`` does for each of them,
-    in order: tokens, gaps, the shared metrics, the event count. Returns the start, compute time
+    in order: tokens, gaps, the shared metrics, the event count. At most ``limit`` steps
+    (:func:`next_step`'s: no finish, no block crossed or filled). Returns the start, compute time
     and contexts of the first step left to end through the event heap."""
     loop, metrics, running = engine.loop, engine.metrics, engine.running
     horizon_s = loop.horizon_s()
-    block_tokens = engine.block_tokens
-    # Step j (from 0) may run here if no request finishes at its end (generated + j + 1 < output)
-    # and step j + 1's decodes stay in their blocks (context + j + 2 <= held blocks' tokens).
-    limit = min(
-        min(
-            r.req.output_tokens - r.generated_tokens,
-            (r.locked_blocks + r.private_blocks + r.reserved_blocks) * block_tokens - context,
-        )
-        - 1
-        for r, context in zip(running, contexts, strict=True)
-    )
-    if engine.config.swap_copy.eager:  # ... and no block fills before step j + 1 (next_step's test)
-        limit = min(
-            limit,
-            min(
-                (r.host_copied_blocks + 1) * block_tokens - r.computed_tokens - r.generated_tokens - 1
-                for r in running
-            ),
-        )
-    cost = engine.cost
     end_s = start_s + compute_s
-    steps = 0
-    busy_s = metrics.busy_s
+    if limit <= 0 or end_s >= horizon_s:
+        return start_s, compute_s, contexts
     gaps: list[float] = []
+    for r in running:  # finish_step's decode loop for the first step, no request finishing
+        gap = end_s - r.last_token_s
+        gaps.append(gap)
+        if gap > r.max_tbt_s:
+            r.max_tbt_s = gap
+        r.last_token_s = end_s
+    busy_s = metrics.busy_s + (end_s - start_s)
+    # Every later step's decodes are the step before's, so each request's gap is the same float,
+    # end_s - start_s (its last token came at start_s): one gap a step, repeated per decode.
+    step_gaps: list[float] = []
+    times = _run_s(engine.cost, [c + 1 for c in contexts], slowdown)  # from the second step on
+    start_s, compute_s = end_s, next(times)
+    end_s = start_s + compute_s
+    steps = 1
     while steps < limit and end_s < horizon_s:
-        for r in running:  # finish_step's decode loop, no request finishing
-            gap = end_s - r.last_token_s
-            gaps.append(gap)
-            if gap > r.max_tbt_s:
-                r.max_tbt_s = gap
-            r.last_token_s = end_s
-        busy_s += end_s - start_s
+        gap = end_s - start_s
+        step_gaps.append(gap)
+        busy_s += gap
         steps += 1
-        contexts = [c + 1 for c in contexts]
-        start_s, compute_s = end_s, _compute_s(cost, contexts, slowdown)
+        start_s, compute_s = end_s, next(times)
         end_s = start_s + compute_s
-    if steps:
+    if step_gaps:
+        max_gap = max(step_gaps)
         for r in running:
-            r.generated_tokens += steps
-        metrics.steps += steps
-        metrics.busy_s = busy_s
-        metrics.add_tbts(gaps)  # the same as one call per step: gaps in step order
-        loop.events_run += steps  # the steps' ends, events without the fast-forward
-    return start_s, compute_s, contexts
+            if max_gap > r.max_tbt_s:
+                r.max_tbt_s = max_gap
+            r.last_token_s = start_s
+    for r in running:
+        r.generated_tokens += steps
+    metrics.steps += steps
+    metrics.busy_s = busy_s
+    metrics.add_tbts(gaps)  # the same as one call per step: gaps in step order
+    if step_gaps:
+        metrics.add_tbts(step_gaps, len(running))
+    loop.events_run += steps  # the steps' ends, events without the fast-forward
+    return start_s, compute_s, [c + steps for c in contexts]

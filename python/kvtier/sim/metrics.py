@@ -81,6 +81,7 @@ class LogHistogram:
         self._log_base = math.log1p(resolution)
         self._floor = floor
         self._buckets: dict[int, int] = {}
+        self._last_bucket = (0, math.nan, math.nan)  # add_all's: an index, and values surely in it
         self.count = 0
         self.total = 0.0
         self.min = math.inf
@@ -99,24 +100,33 @@ class LogHistogram:
         buckets = self._buckets
         buckets[index] = buckets.get(index, 0) + 1
 
-    def add_all(self, values: Iterable[float]) -> None:
-        """``add`` of each value, in order, in one loop (the same counts, sum, min, max, buckets)."""
+    def add_all(self, values: Iterable[float], repeat: int = 1) -> None:
+        """``add`` of each value, in order, ``repeat`` times in a row, in one loop (the same counts,
+        sum, min, max, buckets)."""
         count, total, lo, hi = self.count, self.total, self.min, self.max
         floor, log_base, buckets = self._floor, self._log_base, self._buckets
-        log, get = math.log, buckets.get
-        last, index = math.nan, 0  # a step's gaps repeat (its decodes last stepped together)
+        log, exp, get = math.log, math.exp, buckets.get
+        index, inside_low, inside_high = self._last_bucket
+        more = range(repeat - 1)
         for value in values:
-            count += 1
+            count += repeat
             total += value
-            if value != last:  # else the same min, max and bucket as the value before
-                last = value
-                if value < lo:
-                    lo = value
-                if value > hi:
-                    hi = value
+            if repeat > 1:  # the sum one addition at a time: the same float as `repeat` adds
+                for _ in more:
+                    total += value
+            if value < lo:
+                lo = value
+            if value > hi:
+                hi = value
+            # Gaps come in runs of nearly equal values: one well inside the last value's bucket
+            # (a relative 1e-9 from its edges, far above the log's rounding) has its index.
+            if not inside_low < value < inside_high:
                 index = int(log((floor if floor > value else value) / floor) / log_base)
-            buckets[index] = get(index, 0) + 1
+                inside_low = floor * exp(index * log_base) * (1.0 + 1e-9)
+                inside_high = floor * exp((index + 1) * log_base) * (1.0 - 1e-9)
+            buckets[index] = get(index, 0) + repeat
         self.count, self.total, self.min, self.max = count, total, lo, hi
+        self._last_bucket = (index, inside_low, inside_high)
 
     def mean(self) -> float:
         return self.total / self.count if self.count else math.nan
@@ -241,12 +251,14 @@ class Metrics:
         self.tbt_gaps += 1
         self.slo_tbt_gaps_met += self.slo_tpot_s is None or gap_s <= self.slo_tpot_s
 
-    def add_tbts(self, gaps_s: Sequence[float]) -> None:
-        """The token gaps of one step, in order (one per decode: a loop here, not a call each)."""
-        self.tbt_s.add_all(gaps_s)
-        self.tbt_gaps += len(gaps_s)
+    def add_tbts(self, gaps_s: Sequence[float], repeat: int = 1) -> None:
+        """The token gaps of one or more steps, in order, each ``repeat`` times in a row (a decode
+        run's steps: one gap a step, the same for each of its decodes); a loop here, not a call each."""
+        self.tbt_s.add_all(gaps_s, repeat)
+        self.tbt_gaps += len(gaps_s) * repeat
         slo = self.slo_tpot_s
-        self.slo_tbt_gaps_met += len(gaps_s) if slo is None else sum(1 for g in gaps_s if g <= slo)
+        met = len(gaps_s) if slo is None else sum(1 for g in gaps_s if g <= slo)
+        self.slo_tbt_gaps_met += met * repeat
 
     def result(self, links: dict[str, dict[str, float]] | None = None) -> SimMetrics:
         out = self._result(links)
