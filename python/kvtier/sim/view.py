@@ -54,6 +54,8 @@ if _FIELDS != (
     "block_keys",
 ):
     raise ImportError(f"RequestView's fields changed ({_FIELDS}): update kvtier.sim.view._view")
+if any(hasattr(RequestView, name) for name in ("__bool__", "__len__")):
+    raise ImportError("RequestView defines truth: update kvtier.sim.view.SwappedViews.views")
 _object_new = object.__new__
 
 
@@ -112,11 +114,7 @@ class ViewedEngine(Protocol):
     @property
     def fetching(self) -> Mapping[int, SimRequest]: ...
     @property
-    def swapped(self) -> Mapping[int, SimRequest]: ...
-    @property
-    def swapped_version(self) -> int: ...  # bumped when the swapped set or a swap_pending changes
-
-    swapped_views: tuple[int, tuple[RequestView, ...]]  # (swapped_version, the views shown then)
+    def swapped_views(self) -> SwappedViews: ...  # kept by the swaps (kvtier.sim.swap)
 
     @property
     def waiting_version(self) -> int: ...  # bumped when the waiting queue or a waiting watch changes
@@ -218,6 +216,54 @@ class WaitingViews(Sequence[RequestView]):
         return view
 
 
+class SwappedViews:
+    """The swapped requests whose copy has landed, as views, in the engine's ``swapped`` order (the
+    order their swap-outs were issued in): kept by the swaps as each one changes, so that a step
+    costs nothing per swapped request. Up to a few hundred swapped requests sit out every step of a
+    swapping policy, which swaps some in and out at every step.
+
+    One entry per swapped request, in ``swapped``'s order: its view once its swap-out has landed,
+    ``None`` while a copy is in flight (a swap-out issued, or a swap-in: not shown, nothing to order
+    for it). A swapped request's phase and token counts stay while it is swapped, so its view does;
+    the tuple shown is rebuilt (in C: ``filter``) only when an entry changed.
+    """
+
+    __slots__ = ("_entries", "_shown")
+
+    def __init__(self) -> None:
+        self._entries: dict[int, RequestView | None] = {}
+        self._shown: tuple[RequestView, ...] | None = ()  # None: rebuilt on the next read
+
+    def issued(self, r: SimRequest) -> None:
+        """``r``'s swap-out was issued: it joins ``swapped`` (last), not shown yet."""
+        if r.req_id in self._entries:
+            raise SimError(f"request {r.req_id} is swapped out twice")
+        self._entries[r.req_id] = None
+
+    def landed(self, r: SimRequest) -> None:
+        """``r``'s swap-out landed: shown from now on, as its view (an admitted request's)."""
+        if not r.admitted:
+            raise SimError(f"swapped request {r.req_id} was never admitted")
+        self._entries[r.req_id] = admitted_view(r)
+        self._shown = None
+
+    def hidden(self, r: SimRequest) -> None:
+        """``r``'s swap-in was issued: not shown (it stays in ``swapped``, in its place, until it lands)."""
+        self._entries[r.req_id] = None
+        self._shown = None
+
+    def left(self, r: SimRequest) -> None:
+        """``r``'s swap-in landed: it leaves ``swapped`` (it was hidden already: the tuple stays)."""
+        if self._entries.pop(r.req_id) is not None:
+            raise SimError(f"request {r.req_id} left the swapped set while shown")
+
+    def views(self) -> tuple[RequestView, ...]:
+        shown = self._shown
+        if shown is None:
+            shown = self._shown = tuple(filter(None, self._entries.values()))  # views are truthy
+        return shown
+
+
 def build_view(engine: ViewedEngine) -> SchedulerView:
     config = engine.config
     kept = engine.waiting_views
@@ -234,7 +280,7 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         waiting=waiting,
         running=_views(engine, engine.running),
         fetching=_views(engine, engine.fetching.values()),
-        swapped=_swapped_views(engine),
+        swapped=engine.swapped_views.views(),
         free_device_blocks=engine.available_device_blocks(),
         # The host room a swap-out can take (as the reference engine's free swap space), not the
         # host tier's free blocks: swapped KV shrinks the tier, and its cache gives way to a swap.
@@ -248,17 +294,6 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         swap_copy=config.swap_copy,
         fetch=config.fetch,
     )
-
-
-def _swapped_views(engine: ViewedEngine) -> tuple[RequestView, ...]:
-    """The swapped requests whose copy has landed, as views: the same tuple step after step until a
-    swap changes the set (``swapped_version``; a swapped request's phase and token counts stay, so
-    its view does). Up to a few hundred swapped requests sit out every step of a swapping policy."""
-    version, views = engine.swapped_views
-    if version != engine.swapped_version:
-        views = _views(engine, [r for r in engine.swapped.values() if not r.swap_pending])
-        engine.swapped_views = (engine.swapped_version, views)
-    return views
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
