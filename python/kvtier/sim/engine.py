@@ -357,8 +357,9 @@ class Engine:
     def make_room(self, blocks: int) -> bool:
         """Evicts unlocked cached device blocks until ``blocks`` are free; whether they are."""
         short = blocks - self.free_device_blocks()
-        if short > 0:
-            self.lower_tiers.evict_device(short)
+        if short <= 0:  # free already (a swap-in's usual case: no second count)
+            return True
+        self.lower_tiers.evict_device(short)
         return self.free_device_blocks() >= blocks
 
     # ----------------------------------------------------------------------------------------

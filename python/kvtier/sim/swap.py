@@ -66,11 +66,12 @@ class Swaps:
         self.barrier = 0
         self._held_step: Step | None = None
         self._held_start_s: float | None = None
+        self._host = Tier.HOST in owner.lower_tiers  # the engine's tiers are fixed at its start
 
     def swap_out(self, r: SimRequest) -> None:
         """Moves a running request's KV to host; its device blocks free when the copy has landed."""
         owner, tiers = self._owner, self._owner.lower_tiers
-        if Tier.HOST not in tiers:
+        if not self._host:
             raise SimError(
                 f"policy {owner.policy.name!r} swaps out, but engine {owner.name!r} has no host tier"
             )
