@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
-from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, RequestView, SchedulerView
+from kvtier.sched.base import LoadMode, LoadOrder, Phase, Policy, SchedulerView
 from kvtier.sched.data_plane import default_offload, policy_spec
 from kvtier.sched.executor import execute
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
@@ -41,7 +41,7 @@ from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.state import SimRequest
 from kvtier.sim.swap import Swaps
 from kvtier.sim.tiers import LowerTiers
-from kvtier.sim.view import WaitingViews, build_view, cap_prefix, forget_waiting_view
+from kvtier.sim.view import SwappedViews, WaitingViews, build_view, cap_prefix, forget_waiting_view
 from kvtier.tiers import Tier
 
 
@@ -135,8 +135,7 @@ class Engine:
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
         self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)
         self.swapped: dict[int, SimRequest] = {}
-        self.swapped_version = 0  # bumped by the swaps whenever `swapped` or a swap_pending changes
-        self.swapped_views: tuple[int, tuple[RequestView, ...]] = (-1, ())  # kvtier.sim.view's cache
+        self.swapped_views = SwappedViews()  # what the policy sees of `swapped`, kept by the swaps
         self.on_finish = on_finish
         self.on_prefill_done = on_prefill_done  # set for the prefill engine of a P/D pair
         self.tree = HiRadixTree({Tier.DEVICE: None, Tier.HOST: None, Tier.SSD: None, Tier.REMOTE: None})
@@ -358,8 +357,9 @@ class Engine:
     def make_room(self, blocks: int) -> bool:
         """Evicts unlocked cached device blocks until ``blocks`` are free; whether they are."""
         short = blocks - self.free_device_blocks()
-        if short > 0:
-            self.lower_tiers.evict_device(short)
+        if short <= 0:  # free already (a swap-in's usual case: no second count)
+            return True
+        self.lower_tiers.evict_device(short)
         return self.free_device_blocks() >= blocks
 
     # ----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from kvtier.sim.metrics import Metrics
 from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.state import SimRequest
+from kvtier.sim.view import SwappedViews
 from kvtier.tiers import Tier
 
 Landed = Callable[[Transfer], None]
@@ -41,7 +42,7 @@ class SwapOwner(SeamOwner, Protocol):
     metrics: Metrics
     host_link: Link
     swapped: dict[int, SimRequest]
-    swapped_version: int  # bumped whenever `swapped` or a swapped request's swap_pending changes
+    swapped_views: SwappedViews  # what the policy is shown of `swapped`, kept here as swaps change it
 
     def release(self, r: SimRequest) -> None: ...
     def preempt(self, r: SimRequest) -> None: ...
@@ -65,11 +66,12 @@ class Swaps:
         self.barrier = 0
         self._held_step: Step | None = None
         self._held_start_s: float | None = None
+        self._host = Tier.HOST in owner.lower_tiers  # the engine's tiers are fixed at its start
 
     def swap_out(self, r: SimRequest) -> None:
         """Moves a running request's KV to host; its device blocks free when the copy has landed."""
         owner, tiers = self._owner, self._owner.lower_tiers
-        if Tier.HOST not in tiers:
+        if not self._host:
             raise SimError(
                 f"policy {owner.policy.name!r} swaps out, but engine {owner.name!r} has no host tier"
             )
@@ -86,7 +88,7 @@ class Swaps:
         r.epoch += 1
         r.swap_pending = True
         owner.swapped[r.req_id] = r
-        owner.swapped_version += 1
+        owner.swapped_views.issued(r)
         copy = self.copy
         # min(): an eager copy issued before a recompute preemption may land after it.
         moved = blocks - min(r.host_synced_blocks, blocks) if copy.eager else blocks
@@ -103,7 +105,7 @@ class Swaps:
         def landed(_t: Transfer) -> None:
             owner.release(r)
             r.swap_pending = False
-            owner.swapped_version += 1
+            owner.swapped_views.landed(r)
             r.host_copied_blocks = r.host_synced_blocks = (
                 r.computed_tokens + r.generated_tokens
             ) // self._block_tokens
@@ -124,7 +126,7 @@ class Swaps:
         r.private_blocks += blocks
         owner.private_blocks += blocks
         r.swap_pending = True
-        owner.swapped_version += 1
+        owner.swapped_views.hidden(r)
         copy = self.copy
         if copy.sync != "none":
             self.barrier += 1
@@ -134,7 +136,7 @@ class Swaps:
             r.swapped_blocks = 0
             r.swap_pending = False
             del owner.swapped[r.req_id]
-            owner.swapped_version += 1
+            owner.swapped_views.left(r)
             r.phase = Phase.RUNNING
             owner.running.append(r)
             self._landed(copy)

@@ -22,14 +22,13 @@ step's list as it is, without asking each watch.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, cast, overload
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import watched_prefix_counts
-from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerView
+from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.sched.fetch_path import FetchPath
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.core import EventLoop
@@ -38,44 +37,10 @@ from kvtier.sim.loads import LoadPaths
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
 from kvtier.sim.tiers import LowerTiers
+from kvtier.sim.view_fill import UnfrozenRequestView, UnfrozenSchedulerView
 from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
-if _FIELDS != (
-    "req_id",
-    "arrival_s",
-    "phase",
-    "prompt_tokens",
-    "computed_tokens",
-    "generated_tokens",
-    "cached_tokens",
-    "in_queue_tokens",
-    "in_flight_tokens",
-    "block_keys",
-):
-    raise ImportError(f"RequestView's fields changed ({_FIELDS}): update kvtier.sim.view._view")
 _object_new = object.__new__
-
-
-class _Unfrozen:
-    """:class:`RequestView`'s slots, in its order, without its frozen ``__setattr__``: :func:`_view`
-    fills one with plain attribute stores and then makes it a ``RequestView`` (``__class__``
-    assignment, allowed between classes of the same slot layout). Half the cost of calling each
-    slot's setter; a view is built per decoding request per step."""
-
-    __slots__ = _FIELDS
-    req_id: int
-    arrival_s: float
-    phase: Phase
-    prompt_tokens: int
-    computed_tokens: int
-    generated_tokens: int
-    cached_tokens: PerTier
-    in_queue_tokens: int
-    in_flight_tokens: int
-    block_keys: tuple[int, ...]
-
-
 _tuple_new = tuple.__new__  # PerTier(...) without its Python-level __new__
 
 
@@ -112,11 +77,7 @@ class ViewedEngine(Protocol):
     @property
     def fetching(self) -> Mapping[int, SimRequest]: ...
     @property
-    def swapped(self) -> Mapping[int, SimRequest]: ...
-    @property
-    def swapped_version(self) -> int: ...  # bumped when the swapped set or a swap_pending changes
-
-    swapped_views: tuple[int, tuple[RequestView, ...]]  # (swapped_version, the views shown then)
+    def swapped_views(self) -> SwappedViews: ...  # kept by the swaps (kvtier.sim.swap)
 
     @property
     def waiting_version(self) -> int: ...  # bumped when the waiting queue or a waiting watch changes
@@ -218,6 +179,54 @@ class WaitingViews(Sequence[RequestView]):
         return view
 
 
+class SwappedViews:
+    """The swapped requests whose copy has landed, as views, in the engine's ``swapped`` order (the
+    order their swap-outs were issued in): kept by the swaps as each one changes, so that a step
+    costs nothing per swapped request. Up to a few hundred swapped requests sit out every step of a
+    swapping policy, which swaps some in and out at every step.
+
+    One entry per swapped request, in ``swapped``'s order: its view once its swap-out has landed,
+    ``None`` while a copy is in flight (a swap-out issued, or a swap-in: not shown, nothing to order
+    for it). A swapped request's phase and token counts stay while it is swapped, so its view does;
+    the tuple shown is rebuilt (in C: ``filter``) only when an entry changed.
+    """
+
+    __slots__ = ("_entries", "_shown")
+
+    def __init__(self) -> None:
+        self._entries: dict[int, RequestView | None] = {}
+        self._shown: tuple[RequestView, ...] | None = ()  # None: rebuilt on the next read
+
+    def issued(self, r: SimRequest) -> None:
+        """``r``'s swap-out was issued: it joins ``swapped`` (last), not shown yet."""
+        if r.req_id in self._entries:
+            raise SimError(f"request {r.req_id} is swapped out twice")
+        self._entries[r.req_id] = None
+
+    def landed(self, r: SimRequest) -> None:
+        """``r``'s swap-out landed: shown from now on, as its view (an admitted request's)."""
+        if not r.admitted:
+            raise SimError(f"swapped request {r.req_id} was never admitted")
+        self._entries[r.req_id] = admitted_view(r)
+        self._shown = None
+
+    def hidden(self, r: SimRequest) -> None:
+        """``r``'s swap-in was issued: not shown (it stays in ``swapped``, in its place, until it lands)."""
+        self._entries[r.req_id] = None
+        self._shown = None
+
+    def left(self, r: SimRequest) -> None:
+        """``r``'s swap-in landed: it leaves ``swapped`` (it was hidden already: the tuple stays)."""
+        if self._entries.pop(r.req_id) is not None:
+            raise SimError(f"request {r.req_id} left the swapped set while shown")
+
+    def views(self) -> tuple[RequestView, ...]:
+        shown = self._shown
+        if shown is None:
+            shown = self._shown = tuple(filter(None, self._entries.values()))  # views are truthy
+        return shown
+
+
 def build_view(engine: ViewedEngine) -> SchedulerView:
     config = engine.config
     kept = engine.waiting_views
@@ -229,45 +238,39 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
             engine, [requests[rid] for _, rid in engine.waiting[: config.view_waiting_max]]
         )
     engine.waiting_views = waiting
-    return SchedulerView(
-        now_s=engine.loop.now_s,
-        waiting=waiting,
-        running=_views(engine, engine.running),
-        fetching=_views(engine, engine.fetching.values()),
-        swapped=_swapped_views(engine),
-        free_device_blocks=engine.available_device_blocks(),
-        # The host room a swap-out can take (as the reference engine's free swap space), not the
-        # host tier's free blocks: swapped KV shrinks the tier, and its cache gives way to a swap.
-        free_host_blocks=engine.lower_tiers.swap_room() if config.host_blocks else None,
-        block_tokens=config.block_tokens,
-        max_batch_tokens=config.max_batch_tokens,
-        max_running=config.max_running,
-        num_layers=engine.cost.num_layers,
-        cost=Estimates(engine.cost, engine.load_paths),
-        kv_bytes_per_token=engine.cost.kv_bytes_per_token,
-        swap_copy=config.swap_copy,
-        fetch=config.fetch,
-    )
-
-
-def _swapped_views(engine: ViewedEngine) -> tuple[RequestView, ...]:
-    """The swapped requests whose copy has landed, as views: the same tuple step after step until a
-    swap changes the set (``swapped_version``; a swapped request's phase and token counts stay, so
-    its view does). Up to a few hundred swapped requests sit out every step of a swapping policy."""
-    version, views = engine.swapped_views
-    if version != engine.swapped_version:
-        views = _views(engine, [r for r in engine.swapped.values() if not r.swap_pending])
-        engine.swapped_views = (engine.swapped_version, views)
-    return views
+    cost = engine.cost
+    # SchedulerView(...) filled slot by slot (kvtier.sim.view_fill: its frozen __init__ costs 4x).
+    v: UnfrozenSchedulerView = _object_new(UnfrozenSchedulerView)
+    v.now_s = engine.loop.now_s
+    v.waiting = waiting
+    v.running = _views(engine, engine.running)
+    v.fetching = _views(engine, engine.fetching.values())
+    v.swapped = engine.swapped_views.views()
+    v.free_device_blocks = engine.available_device_blocks()
+    # The host room a swap-out can take (as the reference engine's free swap space), not the host
+    # tier's free blocks: swapped KV shrinks the tier, and its cache gives way to a swap.
+    v.free_host_blocks = engine.lower_tiers.swap_room() if config.host_blocks else None
+    v.block_tokens = config.block_tokens
+    v.max_batch_tokens = config.max_batch_tokens
+    v.max_running = config.max_running
+    v.num_layers = cost.num_layers
+    v.cost = Estimates(cost, engine.load_paths)
+    v.kv_bytes_per_token = cost.kv_bytes_per_token
+    v.swap_copy = config.swap_copy
+    v.fetch = config.fetch
+    v.layerwise_prefill = False
+    v.__class__ = SchedulerView  # type: ignore[assignment]  # same slots: a SchedulerView from here
+    return v  # type: ignore[return-value]
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
-    """``request_view`` of each, with :func:`admitted_view`'s check inline (one per running request
-    per step)."""
-    out = []
+    """``request_view`` of each, with :func:`admitted_view`'s check and :func:`_view` inline (one per
+    running request per step: a decoding request's view changes at every step)."""
+    out: list[RequestView] = []
+    append = out.append
     for r in requests:
         if not r.admitted:
-            out.append(request_view(engine, r))
+            append(request_view(engine, r))
             continue
         v = r.view
         if (
@@ -276,8 +279,23 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
-            v = r.view = _view(r, NO_TOKENS, 0, 0)
-        out.append(v)
+            req = r.req
+            u: UnfrozenRequestView = _object_new(UnfrozenRequestView)  # _view(r, NO_TOKENS, 0, 0)
+            u.req_id = req.req_id
+            u.arrival_s = req.arrival_s
+            u.phase = r.phase
+            u.prompt_tokens = req.prompt_tokens
+            u.computed_tokens = r.computed_tokens
+            u.generated_tokens = r.generated_tokens
+            u.cached_tokens = NO_TOKENS
+            u.in_queue_tokens = 0
+            u.in_flight_tokens = 0
+            u.block_keys = req.block_keys
+            u.__class__ = RequestView  # type: ignore[assignment]  # a RequestView from here
+            r.view = u  # type: ignore[assignment]
+            append(u)  # type: ignore[arg-type]
+            continue
+        append(v)
     return tuple(out)
 
 
@@ -353,9 +371,10 @@ def forget_waiting_view(r: SimRequest) -> None:
 
 def _view(r: SimRequest, cached: PerTier, in_queue: int, in_flight: int) -> RequestView:
     """A new :class:`RequestView`, its slots set directly (the frozen dataclass's ``__init__`` costs
-    five times as much; one per decoding request per step): filled as an :class:`_Unfrozen`."""
+    five times as much; one per decoding request per step): filled as an
+    :class:`~kvtier.sim.view_fill.UnfrozenRequestView`."""
     req = r.req
-    v: _Unfrozen = _object_new(_Unfrozen)
+    v: UnfrozenRequestView = _object_new(UnfrozenRequestView)
     v.req_id = req.req_id
     v.arrival_s = req.arrival_s
     v.phase = r.phase
@@ -367,7 +386,7 @@ def _view(r: SimRequest, cached: PerTier, in_queue: int, in_flight: int) -> Requ
     v.in_flight_tokens = in_flight
     v.block_keys = req.block_keys
     v.__class__ = RequestView  # type: ignore[assignment]  # same slots: it is a RequestView from here
-    return cast(RequestView, v)
+    return v  # type: ignore[return-value]  # (no cast(): a call per view)
 
 
 def cap_prefix(per_tier: list[int], prompt_tokens: int, block_tokens: int) -> PerTier:

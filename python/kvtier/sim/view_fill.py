@@ -1,0 +1,96 @@
+"""The frozen views a simulated engine shows its policy (:class:`RequestView`, :class:`SchedulerView`),
+filled without their frozen ``__setattr__`` (issue 20: a view per running request and one
+``SchedulerView`` per step).
+
+Each class here has its frozen class's slots, in its order, and no ``__setattr__`` of its own: one is
+filled with plain attribute stores and then becomes the frozen class (``__class__`` assignment,
+allowed between classes of one slot layout), so it is of that type, with its fields, equality, hash
+and frozenness (``tests/test_sim_engine.py``, ``tests/sim/test_view_fill.py``), at a fraction of the
+cost of the frozen ``__init__``'s ``object.__setattr__`` per field. A frozen class whose fields
+change fails the import here, not a replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from kvtier.sched.base import CostEstimates, Phase, RequestView, SchedulerView
+from kvtier.sched.fetch_path import FetchPath
+from kvtier.sched.swap_copy import SwapCopy
+from kvtier.tiers import PerTier
+
+REQUEST_FIELDS = (
+    "req_id",
+    "arrival_s",
+    "phase",
+    "prompt_tokens",
+    "computed_tokens",
+    "generated_tokens",
+    "cached_tokens",
+    "in_queue_tokens",
+    "in_flight_tokens",
+    "block_keys",
+)
+SCHEDULER_FIELDS = (
+    "now_s",
+    "waiting",
+    "running",
+    "fetching",
+    "swapped",
+    "free_device_blocks",
+    "free_host_blocks",
+    "block_tokens",
+    "max_batch_tokens",
+    "max_running",
+    "num_layers",
+    "cost",
+    "kv_bytes_per_token",
+    "swap_copy",
+    "fetch",
+    "layerwise_prefill",
+)
+for _cls, _fields in ((RequestView, REQUEST_FIELDS), (SchedulerView, SCHEDULER_FIELDS)):
+    if tuple(f.name for f in dataclasses.fields(_cls)) != _fields:
+        raise ImportError(f"{_cls.__name__}'s fields changed: update kvtier.sim.view_fill")
+if any(hasattr(RequestView, name) for name in ("__bool__", "__len__")):
+    raise ImportError("RequestView defines truth: update kvtier.sim.view.SwappedViews.views")
+
+
+class UnfrozenRequestView:
+    """:class:`RequestView`'s slots, filled by :mod:`kvtier.sim.view`, then a ``RequestView``."""
+
+    __slots__ = REQUEST_FIELDS
+    req_id: int
+    arrival_s: float
+    phase: Phase
+    prompt_tokens: int
+    computed_tokens: int
+    generated_tokens: int
+    cached_tokens: PerTier
+    in_queue_tokens: int
+    in_flight_tokens: int
+    block_keys: tuple[int, ...]
+
+
+class UnfrozenSchedulerView:
+    """:class:`SchedulerView`'s slots, filled by :func:`kvtier.sim.view.build_view`, then a
+    ``SchedulerView``."""
+
+    __slots__ = SCHEDULER_FIELDS
+    now_s: float
+    waiting: Sequence[RequestView]
+    running: tuple[RequestView, ...]
+    fetching: tuple[RequestView, ...]
+    swapped: tuple[RequestView, ...]
+    free_device_blocks: int
+    free_host_blocks: int | None
+    block_tokens: int
+    max_batch_tokens: int
+    max_running: int
+    num_layers: int
+    cost: CostEstimates
+    kv_bytes_per_token: int
+    swap_copy: SwapCopy
+    fetch: FetchPath
+    layerwise_prefill: bool
