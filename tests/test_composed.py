@@ -11,13 +11,14 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.sched import make_policy, policy_names
-from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView, sub_view
+from kvtier.sched.base import LoadMode, Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.composed import Composed, stages_from_pieces
 from kvtier.sched.data_plane import default_engine, policy_spec
 from kvtier.sched.load_path import LOAD_ENGINES
 from kvtier.sched.rotasched import RotaSched
 from kvtier.sched.strata import Strata
 from kvtier.sched.swap_copy import SWAP_ENGINES
+from kvtier.sched.view_fill import sub_view
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.run import run
 from kvtier.tiers import Tier

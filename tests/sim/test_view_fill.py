@@ -1,4 +1,4 @@
-"""The views a simulated engine fills slot by slot (kvtier.sim.view_fill, issue 20) are the frozen
+"""The views a simulated engine fills slot by slot (kvtier.sched.view_fill, issue 20) are the frozen
 dataclasses their constructors build, at every step of a real replay."""
 
 from __future__ import annotations

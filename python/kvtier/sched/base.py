@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -107,24 +107,6 @@ class SchedulerView:
     # The engine streams a prefill's hit KV into per-layer buffers (DualPath's layerwise prefill,
     # data-plane config: kvtier.sched.kv_io), so a batch's KV need not fit the device at once.
     layerwise_prefill: bool = False
-
-
-_VIEW_FIELDS = tuple(f.name for f in fields(SchedulerView))
-_set = object.__setattr__
-
-
-def sub_view(view: SchedulerView, **changes: Any) -> SchedulerView:
-    """``dataclasses.replace(view, **changes)`` without its generic path (a composed policy builds
-    two sub-views a step); a name that is not a field raises as ``replace`` does."""
-    if not changes.keys() <= _FIELD_SET:
-        raise TypeError(f"SchedulerView has no field {sorted(changes.keys() - _FIELD_SET)}")
-    new = object.__new__(SchedulerView)
-    for name in _VIEW_FIELDS:
-        _set(new, name, changes[name] if name in changes else getattr(view, name))
-    return new
-
-
-_FIELD_SET = frozenset(_VIEW_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,13 +70,13 @@ from kvtier.sched.base import (
     SchedulerDecision,
     SchedulerView,
     register,
-    sub_view,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
 from kvtier.sched.rotasched import RotaSched, StepPlan
 from kvtier.sched.shadowserve import ShadowServeAsync
 from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
 from kvtier.sched.unified_pool import admit_async
+from kvtier.sched.view_fill import sub_view
 from kvtier.tiers import Tier
 
 #: The stages, in the order they run; admission is by at most one of balance, async_load.

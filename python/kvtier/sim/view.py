@@ -31,13 +31,13 @@ from kvtier.radix.counts import watched_prefix_counts
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.sched.fetch_path import FetchPath
 from kvtier.sched.swap_copy import SwapCopy
+from kvtier.sched.view_fill import UnfrozenRequestView, UnfrozenSchedulerView
 from kvtier.sim.core import EventLoop
 from kvtier.sim.cost import CostModel
 from kvtier.sim.loads import LoadPaths
 from kvtier.sim.owner import StepSizes
 from kvtier.sim.state import SimRequest
 from kvtier.sim.tiers import LowerTiers
-from kvtier.sim.view_fill import UnfrozenRequestView, UnfrozenSchedulerView
 from kvtier.tiers import NO_TOKENS, PerTier, Tier
 
 _object_new = object.__new__
@@ -239,7 +239,7 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
         )
     engine.waiting_views = waiting
     cost = engine.cost
-    # SchedulerView(...) filled slot by slot (kvtier.sim.view_fill: its frozen __init__ costs 4x).
+    # SchedulerView(...) filled slot by slot (kvtier.sched.view_fill: its frozen __init__ costs 4x).
     v: UnfrozenSchedulerView = _object_new(UnfrozenSchedulerView)
     v.now_s = engine.loop.now_s
     v.waiting = waiting
@@ -372,7 +372,7 @@ def forget_waiting_view(r: SimRequest) -> None:
 def _view(r: SimRequest, cached: PerTier, in_queue: int, in_flight: int) -> RequestView:
     """A new :class:`RequestView`, its slots set directly (the frozen dataclass's ``__init__`` costs
     five times as much; one per decoding request per step): filled as an
-    :class:`~kvtier.sim.view_fill.UnfrozenRequestView`."""
+    :class:`~kvtier.sched.view_fill.UnfrozenRequestView`."""
     req = r.req
     v: UnfrozenRequestView = _object_new(UnfrozenRequestView)
     v.req_id = req.req_id

@@ -1,6 +1,7 @@
 """The frozen views a simulated engine shows its policy (:class:`RequestView`, :class:`SchedulerView`),
 filled without their frozen ``__setattr__`` (issue 20: a view per running request and one
-``SchedulerView`` per step).
+``SchedulerView`` per step), and the sub-views a composed policy hands its stages
+(:func:`sub_view`, two a step).
 
 Each class here has its frozen class's slots, in its order, and no ``__setattr__`` of its own: one is
 filled with plain attribute stores and then becomes the frozen class (``__class__`` assignment,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from kvtier.sched.base import CostEstimates, Phase, RequestView, SchedulerView
 from kvtier.sched.fetch_path import FetchPath
@@ -52,7 +54,7 @@ SCHEDULER_FIELDS = (
 )
 for _cls, _fields in ((RequestView, REQUEST_FIELDS), (SchedulerView, SCHEDULER_FIELDS)):
     if tuple(f.name for f in dataclasses.fields(_cls)) != _fields:
-        raise ImportError(f"{_cls.__name__}'s fields changed: update kvtier.sim.view_fill")
+        raise ImportError(f"{_cls.__name__}'s fields changed: update kvtier.sched.view_fill")
 if any(hasattr(RequestView, name) for name in ("__bool__", "__len__")):
     raise ImportError("RequestView defines truth: update kvtier.sim.view.SwappedViews.views")
 
@@ -94,3 +96,18 @@ class UnfrozenSchedulerView:
     swap_copy: SwapCopy
     fetch: FetchPath
     layerwise_prefill: bool
+
+
+_SCHEDULER_SET = frozenset(SCHEDULER_FIELDS)
+
+
+def sub_view(view: SchedulerView, **changes: Any) -> SchedulerView:
+    """``dataclasses.replace(view, **changes)``, filled as :class:`UnfrozenSchedulerView`; a name that
+    is not a field raises as ``replace`` does."""
+    if not changes.keys() <= _SCHEDULER_SET:
+        raise TypeError(f"SchedulerView has no field {sorted(changes.keys() - _SCHEDULER_SET)}")
+    v = object.__new__(UnfrozenSchedulerView)
+    for name in SCHEDULER_FIELDS:
+        setattr(v, name, changes[name] if name in changes else getattr(view, name))
+    v.__class__ = SchedulerView  # type: ignore[assignment]  # same slots: a SchedulerView from here
+    return v  # type: ignore[return-value]
