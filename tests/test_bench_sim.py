@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.bench.sim import SCALING_POLICIES, SimBench, config, scaling, scaling_exponent
+from kvtier.bench.sim import (
+    SCALING_POLICIES,
+    SIZED,
+    SIZED_ENGINES,
+    SimBench,
+    config,
+    scaling,
+    scaling_exponent,
+    scaling_from_flags,
+    sized_engines,
+)
+from kvtier.errors import KvtierError
 
 
 def test_scaling_exponent_is_the_log_log_slope() -> None:
@@ -73,3 +84,22 @@ def test_the_json_keys_are_unchanged() -> None:
         "infinite_minus_direct", "cpu_s", "peak_rss_bytes",
     }  # fmt: skip
     assert bench["bench"] == "sim" and bench["ttft_s"] == {"mean": 0.1}
+
+
+def test_the_sized_cluster_is_each_policys_own() -> None:
+    """``--engines 1,sized`` (the default): one overloaded H100 and the cluster ``kvtier sim size``
+    answered for the policy (rotasched and composed need 5 where the others need 4)."""
+    assert sized_engines("rotasched") == sized_engines("composed") == 5
+    assert sized_engines("hicache") == sized_engines("fcfs") == SIZED_ENGINES == 4
+    out = scaling(("fcfs", "rotasched"), copies=(1,), max_requests=5, engines=(1, SIZED)).as_dict()
+    assert [(row["policy"], row["engines"]) for row in out["rows"]] == [
+        ("fcfs", 1),
+        ("fcfs", 4),
+        ("rotasched", 1),
+        ("rotasched", 5),
+    ]
+    assert set(out["scaling_exponent"]["rotasched"]) == {"1", "5"}
+    with pytest.raises(KvtierError, match=r"--engines is '1,big'.*or sized"):
+        scaling_from_flags("fcfs", "1", 5, "1,big")
+    with pytest.raises(KvtierError, match="--copies"):
+        scaling_from_flags("fcfs", "sized", 5, None)

@@ -403,7 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bsim.add_argument("--policies", default=None, help="--scaling: policies or all (default fcfs,hicache)")
     bsim.add_argument(
-        "--engines", default=None, help="--scaling: engine counts (default 1,4: overloaded, sized)"
+        "--engines",
+        default=None,
+        help="--scaling: engine counts or sized (default 1,sized: overloaded, each policy's sized cluster)",
     )
     bsim.add_argument("--json", action="store_true")
     bsim.set_defaults(func=_bench_sim)

@@ -84,11 +84,22 @@ class Scaling(Result):
 #: SLO 5 s for 90% of requests) answers 4 H100s (docs/simulator.md); copies keep the trace's rate,
 #: so they need the same.
 SIZED_ENGINES = 4
+#: Policies whose own sized cluster is larger (``kvtier sim size ... --policy P --ttft-slo 5``:
+#: rotasched 5 H100s; composed 4 on one copy, whose queue still grows over three copies, 5 on
+#: them; docs/simulator.md, "Each policy's own sized cluster").
+POLICY_SIZED_ENGINES = {"rotasched": 5, "composed": 5}
+SIZED = 0  # in ``engines``: each policy's sized cluster (:func:`sized_engines`)
 #: What the bench replays unless told otherwise (minutes on a quiet 2-core machine); the full
 #: matrix is ``--policies`` of every policy with ``--copies 1,4,25``.
 DEFAULT_POLICIES = ("fcfs", "hicache")
 DEFAULT_COPIES = (1, 4)
-DEFAULT_ENGINES = (1, SIZED_ENGINES)
+DEFAULT_ENGINES = (1, SIZED)
+
+
+def sized_engines(policy: str) -> int:
+    """The colocated H100s that serve the bundled trace's copies under ``policy`` (TTFT SLO 5 s)."""
+    return POLICY_SIZED_ENGINES.get(policy, SIZED_ENGINES)
+
 
 #: The policies :func:`scaling` replays (``rotasched`` is SuperInfer's; ``dualpath`` runs on its own
 #: P/D cluster, one node of prefill and one of decode GPUs).
@@ -180,7 +191,7 @@ def scaling(
 ) -> Scaling:
     """Each policy on ``copies`` back-to-back copies of the bundled trace (the first
     ``max_requests`` requests of each replay if given) on each of ``engines`` (1: one overloaded
-    engine; :data:`SIZED_ENGINES`: the sized cluster), every replay in a fresh process
+    engine; :data:`SIZED`: the policy's sized cluster, :func:`sized_engines`), every replay in a fresh process
     (:func:`replay`); per policy and engine count the exponent ``k`` of ``wall_s ~ requests**k``
     fitted by least squares on log-log axes.
 
@@ -191,7 +202,8 @@ def scaling(
     exponents: dict[str, dict[str, float | None]] = {}
     cpu_exponents: dict[str, dict[str, float | None]] = {}
     for policy in policies:
-        sizes = [16] if policy.startswith("dualpath") else list(engines)  # its P/D cluster: one size
+        # dualpath: its P/D cluster, one size
+        sizes = [16] if policy.startswith("dualpath") else [n or sized_engines(policy) for n in engines]
         for n_engines in sizes:
             runs = [replay(policy, n, n_engines, max_requests) for n in copies]
             rows.extend(runs)
@@ -301,14 +313,19 @@ def scaling_from_flags(
     unknown = [p for p in names if p not in SCALING_POLICIES]
     if unknown:
         raise KvtierError(f"--policies names {unknown}; expected some of {list(SCALING_POLICIES)} or all")
-    return scaling(names, _counts(copies, "--copies"), max_requests, _counts(engines or "1,4", "--engines"))
+    counts = _counts(engines or "1,sized", "--engines", sized=True)
+    return scaling(names, _counts(copies, "--copies"), max_requests, counts)
 
 
-def _counts(text: str, flag: str) -> list[int]:
-    parts = text.split(",")
-    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise KvtierError(f"{flag} is {text!r}; expected comma-separated whole numbers >= 1 such as 1,4,25")
-    return [int(p) for p in parts]
+def _counts(text: str, flag: str, sized: bool = False) -> list[int]:
+    """Comma-separated whole numbers >= 1; with ``sized``, the word ``sized`` too (:data:`SIZED`)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all((p.isdigit() and int(p) > 0) or (sized and p == "sized") for p in parts):
+        also = " (or sized: each policy's sized cluster)" if sized else ""
+        raise KvtierError(
+            f"{flag} is {text!r}; expected comma-separated whole numbers >= 1 such as 1,4,25{also}"
+        )
+    return [SIZED if p == "sized" else int(p) for p in parts]
 
 
 if __name__ == "__main__":  # one replay of :func:`replay`, its row as a JSON line on stdout
