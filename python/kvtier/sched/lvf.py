@@ -64,10 +64,6 @@ def lvf(
     return take_tails(tails, xfer_blocks - left, host_blocks), prioritised
 
 
-def _key(head: Head) -> LvfKey:
-    return head[0]
-
-
 def take_heads(
     heads: Sequence[Head],
     left: int,
@@ -89,8 +85,7 @@ def take_heads(
         return prioritised, left
     w_mins = list(accumulate((h[1] for h in reversed(heads)), min))[::-1]
     wi, nw, big = 0, len(heads), math.inf
-    rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
-    r_mins = rotary.mins if rotary is not None else []
+    rot, r_mins = rotary_heads(rotary.order, now_s, alpha, lag_s), rotary.mins
     nxt = next(rot, None)
     while wi < nw or nxt is not None:
         rest = min(w_mins[wi] if wi < nw else big, r_mins[nxt[1]] if nxt is not None else big)
