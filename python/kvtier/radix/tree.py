@@ -414,16 +414,7 @@ class HiRadixTree:
             victim(node.key)
             if demote_to is not None:
                 self._demote(node, demote_to)
-            # _prune_upwards, inline (once per victim): remove it and its ancestors holding nothing.
-            while (parent := node.parent) is not None and not (
-                node.residency or node.children or node.lock or node.in_queue or node.in_flight
-            ):
-                del parent.children[node.key]
-                node.parent = None
-                if node.watch:
-                    notify(node, PRUNED)
-                self._num_nodes -= 1
-                node = parent
+            self._prune_upwards(node)  # it and its ancestors holding nothing go
         return evicted
 
     def _demote(self, node: _Node, d: int) -> None:

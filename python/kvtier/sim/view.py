@@ -264,8 +264,8 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
-    """``request_view`` of each, with :func:`admitted_view`'s check and :func:`_view` inline (one per
-    running request per step: a decoding request's view changes at every step)."""
+    """``request_view`` of each, with :func:`admitted_view`'s check inline (one per running request
+    per step: a decoding request's view changes at every step)."""
     out: list[RequestView] = []
     append = out.append
     for r in requests:
@@ -279,22 +279,7 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
-            req = r.req
-            u: UnfrozenRequestView = _object_new(UnfrozenRequestView)  # _view(r, NO_TOKENS, 0, 0)
-            u.req_id = req.req_id
-            u.arrival_s = req.arrival_s
-            u.phase = r.phase
-            u.prompt_tokens = req.prompt_tokens
-            u.computed_tokens = r.computed_tokens
-            u.generated_tokens = r.generated_tokens
-            u.cached_tokens = NO_TOKENS
-            u.in_queue_tokens = 0
-            u.in_flight_tokens = 0
-            u.block_keys = req.block_keys
-            u.__class__ = RequestView  # type: ignore[assignment]  # a RequestView from here
-            r.view = u  # type: ignore[assignment]
-            append(u)  # type: ignore[arg-type]
-            continue
+            v = r.view = _view(r, NO_TOKENS, 0, 0)
         append(v)
     return tuple(out)
 
