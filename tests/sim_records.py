@@ -5,7 +5,9 @@ overloaded H100) under a policy and returns its finished requests' records in fi
 first token, finish, hit tokens per tier, worst token gap, matched blocks — with the step and
 preemption counts; :func:`digest` hashes them exactly (``repr`` of every float). The committed
 fixture ``tests/fixtures/sim_records.json`` holds what the code before issue 20's data-structure
-change printed (``python tests/sim_records.py``)."""
+change printed (``python tests/sim_records.py``); ``rotasched`` and ``composed`` were re-recorded
+when a budget left out became the node's own B_xfer (kvtier.sim.xfer) instead of 2400 blocks of
+any size."""
 
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ def digest(records: list[list[Any]]) -> str:
     return hashlib.sha256(repr(records).encode()).hexdigest()
 
 
-if __name__ == "__main__":
-    out = {p: fingerprint(p) for p in (sys.argv[1:] or POLICIES)}
+if __name__ == "__main__":  # policies named: only theirs are re-recorded, the others kept
+    out = json.loads(FIXTURE.read_text()) if sys.argv[1:] else {}
+    out.update({p: fingerprint(p) for p in (sys.argv[1:] or POLICIES)})
     FIXTURE.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

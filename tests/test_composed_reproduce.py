@@ -10,7 +10,8 @@ import pytest
 
 from kvtier.cli import main
 from kvtier.sim import reproduce
-from kvtier.sim.reproduce.composed import COMPOSED, PIECES, SINGLE, xfer_blocks
+from kvtier.sim.reproduce.composed import COMPOSED, PIECES, SINGLE
+from kvtier.sim.xfer import xfer_blocks
 
 
 def test_quick_reproduction_compares_composed_with_each_paper_alone(tmp_path: Path) -> None:

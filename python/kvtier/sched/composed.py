@@ -119,7 +119,7 @@ class Composed(Policy):
         stages: Sequence[str] | None = None,
         ttft_slo_s: float = 5.0,
         tbt_slo_s: float = 0.1,
-        xfer_blocks: int = 2400,
+        xfer_blocks: int | None = None,
         fetch_min_tokens: int = DEFER_THRESHOLD_TOKENS,
         strata: dict[str, Any] | None = None,
         rotasched: dict[str, Any] | None = None,

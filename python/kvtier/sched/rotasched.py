@@ -18,7 +18,10 @@ blocks B_HBM hold every waiting and rotary request, fall back to FCFS; (2) sort 
 descending; (3) from the head, prioritise waiting/rotary requests with VLT >= 0 that fit in
 B_HBM + B_xfer blocks left; (4) from the tail, swap out running requests with VLT < 0 until the
 B_swap = B_xfer - B_left extra blocks are found. B_xfer, the transfer budget, bounds the blocks
-rotated per iteration (§4.2.3: 2400 in §5.1).
+rotated per iteration (§4.2.3: 2400 in §5.1, of P = 16 tokens: :data:`PAPER_XFER_TOKENS`). Left out,
+it is those 38,400 tokens in the view's blocks (:func:`paper_xfer_blocks`; a count of blocks read
+at another block size would move 32x the bytes at 512-token blocks); the simulator gives the node's
+own, the blocks its host link moves in the time C2C moves §5.1's (:mod:`kvtier.sim.xfer`).
 
 Policy state (kvtier adaptation): the view carries arrival, phase and token counts but not t_last or
 t_run, so the policy records them from successive views: t_last is the first view in which a
@@ -144,6 +147,16 @@ class StepPlan:
         return True
 
 
+#: SuperInfer §5.1's transfer budget: 2400 blocks of P = 16 tokens (§4.3.1) per iteration.
+PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16
+PAPER_XFER_TOKENS = PAPER_XFER_BLOCKS * PAPER_BLOCK_TOKENS
+
+
+def paper_xfer_blocks(block_tokens: int) -> int:
+    """§5.1's budget, the same 38,400 tokens, in blocks of ``block_tokens`` (at least one)."""
+    return max(1, PAPER_XFER_TOKENS // block_tokens)
+
+
 _FORGET_S = 30.0  # a request unseen this long has left (finished); its records go
 
 
@@ -177,20 +190,22 @@ class RotaSched(Policy):
         alpha: float = 3.0,
         beta_b: float = 0.0,
         beta_f: float = 0.5,
-        xfer_blocks: int = 2400,
+        xfer_blocks: int | None = None,
     ) -> None:
         if not (ttft_slo_s > 0 and tbt_slo_s > 0):
             raise ConfigError(f"rotasched SLOs must be > 0; got ttft {ttft_slo_s}, tbt {tbt_slo_s}")
         if not (alpha >= 0 and math.isfinite(beta_b) and math.isfinite(beta_f)):
             raise ConfigError(f"rotasched needs alpha >= 0 and finite betas; got {alpha}, {beta_b}, {beta_f}")
-        if xfer_blocks < 0:
-            raise ConfigError(f"rotasched xfer_blocks is {xfer_blocks}; expected >= 0")
+        if xfer_blocks is not None and (
+            isinstance(xfer_blocks, bool) or not isinstance(xfer_blocks, int) or xfer_blocks < 0
+        ):
+            raise ConfigError(f"rotasched xfer_blocks is {xfer_blocks!r}; expected a whole number >= 0")
         self.ttft_slo_s = ttft_slo_s
         self.tbt_slo_s = tbt_slo_s
         self.alpha = alpha
         self.beta_b = beta_b
         self.beta_f = beta_f
-        self.xfer_blocks = xfer_blocks
+        self.xfer_blocks = xfer_blocks  # None: paper_xfer_blocks of the view's block size
         self._seen: OrderedDict[int, _Seen] = OrderedDict()  # in order of last sight
         # Swapped out, copy not landed yet: (device blocks still held, when) per request.
         self._pending_out: dict[int, tuple[int, float]] = {}
@@ -399,11 +414,12 @@ class RotaSched(Policy):
         if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
             return [], sorted(waiting_rotary, key=fcfs_key), 0
         heads.sort()  # step 2 (the rotary set is in its order); unique keys: nothing else compared
-        left = free_hbm + self.xfer_blocks  # step 3: B_left
+        xfer = self.xfer_blocks if self.xfer_blocks is not None else paper_xfer_blocks(bt)
+        left = free_hbm + xfer  # step 3: B_left
         prioritised, left = (
             take_heads(heads, left, rotary, now, alpha, lag_s) if kept else take_heads(heads, left)
         )
-        preempted = take_tails(tails, self.xfer_blocks - left, view.free_host_blocks)  # step 4
+        preempted = take_tails(tails, xfer - left, view.free_host_blocks)  # step 4
         return preempted, prioritised, self.swap_out(view, preempted)
 
     def swap_out(self, view: SchedulerView, preempted: Sequence[RequestView]) -> int:

@@ -38,6 +38,7 @@ from kvtier.sim.request import Request
 from kvtier.sim.resources import Link, StripedLink
 from kvtier.sim.stall import check_not_stalled
 from kvtier.sim.workload import make_workload
+from kvtier.sim.xfer import with_xfer_budget
 from kvtier.tiers import Tier
 
 # Bytes of HBM kept for activations and the CUDA context beyond the weights (vLLM-like).
@@ -142,6 +143,7 @@ def build(config: SimConfig) -> Simulation:
     policy_spec = dict(config.policy)
     policy_name = str(policy_spec.pop("name"))
     scheduler = global_scheduler(config, policy_class(policy_name))
+    policy_spec = with_xfer_budget(config, policy_name, policy_spec)  # B_xfer for this node
     if isinstance(scheduler, str):  # needs node groups: DualPath's PE/DE groups and NICs
         policy = make_policy(policy_name, **policy_spec)
         if scheduler != DualPathScheduler.name or not isinstance(policy, DualPath):

@@ -24,12 +24,10 @@ from typing import TypedDict
 
 from kvtier.sched.data_plane import default_offload, offload_mode
 from kvtier.sim.config import SimConfig
-from kvtier.sim.cost import make_cost_model
-from kvtier.sim.hardware import load_hardware
-from kvtier.sim.models import load_model
 from kvtier.sim.reproduce import PlaneProfile, PolicySpec, Row, experiments_dir, reproduction
 from kvtier.sim.run import SimResult, run
 from kvtier.sim.run import workload as requests_of
+from kvtier.sim.xfer import xfer_blocks
 
 PAPER = "composed"
 Result = SimResult
@@ -78,7 +76,6 @@ SERIAL_PLANE = PlaneProfile(layout="serial", passthrough=False)
 # (SuperInfer §4.3); the rest swap on the engine's plain path. The fetch path is the experiments'
 # (ShadowServe's SmartNIC), used only by the loads that fetch compressed (ShadowServe, async_fetch).
 ROTATION_SWAP, PLAIN_SWAP = {"engine": "duplexkv"}, {"engine": "plain"}
-PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16  # SuperInfer §5.1 (§4.3.1: P = 16)
 
 
 def _workloads(quick: bool) -> dict[str, tuple[str, list[LoadPoint]]]:
@@ -96,33 +93,14 @@ def _workloads(quick: bool) -> dict[str, tuple[str, list[LoadPoint]]]:
     }
 
 
-def xfer_blocks(base: SimConfig) -> tuple[int, int]:
-    """RotaSched's transfer budget B_xfer for this node, in its blocks: (time-equal, token-equal).
-
-    SuperInfer §5.1 rotates at most 2400 blocks of 16 Qwen2.5-32B tokens per iteration over the
-    GH200's C2C link. Time-equal: the blocks this node's host link moves in the time C2C moves
-    those bytes (what the cross-iteration pipeline has to hide behind one iteration's compute).
-    Token-equal: the same 38,400 tokens. Computed from the shared profiles, not fitted.
-    """
-    paper_hw, hw = load_hardware("gh200"), load_hardware(base.hardware)
-    paper_cost = make_cost_model("roofline", paper_hw, load_model("qwen2.5-32b"), tp=1)
-    cost = make_cost_model("roofline", hw, load_model(base.model), tp=base.tp)
-    paper_tokens = PAPER_XFER_BLOCKS * PAPER_BLOCK_TOKENS
-    # Rotation swaps both ways at once (DuplexKV), so C2C runs at its concurrent rate.
-    c2c = paper_hw.host_link.h2d_bytes_per_s * paper_hw.host_link.concurrent_scale
-    seconds = paper_tokens * paper_cost.kv_bytes_per_token / c2c
-    block_bytes = base.block_tokens * cost.kv_bytes_per_token
-    time_equal = int(seconds * hw.host_link.h2d_bytes_per_s * base.tp // block_bytes)
-    return max(time_equal, 1), paper_tokens // base.block_tokens
-
-
 def _config(name: str) -> SimConfig:
     return SimConfig.from_yaml(experiments_dir() / PAPER / f"{name}.yaml")
 
 
 def _policy(base: SimConfig, spec: PolicySpec) -> PolicySpec:
-    """``spec`` with the experiment's SLOs and the derived B_xfer (:func:`xfer_blocks`) where the
-    policy takes them, so RotaSched alone and the composed policy see the same numbers."""
+    """``spec`` with the experiment's SLOs where the policy takes them, so RotaSched alone and the
+    composed policy see the same numbers (both get the node's B_xfer from the simulator:
+    :func:`kvtier.sim.xfer.xfer_blocks`)."""
     if spec["name"] not in ("rotasched", "composed"):
         return spec.copy()
     out = spec.copy()  # the spec's own keys win over the shared ones
@@ -130,8 +108,6 @@ def _policy(base: SimConfig, spec: PolicySpec) -> PolicySpec:
         out["ttft_slo_s"] = base.policy["ttft_slo_s"]
     if "tbt_slo_s" in base.policy and "tbt_slo_s" not in spec:
         out["tbt_slo_s"] = base.policy["tbt_slo_s"]
-    if "xfer_blocks" not in spec:
-        out["xfer_blocks"] = xfer_blocks(base)[0]
     return out
 
 

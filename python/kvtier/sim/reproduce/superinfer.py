@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvtier.sched.rotasched import PAPER_XFER_BLOCKS
 from kvtier.sched.swap_copy import TABLE1_LADDER, SwapCopy, swap_engine
 from kvtier.sim.config import SimConfig
 from kvtier.sim.core import EventLoop
@@ -45,7 +46,7 @@ RATES = (4.0, 8.0, 12.0, 14.0, 16.0, 20.0)
 QUICK_RATES = (20.0,)
 HIGH_RATE = 16.0  # the sweeps' load: vLLM is memory-bound and loses about half its TTFT SLOs
 PAPER_HBM_GB, PROFILE_HBM_GB = 144, 96  # §5.1's GH200 vs the shared profile's part
-PAPER_XFER_BLOCKS, PAPER_XFER_L = 2400, 300  # §5.1 and §5.3 (Fig. 17 L)
+PAPER_XFER_L = 300  # §5.3 (Fig. 17 L); §5.1's 2400: PAPER_XFER_BLOCKS
 TABLE1_TOKENS = 32768  # §5.3: 8 GB (32768 tokens) of Qwen2.5-32B KV per direction
 # Table 1 E2E times (ms) and the ideal (half-duplex 384 GB/s DRAM: 192 GB/s each way at once).
 TABLE1_E2E_MS = {"naive": 1556.15, "ms": 159.87, "ms_mk": 63.14, "duplexkv": 46.80}
