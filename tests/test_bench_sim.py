@@ -88,13 +88,13 @@ def test_the_json_keys_are_unchanged() -> None:
 
 def test_the_sized_cluster_is_each_policys_own() -> None:
     """``--engines 1,sized`` (the default): one overloaded H100 and the cluster ``kvtier sim size``
-    answered for the policy (rotasched and composed need 5 where the others need 4)."""
-    assert sized_engines("rotasched") == sized_engines("composed") == 5
-    assert sized_engines("hicache") == sized_engines("fcfs") == SIZED_ENGINES == 4
-    out = scaling(("fcfs", "rotasched"), copies=(1,), max_requests=5, engines=(1, SIZED)).as_dict()
+    answered for the policy (rotasched and fcfs need 5 where the others need 4)."""
+    assert sized_engines("rotasched") == sized_engines("fcfs") == 5
+    assert sized_engines("hicache") == sized_engines("composed") == SIZED_ENGINES == 4
+    out = scaling(("hicache", "rotasched"), copies=(1,), max_requests=5, engines=(1, SIZED)).as_dict()
     assert [(row["policy"], row["engines"]) for row in out["rows"]] == [
-        ("fcfs", 1),
-        ("fcfs", 4),
+        ("hicache", 1),
+        ("hicache", 4),
         ("rotasched", 1),
         ("rotasched", 5),
     ]
