@@ -27,6 +27,7 @@ from kvtier.sched.placement import (
 )
 from kvtier.sim.arrivals import Arrivals
 from kvtier.sim.core import EventLoop
+from kvtier.sim.cost import engine_kv_bytes_per_token
 from kvtier.sim.engine import Engine
 from kvtier.sim.events.arrival import deliver
 from kvtier.sim.metrics import Metrics, RequestRecord
@@ -168,7 +169,9 @@ class Cluster:
             self._finished(r)
             return
         decode = self.decode_engines[least_loaded(self.loads(Role.DECODE))]
-        nbytes = r.req.prompt_tokens * prefill_engine.cost.kv_bytes_per_token
+        # The prompt's KV on all the prefill engine's GPUs, each part over its GPU's compute NIC.
+        per_token = engine_kv_bytes_per_token(prefill_engine.cost, prefill_engine.config.tp)
+        nbytes = r.req.prompt_tokens * per_token
         if self.pd_link is None:
             raise SimError("a P/D cluster needs a pd_link for the KV transfer")
 

@@ -113,6 +113,19 @@ class CostModel(Protocol):
     def num_layers(self) -> int: ...
 
 
+def engine_kv_bytes_per_token(cost: CostModel, tp: int) -> int:
+    """KV bytes per token of a whole engine of ``tp`` GPUs: ``tp`` times one GPU's
+    ``cost.kv_bytes_per_token``, since each GPU holds its own part of every token (its shard of the
+    KV heads; its own copy of a replicated MLA latent or of KV heads fewer than ``tp``).
+
+    HBM is per GPU (device blocks: one GPU's bytes); what the engine stores below the device and
+    moves (swaps, loads, offloads, the P/D hand-off) is the whole engine's bytes, carried over the
+    links of ``tp`` GPUs (the simulator's links are ``tp`` side by side): each GPU's part over its own."""
+    if tp < 1:
+        raise ConfigError(f"tp is {tp}; expected >= 1")
+    return cost.kv_bytes_per_token * tp
+
+
 def transfer_work_s(
     nbytes: int, segment_bytes: int, bandwidth_bytes_per_s: float, per_segment_overhead_s: float
 ) -> float:

@@ -8,10 +8,9 @@ long the batch computes, and ends the step when both compute and any step-bound 
 (docs/simulator.md, load modes). A request that cannot get a device block preempts the most
 recently admitted running request (vLLM's passive preemption by recompute).
 
-This module holds admission, planning, completion and the P/D hand-off; the other seams are their
-own modules: the tiers below the device (:mod:`kvtier.sim.tiers`), the paths loads take
-(:mod:`kvtier.sim.loads`), swap (:mod:`kvtier.sim.swap`) and the end of a step
-(:mod:`kvtier.sim.events.step_end`).
+This module holds admission, planning, completion and the P/D hand-off; the other seams are their own
+modules: the tiers below the device (:mod:`kvtier.sim.tiers`), the paths loads take (:mod:`kvtier.sim.loads`),
+swap (:mod:`kvtier.sim.swap`) and the end of a step (:mod:`kvtier.sim.events.step_end`).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.load_path import PLAIN_LOAD, LoadPath
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.sim.core import EventKind, EventLoop
-from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk
+from kvtier.sim.cost import BatchShape, CostModel, PrefillChunk, engine_kv_bytes_per_token
 from kvtier.sim.events.step_end import Step, finish_step
 from kvtier.sim.fast_forward import arm, next_step
 from kvtier.sim.loads import LoadOrders, LoadPaths
@@ -68,6 +67,7 @@ class EngineConfig:
     # What the engine keeps below the device (the sim config's `offload` section): none |
     # write_through | write_back. None: its policy's paper's engine's (data_plane.default_offload).
     offload: str | None = None
+    tp: int = 1  # GPUs the engine spans: its blocks below the device are tp GPUs' bytes (cost.py)
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "device_blocks", "max_batch_tokens", "max_running", "view_waiting_max"):
@@ -75,6 +75,8 @@ class EngineConfig:
                 raise SimError(f"engine `{name}` is {getattr(self, name)}; expected >= 1")
         if self.host_blocks < 0 or self.ssd_blocks < 0 or self.remote_blocks < 0:
             raise SimError("engine host/ssd/remote blocks must be >= 0 (0 disables the tier)")
+        if self.tp < 1:
+            raise SimError(f"engine `tp` is {self.tp}; expected >= 1")
 
 
 class Engine:
@@ -111,7 +113,7 @@ class Engine:
         self.host_link = host_link
         self.ssd_link = ssd_link
         self.remote_link = remote_link
-        self.block_bytes = config.block_tokens * cost.kv_bytes_per_token
+        self.block_bytes = config.block_tokens * engine_kv_bytes_per_token(cost, config.tp)  # all GPUs'
         # Lower tiers in order, each with its capacity and the link that reaches it from host memory.
         host = host_link if host_store_link is None else host_store_link
         tiers: dict[Tier, tuple[int, Link | StripedLink]] = {Tier.HOST: (config.host_blocks, host)}
@@ -127,10 +129,10 @@ class Engine:
             host_store_link,
             self.lower_tiers,
             config.block_tokens,
-            cost.kv_bytes_per_token,
-            cost.num_layers,
+            cost,
             config.fetch,
             config.load,
+            config.tp,
         )
         self.load_orders = LoadOrders(self, self.load_paths, config.block_tokens)
         self.swaps = Swaps(self, config.swap_copy, config.block_tokens, self.block_bytes, cost.num_layers)
@@ -163,9 +165,7 @@ class Engine:
                 f"engine {name!r} preloads tier {config.preload_tier.label!r}, which it does not have"
             )
         if config.host_blocks == 0 and self.offload != "none":
-            raise SimError(
-                f"policy {policy.name!r} writes KV through to host, but the engine has no host tier"
-            )
+            raise SimError(f"policy {policy.name!r} offloads KV to host, but the engine has no host tier")
 
     # ----------------------------------------------------------------------------------------
     # Arrivals and the step loop

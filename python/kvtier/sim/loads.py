@@ -27,6 +27,7 @@ from kvtier.sched.base import LoadMode, LoadOrder, Phase
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.load_path import PLAIN_LOAD, LoadPath
 from kvtier.sim.core import EventKind, EventLoop
+from kvtier.sim.cost import CostModel, engine_kv_bytes_per_token
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
@@ -44,10 +45,10 @@ class LoadPaths:
         host_store_link: Link | StripedLink | None,
         tiers: LowerTiers,
         block_tokens: int,
-        kv_bytes_per_token: int,
-        num_layers: int,
+        cost: CostModel,
         fetch: FetchPath = PLAIN_FETCH,
         load: LoadPath = PLAIN_LOAD,
+        tp: int = 1,
     ) -> None:
         self._loop = loop
         self._name = name
@@ -55,9 +56,13 @@ class LoadPaths:
         self._host_store_link = host_store_link
         self._tiers = tiers
         self._block_tokens = block_tokens
-        self._kv_bytes_per_token = kv_bytes_per_token
-        self._num_layers = num_layers
-        self._block_bytes = block_tokens * kv_bytes_per_token
+        # The engine's tp GPUs load their parts of each block side by side (links tp wide, a
+        # decoder stage each): the bytes are all of theirs, a decoder's duty one GPU's part.
+        self._tp = tp
+        self._gpu_kv_bytes_per_token = cost.kv_bytes_per_token
+        self._kv_bytes_per_token = engine_kv_bytes_per_token(cost, tp)
+        self._num_layers = cost.num_layers
+        self._block_bytes = block_tokens * self._kv_bytes_per_token
         self.interference: list[float] = []  # compute slowdowns of the loads running now
         self._decoders: dict[float, Link] = {}
         self._fetch = fetch  # the path of compressed loads (the sim config's `fetch` section)
@@ -108,10 +113,12 @@ class LoadPaths:
             link.submit(nbytes, Direction.IN, leg_done, seg, load.priority)
 
     def _decoder(self, bytes_per_s: float) -> Link:
-        """The engine's decompression stage (SmartNIC or host cores), one per throughput setting."""
+        """The engine's decompression stage (SmartNIC or host cores; each GPU's, ``tp`` side by side),
+        one per throughput setting."""
         link = self._decoders.get(bytes_per_s)
         if link is None:
-            link = Link(self._loop, f"{self._name}.decoder", bytes_per_s, bytes_per_s)
+            rate = bytes_per_s * self._tp
+            link = Link(self._loop, f"{self._name}.decoder", rate, rate)
             self._decoders[bytes_per_s] = link
         return link
 
@@ -129,7 +136,7 @@ class LoadPaths:
         tier the blocks come from (on idle links, as the policies' estimates)."""
         tier = max((t for _, t in blocks), default=Tier.HOST)
         return self._fetch.fetch_interference(
-            self._kv_bytes_per_token,
+            self._gpu_kv_bytes_per_token,
             load.tokens,
             lambda: self.estimate_s(load.tokens, tier, LoadMode.ASYNC),
         )

@@ -114,9 +114,12 @@ def build_pool(
     num_layers: int,
     host_blocks: int,
     ssd_blocks: int,
+    tp: int = 1,
 ) -> PoolLinks:
-    """The pool's devices and the engine's view of them, in ``spec``'s layout."""
-    module_bw = hw.dram_bytes_per_s / spec.dram_modules
+    """The pool's devices and the engine's view of them, in ``spec``'s layout. An engine of ``tp``
+    GPUs moves all its GPUs' bytes (``block_bytes``) over ``tp`` GPUs' shares of each device (the
+    profile's figures are one GPU's): each device ``tp`` times one GPU's share, side by side."""
+    module_bw = hw.dram_bytes_per_s * tp / spec.dram_modules
     # DRAM reads and writes share the module's channel: half duplex, like an SSD.
     modules = [Link(loop, f"dram{i}", module_bw, module_bw, duplex=False) for i in range(spec.dram_modules)]
     fs_s = 0.0 if spec.passthrough else spec.filesystem_object_overhead_s
@@ -124,8 +127,8 @@ def build_pool(
         Link(
             loop,
             f"ssd{i}",
-            hw.ssd_read_bytes_per_s,
-            hw.ssd_write_bytes_per_s,
+            hw.ssd_read_bytes_per_s * tp,
+            hw.ssd_write_bytes_per_s * tp,
             duplex=False,
             per_segment_overhead_s=fs_s,
         )

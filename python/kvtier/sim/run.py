@@ -27,7 +27,7 @@ from kvtier.sched.swap_copy import swap_copy
 from kvtier.sim.cluster import Cluster
 from kvtier.sim.config import SimConfig, resolve_deprecated
 from kvtier.sim.core import EventLoop
-from kvtier.sim.cost import CostModel, make_cost_model
+from kvtier.sim.cost import CostModel, engine_kv_bytes_per_token, make_cost_model
 from kvtier.sim.dualpath import DualPathCluster
 from kvtier.sim.engine import Engine, EngineConfig
 from kvtier.sim.hardware import HardwareProfile, load_hardware
@@ -159,7 +159,8 @@ def build(config: SimConfig) -> Simulation:
     cost = make_cost_model(str(cost_spec.pop("kind", "roofline")), hw, model, tp=config.tp, **cost_spec)
     loop = EventLoop()
     metrics = Metrics(slo_ttft_s=config.slo.get("ttft_s"), slo_tpot_s=config.slo.get("tpot_s"))
-    block_bytes = config.block_tokens * cost.kv_bytes_per_token
+    # A block below the device is all the engine's GPUs' bytes; HBM (device_blocks) is one GPU's.
+    block_bytes = config.block_tokens * engine_kv_bytes_per_token(cost, config.tp)
     host_auto = int(0.8 * hw.dram_capacity_bytes * config.tp)
     host_bytes = config.capacity_bytes("host_capacity_bytes", host_auto)
     ssd_bytes = config.capacity_bytes("ssd_capacity_bytes", 0)
@@ -204,6 +205,7 @@ def build(config: SimConfig) -> Simulation:
         fetch=fetch_path(config.fetch, default_engine(config.policy, "fetch")),
         load=load_path(config.load, default_engine(config.policy, "load")),
         offload=offload_mode(config.offload) or default_offload(config.policy),
+        tp=config.tp,
     )
     host_store_link: Link | StripedLink | None = None
     if config.pool is not None:  # DRAM modules and SSDs as separate devices (kvtier.sim.pool)
@@ -215,6 +217,7 @@ def build(config: SimConfig) -> Simulation:
             cost.num_layers,
             engine_config.host_blocks,
             engine_config.ssd_blocks,
+            config.tp,
         )
         host_store_link, ssd_link = pool.host_store, pool.ssd
         engine_config = dataclasses.replace(
