@@ -251,6 +251,12 @@ def test_a_per_engine_run_refuses_an_io_section() -> None:
         build(SimConfig(policy={"name": "fcfs"}, io={"layerwise": False}))
 
 
+def test_the_node_group_cluster_refuses_tp_rather_than_ignoring_it() -> None:
+    assert isinstance(build(config("dualpath").with_overrides(tp=1)).cluster, DualPathCluster)
+    with pytest.raises(ConfigError, match="sim `tp` is 2, but the node-group"):
+        build(config("dualpath").with_overrides(tp=2))
+
+
 def test_the_io_section_reaches_the_cluster_and_the_policy_view() -> None:
     cluster = build(config("dualpath", io={"layerwise": False})).cluster
     assert isinstance(cluster, DualPathCluster)

@@ -148,6 +148,11 @@ def build(config: SimConfig) -> Simulation:
         policy = make_policy(policy_name, **policy_spec)
         if scheduler != DualPathScheduler.name or not isinstance(policy, DualPath):
             raise ConfigError(f"global scheduler {scheduler!r} needs a dualpath policy; got {policy_name!r}")
+        if config.tp != 1:  # refused rather than ignored: its engines are one GPU each
+            raise ConfigError(
+                f"sim `tp` is {config.tp}, but the node-group (dualpath) cluster runs one GPU per engine, "
+                f"its model spread by expert parallelism over `prefill_engines` / `decode_engines`: drop `tp`"
+            )
         dp = DualPathCluster(config, policy)
         return Simulation(config, dp.loop, dp, dp.metrics, dp.links, dp.hw, dp.model, dp.result)
     if config.io is not None:  # read only by the node-group cluster: refuse rather than ignore
