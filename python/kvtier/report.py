@@ -39,6 +39,12 @@ def sim_summary(r: SimResult) -> str:
         f"{r['preemptions']} preemptions, SLO attainment {r['slo']['attainment']:.1%}",
         f"  {r['events']} events in {r['wall_s']:.1f} s wall for {r['sim_time_s']:.0f} s simulated",
     ]
+    built = r.get("policy_params") or {}  # absent from results written before it was reported
+    filled = [
+        f"{k} {v}" for k, v in built.items() if k not in r["policy"] and isinstance(v, int | float | str)
+    ]
+    if filled:  # what the policy ran with that the config left out (defaults, the node's B_xfer)
+        lines.insert(1, f"  policy defaults: {', '.join(filled)}")
     unfinished = r.get("unfinished_requests", 0)  # absent from results written before it was reported
     if unfinished:  # a max_sim_s cut: a replay that stalls raises instead (kvtier.sim.stall)
         lines.insert(

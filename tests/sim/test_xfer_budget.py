@@ -104,3 +104,16 @@ def test_a_policy_built_alone_takes_the_papers_tokens_in_its_blocks() -> None:
     for bad in (-1, 2.5, True, "36"):
         with pytest.raises(ConfigError, match="xfer_blocks"):
             RotaSched(xfer_blocks=bad)  # type: ignore[arg-type]
+
+
+def test_a_run_reports_the_budget_it_filled_in() -> None:
+    from kvtier.report import sim_summary
+    from kvtier.sim.run import run
+
+    result = run(bench_config(8, "rotasched"))
+    assert result["policy"] == {"name": "rotasched"}  # the config, as written
+    assert result["policy_params"]["xfer_blocks"] == 36 and result["policy_params"]["name"] == "rotasched"
+    assert "policy defaults: ttft_slo_s 5.0, tbt_slo_s 0.1, alpha 3.0" in sim_summary(result)
+    assert "xfer_blocks 36" in sim_summary(result)
+    own = run(bench_config(8, "fcfs"))
+    assert own["policy_params"] == {"name": "fcfs"} and "policy defaults" not in sim_summary(own)

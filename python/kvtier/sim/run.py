@@ -18,7 +18,7 @@ from kvtier.errors import ConfigError, SimError
 from kvtier.progress import progress
 from kvtier.sched import make_policy
 from kvtier.sched.base import Policy, policy_class
-from kvtier.sched.data_plane import default_engine, default_offload, offload_mode
+from kvtier.sched.data_plane import default_engine, default_offload, offload_mode, policy_spec
 from kvtier.sched.dualpath import DualPath, DualPathScheduler
 from kvtier.sched.fetch_path import fetch_path
 from kvtier.sched.load_path import load_path
@@ -60,6 +60,7 @@ class SimResult(SimMetrics):
 
     config: str
     policy: dict[str, object]  # the config's policy section, as written
+    policy_params: dict[str, object]  # the policy as built: defaults and the node's B_xfer filled in
     hardware: str
     model: str
     events: int
@@ -308,6 +309,7 @@ def run(
         **sim.result(),
         "config": config.name,
         "policy": dict(config.policy),
+        "policy_params": built_policy(sim),
         "hardware": sim.hardware.name,
         "model": sim.model.name,
         "events": sim.loop.events_run,
@@ -339,6 +341,17 @@ def replay(sim: Simulation, until_s: float | None = None) -> None:
     cluster = sim.cluster
     engines = cluster.engines + cluster.decode_engines if isinstance(cluster, Cluster) else []
     check_not_stalled(sim.loop, cluster, engines, sim.metrics.steps)
+
+
+def built_policy(sim: Simulation) -> dict[str, object]:
+    """The policy the run replayed with (every engine builds the same one): its name and every
+    parameter, those the config left out included."""
+    cluster = sim.cluster
+    if isinstance(cluster, DualPathCluster):
+        return policy_spec(cluster.policy)
+    if not isinstance(cluster, Cluster):
+        raise SimError(f"a cluster of type {type(cluster).__name__} has no policy to report")
+    return policy_spec(cluster.engines[0].policy)
 
 
 def cluster_shape(sim: Simulation) -> ClusterShape:
