@@ -267,7 +267,11 @@ def test_the_io_section_reaches_the_cluster_and_the_policy_view() -> None:
 
 def simulated(result: Any) -> dict[str, Any]:
     """A run's results without what the host measured or the spelling of its policy."""
-    return {k: v for k, v in result.items() if k not in ("wall_s", "cpu_s", "peak_rss_bytes", "policy", "policy_params")}
+    return {
+        k: v
+        for k, v in result.items()
+        if k not in ("wall_s", "cpu_s", "peak_rss_bytes", "policy", "policy_params")
+    }
 
 
 @pytest.mark.parametrize(
