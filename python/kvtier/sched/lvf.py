@@ -17,10 +17,10 @@ of the rotary requests is that order with each run of equal VLTs re-sorted by (a
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 from kvtier.sched.base import Phase, RequestView
 
@@ -30,7 +30,6 @@ Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0
 Entry = tuple[float, float, int, int, RequestView, int]
 
 _req_id = attrgetter("req_id")
-_need = itemgetter(3)
 
 
 def lvf(
@@ -170,24 +169,50 @@ class RotarySet:
 
     def update(self, shown: Sequence[RequestView], gone: Sequence[int], fresh: Iterable[Entry]) -> None:
         """Removes the members ``gone``, adds the entries ``fresh`` (their views are in ``shown``)."""
-        order, entries, by_object = self.order, self.entries, self.by_object
+        order, entries, by_object, mins = self.order, self.entries, self.by_object, self.mins
         for rid in gone:
             entry = entries.pop(rid)
-            del order[bisect_left(order, entry)]  # compared as tuples: (t_last, arrival, id) is unique
+            at = bisect_left(order, entry)  # compared as tuples: (t_last, arrival, id) is unique
+            del order[at], mins[at]
+            _raise_mins(order, mins, at)
             del by_object[id(entry[4])]
             self.ids.discard(id(entry[4]))
             self.total -= entry[3]
             self.odd -= entry[4].phase is not Phase.SWAPPED
         for entry in fresh:
             rid, r = entry[2], entry[4]
-            insort(order, entry)
+            at = bisect_left(order, entry)
+            order.insert(at, entry)
+            _lower_mins(mins, at, entry[3])
             entries[rid] = entry
             by_object[id(r)] = rid
             self.ids.add(id(r))
             self.total += entry[3]
             self.odd += r.phase is not Phase.SWAPPED
         self.shown = shown
-        self.mins = list(accumulate(map(_need, reversed(order)), min))[::-1]
+
+
+# The suffix minima are kept in place as members come and go (rebuilding them was a pass over
+# every member per view, issue 20). They never fall along ``order``: each is min(blk(r), the next).
+
+
+def _lower_mins(mins: list[int], at: int, need: int) -> None:
+    """``mins`` after an entry of blk(r) ``need`` was inserted at ``at``: those before it above
+    ``need`` (a run just before ``at``, as they never fall) drop to it; its own is min(need, the next)."""
+    below = bisect_right(mins, need, 0, at)
+    mins[below:at] = [need] * (at - below)
+    mins.insert(at, min(need, mins[at]) if at < len(mins) else need)
+
+
+def _raise_mins(order: list[Entry], mins: list[int], at: int) -> None:
+    """``mins`` after the entry at ``at`` was removed (from both): those before it are recomputed
+    backwards until one comes out as it was (every one before that is then unchanged too)."""
+    last = len(mins) - 1
+    for k in range(at - 1, -1, -1):
+        low = order[k][3] if k == last else min(order[k][3], mins[k + 1])
+        if low == mins[k]:
+            return
+        mins[k] = low
 
 
 def rotary_heads(
