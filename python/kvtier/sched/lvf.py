@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate
-from operator import attrgetter
+from itertools import accumulate, compress, count
+from operator import attrgetter, is_not
 
 from kvtier.sched.base import Phase, RequestView
 
@@ -153,8 +153,37 @@ class RotarySet:
         """The views in ``shown`` that are not members (new requests, or members with a new view),
         by request id, and the ids of members whose view is not in ``shown`` (they left, or have a
         new view). Membership is by view object (a view never changes; a request's new state is a
-        new view), compared as sets: no Python-level step per member. New views are looked for
-        from the end of ``shown`` (where a simulator appends them)."""
+        new view).
+
+        A simulator keeps its swapped requests in one order (that of their swap-outs): ``shown`` is
+        the last one less the requests that left, plus new ones in between. The two are walked
+        side by side, each run of the same objects compared in C (``is_not``), so that a view costs
+        what changed, not one Python-level step per member; where ``shown`` is not such a merge
+        (a member moved, or shown twice) the walk finds out and sets are compared instead."""
+        old, members = self.shown, self.ids
+        gone: list[RequestView] = []
+        fresh: list[RequestView] = []
+        i = j = 0
+        if len(old) == len(members):  # else a member was shown twice: only the sets can tell
+            while (k := next(compress(count(), map(is_not, old[i:], shown[j:])), None)) is not None:
+                i, j = i + k, j + k
+                r = shown[j]
+                if id(r) not in members:
+                    fresh.append(r)
+                    j += 1
+                else:  # r is further on in ``old``: old[i] left (else r ends up in the tail below)
+                    gone.append(old[i])
+                    i += 1
+            same = min(len(old) - i, len(shown) - j)  # the runs matched until one ended
+            gone.extend(old[i + same :])
+            fresh.extend(shown[j + same :])
+            if not any(id(r) in members for r in shown[j + same :]) and _unique(fresh):
+                fresh.reverse()  # ties of request id in the order the sets' path leaves them
+                fresh.sort(key=_req_id)
+                return fresh, [self.by_object[id(r)] for r in gone]
+        return self._diff_by_sets(shown)
+
+    def _diff_by_sets(self, shown: Sequence[RequestView]) -> tuple[list[RequestView], list[int]]:
         shown_ids = set(map(id, shown))
         gone = [self.by_object[i] for i in self.ids - shown_ids]
         new = shown_ids - self.ids
@@ -234,6 +263,10 @@ def rotary_heads(
         for _, arrival, rid, need, r, _ in run:
             yield ((-vlt, arrival, rid), need, r), i
         i, vlt = j, next_vlt
+
+
+def _unique(views: Sequence[RequestView]) -> bool:
+    return len(set(map(id, views))) == len(views)
 
 
 def _arrival_id(entry: Entry) -> tuple[float, int]:
