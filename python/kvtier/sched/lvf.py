@@ -20,7 +20,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, compress, count
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, itemgetter
 
 from kvtier.sched.base import Phase, RequestView
 
@@ -30,6 +30,7 @@ Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0
 Entry = tuple[float, float, int, int, RequestView, int]
 
 _req_id = attrgetter("req_id")
+_head_need = itemgetter(1)
 
 
 def lvf(
@@ -82,12 +83,14 @@ def take_heads(
                 prioritised.append(r)
                 left -= need
         return prioritised, left
-    w_mins = list(accumulate((h[1] for h in reversed(heads)), min))[::-1]
+    w_mins = list(accumulate(map(_head_need, reversed(heads)), min))[::-1]
     wi, nw, big = 0, len(heads), math.inf
     rot, r_mins = rotary_heads(rotary.order, now_s, alpha, lag_s), rotary.mins
     nxt = next(rot, None)
     while wi < nw or nxt is not None:
-        rest = min(w_mins[wi] if wi < nw else big, r_mins[nxt[1]] if nxt is not None else big)
+        rest = w_mins[wi] if wi < nw else big
+        if nxt is not None and r_mins[nxt[1]] < rest:
+            rest = r_mins[nxt[1]]
         if left < rest:
             break
         if nxt is None or (wi < nw and heads[wi][0] < nxt[0][0]):
@@ -258,6 +261,11 @@ def rotary_heads(
             if next_vlt != vlt:
                 break
             j += 1
+        if j == i + 1:  # a run of one (alpha > 0 and distinct t_last: every run)
+            _, arrival, rid, need, r, _ = order[i]
+            yield ((-vlt, arrival, rid), need, r), i
+            i, vlt = j, next_vlt
+            continue
         # A run of one t_last is in (arrival, id) order already; equal VLTs of several are not.
         run = order[i:j] if order[i][0] == order[j - 1][0] else sorted(order[i:j], key=_arrival_id)
         for _, arrival, rid, need, r, _ in run:

@@ -276,17 +276,17 @@ class RotaSched(Policy):
                 rid = r.req_id
                 if pending_out:
                     pending_out.pop(rid, None)  # visible again: its swap-out copy has landed
-                tokens = r.computed_tokens + r.generated_tokens
                 seen = seen_map.get(rid)
                 if seen is None:
                     last_s = now if r.generated_tokens else r.arrival_s
+                    tokens = r.computed_tokens + r.generated_tokens
                     seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
                     continue
                 seen_map.move_to_end(rid)
                 if seen.view is r:  # the very view seen last time: phase and tokens as recorded
                     seen.seen_s, seen.prev_tokens = now, seen.tokens
                     continue
-                seen.view = r
+                seen.view, tokens = r, r.computed_tokens + r.generated_tokens
                 if r.generated_tokens > seen.generated:
                     seen.last_token_s = now
                 if r.phase is running and seen.phase is not running:
