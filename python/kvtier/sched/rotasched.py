@@ -379,14 +379,18 @@ class RotaSched(Policy):
         # it from.
         heads: list[Head] = []  # waiting (and rotary, if not kept), VLT >= 0: step 3's
         tails: list[Head] = []  # running, VLT < 0: step 4's
-        waiting_rotary: list[RequestView] = list(view.swapped) if kept else []
         contended = rotary.total if kept else 0  # blocks of every waiting and rotary request (step 1)
         claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
         running, waiting, swapped = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED
-        groups = ((view.running, running), (view.waiting, waiting))
-        for group, phase in groups if kept else (*groups, (view.swapped, swapped)):
+        groups: tuple[tuple[Sequence[RequestView], Phase], ...] = (
+            (view.running, running),
+            (view.waiting, waiting),
+        )
+        if not kept:
+            groups += ((view.swapped, swapped),)
+        for group, phase in groups:
             for r in group:
                 if r.phase is not phase:  # not where a simulator shows it: the general path
                     need, vlt, phase_r = kv_blocks(r, bt), self.vlt(r, now), r.phase
@@ -401,7 +405,6 @@ class RotaSched(Policy):
                     lag = now - seen_map[r.req_id].last_token_s - lag_s
                     vlt, phase_r = alpha * max(0.0, lag), phase
                 if phase_r is not running:
-                    waiting_rotary.append(r)
                     contended += need
                     if vlt >= 0:
                         heads.append(((-vlt, r.arrival_s, r.req_id), need, r))
@@ -412,6 +415,8 @@ class RotaSched(Policy):
         pending = sum(held for held, _ in self._pending_out.values())
         free_hbm = view.free_device_blocks - claims + pending
         if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
+            waiting_rotary = list(view.swapped) if kept else []  # in the order the pass read them
+            waiting_rotary += [r for group, _ in groups for r in group if r.phase is not running]
             return [], sorted(waiting_rotary, key=fcfs_key), 0
         heads.sort()  # step 2 (the rotary set is in its order); unique keys: nothing else compared
         xfer = self.xfer_blocks if self.xfer_blocks is not None else paper_xfer_blocks(bt)
