@@ -257,7 +257,8 @@ def rotary_heads(
     while i < n:
         j, next_vlt = i + 1, 0.0
         while j < n:
-            next_vlt = alpha * max(0.0, now - order[j][0] - lag_s)
+            lag = now - order[j][0] - lag_s
+            next_vlt = alpha * (lag if lag > 0.0 else 0.0)  # max(0.0, lag), the same float
             if next_vlt != vlt:
                 break
             j += 1

@@ -383,7 +383,7 @@ class RotaSched(Policy):
         claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
-        running, waiting, swapped = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED
+        running, waiting, swapped, device = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED, Tier.DEVICE
         groups: tuple[tuple[Sequence[RequestView], Phase], ...] = (
             (view.running, running),
             (view.waiting, waiting),
@@ -394,16 +394,17 @@ class RotaSched(Policy):
             for r in group:
                 if r.phase is not phase:  # not where a simulator shows it: the general path
                     need, vlt, phase_r = kv_blocks(r, bt), self.vlt(r, now), r.phase
-                elif phase is waiting:
-                    need = -(-r.prompt_tokens // bt) - r.cached_tokens[Tier.DEVICE] // bt
-                    vlt, phase_r = max(0.0, now - r.arrival_s - wait_s), phase
+                elif phase is waiting:  # max(0.0, x) as a test: the same float, -0.0 and NaN included
+                    need = -(-r.prompt_tokens // bt) - r.cached_tokens[device] // bt
+                    vlt = now - r.arrival_s - wait_s
+                    vlt, phase_r = vlt if vlt > 0.0 else 0.0, phase
                 elif phase is running:
                     need = -(-(r.computed_tokens + r.generated_tokens) // bt)
                     vlt, phase_r = -(now - seen_map[r.req_id].run_start_s), phase
                 else:
                     need = -(-(r.computed_tokens + r.generated_tokens) // bt)
                     lag = now - seen_map[r.req_id].last_token_s - lag_s
-                    vlt, phase_r = alpha * max(0.0, lag), phase
+                    vlt, phase_r = alpha * (lag if lag > 0.0 else 0.0), phase
                 if phase_r is not running:
                     contended += need
                     if vlt >= 0:
