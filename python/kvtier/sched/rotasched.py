@@ -274,8 +274,8 @@ class RotaSched(Policy):
         for group in (view.running, fresh if kept else shown, view.waiting, view.fetching):
             for r in group:
                 rid = r.req_id
-                if pending_out:
-                    pending_out.pop(rid, None)  # visible again: its swap-out copy has landed
+                if rid in pending_out:  # visible again: its swap-out copy has landed
+                    del pending_out[rid]
                 seen = seen_map.get(rid)
                 if seen is None:
                     last_s = now if r.generated_tokens else r.arrival_s
