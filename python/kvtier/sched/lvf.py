@@ -17,10 +17,10 @@ of the rotary requests is that order with each run of equal VLTs re-sorted by (a
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate
-from operator import attrgetter, itemgetter
+from itertools import accumulate, compress, count
+from operator import attrgetter, is_not, itemgetter
 
 from kvtier.sched.base import Phase, RequestView
 
@@ -30,7 +30,7 @@ Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0
 Entry = tuple[float, float, int, int, RequestView, int]
 
 _req_id = attrgetter("req_id")
-_need = itemgetter(3)
+_head_need = itemgetter(1)
 
 
 def lvf(
@@ -83,12 +83,14 @@ def take_heads(
                 prioritised.append(r)
                 left -= need
         return prioritised, left
-    w_mins = list(accumulate((h[1] for h in reversed(heads)), min))[::-1]
+    w_mins = list(accumulate(map(_head_need, reversed(heads)), min))[::-1]
     wi, nw, big = 0, len(heads), math.inf
     rot, r_mins = rotary_heads(rotary.order, now_s, alpha, lag_s), rotary.mins
     nxt = next(rot, None)
     while wi < nw or nxt is not None:
-        rest = min(w_mins[wi] if wi < nw else big, r_mins[nxt[1]] if nxt is not None else big)
+        rest = w_mins[wi] if wi < nw else big
+        if nxt is not None and r_mins[nxt[1]] < rest:
+            rest = r_mins[nxt[1]]
         if left < rest:
             break
         if nxt is None or (wi < nw and heads[wi][0] < nxt[0][0]):
@@ -154,8 +156,37 @@ class RotarySet:
         """The views in ``shown`` that are not members (new requests, or members with a new view),
         by request id, and the ids of members whose view is not in ``shown`` (they left, or have a
         new view). Membership is by view object (a view never changes; a request's new state is a
-        new view), compared as sets: no Python-level step per member. New views are looked for
-        from the end of ``shown`` (where a simulator appends them)."""
+        new view).
+
+        A simulator keeps its swapped requests in one order (that of their swap-outs): ``shown`` is
+        the last one less the requests that left, plus new ones in between. The two are walked
+        side by side, each run of the same objects compared in C (``is_not``), so that a view costs
+        what changed, not one Python-level step per member; where ``shown`` is not such a merge
+        (a member moved, or shown twice) the walk finds out and sets are compared instead."""
+        old, members = self.shown, self.ids
+        gone: list[RequestView] = []
+        fresh: list[RequestView] = []
+        i = j = 0
+        if len(old) == len(members):  # else a member was shown twice: only the sets can tell
+            while (k := next(compress(count(), map(is_not, old[i:], shown[j:])), None)) is not None:
+                i, j = i + k, j + k
+                r = shown[j]
+                if id(r) not in members:
+                    fresh.append(r)
+                    j += 1
+                else:  # r is further on in ``old``: old[i] left (else r ends up in the tail below)
+                    gone.append(old[i])
+                    i += 1
+            same = min(len(old) - i, len(shown) - j)  # the runs matched until one ended
+            gone.extend(old[i + same :])
+            fresh.extend(shown[j + same :])
+            if not any(id(r) in members for r in shown[j + same :]) and _unique(fresh):
+                fresh.reverse()  # ties of request id in the order the sets' path leaves them
+                fresh.sort(key=_req_id)
+                return fresh, [self.by_object[id(r)] for r in gone]
+        return self._diff_by_sets(shown)
+
+    def _diff_by_sets(self, shown: Sequence[RequestView]) -> tuple[list[RequestView], list[int]]:
         shown_ids = set(map(id, shown))
         gone = [self.by_object[i] for i in self.ids - shown_ids]
         new = shown_ids - self.ids
@@ -170,24 +201,50 @@ class RotarySet:
 
     def update(self, shown: Sequence[RequestView], gone: Sequence[int], fresh: Iterable[Entry]) -> None:
         """Removes the members ``gone``, adds the entries ``fresh`` (their views are in ``shown``)."""
-        order, entries, by_object = self.order, self.entries, self.by_object
+        order, entries, by_object, mins = self.order, self.entries, self.by_object, self.mins
         for rid in gone:
             entry = entries.pop(rid)
-            del order[bisect_left(order, entry)]  # compared as tuples: (t_last, arrival, id) is unique
+            at = bisect_left(order, entry)  # compared as tuples: (t_last, arrival, id) is unique
+            del order[at], mins[at]
+            _raise_mins(order, mins, at)
             del by_object[id(entry[4])]
             self.ids.discard(id(entry[4]))
             self.total -= entry[3]
             self.odd -= entry[4].phase is not Phase.SWAPPED
         for entry in fresh:
             rid, r = entry[2], entry[4]
-            insort(order, entry)
+            at = bisect_left(order, entry)
+            order.insert(at, entry)
+            _lower_mins(mins, at, entry[3])
             entries[rid] = entry
             by_object[id(r)] = rid
             self.ids.add(id(r))
             self.total += entry[3]
             self.odd += r.phase is not Phase.SWAPPED
         self.shown = shown
-        self.mins = list(accumulate(map(_need, reversed(order)), min))[::-1]
+
+
+# The suffix minima are kept in place as members come and go (rebuilding them was a pass over
+# every member per view, issue 20). They never fall along ``order``: each is min(blk(r), the next).
+
+
+def _lower_mins(mins: list[int], at: int, need: int) -> None:
+    """``mins`` after an entry of blk(r) ``need`` was inserted at ``at``: those before it above
+    ``need`` (a run just before ``at``, as they never fall) drop to it; its own is min(need, the next)."""
+    below = bisect_right(mins, need, 0, at)
+    mins[below:at] = [need] * (at - below)
+    mins.insert(at, min(need, mins[at]) if at < len(mins) else need)
+
+
+def _raise_mins(order: list[Entry], mins: list[int], at: int) -> None:
+    """``mins`` after the entry at ``at`` was removed (from both): those before it are recomputed
+    backwards until one comes out as it was (every one before that is then unchanged too)."""
+    last = len(mins) - 1
+    for k in range(at - 1, -1, -1):
+        low = order[k][3] if k == last else min(order[k][3], mins[k + 1])
+        if low == mins[k]:
+            return
+        mins[k] = low
 
 
 def rotary_heads(
@@ -200,15 +257,25 @@ def rotary_heads(
     while i < n:
         j, next_vlt = i + 1, 0.0
         while j < n:
-            next_vlt = alpha * max(0.0, now - order[j][0] - lag_s)
+            lag = now - order[j][0] - lag_s
+            next_vlt = alpha * (lag if lag > 0.0 else 0.0)  # max(0.0, lag), the same float
             if next_vlt != vlt:
                 break
             j += 1
+        if j == i + 1:  # a run of one (alpha > 0 and distinct t_last: every run)
+            _, arrival, rid, need, r, _ = order[i]
+            yield ((-vlt, arrival, rid), need, r), i
+            i, vlt = j, next_vlt
+            continue
         # A run of one t_last is in (arrival, id) order already; equal VLTs of several are not.
         run = order[i:j] if order[i][0] == order[j - 1][0] else sorted(order[i:j], key=_arrival_id)
         for _, arrival, rid, need, r, _ in run:
             yield ((-vlt, arrival, rid), need, r), i
         i, vlt = j, next_vlt
+
+
+def _unique(views: Sequence[RequestView]) -> bool:
+    return len(set(map(id, views))) == len(views)
 
 
 def _arrival_id(entry: Entry) -> tuple[float, int]:

@@ -274,19 +274,19 @@ class RotaSched(Policy):
         for group in (view.running, fresh if kept else shown, view.waiting, view.fetching):
             for r in group:
                 rid = r.req_id
-                if pending_out:
-                    pending_out.pop(rid, None)  # visible again: its swap-out copy has landed
-                tokens = r.computed_tokens + r.generated_tokens
+                if rid in pending_out:  # visible again: its swap-out copy has landed
+                    del pending_out[rid]
                 seen = seen_map.get(rid)
                 if seen is None:
                     last_s = now if r.generated_tokens else r.arrival_s
+                    tokens = r.computed_tokens + r.generated_tokens
                     seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
                     continue
                 seen_map.move_to_end(rid)
                 if seen.view is r:  # the very view seen last time: phase and tokens as recorded
                     seen.seen_s, seen.prev_tokens = now, seen.tokens
                     continue
-                seen.view = r
+                seen.view, tokens = r, r.computed_tokens + r.generated_tokens
                 if r.generated_tokens > seen.generated:
                     seen.last_token_s = now
                 if r.phase is running and seen.phase is not running:
@@ -379,29 +379,33 @@ class RotaSched(Policy):
         # it from.
         heads: list[Head] = []  # waiting (and rotary, if not kept), VLT >= 0: step 3's
         tails: list[Head] = []  # running, VLT < 0: step 4's
-        waiting_rotary: list[RequestView] = list(view.swapped) if kept else []
         contended = rotary.total if kept else 0  # blocks of every waiting and rotary request (step 1)
         claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
-        running, waiting, swapped = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED
-        groups = ((view.running, running), (view.waiting, waiting))
-        for group, phase in groups if kept else (*groups, (view.swapped, swapped)):
+        running, waiting, swapped, device = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED, Tier.DEVICE
+        groups: tuple[tuple[Sequence[RequestView], Phase], ...] = (
+            (view.running, running),
+            (view.waiting, waiting),
+        )
+        if not kept:
+            groups += ((view.swapped, swapped),)
+        for group, phase in groups:
             for r in group:
                 if r.phase is not phase:  # not where a simulator shows it: the general path
                     need, vlt, phase_r = kv_blocks(r, bt), self.vlt(r, now), r.phase
-                elif phase is waiting:
-                    need = -(-r.prompt_tokens // bt) - r.cached_tokens[Tier.DEVICE] // bt
-                    vlt, phase_r = max(0.0, now - r.arrival_s - wait_s), phase
+                elif phase is waiting:  # max(0.0, x) as a test: the same float, -0.0 and NaN included
+                    need = -(-r.prompt_tokens // bt) - r.cached_tokens[device] // bt
+                    vlt = now - r.arrival_s - wait_s
+                    vlt, phase_r = vlt if vlt > 0.0 else 0.0, phase
                 elif phase is running:
                     need = -(-(r.computed_tokens + r.generated_tokens) // bt)
                     vlt, phase_r = -(now - seen_map[r.req_id].run_start_s), phase
                 else:
                     need = -(-(r.computed_tokens + r.generated_tokens) // bt)
                     lag = now - seen_map[r.req_id].last_token_s - lag_s
-                    vlt, phase_r = alpha * max(0.0, lag), phase
+                    vlt, phase_r = alpha * (lag if lag > 0.0 else 0.0), phase
                 if phase_r is not running:
-                    waiting_rotary.append(r)
                     contended += need
                     if vlt >= 0:
                         heads.append(((-vlt, r.arrival_s, r.req_id), need, r))
@@ -412,6 +416,8 @@ class RotaSched(Policy):
         pending = sum(held for held, _ in self._pending_out.values())
         free_hbm = view.free_device_blocks - claims + pending
         if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
+            waiting_rotary = list(view.swapped) if kept else []  # in the order the pass read them
+            waiting_rotary += [r for group, _ in groups for r in group if r.phase is not running]
             return [], sorted(waiting_rotary, key=fcfs_key), 0
         heads.sort()  # step 2 (the rotary set is in its order); unique keys: nothing else compared
         xfer = self.xfer_blocks if self.xfer_blocks is not None else paper_xfer_blocks(bt)
