@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.claims import claim, kv_blocks, running_claims, step_need, step_tokens
 from kvtier.sched.lvf import lvf
-from kvtier.sched.rotasched import _FORGET_S, RotaSched, StepPlan, _Seen
+from kvtier.sched.rotasched import _FORGET_S, RotaSched, _Seen
+from kvtier.sched.step_plan import StepPlan
 from kvtier.sched.swap_copy import PLAIN_SWAP, SWAP_ENGINES
 
 BT = 16
@@ -181,14 +182,19 @@ def _state(s: object) -> tuple[object, ...]:
 def _records(
     policy: RotaSched, now: float, members: Collection[int] | None = None
 ) -> dict[int, tuple[object, ...]]:
-    """What the policy remembers, as it acts on it: a rotary request kept in its rotary set is not
-    visited while its view stays, so its record's last sight is this view (``seen_s``) and its
+    """What the policy remembers, as it acts on it: a rotary or waiting request kept in its set is
+    not visited while its view stays, so its record's last sight is this view (``seen_s``) and its
     ``prev_tokens`` (read only for running requests, and set again when it runs) is left out."""
-    members = policy._rotary.entries if members is None else members
+    members = _members(policy) if members is None else members
     return {
         rid: (*_state(s)[:3], None, *_state(s)[4:6], now) if rid in members else _state(s)
         for rid, s in policy._seen.items()
     }
+
+
+def _members(policy: RotaSched) -> set[int]:
+    """The requests in the policy's kept sets (rotary and waiting)."""
+    return set(policy._rotary.entries) | set(policy._waiting.entries)
 
 
 def _scheduler_view(
@@ -312,7 +318,7 @@ def test_rotate_with_the_rotary_set_is_lvf_over_every_candidate(
         assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
             [r.req_id for r in part] for part in b[:2]
         ] + [b[2]]
-        members = set(new._rotary.entries)
+        members = _members(new)
         assert _remembered(new, now, members) == _remembered(ref, now, members)
         assert new._pending_out == ref._pending_out
         previous, swapped = shown, view.swapped
@@ -332,6 +338,6 @@ def test_a_request_unseen_past_the_horizon_is_forgotten_behind_a_rotary_one_that
         if a in shown:
             view = dataclasses.replace(view, swapped=swapped)
         assert [r.req_id for r in new.rotate(view)[1]] == [r.req_id for r in ref.rotate(view)[1]]
-        members = set(new._rotary.entries)
+        members = _members(new)
         assert _remembered(new, now, members) == _remembered(ref, now, members)
     assert new._seen[2].run_start_s == 30.06

@@ -72,8 +72,9 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
-from kvtier.sched.rotasched import RotaSched, StepPlan
+from kvtier.sched.rotasched import RotaSched
 from kvtier.sched.shadowserve import ShadowServeAsync
+from kvtier.sched.step_plan import StepPlan
 from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
 from kvtier.sched.unified_pool import admit_async
 from kvtier.sched.view_fill import sub_view

@@ -71,31 +71,40 @@ def take_heads(
     now_s: float = 0.0,
     alpha: float = 0.0,
     lag_s: float = 0.0,
+    waiting: RotarySet | None = None,
+    wait_s: float = 0.0,
 ) -> tuple[list[RequestView], int]:
     """Step 3: from the head of step 2's order, every request whose blk(r) fits what is left of
-    B_left. ``heads`` are in step 2's order; the rotary set's requests (VLT = alpha * ReLU(now_s -
-    t_last - lag_s)) are merged in. The walk stops once nothing after it can fit (suffix minima of
-    blk(r)). Returns (prioritised R, B_left left)."""
+    B_left. ``heads`` are the waiting requests in step 2's order, or ``waiting`` holds them (kept
+    by arrival, VLT = ReLU(now_s - arrival - wait_s): that order is step 2's); the rotary set's
+    requests (VLT = alpha * ReLU(now_s - t_last - lag_s)) are merged in. The walk stops once nothing
+    after it can fit (suffix minima of blk(r)). Returns (prioritised R, B_left left)."""
     prioritised: list[RequestView] = []
-    if rotary is None or not rotary.order:  # the heads alone: a plain walk
+    if waiting is None and (rotary is None or not rotary.order):  # the heads alone: a plain walk
         for _, need, r in heads:
             if need <= left:
                 prioritised.append(r)
                 left -= need
         return prioritised, left
-    w_mins = list(accumulate(map(_head_need, reversed(heads)), min))[::-1]
-    wi, nw, big = 0, len(heads), math.inf
-    rot, r_mins = rotary_heads(rotary.order, now_s, alpha, lag_s), rotary.mins
+    if waiting is not None:
+        nw, w_mins = len(waiting.order), waiting.mins
+    else:
+        nw, w_mins = len(heads), list(accumulate(map(_head_need, reversed(heads)), min))[::-1]
+    head = _waiting_head(heads, waiting, 0, now_s, wait_s) if nw else None
+    wi, big = 0, math.inf
+    rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
+    r_mins = rotary.mins if rotary is not None else []
     nxt = next(rot, None)
-    while wi < nw or nxt is not None:
-        rest = w_mins[wi] if wi < nw else big
+    while head is not None or nxt is not None:
+        rest = w_mins[wi] if head is not None else big
         if nxt is not None and r_mins[nxt[1]] < rest:
             rest = r_mins[nxt[1]]
         if left < rest:
             break
-        if nxt is None or (wi < nw and heads[wi][0] < nxt[0][0]):
-            _, need, r = heads[wi]
+        if nxt is None or (head is not None and head[0] < nxt[0][0]):
+            _, need, r = head  # type: ignore[misc]  # not None: one of the two is not
             wi += 1
+            head = _waiting_head(heads, waiting, wi, now_s, wait_s) if wi < nw else None
         else:
             (_, need, r), _ = nxt
             nxt = next(rot, None)
@@ -103,6 +112,18 @@ def take_heads(
             prioritised.append(r)
             left -= need
     return prioritised, left
+
+
+def _waiting_head(
+    heads: Sequence[Head], waiting: RotarySet | None, i: int, now_s: float, wait_s: float
+) -> Head:
+    """The ``i``-th waiting request of step 2's order, read from ``waiting`` (built as RotaSched's
+    pass builds it: the same floats) or ``heads``."""
+    if waiting is None:
+        return heads[i]
+    arrival_s, _, rid, need, r, _ = waiting.order[i]
+    vlt = now_s - arrival_s - wait_s
+    return (-(vlt if vlt > 0.0 else 0.0), arrival_s, rid), need, r
 
 
 def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[RequestView]:
@@ -133,11 +154,16 @@ def fcfs_key(r: RequestView) -> tuple[int, float, int]:
 
 class RotarySet:
     """The rotary requests of the last view, sorted by (t_last, arrival, id), with blk(r) each,
-    their sum (step 1) and the suffix minima of blk(r) along the order (step 3's stop)."""
+    their sum (step 1) and the suffix minima of blk(r) along the order (step 3's stop).
 
-    __slots__ = ("by_object", "entries", "ids", "mins", "odd", "order", "shown", "total")
+    RotaSched keeps its waiting head in one too (``phase`` WAITING), an entry's t_last being its
+    arrival: a waiting request's VLT, ReLU(now - arrival - beta_F * S_F), never rises along that
+    order either, and its view is the same object while nothing it read changed (issue 20)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("by_object", "entries", "ids", "mins", "odd", "order", "phase", "shown", "total")
+
+    def __init__(self, phase: Phase = Phase.SWAPPED) -> None:
+        self.phase = phase  # where a simulator shows the members
         self.shown: Sequence[RequestView] = ()  # the view's swapped sequence these were read from
         self.by_object: dict[
             int, int
@@ -147,7 +173,7 @@ class RotarySet:
         self.order: list[Entry] = []
         self.mins: list[int] = []
         self.total = 0  # sum of blk(r)
-        self.odd = 0  # members whose view is not SWAPPED (not where a simulator shows them)
+        self.odd = 0  # members whose view is not in ``phase`` (not where a simulator shows them)
 
     def __contains__(self, req_id: int) -> bool:
         return req_id in self.entries
@@ -210,7 +236,7 @@ class RotarySet:
             del by_object[id(entry[4])]
             self.ids.discard(id(entry[4]))
             self.total -= entry[3]
-            self.odd -= entry[4].phase is not Phase.SWAPPED
+            self.odd -= entry[4].phase is not self.phase
         for entry in fresh:
             rid, r = entry[2], entry[4]
             at = bisect_left(order, entry)
@@ -220,7 +246,7 @@ class RotarySet:
             by_object[id(r)] = rid
             self.ids.add(id(r))
             self.total += entry[3]
-            self.odd += r.phase is not Phase.SWAPPED
+            self.odd += r.phase is not self.phase
         self.shown = shown
 
 

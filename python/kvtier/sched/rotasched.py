@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,78 +74,11 @@ from kvtier.sched.base import (
     SchedulerView,
     register,
 )
-from kvtier.sched.batching import reusable_tokens, steady_fcfs
+from kvtier.sched.batching import steady_fcfs
 from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
 from kvtier.sched.lvf import Entry, Head, RotarySet, fcfs_key, take_heads, take_tails
+from kvtier.sched.step_plan import StepPlan
 from kvtier.tiers import Tier
-
-
-class StepPlan:
-    """One iteration's decision with its token budget, running slots and device blocks free now.
-
-    Requests are added in priority order; each takes what it needs or is skipped (it waits).
-    ``free_blocks`` already counts what the swap-outs release at once (see :func:`released_now`).
-    """
-
-    def __init__(self, view: SchedulerView, free_blocks: int, swapped_out: Sequence[RequestView]) -> None:
-        self.view = view
-        self.decision = SchedulerDecision(swap_out=[r.req_id for r in swapped_out])
-        self.budget = view.max_batch_tokens
-        self.free_blocks = free_blocks
-        self.slots = view.max_running - len(view.running) + len(swapped_out)
-
-    def run(self, running: Iterable[RequestView]) -> None:
-        """Decodes and prefill chunks of the running requests that stay, in the view's order."""
-        # step_tokens, step_need and claim inline (per running request per step); a decode's
-        # step_need for its one token is its claim. A request that cannot get its block now stalls
-        # one iteration (no recompute preemption); its claim is set aside even when it waits.
-        bt = self.view.block_tokens
-        budget, free = self.budget, self.free_blocks
-        prefill, decode = self.decision.prefill, self.decision.decode
-        for r in running:
-            computed, prompt = r.computed_tokens, r.prompt_tokens
-            if computed < prompt:
-                claimed = -(-prompt // bt) + (-computed // bt)  # the rest of the prompt
-                if budget > 0:
-                    rest = prompt - computed
-                    n = rest if rest < budget else budget
-                    if -(-(computed + n) // bt) + (-computed // bt) <= free:
-                        budget -= n
-                        prefill.append((r.req_id, n))
-            else:
-                generated = r.generated_tokens
-                held = computed + generated - (1 if generated == 1 else 0)
-                claimed = -(-(computed + generated + 1) // bt) + (-held // bt)
-                if budget > 0 and claimed <= free:
-                    budget -= 1
-                    decode.append(r.req_id)
-            free -= claimed
-        self.budget, self.free_blocks = budget, free
-
-    def swap_in(self, r: RequestView) -> bool:
-        if r.phase is Phase.WAITING:
-            need = kv_blocks(r, self.view.block_tokens)
-        else:  # kv_blocks inline: up to every rotary request per step
-            need = -(-(r.computed_tokens + r.generated_tokens) // self.view.block_tokens)
-        if need > self.free_blocks or self.slots <= 0:
-            return False
-        self.decision.swap_in.append(r.req_id)
-        self.free_blocks -= need
-        self.slots -= 1
-        return True
-
-    def admit(self, r: RequestView) -> bool:
-        """Starts a waiting request's prefill; its whole prompt's blocks are set aside."""
-        need = kv_blocks(r, self.view.block_tokens)
-        if self.budget <= 0 or self.slots <= 0 or need > self.free_blocks:
-            return False
-        n = min(r.prompt_tokens - reusable_tokens(r, with_lower_tiers=False), self.budget)
-        self.decision.prefill.append((r.req_id, n))
-        self.budget -= n
-        self.free_blocks -= need
-        self.slots -= 1
-        return True
-
 
 #: SuperInfer §5.1's transfer budget: 2400 blocks of P = 16 tokens (§4.3.1) per iteration.
 PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16
@@ -211,6 +144,7 @@ class RotaSched(Policy):
         self._pending_out: dict[int, tuple[int, float]] = {}
         self._steady = False  # steady_decode said yes: steps up to the next view may go unseen
         self._rotary = RotarySet()  # the rotary requests of the last view, in t_last order
+        self._waiting = RotarySet(Phase.WAITING)  # the waiting head of the last view, by arrival
         self._last_now = -math.inf  # the time of the last view observed
         self._views = 0  # views observed
         self._use_rotary = False  # the rotary set is kept (_keep_rotary)
@@ -242,9 +176,9 @@ class RotaSched(Policy):
     def observe(self, view: SchedulerView) -> None:
         """Updates t_last and t_run from this view; forgets requests unseen for a while.
 
-        The rotary set (:class:`~kvtier.sched.lvf.RotarySet`) is updated by what changed since the
-        last view: a rotary request whose view object is the one seen last time is not visited
-        (its phase, tokens and t_last are as recorded). Its record's last sight (``seen_s``, and
+        The rotary set (:class:`~kvtier.sched.lvf.RotarySet`) and the waiting head (kept the same
+        way) are updated by what changed since the last view: a member whose view object is the
+        one seen last time is not visited (its phase, tokens and t_last are as recorded). Its record's last sight (``seen_s``, and
         ``prev_tokens``, which only a running request's reading needs) is brought up to date
         when it leaves the set, or when forgetting reaches it while it is still there.
         ``_seen`` is kept in order of that last sight (a request seen moves to the end), so the
@@ -264,14 +198,11 @@ class RotaSched(Policy):
         gone: list[int] = []
         if shown is not rotary.shown and (kept or rotary.entries):
             fresh, gone = rotary.diff(shown)
-            entries = rotary.entries
-            for rid in gone:  # in the set at the previous view: seen then, unchanged since entry
-                if (s := seen_map.get(rid)) is not None:
-                    if entries[rid][5] < self._views - 1:  # seen at two views or more: as the
-                        s.prev_tokens = s.tokens  # same-view path would have left it
-                    s.seen_s = last
-                    seen_map.move_to_end(rid)
-        for group in (view.running, fresh if kept else shown, view.waiting, view.fetching):
+            self._settle(rotary, gone, last)
+        waiting, head = self._waiting, tuple(view.waiting)  # the same views, a new sequence each view
+        head_fresh, head_gone = waiting.diff(head) if head or waiting.entries else ((), [])
+        self._settle(waiting, head_gone, last)
+        for group in (view.running, fresh if kept else shown, head_fresh, view.fetching):
             for r in group:
                 rid = r.req_id
                 if rid in pending_out:  # visible again: its swap-out copy has landed
@@ -298,12 +229,19 @@ class RotaSched(Policy):
                 rotary = self._rotary = RotarySet()
         elif shown is not rotary.shown:
             rotary.update(shown, gone, [self._entry(r, view.block_tokens) for r in fresh])
+        if head_fresh or head_gone:
+            bt, n = view.block_tokens, self._views
+            waiting.update(
+                head,
+                head_gone,
+                [(r.arrival_s, r.arrival_s, r.req_id, kv_blocks(r, bt), r, n) for r in head_fresh],
+            )
         while seen_map:
             rid = next(iter(seen_map))
             seen = seen_map[rid]
             if not now - seen.seen_s > _FORGET_S:
                 break
-            if rid in rotary:  # a rotary request, seen in this view (and at the one it entered)
+            if rid in rotary or rid in waiting:  # a member, seen in this view (and when it entered)
                 seen.seen_s, seen.prev_tokens = now, seen.tokens
                 seen_map.move_to_end(rid)
             else:
@@ -311,6 +249,17 @@ class RotaSched(Policy):
         for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
             del pending_out[rid]
         self._last_now = now
+
+    def _settle(self, kept: RotarySet, gone: Sequence[int], last_s: float) -> None:
+        """The records of ``kept``'s members ``gone`` (not shown as they were): in the set at the
+        previous view, so seen then, unchanged since they entered."""
+        seen_map, entries = self._seen, kept.entries
+        for rid in gone:
+            if (s := seen_map.get(rid)) is not None:
+                if entries[rid][5] < self._views - 1:  # seen at two views or more: as the
+                    s.prev_tokens = s.tokens  # same-view path would have left it
+                s.seen_s = last_s
+                seen_map.move_to_end(rid)
 
     # The rotary set pays where many rotary requests wait and few change per view (SuperInfer's
     # RotaSched on an overloaded engine: ~345 rotary, ~2 swaps a step); where most of them change
@@ -366,28 +315,31 @@ class RotaSched(Policy):
         """One iteration's rotation: observes ``view``, runs LVF and records the swap-outs.
 
         Returns (preempted P, prioritised R, device blocks the swap-outs free for this iteration).
-        Algorithm 1 as :func:`~kvtier.sched.lvf.lvf` runs it, with the rotary requests read from
-        the rotary set (in step 2's order already, blk(r) summed) instead of one by one.
+        Algorithm 1 as :func:`~kvtier.sched.lvf.lvf` runs it, with the rotary and waiting requests
+        read from their kept sets (in step 2's order already, blk(r) summed) instead of one by one.
         """
         self.observe(view)
         now, bt = view.now_s, view.block_tokens
         seen_map = self._seen  # observe() saw every request below
         rotary = self._rotary
         kept = self._use_rotary and not rotary.odd  # the set holds every rotary request, in LVF's order
+        # The waiting head's set beside it (merged with the rotary set's order in step 3), if it too
+        # holds every waiting request where a simulator shows it.
+        head = self._waiting if kept and not self._waiting.odd else None
         # blk(r) (kv_blocks), VLT (vlt), LVF's keys and the running batch's claims (running_claims)
         # in one pass over the running and waiting requests: each key goes to the group LVF takes
         # it from.
         heads: list[Head] = []  # waiting (and rotary, if not kept), VLT >= 0: step 3's
         tails: list[Head] = []  # running, VLT < 0: step 4's
         contended = rotary.total if kept else 0  # blocks of every waiting and rotary request (step 1)
+        contended += head.total if head is not None else 0
         claims = running_claims(view)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
         running, waiting, swapped, device = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED, Tier.DEVICE
-        groups: tuple[tuple[Sequence[RequestView], Phase], ...] = (
-            (view.running, running),
-            (view.waiting, waiting),
-        )
+        groups: tuple[tuple[Sequence[RequestView], Phase], ...] = ((view.running, running),)
+        if head is None:
+            groups += ((view.waiting, waiting),)
         if not kept:
             groups += ((view.swapped, swapped),)
         for group, phase in groups:
@@ -416,15 +368,16 @@ class RotaSched(Policy):
         pending = sum(held for held, _ in self._pending_out.values())
         free_hbm = view.free_device_blocks - claims + pending
         if free_hbm >= contended:  # lvf's step 1: no contention, FCFS
-            waiting_rotary = list(view.swapped) if kept else []  # in the order the pass read them
+            waiting_rotary = [*(view.swapped if kept else ()), *(view.waiting if head is not None else ())]
             waiting_rotary += [r for group, _ in groups for r in group if r.phase is not running]
             return [], sorted(waiting_rotary, key=fcfs_key), 0
         heads.sort()  # step 2 (the rotary set is in its order); unique keys: nothing else compared
         xfer = self.xfer_blocks if self.xfer_blocks is not None else paper_xfer_blocks(bt)
         left = free_hbm + xfer  # step 3: B_left
-        prioritised, left = (
-            take_heads(heads, left, rotary, now, alpha, lag_s) if kept else take_heads(heads, left)
-        )
+        if not kept:
+            prioritised, left = take_heads(heads, left)
+        else:
+            prioritised, left = take_heads(heads, left, rotary, now, alpha, lag_s, head, wait_s)
         preempted = take_tails(tails, xfer - left, view.free_host_blocks)  # step 4
         return preempted, prioritised, self.swap_out(view, preempted)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from kvtier.sched.base import Phase, Policy, RequestView, SchedulerDecision, SchedulerView, register
 from kvtier.sched.batching import steady_fcfs
 from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
-from kvtier.sched.rotasched import StepPlan
+from kvtier.sched.step_plan import StepPlan
 
 
 class _StaticSwap(Policy):
