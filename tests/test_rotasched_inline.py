@@ -341,3 +341,57 @@ def test_a_request_unseen_past_the_horizon_is_forgotten_behind_a_rotary_one_that
         members = _members(new)
         assert _remembered(new, now, members) == _remembered(ref, now, members)
     assert new._seen[2].run_start_s == 30.06
+
+
+def test_a_waiting_request_kept_past_the_horizon_is_remembered_and_one_gone_forgotten() -> None:
+    """The waiting head kept (issue 20): W waits with the same view object for over 30 s, never
+    visited after it entered: its record stays (it is seen every view), and C, seen once, is
+    forgotten on time behind it. W then runs (it leaves the head) and its record goes on from there.
+    A rotary request keeps the rotary set, and so the head's, in use."""
+    w = RequestView(1, 0.0, Phase.WAITING, 40, 0, 0)
+    c = RequestView(2, 0.0, Phase.RUNNING, 40, 40, 2)
+    s = RequestView(3, 0.0, Phase.SWAPPED, 40, 40, 2)
+    w_run = RequestView(1, 0.0, Phase.RUNNING, 40, 40, 1)
+    new, ref = RotaSched(xfer_blocks=12), _Reference(xfer_blocks=12)
+    new._rotary_base = 1
+    steps = (
+        (0.0, [w, s]),
+        (0.01, [w, s, c]),
+        (29.9, [w, s]),
+        (30.05, [w, s]),
+        (31.0, [w_run, s]),
+        (62.0, [s]),
+    )
+    for now, shown in steps:
+        view = _scheduler_view(now, shown, 8)
+        a, b = new.rotate(view), ref.rotate(view)
+        assert [[r.req_id for r in part] for part in a[:2]] == [[r.req_id for r in part] for part in b[:2]]
+        members = _members(new)
+        assert _remembered(new, now, members) == _remembered(ref, now, members)
+        assert (1 in new._waiting) == (w in shown)
+    assert 2 not in new._seen and 1 not in new._seen
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(views(), st.booleans(), st.sampled_from([0.0, 0.3, 31.0])), min_size=1, max_size=8))
+def test_a_waiting_head_with_requests_not_waiting_is_read_one_by_one(
+    steps: list[tuple[list[RequestView], bool, float]],
+) -> None:
+    """Every request shown in the waiting head, whatever its phase (not where a simulator shows a
+    running or rotary one): the head's set is not read (its order is not theirs), the pass reads
+    each one, and the decisions and records are the reference's."""
+    new, ref = RotaSched(xfer_blocks=12), _Reference(xfer_blocks=12)
+    new._rotary_base = 0  # the rotary set kept: the head's set would be read beside it
+    now, previous = 0.0, [RequestView(0, 0.0, Phase.SWAPPED, 10, 10, 1)]
+    for requests, repeat, dt in steps:
+        now += dt
+        shown = previous if repeat else requests
+        view = _scheduler_view(now, shown, 6)
+        view = dataclasses.replace(view, waiting=tuple(shown), running=(), swapped=())
+        a, b = new.rotate(view), ref.rotate(view)
+        assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
+            [r.req_id for r in part] for part in b[:2]
+        ] + [b[2]]
+        members = _members(new)
+        assert _remembered(new, now, members) == _remembered(ref, now, members)
+        previous = shown

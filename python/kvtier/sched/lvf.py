@@ -87,24 +87,31 @@ def take_heads(
                 left -= need
         return prioritised, left
     if waiting is not None:
-        nw, w_mins = len(waiting.order), waiting.mins
+        nw, w_mins, order = len(waiting.order), waiting.mins, waiting.order
     else:
-        nw, w_mins = len(heads), list(accumulate(map(_head_need, reversed(heads)), min))[::-1]
-    head = _waiting_head(heads, waiting, 0, now_s, wait_s) if nw else None
-    wi, big = 0, math.inf
+        nw, w_mins, order = len(heads), list(accumulate(map(_head_need, reversed(heads)), min))[::-1], []
     rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
     r_mins = rotary.mins if rotary is not None else []
     nxt = next(rot, None)
-    while head is not None or nxt is not None:
-        rest = w_mins[wi] if head is not None else big
+    wi, key, big = 0, None, math.inf  # key: the next waiting request's, read once (None: not yet)
+    while True:
+        if key is None and wi < nw:
+            if waiting is None:
+                key, w_need, w_r = heads[wi]
+            else:  # its VLT as RotaSched's pass reads it: the same float
+                arrival_s, _, rid, w_need, w_r, _ = order[wi]
+                vlt = now_s - arrival_s - wait_s
+                key = (-(vlt if vlt > 0.0 else 0.0), arrival_s, rid)
+        elif key is None and nxt is None:
+            break
+        rest = w_mins[wi] if key is not None else big
         if nxt is not None and r_mins[nxt[1]] < rest:
             rest = r_mins[nxt[1]]
         if left < rest:
             break
-        if nxt is None or (head is not None and head[0] < nxt[0][0]):
-            _, need, r = head  # type: ignore[misc]  # not None: one of the two is not
+        if nxt is None or (key is not None and key < nxt[0][0]):
+            need, r, key = w_need, w_r, None
             wi += 1
-            head = _waiting_head(heads, waiting, wi, now_s, wait_s) if wi < nw else None
         else:
             (_, need, r), _ = nxt
             nxt = next(rot, None)
@@ -112,18 +119,6 @@ def take_heads(
             prioritised.append(r)
             left -= need
     return prioritised, left
-
-
-def _waiting_head(
-    heads: Sequence[Head], waiting: RotarySet | None, i: int, now_s: float, wait_s: float
-) -> Head:
-    """The ``i``-th waiting request of step 2's order, read from ``waiting`` (built as RotaSched's
-    pass builds it: the same floats) or ``heads``."""
-    if waiting is None:
-        return heads[i]
-    arrival_s, _, rid, need, r, _ = waiting.order[i]
-    vlt = now_s - arrival_s - wait_s
-    return (-(vlt if vlt > 0.0 else 0.0), arrival_s, rid), need, r
 
 
 def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[RequestView]:

@@ -246,8 +246,12 @@ class RotaSched(Policy):
                 seen_map.move_to_end(rid)
             else:
                 del seen_map[rid]
-        for rid in [rid for rid, (_, t) in pending_out.items() if now - t > _FORGET_S]:
-            del pending_out[rid]
+        for rid in [
+            rid
+            for rid, (_, t) in pending_out.items()
+            if now - t > _FORGET_S or rid in rotary or rid in waiting
+        ]:
+            del pending_out[rid]  # forgotten, or a member shown (not visited above): its copy landed
         self._last_now = now
 
     def _settle(self, kept: RotarySet, gone: Sequence[int], last_s: float) -> None:
@@ -304,9 +308,18 @@ class RotaSched(Policy):
                     seen.tokens = tokens - 1
 
     def synced_blocks(self, r: RequestView, block_tokens: int) -> int:
-        """Blocks full at the previous view: their eager host copy started then (§4.3.2)."""
+        """Blocks full at the previous view: their eager host copy started then (§4.3.2). A member
+        of a kept set shown as it was (a running request shown there: not where a simulator shows
+        one) was not visited: its record's ``prev_tokens`` is that of an earlier view, and this
+        view's same-view path would have made it its tokens."""
         seen = self._seen.get(r.req_id)
-        return seen.prev_tokens // block_tokens if seen is not None else 0
+        if seen is None:
+            return 0
+        for kept in (self._rotary, self._waiting):
+            entry = kept.entries.get(r.req_id)
+            if entry is not None and entry[4] is r and entry[5] < self._views:
+                return seen.tokens // block_tokens
+        return seen.prev_tokens // block_tokens
 
     # ------------------------------------------------------------------------------------------
     # One iteration
