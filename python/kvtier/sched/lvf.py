@@ -12,6 +12,9 @@ never rises (IEEE subtraction, ``max`` and a product by alpha >= 0 are monotone)
 of the rotary requests is that order with each run of equal VLTs re-sorted by (arrival, id)
 (:func:`rotary_heads`), and step 3 can stop as soon as B_left is below every remaining blk(r)
 (suffix minima, :attr:`RotarySet.mins`): exactly the requests Algorithm 1 takes, in its order.
+The waiting head is kept in one too (the same views step after step, ~60 on an overloaded engine):
+sorted by (arrival, id), where its VLT ReLU(now - arrival - beta_F * S_F) never rises, so that order
+is step 2's as it is, and :func:`take_heads` reads it in place.
 """
 
 from __future__ import annotations
