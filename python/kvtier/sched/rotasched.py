@@ -178,9 +178,10 @@ class RotaSched(Policy):
 
         The rotary set (:class:`~kvtier.sched.lvf.RotarySet`) and the waiting head (kept the same
         way) are updated by what changed since the last view: a member whose view object is the
-        one seen last time is not visited (its phase, tokens and t_last are as recorded). Its record's last sight (``seen_s``, and
-        ``prev_tokens``, which only a running request's reading needs) is brought up to date
-        when it leaves the set, or when forgetting reaches it while it is still there.
+        one seen last time is not visited (its phase, tokens and t_last are as recorded). Its
+        record's last sight (``seen_s``, and ``prev_tokens``, which only a running request's reading
+        needs) is brought up to date when it leaves the set, or when forgetting reaches it while it
+        is still there.
         ``_seen`` is kept in order of that last sight (a request seen moves to the end), so the
         requests to forget are a run at its head: no scan of every remembered request per step,
         and the records forgotten are those unseen for ``_FORGET_S`` at this view, as when every

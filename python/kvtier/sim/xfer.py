@@ -8,8 +8,8 @@ translations, computed from the shared profiles, not fitted:
 
 - time-equal: the blocks this node's host link moves, both ways at once, in the time C2C moves
   §5.1's bytes (the pipeline's view: what one iteration can hide). On §5.1's own node it is 2400.
-- token-equal: the same 38,400 tokens in this node's blocks (:func:`~kvtier.sched.rotasched.paper_xfer_blocks`,
-  what a policy built outside the simulator takes).
+- token-equal: the same 38,400 tokens in this node's blocks
+  (:func:`~kvtier.sched.rotasched.paper_xfer_blocks`, what a policy built outside the simulator takes).
 
 A sim config whose rotating policy (``rotasched``, ``composed``) leaves ``xfer_blocks`` out gets the
 time-equal budget (:func:`with_xfer_budget`); one that sets it keeps its own.
