@@ -192,6 +192,17 @@ def _records(
     }
 
 
+def _assert_same_rotation(new: RotaSched, ref: _Reference, view: SchedulerView) -> None:
+    """One iteration of both: the same preempted and prioritised requests, the same blocks freed
+    and the same records of every request (the kept sets' members as the reference sees them)."""
+    a, b = new.rotate(view), ref.rotate(view)
+    assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
+        [r.req_id for r in part] for part in b[:2]
+    ] + [b[2]]
+    members = _members(new)
+    assert _remembered(new, view.now_s, members) == _remembered(ref, view.now_s, members)
+
+
 def _members(policy: RotaSched) -> set[int]:
     """The requests in the policy's kept sets (rotary and waiting)."""
     return set(policy._rotary.entries) | set(policy._waiting.entries)
@@ -314,12 +325,7 @@ def test_rotate_with_the_rotary_set_is_lvf_over_every_candidate(
         view = _scheduler_view(now, shown, free, host)
         if repeat and swapped is not None:  # the simulator's kept swapped tuple
             view = dataclasses.replace(view, swapped=swapped)
-        a, b = new.rotate(view), ref.rotate(view)
-        assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
-            [r.req_id for r in part] for part in b[:2]
-        ] + [b[2]]
-        members = _members(new)
-        assert _remembered(new, now, members) == _remembered(ref, now, members)
+        _assert_same_rotation(new, ref, view)
         assert new._pending_out == ref._pending_out
         previous, swapped = shown, view.swapped
 
@@ -388,10 +394,5 @@ def test_a_waiting_head_with_requests_not_waiting_is_read_one_by_one(
         shown = previous if repeat else requests
         view = _scheduler_view(now, shown, 6)
         view = dataclasses.replace(view, waiting=tuple(shown), running=(), swapped=())
-        a, b = new.rotate(view), ref.rotate(view)
-        assert [[r.req_id for r in part] for part in a[:2]] + [a[2]] == [
-            [r.req_id for r in part] for part in b[:2]
-        ] + [b[2]]
-        members = _members(new)
-        assert _remembered(new, now, members) == _remembered(ref, now, members)
+        _assert_same_rotation(new, ref, view)
         previous = shown

@@ -24,7 +24,6 @@ from typing import Any
 from kvtier.sched.base import policy_class
 from kvtier.sched.rotasched import PAPER_XFER_TOKENS, paper_xfer_blocks
 from kvtier.sim.config import SimConfig
-from kvtier.sim.cost import make_cost_model
 from kvtier.sim.hardware import HardwareProfile, load_hardware
 from kvtier.sim.models import load_model
 
@@ -40,11 +39,10 @@ def _duplex_rate(hw: HardwareProfile) -> float:
 def xfer_blocks(config: SimConfig) -> tuple[int, int]:
     """B_xfer for ``config``'s node, in its blocks: (time-equal, token-equal)."""
     paper_hw, hw = load_hardware(PAPER_HARDWARE), load_hardware(config.hardware)
-    paper_cost = make_cost_model("roofline", paper_hw, load_model(PAPER_MODEL), tp=1)
-    cost = make_cost_model("roofline", hw, load_model(config.model), tp=config.tp)
-    seconds = PAPER_XFER_TOKENS * paper_cost.kv_bytes_per_token / _duplex_rate(paper_hw)
+    paper_bytes = load_model(PAPER_MODEL).kv_bytes_per_token_per_gpu(1)
+    seconds = PAPER_XFER_TOKENS * paper_bytes / _duplex_rate(paper_hw)
     # Each of the engine's tp GPUs moves its shard of every block over its own link.
-    shard_bytes = config.block_tokens * cost.kv_bytes_per_token
+    shard_bytes = config.block_tokens * load_model(config.model).kv_bytes_per_token_per_gpu(config.tp)
     time_equal = int(seconds * _duplex_rate(hw) // shard_bytes)
     return max(time_equal, 1), paper_xfer_blocks(config.block_tokens)
 
