@@ -279,6 +279,7 @@ class DuplexEngine:
 
     ``device`` is a ``LayerFirst`` pool array; ``host`` holds ``BlockFirst`` objects, one per slot
     (an ``(slots, block_bytes)`` uint8 array). Both are held for the engine's life.
+    :meth:`on_cuda` puts the device pool in GPU memory instead (docs/transfer.md §6).
     """
 
     def __init__(
@@ -293,19 +294,40 @@ class DuplexEngine:
         pool_num_blocks(geometry, device, "device")
         if not device.flags.writeable:
             raise BufferError("device is read-only; expected a writable array")
-        if not isinstance(host, np.ndarray):
-            raise BufferError(f"host is {type(host).__name__}; expected a numpy array")
-        buffer_array(host, "host", writable=True)
-        if host.nbytes == 0 or host.nbytes % geometry.block_bytes:
-            raise BufferError(
-                f"host has {host.nbytes} bytes; expected a positive multiple of {geometry.block_bytes} "
-                f"bytes (whole slots of one BlockFirst object each)"
-            )
+        _host_slots(geometry, host)
         if np.may_share_memory(device, host):  # both C-contiguous: exact
             raise BufferError("device and host share memory; expected separate arrays")
         _positive("queued_transfers_max", queued_transfers_max)
         _positive("step_blocks_max", step_blocks_max)
         self._core = _core.DuplexEngine(geometry._handle, device, host, queued_transfers_max, step_blocks_max)
+        self._block_bytes = geometry.block_bytes
+
+    @classmethod
+    def on_cuda(
+        cls,
+        geometry: Geometry,
+        device_blocks: int,
+        host: np.ndarray,
+        queued_transfers_max: int = 64,
+        step_blocks_max: int = 1 << 16,
+        device: int = 0,
+    ) -> DuplexEngine:
+        """A device pool of ``device_blocks`` zeroed blocks in the memory of CUDA GPU ``device``;
+        ``host`` is pinned for the engine's life and each swap direction copies on its own stream.
+        The CUDA runtime is loaded now (``KVTIER_CUDART`` names it if it is not found): without
+        one this raises :class:`TransferError`."""
+        _positive("device_blocks", device_blocks)
+        _host_slots(geometry, host)
+        _positive("queued_transfers_max", queued_transfers_max)
+        _positive("step_blocks_max", step_blocks_max)
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise ConfigError(f"device is {device!r}; expected a CUDA device index >= 0")
+        engine = cls.__new__(cls)
+        engine._core = _core.DuplexEngine.on_cuda(
+            geometry._handle, device_blocks, host, queued_transfers_max, step_blocks_max, device
+        )
+        engine._block_bytes = geometry.block_bytes
+        return engine
 
     def state(self, block: int) -> tuple[str, int | None]:
         """``("free" | "dirty", None)`` or ``("synced", host_slot)``."""
@@ -343,4 +365,40 @@ class DuplexEngine:
         self._core.wait(transfer)
 
     def wait_all(self) -> None:
+        """Waits for every transfer; raises :class:`TransferError` naming each that failed."""
         self._core.wait_all()
+
+    def read_block(self, block: int) -> np.ndarray:
+        """Device block ``block`` as one ``BlockFirst`` object (a new uint8 array)."""
+        out = np.empty(self._block_bytes, dtype=np.uint8)
+        self._core.read_block(block, out)
+        return out
+
+    def write_block(self, block: int, data: np.ndarray) -> None:
+        """Writes one ``BlockFirst`` object into device block ``block`` (it becomes dirty)."""
+        buffer_array(data, "data")
+        if data.nbytes != self._block_bytes:
+            raise BufferError(f"data has {data.nbytes} bytes; expected one block of {self._block_bytes}")
+        self._core.write_block(block, data)
+
+
+def _host_slots(geometry: Geometry, host: object) -> None:
+    """Checks a duplex engine's host swap space: a writable numpy array of whole slots."""
+    if not isinstance(host, np.ndarray):
+        raise BufferError(f"host is {type(host).__name__}; expected a numpy array")
+    buffer_array(host, "host", writable=True)
+    if host.nbytes == 0 or host.nbytes % geometry.block_bytes:
+        raise BufferError(
+            f"host has {host.nbytes} bytes; expected a positive multiple of {geometry.block_bytes} "
+            f"bytes (whole slots of one BlockFirst object each)"
+        )
+
+
+def cuda_link_duplex(nbytes: int, rounds: int = 5, device: int = 0) -> tuple[float, float]:
+    """The host link's own duplex limit on CUDA GPU ``device``: (serial s, at-once s) for
+    ``nbytes`` each way as one copy per direction, one after the other and on two streams at once
+    (best of ``rounds``)."""
+    _positive("nbytes", nbytes)
+    _positive("rounds", rounds)
+    serial, at_once = _core.cuda_link_duplex(nbytes, rounds, device)
+    return float(serial), float(at_once)

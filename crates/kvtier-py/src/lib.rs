@@ -130,7 +130,7 @@ mod _core {
     #[pymodule_export]
     use crate::store::Store;
     #[pymodule_export]
-    use crate::transfer::{balanced_stage_workers, DuplexEngine, TransferEngine};
+    use crate::transfer::{balanced_stage_workers, cuda_link_duplex, DuplexEngine, TransferEngine};
     #[pymodule_export]
     use crate::{block_keys, checksum, decode_object, encode_object, memcpy};
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 
 use kvtier_store::Store as CoreStore;
+use kvtier_transfer::cuda::{link_duplex_seconds, Cuda};
 use kvtier_transfer::duplex::BlockState;
 use kvtier_transfer::{
     DuplexConfig, DuplexEngine as CoreDuplex, FinishedJob, JobKind, PoolRef, StageWorkers, StoreHandle,
@@ -208,11 +209,13 @@ fn state_name(s: BlockState) -> (&'static str, Option<u64>) {
     }
 }
 
-/// The duplex swap engine over a device pool and a host swap space, both held for its life.
+/// The duplex swap engine over a device pool and a host swap space, both held for its life
+/// (a CUDA engine's device pool is its own).
 #[pyclass(frozen, name = "DuplexEngine", module = "kvtier._core")]
 pub struct DuplexEngine {
+    // Declared first: dropped (its transfers waited for) before the buffers below.
     inner: CoreDuplex,
-    _buffers: (Buffer, Buffer),
+    _buffers: Vec<Buffer>,
 }
 
 #[pymethods]
@@ -231,7 +234,37 @@ impl DuplexEngine {
         crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let inner = CoreDuplex::new(&geometry.inner, dref, href, config).map_err(raise)?;
-        Ok(DuplexEngine { inner, _buffers: (dbuf, hbuf) })
+        Ok(DuplexEngine { inner, _buffers: vec![dbuf, hbuf] })
+    }
+
+    /// A device pool of `device_blocks` blocks in CUDA memory on GPU `device`.
+    #[staticmethod]
+    fn on_cuda(
+        geometry: &CoreGeometry,
+        device_blocks: u64,
+        host: &Bound<'_, PyAny>,
+        queued_transfers_max: usize,
+        step_blocks_max: usize,
+        device: i32,
+    ) -> PyResult<Self> {
+        let (hbuf, href) = pool_ref(host, geometry.inner.block_bytes() as usize, None)?;
+        let config = DuplexConfig { queued_transfers_max, step_blocks_max };
+        let cuda = Cuda::load(device).map_err(raise)?;
+        let inner = CoreDuplex::on_cuda(&geometry.inner, device_blocks, href, config, cuda).map_err(raise)?;
+        Ok(DuplexEngine { inner, _buffers: vec![hbuf] })
+    }
+
+    fn read_block(&self, py: Python<'_>, dev: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buffer::get(out, "out", true, Format::Bytes)?;
+        // SAFETY: the buffer is held (and so valid and writable) for the whole call.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf.ptr(), buf.len()) };
+        py.allow_threads(|| self.inner.read_block(dev, out)).map_err(raise)
+    }
+    fn write_block(&self, py: Python<'_>, dev: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buffer::get(data, "data", false, Format::Bytes)?;
+        // SAFETY: the buffer is held for the whole call.
+        let data = unsafe { std::slice::from_raw_parts(buf.ptr().cast_const(), buf.len()) };
+        py.allow_threads(|| self.inner.write_block(dev, data)).map_err(raise)
     }
 
     fn state(&self, dev: u64) -> PyResult<(&'static str, Option<u64>)> {
@@ -269,8 +302,8 @@ impl DuplexEngine {
     fn wait(&self, py: Python<'_>, seq: u64) -> PyResult<()> {
         py.allow_threads(|| self.inner.wait(seq)).map_err(raise)
     }
-    fn wait_all(&self, py: Python<'_>) {
-        py.allow_threads(|| self.inner.wait_all())
+    fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.wait_all()).map_err(raise)
     }
 }
 
@@ -278,4 +311,12 @@ impl DuplexEngine {
 #[pyfunction]
 pub fn balanced_stage_workers(rates_bytes_per_s: [f64; 4], threads: usize) -> [usize; 4] {
     StageWorkers::balanced(rates_bytes_per_s, threads).as_array()
+}
+
+/// The host link's duplex limit on GPU `device`: (serial seconds, at-once seconds) for `nbytes`
+/// each way as one copy per direction, best of `rounds`.
+#[pyfunction]
+pub fn cuda_link_duplex(py: Python<'_>, nbytes: usize, rounds: usize, device: i32) -> PyResult<(f64, f64)> {
+    let cuda = Cuda::load(device).map_err(raise)?;
+    py.allow_threads(|| link_duplex_seconds(&cuda, nbytes, rounds)).map_err(raise)
 }

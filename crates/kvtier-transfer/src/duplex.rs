@@ -18,103 +18,28 @@
 //!   for the benchmark.
 //! - Bounded: at most `queued_transfers_max` unfinished transfers per direction (a step beyond
 //!   that is an error), at most `step_blocks_max` blocks per direction per step.
+//! - **On a GPU** ([`on_cuda`](DuplexEngine::on_cuda), docs/transfer.md §6): the device pool is
+//!   CUDA memory, the host swap space is pinned, and each direction's worker issues its copies on
+//!   its own stream (one strided `cudaMemcpy2DAsync` per block), so swap-out and swap-in use the
+//!   two directions of the link at once. The states and dependency rules are the same code.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use kvtier_core::Geometry;
 
+use crate::cuda::{CopyKind, Cuda};
+use crate::duplex_queue::{enqueue, lock, worker, Copier, Direction, Shared, State};
+pub use crate::duplex_queue::{BlockState, DuplexConfig};
 use crate::error::TransferError;
 use crate::pool::{PoolRef, PoolShape};
-
-/// Bounds of a [`DuplexEngine`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DuplexConfig {
-    /// Unfinished transfers per direction, at most.
-    pub queued_transfers_max: usize,
-    /// Blocks per direction in one step, at most.
-    pub step_blocks_max: usize,
-}
-
-impl Default for DuplexConfig {
-    fn default() -> Self {
-        DuplexConfig { queued_transfers_max: 64, step_blocks_max: 1 << 16 }
-    }
-}
-
-/// State of one device block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockState {
-    Free,
-    Dirty,
-    Synced { host: u64 },
-}
 
 /// Transfers made by one [`DuplexEngine::submit_step`]: ids to [`DuplexEngine::wait`] on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepTickets {
     pub swap_out: Option<u64>,
     pub swap_in: Option<u64>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Direction {
-    Out,
-    In,
-}
-
-struct Transfer {
-    seq: u64,
-    direction: Direction,
-    /// (device block, host slot, device generation at submission, live). A pair is not live
-    /// when a later pair of the same transfer writes the same destination (host slot for a
-    /// swap-out, device block for a swap-in): its copy would be overwritten, so it is skipped
-    /// (and a skipped swap-out never marks its block synced).
-    pairs: Vec<(u64, u64, u64, bool)>,
-    /// `Some(layer)`: copy only that layer's K and V (the per-segment baseline).
-    layer: Option<usize>,
-    /// Earlier transfers that must finish first.
-    deps: Vec<u64>,
-}
-
-struct State {
-    blocks: Vec<BlockState>,
-    generation: Vec<u64>,
-    /// Last transfer to read / write each device block and host slot (0 = none).
-    dev_read: Vec<u64>,
-    dev_write: Vec<u64>,
-    host_read: Vec<u64>,
-    host_write: Vec<u64>,
-    /// Device blocks made `Synced` with each host slot (several blocks can be swapped in from one
-    /// slot); entries may be stale, the block's state decides.
-    host_synced: Vec<Vec<usize>>,
-    pending_out: Vec<(u64, u64)>,
-    pending_in: Vec<(u64, u64)>,
-    queues: [VecDeque<Transfer>; 2],
-    /// Unfinished transfer seqs, per direction.
-    unfinished: [VecDeque<u64>; 2],
-    next_seq: u64,
-    shutdown: bool,
-}
-
-impl State {
-    fn finished(&self, seq: u64) -> bool {
-        seq == 0 || !self.unfinished.iter().any(|q| q.contains(&seq))
-    }
-}
-
-struct Shared {
-    shape: PoolShape,
-    device: PoolRef,
-    host: PoolRef,
-    config: DuplexConfig,
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Concurrent swap-in/swap-out between a `LayerFirst` device pool and a host swap space of
@@ -136,6 +61,47 @@ impl DuplexEngine {
         device: PoolRef,
         host: PoolRef,
         config: DuplexConfig,
+    ) -> Result<Self, TransferError> {
+        Self::start(geometry, device, host, config, Copier::Host)
+    }
+
+    /// The device pool is `device_blocks` blocks of fresh CUDA memory (zeroed) on `cuda`'s
+    /// device; `host` is pinned for the engine's life. Read and write device blocks with
+    /// [`read_block`](Self::read_block) / [`write_block`](Self::write_block).
+    pub fn on_cuda(
+        geometry: &Geometry,
+        device_blocks: u64,
+        host: PoolRef,
+        config: DuplexConfig,
+        cuda: Arc<Cuda>,
+    ) -> Result<Self, TransferError> {
+        let len = device_blocks.saturating_mul(geometry.block_bytes());
+        if device_blocks == 0 || usize::try_from(len).is_err() {
+            return Err(duplex_err(format!(
+                "device pool of {device_blocks} blocks; expected 1 or more that fit"
+            )));
+        }
+        if host.is_empty() || host.len() as u64 != host.num_blocks().saturating_mul(geometry.block_bytes()) {
+            return Self::start(geometry, host.clone(), host, config, Copier::Host);
+            // its size error
+        }
+        let memory = Arc::new(cuda.alloc(len as usize)?);
+        // SAFETY: the reference keeps the allocation alive; only the engine's workers and its
+        // own read/write_block copy into it, under the engine's rules.
+        let device = unsafe { PoolRef::kept(memory.ptr(), memory.len(), device_blocks, memory.clone()) };
+        // SAFETY: `host` stays valid for the engine's life (the PoolRef contract); the guard is
+        // dropped with the engine, after its workers stopped.
+        let pinned = unsafe { cuda.pin(host.ptr(), host.len())? };
+        let streams = [cuda.stream()?, cuda.stream()?, cuda.stream()?];
+        Self::start(geometry, device, host, config, Copier::Cuda { cuda, streams, _pinned: pinned })
+    }
+
+    fn start(
+        geometry: &Geometry,
+        device: PoolRef,
+        host: PoolRef,
+        config: DuplexConfig,
+        copier: Copier,
     ) -> Result<Self, TransferError> {
         let bb = geometry.block_bytes();
         for (what, p) in [("device pool", &device), ("host swap space", &host)] {
@@ -168,12 +134,14 @@ impl DuplexEngine {
             unfinished: [VecDeque::new(), VecDeque::new()],
             next_seq: 1,
             shutdown: false,
+            failed: BTreeMap::new(),
         };
         let shared = Arc::new(Shared {
             shape: PoolShape::new(geometry, device.num_blocks()),
             device,
             host,
             config,
+            copier,
             state: Mutex::new(state),
             changed: Condvar::new(),
         });
@@ -370,138 +338,90 @@ impl DuplexEngine {
         while !st.finished(seq) {
             st = self.shared.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        Ok(())
+        match st.failed.remove(&seq) {
+            Some(e) => Err(TransferError::Device(format!("transfer {seq} failed: {e}"))),
+            None => Ok(()),
+        }
     }
 
-    /// Waits for every submitted transfer.
-    pub fn wait_all(&self) {
+    /// Waits for every submitted transfer; errors naming each failed one not yet reported.
+    pub fn wait_all(&self) -> Result<(), TransferError> {
         let mut st = lock(&self.shared.state);
         while st.unfinished.iter().any(|q| !q.is_empty()) {
             st = self.shared.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+        let failed = std::mem::take(&mut st.failed);
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let each: Vec<String> = failed.iter().map(|(seq, e)| format!("transfer {seq}: {e}")).collect();
+        Err(TransferError::Device(format!("{} transfers failed: {}", failed.len(), each.join("; "))))
     }
-}
 
-/// Records a transfer with its dependencies and hazards; returns its id.
-fn enqueue(st: &mut State, direction: Direction, pairs: Vec<(u64, u64)>, layer: Option<usize>) -> u64 {
-    let seq = st.next_seq;
-    st.next_seq += 1;
-    let mut deps = Vec::new();
-    let mut with_gen = Vec::with_capacity(pairs.len());
-    for &(d, h) in &pairs {
-        let (di, hi) = (d as usize, h as usize);
-        let conflicts = match direction {
-            // Reads the device block, writes the host slot.
-            Direction::Out => [st.dev_write[di], st.host_read[hi], st.host_write[hi]],
-            // Reads the host slot, writes the device block.
-            Direction::In => [st.dev_read[di], st.dev_write[di], st.host_write[hi]],
-        };
-        deps.extend(conflicts.into_iter().filter(|&s| s != 0 && !st.finished(s)));
-        match direction {
-            Direction::Out => {
-                st.dev_read[di] = seq;
-                st.host_write[hi] = seq;
-                // The slot's old contents are being replaced: blocks synced to it are not any more.
-                for b in std::mem::take(&mut st.host_synced[hi]) {
-                    if st.blocks[b] == (BlockState::Synced { host: h }) {
-                        if b == di {
-                            st.host_synced[hi].push(b); // rewritten with its own bytes
-                        } else {
-                            st.blocks[b] = BlockState::Dirty;
-                        }
-                    }
-                }
-            }
-            Direction::In => {
-                st.host_read[hi] = seq;
-                st.dev_write[di] = seq;
-                st.generation[di] += 1;
-                st.blocks[di] = BlockState::Synced { host: h };
-                if !st.host_synced[hi].contains(&di) {
-                    st.host_synced[hi].push(di);
-                }
+    /// Copies device block `dev` (as one `BlockFirst` object) into `out`. Errors while a
+    /// swap-in into `dev` is queued or in flight.
+    pub fn read_block(&self, dev: u64, out: &mut [u8]) -> Result<(), TransferError> {
+        self.check_object(out.len())?;
+        let d = self.check_dev(dev)?;
+        {
+            let st = lock(&self.shared.state);
+            if st.pending_in.iter().any(|&(_, p)| p == dev) || !st.finished(st.dev_write[d]) {
+                return Err(duplex_err(format!("device block {dev} is being swapped in; wait for it first")));
             }
         }
-        with_gen.push((d, h, st.generation[di], true));
+        self.caller_copy(d, out.as_mut_ptr(), true)
     }
-    // A pair whose destination a later pair of the same transfer overwrites is skipped: its copy
-    // would be overwritten anyway (and two streaming writes of one destination must not meet
-    // without a fence). Swap-out writes host slots, swap-in device blocks.
-    let mut later = std::collections::HashSet::with_capacity(with_gen.len());
-    for pair in with_gen.iter_mut().rev() {
-        pair.3 = later.insert(if direction == Direction::Out { pair.1 } else { pair.0 });
-    }
-    deps.sort_unstable();
-    deps.dedup();
-    let q = direction as usize;
-    st.unfinished[q].push_back(seq);
-    st.queues[q].push_back(Transfer { seq, direction, pairs: with_gen, layer, deps });
-    seq
-}
 
-fn worker(sh: &Shared, direction: Direction) {
-    let q = direction as usize;
-    loop {
-        let transfer = {
-            let mut st = lock(&sh.state);
-            loop {
-                if let Some(t) = st.queues[q].front() {
-                    if t.deps.iter().all(|&s| st.finished(s)) {
-                        break st.queues[q].pop_front().expect("front exists");
-                    }
-                } else if st.shutdown {
-                    return;
-                }
-                st = sh.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-        };
-        copy(sh, &transfer);
-        kvtier_core::copy::fence();
-        let mut st = lock(&sh.state);
-        if transfer.direction == Direction::Out && transfer.layer.is_none() {
-            for &(d, h, generation, _) in transfer.pairs.iter().filter(|p| p.3) {
-                // Synced only if nobody wrote or freed the block since the copy was submitted.
-                if st.generation[d as usize] == generation && st.host_write[h as usize] == transfer.seq {
-                    st.blocks[d as usize] = BlockState::Synced { host: h };
-                    if !st.host_synced[h as usize].contains(&(d as usize)) {
-                        st.host_synced[h as usize].push(d as usize);
-                    }
-                }
-            }
+    /// The caller's write of KV into device block `dev`: [`write`](Self::write), then `data`
+    /// (one `BlockFirst` object) copied in.
+    pub fn write_block(&self, dev: u64, data: &[u8]) -> Result<(), TransferError> {
+        self.check_object(data.len())?;
+        self.write(dev)?;
+        self.caller_copy(dev as usize, data.as_ptr().cast_mut(), false)
+    }
+
+    fn check_object(&self, len: usize) -> Result<(), TransferError> {
+        let bb = self.shared.shape.block_bytes;
+        if len != bb {
+            return Err(duplex_err(format!("block buffer of {len} bytes; expected {bb}")));
         }
-        st.unfinished[q].retain(|&s| s != transfer.seq);
-        sh.changed.notify_all();
+        Ok(())
     }
-}
 
-fn copy(sh: &Shared, t: &Transfer) {
-    let bb = sh.shape.block_bytes;
-    let (device, host) = (sh.device.ptr(), sh.host.ptr());
-    for &(d, h, _, _) in t.pairs.iter().filter(|p| p.3) {
-        // SAFETY: ids were checked in range; the dependency rules guarantee no other transfer
-        // touches these bytes now, and the caller does not write blocks in flight (`write`
-        // refuses them).
-        unsafe {
-            let object = host.add(h as usize * bb);
-            match (t.direction, t.layer) {
-                (Direction::Out, None) => sh.shape.gather_block(device, d as usize, object),
-                (Direction::Out, Some(layer)) => {
-                    sh.shape.gather_segment(device, d as usize, layer, object.add(2 * layer * sh.shape.seg))
-                }
-                (Direction::In, _) => {
-                    sh.shape.scatter_groups(device, object, d as usize);
+    /// One block between the device pool and `object`, on the caller's thread (the third
+    /// stream on a GPU); `to_object` reads the pool. Callers checked the block is not in flight.
+    fn caller_copy(&self, d: usize, object: *mut u8, to_object: bool) -> Result<(), TransferError> {
+        let (sh, device) = (&self.shared, self.shared.device.ptr());
+        let Copier::Cuda { cuda, streams, .. } = &sh.copier else {
+            // SAFETY: `d` was checked, `object` holds `block_bytes`, and no transfer touches `d`.
+            unsafe {
+                if to_object {
+                    sh.shape.gather_block(device, d, object);
+                } else {
+                    sh.shape.scatter_groups(device, object, d);
                     for layer in 0..sh.shape.layers {
-                        sh.shape.scatter_layer(device, object, d as usize, layer);
+                        sh.shape.scatter_layer(device, object, d, layer);
                     }
                 }
             }
-        }
+            kvtier_core::copy::fence();
+            return Ok(());
+        };
+        cuda.bind()?;
+        let kind = if to_object { CopyKind::DeviceToHost } else { CopyKind::HostToDevice };
+        // SAFETY: as above; `object` is pageable host memory, which the runtime stages itself.
+        let issued = unsafe { sh.shape.block_rows(device, d, object, None, to_object) }
+            .into_iter()
+            // SAFETY: the rows stay inside the pool and the object; synchronized below.
+            .try_for_each(|rows| unsafe { streams[2].copy_rows(rows, kind) });
+        let synced = streams[2].synchronize();
+        issued.and(synced)
     }
 }
 
 impl Drop for DuplexEngine {
     fn drop(&mut self) {
-        self.wait_all();
+        let _ = self.wait_all(); // failures were the caller's to collect
         lock(&self.shared.state).shutdown = true;
         self.shared.changed.notify_all();
         for t in self.threads.drain(..) {

@@ -30,6 +30,8 @@ pub enum TransferError {
     ShuttingDown,
     #[error("duplex: {0}")]
     Duplex(String),
+    #[error("device: {0}")]
+    Device(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

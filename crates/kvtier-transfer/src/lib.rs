@@ -15,7 +15,8 @@
 //!   scatter (into the `LayerFirst` pool), each stage on its own workers, split by
 //!   [`StageWorkers::balanced`] from measured stage rates. Stage buffers are allocated once;
 //!   each chunk in flight owns one region; a job larger than the buffers runs in rounds.
-//! - [`duplex`]: the DuplexKV swap engine (SuperInfer §4.3.2).
+//! - [`duplex`]: the DuplexKV swap engine (SuperInfer §4.3.2), over a host pool or, through
+//!   [`cuda`] (the CUDA runtime loaded at run time), a pool in GPU memory.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -54,7 +55,9 @@
 mod aligned;
 mod codec;
 pub mod config;
+pub mod cuda;
 pub mod duplex;
+mod duplex_queue;
 mod engine;
 mod error;
 pub mod hot_path;

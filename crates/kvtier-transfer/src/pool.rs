@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use kvtier_core::Geometry;
 
+use crate::cuda::Rows;
+
 /// A pool the engine may read and write from its worker threads.
 #[derive(Clone)]
 pub struct PoolRef {
@@ -45,6 +47,20 @@ impl PoolRef {
     /// `PagedPool`; `num_blocks` checks its ids).
     pub(crate) fn blocks_only(num_blocks: u64) -> Self {
         PoolRef { ptr: std::ptr::null_mut(), len: 0, num_blocks, _keep: None }
+    }
+
+    /// A pool of `num_blocks` blocks at `ptr` (host or device memory), `len` bytes, kept alive
+    /// by `keep`.
+    ///
+    /// # Safety
+    /// As [`Self::from_raw`], for as long as `keep` lives.
+    pub(crate) unsafe fn kept(
+        ptr: *mut u8,
+        len: usize,
+        num_blocks: u64,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> Self {
+        PoolRef { ptr, len, num_blocks, _keep: Some(keep) }
     }
 
     /// A reference to an owned pool, kept alive by the reference.
@@ -218,6 +234,52 @@ impl PoolShape {
             };
         }
     }
+
+    /// The copies between pool block `block` and `object` as strided rows (one
+    /// `cudaMemcpy2DAsync` each): its 2 × layers K/V segments (or one layer's two, with `layer`)
+    /// as one copy of `seg`-byte rows, `num_blocks × seg` apart in the pool and packed in the
+    /// object, then each extra group as one row. `to_object`: pool → object (a swap-out),
+    /// else object → pool.
+    ///
+    /// # Safety
+    /// `pool` is a pool of this shape and `object` holds `block_bytes` bytes; `block < num_blocks`,
+    /// `layer < layers`. The rows are only addresses: the caller's copy must respect the rules
+    /// of [`Self::gather_block`] / [`Self::scatter_layer`].
+    pub unsafe fn block_rows(
+        &self,
+        pool: *mut u8,
+        block: usize,
+        object: *mut u8,
+        layer: Option<usize>,
+        to_object: bool,
+    ) -> Vec<Rows> {
+        let (first, rows) = layer.map_or((0, 2 * self.layers), |l| (l, 2));
+        let pitch = self.num_blocks * self.seg;
+        let row = |pool_at: *mut u8, object_at: *mut u8, width: usize, rows: usize, pool_pitch: usize| {
+            if to_object {
+                Rows { dst: object_at, dst_pitch: width, src: pool_at, src_pitch: pool_pitch, width, rows }
+            } else {
+                Rows { dst: pool_at, dst_pitch: pool_pitch, src: object_at, src_pitch: width, width, rows }
+            }
+        };
+        // SAFETY: every offset is inside the pool of this shape and the object, as in
+        // [`Self::gather_block`].
+        unsafe {
+            let mut out = vec![row(
+                pool.add(self.segment_off(first, 0, block)),
+                object.add(2 * first * self.seg),
+                self.seg,
+                rows,
+                pitch,
+            )];
+            if layer.is_none() {
+                for &(region, len, object_off) in &self.groups {
+                    out.push(row(pool.add(region + block * len), object.add(object_off), len, 1, len));
+                }
+            }
+            out
+        }
+    }
 }
 
 #[cfg(test)]
@@ -251,5 +313,65 @@ mod tests {
             }
         }
         assert_eq!(ours, theirs);
+    }
+
+    /// What `cudaMemcpy2DAsync` does with `r`, on host memory.
+    unsafe fn run_rows(r: Rows) {
+        for i in 0..r.rows {
+            unsafe {
+                std::ptr::copy_nonoverlapping(r.src.add(i * r.src_pitch), r.dst.add(i * r.dst_pitch), r.width)
+            };
+        }
+    }
+
+    #[test]
+    fn strided_rows_move_what_gather_and_scatter_move() {
+        // The CUDA copier issues `block_rows`; on the host they must move exactly the bytes of
+        // gather_block / gather_segment (swap-out) and scatter_layer + scatter_groups (swap-in).
+        let extra = vec![ExtraGroup { name: "state".into(), bytes_per_token: 3 }];
+        let g = Geometry::new(3, 2, 4, Dtype::F16, 2, extra).unwrap();
+        let n = 5usize;
+        let shape = PoolShape::new(&g, n as u64);
+        let bb = g.block_bytes() as usize;
+        let mut pool: Vec<u8> = (0..n * bb).map(|i| (i * 7 % 251) as u8).collect();
+        for block in 0..n {
+            let (mut ours, mut theirs) = (vec![0u8; bb], vec![0u8; bb]);
+            unsafe {
+                shape.gather_block(pool.as_ptr(), block, theirs.as_mut_ptr());
+                for r in shape.block_rows(pool.as_mut_ptr(), block, ours.as_mut_ptr(), None, true) {
+                    run_rows(r);
+                }
+            }
+            assert_eq!(ours, theirs, "swap-out of block {block}");
+            for layer in 0..3 {
+                let (mut ours, mut theirs) = (vec![0u8; bb], vec![0u8; bb]);
+                unsafe {
+                    shape.gather_segment(
+                        pool.as_ptr(),
+                        block,
+                        layer,
+                        theirs.as_mut_ptr().add(2 * layer * shape.seg),
+                    );
+                    for r in shape.block_rows(pool.as_mut_ptr(), block, ours.as_mut_ptr(), Some(layer), true)
+                    {
+                        run_rows(r);
+                    }
+                }
+                assert_eq!(ours, theirs, "segment {layer} of block {block}");
+            }
+        }
+        let mut object: Vec<u8> = (0..bb).map(|i| (i * 13 % 241) as u8 + 1).collect();
+        let (mut ours, mut theirs) = (pool.clone(), pool.clone());
+        unsafe {
+            shape.scatter_groups(theirs.as_mut_ptr(), object.as_ptr(), 2);
+            for layer in 0..3 {
+                shape.scatter_layer(theirs.as_mut_ptr(), object.as_ptr(), 2, layer);
+            }
+            for r in shape.block_rows(ours.as_mut_ptr(), 2, object.as_mut_ptr(), None, false) {
+                run_rows(r);
+            }
+        }
+        assert_eq!(ours, theirs, "swap-in into block 2");
+        assert_ne!(ours, pool, "the swap-in wrote something");
     }
 }

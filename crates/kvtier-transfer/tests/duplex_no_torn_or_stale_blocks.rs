@@ -2,37 +2,40 @@
 //! then free), swap-ins that reuse just-freed device blocks, steps and waits: every device
 //! block and host slot always ends up holding exactly what a sequential execution of the same
 //! submissions would put there (no torn block, no stale block), and `Synced` is never a lie.
+//!
+//! The same interleavings run on a GPU (`DuplexEngine::on_cuda`, a device pool in CUDA memory and
+//! two copy streams) in the `#[ignore]`d tests below: `cargo test -p kvtier-transfer --test
+//! duplex_no_torn_or_stale_blocks -- --ignored` on a machine with an NVIDIA GPU.
 
 mod common;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use common::*;
-use kvtier_core::Geometry;
-use kvtier_transfer::{BlockState, DuplexConfig, DuplexEngine, PoolBuffer};
+use kvtier_core::{Dtype, ExtraGroup, Geometry};
+use kvtier_transfer::cuda::Cuda;
+use kvtier_transfer::{BlockState, DuplexConfig, DuplexEngine, PoolBuffer, TransferError};
 use proptest::prelude::*;
 
 const DEV: u64 = 6;
 const HOST: u64 = 6;
 
-/// Writes `object` into device block `b` through raw pointers (only that block's bytes).
-fn write_device(g: &Geometry, pool: &PoolBuffer, b: u64, object: &[u8]) {
-    let seg = g.segment_bytes() as usize;
-    for s in 0..2 * g.num_layers() as usize {
-        let off = (s * DEV as usize + b as usize) * seg;
-        unsafe {
-            std::ptr::copy_nonoverlapping(object[s * seg..].as_ptr(), pool.as_ptr().add(off).cast_mut(), seg)
-        };
-    }
+/// An engine over `DEV` device blocks (host memory, or CUDA memory with `cuda`) and `HOST` slots.
+fn engine(g: &Geometry, cuda: bool) -> (DuplexEngine, Arc<PoolBuffer>) {
+    let (host, host_ref) = new_pool(g, HOST);
+    let engine = if cuda {
+        DuplexEngine::on_cuda(g, DEV, host_ref, DuplexConfig::default(), Cuda::load(0).unwrap()).unwrap()
+    } else {
+        let (_device, device_ref) = new_pool(g, DEV); // kept alive by the reference
+        DuplexEngine::new(g, device_ref, host_ref, DuplexConfig::default()).unwrap()
+    };
+    (engine, host)
 }
 
-fn read_device(g: &Geometry, pool: &PoolBuffer, b: u64) -> Vec<u8> {
-    let seg = g.segment_bytes() as usize;
-    let mut out = Vec::with_capacity(g.block_bytes() as usize);
-    for s in 0..2 * g.num_layers() as usize {
-        let off = (s * DEV as usize + b as usize) * seg;
-        out.extend_from_slice(unsafe { std::slice::from_raw_parts(pool.as_ptr().add(off), seg) });
-    }
+fn read_device(engine: &DuplexEngine, g: &Geometry, b: u64) -> Vec<u8> {
+    let mut out = vec![0u8; g.block_bytes() as usize];
+    engine.read_block(b, &mut out).unwrap();
     out
 }
 
@@ -76,11 +79,15 @@ impl Model {
 }
 
 fn run(ops: &[(u8, u8, u8)]) {
-    let g = geometry(4, 2, 64, 16); // 32 KiB blocks
+    run_on(ops, false)
+}
+
+fn run_on(ops: &[(u8, u8, u8)], cuda: bool) {
+    // 32 KiB of K/V per block and an extra group (its own region of the pool).
+    let extra = vec![ExtraGroup { name: "state".into(), bytes_per_token: 24 }];
+    let g = Geometry::new(4, 2, 64, Dtype::F16, 16, extra).unwrap();
     let bb = g.block_bytes() as usize;
-    let (device, device_ref) = new_pool(&g, DEV);
-    let (host, host_ref) = new_pool(&g, HOST);
-    let engine = DuplexEngine::new(&g, device_ref, host_ref, DuplexConfig::default()).unwrap();
+    let (engine, host) = engine(&g, cuda);
     let mut m = Model {
         dev: vec![None; DEV as usize],
         freed: vec![None; DEV as usize],
@@ -99,10 +106,9 @@ fn run(ops: &[(u8, u8, u8)]) {
             // The serving engine writes new KV into a block (refused while a copy is queued).
             0 if !busy => {
                 engine.wait_block(d).unwrap();
-                engine.write(d).unwrap();
                 let tag = m.next_tag;
                 m.next_tag += 1;
-                write_device(&g, &device, d, &content(tag, bb));
+                engine.write_block(d, &content(tag, bb)).unwrap();
                 m.dev[di] = Some(tag);
             }
             // Eager rotation of a full block.
@@ -142,7 +148,7 @@ fn run(ops: &[(u8, u8, u8)]) {
                 engine.wait_block(d).unwrap();
                 if let Some(tag) = m.dev[di] {
                     assert!(
-                        read_device(&g, &device, d) == content(tag, bb),
+                        read_device(&engine, &g, d) == content(tag, bb),
                         "device block {d} torn or stale"
                     );
                 }
@@ -152,10 +158,10 @@ fn run(ops: &[(u8, u8, u8)]) {
     }
     engine.submit_step().unwrap();
     m.submit();
-    engine.wait_all();
+    engine.wait_all().unwrap();
     for d in 0..DEV {
         if let Some(tag) = m.dev[d as usize] {
-            assert!(read_device(&g, &device, d) == content(tag, bb), "device block {d} at the end");
+            assert!(read_device(&engine, &g, d) == content(tag, bb), "device block {d} at the end");
         }
     }
     for h in 0..HOST {
@@ -164,6 +170,9 @@ fn run(ops: &[(u8, u8, u8)]) {
         }
     }
 }
+
+const PREEMPT_THEN_REUSE: [(u8, u8, u8); 9] =
+    [(0, 0, 0), (0, 1, 1), (1, 1, 1), (4, 0, 0), (2, 0, 2), (3, 0, 1), (4, 0, 0), (6, 0, 0), (6, 0, 0)];
 
 #[test]
 fn preempt_then_reuse_in_the_same_step() {
@@ -198,7 +207,7 @@ fn one_step_writing_one_slot_twice_syncs_only_the_last() {
     engine.rotate(5, 4).unwrap();
     engine.rotate(2, 4).unwrap();
     engine.submit_step().unwrap();
-    engine.wait_all();
+    engine.wait_all().unwrap();
     assert_eq!(engine.state(5).unwrap(), BlockState::Dirty);
     assert_eq!(engine.state(2).unwrap(), BlockState::Synced { host: 4 });
     assert!(engine.swap_out(5, 4).unwrap(), "block 5 is not in slot 4: it must move");
@@ -214,7 +223,7 @@ fn writes_to_blocks_in_flight_are_refused() {
     engine.rotate(1, 2).unwrap();
     assert!(engine.write(1).is_err(), "a queued copy-out must read the bytes it was queued for");
     engine.submit_step().unwrap();
-    engine.wait_all();
+    engine.wait_all().unwrap();
     assert_eq!(engine.state(1).unwrap(), BlockState::Synced { host: 2 });
     assert_eq!(engine.dirty_blocks(&[0, 1]).unwrap(), vec![0]);
     assert!(!engine.swap_out(1, 2).unwrap(), "a synced block moves nothing on preemption");
@@ -227,5 +236,44 @@ proptest! {
     #[test]
     fn random_interleavings(ops in prop::collection::vec((0u8..7, any::<u8>(), any::<u8>()), 1..120)) {
         run(&ops);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and libcudart: run with --ignored (docs/transfer.md section 6)"]
+fn on_a_gpu_preempt_then_reuse_in_the_same_step() {
+    for _ in 0..50 {
+        run_on(&PREEMPT_THEN_REUSE, true);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    #[ignore = "needs an NVIDIA GPU and libcudart: run with --ignored (docs/transfer.md section 6)"]
+    fn on_a_gpu_random_interleavings(ops in prop::collection::vec((0u8..7, any::<u8>(), any::<u8>()), 1..120)) {
+        run_on(&ops, true);
+    }
+}
+
+#[test]
+fn without_the_cuda_runtime_a_gpu_engine_is_refused_by_name() {
+    // On a machine without libcudart (CI), asking for a CUDA engine is an error that names what
+    // is missing and how to point at it, never a crash or a host engine in disguise. An empty
+    // KVTIER_CUDART is no path (dlopen("") would open this program itself).
+    for path in ["/nonexistent/libcudart.so", ""] {
+        std::env::set_var("KVTIER_CUDART", path);
+        match Cuda::load(0) {
+            Err(TransferError::Device(m)) => {
+                assert!(m.contains("libcudart") && m.contains("KVTIER_CUDART"), "{m}");
+                assert!(!m.contains("no symbol"), "{path:?} opened something: {m}");
+            }
+            Err(e) => panic!("expected a device error, got {e}"),
+            Ok(cuda) => {
+                // A GPU machine: a device that does not exist is refused instead.
+                let e = Cuda::load(cuda.device() + 4096).err().expect("device 4096 does not exist");
+                assert!(e.to_string().contains("does not exist"), "{e}");
+            }
+        }
     }
 }

@@ -21,6 +21,12 @@
   this machine's memory lets two host-to-host copies overlap (on a GPU the two directions use the
   two halves of a full-duplex PCIe link instead), and ``duplex_ratio_to_limit`` = the duplex
   ratio ÷ that limit (1.0 = as good as raw copies).
+
+  With ``--device cuda:N`` the duplex part runs on GPU ``N`` (``DuplexEngine.on_cuda``: the device
+  pool in GPU memory, the host swap space pinned, one copy stream per direction; docs/transfer.md
+  §6): one direction's limit is then one ``cudaMemcpyAsync`` of the same bytes over the host link,
+  and ``duplex_limit_ratio`` = one such copy each way on two streams at once ÷ one after the other,
+  the link's own duplex. The pipeline part stays on the host.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from kvtier.transfer import (
     TransferConfig,
     TransferEngine,
     balanced_stage_workers,
+    cuda_link_duplex,
 )
 
 #: Llama-3-8B's KV shape in fp16 (``quant`` codes fp16): 2 MiB blocks.
@@ -93,6 +100,10 @@ class Duplex(Result):
     """Batched and duplex swaps of a Qwen2.5-32B-like request against memcpy limits."""
 
     duplex_geometry: str
+    #: ``host`` (both pools in host memory) or ``cuda:N`` (the device pool on GPU N).
+    duplex_device: str
+    #: What the limits copy with: host memcpys, or one cudaMemcpyAsync per direction.
+    duplex_limit_copies: str
     swap_blocks: int
     swap_bytes: int
     segments_per_block: int
@@ -256,14 +267,20 @@ def engine_check(engine: TransferEngine, keys: Any, geometry: Geometry, n: int, 
     return other
 
 
-def _duplex(swap_blocks: int, repeats: int) -> Duplex:
+def _duplex(swap_blocks: int, repeats: int, cuda_device: int | None = None) -> Duplex:
     g = QWEN25_32B
     n = swap_blocks
     bb = g.block_bytes
-    device = layout.alloc_pool(g, 2 * n)
-    device.fill(1)
     host = np.ones((2 * n, bb), dtype=np.uint8)
-    engine = DuplexEngine(g, device, host)
+    if cuda_device is None:
+        device = layout.alloc_pool(g, 2 * n)
+        device.fill(1)
+        engine = DuplexEngine(g, device, host)
+    else:
+        engine = DuplexEngine.on_cuda(g, 2 * n, host, device=cuda_device)
+        ones = np.ones(bb, dtype=np.uint8)
+        for d in range(2 * n):
+            engine.write_block(d, ones)
     out_pairs = [(d, d) for d in range(n)]
     in_pairs = [(n + i, n + i) for i in range(n)]  # host slot n+i → device block n+i
 
@@ -299,24 +316,38 @@ def _duplex(swap_blocks: int, repeats: int) -> Duplex:
         engine.wait_all()
 
     nbytes = n * bb
-    memcpy_s = memcpy_seconds(nbytes, repeats)
+    if cuda_device is None:
+        memcpy_s = memcpy_seconds(nbytes, repeats)
+    else:
+        link_serial_s, link_at_once_s = cuda_link_duplex(nbytes, 3 * repeats, cuda_device)
+        memcpy_s = link_serial_s / 2
     batched_s = best_seconds(swap_out_batched, repeats)
     per_segment_s = best_seconds(swap_out_per_segment, repeats)
     # Interleaved, best of each over more rounds (each is a few ms): the duplex, its serial
     # baseline and the two-memcpy limit see the same machine conditions.
     duplex_s = serial_s = memcpy_serial_s = memcpy_at_once_s = float("inf")
-    with TwoMemcpys(nbytes) as two:
+    if cuda_device is not None:
         for _ in range(3 * repeats):
             duplex_s = min(duplex_s, best_seconds(duplex, 1))
             serial_s = min(serial_s, best_seconds(serial, 1))
-            two_serial, two_at_once = two.seconds()
-            memcpy_serial_s, memcpy_at_once_s = (
-                min(memcpy_serial_s, two_serial),
-                min(memcpy_at_once_s, two_at_once),
-            )
+        memcpy_serial_s, memcpy_at_once_s = link_serial_s, link_at_once_s
+    else:
+        with TwoMemcpys(nbytes) as two:
+            for _ in range(3 * repeats):
+                duplex_s = min(duplex_s, best_seconds(duplex, 1))
+                serial_s = min(serial_s, best_seconds(serial, 1))
+                two_serial, two_at_once = two.seconds()
+                memcpy_serial_s, memcpy_at_once_s = (
+                    min(memcpy_serial_s, two_serial),
+                    min(memcpy_at_once_s, two_at_once),
+                )
     limit = memcpy_at_once_s / memcpy_serial_s
     return Duplex(
         duplex_geometry="Qwen2.5-32B-like (64 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
+        duplex_device="host" if cuda_device is None else f"cuda:{cuda_device}",
+        duplex_limit_copies="host memcpys"
+        if cuda_device is None
+        else "one cudaMemcpyAsync per direction (pinned host memory)",
         swap_blocks=n,
         swap_bytes=nbytes,
         segments_per_block=2 * g.num_layers,
@@ -343,8 +374,12 @@ def run(
     swap_blocks: int = 16,
     directory: str | None = None,
     show: bool = True,
+    cuda_device: int | None = None,
 ) -> TransferBench:
+    """Both parts; ``cuda_device``: run the duplex part on that CUDA GPU (module docstring)."""
     threads = threads or os.cpu_count() or 1
+    if cuda_device is not None:
+        cuda_link_duplex(2**20, 1, cuda_device)  # no GPU: fail now, not after the pipeline part
     if total_bytes < 2**21:
         raise KvtierError(f"total_bytes is {total_bytes}; expected at least one 2 MiB block")
     steps = iter(progress(range(5), 5, "bench transfer", enabled=show))
@@ -352,7 +387,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-transfer-", dir=directory) as tmp:
         pipeline = _pipeline(total_bytes, repeats, threads, tmp, steps)
     next(steps)
-    return TransferBench(pipeline, _duplex(swap_blocks, repeats))
+    return TransferBench(pipeline, _duplex(swap_blocks, repeats, cuda_device))
 
 
 def summary(r: TransferBench) -> str:
@@ -373,15 +408,16 @@ def summary(r: TransferBench) -> str:
             f"pipelined ratio {p.pipeline_ratio_to_chunk_sequential:.2f}",
             f"  per-chunk allocation {p.per_chunk_allocation_s * 1e3:8.1f} ms  preallocated speedup "
             f"{p.preallocated_speedup:.2f}x",
-            f"duplex: {d.swap_blocks} blocks of {d.swap_bytes // d.swap_blocks // 2**20} MiB "
-            f"({d.duplex_geometry})",
-            f"  swap-out batched {d.batched_swap_out_gib_per_s:.2f} GiB/s (memcpy {d.memcpy_gib_per_s:.2f}), "
+            f"duplex on {d.duplex_device}: {d.swap_blocks} blocks of "
+            f"{d.swap_bytes // d.swap_blocks // 2**20} MiB ({d.duplex_geometry})",
+            f"  swap-out batched {d.batched_swap_out_gib_per_s:.2f} GiB/s (one way's limit "
+            f"{d.memcpy_gib_per_s:.2f}), "
             f"per segment {d.per_segment_swap_out_gib_per_s:.2f} GiB/s: batched speedup "
             f"{d.batched_speedup_vs_per_segment:.2f}x",
             f"  duplex in+out {d.duplex_s * 1e3:.1f} ms vs serial {d.serial_s * 1e3:.1f} ms: ratio "
             f"{d.duplex_ratio_to_serial:.2f} (target <= 0.75)",
-            f"  limit: two memcpys at once {d.memcpy_two_at_once_s * 1e3:.1f} ms vs one after the other "
-            f"{d.memcpy_two_serial_s * 1e3:.1f} ms: ratio {d.duplex_limit_ratio:.2f} "
-            f"(the memory bus; duplex / limit {d.duplex_ratio_to_limit:.2f})",
+            f"  limit ({d.duplex_limit_copies}): both at once {d.memcpy_two_at_once_s * 1e3:.1f} ms vs "
+            f"one after the other {d.memcpy_two_serial_s * 1e3:.1f} ms: ratio {d.duplex_limit_ratio:.2f} "
+            f"(duplex / limit {d.duplex_ratio_to_limit:.2f})",
         ]
     )
