@@ -226,7 +226,7 @@ def _bench_transfer(args: argparse.Namespace) -> None:
         swap_blocks=args.swap_blocks,
         directory=_directory(args.directory, "--directory"),
         show=not args.json,
-        cuda_device=args.device,
+        cuda_device=transfer.cuda_device(args.device),
     )
     _emit(result, args.json, transfer.summary)
 
@@ -283,16 +283,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not >= 1")
     return value
-
-
-def _swap_device(text: str) -> int | None:
-    """``host`` -> None; ``cuda`` / ``cuda:N`` -> the GPU index."""
-    if text == "host":
-        return None
-    name, _, index = text.partition(":")
-    if name != "cuda" or (index and not index.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not host, cuda or cuda:N")
-    return int(index or 0)
 
 
 def _non_negative(text: str) -> int:
@@ -445,12 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--swap-blocks", type=_positive, default=16, help="4 MiB blocks per swap direction"
     )
     btransfer.add_argument("--directory", default=None, help="where the SSD tier's temp dir goes")
-    btransfer.add_argument(
-        "--device",
-        type=_swap_device,
-        default=None,
-        help="where the duplex part's device pool lives: host (default) or cuda:N (a GPU; docs/transfer.md §6)",
-    )
+    btransfer.add_argument("--device", default="host", help="duplex device pool: host or cuda:N")
     btransfer.add_argument("--json", action="store_true")
     btransfer.set_defaults(func=_bench_transfer)
     for bench_module in (bench_vllm, bench_sglang, bench_peers):  # subcommands that register themselves

@@ -42,7 +42,7 @@ import numpy as np
 from kvtier import layout
 from kvtier.bench.timing import TwoMemcpys, best_seconds, gib_per_s, memcpy_seconds
 from kvtier.config import DramConfig, SsdConfig, StoreConfig
-from kvtier.errors import KvtierError
+from kvtier.errors import ConfigError, KvtierError
 from kvtier.geometry import Geometry
 from kvtier.progress import progress
 from kvtier.results import Result
@@ -365,6 +365,16 @@ def _duplex(swap_blocks: int, repeats: int, cuda_device: int | None = None) -> D
         duplex_limit_ratio=limit,
         duplex_ratio_to_limit=duplex_s / serial_s / limit,
     )
+
+
+def cuda_device(text: str) -> int | None:
+    """``--device``: ``host`` -> None; ``cuda`` / ``cuda:N`` -> the GPU index."""
+    name, _, index = text.partition(":")
+    if text == "host":
+        return None
+    if name != "cuda" or (index and not index.isdigit()):
+        raise ConfigError(f"--device is {text!r}; expected host, cuda or cuda:N")
+    return int(index or 0)
 
 
 def run(
