@@ -11,6 +11,7 @@ set -u
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu_duplex}
 mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1  # one log beside the bench JSON files
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 KVTIER_GPU=1
 if [ -z "${KVTIER_CUDART:-}" ]; then
     KVTIER_CUDART=$(ls /usr/local/cuda/lib64/libcudart.so* /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/libcudart.so* 2>/dev/null | head -1)
@@ -23,18 +24,23 @@ fi
     nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
     nproc
     "$PY" -c "import numpy, sys; print(sys.version.split()[0], 'numpy', numpy.__version__)"
-} 2>&1 | tee "$OUT/machine.txt"
+}
 if [ -n "${1:-}" ]; then
-    "$1" --ignored --test-threads 1 2>&1 | tee "$OUT/rust_gpu_tests.txt"
+    "$1" --ignored --test-threads 1
 fi
-"$PY" -m pytest -q -p no:cacheprovider tests/test_duplex_cuda.py 2>&1 | tee "$OUT/pytest_gpu.txt"
+"$PY" -m pytest -q -p no:cacheprovider tests/test_duplex_cuda.py
+# `kvtier bench transfer [--device cuda:0] --swap-blocks N --json`, called as a function: the CLI
+# also imports the reference engine, whose model loader (gguf) a GPU image may lack.
+bench() {  # $1: cuda device index or "None"; $2: swap blocks; $3: output JSON
+    "$PY" -c "import json, sys; from kvtier.bench import transfer
+r = transfer.run(swap_blocks=$2, show=False, cuda_device=$1)
+json.dump(r.as_dict(), open(sys.argv[1], 'w'), indent=1)
+print(sys.argv[1], {k: round(v, 3) if isinstance(v, float) else v for k, v in r.duplex.as_dict().items() if k.startswith(('duplex_r', 'duplex_l', 'batched', 'memcpy_g'))})
+print(transfer.summary(r))" "$3"
+}
 for blocks in 16 64; do
     for i in 1 2; do
-        "$PY" -m kvtier.cli bench transfer --device cuda:0 --swap-blocks "$blocks" --json \
-            > "$OUT/bench_cuda_${blocks}_$i.json" 2> "$OUT/bench_cuda_${blocks}_$i.err"
-        "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], {k: round(d[k], 3) for k in ('duplex_ratio_to_serial','duplex_limit_ratio','duplex_ratio_to_limit','batched_speedup_vs_per_segment','batched_ratio_to_memcpy','memcpy_gib_per_s','batched_swap_out_gib_per_s')})" \
-            "$OUT/bench_cuda_${blocks}_$i.json" 2>/dev/null || tail -3 "$OUT/bench_cuda_${blocks}_$i.err"
+        bench 0 "$blocks" "$OUT/bench_cuda_${blocks}_$i.json"
     done
 done
-"$PY" -m kvtier.cli bench transfer --json > "$OUT/bench_host.json" 2> "$OUT/bench_host.err" \
-    && "$PY" -c "import json; d=json.load(open('$OUT/bench_host.json')); print('host', {k: round(d[k], 3) for k in ('duplex_ratio_to_serial','duplex_limit_ratio','batched_speedup_vs_per_segment')})"
+bench None 16 "$OUT/bench_host.json"
