@@ -21,7 +21,7 @@ $(VENV)/.deps: pyproject.toml
 	touch $@
 
 build: $(VENV)/.deps
-	$(VENV)/bin/maturin develop --release --quiet --features test-hooks
+	$(VENV)/bin/maturin develop --release --quiet --features test-hooks,pyo3/extension-module
 
 demo: build
 	$(VENV)/bin/kvtier demo
