@@ -139,7 +139,9 @@ def _rows(points: dict[str, dict[int, Point]], config: SimConfig) -> list[Row]:
         " TTFT here is queueing behind the other in-flight request + the KV load + one computed token, "
         "so kvtier's TTFT ratios follow its blocked-I/O ratios. The paper's TTFTs hold time that is not "
         "blocked I/O (unified pool 5.6 s vs 0.6 s; LMCache 16.2 s vs 4.7 s) which it does not break down; "
-        "it divides the paper's ratios down and kvtier has no counterpart to it."
+        "it divides the paper's ratios down and kvtier has no counterpart to it: the benchmark's queries "
+        "repeat their warm-up prompts (no query tokens to compute), and what the paper's queries compute "
+        "instead is not given (docs/papers/unified_pool.md, 'What the paper's TTFT holds')."
     )
     gap_lp = (
         " Layerwise pipelining hides a load only behind the step's compute; a query whose whole document "
