@@ -53,6 +53,20 @@ fn duplex_err(m: String) -> TransferError {
     TransferError::Duplex(m)
 }
 
+/// `p` holds `num_blocks` whole blocks of `bb` bytes, at least one.
+fn check_size(what: &str, p: &PoolRef, bb: u64) -> Result<(), TransferError> {
+    if p.num_blocks() == 0 || p.len() as u64 != p.num_blocks().saturating_mul(bb) {
+        let e = TransferError::PoolSize {
+            actual: p.len(),
+            expected: p.num_blocks().saturating_mul(bb),
+            num_blocks: p.num_blocks(),
+            block_bytes: bb,
+        };
+        return Err(duplex_err(format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
 impl DuplexEngine {
     /// `device`: `num_blocks × block_bytes` (LayerFirst); `host`: `slots × block_bytes`
     /// (BlockFirst objects, `host.num_blocks()` slots). Both must outlive the engine.
@@ -81,10 +95,7 @@ impl DuplexEngine {
                 "device pool of {device_blocks} blocks; expected 1 or more that fit"
             )));
         }
-        if host.is_empty() || host.len() as u64 != host.num_blocks().saturating_mul(geometry.block_bytes()) {
-            return Self::start(geometry, host.clone(), host, config, Copier::Host);
-            // its size error
-        }
+        check_size("host swap space", &host, geometry.block_bytes())?;
         let memory = Arc::new(cuda.alloc(len as usize)?);
         // SAFETY: the reference keeps the allocation alive; only the engine's workers and its
         // own read/write_block copy into it, under the engine's rules.
@@ -104,17 +115,8 @@ impl DuplexEngine {
         copier: Copier,
     ) -> Result<Self, TransferError> {
         let bb = geometry.block_bytes();
-        for (what, p) in [("device pool", &device), ("host swap space", &host)] {
-            if p.num_blocks() == 0 || p.len() as u64 != p.num_blocks().saturating_mul(bb) {
-                return Err(TransferError::PoolSize {
-                    actual: p.len(),
-                    expected: p.num_blocks().saturating_mul(bb),
-                    num_blocks: p.num_blocks(),
-                    block_bytes: bb,
-                })
-                .map_err(|e| duplex_err(format!("{what}: {e}")));
-            }
-        }
+        check_size("device pool", &device, bb)?;
+        check_size("host swap space", &host, bb)?;
         if config.queued_transfers_max == 0 || config.step_blocks_max == 0 {
             return Err(TransferError::Config("duplex bounds must be at least 1".into()));
         }
