@@ -3,12 +3,18 @@ machine-dependent; only their presence and consistency are checked)."""
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from kvtier.bench import transfer
+from kvtier.errors import ConfigError
 
 #: Every key ``kvtier bench transfer --json`` printed before its result became typed classes.
 KEYS = set(
@@ -41,6 +47,8 @@ KEYS = set(
         "per_chunk_allocation_s",
         "preallocated_speedup",
         "duplex_geometry",
+        "duplex_device",
+        "duplex_limit_copies",
         "swap_blocks",
         "swap_bytes",
         "segments_per_block",
@@ -84,6 +92,9 @@ def test_bench_reports_every_ratio() -> None:
     assert r["sequential_s"] == min(r["whole_request_sequential_s"], r["chunk_sequential_s"])
     assert max(r["stage_seconds"].values()) <= r["sequential_s"]
     assert sum(r["stage_workers"].values()) == 4
+    # One buffer region per stage worker at least: a chunk is only worked on while it owns one.
+    assert r["pipeline_buffer_chunks"] >= sum(r["stage_workers"].values())
+    assert r["duplex_device"] == "host" and r["duplex_limit_copies"] == "host memcpys"
     assert r["segments_per_block"] == 128
     assert math.isclose(r["duplex_limit_ratio"], r["memcpy_two_at_once_s"] / r["memcpy_two_serial_s"])
     assert math.isclose(r["duplex_ratio_to_limit"], r["duplex_ratio_to_serial"] / r["duplex_limit_ratio"])
@@ -111,3 +122,26 @@ def test_cli_json() -> None:
         check=True,
     )
     assert json.loads(out.stdout)["pipeline_blocks"] == 1
+
+
+def test_device_names_are_parsed_and_bad_ones_named() -> None:
+    assert transfer.cuda_device("host") is None
+    assert transfer.cuda_device("cuda") == 0 and transfer.cuda_device("cuda:3") == 3
+    for bad in ("gpu", "cuda:x", "cuda:-1", "CUDA:0", ""):
+        with pytest.raises(ConfigError, match="--device"):
+            transfer.cuda_device(bad)
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("cudart") is not None or Path("/usr/local/cuda").exists(),
+    reason="a CUDA runtime is installed here",
+)
+def test_cli_with_a_gpu_device_and_no_cuda_runtime_fails_before_the_pipeline(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtier.cli", "bench", "transfer", "--device", "cuda:0", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KVTIER_CUDART": str(tmp_path / "libcudart.so")},
+        timeout=60,
+    )
+    assert out.returncode != 0 and "libcudart" in out.stderr and out.stdout == "", out.stderr
