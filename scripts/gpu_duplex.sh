@@ -7,7 +7,8 @@
 #       (cargo test -p kvtier-transfer --test duplex_no_torn_or_stale_blocks --no-run; stripped),
 #       run with --ignored: the random-interleaving model test on a CUDA device pool.
 # Results go to $OUT (default /tmp/gpu_duplex); $PYTHON (default python3) runs kvtier.
-set -u
+set -uo pipefail
+rc=0  # any failing test or bench run makes the script fail, after the rest ran
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu_duplex}
 mkdir -p "$OUT"
@@ -26,9 +27,9 @@ fi
     "$PY" -c "import numpy, sys; print(sys.version.split()[0], 'numpy', numpy.__version__)"
 }
 if [ -n "${1:-}" ]; then
-    "$1" --ignored --test-threads 1
+    "$1" --ignored --test-threads 1 || rc=1
 fi
-"$PY" -m pytest -q -p no:cacheprovider tests/test_duplex_cuda.py
+"$PY" -m pytest -q -p no:cacheprovider tests/test_duplex_cuda.py || rc=1
 # `kvtier bench transfer [--device cuda:0] --swap-blocks N --json`, called as a function: the CLI
 # also imports the reference engine, whose model loader (gguf) a GPU image may lack.
 bench() {  # $1: cuda device index or "None"; $2: swap blocks; $3: output JSON
@@ -36,7 +37,7 @@ bench() {  # $1: cuda device index or "None"; $2: swap blocks; $3: output JSON
 r = transfer.run(swap_blocks=$2, show=False, cuda_device=$1)
 json.dump(r.as_dict(), open(sys.argv[1], 'w'), indent=1)
 print(sys.argv[1], {k: round(v, 3) if isinstance(v, float) else v for k, v in r.duplex.as_dict().items() if k.startswith(('duplex_r', 'duplex_l', 'batched', 'memcpy_g'))})
-print(transfer.summary(r))" "$3"
+print(transfer.summary(r))" "$3" || rc=1
 }
 for blocks in 16 64; do
     for i in 1 2; do
@@ -44,3 +45,4 @@ for blocks in 16 64; do
     done
 done
 bench None 16 "$OUT/bench_host.json"
+exit $rc

@@ -56,6 +56,14 @@ def test_write_block_then_read_block_round_trips_and_marks_the_block_dirty() -> 
             engine.write_block(0, np.zeros(GEOMETRY.block_bytes, object))
         with pytest.raises(TransferError, match="out of range"):
             engine.read_block(3)
+        engine.write_block(0, (bytes(range(256)) * 200)[: GEOMETRY.block_bytes])  # any buffer
+        assert engine.read_block(0)[:3].tolist() == [0, 1, 2]
+        engine.write_block(1, bytearray(GEOMETRY.block_bytes))
+        # The engine's own memory is never a caller's block buffer (a torn overlapping copy).
+        with pytest.raises(BufferError, match="share memory"):
+            engine.write_block(0, host[1])
+        with pytest.raises(BufferError, match="share memory"):
+            engine._core.read_block(0, host[0])
 
 
 def test_random_swaps_leave_the_same_bytes_as_a_model() -> None:
@@ -140,5 +148,22 @@ def test_gpu_engine_moves_both_directions_in_one_step_and_refuses_a_missing_devi
     assert engine.state(0) == ("synced", 0)
     with pytest.raises(TransferError, match="does not exist"):
         DuplexEngine.on_cuda(GEOMETRY, 2, np.zeros((2, GEOMETRY.block_bytes), np.uint8), device=4096)
-    serial, at_once = cuda_link_duplex(64 * 2**20, 3)
-    assert at_once < serial, "the link moves both directions at once faster than one after the other"
+    h2d, d2h, at_once = cuda_link_duplex(64 * 2**20, 3)
+    assert at_once < h2d + d2h, "the link moves both directions at once faster than one after the other"
+
+
+@needs_gpu
+def test_a_fresh_gpu_pool_is_zeroed_before_the_first_write_lands() -> None:
+    # 16 GiB of device blocks: their zeroing takes milliseconds on the legacy stream; a write
+    # and a swap-in issued at once on the engine's streams must not be zeroed after landing.
+    blocks = 16 * 2**30 // GEOMETRY.block_bytes
+    host = np.full((2, GEOMETRY.block_bytes), 7, np.uint8)
+    engine = DuplexEngine.on_cuda(GEOMETRY, blocks, host)
+    data = np.full(GEOMETRY.block_bytes, 9, np.uint8)
+    engine.write_block(blocks - 1, data)
+    engine.swap_in(0, blocks - 2)
+    engine.submit_step()
+    engine.wait_all()
+    assert np.array_equal(engine.read_block(blocks - 1), data)
+    assert np.array_equal(engine.read_block(blocks - 2), host[0])
+    assert not engine.read_block(blocks // 2).any()

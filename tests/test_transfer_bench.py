@@ -127,7 +127,7 @@ def test_cli_json() -> None:
 def test_device_names_are_parsed_and_bad_ones_named() -> None:
     assert transfer.cuda_device("host") is None
     assert transfer.cuda_device("cuda") == 0 and transfer.cuda_device("cuda:3") == 3
-    for bad in ("gpu", "cuda:x", "cuda:-1", "CUDA:0", ""):
+    for bad in ("gpu", "cuda:x", "cuda:-1", "cuda:", "CUDA:0", ""):
         with pytest.raises(ConfigError, match="--device"):
             transfer.cuda_device(bad)
 

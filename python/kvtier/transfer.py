@@ -376,10 +376,10 @@ class DuplexEngine:
 
     def write_block(self, block: int, data: np.ndarray) -> None:
         """Writes one ``BlockFirst`` object into device block ``block`` (it becomes dirty)."""
-        buffer_array(data, "data")
-        if data.nbytes != self._block_bytes:
-            raise BufferError(f"data has {data.nbytes} bytes; expected one block of {self._block_bytes}")
-        self._core.write_block(block, data)
+        array = buffer_array(data, "data")
+        if array.nbytes != self._block_bytes:
+            raise BufferError(f"data has {array.nbytes} bytes; expected one block of {self._block_bytes}")
+        self._core.write_block(block, array)
 
 
 def _host_slots(geometry: Geometry, host: object) -> None:
@@ -394,11 +394,11 @@ def _host_slots(geometry: Geometry, host: object) -> None:
         )
 
 
-def cuda_link_duplex(nbytes: int, rounds: int = 5, device: int = 0) -> tuple[float, float]:
-    """The host link's own duplex limit on CUDA GPU ``device``: (serial s, at-once s) for
-    ``nbytes`` each way as one copy per direction, one after the other and on two streams at once
-    (best of ``rounds``)."""
+def cuda_link_duplex(nbytes: int, rounds: int = 5, device: int = 0) -> tuple[float, float, float]:
+    """The host link's own limits on CUDA GPU ``device``: (host-to-device s, device-to-host s,
+    both at once s) for ``nbytes`` each way as one copy per direction, alone and on two streams
+    at once (best of ``rounds``)."""
     _positive("nbytes", nbytes)
     _positive("rounds", rounds)
-    serial, at_once = _core.cuda_link_duplex(nbytes, rounds, device)
-    return float(serial), float(at_once)
+    h2d, d2h, at_once = _core.cuda_link_duplex(nbytes, rounds, device)
+    return float(h2d), float(d2h), float(at_once)

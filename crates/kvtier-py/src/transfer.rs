@@ -201,6 +201,22 @@ impl TransferEngine {
     }
 }
 
+impl DuplexEngine {
+    /// A caller's one-block buffer: plain numbers, C-contiguous, `block_bytes` long (never a
+    /// null pointer), and apart from the engine's device pool and host swap space.
+    fn block_buffer(&self, obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Buffer> {
+        let buf = Buffer::get(obj, what, writable, Format::Bytes)?;
+        if buf.len() != self.block_bytes {
+            let (n, bb) = (buf.len(), self.block_bytes);
+            return Err(crate::errors::buffer_error(format!(
+                "{what} has {n} bytes; expected one block of {bb}"
+            )));
+        }
+        self._buffers.iter().try_for_each(|b| crate::buffer::ensure_disjoint(&buf, b))?;
+        Ok(buf)
+    }
+}
+
 fn state_name(s: BlockState) -> (&'static str, Option<u64>) {
     match s {
         BlockState::Free => ("free", None),
@@ -216,6 +232,7 @@ pub struct DuplexEngine {
     // Declared first: dropped (its transfers waited for) before the buffers below.
     inner: CoreDuplex,
     _buffers: Vec<Buffer>,
+    block_bytes: usize,
 }
 
 #[pymethods]
@@ -234,7 +251,7 @@ impl DuplexEngine {
         crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let inner = CoreDuplex::new(&geometry.inner, dref, href, config).map_err(raise)?;
-        Ok(DuplexEngine { inner, _buffers: vec![dbuf, hbuf] })
+        Ok(DuplexEngine { inner, _buffers: vec![dbuf, hbuf], block_bytes: bb })
     }
 
     /// A device pool of `device_blocks` blocks in CUDA memory on GPU `device`.
@@ -251,18 +268,20 @@ impl DuplexEngine {
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let cuda = Cuda::load(device).map_err(raise)?;
         let inner = CoreDuplex::on_cuda(&geometry.inner, device_blocks, href, config, cuda).map_err(raise)?;
-        Ok(DuplexEngine { inner, _buffers: vec![hbuf] })
+        let block_bytes = geometry.inner.block_bytes() as usize;
+        Ok(DuplexEngine { inner, _buffers: vec![hbuf], block_bytes })
     }
 
     fn read_block(&self, py: Python<'_>, dev: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
-        let buf = Buffer::get(out, "out", true, Format::Bytes)?;
-        // SAFETY: the buffer is held (and so valid and writable) for the whole call.
+        let buf = self.block_buffer(out, "out", true)?;
+        // SAFETY: the buffer is held (valid, writable, one block, apart from the engine's own
+        // memory) for the whole call.
         let out = unsafe { std::slice::from_raw_parts_mut(buf.ptr(), buf.len()) };
         py.allow_threads(|| self.inner.read_block(dev, out)).map_err(raise)
     }
     fn write_block(&self, py: Python<'_>, dev: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let buf = Buffer::get(data, "data", false, Format::Bytes)?;
-        // SAFETY: the buffer is held for the whole call.
+        let buf = self.block_buffer(data, "data", false)?;
+        // SAFETY: as in `read_block`.
         let data = unsafe { std::slice::from_raw_parts(buf.ptr().cast_const(), buf.len()) };
         py.allow_threads(|| self.inner.write_block(dev, data)).map_err(raise)
     }
@@ -313,10 +332,15 @@ pub fn balanced_stage_workers(rates_bytes_per_s: [f64; 4], threads: usize) -> [u
     StageWorkers::balanced(rates_bytes_per_s, threads).as_array()
 }
 
-/// The host link's duplex limit on GPU `device`: (serial seconds, at-once seconds) for `nbytes`
-/// each way as one copy per direction, best of `rounds`.
+/// The host link's limits on GPU `device`: (host→device, device→host, both at once) seconds for
+/// `nbytes` each way as one copy per direction, best of `rounds`.
 #[pyfunction]
-pub fn cuda_link_duplex(py: Python<'_>, nbytes: usize, rounds: usize, device: i32) -> PyResult<(f64, f64)> {
+pub fn cuda_link_duplex(
+    py: Python<'_>,
+    nbytes: usize,
+    rounds: usize,
+    device: i32,
+) -> PyResult<(f64, f64, f64)> {
     let cuda = Cuda::load(device).map_err(raise)?;
     py.allow_threads(|| link_duplex_seconds(&cuda, nbytes, rounds)).map_err(raise)
 }

@@ -27,6 +27,7 @@ pub enum CopyKind {
 struct Fns {
     get_error_string: unsafe extern "C" fn(Status) -> *const c_char,
     get_device_count: unsafe extern "C" fn(*mut c_int) -> Status,
+    get_device: unsafe extern "C" fn(*mut c_int) -> Status,
     set_device: unsafe extern "C" fn(c_int) -> Status,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Status,
     free: unsafe extern "C" fn(*mut c_void) -> Status,
@@ -112,6 +113,7 @@ impl Cuda {
             Fns {
                 get_error_string: symbol(lib, &path, "cudaGetErrorString")?,
                 get_device_count: symbol(lib, &path, "cudaGetDeviceCount")?,
+                get_device: symbol(lib, &path, "cudaGetDevice")?,
                 set_device: symbol(lib, &path, "cudaSetDevice")?,
                 malloc: symbol(lib, &path, "cudaMalloc")?,
                 free: symbol(lib, &path, "cudaFree")?,
@@ -132,7 +134,7 @@ impl Cuda {
         if device < 0 || device >= count {
             return Err(device_err(format!("CUDA device {device} does not exist; this machine has {count}")));
         }
-        cuda.bind()?;
+        drop(cuda.current()?);
         Ok(Arc::new(cuda))
     }
 
@@ -149,20 +151,36 @@ impl Cuda {
         Err(device_err(format!("{call} failed: {} (error {status})", msg.to_string_lossy())))
     }
 
-    /// Makes this engine's device current on the calling thread (each worker calls it once).
+    /// Makes this engine's device current on the calling thread for good (the engine's own
+    /// worker threads call it once).
     pub fn bind(&self) -> Result<(), TransferError> {
         // SAFETY: plain call with a checked device ordinal.
         self.check(unsafe { (self.fns.set_device)(self.device) }, "cudaSetDevice")
     }
 
-    /// `len` bytes of device memory, zeroed.
+    /// Makes this engine's device current on a caller's thread until the guard drops, which
+    /// gives the thread back the device it had (a torch user's current device is not moved).
+    pub fn current(&self) -> Result<Current<'_>, TransferError> {
+        let mut previous: c_int = 0;
+        // SAFETY: `previous` is a valid out-pointer.
+        self.check(unsafe { (self.fns.get_device)(&mut previous) }, "cudaGetDevice")?;
+        self.bind()?;
+        Ok(Current { cuda: self, previous })
+    }
+
+    /// `len` bytes of device memory, zeroed (the zeroing finished before this returns).
     pub fn alloc(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, TransferError> {
+        let _on = self.current()?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer.
         self.check(unsafe { (self.fns.malloc)(&mut ptr, len) }, "cudaMalloc")?;
         let buffer = DeviceBuffer { cuda: self.clone(), ptr: ptr.cast(), len };
         // SAFETY: `ptr..ptr + len` was just allocated on this device.
         self.check(unsafe { (self.fns.memset)(ptr, 0, len) }, "cudaMemset")?;
+        // cudaMemset may return before it finished, on the legacy stream, which the engine's
+        // non-blocking streams do not wait for: wait here, or a first write could be zeroed.
+        // SAFETY: the null stream is the legacy default stream.
+        self.check(unsafe { (self.fns.stream_synchronize)(std::ptr::null_mut()) }, "cudaStreamSynchronize")?;
         Ok(buffer)
     }
 
@@ -171,17 +189,42 @@ impl Cuda {
     /// # Safety
     /// The range must be valid host memory for the guard's life.
     pub unsafe fn pin(self: &Arc<Self>, ptr: *mut u8, len: usize) -> Result<Pinned, TransferError> {
+        let _on = self.current()?;
         // SAFETY: as this function's contract; flags 0 = cudaHostRegisterDefault.
-        self.check(unsafe { (self.fns.host_register)(ptr.cast(), len, 0) }, "cudaHostRegister")?;
-        Ok(Pinned { cuda: self.clone(), ptr })
+        let status = unsafe { (self.fns.host_register)(ptr.cast(), len, 0) };
+        if status == HOST_MEMORY_ALREADY_REGISTERED {
+            // Pinned by its owner (a torch pin_memory tensor, another engine): theirs to unpin.
+            return Ok(Pinned { cuda: self.clone(), ptr, owned: false });
+        }
+        self.check(status, "cudaHostRegister")?;
+        Ok(Pinned { cuda: self.clone(), ptr, owned: true })
     }
 
     /// A non-blocking stream (cudaStreamNonBlocking: no implicit sync with the legacy stream).
     pub fn stream(self: &Arc<Self>) -> Result<Stream, TransferError> {
+        let _on = self.current()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; flag 1 = cudaStreamNonBlocking.
         self.check(unsafe { (self.fns.stream_create)(&mut raw, 1) }, "cudaStreamCreateWithFlags")?;
         Ok(Stream { cuda: self.clone(), raw })
+    }
+}
+
+/// `cudaErrorHostMemoryAlreadyRegistered`.
+const HOST_MEMORY_ALREADY_REGISTERED: Status = 712;
+
+/// The engine's device, current on this thread while it lives ([`Cuda::current`]).
+pub struct Current<'a> {
+    cuda: &'a Cuda,
+    previous: c_int,
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        if self.previous != self.cuda.device {
+            // SAFETY: plain call with the ordinal the thread had.
+            unsafe { (self.cuda.fns.set_device)(self.previous) };
+        }
     }
 }
 
@@ -210,16 +253,17 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let _ = self.cuda.bind(); // this thread may never have used the device
-                                  // SAFETY: allocated by cudaMalloc; every copy that used it was waited for.
+        let _on = self.cuda.current(); // this thread may never have used the device
+                                       // SAFETY: allocated by cudaMalloc; every copy that used it was waited for.
         unsafe { (self.cuda.fns.free)(self.ptr.cast()) };
     }
 }
 
-/// Pinned host memory, unpinned on drop.
+/// Pinned host memory, unpinned on drop (unless it was pinned already by its owner).
 pub struct Pinned {
     cuda: Arc<Cuda>,
     ptr: *mut u8,
+    owned: bool,
 }
 
 // SAFETY: only the address, to unpin it.
@@ -228,8 +272,11 @@ unsafe impl Sync for Pinned {}
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: registered by `Cuda::pin`.
-        unsafe { (self.cuda.fns.host_unregister)(self.ptr.cast()) };
+        if self.owned {
+            let _on = self.cuda.current(); // a registration belongs to its device
+                                           // SAFETY: registered by `Cuda::pin`.
+            unsafe { (self.cuda.fns.host_unregister)(self.ptr.cast()) };
+        }
     }
 }
 
@@ -292,20 +339,21 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let _ = self.cuda.bind();
+        let _on = self.cuda.current();
         // SAFETY: created by `Cuda::stream`; nothing is queued on it any more.
         unsafe { (self.cuda.fns.stream_destroy)(self.raw) };
     }
 }
 
-/// The link's own duplex limit: `bytes` host→device and `bytes` device→host as one plain copy
-/// each, one after the other and both at once on two streams (best of `rounds`). Returns
-/// (serial seconds, at-once seconds).
+/// The link's own limits: `bytes` host→device and `bytes` device→host as one plain copy each,
+/// alone and both at once on two streams (best of `rounds`). Returns (host→device seconds,
+/// device→host seconds, both-at-once seconds).
 pub fn link_duplex_seconds(
     cuda: &Arc<Cuda>,
     bytes: usize,
     rounds: usize,
-) -> Result<(f64, f64), TransferError> {
+) -> Result<(f64, f64, f64), TransferError> {
+    let _on = cuda.current()?;
     let (dev_in, dev_out) = (cuda.alloc(bytes)?, cuda.alloc(bytes)?);
     let mut host_in = vec![1u8; bytes];
     let mut host_out = vec![0u8; bytes];
@@ -322,23 +370,21 @@ pub fn link_duplex_seconds(
     };
     let h2d = one(dev_in.ptr(), host_in.as_ptr());
     let d2h = one(host_out.as_mut_ptr(), dev_out.ptr());
-    let (mut serial, mut at_once) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..rounds.max(1) {
+    // Issues the copies, then waits for both streams even after an error (nothing may still be
+    // copying when the buffers are freed). Returns the seconds it took.
+    let timed = |copies: &[(&Stream, Rows, CopyKind)]| -> Result<f64, TransferError> {
         let t = Instant::now();
         // SAFETY: device buffers and pinned host vectors live until the end of the function.
-        unsafe { s_in.copy_rows(h2d, CopyKind::HostToDevice)? };
-        s_in.synchronize()?;
-        unsafe { s_out.copy_rows(d2h, CopyKind::DeviceToHost)? };
-        s_out.synchronize()?;
-        serial = serial.min(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        unsafe {
-            s_in.copy_rows(h2d, CopyKind::HostToDevice)?;
-            s_out.copy_rows(d2h, CopyKind::DeviceToHost)?;
-        }
-        s_in.synchronize()?;
-        s_out.synchronize()?;
-        at_once = at_once.min(t.elapsed().as_secs_f64());
+        let issued = copies.iter().try_for_each(|&(s, r, k)| unsafe { s.copy_rows(r, k) });
+        let synced = s_in.synchronize().and(s_out.synchronize());
+        issued.and(synced).map(|()| t.elapsed().as_secs_f64())
+    };
+    let (mut h2d_s, mut d2h_s, mut at_once) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    for _ in 0..rounds.max(1) {
+        h2d_s = h2d_s.min(timed(&[(&s_in, h2d, CopyKind::HostToDevice)])?);
+        d2h_s = d2h_s.min(timed(&[(&s_out, d2h, CopyKind::DeviceToHost)])?);
+        at_once = at_once
+            .min(timed(&[(&s_in, h2d, CopyKind::HostToDevice), (&s_out, d2h, CopyKind::DeviceToHost)])?);
     }
-    Ok((serial, at_once))
+    Ok((h2d_s, d2h_s, at_once))
 }

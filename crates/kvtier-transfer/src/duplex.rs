@@ -53,6 +53,21 @@ fn duplex_err(m: String) -> TransferError {
     TransferError::Duplex(m)
 }
 
+/// The caller writes device block `dev` (index `d`): refused while a copy of it is queued or in
+/// flight; its host copy, if any, is stale from now on.
+fn mark_written(st: &mut State, dev: u64, d: usize) -> Result<(), TransferError> {
+    let queued =
+        st.pending_out.iter().any(|&(p, _)| p == dev) || st.pending_in.iter().any(|&(_, p)| p == dev);
+    if queued || !st.finished(st.dev_read[d]) || !st.finished(st.dev_write[d]) {
+        return Err(duplex_err(format!(
+            "device block {dev} is queued or in flight; submit the step and wait for it before writing"
+        )));
+    }
+    st.blocks[d] = BlockState::Dirty;
+    st.generation[d] += 1;
+    Ok(())
+}
+
 /// `p` holds `num_blocks` whole blocks of `bb` bytes, at least one.
 fn check_size(what: &str, p: &PoolRef, bb: u64) -> Result<(), TransferError> {
     if p.num_blocks() == 0 || p.len() as u64 != p.num_blocks().saturating_mul(bb) {
@@ -89,14 +104,14 @@ impl DuplexEngine {
         config: DuplexConfig,
         cuda: Arc<Cuda>,
     ) -> Result<Self, TransferError> {
-        let len = device_blocks.saturating_mul(geometry.block_bytes());
-        if device_blocks == 0 || usize::try_from(len).is_err() {
+        let len = device_blocks.checked_mul(geometry.block_bytes()).and_then(|n| usize::try_from(n).ok());
+        let Some(len) = len.filter(|_| device_blocks > 0) else {
             return Err(duplex_err(format!(
                 "device pool of {device_blocks} blocks; expected 1 or more that fit"
             )));
-        }
+        };
         check_size("host swap space", &host, geometry.block_bytes())?;
-        let memory = Arc::new(cuda.alloc(len as usize)?);
+        let memory = Arc::new(cuda.alloc(len)?);
         // SAFETY: the reference keeps the allocation alive; only the engine's workers and its
         // own read/write_block copy into it, under the engine's rules.
         let device = unsafe { PoolRef::kept(memory.ptr(), memory.len(), device_blocks, memory.clone()) };
@@ -137,6 +152,7 @@ impl DuplexEngine {
             next_seq: 1,
             shutdown: false,
             failed: BTreeMap::new(),
+            host_failed: vec![0; h],
         };
         let shared = Arc::new(Shared {
             shape: PoolShape::new(geometry, device.num_blocks()),
@@ -187,17 +203,7 @@ impl DuplexEngine {
     /// Errors if a transfer still reads or writes `dev` (wait with [`wait_block`](Self::wait_block)).
     pub fn write(&self, dev: u64) -> Result<(), TransferError> {
         let d = self.check_dev(dev)?;
-        let mut st = lock(&self.shared.state);
-        let queued =
-            st.pending_out.iter().any(|&(p, _)| p == dev) || st.pending_in.iter().any(|&(_, p)| p == dev);
-        if queued || !st.finished(st.dev_read[d]) || !st.finished(st.dev_write[d]) {
-            return Err(duplex_err(format!(
-                "device block {dev} is queued or in flight; submit the step and wait for it before writing"
-            )));
-        }
-        st.blocks[d] = BlockState::Dirty;
-        st.generation[d] += 1;
-        Ok(())
+        mark_written(&mut lock(&self.shared.state), dev, d)
     }
 
     /// Waits until no submitted transfer reads or writes device block `dev`.
@@ -362,24 +368,31 @@ impl DuplexEngine {
 
     /// Copies device block `dev` (as one `BlockFirst` object) into `out`. Errors while a
     /// swap-in into `dev` is queued or in flight.
+    ///
+    /// The copy runs under the engine's lock (as does [`write_block`](Self::write_block)'s), so no
+    /// swap of `dev` can be queued or submitted from another thread while it runs.
     pub fn read_block(&self, dev: u64, out: &mut [u8]) -> Result<(), TransferError> {
         self.check_object(out.len())?;
         let d = self.check_dev(dev)?;
-        {
-            let st = lock(&self.shared.state);
-            if st.pending_in.iter().any(|&(_, p)| p == dev) || !st.finished(st.dev_write[d]) {
-                return Err(duplex_err(format!("device block {dev} is being swapped in; wait for it first")));
-            }
+        let st = lock(&self.shared.state);
+        if st.pending_in.iter().any(|&(_, p)| p == dev) || !st.finished(st.dev_write[d]) {
+            return Err(duplex_err(format!("device block {dev} is being swapped in; wait for it first")));
         }
-        self.caller_copy(d, out.as_mut_ptr(), true)
+        let copied = self.caller_copy(d, out.as_mut_ptr(), true);
+        drop(st);
+        copied
     }
 
     /// The caller's write of KV into device block `dev`: [`write`](Self::write), then `data`
-    /// (one `BlockFirst` object) copied in.
+    /// (one `BlockFirst` object) copied in, under the engine's lock.
     pub fn write_block(&self, dev: u64, data: &[u8]) -> Result<(), TransferError> {
         self.check_object(data.len())?;
-        self.write(dev)?;
-        self.caller_copy(dev as usize, data.as_ptr().cast_mut(), false)
+        let d = self.check_dev(dev)?;
+        let mut st = lock(&self.shared.state);
+        mark_written(&mut st, dev, d)?;
+        let copied = self.caller_copy(d, data.as_ptr().cast_mut(), false);
+        drop(st);
+        copied
     }
 
     fn check_object(&self, len: usize) -> Result<(), TransferError> {
@@ -409,7 +422,7 @@ impl DuplexEngine {
             kvtier_core::copy::fence();
             return Ok(());
         };
-        cuda.bind()?;
+        let _on = cuda.current()?;
         let kind = if to_object { CopyKind::DeviceToHost } else { CopyKind::HostToDevice };
         // SAFETY: as above; `object` is pageable host memory, which the runtime stages itself.
         let issued = unsafe { sh.shape.block_rows(device, d, object, None, to_object) }

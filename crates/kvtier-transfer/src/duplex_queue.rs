@@ -72,6 +72,9 @@ pub(crate) struct State {
     pub shutdown: bool,
     /// Transfers whose copies failed (a device error), with the error: reported once by `wait`.
     pub failed: BTreeMap<u64, String>,
+    /// Per host slot, the failed swap-out that last wrote it (0 = none): a swap-in from it fails
+    /// too, naming that transfer, until a swap-out rewrites the slot.
+    pub host_failed: Vec<u64>,
 }
 
 impl State {
@@ -91,11 +94,13 @@ pub(crate) enum Copier {
 }
 
 pub(crate) struct Shared {
+    // Dropped first (fields drop in order): streams destroyed and the host swap space unpinned
+    // while the device memory and the host memory behind `device` / `host` still exist.
+    pub copier: Copier,
     pub shape: PoolShape,
     pub device: PoolRef,
     pub host: PoolRef,
     pub config: DuplexConfig,
-    pub copier: Copier,
     pub state: Mutex<State>,
     pub changed: Condvar,
 }
@@ -188,8 +193,17 @@ pub(crate) fn worker(sh: &Shared, direction: Direction) {
                 st = sh.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let outcome = bound.clone().and_then(|()| copy(sh, &transfer).map_err(|e| e.to_string()));
+        let outcome = bound
+            .clone()
+            .and_then(|()| unwritten_source(sh, &transfer))
+            .and_then(|()| copy(sh, &transfer).map_err(|e| e.to_string()));
         let mut st = lock(&sh.state);
+        if transfer.direction == Direction::Out && transfer.layer.is_none() {
+            let failed = if outcome.is_ok() { 0 } else { transfer.seq };
+            for &(_, h, _, _) in transfer.pairs.iter().filter(|p| p.3) {
+                st.host_failed[h as usize] = failed;
+            }
+        }
         match outcome {
             Ok(()) if transfer.direction == Direction::Out && transfer.layer.is_none() => {
                 for &(d, h, generation, _) in transfer.pairs.iter().filter(|p| p.3) {
@@ -220,6 +234,21 @@ pub(crate) fn worker(sh: &Shared, direction: Direction) {
         }
         st.unfinished[q].retain(|&s| s != transfer.seq);
         sh.changed.notify_all();
+    }
+}
+
+/// A swap-in whose host slot a failed swap-out last wrote has nothing valid to read.
+fn unwritten_source(sh: &Shared, t: &Transfer) -> Result<(), String> {
+    if t.direction == Direction::Out {
+        return Ok(());
+    }
+    let st = lock(&sh.state);
+    match t.pairs.iter().filter(|p| p.3).find(|p| st.host_failed[p.1 as usize] != 0) {
+        Some(&(_, h, _, _)) => Err(format!(
+            "host slot {h} holds no valid copy: transfer {}, which wrote it, failed",
+            st.host_failed[h as usize]
+        )),
+        None => Ok(()),
     }
 }
 

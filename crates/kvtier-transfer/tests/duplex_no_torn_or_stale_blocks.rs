@@ -261,6 +261,7 @@ fn without_the_cuda_runtime_a_gpu_engine_is_refused_by_name() {
     // On a machine without libcudart (CI), asking for a CUDA engine is an error that names what
     // is missing and how to point at it, never a crash or a host engine in disguise. An empty
     // KVTIER_CUDART is no path (dlopen("") would open this program itself).
+    let before = std::env::var_os("KVTIER_CUDART");
     for path in ["/nonexistent/libcudart.so", ""] {
         std::env::set_var("KVTIER_CUDART", path);
         match Cuda::load(0) {
@@ -275,5 +276,10 @@ fn without_the_cuda_runtime_a_gpu_engine_is_refused_by_name() {
                 assert!(e.to_string().contains("does not exist"), "{e}");
             }
         }
+    }
+    // The GPU tests of this binary may run after this one: give them the runtime path back.
+    match before {
+        Some(v) => std::env::set_var("KVTIER_CUDART", v),
+        None => std::env::remove_var("KVTIER_CUDART"),
     }
 }

@@ -320,9 +320,8 @@ def _duplex(swap_blocks: int, repeats: int, cuda_device: int | None = None) -> D
     nbytes = n * bb
     if cuda_device is None:
         memcpy_s = memcpy_seconds(nbytes, repeats)
-    else:
-        link_serial_s, link_at_once_s = cuda_link_duplex(nbytes, 3 * repeats, cuda_device)
-        memcpy_s = link_serial_s / 2
+    else:  # a swap-out's limit: one device-to-host copy of its bytes
+        memcpy_s = cuda_link_duplex(nbytes, repeats, cuda_device)[1]
     batched_s = best_seconds(swap_out_batched, repeats)
     per_segment_s = best_seconds(swap_out_per_segment, repeats)
     # Interleaved, best of each over more rounds (each is a few ms): the duplex, its serial
@@ -332,7 +331,9 @@ def _duplex(swap_blocks: int, repeats: int, cuda_device: int | None = None) -> D
         for _ in range(3 * repeats):
             duplex_s = min(duplex_s, best_seconds(duplex, 1))
             serial_s = min(serial_s, best_seconds(serial, 1))
-        memcpy_serial_s, memcpy_at_once_s = link_serial_s, link_at_once_s
+            h2d_s, d2h_s, at_once_s = cuda_link_duplex(nbytes, 1, cuda_device)
+            memcpy_serial_s = min(memcpy_serial_s, h2d_s + d2h_s)
+            memcpy_at_once_s = min(memcpy_at_once_s, at_once_s)
     else:
         with TwoMemcpys(nbytes) as two:
             for _ in range(3 * repeats):
@@ -371,10 +372,10 @@ def _duplex(swap_blocks: int, repeats: int, cuda_device: int | None = None) -> D
 
 def cuda_device(text: str) -> int | None:
     """``--device``: ``host`` -> None; ``cuda`` / ``cuda:N`` -> the GPU index."""
-    name, _, index = text.partition(":")
+    name, sep, index = text.partition(":")
     if text == "host":
         return None
-    if name != "cuda" or (index and not index.isdigit()):
+    if name != "cuda" or (sep and not index.isdigit()):
         raise ConfigError(f"--device is {text!r}; expected host, cuda or cuda:N")
     return int(index or 0)
 
