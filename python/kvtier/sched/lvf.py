@@ -26,6 +26,7 @@ from itertools import accumulate, compress, count
 from operator import attrgetter, is_not, itemgetter
 
 from kvtier.sched.base import Phase, RequestView
+from kvtier.sched.shown import ShownViews
 
 LvfKey = tuple[float, float, int]  # (-VLT, arrival, id): step 2's order, a total one (ids are unique)
 Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0: key, blk(r), request
@@ -186,8 +187,14 @@ class RotarySet:
         the last one less the requests that left, plus new ones in between. The two are walked
         side by side, each run of the same objects compared in C (``is_not``), so that a view costs
         what changed, not one Python-level step per member; where ``shown`` is not such a merge
-        (a member moved, or shown twice) the walk finds out and sets are compared instead."""
+        (a member moved, or shown twice) the walk finds out and sets are compared instead. A
+        :class:`~kvtier.sched.shown.ShownViews` built right after the last one shown says what
+        changed itself: no walk."""
         old, members = self.shown, self.ids
+        if type(shown) is ShownViews and shown.base is old and len(old) == len(members):
+            added, removed = shown.added, shown.removed
+            if len(old) - len(removed) + len(added) == len(shown):  # else not the set difference
+                return sorted(added, key=_req_id), [self.by_object[id(r)] for r in removed]
         gone: list[RequestView] = []
         fresh: list[RequestView] = []
         i = j = 0

@@ -30,6 +30,7 @@ from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import watched_prefix_counts
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.sched.fetch_path import FetchPath
+from kvtier.sched.shown import ShownViews
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sched.view_fill import UnfrozenRequestView, UnfrozenSchedulerView
 from kvtier.sim.core import EventLoop
@@ -188,42 +189,69 @@ class SwappedViews:
     One entry per swapped request, in ``swapped``'s order: its view once its swap-out has landed,
     ``None`` while a copy is in flight (a swap-out issued, or a swap-in: not shown, nothing to order
     for it). A swapped request's phase and token counts stay while it is swapped, so its view does;
-    the tuple shown is rebuilt (in C: ``filter``) only when an entry changed.
+    the tuple shown is rebuilt (in C: ``filter``) only when an entry changed, as a
+    :class:`~kvtier.sched.shown.ShownViews` that says which views it added and removed since the
+    last one built (from each changed entry's value in that one, recorded at its first change), so
+    that a policy keeping state per swapped request reads what changed, not the whole tuple.
     """
 
-    __slots__ = ("_entries", "_shown")
+    __slots__ = ("_before", "_entries", "_last", "_shown")
 
     def __init__(self) -> None:
         self._entries: dict[int, RequestView | None] = {}
         self._shown: tuple[RequestView, ...] | None = ()  # None: rebuilt on the next read
+        self._last: ShownViews | None = None  # the last tuple built
+        # Requests whose entry changed since _last was built: their entry then (None: not shown).
+        self._before: dict[int, RequestView | None] = {}
+
+    def _set(self, rid: int, entry: RequestView | None) -> None:
+        before = self._before
+        if rid not in before:
+            before[rid] = self._entries.get(rid)
+        self._entries[rid] = entry
 
     def issued(self, r: SimRequest) -> None:
         """``r``'s swap-out was issued: it joins ``swapped`` (last), not shown yet."""
         if r.req_id in self._entries:
             raise SimError(f"request {r.req_id} is swapped out twice")
-        self._entries[r.req_id] = None
+        self._set(r.req_id, None)
 
     def landed(self, r: SimRequest) -> None:
         """``r``'s swap-out landed: shown from now on, as its view (an admitted request's)."""
         if not r.admitted:
             raise SimError(f"swapped request {r.req_id} was never admitted")
-        self._entries[r.req_id] = admitted_view(r)
+        self._set(r.req_id, admitted_view(r))
         self._shown = None
 
     def hidden(self, r: SimRequest) -> None:
         """``r``'s swap-in was issued: not shown (it stays in ``swapped``, in its place, until it lands)."""
-        self._entries[r.req_id] = None
+        self._set(r.req_id, None)
         self._shown = None
 
     def left(self, r: SimRequest) -> None:
         """``r``'s swap-in landed: it leaves ``swapped`` (it was hidden already: the tuple stays)."""
+        self._set(r.req_id, None)
         if self._entries.pop(r.req_id) is not None:
             raise SimError(f"request {r.req_id} left the swapped set while shown")
 
     def views(self) -> tuple[RequestView, ...]:
         shown = self._shown
         if shown is None:
-            shown = self._shown = tuple(filter(None, self._entries.values()))  # views are truthy
+            built = ShownViews(filter(None, self._entries.values()))  # views are truthy
+            added, removed, entries = [], [], self._entries
+            for rid, before in self._before.items():
+                now = entries.get(rid)
+                if now is not before:
+                    if before is not None:
+                        removed.append(before)
+                    if now is not None:
+                        added.append(now)
+            self._before.clear()
+            last = self._last
+            if last is not None:
+                last.base = None  # only the last link is kept
+            built.base, built.added, built.removed = last, tuple(added), tuple(removed)
+            shown = self._shown = self._last = built
         return shown
 
 
