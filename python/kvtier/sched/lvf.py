@@ -35,6 +35,7 @@ Entry = tuple[float, float, int, int, RequestView, int]
 
 _req_id = attrgetter("req_id")
 _head_need = itemgetter(1)
+_head_key = itemgetter(0)
 
 
 def lvf(
@@ -145,7 +146,7 @@ def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[Re
     preempted: list[RequestView] = []
     if swap <= 0:
         return preempted
-    tails.sort(reverse=True)  # unique keys, as in lvf
+    tails.sort(key=_head_key, reverse=True)  # by the keys alone (unique, as in lvf): fewer compares
     room = math.inf if host_blocks is None else host_blocks
     for _, need, r in tails:
         if need > room:
