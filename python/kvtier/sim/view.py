@@ -195,7 +195,7 @@ class SwappedViews:
     that a policy keeping state per swapped request reads what changed, not the whole tuple.
     """
 
-    __slots__ = ("_before", "_entries", "_last", "_shown")
+    __slots__ = ("_before", "_entries", "_issued", "_last", "_order", "_shown", "_visible", "_visible_last")
 
     def __init__(self) -> None:
         self._entries: dict[int, RequestView | None] = {}
@@ -203,6 +203,13 @@ class SwappedViews:
         self._last: ShownViews | None = None  # the last tuple built
         # Requests whose entry changed since _last was built: their entry then (None: not shown).
         self._before: dict[int, RequestView | None] = {}
+        # The entries shown, in their order, kept as they change (the tuple is built from its values,
+        # not by filtering every entry); None: rebuilt from _entries on the next read, where a copy
+        # landed ahead of one shown (swap-outs land in the order they were issued, mostly).
+        self._visible: dict[int, RequestView] | None = {}
+        self._order: dict[int, int] = {}  # request id -> the number of its swap-out, in issue order
+        self._issued = 0  # swap-outs issued
+        self._visible_last = -1  # the number of the last entry put in _visible (or more)
 
     def _set(self, rid: int, entry: RequestView | None) -> None:
         before = self._before
@@ -215,17 +222,29 @@ class SwappedViews:
         if r.req_id in self._entries:
             raise SimError(f"request {r.req_id} is swapped out twice")
         self._set(r.req_id, None)
+        self._order[r.req_id] = self._issued
+        self._issued += 1
 
     def landed(self, r: SimRequest) -> None:
         """``r``'s swap-out landed: shown from now on, as its view (an admitted request's)."""
         if not r.admitted:
             raise SimError(f"swapped request {r.req_id} was never admitted")
-        self._set(r.req_id, admitted_view(r))
+        view = admitted_view(r)
+        self._set(r.req_id, view)
+        if self._visible is not None:
+            number = self._order[r.req_id]
+            if number > self._visible_last:  # after every entry shown: last in their order
+                self._visible[r.req_id] = view
+                self._visible_last = number
+            else:
+                self._visible = None
         self._shown = None
 
     def hidden(self, r: SimRequest) -> None:
         """``r``'s swap-in was issued: not shown (it stays in ``swapped``, in its place, until it lands)."""
         self._set(r.req_id, None)
+        if self._visible is not None:
+            self._visible.pop(r.req_id, None)
         self._shown = None
 
     def left(self, r: SimRequest) -> None:
@@ -233,12 +252,17 @@ class SwappedViews:
         self._set(r.req_id, None)
         if self._entries.pop(r.req_id) is not None:
             raise SimError(f"request {r.req_id} left the swapped set while shown")
+        del self._order[r.req_id]
 
     def views(self) -> tuple[RequestView, ...]:
         shown = self._shown
         if shown is None:
-            built = ShownViews(filter(None, self._entries.values()))  # views are truthy
-            added, removed, entries = [], [], self._entries
+            visible, entries = self._visible, self._entries
+            if visible is None:
+                visible = self._visible = {rid: v for rid, v in entries.items() if v is not None}
+                self._visible_last = self._order[next(reversed(visible))] if visible else -1
+            built = ShownViews(visible.values())
+            added, removed = [], []
             for rid, before in self._before.items():
                 now = entries.get(rid)
                 if now is not before:
