@@ -23,6 +23,7 @@ step's list as it is, without asking each watch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import Protocol, cast, overload
 
 from kvtier.errors import SimError
@@ -142,14 +143,39 @@ class WaitingViews(Sequence[RequestView]):
         return self._get(i)
 
     def __iter__(self) -> Iterator[RequestView]:
-        if self._built == len(self._views):  # a policy reading the head again (Strata: 3 times)
-            return iter(cast("list[RequestView]", self._views))
-        return self._iter_building()
+        views = self._views
+        if self._built == len(views):  # a policy reading the head again (Strata: 3 times)
+            return iter(cast("list[RequestView]", views))
+        if self._engine is None:
+            return self._iter_building(0)  # raises at the first view not built
+        first = self._fill_kept()
+        if first == len(views):
+            return iter(cast("list[RequestView]", views))
+        return chain(cast("list[RequestView]", views[:first]), self._iter_building(first))
 
-    def _iter_building(self) -> Iterator[RequestView]:
+    def _fill_kept(self) -> int:
+        """Sets every view not built yet that its request keeps (admitted, or waiting under a valid
+        watch: no lookup, nothing else changes), as reading it would; returns the index of the
+        first one still to build (a lookup each: built when read). A head built anew after one
+        request was admitted keeps the rest of its views: iterating it then costs no Python step
+        per view up to the first new one (issue 20)."""
+        views, first = self._views, len(self._views)
+        for i, r in enumerate(self._requests):
+            if views[i] is None:
+                if r.admitted:
+                    views[i] = admitted_view(r)
+                elif (w := r.watch) is not None and w.valid and r.waiting_view is not None:
+                    views[i] = r.waiting_view
+                else:
+                    first = i if i < first else first
+                    continue
+                self._built += 1
+        return first
+
+    def _iter_building(self, start: int) -> Iterator[RequestView]:
         views, requests, tree, bt = self._views, self._requests, self._tree, self._block_tokens
         changed = self._changed
-        for i in range(len(views)):
+        for i in range(start, len(views)):
             view = views[i]
             if view is None:  # _get inline (Strata reads the whole head every step)
                 if self._engine is None:
