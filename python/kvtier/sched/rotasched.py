@@ -233,12 +233,13 @@ class RotaSched(Policy):
                 head_gone,
                 [(r.arrival_s, r.arrival_s, r.req_id, kv_blocks(r, bt), r, n) for r in head_fresh],
             )
+        members, head_members = rotary.entries, waiting.entries  # (RotarySet.__contains__, inline)
         while seen_map:
             rid = next(iter(seen_map))
             seen = seen_map[rid]
             if not now - seen.seen_s > _FORGET_S:
                 break
-            if rid in rotary or rid in waiting:  # a member, seen in this view (and when it entered)
+            if rid in members or rid in head_members:  # a member, seen in this view (and when it entered)
                 seen.seen_s, seen.prev_tokens = now, seen.tokens
                 seen_map.move_to_end(rid)
             else:
@@ -246,7 +247,7 @@ class RotaSched(Policy):
         for rid in [
             rid
             for rid, (_, t) in pending_out.items()
-            if now - t > _FORGET_S or rid in rotary or rid in waiting
+            if now - t > _FORGET_S or rid in members or rid in head_members
         ]:
             del pending_out[rid]  # forgotten, or a member shown (not visited above): its copy landed
         self._last_now = now
