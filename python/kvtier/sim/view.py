@@ -342,8 +342,8 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
-    """``request_view`` of each, with :func:`admitted_view`'s check inline (one per running request
-    per step: a decoding request's view changes at every step)."""
+    """``request_view`` of each, with :func:`admitted_view`'s check and :func:`_view` inline (one per
+    running request per step: a decoding request's view changes at every step)."""
     out: list[RequestView] = []
     append = out.append
     for r in requests:
@@ -357,7 +357,16 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
-            v = r.view = _view(r, NO_TOKENS, 0, 0)
+            req, new = r.req, _object_new(UnfrozenRequestView)  # _view(r, NO_TOKENS, 0, 0), inline
+            new.req_id, new.arrival_s, new.phase = req.req_id, req.arrival_s, r.phase
+            new.prompt_tokens, new.computed_tokens = req.prompt_tokens, r.computed_tokens
+            new.generated_tokens, new.cached_tokens = r.generated_tokens, NO_TOKENS
+            new.in_queue_tokens = new.in_flight_tokens = 0
+            new.block_keys = req.block_keys
+            new.__class__ = RequestView  # type: ignore[assignment]  # same slots: a RequestView
+            r.view = new  # type: ignore[assignment]
+            append(new)  # type: ignore[arg-type]
+            continue
         append(v)
     return tuple(out)
 
