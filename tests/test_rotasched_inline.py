@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.claims import claim, kv_blocks, running_claims, step_need, step_tokens
 from kvtier.sched.lvf import lvf
-from kvtier.sched.rotasched import _FORGET_S, RotaSched, _Seen
+from kvtier.sched.rota_seen import Seen as _Seen
+from kvtier.sched.rotasched import _FORGET_S, RotaSched
 from kvtier.sched.step_plan import StepPlan
 from kvtier.sched.swap_copy import PLAIN_SWAP, SWAP_ENGINES
 
@@ -396,3 +397,23 @@ def test_a_waiting_head_with_requests_not_waiting_is_read_one_by_one(
         view = dataclasses.replace(view, waiting=tuple(shown), running=(), swapped=())
         _assert_same_rotation(new, ref, view)
         previous = shown
+
+
+def test_a_running_request_visited_twice_is_keyed_as_its_whole_visit_leaves_it() -> None:
+    """Step 4's keys are read in the running requests' visit (issue 20, eighteenth slice). A
+    request shown again after it, in another phase and then running again (among the running, or
+    among the fetching), begins running anew at this view: its key is read as the whole visit
+    leaves its record (VLT 0: no victim), as the reference reads it, not as its first visit did
+    (VLT -1: the victim the waiting request's admission asks for)."""
+    x0 = RequestView(1, 0.0, Phase.RUNNING, 40, 40, 2)
+    x1, x2 = (RequestView(1, 0.0, Phase.RUNNING, 40, 40, 3) for _ in range(2))  # equal, two objects
+    other = RequestView(1, 0.0, Phase.WAITING, 40, 0, 0)
+    w = RequestView(2, 0.5, Phase.WAITING, 40, 0, 0)
+    for running, fetching in (((x1, other, x2), ()), ((x1,), (other, x2))):
+        new, ref = RotaSched(xfer_blocks=12), _Reference(xfer_blocks=12)
+        for now, view_running, view_fetching in ((0.0, (x0,), ()), (1.0, running, fetching)):
+            view = dataclasses.replace(
+                _scheduler_view(now, [w], 0), running=view_running, fetching=view_fetching
+            )
+            _assert_same_rotation(new, ref, view)
+        assert new._seen[1].run_start_s == 1.0

@@ -213,7 +213,7 @@ class Composed(Policy):
         preempted, prioritised, released = self.rota.rotate(view)
         out = {r.req_id for r in preempted}
         plan = StepPlan(view, view.free_device_blocks + released, preempted)
-        staying = tuple(r for r in view.running if r.req_id not in out)
+        staying = tuple([r for r in view.running if r.req_id not in out] if out else view.running)
         plan.run(staying)
         swapped_in = 0
         for r in prioritised:
@@ -265,14 +265,14 @@ class Composed(Policy):
     def _admit(self, view: SchedulerView, decision: SchedulerDecision) -> None:
         """Admission of the waiting requests the pieces above left: Strata on the sub-view, else
         the unified pool's async loading, else FCFS with layerwise loads."""
-        running = {r.req_id for r in view.running}
         if "balance" in self.stages:
             admitted = self.strata.schedule(view)
             if not self.rotation:  # the running batch is Strata's own (schedule_running)
                 decision.decode.extend(admitted.decode)
-            decision.prefill.extend(
-                (rid, n) for rid, n in admitted.prefill if not self.rotation or rid not in running
-            )
+                decision.prefill.extend(admitted.prefill)
+            elif admitted.prefill:  # the plan holds the running batch's chunks: admissions only
+                running = {r.req_id for r in view.running}
+                decision.prefill.extend((rid, n) for rid, n in admitted.prefill if rid not in running)
             decision.loads.extend(admitted.loads)
             return
         if self.rotation:  # the plan holds the running batch: admit within what it leaves

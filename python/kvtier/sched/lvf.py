@@ -26,6 +26,7 @@ from itertools import accumulate, compress, count
 from operator import attrgetter, is_not, itemgetter
 
 from kvtier.sched.base import Phase, RequestView
+from kvtier.sched.shown import ShownViews
 
 LvfKey = tuple[float, float, int]  # (-VLT, arrival, id): step 2's order, a total one (ids are unique)
 Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0: key, blk(r), request
@@ -34,6 +35,7 @@ Entry = tuple[float, float, int, int, RequestView, int]
 
 _req_id = attrgetter("req_id")
 _head_need = itemgetter(1)
+_head_key = itemgetter(0)
 
 
 def lvf(
@@ -80,8 +82,14 @@ def take_heads(
     """Step 3: from the head of step 2's order, every request whose blk(r) fits what is left of
     B_left. ``heads`` are the waiting requests in step 2's order, or ``waiting`` holds them (kept
     by arrival, VLT = ReLU(now_s - arrival - wait_s): that order is step 2's); the rotary set's
-    requests (VLT = alpha * ReLU(now_s - t_last - lag_s)) are merged in. The walk stops once nothing
-    after it can fit (suffix minima of blk(r)). Returns (prioritised R, B_left left)."""
+    requests (VLT = alpha * ReLU(now_s - t_last - lag_s)) are merged in. Returns (prioritised R,
+    B_left left).
+
+    B_left only falls, so a request whose blk(r) is above it now never fits later: each of the two
+    orders is read only up to its next request that fits now (a request passed over costs no key),
+    and not at all once none after it can fit (suffix minima of blk(r)); of the two such requests
+    the one first in step 2's order is taken (if it still fits: taking the other may have left too
+    little)."""
     prioritised: list[RequestView] = []
     if waiting is None and (rotary is None or not rotary.order):  # the heads alone: a plain walk
         for _, need, r in heads:
@@ -96,31 +104,37 @@ def take_heads(
     rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
     r_mins = rotary.mins if rotary is not None else []
     nxt = next(rot, None)
-    wi, key, big = 0, None, math.inf  # key: the next waiting request's, read once (None: not yet)
+    wi, key, w_need = 0, None, 0  # key: the next waiting request that fits, read once (None: not yet)
     while True:
-        if key is None and wi < nw:
-            if waiting is None:
-                key, w_need, w_r = heads[wi]
-            else:  # its VLT as RotaSched's pass reads it: the same float
+        if key is not None and w_need > left:  # it fitted until a rotary request before it was taken
+            key, wi = None, wi + 1
+        while key is None and wi < nw:
+            if w_mins[wi] > left:  # none of the waiting requests left fits
+                wi = nw
+            elif waiting is None:
+                if heads[wi][1] <= left:
+                    key, w_need, w_r = heads[wi]
+                else:
+                    wi += 1
+            elif order[wi][3] <= left:  # its VLT as RotaSched's pass reads it: the same float
                 arrival_s, _, rid, w_need, w_r, _ = order[wi]
                 vlt = now_s - arrival_s - wait_s
                 key = (-(vlt if vlt > 0.0 else 0.0), arrival_s, rid)
-        elif key is None and nxt is None:
-            break
-        rest = w_mins[wi] if key is not None else big
-        if nxt is not None and r_mins[nxt[1]] < rest:
-            rest = r_mins[nxt[1]]
-        if left < rest:
-            break
+            else:
+                wi += 1
+        while nxt is not None and nxt[0][1] > left:  # pass over the rotary requests that cannot fit
+            nxt = None if r_mins[nxt[1]] > left else next(rot, None)
         if nxt is None or (key is not None and key < nxt[0][0]):
-            need, r, key = w_need, w_r, None
-            wi += 1
+            if key is None:
+                break
+            prioritised.append(w_r)
+            left -= w_need
+            key, wi = None, wi + 1
         else:
             (_, need, r), _ = nxt
-            nxt = next(rot, None)
-        if need <= left:
             prioritised.append(r)
             left -= need
+            nxt = next(rot, None)
     return prioritised, left
 
 
@@ -132,7 +146,7 @@ def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[Re
     preempted: list[RequestView] = []
     if swap <= 0:
         return preempted
-    tails.sort(reverse=True)  # unique keys, as in lvf
+    tails.sort(key=_head_key, reverse=True)  # by the keys alone (unique, as in lvf): fewer compares
     room = math.inf if host_blocks is None else host_blocks
     for _, need, r in tails:
         if need > room:
@@ -186,8 +200,14 @@ class RotarySet:
         the last one less the requests that left, plus new ones in between. The two are walked
         side by side, each run of the same objects compared in C (``is_not``), so that a view costs
         what changed, not one Python-level step per member; where ``shown`` is not such a merge
-        (a member moved, or shown twice) the walk finds out and sets are compared instead."""
+        (a member moved, or shown twice) the walk finds out and sets are compared instead. A
+        :class:`~kvtier.sched.shown.ShownViews` built right after the last one shown says what
+        changed itself: no walk."""
         old, members = self.shown, self.ids
+        if type(shown) is ShownViews and shown.base is old and len(old) == len(members):
+            added, removed = shown.added, shown.removed
+            if len(old) - len(removed) + len(added) == len(shown):  # else not the set difference
+                return sorted(added, key=_req_id), [self.by_object[id(r)] for r in removed]
         gone: list[RequestView] = []
         fresh: list[RequestView] = []
         i = j = 0

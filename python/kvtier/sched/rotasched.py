@@ -62,7 +62,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvtier.errors import ConfigError
@@ -77,6 +76,7 @@ from kvtier.sched.base import (
 from kvtier.sched.batching import steady_fcfs
 from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
 from kvtier.sched.lvf import Entry, Head, RotarySet, fcfs_key, take_heads, take_tails
+from kvtier.sched.rota_seen import RunningPass, Seen, visit_running
 from kvtier.sched.step_plan import StepPlan
 from kvtier.tiers import Tier
 
@@ -91,20 +91,6 @@ def paper_xfer_blocks(block_tokens: int) -> int:
 
 
 _FORGET_S = 30.0  # a request unseen this long has left (finished); its records go
-
-
-@dataclass(slots=True)
-class _Seen:
-    """What the policy remembers of a request between views."""
-
-    phase: Phase
-    generated: int
-    tokens: int  # computed + generated at the last view
-    prev_tokens: int  # ... at the view before (its full blocks have a host copy under eager rotation)
-    last_token_s: float
-    run_start_s: float
-    seen_s: float
-    view: RequestView | None = None  # the view these fields were read from (views are frozen)
 
 
 Requests = Sequence[RequestView]
@@ -139,7 +125,7 @@ class RotaSched(Policy):
         self.beta_b = beta_b
         self.beta_f = beta_f
         self.xfer_blocks = xfer_blocks  # None: paper_xfer_blocks of the view's block size
-        self._seen: OrderedDict[int, _Seen] = OrderedDict()  # in order of last sight
+        self._seen: OrderedDict[int, Seen] = OrderedDict()  # in order of last sight
         # Swapped out, copy not landed yet: (device blocks still held, when) per request.
         self._pending_out: dict[int, tuple[int, float]] = {}
         self._steady = False  # steady_decode said yes: steps up to the next view may go unseen
@@ -174,7 +160,14 @@ class RotaSched(Policy):
         return max(0.0, now_s - r.arrival_s - self.beta_f * self.ttft_slo_s)
 
     def observe(self, view: SchedulerView) -> None:
-        """Updates t_last and t_run from this view; forgets requests unseen for a while.
+        """Updates t_last and t_run from this view; forgets requests unseen for a while."""
+        self._observe(view)
+
+    def _observe(self, view: SchedulerView) -> RunningPass | None:
+        """:meth:`observe`, returning what :meth:`rotate` reads of the running requests, taken in
+        the same visit (:func:`~kvtier.sched.rota_seen.visit_running`); None where a request was
+        visited twice in this view (shown twice, or in two groups), as its keys may then be stale:
+        rotate reads them again.
 
         The rotary set (:class:`~kvtier.sched.lvf.RotarySet`) and the waiting head (kept the same
         way) are updated by what changed since the last view: a member whose view object is the
@@ -203,7 +196,8 @@ class RotaSched(Policy):
         waiting, head = self._waiting, tuple(view.waiting)  # the same views, a new sequence each view
         head_fresh, head_gone = waiting.diff(head) if head or waiting.entries else ((), [])
         self._settle(waiting, head_gone, last)
-        for group in (view.running, fresh if kept else shown, head_fresh, view.fetching):
+        passed = visit_running(view, seen_map, pending_out)
+        for group in (fresh if kept else shown, head_fresh, view.fetching):
             for r in group:
                 rid = r.req_id
                 if rid in pending_out:  # visible again: its swap-out copy has landed
@@ -212,8 +206,10 @@ class RotaSched(Policy):
                 if seen is None:
                     last_s = now if r.generated_tokens else r.arrival_s
                     tokens = r.computed_tokens + r.generated_tokens
-                    seen_map[rid] = _Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
+                    seen_map[rid] = Seen(r.phase, r.generated_tokens, tokens, 0, last_s, now, now, r)
                     continue
+                if seen.seen_s == now:  # visited already in this view (or settled at the same time)
+                    passed = None
                 seen_map.move_to_end(rid)
                 if seen.view is r:  # the very view seen last time: phase and tokens as recorded
                     seen.seen_s, seen.prev_tokens = now, seen.tokens
@@ -237,12 +233,13 @@ class RotaSched(Policy):
                 head_gone,
                 [(r.arrival_s, r.arrival_s, r.req_id, kv_blocks(r, bt), r, n) for r in head_fresh],
             )
+        members, head_members = rotary.entries, waiting.entries  # (RotarySet.__contains__, inline)
         while seen_map:
             rid = next(iter(seen_map))
             seen = seen_map[rid]
             if not now - seen.seen_s > _FORGET_S:
                 break
-            if rid in rotary or rid in waiting:  # a member, seen in this view (and when it entered)
+            if rid in members or rid in head_members:  # a member, seen in this view (and when it entered)
                 seen.seen_s, seen.prev_tokens = now, seen.tokens
                 seen_map.move_to_end(rid)
             else:
@@ -250,10 +247,11 @@ class RotaSched(Policy):
         for rid in [
             rid
             for rid, (_, t) in pending_out.items()
-            if now - t > _FORGET_S or rid in rotary or rid in waiting
+            if now - t > _FORGET_S or rid in members or rid in head_members
         ]:
             del pending_out[rid]  # forgotten, or a member shown (not visited above): its copy landed
         self._last_now = now
+        return passed
 
     def _settle(self, kept: RotarySet, gone: Sequence[int], last_s: float) -> None:
         """The records of ``kept``'s members ``gone`` (not shown as they were): in the set at the
@@ -332,7 +330,7 @@ class RotaSched(Policy):
         Algorithm 1 as :func:`~kvtier.sched.lvf.lvf` runs it, with the rotary and waiting requests
         read from their kept sets (in step 2's order already, blk(r) summed) instead of one by one.
         """
-        self.observe(view)
+        passed = self._observe(view)
         now, bt = view.now_s, view.block_tokens
         seen_map = self._seen  # observe() saw every request below
         rotary = self._rotary
@@ -344,14 +342,17 @@ class RotaSched(Policy):
         # in one pass over the running and waiting requests: each key goes to the group LVF takes
         # it from.
         heads: list[Head] = []  # waiting (and rotary, if not kept), VLT >= 0: step 3's
-        tails: list[Head] = []  # running, VLT < 0: step 4's
         contended = rotary.total if kept else 0  # blocks of every waiting and rotary request (step 1)
         contended += head.total if head is not None else 0
-        claims = running_claims(view)
+        running, waiting, swapped, device = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED, Tier.DEVICE
+        groups: tuple[tuple[Sequence[RequestView], Phase], ...]
+        if passed is not None:  # the running requests read in observe's visit; those not running here
+            tails, claims, odd = passed
+            groups = ((odd, running),)
+        else:
+            tails, claims, groups = [], running_claims(view), ((view.running, running),)
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
-        running, waiting, swapped, device = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED, Tier.DEVICE
-        groups: tuple[tuple[Sequence[RequestView], Phase], ...] = ((view.running, running),)
         if head is None:
             groups += ((view.waiting, waiting),)
         if not kept:

@@ -23,6 +23,7 @@ step's list as it is, without asking each watch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import Protocol, cast, overload
 
 from kvtier.errors import SimError
@@ -30,6 +31,7 @@ from kvtier.radix import HiRadixTree
 from kvtier.radix.counts import watched_prefix_counts
 from kvtier.sched.base import LoadMode, RequestView, SchedulerView
 from kvtier.sched.fetch_path import FetchPath
+from kvtier.sched.shown import ShownViews
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sched.view_fill import UnfrozenRequestView, UnfrozenSchedulerView
 from kvtier.sim.core import EventLoop
@@ -141,14 +143,39 @@ class WaitingViews(Sequence[RequestView]):
         return self._get(i)
 
     def __iter__(self) -> Iterator[RequestView]:
-        if self._built == len(self._views):  # a policy reading the head again (Strata: 3 times)
-            return iter(cast("list[RequestView]", self._views))
-        return self._iter_building()
+        views = self._views
+        if self._built == len(views):  # a policy reading the head again (Strata: 3 times)
+            return iter(cast("list[RequestView]", views))
+        if self._engine is None:
+            return self._iter_building(0)  # raises at the first view not built
+        first = self._fill_kept()
+        if first == len(views):
+            return iter(cast("list[RequestView]", views))
+        return chain(cast("list[RequestView]", views[:first]), self._iter_building(first))
 
-    def _iter_building(self) -> Iterator[RequestView]:
+    def _fill_kept(self) -> int:
+        """Sets every view not built yet that its request keeps (admitted, or waiting under a valid
+        watch: no lookup, nothing else changes), as reading it would; returns the index of the
+        first one still to build (a lookup each: built when read). A head built anew after one
+        request was admitted keeps the rest of its views: iterating it then costs no Python step
+        per view up to the first new one (issue 20)."""
+        views, first = self._views, len(self._views)
+        for i, r in enumerate(self._requests):
+            if views[i] is None:
+                if r.admitted:
+                    views[i] = admitted_view(r)
+                elif (w := r.watch) is not None and w.valid and r.waiting_view is not None:
+                    views[i] = r.waiting_view
+                else:
+                    first = i if i < first else first
+                    continue
+                self._built += 1
+        return first
+
+    def _iter_building(self, start: int) -> Iterator[RequestView]:
         views, requests, tree, bt = self._views, self._requests, self._tree, self._block_tokens
         changed = self._changed
-        for i in range(len(views)):
+        for i in range(start, len(views)):
             view = views[i]
             if view is None:  # _get inline (Strata reads the whole head every step)
                 if self._engine is None:
@@ -188,42 +215,93 @@ class SwappedViews:
     One entry per swapped request, in ``swapped``'s order: its view once its swap-out has landed,
     ``None`` while a copy is in flight (a swap-out issued, or a swap-in: not shown, nothing to order
     for it). A swapped request's phase and token counts stay while it is swapped, so its view does;
-    the tuple shown is rebuilt (in C: ``filter``) only when an entry changed.
+    the tuple shown is rebuilt (in C: ``filter``) only when an entry changed, as a
+    :class:`~kvtier.sched.shown.ShownViews` that says which views it added and removed since the
+    last one built (from each changed entry's value in that one, recorded at its first change), so
+    that a policy keeping state per swapped request reads what changed, not the whole tuple.
     """
 
-    __slots__ = ("_entries", "_shown")
+    __slots__ = ("_before", "_entries", "_issued", "_last", "_order", "_shown", "_visible", "_visible_last")
 
     def __init__(self) -> None:
         self._entries: dict[int, RequestView | None] = {}
         self._shown: tuple[RequestView, ...] | None = ()  # None: rebuilt on the next read
+        self._last: ShownViews | None = None  # the last tuple built
+        # Requests whose entry changed since _last was built: their entry then (None: not shown).
+        self._before: dict[int, RequestView | None] = {}
+        # The entries shown, in their order, kept as they change (the tuple is built from its values,
+        # not by filtering every entry); None: rebuilt from _entries on the next read, where a copy
+        # landed ahead of one shown (swap-outs land in the order they were issued, mostly).
+        self._visible: dict[int, RequestView] | None = {}
+        self._order: dict[int, int] = {}  # request id -> the number of its swap-out, in issue order
+        self._issued = 0  # swap-outs issued
+        self._visible_last = -1  # the number of the last entry put in _visible (or more)
+
+    def _set(self, rid: int, entry: RequestView | None) -> None:
+        before = self._before
+        if rid not in before:
+            before[rid] = self._entries.get(rid)
+        self._entries[rid] = entry
 
     def issued(self, r: SimRequest) -> None:
         """``r``'s swap-out was issued: it joins ``swapped`` (last), not shown yet."""
         if r.req_id in self._entries:
             raise SimError(f"request {r.req_id} is swapped out twice")
-        self._entries[r.req_id] = None
+        self._set(r.req_id, None)
+        self._order[r.req_id] = self._issued
+        self._issued += 1
 
     def landed(self, r: SimRequest) -> None:
         """``r``'s swap-out landed: shown from now on, as its view (an admitted request's)."""
         if not r.admitted:
             raise SimError(f"swapped request {r.req_id} was never admitted")
-        self._entries[r.req_id] = admitted_view(r)
+        view = admitted_view(r)
+        self._set(r.req_id, view)
+        if self._visible is not None:
+            number = self._order[r.req_id]
+            if number > self._visible_last:  # after every entry shown: last in their order
+                self._visible[r.req_id] = view
+                self._visible_last = number
+            else:
+                self._visible = None
         self._shown = None
 
     def hidden(self, r: SimRequest) -> None:
         """``r``'s swap-in was issued: not shown (it stays in ``swapped``, in its place, until it lands)."""
-        self._entries[r.req_id] = None
+        self._set(r.req_id, None)
+        if self._visible is not None:
+            self._visible.pop(r.req_id, None)
         self._shown = None
 
     def left(self, r: SimRequest) -> None:
         """``r``'s swap-in landed: it leaves ``swapped`` (it was hidden already: the tuple stays)."""
+        self._set(r.req_id, None)
         if self._entries.pop(r.req_id) is not None:
             raise SimError(f"request {r.req_id} left the swapped set while shown")
+        del self._order[r.req_id]
 
     def views(self) -> tuple[RequestView, ...]:
         shown = self._shown
         if shown is None:
-            shown = self._shown = tuple(filter(None, self._entries.values()))  # views are truthy
+            visible, entries = self._visible, self._entries
+            if visible is None:
+                visible = self._visible = {rid: v for rid, v in entries.items() if v is not None}
+                self._visible_last = self._order[next(reversed(visible))] if visible else -1
+            built = ShownViews(visible.values())
+            added, removed = [], []
+            for rid, before in self._before.items():
+                now = entries.get(rid)
+                if now is not before:
+                    if before is not None:
+                        removed.append(before)
+                    if now is not None:
+                        added.append(now)
+            self._before.clear()
+            last = self._last
+            if last is not None:
+                last.base = None  # only the last link is kept
+            built.base, built.added, built.removed = last, tuple(added), tuple(removed)
+            shown = self._shown = self._last = built
         return shown
 
 
@@ -264,8 +342,8 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
-    """``request_view`` of each, with :func:`admitted_view`'s check inline (one per running request
-    per step: a decoding request's view changes at every step)."""
+    """``request_view`` of each, with :func:`admitted_view`'s check and :func:`_view` inline (one per
+    running request per step: a decoding request's view changes at every step)."""
     out: list[RequestView] = []
     append = out.append
     for r in requests:
@@ -279,7 +357,16 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
         ):
-            v = r.view = _view(r, NO_TOKENS, 0, 0)
+            req, new = r.req, _object_new(UnfrozenRequestView)  # _view(r, NO_TOKENS, 0, 0), inline
+            new.req_id, new.arrival_s, new.phase = req.req_id, req.arrival_s, r.phase
+            new.prompt_tokens, new.computed_tokens = req.prompt_tokens, r.computed_tokens
+            new.generated_tokens, new.cached_tokens = r.generated_tokens, NO_TOKENS
+            new.in_queue_tokens = new.in_flight_tokens = 0
+            new.block_keys = req.block_keys
+            new.__class__ = RequestView  # type: ignore[assignment]  # same slots: a RequestView
+            r.view = new  # type: ignore[assignment]
+            append(new)  # type: ignore[arg-type]
+            continue
         append(v)
     return tuple(out)
 
