@@ -253,8 +253,9 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let _on = self.cuda.current(); // this thread may never have used the device
-                                       // SAFETY: allocated by cudaMalloc; every copy that used it was waited for.
+        // This thread may never have used the device.
+        let _on = self.cuda.current();
+        // SAFETY: allocated by cudaMalloc; every copy that used it was waited for.
         unsafe { (self.cuda.fns.free)(self.ptr.cast()) };
     }
 }
