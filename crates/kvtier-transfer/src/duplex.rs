@@ -413,10 +413,7 @@ impl DuplexEngine {
                 if to_object {
                     sh.shape.gather_block(device, d, object);
                 } else {
-                    sh.shape.scatter_groups(device, object, d);
-                    for layer in 0..sh.shape.layers {
-                        sh.shape.scatter_layer(device, object, d, layer);
-                    }
+                    sh.shape.scatter_block(device, object, d);
                 }
             }
             kvtier_core::copy::fence();

@@ -297,12 +297,7 @@ fn copy_host(sh: &Shared, t: &Transfer) {
                 (Direction::Out, Some(layer)) => {
                     sh.shape.gather_segment(device, d as usize, layer, object.add(2 * layer * sh.shape.seg))
                 }
-                (Direction::In, _) => {
-                    sh.shape.scatter_groups(device, object, d as usize);
-                    for layer in 0..sh.shape.layers {
-                        sh.shape.scatter_layer(device, object, d as usize, layer);
-                    }
-                }
+                (Direction::In, _) => sh.shape.scatter_block(device, object, d as usize),
             }
         }
     }

@@ -203,6 +203,18 @@ impl PoolShape {
         }
     }
 
+    /// Copies a whole `object` into pool block `block`: its extra groups, then every layer's
+    /// K and V. Safety as [`Self::scatter_layer`].
+    pub unsafe fn scatter_block(&self, pool: *mut u8, object: *const u8, block: usize) {
+        // SAFETY: as this function's contract.
+        unsafe {
+            self.scatter_groups(pool, object, block);
+            for layer in 0..self.layers {
+                self.scatter_layer(pool, object, block, layer);
+            }
+        }
+    }
+
     /// Copies pool block `block` into `object` (`block_bytes` writable bytes).
     ///
     /// # Safety
@@ -306,12 +318,7 @@ mod tests {
         let mut ours = vec![0u8; pool.len()];
         let mut theirs = vec![0u8; pool.len()];
         scatter_contiguous(&g, &object, n, &[1], &mut theirs, &WorkerPool::new(1)).unwrap();
-        unsafe {
-            shape.scatter_groups(ours.as_mut_ptr(), object.as_ptr(), 1);
-            for layer in 0..3 {
-                shape.scatter_layer(ours.as_mut_ptr(), object.as_ptr(), 1, layer);
-            }
-        }
+        unsafe { shape.scatter_block(ours.as_mut_ptr(), object.as_ptr(), 1) };
         assert_eq!(ours, theirs);
     }
 
@@ -363,10 +370,7 @@ mod tests {
         let mut object: Vec<u8> = (0..bb).map(|i| (i * 13 % 241) as u8 + 1).collect();
         let (mut ours, mut theirs) = (pool.clone(), pool.clone());
         unsafe {
-            shape.scatter_groups(theirs.as_mut_ptr(), object.as_ptr(), 2);
-            for layer in 0..3 {
-                shape.scatter_layer(theirs.as_mut_ptr(), object.as_ptr(), 2, layer);
-            }
+            shape.scatter_block(theirs.as_mut_ptr(), object.as_ptr(), 2);
             for r in shape.block_rows(ours.as_mut_ptr(), 2, object.as_mut_ptr(), None, false) {
                 run_rows(r);
             }

@@ -31,9 +31,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,23 +329,23 @@ def _duplex(swap_blocks: int, repeats: int, cuda_device: int | None = None) -> D
     # Interleaved, best of each over more rounds (each is a few ms): the duplex, its serial
     # baseline and the two-memcpy limit see the same machine conditions.
     duplex_s = serial_s = memcpy_serial_s = memcpy_at_once_s = float("inf")
-    if cuda_device is not None:
+    with contextlib.ExitStack() as stack:
+        limit_round: Callable[[], tuple[float, float]]  # (one after the other, both at once) s
+        if cuda_device is None:
+            limit_round = stack.enter_context(TwoMemcpys(nbytes)).seconds
+        else:
+            gpu = cuda_device
+
+            def limit_round() -> tuple[float, float]:
+                h2d_s, d2h_s, at_once_s = cuda_link_duplex(nbytes, 1, gpu)
+                return h2d_s + d2h_s, at_once_s
+
         for _ in range(3 * repeats):
             duplex_s = min(duplex_s, best_seconds(duplex, 1))
             serial_s = min(serial_s, best_seconds(serial, 1))
-            h2d_s, d2h_s, at_once_s = cuda_link_duplex(nbytes, 1, cuda_device)
-            memcpy_serial_s = min(memcpy_serial_s, h2d_s + d2h_s)
-            memcpy_at_once_s = min(memcpy_at_once_s, at_once_s)
-    else:
-        with TwoMemcpys(nbytes) as two:
-            for _ in range(3 * repeats):
-                duplex_s = min(duplex_s, best_seconds(duplex, 1))
-                serial_s = min(serial_s, best_seconds(serial, 1))
-                two_serial, two_at_once = two.seconds()
-                memcpy_serial_s, memcpy_at_once_s = (
-                    min(memcpy_serial_s, two_serial),
-                    min(memcpy_at_once_s, two_at_once),
-                )
+            two_serial, two_at_once = limit_round()
+            memcpy_serial_s = min(memcpy_serial_s, two_serial)
+            memcpy_at_once_s = min(memcpy_at_once_s, two_at_once)
     limit = memcpy_at_once_s / memcpy_serial_s
     return Duplex(
         duplex_geometry="Qwen2.5-32B-like (64 layers, 8 KV heads, head dim 128, fp16, 16-token blocks)",
