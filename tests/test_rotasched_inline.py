@@ -16,7 +16,7 @@ from kvtier.sched.claims import claim, kv_blocks, running_claims, step_need, ste
 from kvtier.sched.lvf import lvf
 from kvtier.sched.rota_seen import Seen as _Seen
 from kvtier.sched.rotasched import _FORGET_S, RotaSched
-from kvtier.sched.step_plan import StepPlan
+from kvtier.sched.step_plan import RunningBatch, StepPlan
 from kvtier.sched.swap_copy import PLAIN_SWAP, SWAP_ENGINES
 
 BT = 16
@@ -417,3 +417,40 @@ def test_a_running_request_visited_twice_is_keyed_as_its_whole_visit_leaves_it()
             )
             _assert_same_rotation(new, ref, view)
         assert new._seen[1].run_start_s == 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# The running batch's totals read in the visit (issue 20, twentieth slice)
+
+
+@settings(max_examples=300)
+@given(st.lists(running(), max_size=12), st.integers(-4, 24), st.integers(0, 80), st.data())
+def test_a_batch_planned_from_its_totals_is_planned_request_by_request(
+    requests: list[RequestView], free: int, budget: int, data: st.DataObject
+) -> None:
+    """RotaSched's visit reads the running batch's :class:`RunningBatch`; the step plan given it
+    (less the requests swapped out) plans what it plans request by request, whether or not the
+    whole batch fits the budget and the free blocks (a request shown twice: no totals)."""
+    requests = [dataclasses.replace(r, req_id=i) for i, r in enumerate(requests)]
+    view = _view(requests, free, budget)
+    policy = RotaSched(xfer_blocks=12)
+    policy.rotate(view)
+    out = data.draw(st.lists(st.sampled_from(requests), unique_by=id)) if requests else []
+    whole = RunningBatch(
+        sum(claim(r, BT) for r in requests),
+        sum(step_tokens(r, 10**9) for r in requests),
+        sum(r.computed_tokens < r.prompt_tokens for r in requests),
+    )
+    assert policy.running_batch(view, ()) == whole
+    batch = policy.running_batch(view, out)
+    staying = [r for r in requests if all(r is not o for o in out)]
+    assert batch is not None and batch.claims == sum(claim(r, BT) for r in staying)
+    plan, reference = StepPlan(view, free, []), StepPlan(view, free, [])
+    plan.run(staying, batch)
+    reference.run(staying)
+    assert (plan.decision.prefill, plan.decision.decode) == (
+        reference.decision.prefill,
+        reference.decision.decode,
+    )
+    assert (plan.budget, plan.free_blocks) == (reference.budget, reference.free_blocks)
+    assert policy.running_batch(_view(requests, free, budget), out) is None  # not the view it read

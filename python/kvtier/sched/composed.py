@@ -214,7 +214,7 @@ class Composed(Policy):
         out = {r.req_id for r in preempted}
         plan = StepPlan(view, view.free_device_blocks + released, preempted)
         staying = tuple([r for r in view.running if r.req_id not in out] if out else view.running)
-        plan.run(staying)
+        plan.run(staying, self.rota.running_batch(view, preempted))
         swapped_in = 0
         for r in prioritised:
             if r.phase is Phase.SWAPPED and plan.swap_in(r):

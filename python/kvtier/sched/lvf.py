@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from itertools import accumulate, compress, count
 from operator import attrgetter, is_not, itemgetter
 
@@ -101,9 +101,10 @@ def take_heads(
         nw, w_mins, order = len(waiting.order), waiting.mins, waiting.order
     else:
         nw, w_mins, order = len(heads), list(accumulate(map(_head_need, reversed(heads)), min))[::-1], []
-    rot = rotary_heads(rotary.order, now_s, alpha, lag_s) if rotary is not None else iter(())
-    r_mins = rotary.mins if rotary is not None else []
-    nxt = next(rot, None)
+    rotary_order, r_mins = (rotary.order, rotary.mins) if rotary is not None else ([], [])
+    rot = rotary_heads(rotary_order, r_mins, now_s, alpha, lag_s)
+    next(rot)
+    nxt = rot.send(left)
     wi, key, w_need = 0, None, 0  # key: the next waiting request that fits, read once (None: not yet)
     while True:
         if key is not None and w_need > left:  # it fitted until a rotary request before it was taken
@@ -122,19 +123,19 @@ def take_heads(
                 key = (-(vlt if vlt > 0.0 else 0.0), arrival_s, rid)
             else:
                 wi += 1
-        while nxt is not None and nxt[0][1] > left:  # pass over the rotary requests that cannot fit
-            nxt = None if r_mins[nxt[1]] > left else next(rot, None)
-        if nxt is None or (key is not None and key < nxt[0][0]):
+        while nxt is not None and nxt[1] > left:  # it fitted until a waiting request before it was taken
+            nxt = rot.send(left)
+        if nxt is None or (key is not None and key < nxt[0]):
             if key is None:
                 break
             prioritised.append(w_r)
             left -= w_need
             key, wi = None, wi + 1
         else:
-            (_, need, r), _ = nxt
+            _, need, r = nxt
             prioritised.append(r)
             left -= need
-            nxt = next(rot, None)
+            nxt = rot.send(left)
     return prioritised, left
 
 
@@ -292,30 +293,50 @@ def _raise_mins(order: list[Entry], mins: list[int], at: int) -> None:
 
 
 def rotary_heads(
-    order: Sequence[Entry], now: float, alpha: float, lag_s: float
-) -> Iterator[tuple[Head, int]]:
-    """The rotary requests in step 2's order, lazily, each with the index in ``order`` of the run
-    of equal VLT it is in (every entry from there on is still to come or in this run)."""
+    order: Sequence[Entry], mins: Sequence[int], now: float, alpha: float, lag_s: float
+) -> Generator[Head | None, int, None]:
+    """The rotary requests in step 2's order that fit: sent B_left (after a first ``next``), yields
+    the next one whose blk(r) is at most it, or None once none is left. B_left only falls, so one
+    passed over never fits later: it costs no VLT and no key, and the walk ends where the suffix
+    minimum of blk(r) is above B_left (issue 20: most of the rotary requests read do not fit).
+
+    ``order`` is by (t_last, arrival, id), along which the VLT never rises; equal t_last means
+    equal VLT, already in (arrival, id) order. A run of equal VLT over several t_last (alpha 0,
+    ReLU's zeros, rounding) is sorted by (arrival, id) from the first of it that fits (those before
+    it never fit)."""
+    left = yield None
     i, n = 0, len(order)
-    vlt = alpha * max(0.0, now - order[0][0] - lag_s) if n else 0.0  # as RotaSched.vlt computes it
-    while i < n:
-        j, next_vlt = i + 1, 0.0
-        while j < n:
-            lag = now - order[j][0] - lag_s
-            next_vlt = alpha * (lag if lag > 0.0 else 0.0)  # max(0.0, lag), the same float
-            if next_vlt != vlt:
-                break
-            j += 1
-        if j == i + 1:  # a run of one (alpha > 0 and distinct t_last: every run)
-            _, arrival, rid, need, r, _ = order[i]
-            yield ((-vlt, arrival, rid), need, r), i
-            i, vlt = j, next_vlt
+    checked = 0  # order[i:checked] share order[i]'s t_last, and the VLT at ``checked`` is another
+    while i < n and mins[i] <= left:
+        entry = order[i]
+        if entry[3] > left:
+            i += 1
             continue
-        # A run of one t_last is in (arrival, id) order already; equal VLTs of several are not.
-        run = order[i:j] if order[i][0] == order[j - 1][0] else sorted(order[i:j], key=_arrival_id)
-        for _, arrival, rid, need, r, _ in run:
-            yield ((-vlt, arrival, rid), need, r), i
-        i, vlt = j, next_vlt
+        t_last = entry[0]
+        lag = now - t_last - lag_s
+        vlt = alpha * (lag if lag > 0.0 else 0.0)  # max(0.0, lag), the same float (RotaSched.vlt)
+        if i >= checked:
+            j = i + 1
+            while j < n and order[j][0] == t_last:
+                j += 1
+            if j < n:
+                lag = now - order[j][0] - lag_s
+                if alpha * (lag if lag > 0.0 else 0.0) == vlt:  # a run over several t_last
+                    while j < n:
+                        lag = now - order[j][0] - lag_s
+                        if alpha * (lag if lag > 0.0 else 0.0) != vlt:
+                            break
+                        j += 1
+                    for _, arrival, rid, need, r, _ in sorted(order[i:j], key=_arrival_id):
+                        if need <= left:
+                            left = yield (-vlt, arrival, rid), need, r
+                    i = checked = j
+                    continue
+            checked = j
+        left = yield (-vlt, entry[1], entry[2]), entry[3], entry[4]
+        i += 1
+    while True:
+        yield None
 
 
 def _unique(views: Sequence[RequestView]) -> bool:

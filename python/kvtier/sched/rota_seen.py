@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kvtier.sched.base import Phase, RequestView, SchedulerView
 from kvtier.sched.lvf import Head
+from kvtier.sched.step_plan import RunningBatch
 
 
 @dataclass(slots=True)
@@ -33,9 +34,10 @@ class Seen:
 
 
 # What the rotation reads of the running requests, taken in their visit: step 4's heads (VLT < 0)
-# in the view's order, the batch's claims (:func:`~kvtier.sched.claims.running_claims`), and those
-# shown running in another phase (not where a simulator shows them: the rotation's general path).
-RunningPass = tuple[list[Head], int, list[RequestView]]
+# in the view's order, the batch's totals (its claims: :func:`~kvtier.sched.claims.running_claims`;
+# the step plan's :class:`~kvtier.sched.step_plan.RunningBatch`), and those shown running in
+# another phase (not where a simulator shows them: the rotation's general path).
+RunningPass = tuple[list[Head], RunningBatch, list[RequestView]]
 
 
 def visit_running(
@@ -52,12 +54,14 @@ def visit_running(
     running = Phase.RUNNING
     tails: list[Head] = []
     odd: list[RequestView] = []
-    claims, exact = 0, True
-    for r in view.running:
+    claims, rest, prefills, exact = 0, 0, 0, True
+    running_views = view.running
+    for r in running_views:
         rid, computed, generated = r.req_id, r.computed_tokens, r.generated_tokens
         tokens = computed + generated
         if computed < r.prompt_tokens:  # claim(), inline
             claims += -(-r.prompt_tokens // bt) + (-computed // bt)
+            rest, prefills = rest + r.prompt_tokens - computed, prefills + 1
         else:
             claims += -(-(tokens + 1) // bt) + (-(tokens - (1 if generated == 1 else 0)) // bt)
         pending_out.pop(rid, None)  # visible again: its swap-out copy has landed
@@ -83,4 +87,6 @@ def visit_running(
             odd.append(r)
         elif (lag := now - seen.run_start_s) > 0:  # VLT -lag < 0; its key, -VLT, is lag itself
             tails.append(((lag, r.arrival_s, rid), -(-tokens // bt), r))
-    return (tails, claims, odd) if exact else None
+    if not exact:
+        return None
+    return tails, RunningBatch(claims, len(running_views) - prefills + rest, prefills), odd

@@ -77,7 +77,7 @@ from kvtier.sched.batching import steady_fcfs
 from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
 from kvtier.sched.lvf import Entry, Head, RotarySet, fcfs_key, take_heads, take_tails
 from kvtier.sched.rota_seen import RunningPass, Seen, visit_running
-from kvtier.sched.step_plan import StepPlan
+from kvtier.sched.step_plan import RunningBatch, StepPlan
 from kvtier.tiers import Tier
 
 #: SuperInfer §5.1's transfer budget: 2400 blocks of P = 16 tokens (§4.3.1) per iteration.
@@ -135,6 +135,7 @@ class RotaSched(Policy):
         self._views = 0  # views observed
         self._use_rotary = False  # the rotary set is kept (_keep_rotary)
         self._swap_rate = 0.0  # swap-outs per iteration, a moving average
+        self._batch: tuple[SchedulerView, RunningBatch] | None = None  # read in rotate's visit
 
     def params(self) -> dict[str, Any]:
         return {
@@ -347,10 +348,10 @@ class RotaSched(Policy):
         running, waiting, swapped, device = Phase.RUNNING, Phase.WAITING, Phase.SWAPPED, Tier.DEVICE
         groups: tuple[tuple[Sequence[RequestView], Phase], ...]
         if passed is not None:  # the running requests read in observe's visit; those not running here
-            tails, claims, odd = passed
-            groups = ((odd, running),)
+            tails, batch, odd = passed
+            claims, groups, self._batch = batch.claims, ((odd, running),), (view, batch)
         else:
-            tails, claims, groups = [], running_claims(view), ((view.running, running),)
+            tails, claims, groups, self._batch = [], running_claims(view), ((view.running, running),), None
         wait_s = self.beta_f * self.ttft_slo_s
         alpha, lag_s = self.alpha, self.beta_b * self.tbt_slo_s
         if head is None:
@@ -406,6 +407,13 @@ class RotaSched(Policy):
             self._pending_out[r.req_id] = (kv_blocks(r, bt) - now_free, view.now_s)
         return released
 
+    def running_batch(self, view: SchedulerView, out: Sequence[RequestView]) -> RunningBatch | None:
+        """The :class:`~kvtier.sched.step_plan.RunningBatch` of ``view``'s running requests less
+        ``out``, where :meth:`rotate` read it for this very view (None where it did not)."""
+        if self._batch is None or self._batch[0] is not view:
+            return None
+        return self._batch[1].without(out, view.block_tokens)
+
     def unstall(self, view: SchedulerView) -> tuple[list[RequestView], list[RequestView]]:
         """Running requests to swap out, and to preempt by recompute, where the iteration would plan
         nothing (the stall path).
@@ -434,7 +442,7 @@ class RotaSched(Policy):
 
     def schedule(self, view: SchedulerView) -> SchedulerDecision:
         preempted, prioritised, released = self.rotate(view)
-        d = self.plan(view, preempted, prioritised, released)
+        d = self.plan(view, preempted, prioritised, released, batch=self.running_batch(view, preempted))
         if view.running and not (d.prefill or d.decode or d.swap_in or d.swap_out):
             out, dropped = self.unstall(view)  # the stall path: passive preemption (§4.2.1, §5)
             if out or dropped:
@@ -443,10 +451,16 @@ class RotaSched(Policy):
 
     @staticmethod
     def plan(
-        view: SchedulerView, out: Requests, prio: Requests, freed: int, dropped: Requests = ()
+        view: SchedulerView,
+        out: Requests,
+        prio: Requests,
+        freed: int,
+        dropped: Requests = (),
+        batch: RunningBatch | None = None,
     ) -> SchedulerDecision:
         """``out`` swap out (``freed`` blocks free now), ``dropped`` are preempted by recompute (their
-        blocks free now), the rest run, ``prio`` swap in / start."""
+        blocks free now), the rest run (``batch``: their :class:`~kvtier.sched.step_plan.RunningBatch`,
+        if known), ``prio`` swap in / start."""
         bt = view.block_tokens
         plan = StepPlan(view, view.free_device_blocks + freed + sum(kv_blocks(r, bt) for r in dropped), out)
         if dropped:
@@ -454,7 +468,7 @@ class RotaSched(Policy):
             plan.slots += len(dropped)
             out = (*out, *dropped)
         ids = {r.req_id for r in out}
-        plan.run([r for r in view.running if r.req_id not in ids] if ids else view.running)
+        plan.run([r for r in view.running if r.req_id not in ids] if ids else view.running, batch)
         for r in prio:
             if r.phase is Phase.SWAPPED:
                 plan.swap_in(r)

@@ -5,10 +5,37 @@ running slots and the device blocks left (:mod:`kvtier.sched.rotasched`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
+from typing import NamedTuple
 
 from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.batching import reusable_tokens
-from kvtier.sched.claims import kv_blocks
+from kvtier.sched.claims import claim, kv_blocks
+
+_req_id = attrgetter("req_id")
+
+
+class RunningBatch(NamedTuple):
+    """What a running batch asks of one step where nothing binds: the blocks it claims
+    (:func:`~kvtier.sched.claims.claim`, each >= 0), its tokens (a decode's one, an unfinished
+    prompt's rest) and how many of them are prefills. RotaSched reads it in its visit of the running
+    requests (:func:`~kvtier.sched.rota_seen.visit_running`), so that a step whose whole batch fits
+    is planned without a pass of its own (issue 20)."""
+
+    claims: int
+    tokens: int
+    prefills: int
+
+    def without(self, out: Iterable[RequestView], block_tokens: int) -> RunningBatch:
+        """The same totals with ``out`` (requests of the batch) left out."""
+        claims, tokens, prefills = self
+        for r in out:
+            claims -= claim(r, block_tokens)
+            if r.computed_tokens < r.prompt_tokens:
+                tokens, prefills = tokens - (r.prompt_tokens - r.computed_tokens), prefills - 1
+            else:
+                tokens -= 1
+        return RunningBatch(claims, tokens, prefills)
 
 
 class StepPlan:
@@ -25,8 +52,29 @@ class StepPlan:
         self.free_blocks = free_blocks
         self.slots = view.max_running - len(view.running) + len(swapped_out)
 
-    def run(self, running: Iterable[RequestView]) -> None:
-        """Decodes and prefill chunks of the running requests that stay, in the view's order."""
+    def run(self, running: Sequence[RequestView], batch: RunningBatch | None = None) -> None:
+        """Decodes and prefill chunks of the running requests that stay, in the view's order;
+        ``batch``, if given, is their :class:`RunningBatch`."""
+        if batch is not None and batch.tokens <= self.budget and batch.claims <= self.free_blocks:
+            # Nothing binds: before each request the budget left is at least its tokens (> 0) and
+            # the blocks left at least its claim (claims are >= 0), so the loop below would give
+            # each its whole step (an unfinished prompt's rest in one chunk, its claim within the
+            # blocks). The same lists, without a step per request.
+            decision = self.decision
+            if batch.prefills:
+                decision.prefill.extend(
+                    [
+                        (r.req_id, r.prompt_tokens - r.computed_tokens)
+                        for r in running
+                        if r.computed_tokens < r.prompt_tokens
+                    ]
+                )
+                decision.decode.extend([r.req_id for r in running if r.computed_tokens >= r.prompt_tokens])
+            else:
+                decision.decode.extend(map(_req_id, running))
+            self.budget -= batch.tokens
+            self.free_blocks -= batch.claims
+            return
         # step_tokens, step_need and claim inline (per running request per step); a decode's
         # step_need for its one token is its claim. A request that cannot get its block now stalls
         # one iteration (no recompute preemption); its claim is set aside even when it waits.
