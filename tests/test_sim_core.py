@@ -125,6 +125,23 @@ def test_priority_class_goes_first() -> None:
     assert times == pytest.approx([2.0, 1.0])  # the urgent one runs alone, the other after it
 
 
+@pytest.mark.parametrize("priorities", [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (3, 2, 1)])
+def test_only_the_most_urgent_class_shares_the_link(priorities: tuple[int, int, int]) -> None:
+    # 1 GB each at 1 GB/s: the urgent class's transfers share the link, a later class waits for
+    # them, whichever order they were submitted in (a class seen first and then outranked).
+    loop = EventLoop()
+    link = Link(loop, "nic", 1 * GB, 1 * GB)
+    times = _finish_times(link, loop, [(0.0, 10**9, Direction.IN, p) for p in priorities])
+    expected = {
+        (2, 1, 1): [3.0, 2.0, 2.0],
+        (1, 2, 1): [2.0, 3.0, 2.0],
+        (1, 1, 2): [2.0, 2.0, 3.0],
+        (2, 2, 1): [3.0, 3.0, 1.0],
+        (3, 2, 1): [3.0, 2.0, 1.0],
+    }[priorities]
+    assert times == pytest.approx(expected)
+
+
 def test_per_segment_overhead_makes_small_segments_slow() -> None:
     loop = EventLoop()
     link = Link(loop, "pcie", 50 * GB, 50 * GB, per_segment_overhead_s=5e-6)

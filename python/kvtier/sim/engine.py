@@ -331,7 +331,7 @@ class Engine:
         step.add_prefill(r, n, PrefillChunk(n, r.computed_tokens + loaded))
 
     def plan_decode(self, step: Step, r: SimRequest) -> None:
-        context = r.req.prompt_tokens + r.generated_tokens
+        context = r.prompt_tokens + r.generated_tokens
         # _allocate's test inline: most decodes stay inside the blocks they hold.
         held = r.locked_blocks + r.private_blocks + r.reserved_blocks
         if -(-(context + 1) // self.block_tokens) > held and not self._allocate(r, context + 1, exclude=r):

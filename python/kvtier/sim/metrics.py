@@ -7,7 +7,7 @@ need no per-request list. Finished requests are folded in and forgotten.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
@@ -100,32 +100,42 @@ class LogHistogram:
         buckets = self._buckets
         buckets[index] = buckets.get(index, 0) + 1
 
-    def add_all(self, values: Iterable[float], repeat: int = 1) -> None:
+    def add_all(self, values: Sequence[float], repeat: int = 1) -> None:
         """``add`` of each value, in order, ``repeat`` times in a row, in one loop (the same counts,
         sum, min, max, buckets)."""
-        count, total, lo, hi = self.count, self.total, self.min, self.max
+        if not values:
+            return
+        total = self.total
+        if repeat == 1:  # the sum one addition a value, in order: the same float as `add` gives
+            for value in values:
+                total += value
+        else:  # ... and `repeat` additions of each in a row
+            more = range(repeat)
+            for value in values:
+                for _ in more:
+                    total += value
+        self.total, self.count = total, self.count + len(values) * repeat
+        # The first of the smallest (largest) values, as `add`'s comparisons keep it.
+        if (lo := min(values)) < self.min:
+            self.min = lo
+        if (hi := max(values)) > self.max:
+            self.max = hi
         floor, log_base, buckets = self._floor, self._log_base, self._buckets
         log, exp, get = math.log, math.exp, buckets.get
         index, inside_low, inside_high = self._last_bucket
-        more = range(repeat - 1)
+        run = 0  # values in a row in bucket `index` not counted yet
         for value in values:
-            count += repeat
-            total += value
-            if repeat > 1:  # the sum one addition at a time: the same float as `repeat` adds
-                for _ in more:
-                    total += value
-            if value < lo:
-                lo = value
-            if value > hi:
-                hi = value
             # Gaps come in runs of nearly equal values: one well inside the last value's bucket
             # (a relative 1e-9 from its edges, far above the log's rounding) has its index.
             if not inside_low < value < inside_high:
+                if run:
+                    buckets[index] = get(index, 0) + run * repeat
+                    run = 0
                 index = int(log((floor if floor > value else value) / floor) / log_base)
                 inside_low = floor * exp(index * log_base) * (1.0 + 1e-9)
                 inside_high = floor * exp((index + 1) * log_base) * (1.0 - 1e-9)
-            buckets[index] = get(index, 0) + repeat
-        self.count, self.total, self.min, self.max = count, total, lo, hi
+            run += 1
+        buckets[index] = get(index, 0) + run * repeat
         self._last_bucket = (index, inside_low, inside_high)
 
     def mean(self) -> float:

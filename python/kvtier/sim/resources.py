@@ -162,14 +162,23 @@ class Link:
         self._last_update_s = now
 
     def reschedule(self) -> None:
-        both_busy = all(pool.active for pool in self._pools) and len(self._pools) == 2
+        pools = self._pools
+        both_busy = len(pools) == 2 and bool(pools[0].active) and bool(pools[1].active)
         scale = self._concurrent_scale if both_busy else 1.0
-        for pool in self._pools:
-            if not pool.active:
+        for pool in pools:
+            active = pool.active
+            if not active:
                 continue
-            top = min(t.priority for t in pool.active)
-            share = scale / sum(1 for t in pool.active if t.priority == top)
-            for t in pool.active:
+            # The most urgent class and how many share it: one pass, no generators (a transfer's
+            # submit and landing each re-share a pool of a few).
+            top, sharing = active[0].priority, 0
+            for t in active:
+                if t.priority < top:
+                    top, sharing = t.priority, 1
+                elif t.priority == top:
+                    sharing += 1
+            share = scale / sharing
+            for t in active:
                 rate = share if t.priority == top else 0.0
                 if t.event is not None and rate == t.rate:
                     continue  # unchanged: keep its completion event

@@ -40,14 +40,18 @@ class SimRequest:
     # waiting_view); the view is kept while the watch is valid.
     waiting_view: RequestView | None = None
     watch: Watch | None = None
-    # req.req_id and req.block_keys, copied once: read on every step of every running request.
+    # req's fields, copied once: read on every step of every running request.
     req_id: int = field(init=False)
-    keys: tuple[int, ...] = field(init=False)
+    arrival_s: float = field(init=False)
+    keys: tuple[int, ...] = field(init=False)  # req.block_keys
+    prompt_tokens: int = field(init=False)
+    output_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.req_id = self.req.req_id
-        self.keys = self.req.block_keys
+        req = self.req
+        self.req_id, self.arrival_s, self.keys = req.req_id, req.arrival_s, req.block_keys
+        self.prompt_tokens, self.output_tokens = req.prompt_tokens, req.output_tokens
 
     @property
     def prefill_done(self) -> bool:
-        return self.computed_tokens >= self.req.prompt_tokens
+        return self.computed_tokens >= self.prompt_tokens

@@ -233,12 +233,13 @@ class Swaps:
         host space is not charged (at most the device's KV); a swap-out then moves the dirty tail."""
         newly: list[tuple[SimRequest, int]] = []
         blocks = 0
+        block_tokens, add = self._block_tokens, newly.append
         for r in self._owner.running:
-            full = (r.computed_tokens + r.generated_tokens) // self._block_tokens
-            if full > r.host_copied_blocks:
-                blocks += full - r.host_copied_blocks
+            full = (r.computed_tokens + r.generated_tokens) // block_tokens
+            if full > (copied := r.host_copied_blocks):
+                blocks += full - copied
                 r.host_copied_blocks = full
-                newly.append((r, full))
+                add((r, full))
         if not newly:
             return
 

@@ -351,18 +351,18 @@ def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[Reques
             append(request_view(engine, r))
             continue
         v = r.view
-        if (
+        if (  # generated_tokens first: a decoding request's, the one that changes every step
             v is None
-            or v.phase is not r.phase
-            or v.computed_tokens != r.computed_tokens
             or v.generated_tokens != r.generated_tokens
+            or v.computed_tokens != r.computed_tokens
+            or v.phase is not r.phase
         ):
-            req, new = r.req, _object_new(UnfrozenRequestView)  # _view(r, NO_TOKENS, 0, 0), inline
-            new.req_id, new.arrival_s, new.phase = req.req_id, req.arrival_s, r.phase
-            new.prompt_tokens, new.computed_tokens = req.prompt_tokens, r.computed_tokens
+            new = _object_new(UnfrozenRequestView)  # _view(r, NO_TOKENS, 0, 0), inline
+            new.req_id, new.arrival_s, new.phase = r.req_id, r.arrival_s, r.phase
+            new.prompt_tokens, new.computed_tokens = r.prompt_tokens, r.computed_tokens
             new.generated_tokens, new.cached_tokens = r.generated_tokens, NO_TOKENS
             new.in_queue_tokens = new.in_flight_tokens = 0
-            new.block_keys = req.block_keys
+            new.block_keys = r.keys
             new.__class__ = RequestView  # type: ignore[assignment]  # same slots: a RequestView
             r.view = new  # type: ignore[assignment]
             append(new)  # type: ignore[arg-type]

@@ -52,7 +52,7 @@ class _Load:
     epoch: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Step:
     engine: StepEngine
     start_s: float
@@ -124,7 +124,7 @@ def finish_step(engine: StepEngine, step: Step) -> None:
     for r, n, epoch in step.prefills:
         if epoch != r.epoch or r.phase is not Phase.RUNNING:
             continue
-        r.computed_tokens = min(r.computed_tokens + n, r.req.prompt_tokens)
+        r.computed_tokens = min(r.computed_tokens + n, r.prompt_tokens)
         engine.commit_prefix(r)
         if not r.prefill_done:
             continue
@@ -134,20 +134,20 @@ def finish_step(engine: StepEngine, step: Step) -> None:
             r.generated_tokens = 1
         if engine.on_prefill_done is not None:
             engine.on_prefill_done(r)
-        elif r.generated_tokens >= r.req.output_tokens:
+        elif r.generated_tokens >= r.output_tokens:
             engine.finish(r)
-    gaps = []  # the token gaps, in this order, go into the TBT metrics after the loop
-    running = Phase.RUNNING
+    gaps: list[float] = []  # the token gaps, in this order, go into the TBT metrics after the loop
+    add_gap, running = gaps.append, Phase.RUNNING
     for r, epoch in step.decodes:
         if epoch != r.epoch or r.phase is not running:
             continue
         gap = now - r.last_token_s
-        gaps.append(gap)
+        add_gap(gap)
         if gap > r.max_tbt_s:  # max(r.max_tbt_s, gap)
             r.max_tbt_s = gap
         r.last_token_s = now
-        r.generated_tokens += 1
-        if r.generated_tokens >= r.req.output_tokens:
+        r.generated_tokens = generated = r.generated_tokens + 1
+        if generated >= r.output_tokens:
             engine.finish(r)
     if gaps:
         metrics.add_tbts(gaps)
