@@ -141,11 +141,11 @@ class Cluster:
         assert r.first_token_s is not None
         self.metrics.add_request(
             RequestRecord(
-                arrival_s=r.req.arrival_s,
+                arrival_s=r.arrival_s,
                 first_token_s=r.first_token_s,
                 finish_s=now,
-                prompt_tokens=r.req.prompt_tokens,
-                output_tokens=r.req.output_tokens,
+                prompt_tokens=r.prompt_tokens,
+                output_tokens=r.output_tokens,
                 hit_tokens=PerTier(*r.hit_tokens),
                 max_tbt_s=r.max_tbt_s,
                 matched_blocks=r.matched_blocks or 0,
@@ -165,13 +165,13 @@ class Cluster:
         """P/D: the prefill engine hands the request (and its KV) to a decode engine."""
         prefill_engine = next(e for e in self.engines if r.req_id in e.requests)
         prefill_engine.hand_off(r)
-        if r.generated_tokens >= r.req.output_tokens:
+        if r.generated_tokens >= r.output_tokens:
             self._finished(r)
             return
         decode = self.decode_engines[least_loaded(self.loads(Role.DECODE))]
         # The prompt's KV on all the prefill engine's GPUs, each part over its GPU's compute NIC.
         per_token = engine_kv_bytes_per_token(prefill_engine.cost, prefill_engine.config.tp)
-        nbytes = r.req.prompt_tokens * per_token
+        nbytes = r.prompt_tokens * per_token
         if self.pd_link is None:
             raise SimError("a P/D cluster needs a pd_link for the KV transfer")
 

@@ -186,9 +186,9 @@ class Engine:
 
     def _enqueue(self, r: SimRequest) -> None:
         """Waiting: its blocks are marked in-queue (Strata §4.3.1 transient nodes)."""
-        bisect.insort(self.waiting, (r.req.arrival_s, r.req_id))
+        bisect.insort(self.waiting, (r.arrival_s, r.req_id))
         self.waiting_version += 1
-        self.waiting_prompt_tokens += r.req.prompt_tokens
+        self.waiting_prompt_tokens += r.prompt_tokens
         self.tree.mark_in_queue(r.keys, True)
         r.queue_marked = True
 
@@ -258,7 +258,7 @@ class Engine:
     def _check_not_stuck(self) -> None:
         head = self.requests[self.waiting[0][1]]
         raise SimError(
-            f"engine {self.name!r} cannot admit request {head.req_id} ({head.req.prompt_tokens} prompt tokens) "
+            f"engine {self.name!r} cannot admit request {head.req_id} ({head.prompt_tokens} prompt tokens) "
             f"with {self.available_device_blocks()} available of {self.config.device_blocks} device blocks and nothing "
             f"running: capacity or max_batch_tokens too small for one request, or the policy never admits it"
         )
@@ -283,7 +283,7 @@ class Engine:
         per_tier = [0, 0, 0, 0]
         for tier in m.tiers:
             per_tier[tier] += bt
-        cached = cap_prefix(per_tier, r.req.prompt_tokens, bt)
+        cached = cap_prefix(per_tier, r.prompt_tokens, bt)
         if r.matched_blocks is None:
             r.matched_blocks = m.keys_matched
         device_blocks = cached[Tier.DEVICE] // bt
@@ -302,12 +302,12 @@ class Engine:
         forget_waiting_view(r)
         del self.waiting[self._waiting_index(r)]
         self.waiting_version += 1  # also when its watch was released already (no on_release left)
-        self.waiting_prompt_tokens -= r.req.prompt_tokens
+        self.waiting_prompt_tokens -= r.prompt_tokens
         r.phase = Phase.RUNNING
         self.running.append(r)
 
     def _waiting_index(self, r: SimRequest) -> int:
-        i = bisect.bisect_left(self.waiting, (r.req.arrival_s, r.req_id))
+        i = bisect.bisect_left(self.waiting, (r.arrival_s, r.req_id))
         if i >= len(self.waiting) or self.waiting[i][1] != r.req_id:
             raise SimError(f"request {r.req_id} is not waiting")
         return i
@@ -323,7 +323,7 @@ class Engine:
         loaded = 0
         if load is not None:
             loaded = self.load_orders.plan_step_load(step, r, load)
-        n = min(n, r.req.prompt_tokens - r.computed_tokens - loaded)
+        n = min(n, r.prompt_tokens - r.computed_tokens - loaded)
         if n <= 0 and loaded == 0:
             return
         if not self._allocate(r, r.computed_tokens + loaded + n, exclude=r):
@@ -444,7 +444,7 @@ class Engine:
         elif r.req.finish_keys:
             # The reply's full blocks were private (decode tokens, the prompt's partial tail); like a
             # real engine's prefix cache, keep them cached under the whole sequence's keys.
-            prompt_full = r.req.prompt_tokens // self.config.block_tokens
+            prompt_full = r.prompt_tokens // self.config.block_tokens
             keep = min(len(r.req.finish_keys), prompt_full + freed)
             if keep > prompt_full and self.free_device_blocks() >= keep - prompt_full:
                 self.tree.insert(r.req.finish_keys[:keep], Tier.DEVICE, self.loop.now_s)
@@ -477,7 +477,7 @@ class Engine:
     def accept_decode(self, r: SimRequest) -> None:
         """P/D: a request whose KV just arrived joins the decode queue of this engine."""
         r.locked_blocks = r.private_blocks = r.reserved_blocks = 0
-        r.computed_tokens = r.req.prompt_tokens
+        r.computed_tokens = r.prompt_tokens
         self.requests[r.req_id] = r
         self.incoming.append(r)
         self.kick()
@@ -485,7 +485,7 @@ class Engine:
     def _admit_incoming(self) -> None:
         while self.incoming:
             r = self.incoming[0]
-            need = math.ceil((r.req.prompt_tokens + r.generated_tokens) / self.config.block_tokens)
+            need = math.ceil((r.prompt_tokens + r.generated_tokens) / self.config.block_tokens)
             if not self.make_room(need):  # never preempts: running decodes keep their blocks
                 return
             r.private_blocks = need

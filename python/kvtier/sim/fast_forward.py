@@ -140,13 +140,13 @@ def next_step(engine: DecodeEngine) -> bool:
     # held tokens) and, under eager rotation, fill no block (the test below, at step j + 1).
     limit = sys.maxsize if running else 0  # an empty batch: nothing to run ahead
     for r, armed in zip(running, batch, strict=True):
-        context, generated = r.req.prompt_tokens + r.generated_tokens, r.generated_tokens
+        context, generated = r.prompt_tokens + r.generated_tokens, r.generated_tokens
         # Engine.plan_decode's test: crossing into a block it does not hold allocates (slow path).
         held_tokens = (r.locked_blocks + r.private_blocks + r.reserved_blocks) * block_tokens
         if r is not armed or context + 1 > held_tokens:  # ceil((context + 1) / block) > held blocks
             engine.decode_run = None
             return False
-        if (room := min(r.req.output_tokens - generated, held_tokens - context) - 1) < limit:
+        if (room := min(r.output_tokens - generated, held_tokens - context) - 1) < limit:
             limit = room
         # Eager rotation (Swaps.rotate_synced_blocks, at the slow path's start): a block filled since
         # the last step starts its host copy there, so such a step is the slow path's.

@@ -191,7 +191,7 @@ class LoadOrders:
 
     def plan_step_load(self, step: Step, r: SimRequest, load: LoadOrder) -> int:
         """Adds a load that rides on ``r``'s prefill chunk to ``step``; the tokens it brings."""
-        tokens = min(load.tokens, r.req.prompt_tokens - 1 - r.computed_tokens)
+        tokens = min(load.tokens, r.prompt_tokens - 1 - r.computed_tokens)
         blocks = self._loadable_blocks(r, tokens)
         if not blocks:
             return 0
@@ -252,7 +252,7 @@ class LoadOrders:
         owner = self._owner
         if not r.admitted:
             owner.admit(r)
-        tokens = min(load.tokens, r.req.prompt_tokens - 1 - r.computed_tokens)
+        tokens = min(load.tokens, r.prompt_tokens - 1 - r.computed_tokens)
         blocks = self._loadable_blocks(r, tokens)
         if not blocks or not self._reserve(r, len(blocks)):
             return
@@ -265,7 +265,7 @@ class LoadOrders:
         def landed() -> None:
             if not self.land(r, start, blocks, epoch):
                 return
-            r.computed_tokens = min(r.computed_tokens + tokens, r.req.prompt_tokens - 1)
+            r.computed_tokens = min(r.computed_tokens + tokens, r.prompt_tokens - 1)
             del owner.fetching[r.req_id]
             r.phase = Phase.RUNNING
             owner.running.append(r)
