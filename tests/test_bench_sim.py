@@ -73,6 +73,7 @@ def test_the_json_keys_are_unchanged() -> None:
         "peak_rss_bytes",
         "ttft_mean_s",
         "ttft_p90_s",
+        "build",  # python or compiled (tests/test_sim_compiled.py)
     }
     assert [set(row) for row in out["rows"]] == [row_keys]
     bench = SimBench(

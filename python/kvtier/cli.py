@@ -19,6 +19,7 @@ from kvtier.config import parse_size
 from kvtier.errors import KvtierError, os_error_message
 from kvtier.remote import check_url
 from kvtier.results import emit as _emit
+from kvtier.sim import compiled
 from kvtier.sim import size as sim_size
 
 
@@ -206,16 +207,6 @@ def _bench_remote(args: argparse.Namespace) -> None:
     _emit(result, args.json, remote.summary)
 
 
-def _bench_sim(args: argparse.Namespace) -> None:
-    from kvtier.bench import sim
-
-    if args.scaling:
-        result = sim.scaling_from_flags(args.policies, args.copies, args.max_requests, args.engines)
-        _emit(result, args.json, sim.scaling_summary)
-        return
-    _emit(sim.run(max_requests=args.max_requests, show=not args.json), args.json, sim.summary)
-
-
 def _bench_transfer(args: argparse.Namespace) -> None:
     from kvtier.bench import transfer
 
@@ -307,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier import top
     from kvtier.bench import peers as bench_peers
     from kvtier.bench import sglang as bench_sglang
+    from kvtier.bench import sim as bench_sim
     from kvtier.bench import vllm as bench_vllm
     from kvtier.bench import vllm_sim
     from kvtier.engine.cli import add_commands as add_engine_commands
@@ -392,24 +384,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bengine.add_argument("--json", action="store_true")
     bengine.set_defaults(func=_bench_engine)
-    bsim = bench_sub.add_parser(
-        "sim", help="simulator speed: Mooncake trace replay wall time; hit-rate check"
-    )
-    bsim.add_argument("--max-requests", type=_positive, default=None, help="replay only the first N requests")
-    bsim.add_argument(
-        "--scaling", action="store_true", help="every policy on trace copies: wall s, events/s, exponent"
-    )
-    bsim.add_argument(
-        "--copies", default="1,4", help="--scaling: copies of the trace (default 1,4; 25: 100K)"
-    )
-    bsim.add_argument("--policies", default=None, help="--scaling: policies or all (default fcfs,hicache)")
-    bsim.add_argument(
-        "--engines",
-        default=None,
-        help="--scaling: engine counts or sized (default 1,sized: overloaded, each policy's sized cluster)",
-    )
-    bsim.add_argument("--json", action="store_true")
-    bsim.set_defaults(func=_bench_sim)
     bcodec = bench_sub.add_parser(
         "codec", help="codec ratios, per-core decode/encode Gbit/s and quant error on the real KV fixture"
     )
@@ -438,7 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     btransfer.add_argument("--device", default="host", help="duplex device pool: host or cuda:N")
     btransfer.add_argument("--json", action="store_true")
     btransfer.set_defaults(func=_bench_transfer)
-    for bench_module in (bench_vllm, bench_sglang, bench_peers):  # subcommands that register themselves
+    for bench_module in (
+        bench_sim,
+        bench_vllm,
+        bench_sglang,
+        bench_peers,
+    ):  # subcommands that register themselves
         bench_module.add_command(bench_sub, _positive, _emit)
 
     sim = sub.add_parser("sim", help="discrete-event serving simulator")
@@ -451,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("--json", action="store_true")
     sim_run.set_defaults(func=_sim_run)
     sim_size.add_command(sim_sub, _emit)
+    compiled.add_command(sim_sub)
     sim_sweep = sim_sub.add_parser("sweep", help="run a config over request rates and policies; plot")
     sim_sweep.add_argument("config")
     sim_sweep.add_argument("--rates", required=True, help="comma-separated request rates, e.g. 0.5,1,2")

@@ -8,18 +8,20 @@ time's scaling exponent in the number of requests (issue 20: at most 1.1)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvtier.errors import KvtierError
 from kvtier.results import Result
+from kvtier.sim import compiled
 from kvtier.sim.config import SimConfig
 from kvtier.sim.metrics import Summary
 from kvtier.sim.run import peak_rss_bytes
@@ -67,6 +69,7 @@ class ScalingRow(Result):
     peak_rss_bytes: int
     ttft_mean_s: float
     ttft_p90_s: float
+    build: str = "python"  # the simulator it ran on: python, or compiled (kvtier.sim.compiled), as loaded
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ def scaling(
     copies: Sequence[int] = DEFAULT_COPIES,
     max_requests: int | None = None,
     engines: Sequence[int] = DEFAULT_ENGINES,
+    build: str = "auto",
 ) -> Scaling:
     """Each policy on ``copies`` back-to-back copies of the bundled trace (the first
     ``max_requests`` requests of each replay if given) on each of ``engines`` (1: one overloaded
@@ -199,7 +203,18 @@ def scaling(
 
     ``cpu_s`` (the replay's own CPU seconds) and its exponent ``scaling_exponent_cpu`` are what to
     compare on a shared machine: other processes' load stretches wall time, not CPU time.
+
+    ``build`` picks the simulator the replays run on (:func:`kvtier.sim.compiled.fresh_tree`: auto
+    takes the mypyc build where it is fresh, and says so on stderr where it is not); each row names
+    the one its process loaded.
     """
+    tree = compiled.fresh_tree(build)
+    if build == "auto" and tree is None:
+        print(
+            f"kvtier: replays run on the Python simulator ({compiled.stale_reason(compiled.default_dir())}); "
+            "`kvtier sim compile` builds the compiled one",
+            file=sys.stderr,
+        )
     rows: list[ScalingRow] = []
     exponents: dict[str, dict[str, float | None]] = {}
     cpu_exponents: dict[str, dict[str, float | None]] = {}
@@ -207,7 +222,7 @@ def scaling(
         # dualpath: its P/D cluster, one size
         sizes = [16] if policy.startswith("dualpath") else [n or sized_engines(policy) for n in engines]
         for n_engines in sizes:
-            runs = [replay(policy, n, n_engines, max_requests) for n in copies]
+            runs = [replay(policy, n, n_engines, max_requests, tree) for n in copies]
             rows.extend(runs)
             exponents.setdefault(policy, {})[str(n_engines)] = scaling_exponent(
                 [(float(r.requests), r.wall_s) for r in runs]
@@ -219,13 +234,14 @@ def scaling(
     return Scaling(rows, exponents, cpu_exponents, peak)
 
 
-def replay(policy: str, copies: int, engines: int, max_requests: int | None = None) -> ScalingRow:
+def replay(
+    policy: str, copies: int, engines: int, max_requests: int | None = None, tree: Path | None = None
+) -> ScalingRow:
     """One replay in a child process (``python -m kvtier.bench.sim``), so that its peak RSS and CPU
-    seconds are its own; its progress bar goes to this process's stderr."""
+    seconds are its own; its progress bar goes to this process's stderr. It imports kvtier from
+    ``tree`` (a compiled copy, :mod:`kvtier.sim.compiled`) or, None, from this kvtier's folder."""
     args = [policy, str(copies), str(engines), str(max_requests or 0)]
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])  # this kvtier, whatever the child's path
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env = compiled.child_env(tree)
     done = subprocess.run(
         [sys.executable, "-m", "kvtier.bench.sim", *args],
         stdout=subprocess.PIPE,
@@ -259,6 +275,7 @@ def _replay_here(policy: str, copies: int, engines: int, max_requests: int | Non
         peak_rss_bytes=peak_rss_bytes(),
         ttft_mean_s=result["ttft_s"]["mean"],
         ttft_p90_s=result["ttft_s"]["p90"],
+        build=compiled.running_build(),
     )
 
 
@@ -292,7 +309,7 @@ def scaling_summary(r: Scaling) -> str:
         lines.append(
             f"  {row.policy:12s} {row.requests:7d} requests on {row.engines:2d}  {row.wall_s:8.1f} s wall  "
             f"{row.cpu_s:8.1f} s CPU  {row.events_per_cpu_s:6.0f} events/CPU s  "
-            f"{row.peak_rss_bytes / 2**20:6.0f} MiB  TTFT mean {row.ttft_mean_s:8.2f} s"
+            f"{row.peak_rss_bytes / 2**20:6.0f} MiB  TTFT mean {row.ttft_mean_s:8.2f} s  ({row.build})"
         )
     for policy, by_engines in r.scaling_exponent.items():
         for engines, k in by_engines.items():
@@ -306,7 +323,11 @@ def scaling_summary(r: Scaling) -> str:
 
 
 def scaling_from_flags(
-    policies: str | None, copies: str, max_requests: int | None, engines: str | None = None
+    policies: str | None,
+    copies: str,
+    max_requests: int | None,
+    engines: str | None = None,
+    build: str = "auto",
 ) -> Scaling:
     """:func:`scaling` from ``kvtier bench sim --scaling``'s flags (comma-separated lists)."""
     names = policies.split(",") if policies else list(DEFAULT_POLICIES)
@@ -316,7 +337,7 @@ def scaling_from_flags(
     if unknown:
         raise KvtierError(f"--policies names {unknown}; expected some of {list(SCALING_POLICIES)} or all")
     counts = _counts(engines or "1,sized", "--engines", sized=True)
-    return scaling(names, _counts(copies, "--copies"), max_requests, counts)
+    return scaling(names, _counts(copies, "--copies"), max_requests, counts, build)
 
 
 def _counts(text: str, flag: str, sized: bool = False) -> list[int]:
@@ -328,6 +349,38 @@ def _counts(text: str, flag: str, sized: bool = False) -> list[int]:
             f"{flag} is {text!r}; expected comma-separated whole numbers >= 1 such as 1,4,25{also}"
         )
     return [SIZED if p == "sized" else int(p) for p in parts]
+
+
+def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[..., None]) -> None:
+    """`kvtier bench sim` (called where the CLI registers its bench subcommands)."""
+    cmd = bench_sub.add_parser("sim", help="simulator speed: Mooncake trace replay wall time; hit-rate check")
+    cmd.add_argument("--max-requests", type=positive, default=None, help="replay only the first N requests")
+    cmd.add_argument(
+        "--scaling", action="store_true", help="every policy on trace copies: wall s, events/s, exponent"
+    )
+    cmd.add_argument("--copies", default="1,4", help="--scaling: copies of the trace (default 1,4; 25: 100K)")
+    cmd.add_argument("--policies", default=None, help="--scaling: policies or all (default fcfs,hicache)")
+    cmd.add_argument(
+        "--engines",
+        default=None,
+        help="--scaling: engine counts or sized (default 1,sized: overloaded, each policy's sized cluster)",
+    )
+    cmd.add_argument(
+        "--build",
+        choices=compiled.BUILDS,
+        default="auto",
+        help="--scaling: the simulator the replays run on (auto: the compiled one where fresh: kvtier sim compile)",
+    )
+    cmd.add_argument("--json", action="store_true")
+
+    def main(args: argparse.Namespace) -> None:
+        if args.scaling:
+            flags = (args.policies, args.copies, args.max_requests, args.engines, args.build)
+            emit(scaling_from_flags(*flags), args.json, scaling_summary)
+            return
+        emit(run(max_requests=args.max_requests, show=not args.json), args.json, summary)
+
+    cmd.set_defaults(func=main)
 
 
 if __name__ == "__main__":  # one replay of :func:`replay`, its row as a JSON line on stdout

@@ -149,6 +149,10 @@ class Policy(ABC):
     name: ClassVar[str]
     # The inter-engine scheduler this policy needs (kvtier.sched.placement), by name; None: any router.
     global_scheduler: ClassVar[str | None] = None
+    # Takes SuperInfer's transfer budget B_xfer as ``xfer_blocks`` (kvtier.sim.xfer gives a simulated
+    # node's own where a config leaves it out). Declared, not read from the constructor's signature:
+    # a class compiled by mypyc (kvtier.sim.compiled) has none.
+    takes_xfer_blocks: ClassVar[bool] = False
 
     @abstractmethod
     def schedule(self, view: SchedulerView) -> SchedulerDecision: ...

@@ -114,6 +114,7 @@ class Composed(Policy):
     """Strata + RotaSched/DuplexKV + ShadowServe async fetch + unified pool admission, as stages."""
 
     name = "composed"
+    takes_xfer_blocks = True
 
     def __init__(
         self,

@@ -101,6 +101,7 @@ class RotaSched(Policy):
     """RotaSched + DuplexKV. SLOs and the §4.2.2 coefficients are parameters (§5.1's defaults)."""
 
     name = "rotasched"
+    takes_xfer_blocks = True
 
     def __init__(
         self,

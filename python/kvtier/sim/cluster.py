@@ -104,9 +104,16 @@ class Cluster:
         """The engine the global scheduler places ``req`` on."""
         self._placing, self._placed = req, None
         self.scheduler.arrive(PendingRequest(req.req_id, req.prompt_tokens, 0, req.output_tokens), self)
-        engine, self._placing, self._placed = self._placed, None, None
+        engine = self._take_placed()
         if engine is None:
             raise SimError(f"global scheduler {self.scheduler.name!r} did not place request {req.req_id}")
+        return engine
+
+    def _take_placed(self) -> Engine | None:
+        """The engine :meth:`place` was given during ``arrive`` in :meth:`route`, and forgets it. Read
+        through a call: read in :meth:`route` right after ``arrive``, mypy (and so mypyc, which trusts
+        it: kvtier.sim.compiled) would narrow it to the None set before the call."""
+        engine, self._placing, self._placed = self._placed, None, None
         return engine
 
     def groups(self, role: Role) -> int:

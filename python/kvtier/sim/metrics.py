@@ -226,6 +226,9 @@ class Metrics:
     ttft_steady_s: LogHistogram = field(default_factory=LogHistogram)
     ttft_windows: dict[int, list[float]] = field(default_factory=dict)
     ttst_s: LogHistogram = field(default_factory=LogHistogram)
+    # Every finished request's record, in finish order, where a list is set (tests/sim_records.py:
+    # checking that a speedup, or the compiled build, changes no decision); None keeps none.
+    records: list[RequestRecord] | None = None
 
     def first_token(self, arrival_s: float, now_s: float) -> None:
         """A request's first token, now (also counted at its finish by :meth:`add_request`)."""
@@ -255,6 +258,8 @@ class Metrics:
         self.slo_both_met += ttft_ok and tpot_ok
         self.first_arrival_s = min(self.first_arrival_s, r.arrival_s)
         self.last_finish_s = max(self.last_finish_s, r.finish_s)
+        if self.records is not None:
+            self.records.append(r)
 
     def add_tbt(self, gap_s: float) -> None:
         self.tbt_s.add(gap_s)

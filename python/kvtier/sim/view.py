@@ -117,8 +117,8 @@ class WaitingViews(Sequence[RequestView]):
         """The head at a later step of an engine still at :attr:`version` (the same requests, and
         nothing any view read changed since): this one's views, built or not, in a list both share
         (this one is closed: only the new one builds more)."""
-        w: WaitingViews = _object_new(WaitingViews)
-        w._engine, w._tree, w._block_tokens = engine, self._tree, self._block_tokens
+        w = WaitingViews(engine, [])  # a constructor (a class compiled by mypyc refuses object.__new__)
+        w._tree, w._block_tokens = self._tree, self._block_tokens
         w._changed, w._requests, w._views = self._changed, self._requests, self._views
         w._built, w.version = self._built, self.version
         return w

@@ -17,7 +17,6 @@ time-equal budget (:func:`with_xfer_budget`); one that sets it keeps its own.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +50,6 @@ def with_xfer_budget(config: SimConfig, name: str, spec: Mapping[str, Any]) -> d
     """``spec`` (a policy's parameters) with the time-equal ``xfer_blocks`` where policy ``name``
     takes one and ``spec`` leaves it out (or None)."""
     out = dict(spec)
-    if out.get("xfer_blocks") is None and "xfer_blocks" in inspect.signature(policy_class(name)).parameters:
+    if out.get("xfer_blocks") is None and policy_class(name).takes_xfer_blocks:
         out["xfer_blocks"] = xfer_blocks(config)[0]
     return out

@@ -1,0 +1,155 @@
+"""The simulator compiled by mypyc (kvtier.sim.compiled): a real build, checked by replaying.
+
+The compiled copy must decide exactly what the source decides: every per-engine policy's per-request
+records equal the committed fixture's (the same fixture tests/test_sim_records.py holds the source
+to), the bench's rows (DualPath's P/D cluster too) equal the Python simulator's, and every row says
+which build it ran. A copy that no longer matches the source is never used silently. The build is
+real (mypyc and the C compiler, about a minute); it is made once per session, in a temporary folder
+unless the default one is fresh already.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sim_records
+from kvtier import cli
+from kvtier.bench.sim import scaling
+from kvtier.errors import KvtierError
+from kvtier.sched import policy_names
+from kvtier.sched.base import policy_class
+from kvtier.sim import compiled
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    fresh = compiled.fresh_tree("auto")
+    if fresh is not None:
+        return fresh
+    return compiled.build(tmp_path_factory.mktemp("compiled") / "sim-compiled", show=False)
+
+
+def test_the_compiled_copy_replays_every_policy_to_the_fixtures_records(tree: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "sim_records.py"), "--print"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=compiled.child_env(tree),
+        check=True,
+    )
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["build"] == "compiled"  # its modules were the extensions, not the .py files
+    assert sorted(out["records"]) == sorted(sim_records.POLICIES)
+    fixture = json.loads(sim_records.FIXTURE.read_text())
+    for policy, got in out["records"].items():
+        assert got == fixture[policy], policy
+
+
+def test_the_bench_rows_name_their_build_and_match_the_python_simulators(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVTIER_COMPILED_DIR", str(tree))
+    args = (("rotasched", "dualpath"), (1,), 300, (1,))
+    fast, slow = scaling(*args, build="compiled").rows, scaling(*args, build="python").rows
+    assert [r.build for r in fast] == ["compiled", "compiled"]
+    assert [r.build for r in slow] == ["python", "python"]
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.policy, a.requests, a.unfinished_requests, a.events) == (
+            b.policy,
+            b.requests,
+            b.unfinished_requests,
+            b.events,
+        )
+        assert (a.ttft_mean_s, a.ttft_p90_s) == (b.ttft_mean_s, b.ttft_p90_s)  # exactly
+
+
+def test_this_process_runs_the_source() -> None:
+    assert compiled.running_build() == "python"
+
+
+def test_a_policy_declares_the_transfer_budget_its_constructor_takes() -> None:
+    # kvtier.sim.xfer reads the declaration, since a compiled class has no signature to read.
+    for name in policy_names():
+        cls = policy_class(name)
+        takes = "xfer_blocks" in inspect.signature(cls).parameters
+        assert cls.takes_xfer_blocks == takes, name
+    assert policy_class("rotasched").takes_xfer_blocks and policy_class("composed").takes_xfer_blocks
+
+
+def _manifested(tmp_path: Path) -> Path:
+    """A folder whose manifest records this package as it is (no module compiled: the check of
+    the files alone)."""
+    compiled.write_manifest(tmp_path, compiled.source_files(), modules=())
+    return tmp_path
+
+
+def test_a_copy_of_this_source_is_fresh_and_any_change_is_named(tmp_path: Path) -> None:
+    tree = _manifested(tmp_path)
+    assert compiled.stale_reason(tree) is None
+    assert compiled.fresh_tree("compiled", tree) == tree
+    manifest = json.loads((tree / compiled.MANIFEST).read_text())
+    files = dict(manifest["files"])
+
+    def with_files(changed: dict[str, str]) -> str | None:
+        manifest["files"] = changed
+        (tree / compiled.MANIFEST).write_text(json.dumps(manifest))
+        return compiled.stale_reason(tree)
+
+    assert (
+        with_files({**files, "sim/engine.py": "0" * 64}) == f"sim/engine.py changed after the build at {tree}"
+    )
+    assert with_files({k: v for k, v in files.items() if k != "sim/core.py"}) == (
+        f"sim/core.py was added to {compiled.PACKAGE} after the build at {tree}"
+    )
+    assert with_files({**files, "sim/gone.py": "0" * 64}) == (
+        f"sim/gone.py was removed from {compiled.PACKAGE} after the build at {tree}"
+    )
+    manifest["files"], manifest["python"] = files, "cpython 2.7.18"
+    (tree / compiled.MANIFEST).write_text(json.dumps(manifest))
+    assert "was built for cpython 2.7.18" in str(compiled.stale_reason(tree))
+
+
+def test_a_manifest_naming_modules_it_lacks_is_stale(tmp_path: Path) -> None:
+    compiled.write_manifest(tmp_path, compiled.source_files(), modules=("sim/engine.py",))
+    assert compiled.stale_reason(tmp_path) == f"{tmp_path} lacks the compiled sim/engine.py"
+
+
+def test_no_build_or_a_broken_manifest_is_named(tmp_path: Path) -> None:
+    assert compiled.stale_reason(tmp_path) == f"no compiled build at {tmp_path}"
+    (tmp_path / compiled.MANIFEST).write_text("{not json")
+    assert "is not a build manifest" in str(compiled.stale_reason(tmp_path))
+    (tmp_path / compiled.MANIFEST).write_text("{}")
+    assert "is not a build manifest" in str(compiled.stale_reason(tmp_path))
+
+
+def test_a_stale_copy_is_refused_when_asked_for_and_passed_over_on_auto(tmp_path: Path) -> None:
+    with pytest.raises(
+        KvtierError, match=r"no fresh compiled simulator: no compiled build at .*kvtier sim compile"
+    ):
+        compiled.fresh_tree("compiled", tmp_path)
+    assert compiled.fresh_tree("auto", tmp_path) is None
+    assert compiled.fresh_tree("python", tmp_path) is None
+    with pytest.raises(KvtierError, match="build is 'fast'; expected one of auto, python, compiled"):
+        compiled.fresh_tree("fast", tmp_path)
+
+
+def test_the_commands_say_why_a_copy_is_not_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["sim", "compile", "--check", "--out", str(tmp_path)]) == 2
+    assert f"no compiled build at {tmp_path}" in capsys.readouterr().err
+    monkeypatch.setenv("KVTIER_COMPILED_DIR", str(tmp_path))
+    argv = ["bench", "sim", "--scaling", "--policies", "fcfs", "--copies", "1", "--max-requests", "20"]
+    assert cli.main([*argv, "--engines", "1", "--build", "compiled"]) == 2
+    assert "no fresh compiled simulator" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert cli.main(["sim", "compile", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
