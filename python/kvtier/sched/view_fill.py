@@ -14,12 +14,10 @@ change fails the import here, not a replay.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import operator
 from typing import Any
 
-from kvtier.sched.base import CostEstimates, Phase, RequestView, SchedulerView
-from kvtier.sched.fetch_path import FetchPath
-from kvtier.sched.swap_copy import SwapCopy
+from kvtier.sched.base import Phase, RequestView, SchedulerView
 from kvtier.tiers import PerTier
 
 REQUEST_FIELDS = (
@@ -76,29 +74,15 @@ class UnfrozenRequestView:
 
 
 class UnfrozenSchedulerView:
-    """:class:`SchedulerView`'s slots, filled by :func:`kvtier.sim.view.build_view`, then a
-    ``SchedulerView``."""
+    """:class:`SchedulerView`'s slots (the fields' types are SchedulerView's), filled by
+    :func:`kvtier.sim.view.build_view` and :func:`sub_view`, then a ``SchedulerView``."""
 
     __slots__ = SCHEDULER_FIELDS
-    now_s: float
-    waiting: Sequence[RequestView]
-    running: tuple[RequestView, ...]
-    fetching: tuple[RequestView, ...]
-    swapped: tuple[RequestView, ...]
-    free_device_blocks: int
-    free_host_blocks: int | None
-    block_tokens: int
-    max_batch_tokens: int
-    max_running: int
-    num_layers: int
-    cost: CostEstimates
-    kv_bytes_per_token: int
-    swap_copy: SwapCopy
-    fetch: FetchPath
-    layerwise_prefill: bool
 
 
 _SCHEDULER_SET = frozenset(SCHEDULER_FIELDS)
+_SCHEDULER_INDEX = {name: i for i, name in enumerate(SCHEDULER_FIELDS)}
+_scheduler_fields = operator.attrgetter(*SCHEDULER_FIELDS)  # a view's fields, in one call
 
 
 def sub_view(view: SchedulerView, **changes: Any) -> SchedulerView:
@@ -106,8 +90,11 @@ def sub_view(view: SchedulerView, **changes: Any) -> SchedulerView:
     is not a field raises as ``replace`` does."""
     if not changes.keys() <= _SCHEDULER_SET:
         raise TypeError(f"SchedulerView has no field {sorted(changes.keys() - _SCHEDULER_SET)}")
+    values = list(_scheduler_fields(view))
+    for name, value in changes.items():
+        values[_SCHEDULER_INDEX[name]] = value
     v = object.__new__(UnfrozenSchedulerView)
-    for name in SCHEDULER_FIELDS:
-        setattr(v, name, changes[name] if name in changes else getattr(view, name))
+    for name, value in zip(SCHEDULER_FIELDS, values, strict=True):
+        setattr(v, name, value)
     v.__class__ = SchedulerView  # type: ignore[assignment]  # same slots: a SchedulerView from here
     return v  # type: ignore[return-value]

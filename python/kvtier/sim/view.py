@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
-from typing import Protocol, cast, overload
+from typing import Any, Protocol, cast, overload
 
 from kvtier.errors import SimError
 from kvtier.radix import HiRadixTree
@@ -318,7 +318,7 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
     engine.waiting_views = waiting
     cost = engine.cost
     # SchedulerView(...) filled slot by slot (kvtier.sched.view_fill: its frozen __init__ costs 4x).
-    v: UnfrozenSchedulerView = _object_new(UnfrozenSchedulerView)
+    v: Any = _object_new(UnfrozenSchedulerView)  # its slots' types are SchedulerView's (checked: tests/sim)
     v.now_s = engine.loop.now_s
     v.waiting = waiting
     v.running = _views(engine, engine.running)
@@ -337,8 +337,8 @@ def build_view(engine: ViewedEngine) -> SchedulerView:
     v.swap_copy = config.swap_copy
     v.fetch = config.fetch
     v.layerwise_prefill = False
-    v.__class__ = SchedulerView  # type: ignore[assignment]  # same slots: a SchedulerView from here
-    return v  # type: ignore[return-value]
+    v.__class__ = SchedulerView  # same slots: a SchedulerView from here
+    return v  # type: ignore[no-any-return]
 
 
 def _views(engine: ViewedEngine, requests: Iterable[SimRequest]) -> tuple[RequestView, ...]:
