@@ -153,3 +153,21 @@ def test_the_commands_say_why_a_copy_is_not_usable(
     (tmp_path / "file").write_text("")
     assert cli.main(["sim", "compile", "--out", str(tmp_path / "file")]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_sim_run_on_the_compiled_copy_prints_the_python_runs_figures(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVTIER_COMPILED_DIR", str(tree))
+    trace = str(compiled.PACKAGE / "data" / "traces" / "mooncake_synthetic_trace.jsonl")
+    runs = {}
+    for build in ("compiled", "python"):
+        out = tmp_path / f"{build}.json"
+        argv = ["sim", "run", trace, "--policy", "rotasched", "--engines", "2", "--out", str(out)]
+        assert cli.main([*argv, "--build", build, "--json"]) == 0
+        runs[build] = json.loads(out.read_text())
+    said = capsys.readouterr().err
+    assert f"replaying on the compiled simulator ({tree})" in said
+    timed = {"wall_s", "cpu_s", "events_per_s", "peak_rss_bytes"}
+    got, want = ({k: v for k, v in r.items() if k not in timed} for r in (runs["compiled"], runs["python"]))
+    assert got == want and got["requests"] > 3000

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -95,6 +96,17 @@ def _sim_run(args: argparse.Namespace) -> None:
 
     out = _output_file(args.out, "--out")
     config = sim_size.source_config(args.config, args.policy, args.engines)
+    tree = compiled.fresh_tree(args.build)
+    if tree is not None and compiled.running_build() == "python":  # the same command on the copy
+        print(f"kvtier: replaying on the compiled simulator ({tree})", file=sys.stderr)
+        flags = [("--engines", args.engines), ("--policy", args.policy), ("--out", args.out)]
+        argv = [args.config, *(x for flag, value in flags if value is not None for x in (flag, str(value)))]
+        argv += ["--build", "python"] + (["--json"] if args.json else [])
+        cmd = [sys.executable, "-m", "kvtier.cli", "sim", "run", *argv]
+        done = subprocess.run(cmd, env=compiled.child_env(tree), check=False)
+        if done.returncode != 0:  # it said why on stderr
+            raise SystemExit(done.returncode)
+        return
     result = run(config, show_progress=not args.json)
     _write(out, result)
     _emit(result, args.json, report.sim_summary)
@@ -427,6 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("--engines", type=_positive, help="colocated engines (default: the config's, 1)")
     sim_run.add_argument("--policy", default=None, help="policy for a trace (default hicache)")
     sim_run.add_argument("--out", default=None, help="write the result JSON here")
+    sim_run.add_argument(
+        "--build",
+        choices=compiled.BUILDS,
+        default="python",
+        help="the simulator: python, or compiled (kvtier sim compile)",
+    )
     sim_run.add_argument("--json", action="store_true")
     sim_run.set_defaults(func=_sim_run)
     sim_size.add_command(sim_sub, _emit)
