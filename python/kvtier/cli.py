@@ -439,12 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("--engines", type=_positive, help="colocated engines (default: the config's, 1)")
     sim_run.add_argument("--policy", default=None, help="policy for a trace (default hicache)")
     sim_run.add_argument("--out", default=None, help="write the result JSON here")
-    sim_run.add_argument(
-        "--build",
-        choices=compiled.BUILDS,
-        default="python",
-        help="the simulator: python, or compiled (kvtier sim compile)",
-    )
+    compiled.add_build_argument(sim_run, "python")
     sim_run.add_argument("--json", action="store_true")
     sim_run.set_defaults(func=_sim_run)
     sim_size.add_command(sim_sub, _emit)

@@ -365,12 +365,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
         default=None,
         help="--scaling: engine counts or sized (default 1,sized: overloaded, each policy's sized cluster)",
     )
-    cmd.add_argument(
-        "--build",
-        choices=compiled.BUILDS,
-        default="auto",
-        help="--scaling: the simulator the replays run on (auto: the compiled one where fresh: kvtier sim compile)",
-    )
+    compiled.add_build_argument(cmd, "auto")  # --scaling's replays
     cmd.add_argument("--json", action="store_true")
 
     def main(args: argparse.Namespace) -> None:

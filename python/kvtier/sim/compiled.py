@@ -268,6 +268,16 @@ def _mypyc(work: Path, log: Path) -> None:
         raise KvtierError(f"mypyc failed (exit {done.returncode}); the end of {log}:\n" + "\n".join(tail))
 
 
+def add_build_argument(cmd: Any, default: str) -> None:
+    """The ``--build`` option of a command that replays (``kvtier bench sim``, ``kvtier sim run``)."""
+    cmd.add_argument(
+        "--build",
+        choices=BUILDS,
+        default=default,
+        help=f"the simulator: python, compiled (kvtier sim compile) or auto (compiled where fresh); default {default}",
+    )
+
+
 def add_command(sim_sub: Any) -> None:
     """`kvtier sim compile` (registered by the CLI beside `sim run`)."""
     cmd = sim_sub.add_parser(
