@@ -171,3 +171,15 @@ def test_sim_run_on_the_compiled_copy_prints_the_python_runs_figures(
     timed = {"wall_s", "cpu_s", "events_per_s", "peak_rss_bytes"}
     got, want = ({k: v for k, v in r.items() if k not in timed} for r in (runs["compiled"], runs["python"]))
     assert got == want and got["requests"] > 3000
+
+
+def test_a_process_running_a_copy_finds_that_copy(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVTIER_COMPILED_DIR", raising=False)
+    done = subprocess.run(
+        [sys.executable, "-c", "from kvtier.sim import compiled; print(compiled.default_dir())"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=compiled.child_env(tree),
+        check=True,
+    )
+    assert Path(done.stdout.strip()) == tree

@@ -91,11 +91,14 @@ _CORE = "_core.abi3.so"  # the Rust extension: linked into the copy, not copied 
 
 
 def default_dir() -> Path:
-    """Where :func:`build` writes and the bench looks: ``$KVTIER_COMPILED_DIR``; in a checkout, its
-    ``build/sim-compiled``; else ``~/.cache/kvtier/sim-compiled``."""
+    """Where :func:`build` writes and the bench looks: ``$KVTIER_COMPILED_DIR``; the copy this
+    process runs from, if it does; in a checkout, its ``build/sim-compiled``; else
+    ``~/.cache/kvtier/sim-compiled``."""
     env = os.environ.get("KVTIER_COMPILED_DIR")
     if env:
         return Path(env)
+    if (PACKAGE.parent / MANIFEST).is_file():  # this process runs from a compiled copy: that one
+        return PACKAGE.parent
     root = PACKAGE.parents[1]
     if PACKAGE.parent.name == "python" and (root / "pyproject.toml").is_file():
         return root / "build" / "sim-compiled"
