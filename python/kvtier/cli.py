@@ -99,10 +99,8 @@ def _sim_run(args: argparse.Namespace) -> None:
     tree = compiled.fresh_tree(args.build)
     if tree is not None and compiled.running_build() == "python":  # the same command on the copy
         print(f"kvtier: replaying on the compiled simulator ({tree})", file=sys.stderr)
-        flags = [("--engines", args.engines), ("--policy", args.policy), ("--out", args.out)]
-        argv = [args.config, *(x for flag, value in flags if value is not None for x in (flag, str(value)))]
-        argv += ["--build", "python"] + (["--json"] if args.json else [])
-        cmd = [sys.executable, "-m", "kvtier.cli", "sim", "run", *argv]
+        # The command as given, every flag with it; the last --build wins (argparse), so the child runs here.
+        cmd = [sys.executable, "-m", "kvtier.cli", *args.argv, "--build", "python"]
         done = subprocess.run(cmd, env=compiled.child_env(tree), check=False)
         if done.returncode != 0:  # it said why on stderr
             raise SystemExit(done.returncode)
@@ -475,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Python hides DeprecationWarnings outside __main__: show kvtier's (old keys, policy names).
     warnings.filterwarnings("default", category=DeprecationWarning, module="kvtier")
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a command re-runs elsewhere
     try:
         args.func(args)
     except KvtierError as e:
