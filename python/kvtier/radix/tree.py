@@ -40,12 +40,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Final
 
 from kvtier.errors import ConfigError, IntegrityError, SimError
 from kvtier.radix.integrity import check_node
 from kvtier.radix.match import Match
 from kvtier.radix.watch import CHILD, MARKS, PRUNED, RESIDENCY, Watch, notify
 from kvtier.tiers import Tier
+
+# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
+_DEVICE: Final = Tier.DEVICE
 
 _NUM_TIERS = len(Tier)
 _ALL_TIERS = tuple(Tier)
@@ -157,7 +161,7 @@ class HiRadixTree:
             if fastest is not None:
                 tiers.append(fastest)
                 path.append(node)
-                if device_run and fastest is Tier.DEVICE:
+                if device_run and fastest is _DEVICE:
                     continue  # the transient run starts after the device prefix
             resident = resident and fastest is not None
             device_run = False
@@ -242,7 +246,7 @@ class HiRadixTree:
         bit = 1 << t
         path = self._walk(keys)
         targets = [node for node in path[start:] if node.residency & bit]
-        if t == Tier.DEVICE and any(node.lock for node in targets):
+        if t == _DEVICE and any(node.lock for node in targets):
             raise SimError("remove_residency: a block's device copy is locked by a request")
         for node in reversed(targets):
             node.residency &= ~bit

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.batching import reusable_tokens
 from kvtier.sched.claims import claim, kv_blocks
+
+# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
+_WAITING: Final = Phase.WAITING
 
 _req_id = attrgetter("req_id")
 
@@ -102,7 +105,7 @@ class StepPlan:
         self.budget, self.free_blocks = budget, free
 
     def swap_in(self, r: RequestView) -> bool:
-        if r.phase is Phase.WAITING:
+        if r.phase is _WAITING:
             need = kv_blocks(r, self.view.block_tokens)
         else:  # kv_blocks inline: up to every rotary request per step
             need = -(-(r.computed_tokens + r.generated_tokens) // self.view.block_tokens)

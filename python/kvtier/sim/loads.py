@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from kvtier.radix import HiRadixTree
 from kvtier.sched.base import LoadMode, LoadOrder, Phase
@@ -34,6 +34,16 @@ from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.sim.state import SimRequest
 from kvtier.sim.tiers import LowerTiers
 from kvtier.tiers import Tier
+
+# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
+_ASYNC: Final = LoadMode.ASYNC
+_DEVICE: Final = Tier.DEVICE
+_FETCHING: Final = Phase.FETCHING
+_HOST: Final = Tier.HOST
+_LAYERWISE: Final = LoadMode.LAYERWISE
+_REMOTE: Final = Tier.REMOTE
+_RUNNING: Final = Phase.RUNNING
+_SSD: Final = Tier.SSD
 
 
 class LoadPaths:
@@ -75,7 +85,7 @@ class LoadPaths:
         for _, tier in blocks:
             by_tier[tier] = by_tier.get(tier, 0) + 1
         segment = self.segment_bytes(load)
-        to_device = load.target is Tier.DEVICE
+        to_device = load.target is _DEVICE
         bb = self._block_bytes
         fetch = self._fetch if load.compressed else PLAIN_FETCH
         ratio = fetch.compression_ratio
@@ -84,7 +94,7 @@ class LoadPaths:
         for tier, count in by_tier.items():
             raw = count * bb
             packed = max(1, int(raw / ratio))
-            if tier in (Tier.SSD, Tier.REMOTE) and tier in self._tiers:
+            if tier in (_SSD, _REMOTE) and tier in self._tiers:
                 legs.append((self._tiers.link(tier), packed, bb))
                 if decoder is not None:
                     legs.append((self._decoder(decoder), raw, bb))
@@ -126,7 +136,7 @@ class LoadPaths:
         """How much ``load`` of ``blocks`` slows the model's compute while it runs: its load path's
         copies (to the device only), or a compressed fetch's decoder, whichever is more."""
         decoder = self._fetch_interference(load, blocks) if load.compressed else 0.0
-        if load.target is not Tier.DEVICE:
+        if load.target is not _DEVICE:
             return decoder
         return max(decoder, self._load.slowdown(load.mode))
 
@@ -134,11 +144,11 @@ class LoadPaths:
         """The fetch path's slowdown of a compressed fetch of ``load.tokens``: its ``interference``,
         scaled where the path says by the decoder's duty cycle over the fetch from the slowest
         tier the blocks come from (on idle links, as the policies' estimates)."""
-        tier = max((t for _, t in blocks), default=Tier.HOST)
+        tier = max((t for _, t in blocks), default=_HOST)
         return self._fetch.fetch_interference(
             self._gpu_kv_bytes_per_token,
             load.tokens,
-            lambda: self.estimate_s(load.tokens, tier, LoadMode.ASYNC),
+            lambda: self.estimate_s(load.tokens, tier, _ASYNC),
         )
 
     def segment_bytes(self, load: LoadOrder) -> int:
@@ -148,7 +158,7 @@ class LoadPaths:
         segment_tokens = self._load.segment_tokens(load.mode, load.tokens)
         if segment_tokens is not None:  # per layer, K and V separately
             return max(1, int(segment_tokens * per_token_layer / 2))
-        if load.mode is LoadMode.LAYERWISE:  # one layer of one block
+        if load.mode is _LAYERWISE:  # one layer of one block
             return max(1, int(self._block_tokens * per_token_layer))
         return self._block_bytes
 
@@ -157,9 +167,9 @@ class LoadPaths:
         nbytes = math.ceil(tokens / self._block_tokens) * self._block_bytes
         order = LoadOrder(-1, tokens, mode)
         seconds = self._host_link.work_s(nbytes, self.segment_bytes(order), Direction.IN)
-        if tier in (Tier.SSD, Tier.REMOTE) and tier in self._tiers:
+        if tier in (_SSD, _REMOTE) and tier in self._tiers:
             seconds = max(seconds, self._tiers.link(tier).work_s(nbytes, self._block_bytes, Direction.IN))
-        if self._host_store_link is not None and tier is not Tier.DEVICE:
+        if self._host_store_link is not None and tier is not _DEVICE:
             seconds = max(seconds, self._host_store_link.work_s(nbytes, self._block_bytes, Direction.IN))
         return seconds
 
@@ -187,7 +197,7 @@ class LoadOrders:
         start = r.locked_blocks
         blocks = math.ceil(tokens / self._block_tokens)
         picked = [(r.keys[i], m.tiers[i]) for i in range(start, min(start + blocks, len(m.tiers)))]
-        return [(k, t) for k, t in picked if t is not Tier.DEVICE] if picked else []
+        return [(k, t) for k, t in picked if t is not _DEVICE] if picked else []
 
     def plan_step_load(self, step: Step, r: SimRequest, load: LoadOrder) -> int:
         """Adds a load that rides on ``r``'s prefill chunk to ``step``; the tokens it brings."""
@@ -214,16 +224,16 @@ class LoadOrders:
         if r.prefetching:  # one is in flight already
             return
         m = owner.tree.match(r.keys)
-        limit = min(len(m.tiers), math.ceil(load.tokens / self._block_tokens) + m.prefix_in(Tier.HOST))
-        blocks = [(r.keys[i], m.tiers[i]) for i in range(limit) if m.tiers[i] in (Tier.SSD, Tier.REMOTE)]
-        if not blocks or Tier.HOST not in owner.lower_tiers:
+        limit = min(len(m.tiers), math.ceil(load.tokens / self._block_tokens) + m.prefix_in(_HOST))
+        blocks = [(r.keys[i], m.tiers[i]) for i in range(limit) if m.tiers[i] in (_SSD, _REMOTE)]
+        if not blocks or _HOST not in owner.lower_tiers:
             return
         r.prefetching = True
         path = r.keys[:limit]
 
         def landed() -> None:
             r.prefetching = False
-            owner.lower_tiers.place(path, Tier.HOST)
+            owner.lower_tiers.place(path, _HOST)
             owner.kick()
 
         self._paths.start(load, blocks, landed)
@@ -239,7 +249,7 @@ class LoadOrders:
         if epoch != r.epoch:  # preempted meanwhile: its reservation is gone; the bytes are dropped
             return False
         assert r.locked_blocks == start_block, "a request's lock grew while its load was in flight"
-        owner.tree.insert(path, Tier.DEVICE, owner.loop.now_s)
+        owner.tree.insert(path, _DEVICE, owner.loop.now_s)
         owner.extend_lock(r, end)
         r.reserved_blocks -= len(blocks)
         owner.reserved_blocks -= len(blocks)
@@ -257,7 +267,7 @@ class LoadOrders:
         if not blocks or not self._reserve(r, len(blocks)):
             return
         owner.running.remove(r)
-        r.phase = Phase.FETCHING
+        r.phase = _FETCHING
         owner.fetching[r.req_id] = r
         start, epoch = r.locked_blocks, r.epoch
         tokens = min(tokens, len(blocks) * self._block_tokens)
@@ -267,7 +277,7 @@ class LoadOrders:
                 return
             r.computed_tokens = min(r.computed_tokens + tokens, r.prompt_tokens - 1)
             del owner.fetching[r.req_id]
-            r.phase = Phase.RUNNING
+            r.phase = _RUNNING
             owner.running.append(r)
             owner.kick()
 
