@@ -14,6 +14,7 @@ import kvtier
 from kvtier.errors import BufferError, LayoutError, LeaseError
 from kvtier.layout import PagedPool, alloc_pool, gather, scatter
 from kvtier.store import LayerProgress
+from kvtier.transfer import TransferEngine
 
 # 3 layers, 2 heads, dim 16, fp16, 8-token blocks: 512-byte segments, 3 KiB blocks.
 GEOMETRY = kvtier.Geometry(3, 2, 16, "fp16", 8)
@@ -219,6 +220,35 @@ def test_bad_pools_are_refused_naming_the_region() -> None:
     overlapping = PagedPool([[np.zeros((4, 2 * seg), np.uint8)], [shared], [shared]])
     with store.lease(keys) as lease, pytest.raises(BufferError, match="share memory"):
         store.load_into_pool(lease, overlapping, [0])
+
+
+def test_layer_counts_that_wrap_around_are_refused_before_any_copy() -> None:
+    """A pool crosses into Rust as whatever its attributes say: layer counts whose sum wraps past
+    2**64 to the number of regions must be refused like any other bad count, not panic in the
+    copy (a TransferEngine's store worker that panicked left its job, and the engine, hanging)."""
+    store = store_for(GEOMETRY)
+    keys, _ = stored(store, 2)
+    pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)
+    pp = PagedPool.layer_first(GEOMETRY, pool)
+    pp.layer_regions = [2**64 - 1, len(pp.regions) + 1]  # adds up to len(regions) mod 2**64
+    with store.lease(keys) as lease, pytest.raises(LayoutError, match="regions"):
+        store.load_into_pool(lease, pp, [0, 1])
+    with pytest.raises(LayoutError, match="regions"):
+        store.put_from_pool(keys, pp, [0, 1])
+    engine = TransferEngine(store)
+    with pytest.raises(LayoutError, match="regions"):
+        engine.submit_load(keys, pp, [0, 1])
+    assert (pool == 7).all() and store.stats().put_blocks == 2
+
+
+def test_pool_attributes_of_the_wrong_type_are_named() -> None:
+    store = store_for(GEOMETRY)
+    keys, _ = stored(store, 1)
+    for name, value in [("layer_regions", [-1, 7]), ("num_blocks", 4.0), ("regions", "ab")]:
+        pp = PagedPool.layer_first(GEOMETRY, alloc_pool(GEOMETRY, 4))
+        setattr(pp, name, value)
+        with store.lease(keys) as lease, pytest.raises(BufferError, match=f"pool `{name}`"):
+            store.load_into_pool(lease, pp, [0])
 
 
 @pytest.mark.parametrize("geometry", [GEOMETRY, HYBRID], ids=["plain", "hybrid"])

@@ -68,8 +68,10 @@ impl PagedPool {
         if let Some(r) = regions.iter().position(|&(_, len)| len == 0) {
             return Err(LayoutError::Regions(format!("region {r} holds 0 bytes per block")));
         }
-        let total: usize = layer_regions.iter().sum();
-        if total != regions.len() || layer_regions.contains(&0) {
+        // Checked: counts from a caller (Python) that wrap around to the number of regions would
+        // make a layer's range run past the regions.
+        let total = layer_regions.iter().try_fold(0usize, |sum, &n| sum.checked_add(n));
+        if total != Some(regions.len()) || layer_regions.contains(&0) {
             return Err(LayoutError::Regions(format!(
                 "layers hold {layer_regions:?} regions; expected positive counts adding up to the {} regions",
                 regions.len()
@@ -213,6 +215,7 @@ mod tests {
             assert!(matches!(PagedPool::from_regions(&[], &[], 2), Err(LayoutError::Regions(_))));
             assert!(matches!(PagedPool::from_regions(&r, &[2], 2), Err(LayoutError::Regions(_))));
             assert!(matches!(PagedPool::from_regions(&r, &[1, 0], 2), Err(LayoutError::Regions(_))));
+            assert!(matches!(PagedPool::from_regions(&r, &[usize::MAX, 2], 2), Err(LayoutError::Regions(_))));
             assert!(matches!(
                 PagedPool::from_regions(&[(a.as_mut_ptr(), 0)], &[1], 2),
                 Err(LayoutError::Regions(_))

@@ -17,13 +17,9 @@ use crate::errors::{buffer_error, raise};
 /// number of rows and pairwise disjoint. The buffers are returned with the pool: keep them alive
 /// (they hold the exporters' views) while the pool is used.
 pub(crate) fn paged_pool(pool: &Bound<'_, PyAny>) -> PyResult<(Vec<Buffer>, PagedPool)> {
-    let attr = |name: &str| {
-        pool.getattr(name)
-            .map_err(|_| buffer_error(format!("pool has no `{name}`; expected a kvtier.layout.PagedPool")))
-    };
-    let regions: Vec<Bound<'_, PyAny>> = attr("regions")?.extract()?;
-    let layer_regions: Vec<usize> = attr("layer_regions")?.extract()?;
-    let num_blocks: usize = attr("num_blocks")?.extract()?;
+    let regions: Vec<Bound<'_, PyAny>> = attr(pool, "regions", "a list of arrays")?;
+    let layer_regions: Vec<usize> = attr(pool, "layer_regions", "a list of region counts (ints >= 1)")?;
+    let num_blocks: usize = attr(pool, "num_blocks", "an int >= 1")?;
     let bufs: Vec<Buffer> = regions
         .iter()
         .map(|r| Buffer::get(r, "pool region", true, Format::Bytes))
@@ -43,6 +39,14 @@ pub(crate) fn paged_pool(pool: &Bound<'_, PyAny>) -> PyResult<(Vec<Buffer>, Page
     // long as the caller keeps them with the pool.
     let pool = unsafe { PagedPool::from_regions(&parts, &layer_regions, num_blocks) }.map_err(raise)?;
     Ok((bufs, pool))
+}
+
+/// Attribute `name` of a pool, converted; an error names it and what was `expected`.
+fn attr<'py, T: FromPyObject<'py>>(pool: &Bound<'py, PyAny>, name: &str, expected: &str) -> PyResult<T> {
+    let value = pool
+        .getattr(name)
+        .map_err(|_| buffer_error(format!("pool has no `{name}`; expected a kvtier.layout.PagedPool")))?;
+    value.extract().map_err(|e| buffer_error(format!("pool `{name}` is not {expected}: {e}")))
 }
 
 /// Layers of a layerwise load that are in place ([`kvtier_core::progress::LayerProgress`]): the
