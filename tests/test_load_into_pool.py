@@ -176,6 +176,32 @@ def test_progress_waits_time_out_and_close_releases_them() -> None:
     assert progress.wait(99)  # a closed progress never blocks
 
 
+def test_a_progress_serves_one_load() -> None:
+    """A LayerProgress only moves forward: given to a second load (or a closed one given to any
+    load), its waits would return before that load's layers land, and attention would read the
+    pool's stale bytes. Refused before any copy; a load refused for its own inputs leaves the
+    progress to the next one."""
+    store = store_for(GEOMETRY)
+    keys_a, objects_a = stored(store, 2, seed=1)
+    keys_b, _ = stored(store, 2, seed=2)
+    pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)
+    pp = PagedPool.layer_first(GEOMETRY, pool)
+    progress = LayerProgress()
+    with store.lease(keys_a) as lease:
+        with pytest.raises(LayoutError, match="out of range"):
+            store.load_into_pool(lease, pp, [0, 4], progress=progress)
+        assert store.load_into_pool(lease, pp, [0, 1], progress=progress).loaded_blocks == 2
+    assert progress.done_layers == GEOMETRY.num_layers
+    closed = LayerProgress()
+    closed.close()
+    with store.lease(keys_b) as lease:
+        for used in (progress, closed):
+            with pytest.raises(BufferError, match=r"progress .*expected a fresh LayerProgress"):
+                store.load_into_pool(lease, pp, [2, 3], progress=used)
+    assert np.array_equal(gather(GEOMETRY, pool, [0, 1]), objects_a)
+    assert (gather(GEOMETRY, pool, [2, 3]) == 7).all()
+
+
 def test_bad_inputs_fail_before_any_copy() -> None:
     store = store_for(GEOMETRY)
     keys, _ = stored(store, 4)

@@ -1,6 +1,7 @@
 //! An engine's paged pool for Python ([`PagedPool`] over caller buffers) and [`LayerProgress`],
 //! which a layerwise load advances and an engine thread waits on with the GIL released.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,17 +51,41 @@ fn attr<'py, T: FromPyObject<'py>>(pool: &Bound<'py, PyAny>, name: &str, expecte
 }
 
 /// Layers of a layerwise load that are in place ([`kvtier_core::progress::LayerProgress`]): the
-/// loading thread advances it, engine threads wait for a layer with the GIL released.
+/// loading thread advances it, engine threads wait for a layer with the GIL released. One per
+/// load ([`LayerProgress::claim`]): it only moves forward, so a second load's waiters would
+/// return before that load's layers land.
 #[pyclass(frozen, module = "kvtier._core")]
 pub struct LayerProgress {
     pub(crate) inner: Arc<Progress>,
+    /// Given to a load (that did not fail before copying).
+    claimed: AtomicBool,
+}
+
+impl LayerProgress {
+    /// Takes this progress for one load; errors if a load already has it or it is closed (its
+    /// waits would not wait). Give it back with [`Self::unclaim`] if the load fails before
+    /// copying anything.
+    pub(crate) fn claim(&self) -> PyResult<()> {
+        let state = if self.inner.closed() {
+            "is closed".to_string()
+        } else if self.claimed.swap(true, Ordering::AcqRel) {
+            format!("was given to a load ({} layers done)", self.inner.done_layers())
+        } else {
+            return Ok(());
+        };
+        Err(buffer_error(format!("progress {state}; expected a fresh LayerProgress for each load")))
+    }
+
+    pub(crate) fn unclaim(&self) {
+        self.claimed.store(false, Ordering::Release);
+    }
 }
 
 #[pymethods]
 impl LayerProgress {
     #[new]
     fn new() -> Self {
-        LayerProgress { inner: Arc::default() }
+        LayerProgress { inner: Arc::default(), claimed: AtomicBool::new(false) }
     }
 
     /// Waits until layer `layer` is in place or the load ended (closed); True unless
