@@ -4,6 +4,9 @@ by layer, every block verified; against the two-copy path (load + layout.scatter
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,7 +17,6 @@ import kvtier
 from kvtier.errors import BufferError, LayoutError, LeaseError
 from kvtier.layout import PagedPool, alloc_pool, gather, scatter
 from kvtier.store import LayerProgress
-from kvtier.transfer import TransferEngine
 
 # 3 layers, 2 heads, dim 16, fp16, 8-token blocks: 512-byte segments, 3 KiB blocks.
 GEOMETRY = kvtier.Geometry(3, 2, 16, "fp16", 8)
@@ -248,23 +250,48 @@ def test_bad_pools_are_refused_naming_the_region() -> None:
         store.load_into_pool(lease, overlapping, [0])
 
 
+def wrapping_layer_counts(pool: np.ndarray) -> PagedPool:
+    """A pool whose layer counts add up to its number of regions only modulo 2**64."""
+    pp = PagedPool.layer_first(GEOMETRY, pool)
+    pp.layer_regions = [2**64 - 1, len(pp.regions) + 1]
+    return pp
+
+
 def test_layer_counts_that_wrap_around_are_refused_before_any_copy() -> None:
     """A pool crosses into Rust as whatever its attributes say: layer counts whose sum wraps past
     2**64 to the number of regions must be refused like any other bad count, not panic in the
-    copy (a TransferEngine's store worker that panicked left its job, and the engine, hanging)."""
+    copy."""
     store = store_for(GEOMETRY)
     keys, _ = stored(store, 2)
     pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)
-    pp = PagedPool.layer_first(GEOMETRY, pool)
-    pp.layer_regions = [2**64 - 1, len(pp.regions) + 1]  # adds up to len(regions) mod 2**64
+    pp = wrapping_layer_counts(pool)
     with store.lease(keys) as lease, pytest.raises(LayoutError, match="regions"):
         store.load_into_pool(lease, pp, [0, 1])
     with pytest.raises(LayoutError, match="regions"):
         store.put_from_pool(keys, pp, [0, 1])
-    engine = TransferEngine(store)
-    with pytest.raises(LayoutError, match="regions"):
-        engine.submit_load(keys, pp, [0, 1])
     assert (pool == 7).all() and store.stats().put_blocks == 2
+
+
+def test_an_engine_refuses_wrapping_layer_counts_at_submission() -> None:
+    """Run in a child: a job submitted with such a pool panicked on the store worker, and the job,
+    its waiters and the engine's drop hung (a regression fails here by the child's timeout)."""
+    code = (
+        "import os, numpy as np, pytest\n"
+        "from kvtier.errors import LayoutError\n"
+        "from kvtier.transfer import TransferEngine\n"
+        "from test_load_into_pool import GEOMETRY, stored, store_for, wrapping_layer_counts\n"
+        "store = store_for(GEOMETRY)\n"
+        "keys, _ = stored(store, 2)\n"
+        "pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)\n"
+        "engine = TransferEngine(store)\n"
+        "for submit in (engine.submit_load, engine.submit_store):\n"
+        "    with pytest.raises(LayoutError, match='regions'):\n"
+        "        submit(keys, wrapping_layer_counts(pool), [0, 1])\n"
+        "assert engine.jobs() == 0 and (pool == 7).all()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert child.returncode == 0, child.stderr[-2000:]
 
 
 def test_pool_attributes_of_the_wrong_type_are_named() -> None:
