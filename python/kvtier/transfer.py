@@ -232,7 +232,8 @@ class TransferEngine:
         ``"miss"``, ids out of range as ``"bad_block_id"``, repeated ids as ``"duplicate_block"``,
         blocks that fail verification as ``"read_failed"``. Into a :class:`PagedPool`, the job's
         layers are announced to :meth:`wait_layer` as they land, before the verdicts: drop what
-        was computed from a block that then fails.
+        was computed from a block that then fails. Its layers must be the geometry's (as
+        :meth:`PagedPool.layer_first` groups them; :class:`LayoutError` otherwise).
         """
         return self._submit(True, keys, pool, _ids(block_ids))
 
