@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvtier
+from kvtier import _core
 from kvtier.errors import BufferError, KvtierError, LayoutError
 from kvtier.geometry import ExtraGroup, Geometry
 from kvtier.layout import Copier, alloc_pool, gather, kv_view, scatter
@@ -216,3 +217,11 @@ class TestBadInput:
     def test_all_errors_are_kvtier_errors(self, small_geometry: Geometry) -> None:
         with pytest.raises(KvtierError):
             kvtier.layout.gather(small_geometry, np.zeros(3, np.uint8), [0])
+
+
+def test_the_core_copier_bounds_its_threads_itself() -> None:
+    """``_core.Copier`` took its thread count as given: past ``layout.Copier``'s bound it spawned
+    every thread asked for (2**40 never returned)."""
+    with pytest.raises(LayoutError, match=r"threads is 257; expected an int in \[0, 256\]"):
+        _core.Copier(257)
+    assert _core.Copier(256).threads == 256

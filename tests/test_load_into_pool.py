@@ -4,6 +4,9 @@ by layer, every block verified; against the two-copy path (load + layout.scatter
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -175,6 +178,32 @@ def test_progress_waits_time_out_and_close_releases_them() -> None:
     assert progress.wait(99)  # a closed progress never blocks
 
 
+def test_a_progress_serves_one_load() -> None:
+    """A LayerProgress only moves forward: given to a second load (or a closed one given to any
+    load), its waits would return before that load's layers land, and attention would read the
+    pool's stale bytes. Refused before any copy; a load refused for its own inputs leaves the
+    progress to the next one."""
+    store = store_for(GEOMETRY)
+    keys_a, objects_a = stored(store, 2, seed=1)
+    keys_b, _ = stored(store, 2, seed=2)
+    pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)
+    pp = PagedPool.layer_first(GEOMETRY, pool)
+    progress = LayerProgress()
+    with store.lease(keys_a) as lease:
+        with pytest.raises(LayoutError, match="out of range"):
+            store.load_into_pool(lease, pp, [0, 4], progress=progress)
+        assert store.load_into_pool(lease, pp, [0, 1], progress=progress).loaded_blocks == 2
+    assert progress.done_layers == GEOMETRY.num_layers
+    closed = LayerProgress()
+    closed.close()
+    with store.lease(keys_b) as lease:
+        for used in (progress, closed):
+            with pytest.raises(BufferError, match=r"progress .*expected a fresh LayerProgress"):
+                store.load_into_pool(lease, pp, [2, 3], progress=used)
+    assert np.array_equal(gather(GEOMETRY, pool, [0, 1]), objects_a)
+    assert (gather(GEOMETRY, pool, [2, 3]) == 7).all()
+
+
 def test_bad_inputs_fail_before_any_copy() -> None:
     store = store_for(GEOMETRY)
     keys, _ = stored(store, 4)
@@ -219,6 +248,60 @@ def test_bad_pools_are_refused_naming_the_region() -> None:
     overlapping = PagedPool([[np.zeros((4, 2 * seg), np.uint8)], [shared], [shared]])
     with store.lease(keys) as lease, pytest.raises(BufferError, match="share memory"):
         store.load_into_pool(lease, overlapping, [0])
+
+
+def wrapping_layer_counts(pool: np.ndarray) -> PagedPool:
+    """A pool whose layer counts add up to its number of regions only modulo 2**64."""
+    pp = PagedPool.layer_first(GEOMETRY, pool)
+    pp.layer_regions = [2**64 - 1, len(pp.regions) + 1]
+    return pp
+
+
+def test_layer_counts_that_wrap_around_are_refused_before_any_copy() -> None:
+    """A pool crosses into Rust as whatever its attributes say: layer counts whose sum wraps past
+    2**64 to the number of regions must be refused like any other bad count, not panic in the
+    copy."""
+    store = store_for(GEOMETRY)
+    keys, _ = stored(store, 2)
+    pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)
+    pp = wrapping_layer_counts(pool)
+    with store.lease(keys) as lease, pytest.raises(LayoutError, match="regions"):
+        store.load_into_pool(lease, pp, [0, 1])
+    with pytest.raises(LayoutError, match="regions"):
+        store.put_from_pool(keys, pp, [0, 1])
+    assert (pool == 7).all() and store.stats().put_blocks == 2
+
+
+def test_an_engine_refuses_wrapping_layer_counts_at_submission() -> None:
+    """Run in a child: a job submitted with such a pool panicked on the store worker, and the job,
+    its waiters and the engine's drop hung (a regression fails here by the child's timeout)."""
+    code = (
+        "import os, numpy as np, pytest\n"
+        "from kvtier.errors import LayoutError\n"
+        "from kvtier.transfer import TransferEngine\n"
+        "from test_load_into_pool import GEOMETRY, stored, store_for, wrapping_layer_counts\n"
+        "store = store_for(GEOMETRY)\n"
+        "keys, _ = stored(store, 2)\n"
+        "pool = np.full(GEOMETRY.pool_bytes(4), 7, np.uint8)\n"
+        "engine = TransferEngine(store)\n"
+        "for submit in (engine.submit_load, engine.submit_store):\n"
+        "    with pytest.raises(LayoutError, match='regions'):\n"
+        "        submit(keys, wrapping_layer_counts(pool), [0, 1])\n"
+        "assert engine.jobs() == 0 and (pool == 7).all()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert child.returncode == 0, child.stderr[-2000:]
+
+
+def test_pool_attributes_of_the_wrong_type_are_named() -> None:
+    store = store_for(GEOMETRY)
+    keys, _ = stored(store, 1)
+    for name, value in [("layer_regions", [-1, 7]), ("num_blocks", 4.0), ("regions", "ab")]:
+        pp = PagedPool.layer_first(GEOMETRY, alloc_pool(GEOMETRY, 4))
+        setattr(pp, name, value)
+        with store.lease(keys) as lease, pytest.raises(BufferError, match=f"pool `{name}`"):
+            store.load_into_pool(lease, pp, [0])
 
 
 @pytest.mark.parametrize("geometry", [GEOMETRY, HYBRID], ids=["plain", "hybrid"])

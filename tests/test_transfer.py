@@ -250,6 +250,46 @@ def test_duplex_preempt_and_swap_in(geometry: kvtier.Geometry) -> None:
         DuplexEngine(geometry, device, np.zeros(10, np.uint8))
 
 
+@pytest.mark.parametrize("bad", [True, np.bool_(True), -1, 2**64, 1.0, "1"], ids=repr)
+def test_duplex_block_and_slot_numbers_are_ints_in_range(geometry: kvtier.Geometry, bad: object) -> None:
+    """Every device block and host slot from Python is an int >= 0: a bool is not block 1, and a
+    negative or a too large one is a TransferError naming the argument (not pyo3's bare
+    OverflowError); the pool is left as it was."""
+    device = layout.alloc_pool(geometry, 4)
+    host = np.zeros((4, geometry.block_bytes), np.uint8)
+    engine = DuplexEngine(geometry, device, host)
+    data = np.full(geometry.block_bytes, 9, np.uint8)
+    calls = {
+        "block": [
+            lambda: engine.state(bad),  # type: ignore[arg-type]
+            lambda: engine.write(bad),  # type: ignore[arg-type]
+            lambda: engine.wait_block(bad),  # type: ignore[arg-type]
+            lambda: engine.rotate(bad, 0),  # type: ignore[arg-type]
+            lambda: engine.swap_out(bad, 0),  # type: ignore[arg-type]
+            lambda: engine.swap_in(0, bad),  # type: ignore[arg-type]
+            lambda: engine.free(bad),  # type: ignore[arg-type]
+            lambda: engine.dirty_blocks([0, bad]),  # type: ignore[list-item]
+            lambda: engine.swap_out_per_segment([(bad, 0)]),  # type: ignore[list-item]
+            lambda: engine.read_block(bad),  # type: ignore[arg-type]
+            lambda: engine.write_block(bad, data),  # type: ignore[arg-type]
+        ],
+        "slot": [
+            lambda: engine.rotate(0, bad),  # type: ignore[arg-type]
+            lambda: engine.swap_out(0, bad),  # type: ignore[arg-type]
+            lambda: engine.swap_in(bad, 0),  # type: ignore[arg-type]
+            lambda: engine.swap_out_per_segment([(0, bad)]),  # type: ignore[list-item]
+        ],
+    }
+    for what, fns in calls.items():
+        for call in fns:
+            with pytest.raises(TransferError, match=f"{what} {bad!r}.*expected an int"):
+                call()
+    engine.wait_all()
+    assert not device.any() and not host.any()
+    engine.write_block(np.int64(1), data)  # numpy ints are ints
+    assert engine.state(np.uint8(1)) == ("dirty", None)
+
+
 def test_threads_submit_and_collect_concurrently(geometry: kvtier.Geometry) -> None:
     import threading
 

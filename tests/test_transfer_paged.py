@@ -10,6 +10,7 @@ import pytest
 
 import kvtier
 from kvtier import layout
+from kvtier.errors import LayoutError
 from kvtier.layout import PagedPool
 from kvtier.transfer import TransferConfig, TransferEngine, TransferError
 
@@ -72,6 +73,39 @@ def test_paged_store_then_load_layer_by_layer(tier: str, tmp_path: Path) -> None
     [done] = engine.wait(job)
     assert done.ok and done.elapsed_s > 0
     assert store.stats().leases_active == 0
+
+
+def test_a_paged_load_needs_the_geometrys_layers() -> None:
+    """wait_layer(job, l) counts the geometry's layers and a paged load announces the pool's: a
+    pool grouped otherwise (here K and V as layers of their own) let wait_layer return before
+    the geometry's layer had landed, so attention read stale bytes. Refused at submission; such a
+    pool still stores, and the pools kvtier builds (per-layer regions, layer_first with the extra
+    groups in the last layer) load layer by layer."""
+    store = make_store()
+    keys = store.namespace.block_keys(range(16 * 4))
+    objects = objects_for(4, 5)
+    store.put(keys, objects)
+    engine = TransferEngine(store)
+    src = layout.alloc_pool(GEOMETRY, 4)
+    layout.scatter(GEOMETRY, objects, range(4), src)
+    base = PagedPool.layer_first(GEOMETRY, src)
+    split = PagedPool([[r] for r in base.regions])  # 2 * num_layers "layers"
+    merged = PagedPool([base.regions[:2], base.regions[2:5], base.regions[5:]])  # 1 ends mid layer 2
+    for pool, found in ((split, 0), (merged, 1)):
+        with pytest.raises(LayoutError, match=f"pool layer {found} ends at byte"):
+            engine.submit_load(keys, pool, range(4))
+    assert engine.jobs() == 0 and store.stats().leases_active == 0
+    [stored] = engine.wait(engine.submit_store(keys, split, range(4)))
+    assert stored.ok
+    hybrid = kvtier.Geometry(2, 2, 16, "fp16", 8, extra_groups=(kvtier.ExtraGroup("ssm", 40),))
+    hstore = kvtier.Store(kvtier.StoreConfig(geometry=hybrid, model_id="paged-hybrid"))
+    hkeys = hstore.namespace.block_keys(range(8 * 2))
+    hobjects = np.arange(2 * hybrid.block_bytes, dtype=np.uint32).astype(np.uint8).reshape(2, -1)
+    hstore.put(hkeys, hobjects)
+    hpool = layout.alloc_pool(hybrid, 2)
+    hengine = TransferEngine(hstore)
+    [done] = hengine.wait(hengine.submit_load(hkeys, PagedPool.layer_first(hybrid, hpool), [1, 0]))
+    assert done.ok and np.array_equal(layout.gather(hybrid, hpool, [1, 0]), hobjects)
 
 
 def test_paged_load_outcomes_per_block() -> None:

@@ -327,7 +327,9 @@ class Store:
         """Copies leased blocks ``first..first + len(block_ids)`` straight into the engine's pool
         blocks ``block_ids`` (one copy from DRAM, no staging object), layer by layer, verifying
         every block. ``progress`` (a :data:`LayerProgress`) advances as each layer of every block
-        lands; it is not closed here.
+        lands; it is not closed here. A progress serves one load (it never moves back, so a second
+        load's waiters would not wait): one already given to a load, or closed, is refused
+        (:class:`BufferError`), unless that load failed before copying.
 
         A block that fails verification is in ``failed`` only once the call returns, after its
         layers were announced: drop whatever was computed from it. Errors before any copy: the

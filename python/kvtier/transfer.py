@@ -21,6 +21,7 @@ blocks of a job in flight.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,25 @@ STAGE_NAMES = ("read", "decompress", "dequantize", "scatter")
 
 class TransferError(KvtierError):
     """A job cannot be submitted (a bound is reached), is unknown, or a swap is misused."""
+
+
+def _block(value: object, what: str = "device block") -> int:
+    """A duplex device block or host slot number from the caller, checked before it becomes a
+    Rust u64: a bool is not one (True would be block 1), a negative or too large one is named
+    (pyo3 raises a bare OverflowError). Rust checks it against the pool's size."""
+    try:
+        index = None if isinstance(value, bool | np.bool_) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        index = None
+    if index is None:
+        raise TransferError(f"duplex: {what} {value!r} is a {type(value).__name__}; expected an int")
+    if not 0 <= index < 2**64:
+        raise TransferError(f"duplex: {what} {value!r} is out of range; expected an int >= 0")
+    return index
+
+
+def _slot(value: object) -> int:
+    return _block(value, "host slot")
 
 
 def _positive(name: str, value: object) -> None:
@@ -212,7 +232,8 @@ class TransferEngine:
         ``"miss"``, ids out of range as ``"bad_block_id"``, repeated ids as ``"duplicate_block"``,
         blocks that fail verification as ``"read_failed"``. Into a :class:`PagedPool`, the job's
         layers are announced to :meth:`wait_layer` as they land, before the verdicts: drop what
-        was computed from a block that then fails.
+        was computed from a block that then fails. Its layers must be the geometry's (as
+        :meth:`PagedPool.layer_first` groups them; :class:`LayoutError` otherwise).
         """
         return self._submit(True, keys, pool, _ids(block_ids))
 
@@ -331,35 +352,35 @@ class DuplexEngine:
 
     def state(self, block: int) -> tuple[str, int | None]:
         """``("free" | "dirty", None)`` or ``("synced", host_slot)``."""
-        return self._core.state(block)
+        return self._core.state(_block(block))
 
     def write(self, block: int) -> None:
-        self._core.write(block)
+        self._core.write(_block(block))
 
     def wait_block(self, block: int) -> None:
-        self._core.wait_block(block)
+        self._core.wait_block(_block(block))
 
     def rotate(self, block: int, slot: int) -> None:
-        self._core.rotate(block, slot)
+        self._core.rotate(_block(block), _slot(slot))
 
     def swap_out(self, block: int, slot: int) -> bool:
-        return bool(self._core.swap_out(block, slot))
+        return bool(self._core.swap_out(_block(block), _slot(slot)))
 
     def swap_in(self, slot: int, block: int) -> None:
-        self._core.swap_in(slot, block)
+        self._core.swap_in(_slot(slot), _block(block))
 
     def free(self, block: int) -> None:
-        self._core.free(block)
+        self._core.free(_block(block))
 
     def dirty_blocks(self, blocks: Sequence[int]) -> list[int]:
-        return list(self._core.dirty_blocks(list(blocks)))
+        return list(self._core.dirty_blocks([_block(b) for b in blocks]))
 
     def submit_step(self) -> tuple[int | None, int | None]:
         """One batched transfer per direction: (swap-out id, swap-in id), None when empty."""
         return self._core.submit_step()
 
     def swap_out_per_segment(self, pairs: Sequence[tuple[int, int]]) -> int | None:
-        return self._core.swap_out_per_segment(list(pairs))
+        return self._core.swap_out_per_segment([(_block(b), _slot(s)) for b, s in pairs])
 
     def wait(self, transfer: int) -> None:
         self._core.wait(transfer)
@@ -371,7 +392,7 @@ class DuplexEngine:
     def read_block(self, block: int) -> np.ndarray:
         """Device block ``block`` as one ``BlockFirst`` object (a new uint8 array)."""
         out = np.empty(self._block_bytes, dtype=np.uint8)
-        self._core.read_block(block, out)
+        self._core.read_block(_block(block), out)
         return out
 
     def write_block(self, block: int, data: np.ndarray) -> None:
@@ -379,7 +400,7 @@ class DuplexEngine:
         array = buffer_array(data, "data")
         if array.nbytes != self._block_bytes:
             raise BufferError(f"data has {array.nbytes} bytes; expected one block of {self._block_bytes}")
-        self._core.write_block(block, array)
+        self._core.write_block(_block(block), array)
 
 
 def _host_slots(geometry: Geometry, host: object) -> None:

@@ -19,6 +19,7 @@
 use std::ops::Range;
 
 use crate::error::LayoutError;
+use crate::geometry::Geometry;
 
 /// One region: `block_len` bytes per block at `base + block * block_len`.
 #[derive(Clone, Copy, Debug)]
@@ -68,8 +69,10 @@ impl PagedPool {
         if let Some(r) = regions.iter().position(|&(_, len)| len == 0) {
             return Err(LayoutError::Regions(format!("region {r} holds 0 bytes per block")));
         }
-        let total: usize = layer_regions.iter().sum();
-        if total != regions.len() || layer_regions.contains(&0) {
+        // Checked: counts from a caller (Python) that wrap around to the number of regions would
+        // make a layer's range run past the regions.
+        let total = layer_regions.iter().try_fold(0usize, |sum, &n| sum.checked_add(n));
+        if total != Some(regions.len()) || layer_regions.contains(&0) {
             return Err(LayoutError::Regions(format!(
                 "layers hold {layer_regions:?} regions; expected positive counts adding up to the {} regions",
                 regions.len()
@@ -110,6 +113,31 @@ impl PagedPool {
     /// region's index.
     pub fn layer_pieces(&self, layer: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
         self.layers[layer].clone().map(|r| (r, self.regions[r].object_off, self.regions[r].block_len))
+    }
+
+    /// Checks the pool's layers are `geometry`'s: as many, and layer `l` ends in a block's object
+    /// where the geometry's layer `l` ends (the last one at the object's end, extra groups
+    /// included, as `layer_first` groups them). A layerwise waiter counts the geometry's layers:
+    /// a pool grouped otherwise (K and V as layers of their own, say) would announce a layer
+    /// before its bytes landed.
+    pub fn check_layers(&self, geometry: &Geometry) -> Result<(), LayoutError> {
+        let (layers, seg) = (geometry.num_layers() as usize, geometry.segment_bytes() as usize);
+        let want =
+            |l: usize| if l + 1 == layers { geometry.block_bytes() as usize } else { 2 * (l + 1) * seg };
+        let end = |l: usize| {
+            let last = &self.regions[self.layers[l].end - 1];
+            last.object_off + last.block_len
+        };
+        let problem = match (0..self.layers.len().min(layers)).find(|&l| end(l) != want(l)) {
+            Some(l) => {
+                format!("pool layer {l} ends at byte {} of a block, the geometry's at {}", end(l), want(l))
+            }
+            None if self.layers.len() != layers => format!("the pool has {} layers", self.layers.len()),
+            None => return Ok(()),
+        };
+        Err(LayoutError::Regions(format!(
+            "{problem}; a layerwise load needs the geometry's {layers} layers (as layer_first groups them)"
+        )))
     }
 
     /// Where block `block`'s piece of region `region` lives.
@@ -204,6 +232,25 @@ mod tests {
     }
 
     #[test]
+    fn a_layerwise_load_needs_the_geometrys_layers() {
+        let g = Geometry::new(2, 1, 4, crate::geometry::Dtype::F16, 2, vec![]).unwrap(); // 16-byte segments
+        let mut a = [0u8; 4 * 16];
+        let r: Vec<(*mut u8, usize)> = (0..4).map(|i| (a[i * 16..].as_mut_ptr(), 16)).collect();
+        let check = |layers: &[usize]| {
+            // SAFETY: `a` outlives the pool, which copies nothing here.
+            unsafe { PagedPool::from_regions(&r, layers, 1) }.unwrap().check_layers(&g)
+        };
+        assert_eq!(check(&[2, 2]), Ok(()));
+        for (layers, found) in
+            [(&[1, 1, 1, 1][..], "pool layer 0 ends at byte 16"), (&[3, 1], "layer 0 ends at byte 48")]
+        {
+            let err = check(layers).unwrap_err().to_string();
+            assert!(err.contains(found), "{err}");
+        }
+        assert!(check(&[4]).unwrap_err().to_string().contains("pool layer 0 ends at byte 64"));
+    }
+
+    #[test]
     fn bad_shapes_and_tables_are_named() {
         let mut a = vec![0u8; 8];
         let r = [(a.as_mut_ptr(), 4)];
@@ -213,6 +260,7 @@ mod tests {
             assert!(matches!(PagedPool::from_regions(&[], &[], 2), Err(LayoutError::Regions(_))));
             assert!(matches!(PagedPool::from_regions(&r, &[2], 2), Err(LayoutError::Regions(_))));
             assert!(matches!(PagedPool::from_regions(&r, &[1, 0], 2), Err(LayoutError::Regions(_))));
+            assert!(matches!(PagedPool::from_regions(&r, &[usize::MAX, 2], 2), Err(LayoutError::Regions(_))));
             assert!(matches!(
                 PagedPool::from_regions(&[(a.as_mut_ptr(), 0)], &[1], 2),
                 Err(LayoutError::Regions(_))

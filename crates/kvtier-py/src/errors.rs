@@ -94,6 +94,7 @@ raise_as! {
         TransferError::Config(_) => "ConfigError",
         TransferError::PoolSize { .. } | TransferError::CountMismatch { .. } => "BufferError",
         TransferError::Store(_) => "StoreError",
+        TransferError::Layout(_) => "LayoutError",
         _ => "kvtier.transfer.TransferError",
     }
     // `kvtier.codec.CodecError`, or its subclass `NonFiniteError` for NaN/inf given to `quant`.

@@ -8,8 +8,11 @@ use kvtier_core::parallel::WorkerPool;
 
 use crate::args::BlockIds;
 use crate::buffer::{ensure_disjoint, Buffer, Format};
-use crate::errors::raise;
+use crate::errors::{kvtier_error, raise};
 use crate::geometry::CoreGeometry;
+
+/// Most copy workers a [`Copier`] runs (`kvtier.layout.Copier` checks the same bound first).
+const THREADS_MAX: usize = 256;
 
 /// A bounded pool of copy workers; `threads == 0` means one per core.
 #[pyclass(frozen, module = "kvtier._core")]
@@ -20,8 +23,12 @@ pub struct Copier {
 #[pymethods]
 impl Copier {
     #[new]
-    fn new(threads: usize) -> Self {
-        Copier { workers: WorkerPool::new(threads) }
+    fn new(threads: usize) -> PyResult<Self> {
+        if threads > THREADS_MAX {
+            let msg = format!("threads is {threads}; expected an int in [0, {THREADS_MAX}]");
+            return Err(kvtier_error("LayoutError", msg));
+        }
+        Ok(Copier { workers: WorkerPool::new(threads) })
     }
 
     #[getter]

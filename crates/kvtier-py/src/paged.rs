@@ -1,6 +1,7 @@
 //! An engine's paged pool for Python ([`PagedPool`] over caller buffers) and [`LayerProgress`],
 //! which a layerwise load advances and an engine thread waits on with the GIL released.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,13 +18,9 @@ use crate::errors::{buffer_error, raise};
 /// number of rows and pairwise disjoint. The buffers are returned with the pool: keep them alive
 /// (they hold the exporters' views) while the pool is used.
 pub(crate) fn paged_pool(pool: &Bound<'_, PyAny>) -> PyResult<(Vec<Buffer>, PagedPool)> {
-    let attr = |name: &str| {
-        pool.getattr(name)
-            .map_err(|_| buffer_error(format!("pool has no `{name}`; expected a kvtier.layout.PagedPool")))
-    };
-    let regions: Vec<Bound<'_, PyAny>> = attr("regions")?.extract()?;
-    let layer_regions: Vec<usize> = attr("layer_regions")?.extract()?;
-    let num_blocks: usize = attr("num_blocks")?.extract()?;
+    let regions: Vec<Bound<'_, PyAny>> = attr(pool, "regions", "a list of arrays")?;
+    let layer_regions: Vec<usize> = attr(pool, "layer_regions", "a list of region counts (ints >= 1)")?;
+    let num_blocks: usize = attr(pool, "num_blocks", "an int >= 1")?;
     let bufs: Vec<Buffer> = regions
         .iter()
         .map(|r| Buffer::get(r, "pool region", true, Format::Bytes))
@@ -45,18 +42,50 @@ pub(crate) fn paged_pool(pool: &Bound<'_, PyAny>) -> PyResult<(Vec<Buffer>, Page
     Ok((bufs, pool))
 }
 
+/// Attribute `name` of a pool, converted; an error names it and what was `expected`.
+fn attr<'py, T: FromPyObject<'py>>(pool: &Bound<'py, PyAny>, name: &str, expected: &str) -> PyResult<T> {
+    let value = pool
+        .getattr(name)
+        .map_err(|_| buffer_error(format!("pool has no `{name}`; expected a kvtier.layout.PagedPool")))?;
+    value.extract().map_err(|e| buffer_error(format!("pool `{name}` is not {expected}: {e}")))
+}
+
 /// Layers of a layerwise load that are in place ([`kvtier_core::progress::LayerProgress`]): the
-/// loading thread advances it, engine threads wait for a layer with the GIL released.
+/// loading thread advances it, engine threads wait for a layer with the GIL released. One per
+/// load ([`LayerProgress::claim`]): it only moves forward, so a second load's waiters would
+/// return before that load's layers land.
 #[pyclass(frozen, module = "kvtier._core")]
 pub struct LayerProgress {
     pub(crate) inner: Arc<Progress>,
+    /// Given to a load (that did not fail before copying).
+    claimed: AtomicBool,
+}
+
+impl LayerProgress {
+    /// Takes this progress for one load; errors if a load already has it or it is closed (its
+    /// waits would not wait). Give it back with [`Self::unclaim`] if the load fails before
+    /// copying anything.
+    pub(crate) fn claim(&self) -> PyResult<()> {
+        let state = if self.inner.closed() {
+            "is closed".to_string()
+        } else if self.claimed.swap(true, Ordering::AcqRel) {
+            format!("was given to a load ({} layers done)", self.inner.done_layers())
+        } else {
+            return Ok(());
+        };
+        Err(buffer_error(format!("progress {state}; expected a fresh LayerProgress for each load")))
+    }
+
+    pub(crate) fn unclaim(&self) {
+        self.claimed.store(false, Ordering::Release);
+    }
 }
 
 #[pymethods]
 impl LayerProgress {
     #[new]
     fn new() -> Self {
-        LayerProgress { inner: Arc::default() }
+        LayerProgress { inner: Arc::default(), claimed: AtomicBool::new(false) }
     }
 
     /// Waits until layer `layer` is in place or the load ended (closed); True unless

@@ -134,13 +134,16 @@ impl Store {
     ) -> PyResult<(usize, Vec<usize>, usize)> {
         // `_views` holds the exporters' buffers until the copy is done.
         let (_views, pool) = paged_pool(pool)?;
-        let progress = progress.as_ref().map(|p| &p.get().inner);
+        let progress = progress.as_ref().map(|p| p.get());
+        progress.map(LayerProgress::claim).transpose()?;
         let report = py.allow_threads(|| {
             self.inner.load_into_pool(lease_id, first, &pool, &block_ids.0, &mut |layer| {
-                progress.inspect(|p| p.advance(layer + 1));
+                progress.inspect(|p| p.inner.advance(layer + 1));
             })
         });
-        let r = report.map_err(raise)?;
+        // Refused before any copy: the progress never moved, the next load may have it.
+        let r =
+            report.inspect_err(|_| progress.into_iter().for_each(LayerProgress::unclaim)).map_err(raise)?;
         Ok((r.loaded_blocks, r.failed, r.checksum_failures))
     }
 

@@ -10,8 +10,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{atomic::AtomicU64, atomic::AtomicUsize, atomic::Ordering, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -265,8 +264,8 @@ impl TransferEngine {
         self.submit(JobKind::Load, keys, pool, None, block_ids)
     }
 
-    /// [`submit_load`](Self::submit_load) into a [`PagedPool`] (kept alive by the caller until
-    /// collected): one [`Store::load_into_pool`] on a store worker, layers announced to
+    /// [`submit_load`](Self::submit_load) into a [`PagedPool`] of the geometry's layers (`check_layers`;
+    /// kept alive until collected): one [`Store::load_into_pool`] on a store worker, layers announced to
     /// [`wait_layer`](Self::wait_layer) before the `ReadFailed` verdicts (docs/transfer.md §1.1).
     pub fn submit_paged_load(
         &self,
@@ -337,6 +336,7 @@ impl TransferEngine {
         let len = paged.as_ref().map_or(pool.len(), |p| p.num_blocks() * p.block_bytes());
         self.check_submission(keys, len, pool.num_blocks(), block_ids)?;
         let sh = &self.shared;
+        paged.as_ref().filter(|_| kind == JobKind::Load).map_or(Ok(()), |p| p.check_layers(&sh.geometry))?;
         let job_bytes = keys.len() as u64 * sh.block_bytes as u64;
         let job = {
             let mut table = lock(&sh.table);

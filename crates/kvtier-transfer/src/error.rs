@@ -2,6 +2,7 @@
 //! decode failure, cancelled, bad id) is a per-block [`BlockOutcome`](crate::BlockOutcome),
 //! not an error: errors are for a submission that cannot be run at all and for misuse.
 
+use kvtier_core::LayoutError;
 use kvtier_store::StoreError;
 use thiserror::Error;
 
@@ -34,4 +35,7 @@ pub enum TransferError {
     Device(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A paged pool the job cannot use (e.g. layers that are not the geometry's).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
 }

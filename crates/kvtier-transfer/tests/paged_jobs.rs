@@ -15,13 +15,17 @@ use kvtier_transfer::{BlockOutcome, PoolBuffer, TransferConfig, TransferError};
 
 /// A `LayerFirst` buffer of `n` blocks as a paged pool: K and V of each layer, one region each.
 fn paged(g: &Geometry, pool: &Arc<PoolBuffer>, n: usize) -> PagedPool {
+    paged_as(g, pool, n, &vec![2usize; g.num_layers() as usize])
+}
+
+/// [`paged`] with `layers[l]` regions in layer `l`.
+fn paged_as(g: &Geometry, pool: &Arc<PoolBuffer>, n: usize, layers: &[usize]) -> PagedPool {
     let seg = g.segment_bytes() as usize;
     let base = pool.as_ptr() as *mut u8;
     let regions: Vec<(*mut u8, usize)> =
         (0..2 * g.num_layers() as usize).map(|r| (unsafe { base.add(r * n * seg) }, seg)).collect();
-    let layers = vec![2usize; g.num_layers() as usize];
     // SAFETY: the regions tile the live buffer, which the test keeps until the jobs are collected.
-    unsafe { PagedPool::from_regions(&regions, &layers, n) }.unwrap()
+    unsafe { PagedPool::from_regions(&regions, layers, n) }.unwrap()
 }
 
 #[test]
@@ -171,4 +175,10 @@ fn paged_jobs_keep_the_engine_bounds() {
     let (wrong, _) = new_pool(&other, 8);
     let err = engine.submit_paged_load(&ks[..1], paged(&other, &wrong, 8), &[0]).unwrap_err();
     assert!(matches!(err, TransferError::PoolSize { .. }), "{err}");
+    // K and V as layers of their own: wait_layer counts the geometry's layers, so a load refuses
+    // them (a store does not care).
+    let err = engine.submit_paged_load(&ks[..1], paged_as(&g, &pool, 8, &[1; 4]), &[0]).unwrap_err();
+    assert!(matches!(err, TransferError::Layout(_)), "{err}");
+    let c = engine.submit_paged_store(&ks[..1], paged_as(&g, &pool, 8, &[1; 4]), &[0]).unwrap();
+    engine.wait(&[c]).unwrap();
 }
