@@ -48,7 +48,7 @@ from kvtier.radix.match import Match
 from kvtier.radix.watch import CHILD, MARKS, PRUNED, RESIDENCY, Watch, notify
 from kvtier.tiers import Tier
 
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
+# Read per node: a constant (radix sits below kvtier.sched.members, which says why).
 _DEVICE: Final = Tier.DEVICE
 
 _NUM_TIERS = len(Tier)

@@ -8,13 +8,8 @@ overtaking, as in vLLM's FCFS queue).
 
 from __future__ import annotations
 
-from typing import Final
-
 from kvtier.sched.base import LoadMode, LoadOrder, RequestView, SchedulerDecision, SchedulerView
-from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_DEVICE: Final = Tier.DEVICE
+from kvtier.sched.members import DEVICE
 
 
 def blocks_for(tokens: int, block_tokens: int) -> int:
@@ -72,10 +67,10 @@ def admit_fcfs(
         reused = reusable_tokens(r, load_mode is not None)
         n = min(r.prompt_tokens - reused, budget)
         held = reused + (r.prompt_tokens - reused if reserve_full_prompt else n)
-        need = blocks_for(held, view.block_tokens) - blocks_for(r.cached_tokens[_DEVICE], view.block_tokens)
+        need = blocks_for(held, view.block_tokens) - blocks_for(r.cached_tokens[DEVICE], view.block_tokens)
         if need > free_blocks:
             break
-        loaded = reused - r.cached_tokens[_DEVICE]
+        loaded = reused - r.cached_tokens[DEVICE]
         if load_mode is not None and loaded > 0:
             decision.loads.append(LoadOrder(r.req_id, loaded, load_mode, load_priority))
         decision.prefill.append((r.req_id, n))
@@ -89,5 +84,5 @@ def reusable_tokens(r: RequestView, with_lower_tiers: bool) -> int:
 
     At least one prompt token is always computed (it yields the first output token's logits).
     """
-    cached = sum(r.cached_tokens) if with_lower_tiers else r.cached_tokens[_DEVICE]
+    cached = sum(r.cached_tokens) if with_lower_tiers else r.cached_tokens[DEVICE]
     return min(cached, r.prompt_tokens - 1)

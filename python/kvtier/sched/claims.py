@@ -9,16 +9,10 @@ Also Algorithm 1's blk(r) (:func:`kv_blocks`) and what a swap-out frees at once 
 
 from __future__ import annotations
 
-from typing import Final
-
-from kvtier.sched.base import Phase, RequestView, SchedulerView
+from kvtier.sched.base import RequestView, SchedulerView
 from kvtier.sched.batching import blocks_for
+from kvtier.sched.members import DEVICE, WAITING
 from kvtier.sched.swap_copy import SwapCopy
-from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_DEVICE: Final = Tier.DEVICE
-_WAITING: Final = Phase.WAITING
 
 
 def step_need(r: RequestView, tokens: int, block_tokens: int) -> int:
@@ -72,8 +66,8 @@ def running_claims(view: SchedulerView) -> int:
 def kv_blocks(r: RequestView, block_tokens: int) -> int:
     """blk(r) of Algorithm 1: the device blocks a request holds (running, rotary) or needs for its
     whole prompt (waiting; its device-cached prefix is already there)."""
-    if r.phase is _WAITING:
-        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[_DEVICE] // block_tokens
+    if r.phase is WAITING:
+        return blocks_for(r.prompt_tokens, block_tokens) - r.cached_tokens[DEVICE] // block_tokens
     return blocks_for(r.computed_tokens + r.generated_tokens, block_tokens)
 
 

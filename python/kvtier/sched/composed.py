@@ -59,12 +59,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import (
-    LoadMode,
-    Phase,
     Policy,
     RequestView,
     SchedulerDecision,
@@ -72,21 +70,13 @@ from kvtier.sched.base import (
     register,
 )
 from kvtier.sched.batching import admit_fcfs, blocks_for, schedule_running
+from kvtier.sched.members import DEVICE, LAYERWISE, REMOTE, SSD, SWAPPED, WAITING
 from kvtier.sched.rotasched import RotaSched
 from kvtier.sched.shadowserve import ShadowServeAsync
 from kvtier.sched.step_plan import StepPlan
 from kvtier.sched.strata import DEFER_THRESHOLD_TOKENS, Strata
 from kvtier.sched.unified_pool import admit_async
 from kvtier.sched.view_fill import sub_view
-from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_DEVICE: Final = Tier.DEVICE
-_LAYERWISE: Final = LoadMode.LAYERWISE
-_REMOTE: Final = Tier.REMOTE
-_SSD: Final = Tier.SSD
-_SWAPPED: Final = Phase.SWAPPED
-_WAITING: Final = Phase.WAITING
 
 #: The stages, in the order they run; admission is by at most one of balance, async_load.
 STAGES = ("rotation", "async_fetch", "balance", "async_load")
@@ -226,9 +216,9 @@ class Composed(Policy):
         plan.run(staying, self.rota.running_batch(view, preempted))
         swapped_in = 0
         for r in prioritised:
-            if r.phase is _SWAPPED and plan.swap_in(r):
+            if r.phase is SWAPPED and plan.swap_in(r):
                 swapped_in += 1
-        waiting = tuple(r for r in prioritised if r.phase is _WAITING)
+        waiting = tuple(r for r in prioritised if r.phase is WAITING)
         sub = sub_view(
             view,
             waiting=waiting,
@@ -251,12 +241,12 @@ class Composed(Policy):
         kept: list[RequestView] = []
         taken = 0
         for r in view.waiting:
-            stored = r.cached_tokens[_SSD] + r.cached_tokens[_REMOTE]  # SSD and remote: the store below host
+            stored = r.cached_tokens[SSD] + r.cached_tokens[REMOTE]  # SSD and remote: the store below host
             need = blocks_for(r.prompt_tokens, view.block_tokens) - blocks_for(
-                r.cached_tokens[_DEVICE], view.block_tokens
+                r.cached_tokens[DEVICE], view.block_tokens
             )
             if stored > self.fetch_min_tokens and slots > 0 and need <= free:
-                fetched = min(r.loadable_tokens, r.prompt_tokens - 1 - r.cached_tokens[_DEVICE])
+                fetched = min(r.loadable_tokens, r.prompt_tokens - 1 - r.cached_tokens[DEVICE])
                 decision.loads.append(self.shadow.intercept(r, fetched))
                 free, slots, taken = free - need, slots - 1, taken + need
                 self.intercepted_total += 1
@@ -290,6 +280,6 @@ class Composed(Policy):
         if "async_load" in self.stages:  # Unified pool §II-B2: fetch hits while queueing, no compute budget
             admit_async(view, admitted, budget)
         else:  # HiCache-like FCFS with layerwise loads
-            admit_fcfs(view, admitted, budget, _LAYERWISE, reserve_full_prompt=True)
+            admit_fcfs(view, admitted, budget, LAYERWISE, reserve_full_prompt=True)
         decision.prefill.extend(admitted.prefill)
         decision.loads.extend(admitted.loads)

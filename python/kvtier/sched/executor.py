@@ -31,17 +31,11 @@ room for preempts the request by recompute (vLLM's passive preemption), as both 
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Final, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from kvtier.sched.base import LoadOrder, Phase, Policy, SchedulerDecision
+from kvtier.sched.members import HOST, RUNNING, SWAPPED, WAITING
 from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_DEVICE: Final = Tier.DEVICE
-_HOST: Final = Tier.HOST
-_RUNNING: Final = Phase.RUNNING
-_SWAPPED: Final = Phase.SWAPPED
-_WAITING: Final = Phase.WAITING
 
 _epoch = attrgetter("epoch")  # map()ped over a step's decodes (C, no frame per request)
 
@@ -130,7 +124,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
         get(rid, "load")
     prefills = [(get(rid, "prefill"), tokens) for rid, tokens in decision.prefill]
     find = backend.find  # a decode per running request per step: no closure call each
-    running = _RUNNING
+    running = RUNNING
     found = list(map(find, decision.decode))
     if None in found:
         get(decision.decode[found.index(None)], "decode")  # raises: the first unknown one
@@ -142,7 +136,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
     prefill_epochs = [r.epoch for r, _ in prefills]
     decode_epochs = list(map(_epoch, decodes))
     for rid in decision.preempt:
-        backend.preempt(expect(get(rid, "preempt"), _RUNNING, "preempts"))
+        backend.preempt(expect(get(rid, "preempt"), RUNNING, "preempts"))
     # Swaps: get and expect inline (a rotating policy swaps ~20 requests each way per step).
     swap_out, swap_in = backend.swap_out, backend.swap_in
     for rid in decision.swap_out:
@@ -150,7 +144,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
         if found_r is None or found_r.phase is not running:
             found_r = expect(get(rid, "swap out"), running, "swaps out")  # raises
         swap_out(found_r)
-    swapped = _SWAPPED
+    swapped = SWAPPED
     for rid in decision.swap_in:
         found_r = find(rid)
         if found_r is None or found_r.phase is not swapped:
@@ -160,7 +154,7 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
     for (r, tokens), epoch in zip(prefills, prefill_epochs, strict=True):
         if r.epoch == epoch:  # else it left the device while this step was planned
             load = loads.pop(r.req_id, None)
-            if load is not None and load.target is _HOST:
+            if load is not None and load.target is HOST:
                 raise backend.error(
                     f"policy {name!r} prefills request {r.req_id} and prefetches it to host in one step"
                 )
@@ -176,8 +170,8 @@ def execute(decision: SchedulerDecision, backend: DecisionBackend[R, P], plan: P
         plan_decode(plan, r)
     for load in loads.values():  # loads of requests not prefilled this step
         r = get(load.req_id, "load")
-        if load.target is _HOST:
-            backend.prefetch(expect(r, _WAITING, "prefetches"), load)
+        if load.target is HOST:
+            backend.prefetch(expect(r, WAITING, "prefetches"), load)
         else:
             backend.start_load(r, load)
 

@@ -24,14 +24,10 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Generator, Iterable, Sequence
 from itertools import accumulate, compress, count
 from operator import attrgetter, is_not, itemgetter
-from typing import Final
 
 from kvtier.sched.base import Phase, RequestView
+from kvtier.sched.members import RUNNING, SWAPPED
 from kvtier.sched.shown import ShownViews
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_RUNNING: Final = Phase.RUNNING
-_SWAPPED: Final = Phase.SWAPPED
 
 LvfKey = tuple[float, float, int]  # (-VLT, arrival, id): step 2's order, a total one (ids are unique)
 Head = tuple[LvfKey, int, RequestView]  # a waiting/rotary request with VLT >= 0: key, blk(r), request
@@ -56,14 +52,14 @@ def lvf(
     a request to blk(r); ``free_blocks`` is B_HBM and ``xfer_blocks`` B_xfer; ``host_blocks`` the
     host room swap-outs can take this iteration (None: unbounded), which bounds step 4.
     """
-    waiting_rotary = [r for _, r in candidates if r.phase is not _RUNNING]
+    waiting_rotary = [r for _, r in candidates if r.phase is not RUNNING]
     if free_blocks >= sum(blocks[r.req_id] for r in waiting_rotary):  # step 1: contention check
         return [], sorted(waiting_rotary, key=fcfs_key)  # fall back to FCFS
     heads: list[Head] = []
     tails: list[Head] = []
     for vlt, r in candidates:
         key = (-vlt, r.arrival_s, r.req_id)
-        if r.phase is not _RUNNING:
+        if r.phase is not RUNNING:
             if vlt >= 0:
                 heads.append((key, blocks[r.req_id], r))
         elif vlt < 0:
@@ -167,7 +163,7 @@ def take_tails(tails: list[Head], swap: int, host_blocks: int | None) -> list[Re
 
 def fcfs_key(r: RequestView) -> tuple[int, float, int]:
     """FCFS with vLLM's order: swapped (rotary) requests resume before waiting ones are admitted."""
-    return (0 if r.phase is _SWAPPED else 1, r.arrival_s, r.req_id)
+    return (0 if r.phase is SWAPPED else 1, r.arrival_s, r.req_id)
 
 
 class RotarySet:

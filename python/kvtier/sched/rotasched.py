@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import (
@@ -76,15 +76,9 @@ from kvtier.sched.base import (
 from kvtier.sched.batching import steady_fcfs
 from kvtier.sched.claims import claim, kv_blocks, released_now, running_claims
 from kvtier.sched.lvf import Entry, Head, RotarySet, fcfs_key, take_heads, take_tails
+from kvtier.sched.members import DEVICE, RUNNING, SWAPPED, WAITING
 from kvtier.sched.rota_seen import RunningPass, Seen, visit_running
 from kvtier.sched.step_plan import RunningBatch, StepPlan
-from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_DEVICE: Final = Tier.DEVICE
-_RUNNING: Final = Phase.RUNNING
-_SWAPPED: Final = Phase.SWAPPED
-_WAITING: Final = Phase.WAITING
 
 #: SuperInfer §5.1's transfer budget: 2400 blocks of P = 16 tokens (§4.3.1) per iteration.
 PAPER_XFER_BLOCKS, PAPER_BLOCK_TOKENS = 2400, 16
@@ -137,7 +131,7 @@ class RotaSched(Policy):
         self._pending_out: dict[int, tuple[int, float]] = {}
         self._steady = False  # steady_decode said yes: steps up to the next view may go unseen
         self._rotary = RotarySet()  # the rotary requests of the last view, in t_last order
-        self._waiting = RotarySet(_WAITING)  # the waiting head of the last view, by arrival
+        self._waiting = RotarySet(WAITING)  # the waiting head of the last view, by arrival
         self._last_now = -math.inf  # the time of the last view observed
         self._views = 0  # views observed
         self._use_rotary = False  # the rotary set is kept (_keep_rotary)
@@ -159,10 +153,10 @@ class RotaSched(Policy):
 
     def vlt(self, r: RequestView, now_s: float) -> float:
         seen = self._seen.get(r.req_id)
-        if r.phase is _SWAPPED:
+        if r.phase is SWAPPED:
             last_s = seen.last_token_s if seen is not None else r.arrival_s
             return self.alpha * max(0.0, now_s - last_s - self.beta_b * self.tbt_slo_s)
-        if r.phase is _RUNNING:
+        if r.phase is RUNNING:
             start_s = seen.run_start_s if seen is not None else now_s
             return -(now_s - start_s)
         return max(0.0, now_s - r.arrival_s - self.beta_f * self.ttft_slo_s)
@@ -190,7 +184,7 @@ class RotaSched(Policy):
         now, last = view.now_s, self._last_now
         self._views += 1
         seen_map, pending_out, rotary = self._seen, self._pending_out, self._rotary
-        running = _RUNNING
+        running = RUNNING
         if self._steady:
             self._steady = False
             self._skipped(view)
@@ -309,7 +303,7 @@ class RotaSched(Policy):
         this view sets again. Records of requests that finished meanwhile are forgotten sooner."""
         for r in view.running:
             seen = self._seen.get(r.req_id)
-            if seen is not None and seen.phase is _RUNNING and seen.view is not r:
+            if seen is not None and seen.phase is RUNNING and seen.view is not r:
                 tokens = r.computed_tokens + r.generated_tokens
                 if tokens > seen.tokens:
                     seen.tokens = tokens - 1
@@ -352,7 +346,7 @@ class RotaSched(Policy):
         heads: list[Head] = []  # waiting (and rotary, if not kept), VLT >= 0: step 3's
         contended = rotary.total if kept else 0  # blocks of every waiting and rotary request (step 1)
         contended += head.total if head is not None else 0
-        running, waiting, swapped, device = _RUNNING, _WAITING, _SWAPPED, _DEVICE
+        running, waiting, swapped, device = RUNNING, WAITING, SWAPPED, DEVICE
         groups: tuple[tuple[Sequence[RequestView], Phase], ...]
         if passed is not None:  # the running requests read in observe's visit; those not running here
             tails, batch, odd = passed
@@ -477,7 +471,7 @@ class RotaSched(Policy):
         ids = {r.req_id for r in out}
         plan.run([r for r in view.running if r.req_id not in ids] if ids else view.running, batch)
         for r in prio:
-            if r.phase is _SWAPPED:
+            if r.phase is SWAPPED:
                 plan.swap_in(r)
             else:
                 plan.admit(r)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
-from kvtier.sched.base import Phase, RequestView, SchedulerDecision, SchedulerView
+from kvtier.sched.base import RequestView, SchedulerDecision, SchedulerView
 from kvtier.sched.batching import reusable_tokens
 from kvtier.sched.claims import claim, kv_blocks
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_WAITING: Final = Phase.WAITING
+from kvtier.sched.members import WAITING
 
 _req_id = attrgetter("req_id")
 
@@ -105,7 +103,7 @@ class StepPlan:
         self.budget, self.free_blocks = budget, free
 
     def swap_in(self, r: RequestView) -> bool:
-        if r.phase is _WAITING:
+        if r.phase is WAITING:
             need = kv_blocks(r, self.view.block_tokens)
         else:  # kv_blocks inline: up to every rotary request per step
             need = -(-(r.computed_tokens + r.generated_tokens) // self.view.block_tokens)

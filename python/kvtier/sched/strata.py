@@ -51,11 +51,10 @@ default load path); ``strata_io`` is SGLang-HiCache's FCFS scheduler on GPU-assi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.sched.base import (
-    LoadMode,
     LoadOrder,
     Policy,
     RequestView,
@@ -65,14 +64,7 @@ from kvtier.sched.base import (
 )
 from kvtier.sched.batching import schedule_running, steady_fcfs
 from kvtier.sched.hicache import HiCache
-from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_ASYNC: Final = LoadMode.ASYNC
-_HOST: Final = Tier.HOST
-_LAYERWISE: Final = LoadMode.LAYERWISE
-_REMOTE: Final = Tier.REMOTE
-_SSD: Final = Tier.SSD
+from kvtier.sched.members import ASYNC, HOST, LAYERWISE, REMOTE, SSD
 
 DEFER_THRESHOLD_TOKENS = 100  # §4.3.1: "a default threshold of 100 active token matches"
 LOAD_COMPUTE_RATIO = 100.0  # §4.3.2 / Fig. 1: tokens loaded per new input token
@@ -81,7 +73,7 @@ RATIO_UNITS = ("tokens", "seconds")
 
 def host_load_s(view: SchedulerView, tokens: int) -> float:
     """The engine's estimate of a layerwise load of ``tokens`` from host (0 for none)."""
-    return view.cost.load_s(tokens, _HOST, _LAYERWISE) if tokens > 0 else 0.0
+    return view.cost.load_s(tokens, HOST, LAYERWISE) if tokens > 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -365,7 +357,7 @@ class Strata(Policy):
         ready, deferred = (
             defer_delay_hits(view, self.defer_threshold_tokens) if self.defer else (list(views), [])
         )
-        stored = [(r.req_id, n) for r in views if (n := r.cached_tokens[_SSD] + r.cached_tokens[_REMOTE]) > 0]
+        stored = [(r.req_id, n) for r in views if (n := r.cached_tokens[SSD] + r.cached_tokens[REMOTE]) > 0]
         # A request whose view is the same object keeps its candidate (a function of the view).
         kept = (
             {c.view.req_id: c for c in plan.candidates}
@@ -398,10 +390,10 @@ class Strata(Policy):
             rid = m.candidate.view.req_id
             if m.own_load_tokens > 0:
                 if bubble or not shared.isdisjoint(m.candidate.load_keys):
-                    decision.loads.append(LoadOrder(rid, m.own_load_tokens, _ASYNC, async_priority))
+                    decision.loads.append(LoadOrder(rid, m.own_load_tokens, ASYNC, async_priority))
                     self.load_priority[rid] = async_priority
                 else:  # on the step's critical path: ahead of queued asynchronous batches
-                    decision.loads.append(LoadOrder(rid, m.own_load_tokens, _LAYERWISE, 0))
+                    decision.loads.append(LoadOrder(rid, m.own_load_tokens, LAYERWISE, 0))
             decision.prefill.append((rid, max(m.chunk_tokens, 1)))
 
     def _prefetch(self, head: HeadPlan, decision: SchedulerDecision) -> None:
@@ -411,7 +403,7 @@ class Strata(Policy):
         dispatched = {rid for rid, _ in decision.prefill}
         for rid, stored in head.stored:
             if rid not in dispatched:
-                decision.loads.append(LoadOrder(rid, stored, _ASYNC, 2, _HOST))
+                decision.loads.append(LoadOrder(rid, stored, ASYNC, 2, HOST))
 
     def params(self) -> dict[str, Any]:
         return {

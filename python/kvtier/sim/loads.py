@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Protocol
 
 from kvtier.radix import HiRadixTree
-from kvtier.sched.base import LoadMode, LoadOrder, Phase
+from kvtier.sched.base import LoadMode, LoadOrder
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.load_path import PLAIN_LOAD, LoadPath
+from kvtier.sched.members import ASYNC, DEVICE, FETCHING, HOST, LAYERWISE, REMOTE, RUNNING, SSD
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import CostModel, engine_kv_bytes_per_token
 from kvtier.sim.events.step_end import Step
@@ -34,16 +35,6 @@ from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.sim.state import SimRequest
 from kvtier.sim.tiers import LowerTiers
 from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_ASYNC: Final = LoadMode.ASYNC
-_DEVICE: Final = Tier.DEVICE
-_FETCHING: Final = Phase.FETCHING
-_HOST: Final = Tier.HOST
-_LAYERWISE: Final = LoadMode.LAYERWISE
-_REMOTE: Final = Tier.REMOTE
-_RUNNING: Final = Phase.RUNNING
-_SSD: Final = Tier.SSD
 
 
 class LoadPaths:
@@ -85,7 +76,7 @@ class LoadPaths:
         for _, tier in blocks:
             by_tier[tier] = by_tier.get(tier, 0) + 1
         segment = self.segment_bytes(load)
-        to_device = load.target is _DEVICE
+        to_device = load.target is DEVICE
         bb = self._block_bytes
         fetch = self._fetch if load.compressed else PLAIN_FETCH
         ratio = fetch.compression_ratio
@@ -94,7 +85,7 @@ class LoadPaths:
         for tier, count in by_tier.items():
             raw = count * bb
             packed = max(1, int(raw / ratio))
-            if tier in (_SSD, _REMOTE) and tier in self._tiers:
+            if tier in (SSD, REMOTE) and tier in self._tiers:
                 legs.append((self._tiers.link(tier), packed, bb))
                 if decoder is not None:
                     legs.append((self._decoder(decoder), raw, bb))
@@ -136,7 +127,7 @@ class LoadPaths:
         """How much ``load`` of ``blocks`` slows the model's compute while it runs: its load path's
         copies (to the device only), or a compressed fetch's decoder, whichever is more."""
         decoder = self._fetch_interference(load, blocks) if load.compressed else 0.0
-        if load.target is not _DEVICE:
+        if load.target is not DEVICE:
             return decoder
         return max(decoder, self._load.slowdown(load.mode))
 
@@ -144,11 +135,11 @@ class LoadPaths:
         """The fetch path's slowdown of a compressed fetch of ``load.tokens``: its ``interference``,
         scaled where the path says by the decoder's duty cycle over the fetch from the slowest
         tier the blocks come from (on idle links, as the policies' estimates)."""
-        tier = max((t for _, t in blocks), default=_HOST)
+        tier = max((t for _, t in blocks), default=HOST)
         return self._fetch.fetch_interference(
             self._gpu_kv_bytes_per_token,
             load.tokens,
-            lambda: self.estimate_s(load.tokens, tier, _ASYNC),
+            lambda: self.estimate_s(load.tokens, tier, ASYNC),
         )
 
     def segment_bytes(self, load: LoadOrder) -> int:
@@ -158,7 +149,7 @@ class LoadPaths:
         segment_tokens = self._load.segment_tokens(load.mode, load.tokens)
         if segment_tokens is not None:  # per layer, K and V separately
             return max(1, int(segment_tokens * per_token_layer / 2))
-        if load.mode is _LAYERWISE:  # one layer of one block
+        if load.mode is LAYERWISE:  # one layer of one block
             return max(1, int(self._block_tokens * per_token_layer))
         return self._block_bytes
 
@@ -167,9 +158,9 @@ class LoadPaths:
         nbytes = math.ceil(tokens / self._block_tokens) * self._block_bytes
         order = LoadOrder(-1, tokens, mode)
         seconds = self._host_link.work_s(nbytes, self.segment_bytes(order), Direction.IN)
-        if tier in (_SSD, _REMOTE) and tier in self._tiers:
+        if tier in (SSD, REMOTE) and tier in self._tiers:
             seconds = max(seconds, self._tiers.link(tier).work_s(nbytes, self._block_bytes, Direction.IN))
-        if self._host_store_link is not None and tier is not _DEVICE:
+        if self._host_store_link is not None and tier is not DEVICE:
             seconds = max(seconds, self._host_store_link.work_s(nbytes, self._block_bytes, Direction.IN))
         return seconds
 
@@ -197,7 +188,7 @@ class LoadOrders:
         start = r.locked_blocks
         blocks = math.ceil(tokens / self._block_tokens)
         picked = [(r.keys[i], m.tiers[i]) for i in range(start, min(start + blocks, len(m.tiers)))]
-        return [(k, t) for k, t in picked if t is not _DEVICE] if picked else []
+        return [(k, t) for k, t in picked if t is not DEVICE] if picked else []
 
     def plan_step_load(self, step: Step, r: SimRequest, load: LoadOrder) -> int:
         """Adds a load that rides on ``r``'s prefill chunk to ``step``; the tokens it brings."""
@@ -224,16 +215,16 @@ class LoadOrders:
         if r.prefetching:  # one is in flight already
             return
         m = owner.tree.match(r.keys)
-        limit = min(len(m.tiers), math.ceil(load.tokens / self._block_tokens) + m.prefix_in(_HOST))
-        blocks = [(r.keys[i], m.tiers[i]) for i in range(limit) if m.tiers[i] in (_SSD, _REMOTE)]
-        if not blocks or _HOST not in owner.lower_tiers:
+        limit = min(len(m.tiers), math.ceil(load.tokens / self._block_tokens) + m.prefix_in(HOST))
+        blocks = [(r.keys[i], m.tiers[i]) for i in range(limit) if m.tiers[i] in (SSD, REMOTE)]
+        if not blocks or HOST not in owner.lower_tiers:
             return
         r.prefetching = True
         path = r.keys[:limit]
 
         def landed() -> None:
             r.prefetching = False
-            owner.lower_tiers.place(path, _HOST)
+            owner.lower_tiers.place(path, HOST)
             owner.kick()
 
         self._paths.start(load, blocks, landed)
@@ -249,7 +240,7 @@ class LoadOrders:
         if epoch != r.epoch:  # preempted meanwhile: its reservation is gone; the bytes are dropped
             return False
         assert r.locked_blocks == start_block, "a request's lock grew while its load was in flight"
-        owner.tree.insert(path, _DEVICE, owner.loop.now_s)
+        owner.tree.insert(path, DEVICE, owner.loop.now_s)
         owner.extend_lock(r, end)
         r.reserved_blocks -= len(blocks)
         owner.reserved_blocks -= len(blocks)
@@ -267,7 +258,7 @@ class LoadOrders:
         if not blocks or not self._reserve(r, len(blocks)):
             return
         owner.running.remove(r)
-        r.phase = _FETCHING
+        r.phase = FETCHING
         owner.fetching[r.req_id] = r
         start, epoch = r.locked_blocks, r.epoch
         tokens = min(tokens, len(blocks) * self._block_tokens)
@@ -277,7 +268,7 @@ class LoadOrders:
                 return
             r.computed_tokens = min(r.computed_tokens + tokens, r.prompt_tokens - 1)
             del owner.fetching[r.req_id]
-            r.phase = _RUNNING
+            r.phase = RUNNING
             owner.running.append(r)
             owner.kick()
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Protocol
 
 from kvtier.errors import SimError
-from kvtier.sched.base import Phase, Policy
+from kvtier.sched.base import Policy
+from kvtier.sched.members import HOST, RUNNING, SWAPPED
 from kvtier.sched.swap_copy import SwapCopy
 from kvtier.sim.events.step_end import Step
 from kvtier.sim.metrics import Metrics
@@ -27,12 +28,6 @@ from kvtier.sim.owner import SeamOwner
 from kvtier.sim.resources import Direction, Link, Transfer
 from kvtier.sim.state import SimRequest
 from kvtier.sim.view import SwappedViews
-from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_HOST: Final = Tier.HOST
-_RUNNING: Final = Phase.RUNNING
-_SWAPPED: Final = Phase.SWAPPED
 
 Landed = Callable[[Transfer], None]
 
@@ -71,7 +66,7 @@ class Swaps:
         self.barrier = 0
         self._held_step: Step | None = None
         self._held_start_s: float | None = None
-        self._host = _HOST in owner.lower_tiers  # the engine's tiers are fixed at its start
+        self._host = HOST in owner.lower_tiers  # the engine's tiers are fixed at its start
 
     def swap_out(self, r: SimRequest) -> None:
         """Moves a running request's KV to host; its device blocks free when the copy has landed."""
@@ -81,15 +76,15 @@ class Swaps:
                 f"policy {owner.policy.name!r} swaps out, but engine {owner.name!r} has no host tier"
             )
         blocks = math.ceil((r.computed_tokens + r.generated_tokens) / self._block_tokens)
-        if tiers.free_blocks(_HOST) < blocks:  # make_room's own first test, spelled here
-            tiers.make_room(_HOST, blocks)
-            if tiers.free_blocks(_HOST) < blocks:
+        if tiers.free_blocks(HOST) < blocks:  # make_room's own first test, spelled here
+            tiers.make_room(HOST, blocks)
+            if tiers.free_blocks(HOST) < blocks:
                 owner.preempt(r)  # host cannot hold it: fall back to recompute
                 return
         tiers.swap_host_blocks += blocks
         r.swapped_blocks = blocks
         owner.running.remove(r)
-        r.phase = _SWAPPED
+        r.phase = SWAPPED
         r.epoch += 1
         r.swap_pending = True
         owner.swapped[r.req_id] = r
@@ -142,7 +137,7 @@ class Swaps:
             r.swap_pending = False
             del owner.swapped[r.req_id]
             owner.swapped_views.left(r)
-            r.phase = _RUNNING
+            r.phase = RUNNING
             owner.running.append(r)
             self._landed(copy)
             owner.kick()

@@ -12,16 +12,13 @@ shrink the host tier.
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Protocol
 
 from kvtier.radix import HiRadixTree
+from kvtier.sched.members import DEVICE, HOST
 from kvtier.sim.core import EventLoop
 from kvtier.sim.resources import Direction, Link, StripedLink, Transfer
 from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_DEVICE: Final = Tier.DEVICE
-_HOST: Final = Tier.HOST
 
 
 class TierOwner(Protocol):
@@ -61,7 +58,7 @@ class LowerTiers:
 
     def capacity(self, tier: Tier) -> int:
         capacity = self._tiers[tier][0]
-        return capacity - self.swap_host_blocks if tier is _HOST else capacity
+        return capacity - self.swap_host_blocks if tier is HOST else capacity
 
     def free_blocks(self, tier: Tier) -> int:
         return self.capacity(tier) - self._owner.tree.used_blocks(tier)
@@ -70,9 +67,9 @@ class LowerTiers:
         """Host blocks a swap-out can take now: free ones plus unlocked cached ones, which
         :meth:`make_room` evicts for it (the engine's swap space, shown to policies as
         ``SchedulerView.free_host_blocks``; 0 without a host tier)."""
-        if _HOST not in self._tiers:
+        if HOST not in self._tiers:
             return 0
-        return self.free_blocks(_HOST) + self._owner.tree.evictable_blocks(_HOST)
+        return self.free_blocks(HOST) + self._owner.tree.evictable_blocks(HOST)
 
     def _next_lower(self, tier: Tier) -> Tier | None:
         return next((t for t in self._tiers if t > tier), None)
@@ -95,12 +92,12 @@ class LowerTiers:
     def evict_device(self, blocks: int) -> None:
         """Evicts ``blocks`` unlocked device blocks; under write-back they are copied down to host."""
         tree = self._owner.tree
-        if self._owner.offload == "write_back" and _HOST in self:
-            self.make_room(_HOST, blocks)
-            demoted = tree.evict(_DEVICE, blocks, demote_to=_HOST)
-            self._offload_bytes(_HOST, len(demoted))
+        if self._owner.offload == "write_back" and HOST in self:
+            self.make_room(HOST, blocks)
+            demoted = tree.evict(DEVICE, blocks, demote_to=HOST)
+            self._offload_bytes(HOST, len(demoted))
         else:
-            tree.evict(_DEVICE, blocks)
+            tree.evict(DEVICE, blocks)
 
     def _offload_bytes(self, tier: Tier, blocks: int) -> None:
         """Charges the write of ``blocks`` into ``tier`` to the link that reaches it."""

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Protocol
 
-from kvtier.sched.base import LoadMode, LoadOrder, Phase
+from kvtier.sched.base import LoadOrder
+from kvtier.sched.members import RUNNING, SYNC
 from kvtier.sim.core import EventKind, EventLoop
 from kvtier.sim.cost import CostModel, PrefillChunk
 from kvtier.sim.metrics import Metrics
 from kvtier.sim.state import SimRequest
 from kvtier.tiers import Tier
-
-# Enum members read per request, as constants (kvtier.sim.compiled: a Final is a static there).
-_RUNNING: Final = Phase.RUNNING
-_SYNC: Final = LoadMode.SYNC
 
 
 class StepEngine(Protocol):
@@ -106,7 +103,7 @@ class Step:
         engine = self.engine
         now = engine.loop.now_s
         compute_end = self.start_s + self.compute_s
-        if any(load.order.mode is _SYNC for load in self.loads):
+        if any(load.order.mode is SYNC for load in self.loads):
             end = now + self.compute_s
         else:  # layerwise: the last layer computes after its KV lands
             end = max(compute_end, now + self.compute_s / max(engine.cost.num_layers, 1))
@@ -126,7 +123,7 @@ def finish_step(engine: StepEngine, step: Step) -> None:
             r.pending_load_tokens = 0
             engine.commit_prefix(r)
     for r, n, epoch in step.prefills:
-        if epoch != r.epoch or r.phase is not _RUNNING:
+        if epoch != r.epoch or r.phase is not RUNNING:
             continue
         r.computed_tokens = min(r.computed_tokens + n, r.prompt_tokens)
         engine.commit_prefix(r)
@@ -141,7 +138,7 @@ def finish_step(engine: StepEngine, step: Step) -> None:
         elif r.generated_tokens >= r.output_tokens:
             engine.finish(r)
     gaps: list[float] = []  # the token gaps, in this order, go into the TBT metrics after the loop
-    add_gap, running = gaps.append, _RUNNING
+    add_gap, running = gaps.append, RUNNING
     for r, epoch in step.decodes:
         if epoch != r.epoch or r.phase is not running:
             continue
