@@ -1,0 +1,53 @@
+"""What keeps SGLang deployments apart in kvtier (docs/sglang.md, "Keys and namespace"): pages
+whose bytes mean other KV must never be found under each other's keys, whatever SGLang's host
+pool looks like."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hicache_helpers import backend, fill, host_pool, page_bytes, page_keys
+
+from kvtier.errors import ConfigError
+from kvtier.testing.redis import LocalRedis
+
+
+def shared(server: LocalRedis, **extra: Any) -> dict[str, Any]:
+    """A Redis tier two deployments share (a fresh DRAM tier each), plus ``extra``."""
+    return {"dram": {"capacity_bytes": "1MiB"}, "remote": {"urls": [server.url]}, **extra}
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_fp8_pages_name_their_format_and_e4m3_pages_never_load_as_e5m2(kind: str, redis: LocalRedis) -> None:
+    # SGLang keeps fp8 KV of either format (e4m3, e5m2; e4m3fnuz on ROCm) as uint8 in its pools
+    # (`store_dtype`): the pool alone cannot say which format its bytes are in.
+    model = f"fp8-{kind}"
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        backend(host_pool(kind, dtype=torch.uint8), shared(redis), model=model)
+    pool = host_pool(kind, dtype=torch.uint8)
+    writer = backend(pool, shared(redis, kv_cache_dtype="fp8_e4m3"), model=model)
+    keys = page_keys(f"f8{kind}", 3)
+    slots = fill(pool, 3, seed=21)
+    assert writer.batch_set_v1(keys, slots) == [True] * 3
+    same_pool = host_pool(kind, dtype=torch.uint8)
+    same = backend(same_pool, shared(redis, kv_cache_dtype="fp8_e4m3"), model=model)
+    into = same_pool.alloc(3 * same_pool.page_size)
+    assert same.batch_get_v1(keys, into) == [True] * 3
+    assert [page_bytes(same_pool, into, i) for i in range(3)] == [page_bytes(pool, slots, i) for i in range(3)]
+    for other in ("fp8_e5m2", "fp8_e4m3fnuz"):
+        reader = backend(host_pool(kind, dtype=torch.uint8), shared(redis, kv_cache_dtype=other), model=model)
+        assert reader.batch_exists(keys) == 0, other
+
+
+def test_a_kv_cache_dtype_the_pool_does_not_hold_is_refused(redis: LocalRedis) -> None:
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype.*bfloat16"):
+        backend(host_pool(dtype=torch.bfloat16), shared(redis, kv_cache_dtype="fp8_e5m2"))
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        backend(host_pool(), shared(redis, kv_cache_dtype="fp8"))
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype.*float8_e4m3fn"):
+        backend(host_pool(dtype=torch.float8_e4m3fn), shared(redis, kv_cache_dtype="fp8_e5m2"))
+    # A pool typed as fp8 says its format itself; naming the same one is accepted.
+    made = backend(host_pool(dtype=torch.float8_e4m3fn), shared(redis, kv_cache_dtype="fp8_e4m3"))
+    assert made.pages.geometry.dtype == "fp8_e4m3"
