@@ -35,7 +35,9 @@ def test_fp8_pages_name_their_format_and_e4m3_pages_never_load_as_e5m2(kind: str
     same = backend(same_pool, shared(redis, kv_cache_dtype="fp8_e4m3"), model=model)
     into = same_pool.alloc(3 * same_pool.page_size)
     assert same.batch_get_v1(keys, into) == [True] * 3
-    assert [page_bytes(same_pool, into, i) for i in range(3)] == [page_bytes(pool, slots, i) for i in range(3)]
+    assert [page_bytes(same_pool, into, i) for i in range(3)] == [
+        page_bytes(pool, slots, i) for i in range(3)
+    ]
     for other in ("fp8_e5m2", "fp8_e4m3fnuz"):
         reader = backend(host_pool(kind, dtype=torch.uint8), shared(redis, kv_cache_dtype=other), model=model)
         assert reader.batch_exists(keys) == 0, other
