@@ -9,6 +9,7 @@ from typing import Any
 
 from test_vllm_connector import BLOCK, PROMPT, expected_cached, only
 from test_vllm_tp import bind_env
+from tiny_model import make_lora
 
 
 def test_a_cache_salt_never_shares_blocks_with_another_tenant(vllm_run: Any) -> None:
@@ -30,6 +31,36 @@ def test_a_cache_salt_never_shares_blocks_with_another_tenant(vllm_run: Any) -> 
     assert [a["cached"], b["cached"], plain["cached"]] == [0, 0, 0]  # stored by a, found by no one else
     assert a_again["cached"] == n and b_again["cached"] == n  # each tenant finds its own
     assert a_again["token_ids"] == a["token_ids"] == b["token_ids"] == plain["token_ids"]
+
+
+def test_an_adapter_name_given_to_other_weights_after_a_restart_is_a_miss(
+    vllm_run: Any, tiny_llama: Path, tmp_path: Path
+) -> None:
+    # The SSD pool outlives the server; after a restart the name "sql" names other weights.
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    connector = {
+        "dram": {"capacity_bytes": "64MiB"},
+        "ssd": {"directory": str(pool), "capacity_bytes": "64MiB", "write_through": True},
+    }
+    base = {
+        "model": str(tiny_llama),
+        "max_model_len": 2048,
+        "engine": {"enable_lora": True, "max_lora_rank": 8, "max_loras": 2},
+        "connector": connector,
+    }
+
+    def with_adapter(seed: int) -> dict[str, Any]:
+        path = make_lora(tmp_path / f"sql-{seed}", seed)
+        return {"prompt": PROMPT, "lora": {"name": "sql", "path": str(path)}}
+
+    old = vllm_run({**base, "prompts": [[with_adapter(1)], [PROMPT]]})
+    assert only(old, 0)["cached"] == 0 and only(old, 1)["cached"] == 0  # the adapter's KV is its own
+    new = vllm_run({**base, "prompts": [[with_adapter(2)], [with_adapter(2)]]})
+    first, second = only(new, 0), only(new, 1)
+    assert first["cached"] == 0, first  # v1's blocks are not v2's KV
+    assert second["cached"] == expected_cached(second["prompt_tokens"])
+    assert second["token_ids"] == first["token_ids"]
 
 
 def test_kv_cached_in_another_dtype_than_the_model_computes_in_is_a_miss(
