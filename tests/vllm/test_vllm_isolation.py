@@ -100,3 +100,23 @@ def test_pipeline_parallelism_is_refused_at_start(vllm_run: Any, tiny_llama: Pat
     r = vllm_run(spec, expect_ok=False, timeout=300, env_extra=bind_env())
     assert r["returncode"] != 0
     assert "ConfigError" in r["output"] and "pipeline_parallel_size=2" in r["output"], r["output"][-3000:]
+
+
+def test_a_model_whose_every_layer_has_a_sliding_window_is_refused_at_start(
+    vllm_run: Any, tiny_mistral: Path
+) -> None:
+    # Every layer windowed (256 tokens), HMA off: vLLM's sliding-window manager hands the
+    # connector its shared null block for a hit's tokens out of the window. Before this was
+    # refused, a 1,073-token prompt's second round (8 blocks hit) loaded into the null block,
+    # failed, and vLLM's recompute wrote those tokens' KV into it: 16 greedy tokens, all other
+    # than the first round's and a plain vLLM's.
+    spec = {
+        "model": str(tiny_mistral),
+        "connector": {"dram": {"capacity_bytes": "64MiB"}},
+        "prompts": [[PROMPT]],
+    }
+    r = vllm_run(spec, expect_ok=False, timeout=300)
+    assert r["returncode"] != 0
+    assert "ConfigError" in r["output"] and "SlidingWindowSpec" in r["output"], r["output"][-3000:]
+    plain = vllm_run({"model": str(tiny_mistral), "connector": None, "prompts": [[PROMPT]]})
+    assert only(plain, 0)["prompt_tokens"] > 256  # the model runs, past its window, without kvtier

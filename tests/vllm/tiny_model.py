@@ -56,6 +56,32 @@ def ensure_tiny_llama(models: Path, tokenizer_from: Path) -> Path:
     return out
 
 
+def ensure_tiny_mistral(models: Path, tokenizer_from: Path, sliding_window: int = 256) -> Path:
+    """The tiny Llama's shape as a Mistral whose every layer has a sliding window of
+    ``sliding_window`` tokens (as Mistral-7B-v0.1's), cached beside it."""
+    out = models / f"tiny-mistral-sw{sliding_window}"
+    stamp = out / "kvtier-tiny-model.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("version") == VERSION:
+        return out
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    base = json.loads((tokenizer_from / "config.json").read_text())
+    ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**CONFIG, **ids, sliding_window=sliding_window))
+    tmp = models / f".{out.name}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.float32).save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, tmp / name)
+    (tmp / stamp.name).write_text(json.dumps({"version": VERSION, "sliding_window": sliding_window}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 def make_lora(out: Path, seed: int, rank: int = 8) -> Path:
     """A random LoRA adapter (PEFT's files) on the tiny Llama's K and V projections, so the
     adapter changes the KV itself; another seed, other weights."""

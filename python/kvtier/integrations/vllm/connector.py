@@ -117,6 +117,40 @@ def _segments(t: torch.Tensor, num_blocks: int) -> list[np.ndarray]:
     return out
 
 
+def _check_kv_cache_groups(kv_cache_config: KVCacheConfig | None) -> None:
+    """Refuses (ConfigError, at start) the KV caches whose blocks are not each a whole block of
+    causal KV of its tokens. A sliding-window, chunked-local or R-SWA manager (a model whose
+    every layer is windowed, with HMA off) puts vLLM's shared null block in a request's table for
+    tokens out of the window: a hit's load into it fails, and vLLM then recomputes the prompt
+    with those tokens' KV written into the null block, which gave other tokens (seen with an
+    all-sliding-window Mistral, docs/vllm.md). Non-causal layers (prefix LM) give a block KV of
+    later tokens too. Only plain full attention in one group (what a model whose window layers
+    are promoted to full attention gets too)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
+
+    if kv_cache_config is None:
+        return
+    groups = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    specs = [
+        spec
+        for group in groups
+        for spec in (group.kv_cache_specs.values() if isinstance(group, UniformTypeKVCacheSpecs) else [group])
+    ]
+    plain = all(type(spec) is FullAttentionSpec and not spec.non_causal for spec in specs)
+    kinds = sorted(
+        {
+            type(spec).__name__ + (" (non-causal)" if getattr(spec, "non_causal", False) else "")
+            for spec in specs
+        }
+    )
+    if len(groups) != 1 or not plain:
+        raise ConfigError(
+            f"vLLM's KV cache has {len(groups)} group(s) of {kinds}; kvtier's connector stores "
+            "causal full-attention KV in one group only (a model whose every layer has a sliding "
+            "window, or chunked or non-causal attention, is not supported: docs/vllm.md, Keys)"
+        )
+
+
 class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
@@ -125,6 +159,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         ktc = vllm_config.kv_transfer_config
         self._settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
         mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+        _check_kv_cache_groups(kv_cache_config)
         check_parallelism(
             pc.pipeline_parallel_size,
             getattr(pc, "decode_context_parallel_size", 1),
