@@ -120,3 +120,25 @@ def test_a_model_whose_every_layer_has_a_sliding_window_is_refused_at_start(
     assert "ConfigError" in r["output"] and "SlidingWindowSpec" in r["output"], r["output"][-3000:]
     plain = vllm_run({"model": str(tiny_mistral), "connector": None, "prompts": [[PROMPT]]})
     assert only(plain, 0)["prompt_tokens"] > 256  # the model runs, past its window, without kvtier
+
+
+def test_requests_with_images_or_prompt_embeddings_are_never_cached() -> None:
+    # Their token ids are placeholders (the same for any image, zeros for embeddings): keys over
+    # them would give one image's KV to another. Checked on vLLM's own Request, so a renamed
+    # field in a later vLLM fails here instead of caching such requests.
+    import torch
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from kvtier.integrations.vllm.connector import KvtierConnector
+
+    def request(**kw: Any) -> Request:
+        return Request("r", kw.pop("prompt_token_ids", [7] * 300), SamplingParams(max_tokens=1), None, **kw)
+
+    image = MultiModalFeatureSpec(
+        data=None, modality="image", identifier="img-a", mm_position=PlaceholderRange(offset=2, length=256)
+    )
+    assert KvtierConnector._cacheable(request())
+    assert not KvtierConnector._cacheable(request(mm_features=[image]))
+    assert not KvtierConnector._cacheable(request(prompt_token_ids=None, prompt_embeds=torch.zeros(300, 8)))
