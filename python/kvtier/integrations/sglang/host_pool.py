@@ -19,8 +19,8 @@ MLA page_first_direct   (pages, layers, page, 1, latent)    one run
 
 The byte order differs between layouts, so the layout (and dtype) is part of the namespace: a
 page written under one layout is never read under another. SGLang keeps fp8 KV as uint8 whatever
-its format, so a uint8 pool needs the format named (`kv_cache_dtype`), and the namespace holds it. Each run is a region of a kvtier
-:class:`~kvtier.layout.PagedPool` (first axis: page id).
+its format, so a uint8 pool needs the format named (`kv_cache_dtype`), and the namespace holds
+it. Each run is a region of a kvtier :class:`~kvtier.layout.PagedPool` (first axis: page id).
 """
 
 from __future__ import annotations

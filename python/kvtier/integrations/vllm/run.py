@@ -4,13 +4,13 @@ Used by the vLLM test suite (tests/vllm) and `kvtier bench vllm`, each run in it
 user's vLLM is: its DRAM tier dies with it, so a hit in a later run came from the SSD pool or
 Redis. Usage: `python -m kvtier.integrations.vllm.run '<json spec>'` (or `@<file>` holding it: a
 long prompt list passes the kernel's 128 KiB limit on one argument); the spec holds `model`,
-`prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text or
-a list of token ids, or a mapping vLLM takes as a prompt such as `{"prompt": ..., "cache_salt": ...}`, which may add
-`"lora": {"name": ..., "path": ...}` for a LoRA adapter; or "+turn" to extend the previous round's first prompt with its output and a
-new question; or `{"prompts": [...], "max_tokens": n}` for a round of its own length),
-`max_tokens`, `multiprocess`, `prefix_caching`, `engine` (more `LLM` arguments, such as
-`tensor_parallel_size`), `connector` (the `kv_connector_extra_config`, or null for plain
-vLLM) with `kv_role`, and `metrics` (true: vLLM keeps its stats, and the result's `vllm_metrics`
+`prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text, a
+list of token ids, or a mapping vLLM takes as a prompt such as `{"prompt": ..., "cache_salt":
+...}`, which may add `"lora": {"name": ..., "path": ...}` for a LoRA adapter; or "+turn" to
+extend the previous round's first prompt with its output and a new question; or `{"prompts":
+[...], "max_tokens": n}` for a round of its own length), `max_tokens`, `multiprocess`,
+`prefix_caching`, `engine` (more `LLM` arguments, such as `tensor_parallel_size`), `connector`
+(the `kv_connector_extra_config`, or null for plain vLLM) with `kv_role`, and `metrics` (true: vLLM keeps its stats, and the result's `vllm_metrics`
 holds every `vllm:kvtier_*` counter in vLLM's Prometheus registry, summed over labels). Each round
 reports its wall time: with `max_tokens=1` that is the request's TTFT.
 """
