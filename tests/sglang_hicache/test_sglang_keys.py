@@ -53,3 +53,15 @@ def test_a_kv_cache_dtype_the_pool_does_not_hold_is_refused(redis: LocalRedis) -
     # A pool typed as fp8 says its format itself; naming the same one is accepted.
     made = backend(host_pool(dtype=torch.float8_e4m3fn), shared(redis, kv_cache_dtype="fp8_e4m3"))
     assert made.pages.geometry.dtype == "fp8_e4m3"
+
+
+def test_another_page_size_or_dtype_is_a_miss(redis: LocalRedis) -> None:
+    # SGLang's page hashes are chained per page, so the same key string under another page size
+    # names other tokens; and bf16 bytes are not fp16 KV. Both are in the namespace (geometry).
+    pool = host_pool()
+    keys = page_keys("ps", 2)
+    writer = backend(pool, shared(redis), model="pages")
+    assert writer.batch_set_v1(keys, fill(pool, 2, seed=31)) == [True, True]
+    assert backend(host_pool(), shared(redis), model="pages").batch_exists(keys) == 2
+    assert backend(host_pool(page=8), shared(redis), model="pages").batch_exists(keys) == 0
+    assert backend(host_pool(dtype=torch.float16), shared(redis), model="pages").batch_exists(keys) == 0
