@@ -4,11 +4,14 @@ pool looks like."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hicache_helpers import backend, fill, host_pool, page_bytes, page_keys
+from hicache_helpers import backend, fill, host_pool, page_bytes, page_keys, storage_config
+from sglang.srt.mem_cache.storage import StorageBackendFactory
 
 from kvtier.errors import ConfigError
 from kvtier.testing.redis import LocalRedis
@@ -65,3 +68,27 @@ def test_another_page_size_or_dtype_is_a_miss(redis: LocalRedis) -> None:
     assert backend(host_pool(), shared(redis), model="pages").batch_exists(keys) == 2
     assert backend(host_pool(page=8), shared(redis), model="pages").batch_exists(keys) == 0
     assert backend(host_pool(dtype=torch.float16), shared(redis), model="pages").batch_exists(keys) == 0
+
+
+def test_attention_dp_ranks_get_their_own_ssd_pools_and_share_a_remote_tier(
+    tmp_path: Path, redis: LocalRedis
+) -> None:
+    # With DP attention SGLang runs one process per DP rank, each with tp_rank 0 of its attention
+    # group and the same KV: the second rank's backend used to fail to open the first's SSD pool.
+    extra = {**shared(redis), "ssd": {"directory": str(tmp_path), "capacity_bytes": "4MiB", "probe_bytes": 0}}
+    ranks = []
+    for dp in (0, 1):
+        pool = host_pool()
+        made = StorageBackendFactory.create_backend(
+            "dynamic", dataclasses.replace(storage_config(extra), dp_rank=dp), pool
+        )
+        made.register_mem_pool_host(pool)
+        ranks.append((made, pool))
+    assert [Path(m.store.config.ssd.directory) for m, _ in ranks] == [
+        tmp_path,
+        tmp_path / "tp0of1-pp0of1-cp0of1-dp1",
+    ]
+    (writer, pool), (reader, _) = ranks
+    keys = page_keys("dp", 2)
+    writer.batch_set_v1(keys, fill(pool, 2, seed=41))
+    assert reader.batch_exists(keys) == 2  # the same KV: one namespace, shared through Redis

@@ -61,6 +61,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             cp_rank=storage_config.attn_cp_rank,
             cp_size=storage_config.attn_cp_size,
             is_mla=bool(storage_config.is_mla_model),
+            dp_rank=getattr(storage_config, "dp_rank", 0),
         )
         self.model_name: str | None = storage_config.model_name
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))

@@ -78,6 +78,10 @@ class Parallelism:
     cp_rank: int = 0
     cp_size: int = 1
     is_mla: bool = False
+    #: The attention data-parallel rank (SGLang gives no size): with DP attention every DP rank
+    #: is a process with the same `tp_rank` (attention-group-local) and the same KV, so it shares
+    #: the namespace but needs its own SSD pool and metrics port.
+    dp_rank: int = 0
 
     def __post_init__(self) -> None:
         for rank, size in (("tp_rank", "tp_size"), ("pp_rank", "pp_size"), ("cp_rank", "cp_size")):
@@ -85,6 +89,8 @@ class Parallelism:
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (r, s))
             if not ok or not 0 <= r < s:
                 raise ConfigError(f"SGLang gave {rank}={r!r}, {size}={s!r}; expected 0 <= {rank} < {size}")
+        if isinstance(self.dp_rank, bool) or not isinstance(self.dp_rank, int) or self.dp_rank < 0:
+            raise ConfigError(f"SGLang gave dp_rank={self.dp_rank!r}; expected an int >= 0")
 
     @property
     def namespace_rank(self) -> int:
@@ -93,15 +99,19 @@ class Parallelism:
 
     @property
     def process_index(self) -> int:
-        """This rank's index among all of SGLang's ranks (TP fastest, then PP, then CP)."""
-        return self.tp_rank + self.tp_size * (self.pp_rank + self.pp_size * self.cp_rank)
+        """This rank's index among all of SGLang's ranks (TP fastest, then PP, then CP, then DP)."""
+        return self.tp_rank + self.tp_size * (
+            self.pp_rank + self.pp_size * (self.cp_rank + self.cp_size * self.dp_rank)
+        )
 
     @property
     def directory_name(self) -> str:
-        """A per-process SSD subdirectory when SGLang runs several ranks (an SSD pool has one owner)."""
-        if (self.tp_size, self.pp_size, self.cp_size) == (1, 1, 1):
+        """A per-process SSD subdirectory when SGLang runs several ranks (an SSD pool has one owner;
+        DP rank 0 keeps the name it had before DP ranks were told apart)."""
+        if (self.tp_size, self.pp_size, self.cp_size, self.dp_rank) == (1, 1, 1, 0):
             return ""
-        return f"tp{self.tp_rank}of{self.tp_size}-pp{self.pp_rank}of{self.pp_size}-cp{self.cp_rank}of{self.cp_size}"
+        name = f"tp{self.tp_rank}of{self.tp_size}-pp{self.pp_rank}of{self.pp_size}-cp{self.cp_rank}of{self.cp_size}"
+        return f"{name}-dp{self.dp_rank}" if self.dp_rank else name
 
 
 def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str) -> str:
