@@ -26,8 +26,11 @@ BACKEND = {
 }
 
 
-def host_pool(kind: str = "mha", layout: str = "page_first", dtype: torch.dtype = torch.bfloat16) -> Any:
-    """SGLang's MHA or MLA host pool over small CPU device buffers: 33 pages of 4 tokens."""
+def host_pool(
+    kind: str = "mha", layout: str = "page_first", dtype: torch.dtype = torch.bfloat16, page: int = PAGE
+) -> Any:
+    """SGLang's MHA or MLA host pool over small CPU device buffers: 33 pages of 4 tokens (or
+    pages of ``page`` tokens)."""
     device = torch.device("cpu")
     # A fixed budget: SGLang otherwise sizes host pools from free RAM minus 10 GiB.
     with host_memory_budget_scope(1 << 30):
@@ -43,7 +46,7 @@ def host_pool(kind: str = "mha", layout: str = "page_first", dtype: torch.dtype 
             )
             info = MHABufferInfo(
                 buffers=buffers,
-                page_size=PAGE,
+                page_size=page,
                 head_num=HEADS,
                 head_dim=HEAD_DIM,
                 v_head_dim=HEAD_DIM,
@@ -54,7 +57,7 @@ def host_pool(kind: str = "mha", layout: str = "page_first", dtype: torch.dtype 
                 info,
                 2.0,
                 0,
-                PAGE,
+                page,
                 layout,
                 pin_memory=False,
                 device="cpu",
@@ -68,7 +71,7 @@ def host_pool(kind: str = "mha", layout: str = "page_first", dtype: torch.dtype 
             data_ptrs=torch.tensor([t.data_ptr() for t in rows], dtype=torch.uint64),
             layer_indices=tuple(range(LAYERS)),
             device_layer_num=LAYERS,
-            page_size=PAGE,
+            page_size=page,
             kv_lora_rank=16,
             qk_rope_head_dim=8,
             kv_cache_dim=LATENT,
@@ -79,7 +82,7 @@ def host_pool(kind: str = "mha", layout: str = "page_first", dtype: torch.dtype 
             mla,
             2.0,
             0,
-            PAGE,
+            page,
             layout,
             pin_memory=False,
             device="cpu",

@@ -321,3 +321,21 @@ def test_get_stats_is_sglang_storage_metrics_with_kvtier_counters() -> None:
     assert stats.kvtier["put_blocks"] == 3 and stats.kvtier["loaded_blocks"] == 3
     assert list(stats.kvtier) == list(made.store.stats().as_dict())  # every StoreStats field, in order
     assert made.get_stats().backup_pgs == []  # SGLang's lists are per interval
+
+
+def test_a_page_that_fails_in_the_call_is_a_miss_with_every_page_after_it_in_v0() -> None:
+    # batch_exists counts the corrupt page (a lookup does not read payloads); the tensor call
+    # that then reads it answers None from there on, never a target it did not fill.
+    pool = host_pool()
+    made = backend(pool, DRAM)
+    slots = fill(pool, 4, seed=12)
+    expected = [page_bytes(pool, slots, i) for i in range(4)]
+    keys = page_keys("v0c", 4)
+    made.batch_set_v1(keys, slots)
+    assert made.store._corrupt_for_test(made.keys(keys)[1], 50)
+    assert made.batch_exists(keys) == 4
+    got = made.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in range(4)])
+    assert got[1:] == [None, None, None]
+    assert got[0] is not None and bytes(got[0].view(torch.uint8).numpy()) == expected[0]
+    assert made.get_stats().kvtier["checksum_failures"] == 1
+    assert made.batch_exists(keys) == 1  # the corrupt copy was dropped

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_model import ensure_tiny_llama
+from tiny_model import ensure_tiny_llama, ensure_tiny_mistral
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)
@@ -64,3 +64,9 @@ def tiny_llama() -> Path:
     """A 4-layer Llama with 4 query / 2 KV heads (random weights, SmolLM2's tokenizer), cached in
     the engine environment: SmolLM2-135M's 3 KV heads cannot be split over two TP ranks."""
     return ensure_tiny_llama(VENV / "models", MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral() -> Path:
+    """The tiny Llama's shape as a Mistral whose every layer has a 256-token sliding window."""
+    return ensure_tiny_mistral(VENV / "models", MODEL)

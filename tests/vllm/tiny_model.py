@@ -54,3 +54,50 @@ def ensure_tiny_llama(models: Path, tokenizer_from: Path) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def ensure_tiny_mistral(models: Path, tokenizer_from: Path, sliding_window: int = 256) -> Path:
+    """The tiny Llama's shape as a Mistral whose every layer has a sliding window of
+    ``sliding_window`` tokens (as Mistral-7B-v0.1's), cached beside it."""
+    out = models / f"tiny-mistral-sw{sliding_window}"
+    stamp = out / "kvtier-tiny-model.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("version") == VERSION:
+        return out
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    base = json.loads((tokenizer_from / "config.json").read_text())
+    ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**CONFIG, **ids, sliding_window=sliding_window))
+    tmp = models / f".{out.name}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.float32).save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, tmp / name)
+    (tmp / stamp.name).write_text(json.dumps({"version": VERSION, "sliding_window": sliding_window}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def make_lora(out: Path, seed: int, rank: int = 8) -> Path:
+    """A random LoRA adapter (PEFT's files) on the tiny Llama's K and V projections, so the
+    adapter changes the KV itself; another seed, other weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    kv_width = CONFIG["num_key_value_heads"] * CONFIG["head_dim"]
+    tensors = {}
+    for layer in range(CONFIG["num_hidden_layers"]):
+        for proj in ("k_proj", "v_proj"):
+            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, CONFIG["hidden_size"], generator=gen) * 0.2
+            tensors[f"{name}.lora_B.weight"] = torch.randn(kv_width, rank, generator=gen) * 0.2
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["k_proj", "v_proj"]}
+    (out / "adapter_config.json").write_text(json.dumps({**config, "bias": "none", "lora_dropout": 0.0}))
+    return out

@@ -61,6 +61,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             cp_rank=storage_config.attn_cp_rank,
             cp_size=storage_config.attn_cp_size,
             is_mla=bool(storage_config.is_mla_model),
+            dp_rank=getattr(storage_config, "dp_rank", 0),
         )
         self.model_name: str | None = storage_config.model_name
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
@@ -73,7 +74,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     # ------------------------------------------------------------------ setup
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Opens the store for this pool's pages (closing one opened for an earlier pool)."""
-        pages = HostPages.from_host_pool(mem_pool_host)
+        pages = HostPages.from_host_pool(mem_pool_host, self.settings.kv_cache_dtype)
         config = self.settings.store_config(pages.geometry, self.model_name, self.parallel, pages.layout_tag)
         if self.parallel.is_mla and self.parallel.tp_size > 1 and config.remote is None:
             # SGLang backs up MLA pages from one writer rank only (`is_storage_writer`), and a DRAM

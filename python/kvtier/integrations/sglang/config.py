@@ -10,8 +10,9 @@ constructs the backend, before any page moves.
 
 The namespace keeps apart what must never be read across: the model (SGLang's model name, or a
 `model_id` given here), the TP size and rank, the pipeline stage, the context-parallel rank and
-the host pool's layout and dtype. MLA KV is the same on every TP rank, so MLA pages leave out the
-TP rank and size: SGLang backs them up from one writer rank (`is_storage_writer`), and the other
+the host pool's layout and dtype (for a uint8 pool, the fp8 format named by `kv_cache_dtype`:
+SGLang keeps e4m3 and e5m2 KV alike as uint8, and e4m3 bytes read as e5m2 are other KV). MLA KV
+is the same on every TP rank, so MLA pages leave out the TP rank and size: SGLang backs them up from one writer rank (`is_storage_writer`), and the other
 ranks read that one copy through the remote tier, so MLA with TP > 1 requires a `remote` section.
 """
 
@@ -26,9 +27,12 @@ from kvtier.config import StoreConfig
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
 from kvtier.integrations._config import StoreKeys, store_fields
-from kvtier.schema import Section, key, optional, text
+from kvtier.schema import Section, choice, key, optional, text
 
 SOURCE = "hicache-storage-backend-extra-config"
+#: fp8 KV formats (SGLang's `--kv-cache-dtype` names; e4m3fnuz is ROCm's e4m3) -> kvtier dtypes.
+#: SGLang keeps every one as uint8 in its pools, so the format is part of the namespace.
+FP8_FORMATS = {"fp8_e4m3": "fp8_e4m3", "fp8_e4m3fnuz": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # Keys SGLang reads (or adds) in the same extra config; they are not the backend's.
 SGLANG_KEYS = frozenset(
     {
@@ -52,6 +56,9 @@ class BackendOptions(Section):
     LABEL: ClassVar[str] = "backend options"
     #: A kvtier YAML file of StoreConfig keys (merged under the inline ones).
     config_file: str | None = key(optional(text(nonempty=True, what="a path to a kvtier YAML file")), None)
+    #: The fp8 format of the KV (SGLang's `--kv-cache-dtype`): SGLang keeps fp8 KV of every
+    #: format as uint8 in its host pool, so a uint8 pool is refused without it (host_pool.py).
+    kv_cache_dtype: str | None = key(optional(choice(*FP8_FORMATS)), None)
 
 
 # Decided by SGLang, not by the user.
@@ -71,6 +78,10 @@ class Parallelism:
     cp_rank: int = 0
     cp_size: int = 1
     is_mla: bool = False
+    #: The attention data-parallel rank (SGLang gives no size): with DP attention every DP rank
+    #: is a process with the same `tp_rank` (attention-group-local) and the same KV, so it shares
+    #: the namespace but needs its own SSD pool and metrics port.
+    dp_rank: int = 0
 
     def __post_init__(self) -> None:
         for rank, size in (("tp_rank", "tp_size"), ("pp_rank", "pp_size"), ("cp_rank", "cp_size")):
@@ -78,6 +89,8 @@ class Parallelism:
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (r, s))
             if not ok or not 0 <= r < s:
                 raise ConfigError(f"SGLang gave {rank}={r!r}, {size}={s!r}; expected 0 <= {rank} < {size}")
+        if isinstance(self.dp_rank, bool) or not isinstance(self.dp_rank, int) or self.dp_rank < 0:
+            raise ConfigError(f"SGLang gave dp_rank={self.dp_rank!r}; expected an int >= 0")
 
     @property
     def namespace_rank(self) -> int:
@@ -86,15 +99,19 @@ class Parallelism:
 
     @property
     def process_index(self) -> int:
-        """This rank's index among all of SGLang's ranks (TP fastest, then PP, then CP)."""
-        return self.tp_rank + self.tp_size * (self.pp_rank + self.pp_size * self.cp_rank)
+        """This rank's index among all of SGLang's ranks (TP fastest, then PP, then CP, then DP)."""
+        return self.tp_rank + self.tp_size * (
+            self.pp_rank + self.pp_size * (self.cp_rank + self.cp_size * self.dp_rank)
+        )
 
     @property
     def directory_name(self) -> str:
-        """A per-process SSD subdirectory when SGLang runs several ranks (an SSD pool has one owner)."""
-        if (self.tp_size, self.pp_size, self.cp_size) == (1, 1, 1):
+        """A per-process SSD subdirectory when SGLang runs several ranks (an SSD pool has one owner;
+        DP rank 0 keeps the name it had before DP ranks were told apart)."""
+        if (self.tp_size, self.pp_size, self.cp_size, self.dp_rank) == (1, 1, 1, 0):
             return ""
-        return f"tp{self.tp_rank}of{self.tp_size}-pp{self.pp_rank}of{self.pp_size}-cp{self.cp_rank}of{self.cp_size}"
+        name = f"tp{self.tp_rank}of{self.tp_size}-pp{self.pp_rank}of{self.pp_size}-cp{self.cp_rank}of{self.cp_size}"
+        return f"{name}-dp{self.dp_rank}" if self.dp_rank else name
 
 
 def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str) -> str:
@@ -112,6 +129,8 @@ def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str) -> st
 @dataclass(frozen=True)
 class BackendSettings:
     store_keys: StoreKeys
+    #: The fp8 format of the pool's bytes (`BackendOptions.kv_cache_dtype`), or None.
+    kv_cache_dtype: str | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> BackendSettings:
@@ -134,7 +153,7 @@ class BackendSettings:
         model = keys.fields.get("model_id")
         if model is not None and (not isinstance(model, str) or not model):
             raise ConfigError(f"`model_id` is {model!r}; expected a non-empty string")
-        settings = cls(store_keys=keys)
+        settings = cls(store_keys=keys, kv_cache_dtype=options.kv_cache_dtype)
         settings.store_config(_PROBE_GEOMETRY, "probe-model", Parallelism(), "probe", probe=True)
         return settings
 

@@ -18,8 +18,9 @@ MLA page_first_direct   (pages, layers, page, 1, latent)    one run
 ======================  ==================================  ===============================
 
 The byte order differs between layouts, so the layout (and dtype) is part of the namespace: a
-page written under one layout is never read under another. Each run is a region of a kvtier
-:class:`~kvtier.layout.PagedPool` (first axis: page id).
+page written under one layout is never read under another. SGLang keeps fp8 KV as uint8 whatever
+its format, so a uint8 pool needs the format named (`kv_cache_dtype`), and the namespace holds
+it. Each run is a region of a kvtier :class:`~kvtier.layout.PagedPool` (first axis: page id).
 """
 
 from __future__ import annotations
@@ -31,18 +32,20 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.errors import BufferError, LayoutError
+from kvtier.errors import BufferError, ConfigError, LayoutError
 from kvtier.geometry import ExtraGroup, Geometry
+from kvtier.integrations.sglang.config import FP8_FORMATS
 from kvtier.layout import PagedPool
 
-# torch dtypes of SGLang host pools -> kvtier's names (uint8 holds fp8 KV in SGLang's pools).
+# torch dtypes of SGLang host pools -> (kvtier's name, the fp8 format it is, if any). uint8 holds
+# fp8 KV of any format (SGLang's `store_dtype`): its format comes from `kv_cache_dtype`.
 DTYPES = {
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float32: "fp32",
-    torch.float8_e4m3fn: "fp8_e4m3",
-    torch.float8_e5m2: "fp8_e5m2",
-    torch.uint8: "fp8_e4m3",
+    torch.bfloat16: ("bf16", None),
+    torch.float16: ("fp16", None),
+    torch.float32: ("fp32", None),
+    torch.float8_e4m3fn: ("fp8_e4m3", "fp8_e4m3"),
+    torch.float8_e5m2: ("fp8_e5m2", "fp8_e5m2"),
+    torch.uint8: ("", None),
 }
 # Host pool classes by kind; subclasses with other buffers (K-only, asymmetric, mxfp8) are refused.
 KINDS = {"MHATokenToKVPoolHost": "mha", "MLATokenToKVPoolHost": "mla"}
@@ -76,6 +79,27 @@ def _expected_shape(kind: str, layout: str, pool: Any) -> tuple[int, ...]:
     }[layout]
 
 
+def _dtype(name: str, buffer_dtype: torch.dtype, kv_cache_dtype: str | None) -> tuple[str, str]:
+    """(kvtier's dtype, the namespace's name for the bytes) of a pool holding ``buffer_dtype``;
+    ConfigError where ``kv_cache_dtype`` (an fp8 format) is missing or names another dtype."""
+    kvtier_dtype, fp8 = DTYPES[buffer_dtype]
+    torch_name = str(buffer_dtype).removeprefix("torch.")
+    if buffer_dtype == torch.uint8:
+        if kv_cache_dtype is None:
+            raise ConfigError(
+                f"{name} holds uint8: SGLang's fp8 KV, in a format the pool does not record (e4m3 "
+                "bytes read as e5m2 are other KV); set `kv_cache_dtype` in the "
+                f"hicache-storage-backend-extra-config to SGLang's --kv-cache-dtype, one of {sorted(FP8_FORMATS)}"
+            )
+        return FP8_FORMATS[kv_cache_dtype], kv_cache_dtype
+    if kv_cache_dtype is not None and kv_cache_dtype != fp8:
+        raise ConfigError(
+            f"`kv_cache_dtype` is {kv_cache_dtype!r} but {name} holds {torch_name}; "
+            "leave it unset, or name the fp8 format SGLang stores"
+        )
+    return kvtier_dtype, torch_name
+
+
 def _geometry(kind: str, pool: Any, dtype: str, page_bytes: int) -> Geometry:
     """A kvtier geometry whose block is exactly one page (``page_bytes``)."""
     layers, ps = pool.layer_num, pool.page_size
@@ -107,8 +131,9 @@ class HostPages:
     dtype: torch.dtype
 
     @classmethod
-    def from_host_pool(cls, host_pool: Any) -> HostPages:
-        """Refuses (LayoutError) any pool whose page is not one of the layouts in the module docs."""
+    def from_host_pool(cls, host_pool: Any, kv_cache_dtype: str | None = None) -> HostPages:
+        """Refuses (LayoutError) any pool whose page is not one of the layouts in the module docs,
+        and (ConfigError) a uint8 pool without its fp8 format ``kv_cache_dtype``."""
         name = type(host_pool).__name__
         kind = KINDS.get(name)
         layout = str(getattr(host_pool, "layout", None))
@@ -130,6 +155,7 @@ class HostPages:
             )
         if buffer.dtype not in DTYPES:
             raise LayoutError(f"{name} holds {buffer.dtype}; kvtier stores {sorted(str(d) for d in DTYPES)}")
+        dtype, dtype_tag = _dtype(name, buffer.dtype, kv_cache_dtype)
         expected = _expected_shape(kind, layout, host_pool)
         if tuple(buffer.shape) != expected:
             raise LayoutError(f"{name} ({layout}) kv_buffer is {tuple(buffer.shape)}; expected {expected}")
@@ -148,11 +174,10 @@ class HostPages:
             raise LayoutError(
                 f"{name} pages are {host_pool.get_size_per_token()} x {page_size} bytes; runs hold {page_bytes}"
             )
-        dtype = DTYPES[buffer.dtype]
         return cls(
             pool=pool,
             geometry=_geometry(kind, host_pool, dtype, page_bytes),
-            layout_tag=f"{kind}-{layout}-{str(buffer.dtype).removeprefix('torch.')}",
+            layout_tag=f"{kind}-{layout}-{dtype_tag}",
             is_mla=kind == "mla",
             page_size=page_size,
             num_pages=num_pages,

@@ -173,6 +173,24 @@ def geometry_for(
     )
 
 
+def check_parallelism(pipeline: int, decode_context: int, prefill_context: int) -> None:
+    """Refuses (ConfigError, at start) the parallel layouts whose KV the namespace cannot tell
+    apart. Pipeline stages: each stage's worker holds other layers under the same TP rank (the
+    same geometry when the layers split evenly), so stage 1 would find stage 0's blocks in a
+    tier both reach (and the ranks' lookup channels would collide). Context parallelism (decode
+    or prefill): a rank's block holds only some of the block's tokens, not what its key names."""
+    for name, size in (
+        ("pipeline_parallel_size", pipeline),
+        ("decode_context_parallel_size", decode_context),
+        ("prefill_context_parallel_size", prefill_context),
+    ):
+        if size != 1:
+            raise ConfigError(
+                f"vLLM runs with {name}={size}; kvtier's connector keys KV per TP rank only, "
+                "so it supports tensor parallelism alone (docs/vllm.md, Limits)"
+            )
+
+
 def model_fingerprint(model: str, revision: str | None, tp_size: int, layout: str, variant: str = "") -> str:
     """The namespace's model id: KV from another model, revision, variant (quantization, RoPE or
     config overrides: the same weights computing other KV), TP split or layout never matches."""
@@ -180,18 +198,31 @@ def model_fingerprint(model: str, revision: str | None, tp_size: int, layout: st
     return f"{out}|variant={variant}" if variant else out
 
 
-def model_variant(quantization: object, rope: object, overrides: object) -> str:
+def model_variant(
+    quantization: object, rope: object, overrides: object, computed_in: str | None = None
+) -> str:
     """A short digest of what changes a model's KV without changing its name: the quantization
-    method, the RoPE settings (scaling, theta) and any config overrides. Empty when all are
-    unset, so plain models keep their ids."""
-    if not quantization and not rope and not overrides:
+    method, the RoPE settings (scaling, theta), any config overrides, and the dtype the model
+    computes in when its KV cache has another one (`computed_in`: float32 activations rounded
+    to a bfloat16 cache are not a bfloat16 model's KV). Empty when all are unset, so plain
+    models keep their ids."""
+    if not quantization and not rope and not overrides and not computed_in:
         return ""
-    text = json.dumps([str(quantization or ""), rope, overrides], sort_keys=True, default=repr)
+    parts: list[object] = [str(quantization or ""), rope, overrides]
+    if computed_in:
+        parts.append(f"computed_in={computed_in}")
+    text = json.dumps(parts, sort_keys=True, default=repr)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def request_extra(cache_salt: str | None, lora_name: str | None) -> bytes:
-    """Bytes mixed into every block key of a request: its tenant salt and LoRA adapter."""
+def request_extra(cache_salt: str | None, lora_name: str | None, lora_path: str | None = None) -> bytes:
+    """Bytes mixed into every block key of a request: its tenant salt and LoRA adapter (name and
+    path: a name may be given to another adapter after a restart, while the stored KV stays).
+    Each part is length-prefixed, so no salt can spell another salt and adapter."""
     if not cache_salt and not lora_name:
         return b""
-    return b"salt=" + (cache_salt or "").encode() + b"\x00lora=" + (lora_name or "").encode()
+    out = bytearray(b"kvtier-request-extra-v2")
+    for part in (cache_salt or "", lora_name or "", lora_path or ""):
+        data = part.encode("utf-8", "surrogatepass")  # any Python str, never an error in the scheduler
+        out += len(data).to_bytes(4, "little") + data
+    return bytes(out)

@@ -25,13 +25,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.integrations.vllm.config import (
+    DTYPES,
     ConnectorSettings,
+    check_parallelism,
     geometry_for,
     model_variant,
     per_rank_path,
     request_extra,
 )
-from kvtier.integrations.vllm.kv_layout import PagedKV
+from kvtier.integrations.vllm.kv_layout import PagedKV, layout_tag
 from kvtier.integrations.vllm.lookup import LookupClient, LookupServer
 from kvtier.integrations.vllm.prom import KvtierConnectorStats, KvtierPromMetrics
 from kvtier.integrations.vllm.stats import delta
@@ -115,6 +117,40 @@ def _segments(t: torch.Tensor, num_blocks: int) -> list[np.ndarray]:
     return out
 
 
+def _check_kv_cache_groups(kv_cache_config: KVCacheConfig | None) -> None:
+    """Refuses (ConfigError, at start) the KV caches whose blocks are not each a whole block of
+    causal KV of its tokens. A sliding-window, chunked-local or R-SWA manager (a model whose
+    every layer is windowed, with HMA off) puts vLLM's shared null block in a request's table for
+    tokens out of the window: a hit's load into it fails, and vLLM then recomputes the prompt
+    with those tokens' KV written into the null block, which gave other tokens (seen with an
+    all-sliding-window Mistral, docs/vllm.md). Non-causal layers (prefix LM) give a block KV of
+    later tokens too. Only plain full attention in one group (what a model whose window layers
+    are promoted to full attention gets too)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
+
+    if kv_cache_config is None:
+        return
+    groups = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    specs = [
+        spec
+        for group in groups
+        for spec in (group.kv_cache_specs.values() if isinstance(group, UniformTypeKVCacheSpecs) else [group])
+    ]
+    plain = all(type(spec) is FullAttentionSpec and not spec.non_causal for spec in specs)
+    kinds = sorted(
+        {
+            type(spec).__name__ + (" (non-causal)" if getattr(spec, "non_causal", False) else "")
+            for spec in specs
+        }
+    )
+    if len(groups) != 1 or not plain:
+        raise ConfigError(
+            f"vLLM's KV cache has {len(groups)} group(s) of {kinds}; kvtier's connector stores "
+            "causal full-attention KV in one group only (a model whose every layer has a sliding "
+            "window, or chunked or non-causal attention, is not supported: docs/vllm.md, Keys)"
+        )
+
+
 class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
@@ -123,6 +159,12 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         ktc = vllm_config.kv_transfer_config
         self._settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
         mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+        _check_kv_cache_groups(kv_cache_config)
+        check_parallelism(
+            pc.pipeline_parallel_size,
+            getattr(pc, "decode_context_parallel_size", 1),
+            getattr(pc, "prefill_context_parallel_size", 1),
+        )
         self._block_size = int(cc.block_size)
         dtype = str(mc.dtype) if cc.cache_dtype == "auto" else str(cc.cache_dtype)
         self._geometry = geometry_for(
@@ -130,7 +172,9 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
         hf = getattr(mc, "hf_config", None)
         rope = {k: v for k in ("rope_scaling", "rope_theta") if (v := getattr(hf, k, None)) is not None}
-        variant = model_variant(mc.quantization, rope, getattr(mc, "hf_overrides", None))
+        computed = str(mc.dtype).removeprefix("torch.")
+        computed_in = None if DTYPES.get(computed) == self._geometry.dtype else computed
+        variant = model_variant(mc.quantization, rope, getattr(mc, "hf_overrides", None), computed_in)
         self._model = (str(mc.model), mc.revision, variant)
         self._tp_size = int(pc.tensor_parallel_size)
         role_name = ktc.kv_role or "kv_both"
@@ -280,8 +324,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     @staticmethod
     def _extra(request: Request) -> bytes:
-        lora = request.lora_request.lora_name if request.lora_request is not None else None
-        return request_extra(request.cache_salt, lora)
+        lora = request.lora_request
+        if lora is None:
+            return request_extra(request.cache_salt, None)
+        return request_extra(request.cache_salt, lora.lora_name, lora.lora_path)
 
     # ================================================================ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -291,8 +337,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         num_blocks = int(self._kv_cache_config.num_blocks)
         layers = [_segments(kv_caches[n], num_blocks) for n in names]
         first = kv_caches[names[0]]
-        rest = "x".join(str(d) for d in first.shape if d != num_blocks)
-        layout = f"{first.device.type}:{first.dtype}:{rest}:{len(layers[0])}seg"
+        layout = layout_tag(first.device.type, str(first.dtype), tuple(first.shape), len(layers[0]))
         try:
             rank = int(get_tensor_model_parallel_rank())
         except Exception:  # parallel state not initialised (single process)

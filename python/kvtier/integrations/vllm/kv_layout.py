@@ -23,6 +23,16 @@ U8 = npt.NDArray[np.uint8]
 Ids = npt.NDArray[np.int64]
 
 
+def layout_tag(device: str, dtype: str, shape: tuple[int, ...], segments: int) -> str:
+    """The namespace's name for a layout: device, dtype, the per-layer tensor's shape without its
+    block axis (axis 0 with one segment per layer, axis 1 with two: `(2, num_blocks, ...)`),
+    and the segments per layer. Only the block axis leaves the shape: a dimension that happens
+    to equal the block count stays, so two byte orders never share a tag."""
+    block_axis = 0 if segments == 1 else 1
+    rest = "x".join(str(d) for i, d in enumerate(shape) if i != block_axis)
+    return f"{device}:{dtype}:{rest}:{segments}seg"
+
+
 class PagedKV:
     """Views of vLLM's per-layer KV arrays, each `(num_blocks, segment_bytes)` uint8 (zero copy)."""
 

@@ -4,12 +4,13 @@ Used by the vLLM test suite (tests/vllm) and `kvtier bench vllm`, each run in it
 user's vLLM is: its DRAM tier dies with it, so a hit in a later run came from the SSD pool or
 Redis. Usage: `python -m kvtier.integrations.vllm.run '<json spec>'` (or `@<file>` holding it: a
 long prompt list passes the kernel's 128 KiB limit on one argument); the spec holds `model`,
-`prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text or
-a list of token ids; or "+turn" to extend the previous round's first prompt with its output and a
-new question; or `{"prompts": [...], "max_tokens": n}` for a round of its own length),
-`max_tokens`, `multiprocess`, `prefix_caching`, `engine` (more `LLM` arguments, such as
-`tensor_parallel_size`), `connector` (the `kv_connector_extra_config`, or null for plain
-vLLM) with `kv_role`, and `metrics` (true: vLLM keeps its stats, and the result's `vllm_metrics`
+`prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text, a
+list of token ids, or a mapping vLLM takes as a prompt such as `{"prompt": ..., "cache_salt":
+...}`, which may add `"lora": {"name": ..., "path": ...}` for a LoRA adapter; or "+turn" to
+extend the previous round's first prompt with its output and a new question; or `{"prompts":
+[...], "max_tokens": n}` for a round of its own length), `max_tokens`, `multiprocess`,
+`prefix_caching`, `engine` (more `LLM` arguments, such as `tensor_parallel_size`), `connector`
+(the `kv_connector_extra_config`, or null for plain vLLM) with `kv_role`, and `metrics` (true: vLLM keeps its stats, and the result's `vllm_metrics`
 holds every `vllm:kvtier_*` counter in vLLM's Prometheus registry, summed over labels). Each round
 reports its wall time: with `max_tokens=1` that is the request's TTFT.
 """
@@ -21,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from kvtier.integrations.vllm.config import transfer_config
 
@@ -53,6 +55,7 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 8))
     rounds = []
     previous: list[dict[str, object]] = []
+    lora_ids: dict[tuple[str, str], int] = {}
     for prompts in spec["prompts"]:
         round_params = params
         if isinstance(prompts, dict):  # {"prompts": [...], "max_tokens": n}: this round's own
@@ -62,8 +65,9 @@ def main() -> None:
             first = previous[0]
             prompts = [f"{first['prompt']}{first['text']}\nUser: and what happened next?\nAssistant:"]
         inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
+        loras = [_lora(p.pop("lora", None), lora_ids) if isinstance(p, dict) else None for p in inputs]
         t0 = time.perf_counter()
-        outs = llm.generate(inputs, round_params, use_tqdm=False)
+        outs = llm.generate(inputs, round_params, use_tqdm=False, lora_request=loras if any(loras) else None)
         wall = time.perf_counter() - t0
         previous = [
             {
@@ -83,6 +87,16 @@ def main() -> None:
         # Single process: the worker is here; finish its saves and make the SSD tier durable.
         result |= close_local_workers()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def _lora(lora: Any, ids: dict[tuple[str, str], int]) -> object:
+    """vLLM's LoRARequest for ``{"name": ..., "path": ...}`` (an id per name and path), or None."""
+    if lora is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    key = (lora["name"], lora["path"])
+    return LoRARequest(lora["name"], ids.setdefault(key, len(ids) + 1), lora["path"])
 
 
 def kvtier_metrics() -> dict[str, float]:
