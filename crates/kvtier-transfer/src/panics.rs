@@ -3,7 +3,7 @@
 //! (a bug in kvtier or the store, an allocation failure) settles the chunk's pending blocks as
 //! [`BlockOutcome::Panicked`](crate::BlockOutcome), frees what the chunk held, and the job
 //! finishes as usual, so `wait`, `wait_layer` and the engine's drop return instead of hanging
-//! (docs/transfer.md §6). The worker thread goes on with the next chunk.
+//! (docs/transfer.md §1, "Worker panics"). The worker thread goes on with the next chunk.
 //!
 //! The cost on the hot path is one `catch_unwind` per chunk (per job for a paged load, per
 //! transfer for the duplex engine), never per block: no allocation, a landing pad.
