@@ -47,7 +47,7 @@
 //!   A failed block (miss, checksum, decode, bad id, cancel, worker panic) is reported, never
 //!   silent garbage.
 //! - A panic on a worker fails its chunk's blocks (`Panicked`), never the thread or the job:
-//!   `wait`, `wait_layer` (which then errors) and drop return ([`panics`]).
+//!   `wait`, `wait_layer` (which then errors) and drop return (`src/panics.rs`).
 //! - No allocation on the load hot path (stage workers processing a chunk), outside the store's
 //!   own calls: `tests/no_allocation_on_hot_path.rs` proves it with a counting allocator.
 //! - Bounded: `jobs_in_flight_max` jobs (submitted, not collected), `inflight_bytes_max`
