@@ -47,6 +47,7 @@ OUTCOMES = (
     "duplicate_block",
     "rejected",
     "store_failed",
+    "panicked",
 )
 STAGE_NAMES = ("read", "decompress", "dequantize", "scatter")
 
@@ -256,7 +257,11 @@ class TransferEngine:
         return [_job(t) for t in self._core.wait(wanted)]
 
     def wait_layer(self, job: int, layer: int) -> None:
-        """Returns once layer ``layer`` of every block of ``job`` is in place (or failed)."""
+        """Returns once layer ``layer`` of every block of ``job`` is in place (or failed).
+
+        Raises :class:`TransferError` if a transfer worker panicked over some of the job's blocks
+        (a bug; their outcome is ``"panicked"``): that layer is not in place for every block.
+        """
         self._core.wait_layer(job, layer)
 
     def outcomes(self, job: int) -> tuple[str, ...]:

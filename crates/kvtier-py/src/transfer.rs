@@ -139,6 +139,17 @@ impl TransferEngine {
         self.inner.jobs()
     }
 
+    /// Tests only (`test-hooks`): the `nth` (from 1) pass of a worker through `site` ("read",
+    /// "decompress", "dequantize", "scatter", "paged_load", "store") panics; 0 disarms it.
+    #[cfg(feature = "test-hooks")]
+    fn panic_for_test(&self, site: &str, nth: u64) -> PyResult<()> {
+        let at =
+            kvtier_transfer::PanicSite::from_name(site).filter(|&s| s != kvtier_transfer::PanicSite::Swap);
+        let at = at.ok_or_else(|| crate::errors::config_error(format!("unknown panic site {site:?}")))?;
+        self.inner.panic_for_test(at, nth);
+        Ok(())
+    }
+
     /// Per stage: (name, workers, busy_s, bytes, chunks, stored_bytes).
     fn stage_stats(&self) -> Vec<(&'static str, usize, f64, u64, u64, u64)> {
         self.inner
@@ -321,6 +332,12 @@ impl DuplexEngine {
     fn wait(&self, py: Python<'_>, seq: u64) -> PyResult<()> {
         py.allow_threads(|| self.inner.wait(seq)).map_err(raise)
     }
+    /// Tests only (`test-hooks`): the `nth` (from 1) transfer a swap worker starts panics.
+    #[cfg(feature = "test-hooks")]
+    fn panic_for_test(&self, nth: u64) {
+        self.inner.panic_for_test(nth);
+    }
+
     fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
         py.allow_threads(|| self.inner.wait_all()).map_err(raise)
     }

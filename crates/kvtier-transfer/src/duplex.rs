@@ -162,6 +162,7 @@ impl DuplexEngine {
             copier,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            faults: Default::default(),
         });
         let threads = [Direction::Out, Direction::In]
             .into_iter()
@@ -335,6 +336,13 @@ impl DuplexEngine {
             }
         }
         Ok(last)
+    }
+
+    /// Tests only (`test-hooks`): the `nth` (from 1) transfer a swap worker starts from now
+    /// panics before its copies (it fails as a device error does); 0 disarms it.
+    #[cfg(feature = "test-hooks")]
+    pub fn panic_for_test(&self, nth: u64) {
+        self.shared.faults.arm(crate::panics::PanicSite::Swap, nth);
     }
 
     /// Waits until transfer `seq` (and so every earlier one of its direction) finished.

@@ -3,10 +3,12 @@
 //! ([`Copier`]). [`crate::duplex`] is the API over them.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::cuda::{CopyKind, Cuda, Pinned, Stream};
 use crate::error::TransferError;
+use crate::panics::{panic_message, Faults, PanicSite};
 use crate::pool::{PoolRef, PoolShape};
 
 /// Bounds of a [`DuplexEngine`](crate::DuplexEngine).
@@ -103,6 +105,8 @@ pub(crate) struct Shared {
     pub config: DuplexConfig,
     pub state: Mutex<State>,
     pub changed: Condvar,
+    /// Injected panics (`test-hooks`; empty otherwise).
+    pub faults: Faults,
 }
 
 pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -193,10 +197,11 @@ pub(crate) fn worker(sh: &Shared, direction: Direction) {
                 st = sh.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let outcome = bound
-            .clone()
-            .and_then(|()| unwritten_source(sh, &transfer))
-            .and_then(|()| copy(sh, &transfer).map_err(|e| e.to_string()));
+        let outcome = contained(sh, direction, || {
+            sh.faults.hit(PanicSite::Swap);
+            let copied = |()| copy(sh, &transfer).map_err(|e| e.to_string());
+            bound.clone().and_then(|()| unwritten_source(sh, &transfer)).and_then(copied)
+        });
         let mut st = lock(&sh.state);
         if transfer.direction == Direction::Out && transfer.layer.is_none() {
             let failed = if outcome.is_ok() { 0 } else { transfer.seq };
@@ -235,6 +240,26 @@ pub(crate) fn worker(sh: &Shared, direction: Direction) {
         st.unfinished[q].retain(|&s| s != transfer.seq);
         sh.changed.notify_all();
     }
+}
+
+/// Runs a transfer's copies (`run`); a panic there is the transfer's failure, as a device error
+/// is (below: a swap-in's device blocks are freed, a swap-out marks nothing synced, `wait`
+/// reports it), so the transfer finishes and the worker goes on instead of leaving `wait` and the
+/// engine's drop hanging. `AssertUnwindSafe`: the state lock is not held across the copies (a
+/// guard dropped by the unwind leaves a poisoned lock, which `lock` ignores), and the bytes a
+/// half-done copy wrote belong to a transfer published as failed. Copies already queued on the
+/// direction's CUDA stream finish before the failure is published, as after an error.
+fn contained(
+    sh: &Shared,
+    direction: Direction,
+    run: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|payload| {
+        if let Copier::Cuda { streams, .. } = &sh.copier {
+            let _ = streams[direction as usize].synchronize();
+        }
+        Err(format!("a swap worker panicked: {}", panic_message(&*payload)))
+    })
 }
 
 /// A swap-in whose host slot a failed swap-out last wrote has nothing valid to read.

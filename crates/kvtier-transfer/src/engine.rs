@@ -6,7 +6,10 @@
 //! queues (at most `buffer_chunks` entries: one per region); `store_workers` run store jobs and
 //! paged jobs (one store call each, [`crate::store_calls`]; paged loads queue first).
 //! Lock order: `table`, then the store's locks (a submission leases under `table`); `dispatch`,
-//! stage queues and `store_queue` are leaves.
+//! stage queues and `store_queue` are leaves. The workers are in [`workers`]; a panic on one
+//! fails its chunk's blocks as `Panicked` and the worker goes on ([`crate::panics`]).
+
+mod workers;
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -21,11 +24,14 @@ use kvtier_store::{Store, StoredBlock};
 use crate::aligned::AlignedBuf;
 use crate::config::TransferConfig;
 use crate::error::TransferError;
-use crate::hot_path::{self, foreign};
+use crate::hot_path::foreign;
 use crate::job::{BlockOutcome, FinishedJob, Job, JobId, JobKind};
+use crate::panics::Faults;
+#[cfg(feature = "test-hooks")]
+use crate::panics::PanicSite;
 use crate::pool::{PoolRef, PoolShape};
-use crate::stages::{self, Needs, SliceScratch};
-use crate::store_calls;
+use crate::stages::{self, Needs};
+use workers::{read_worker, stage_worker, store_worker};
 
 /// Something that holds a [`Store`] for the engine's life (an `Arc<Store>`, or the Python
 /// store object).
@@ -144,6 +150,8 @@ struct Shared {
     layer_waiters: AtomicUsize,
     counters: [StageCounter; 4],
     next_id: AtomicU64,
+    /// Injected panics (`test-hooks`; empty otherwise).
+    faults: Faults,
 }
 
 /// Asynchronous load/store jobs between a [`Store`] and `LayerFirst` pools or [`PagedPool`]s.
@@ -213,6 +221,7 @@ impl TransferEngine {
             layer_waiters: AtomicUsize::new(0),
             counters: Default::default(),
             next_id: AtomicU64::new(1),
+            faults: Faults::default(),
             config,
         });
         let mut threads = Vec::new();
@@ -431,6 +440,8 @@ impl TransferEngine {
     /// Waits until layer `layer` of every block of load job `id` is final: in place in the pool,
     /// or failed (see the block's outcome, e.g. with [`outcomes`](Self::outcomes)). Returns at
     /// once for a finished job; for a store job, waits for the whole job. Does not collect it.
+    /// Errors with [`TransferError::WorkerPanicked`] once a worker panic failed some block of
+    /// the job (its outcome is `Panicked`): the layer is not in place for every block.
     pub fn wait_layer(&self, id: JobId, layer: u32) -> Result<(), TransferError> {
         let sh = &self.shared;
         let num_layers = sh.geometry.num_layers();
@@ -444,11 +455,14 @@ impl TransferEngine {
             JobKind::Load => j.layer_ready(layer as usize),
             JobKind::Store => j.is_finished(),
         };
-        while !ready(&job) {
+        while !ready(&job) && job.panic_message().is_none() {
             table = sh.table_changed.wait(table).unwrap_or_else(|e| e.into_inner());
         }
         sh.layer_waiters.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
+        match job.panic_message() {
+            Some(message) => Err(TransferError::WorkerPanicked { id, message: message.to_string() }),
+            None => Ok(()),
+        }
     }
 
     /// The outcome of each block of job `id` so far (`Pending` for blocks still moving).
@@ -508,6 +522,13 @@ impl TransferEngine {
         })
     }
 
+    /// Tests only (`test-hooks`): the `nth` (from 1) time from now a worker passes `site`, it
+    /// panics (see [`PanicSite`]); 0 disarms it. [`PanicSite::Swap`] is the duplex engine's.
+    #[cfg(feature = "test-hooks")]
+    pub fn panic_for_test(&self, site: PanicSite, nth: u64) {
+        self.shared.faults.arm(site, nth);
+    }
+
     /// Runs a load with the same stage code, without pipelining: the baselines of
     /// `pipeline_ratio_to_sequential` (`bench-baselines` feature). Default: stage after stage
     /// over the whole request, each stage with its configured workers (whole-request buffers,
@@ -543,239 +564,17 @@ fn chunks_done(sh: &Shared, job: &Arc<Job>, n: usize) {
 /// Releases the job's lease and publishes it as finished.
 fn finish_job(sh: &Shared, job: &Arc<Job>) {
     if let Some(lease) = job.lease {
-        // Releasing is idempotent; an error means the lease already ended (expired).
-        let _ = foreign(|| sh.store.store().release(lease));
+        // Releasing is idempotent; an error means the lease already ended (expired). A panic in
+        // the store must not leave the job unfinished (waiters would hang): the lease then
+        // expires by its ttl. Nothing of the engine's is borrowed across it.
+        let release = || foreign(|| sh.store.store().release(lease));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
     }
     let mut table = lock(&sh.table);
     job.mark_finished();
     table.inflight_bytes -= job.bytes;
     table.finished.push_back(job.id);
     sh.table_changed.notify_all();
-}
-
-impl Shared {
-    /// Where each block of the task's chunk sits in its read buffer.
-    ///
-    /// # Safety
-    /// The caller holds `task` (so owns its slot) and keeps no other reference to its forms.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn forms(&self, task: &Task) -> &mut [StoredBlock] {
-        unsafe { &mut *self.slots[task.slot].forms.get() } // SAFETY: as the caller promises
-    }
-
-    /// Pointer to stage buffer `b` of the task's chunk.
-    fn buf(&self, task: &mut Task, b: usize) -> *mut u8 {
-        match &mut task.owned[b] {
-            Some(v) => v.as_mut_ptr(),
-            // SAFETY: the task owns its slot, so no one else touches the slot's buffers.
-            None => unsafe { (&mut *self.slots[task.slot].bufs[b].get()).as_mut_ptr() },
-        }
-    }
-
-    /// `allocate_per_chunk`: gives the task a fresh buffer `b` (the "No MM" baseline).
-    fn fresh(&self, task: &mut Task, b: usize) {
-        if self.config.allocate_per_chunk {
-            task.owned[b] = Some(AlignedBuf::fresh(self.config.chunk_blocks * self.block_bytes));
-        }
-    }
-
-    fn push(&self, stage: usize, task: Task) {
-        let q = &self.queues[stage];
-        lock(&q.queue).0.push_back(task);
-        q.ready.notify_one();
-    }
-
-    /// A chunk left the pipeline: its region goes back, and the job may finish.
-    fn chunk_left(&self, task: Task) {
-        let Task { job, slot, owned, .. } = task;
-        drop(owned);
-        lock(&self.dispatch).free_slots.push(slot);
-        self.dispatch_ready.notify_one();
-        chunks_done(self, &job, 1);
-    }
-
-    fn notify_layer(&self) {
-        if self.layer_waiters.load(Ordering::SeqCst) > 0 {
-            let _table = lock(&self.table);
-            self.table_changed.notify_all();
-        }
-    }
-}
-
-fn next_read(sh: &Shared) -> Option<Task> {
-    let mut d = lock(&sh.dispatch);
-    loop {
-        if d.shutdown {
-            return None;
-        }
-        if !d.free_slots.is_empty() {
-            if let Some(job) = d.active.front().cloned() {
-                let chunk = job.next_chunk.fetch_add(1, Ordering::AcqRel);
-                if chunk + 1 >= job.chunks_total {
-                    d.active.pop_front();
-                }
-                let slot = d.free_slots.pop().expect("a free slot");
-                return Some(Task { job, chunk, slot, needs: Needs::default(), owned: [None, None, None] });
-            }
-        }
-        d = sh.dispatch_ready.wait(d).unwrap_or_else(|e| e.into_inner());
-    }
-}
-
-fn read_worker(sh: &Shared) {
-    let mut scratch = SliceScratch::with_capacity(sh.config.chunk_blocks);
-    while let Some(mut task) = next_read(sh) {
-        let _hot = hot_path::enter();
-        let job = task.job.clone();
-        let (first, count) = job.chunk_range(task.chunk);
-        if job.is_cancelled() {
-            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
-            sh.chunk_left(task);
-            continue;
-        }
-        let start = Instant::now();
-        sh.fresh(&mut task, 0);
-        let buf = sh.buf(&mut task, 0);
-        // SAFETY: the region holds chunk_blocks × block_bytes bytes and belongs to this task, as
-        // do its forms.
-        let (stored, needs) = unsafe {
-            let forms = sh.forms(&task);
-            stages::read_chunk(sh.store.store(), &job, first, count, buf, sh.block_bytes, forms, &mut scratch)
-        };
-        sh.counters[0].add(start, count * sh.block_bytes);
-        sh.counters[0].stored_bytes.fetch_add(stored as u64, Ordering::Relaxed);
-        task.needs = needs;
-        if needs.decompress && !sh.decoding {
-            // Only lower tiers hold codec objects, so this cannot happen; never decode into
-            // buffers that were not allocated.
-            let forms = unsafe { sh.forms(&task) };
-            for (i, f) in forms.iter().enumerate().take(count) {
-                if f.codec_id != 0 {
-                    job.settle(first + i, BlockOutcome::DecodeFailed);
-                }
-            }
-            task.needs = Needs::default();
-        }
-        sh.push(if task.needs.decompress { DECOMPRESS } else { SCATTER }, task);
-    }
-}
-
-fn next_task(sh: &Shared, stage: usize) -> Option<Task> {
-    let q = &sh.queues[stage];
-    let mut guard = lock(&q.queue);
-    loop {
-        if let Some(task) = guard.0.pop_front() {
-            return Some(task);
-        }
-        if guard.1 {
-            return None;
-        }
-        guard = q.ready.wait(guard).unwrap_or_else(|e| e.into_inner());
-    }
-}
-
-fn stage_worker(sh: &Shared, stage: usize) {
-    let bb = sh.block_bytes;
-    // Allocated once, with the codec's per-thread contexts, before the first chunk arrives.
-    let mut scratch = AlignedBuf::prefaulted(if stage == DECOMPRESS { bb } else { 0 });
-    if stage == DECOMPRESS {
-        crate::codec::warm_up(bb, scratch.as_mut_slice());
-    }
-    while let Some(mut task) = next_task(sh, stage) {
-        let _hot = hot_path::enter();
-        let job = task.job.clone();
-        let (first, count) = job.chunk_range(task.chunk);
-        if job.is_cancelled() && stage != SCATTER {
-            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
-            sh.chunk_left(task);
-            continue;
-        }
-        let start = Instant::now();
-        match stage {
-            DECOMPRESS => {
-                sh.fresh(&mut task, 1);
-                let (src, dst) = (sh.buf(&mut task, 0), sh.buf(&mut task, 1));
-                // SAFETY: both regions belong to this task and hold a whole chunk.
-                unsafe {
-                    let forms = sh.forms(&task);
-                    stages::decompress_chunk(&job, first, count, src, dst, bb, forms, scratch.as_mut_slice())
-                };
-                sh.counters[1].add(start, count * bb);
-                sh.push(if task.needs.dequantize { DEQUANTIZE } else { SCATTER }, task);
-            }
-            DEQUANTIZE => {
-                sh.fresh(&mut task, 2);
-                let (src, mid, dst) = (sh.buf(&mut task, 0), sh.buf(&mut task, 1), sh.buf(&mut task, 2));
-                // SAFETY: as above.
-                unsafe {
-                    let forms = sh.forms(&task);
-                    stages::dequantize_chunk(&job, first, count, src, mid, dst, bb, forms)
-                };
-                sh.counters[2].add(start, count * bb);
-                sh.push(SCATTER, task);
-            }
-            _ => {
-                let n = if task.needs.dequantize {
-                    3
-                } else if task.needs.decompress {
-                    2
-                } else {
-                    1
-                };
-                let mut bufs = [std::ptr::null::<u8>(); 3];
-                for (b, p) in bufs.iter_mut().enumerate().take(n) {
-                    *p = sh.buf(&mut task, b);
-                }
-                if job.is_cancelled() {
-                    stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
-                } else {
-                    // SAFETY: the region belongs to this task; the job's pool is live until it is
-                    // collected and its blocks are written only by this job (caller contract).
-                    unsafe {
-                        let forms = sh.forms(&task);
-                        stages::scatter_chunk(&job, &job.shape, first, count, bufs, forms, |_| {
-                            sh.notify_layer()
-                        });
-                        stages::finish_chunk(sh.store.store(), &job, first, count, bufs, bb, forms);
-                    };
-                }
-                sh.counters[3].add(start, count * bb);
-                sh.chunk_left(task);
-            }
-        }
-    }
-}
-
-fn next_store_chunk(sh: &Shared) -> Option<(Arc<Job>, usize)> {
-    let mut q = lock(&sh.store_queue);
-    loop {
-        if q.1 {
-            return None;
-        }
-        if let Some(job) = q.0.front().cloned() {
-            let chunk = job.next_chunk.fetch_add(1, Ordering::AcqRel);
-            if chunk + 1 >= job.chunks_total {
-                q.0.pop_front();
-            }
-            return Some((job, chunk));
-        }
-        q = sh.store_ready.wait(q).unwrap_or_else(|e| e.into_inner());
-    }
-}
-
-fn store_worker(sh: &Shared) {
-    let mut gathered = vec![0u8; sh.config.chunk_blocks * sh.block_bytes];
-    while let Some((job, chunk)) = next_store_chunk(sh) {
-        let (first, count) = job.chunk_range(chunk);
-        if job.is_cancelled() {
-            stages::settle_chunk(&job, first, count, BlockOutcome::Cancelled);
-        } else if job.kind == JobKind::Load {
-            store_calls::paged_load(sh.store.store(), &job, &|| sh.notify_layer());
-        } else {
-            store_calls::store_chunk(sh.store.store(), &job, first, count, &mut gathered);
-        }
-        chunks_done(sh, &job, 1);
-    }
 }
 
 impl Drop for TransferEngine {

@@ -27,6 +27,8 @@ pub enum TransferError {
     UnknownJob { id: u64 },
     #[error("layer {layer} is out of range; the geometry has {num_layers} layers")]
     LayerOutOfRange { layer: u32, num_layers: u32 },
+    #[error("job {id}: a transfer worker panicked ({message}); its blocks that had not finished are `panicked`, so no layer of it is complete")]
+    WorkerPanicked { id: u64, message: String },
     #[error("the engine is shutting down")]
     ShuttingDown,
     #[error("duplex: {0}")]

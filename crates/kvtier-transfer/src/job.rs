@@ -1,6 +1,7 @@
 //! A job's state, shared by the submitting thread, the stage workers and waiters.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use kvtier_core::paged::PagedPool;
@@ -42,10 +43,15 @@ pub enum BlockOutcome {
     Rejected = 8,
     /// The store call failed (e.g. the lease expired mid-job).
     StoreFailed = 9,
+    /// A transfer worker panicked while moving this block's chunk (a bug, in kvtier or the
+    /// store): its bytes may be partly written (loads) or not stored (stores). The worker goes
+    /// on with other chunks; [`TransferEngine::wait_layer`](crate::TransferEngine) on the job
+    /// errors.
+    Panicked = 10,
 }
 
 impl BlockOutcome {
-    pub const ALL: [BlockOutcome; 10] = [
+    pub const ALL: [BlockOutcome; 11] = [
         BlockOutcome::Pending,
         BlockOutcome::Done,
         BlockOutcome::Miss,
@@ -56,6 +62,7 @@ impl BlockOutcome {
         BlockOutcome::DuplicateBlock,
         BlockOutcome::Rejected,
         BlockOutcome::StoreFailed,
+        BlockOutcome::Panicked,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +77,7 @@ impl BlockOutcome {
             BlockOutcome::DuplicateBlock => "duplicate_block",
             BlockOutcome::Rejected => "rejected",
             BlockOutcome::StoreFailed => "store_failed",
+            BlockOutcome::Panicked => "panicked",
         }
     }
 
@@ -124,6 +132,9 @@ pub(crate) struct Job {
     pub layer_chunks_done: Vec<AtomicUsize>,
     pub cancelled: AtomicBool,
     pub finished: AtomicBool,
+    /// Set (before the blocks' chunk counts as done) when a worker panic settled some block of
+    /// the job as `Panicked`: the first panic's message. No layer of the job is then complete.
+    panic: OnceLock<String>,
     /// A paged job's target (its `pool` then holds no bytes, only `num_blocks`): the job runs as
     /// one store call ([`crate::store_calls`]) on a store worker.
     pub paged: Option<PagedPool>,
@@ -170,6 +181,7 @@ impl Job {
             layer_chunks_done: (0..num_layers).map(|_| AtomicUsize::new(0)).collect(),
             cancelled: AtomicBool::new(false),
             finished: AtomicBool::new(false),
+            panic: OnceLock::new(),
             paged: None,
             submitted: Instant::now(),
             elapsed_ns: AtomicU64::new(0),
@@ -208,7 +220,6 @@ impl Job {
         self.outcome(i) == BlockOutcome::Pending
     }
 
-    /// Sets block `i`'s outcome unless it already has one (the first reason wins).
     /// Ids past the pool and repeated ids fail before any byte moves.
     pub fn settle_bad_ids(&self) {
         let mut seen = std::collections::HashSet::with_capacity(self.block_ids.len());
@@ -221,13 +232,30 @@ impl Job {
         }
     }
 
+    /// Sets block `i`'s outcome unless it already has one (the first reason wins).
     pub fn settle(&self, i: usize, outcome: BlockOutcome) {
-        let _ = self.outcomes[i].compare_exchange(
-            BlockOutcome::Pending as u8,
-            outcome as u8,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        self.try_settle(i, outcome);
+    }
+
+    /// [`settle`](Self::settle); true if this call set the outcome.
+    pub fn try_settle(&self, i: usize, outcome: BlockOutcome) -> bool {
+        self.outcomes[i]
+            .compare_exchange(BlockOutcome::Pending as u8, outcome as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// A worker panicked over blocks `first..first + count`: each still pending is `Panicked`,
+    /// and if any was, the job records `message` (the first panic's wins).
+    pub fn settle_panicked(&self, first: usize, count: usize, message: String) {
+        let settled = (first..first + count).filter(|&i| self.try_settle(i, BlockOutcome::Panicked)).count();
+        if settled > 0 {
+            let _ = self.panic.set(message);
+        }
+    }
+
+    /// The message of the worker panic that failed some of the job's blocks, if one did.
+    pub fn panic_message(&self) -> Option<&str> {
+        self.panic.get().map(String::as_str)
     }
 
     pub fn outcomes(&self) -> Vec<BlockOutcome> {

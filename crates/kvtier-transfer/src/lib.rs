@@ -44,7 +44,10 @@
 //!
 //! Invariants:
 //! - Every block of a job ends with exactly one outcome; only `Done` blocks hold their bytes.
-//!   A failed block (miss, checksum, decode, bad id, cancel) is reported, never silent garbage.
+//!   A failed block (miss, checksum, decode, bad id, cancel, worker panic) is reported, never
+//!   silent garbage.
+//! - A panic on a worker fails its chunk's blocks (`Panicked`), never the thread or the job:
+//!   `wait`, `wait_layer` (which then errors) and drop return (`src/panics.rs`).
 //! - No allocation on the load hot path (stage workers processing a chunk), outside the store's
 //!   own calls: `tests/no_allocation_on_hot_path.rs` proves it with a counting allocator.
 //! - Bounded: `jobs_in_flight_max` jobs (submitted, not collected), `inflight_bytes_max`
@@ -62,6 +65,7 @@ mod engine;
 mod error;
 pub mod hot_path;
 mod job;
+mod panics;
 mod pool;
 #[cfg(feature = "bench-baselines")]
 mod sequential;
@@ -74,4 +78,6 @@ pub use engine::{StageStats, StoreHandle, TransferEngine};
 pub use error::TransferError;
 pub use job::{BlockOutcome, FinishedJob, JobId, JobKind};
 pub use kvtier_codec::streams::Backend;
+#[cfg(feature = "test-hooks")]
+pub use panics::PanicSite;
 pub use pool::{PoolBuffer, PoolRef};
