@@ -359,3 +359,30 @@ def test_stats_delta_reports_growth_only_and_refuses_a_falling_counter() -> None
     assert vstats.delta(now, now) == {}
     with pytest.raises(ValueError, match="'lookups' went down"):
         vstats.delta(seen, now)
+
+
+def test_a_transfer_worker_panic_mid_load_is_a_load_error_not_a_crash() -> None:
+    """A store worker that panics during a layerwise load (injected after a layer is announced,
+    `panic_for_test`: a test-hooks build) fails the job's blocks as "panicked": the forward's
+    `wait_layer` returns instead of raising into vLLM, and every block of the request becomes a
+    load error, so vLLM drops its output and recomputes it; the next load is served."""
+    src, dst = cpu_cache(10), cpu_cache(11)
+    w = make_worker(src)
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
+        w.drain()
+        w.paged = paged(dst)
+        w.engine._core.panic_for_test("paged_load", 1)
+        w.start_loads([LoadSpec("r2", tokens_bytes(4 * BS), b"", 0, [0, 2, 4, 5])], layerwise=True)
+        for layer in range(LAYERS):
+            w.wait_layer(layer)  # raised TransferError before: a crash of vLLM's forward
+        assert w.take_load_errors() == {0, 2, 4, 5}
+        w.start_loads([LoadSpec("r3", tokens_bytes(4 * BS), b"", 0, [9, 7, 6, 1])], layerwise=True)
+        for layer in range(LAYERS):
+            w.wait_layer(layer)
+        assert w.take_load_errors() == set()
+        for layer in range(LAYERS):
+            for s_id, d_id in ((3, 9), (1, 7), (8, 6), (6, 1)):
+                np.testing.assert_array_equal(dst[layer][d_id], src[layer][s_id])
+    finally:
+        w.close()

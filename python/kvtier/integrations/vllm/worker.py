@@ -285,8 +285,13 @@ class WorkerSide:
             try:
                 self.engine.wait_layer(jid, last)
             except TransferError:
-                if jid not in self._results:  # not collected (so not finished): a real error
-                    raise
+                # Collected already, or a job that failed before the layer landed (a transfer
+                # worker panicked): its failed blocks become this step's load errors, and vLLM
+                # drops the affected requests' output and recomputes them. A job the engine cannot
+                # return is a real error, raised by `wait`.
+                with self._collect:
+                    if jid not in self._results:
+                        self._absorb(self.engine.wait([jid]))
         waited = time.perf_counter() - t0
         with self._lock:  # seconds the forward stood still for loads (overlap = load_s - this)
             self.counters["load_wait_s"] += waited  # type: ignore[assignment]
