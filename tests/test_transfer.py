@@ -173,6 +173,26 @@ def test_bad_input_is_a_clear_error(geometry: kvtier.Geometry) -> None:
     assert isinstance(TransferError("x"), kvtier.KvtierError)
 
 
+def test_a_job_racing_an_uncollected_one_on_a_pool_block_is_refused_naming_both(
+    geometry: kvtier.Geometry,
+) -> None:
+    store = make_store(geometry, 8)
+    keys = store.namespace.block_keys(range(4 * geometry.block_tokens))
+    engine = TransferEngine(store)
+    pool = layout.alloc_pool(geometry, 4)
+    save = engine.submit_store(keys[:2], pool, [0, 1])
+    with pytest.raises(TransferError, match=f"pool block 1 is in use by store job {save}"):
+        engine.submit_load(keys[2:4], pool, [2, 1])
+    other = engine.submit_store(keys[2:3], pool, [1])  # stores share a block
+    [done, _] = engine.wait([save, other])
+    assert done.ok
+    load = engine.submit_load(keys[:2], pool, [2, 1])  # collected: the block is free again
+    with pytest.raises(TransferError, match=f"pool block 2 is in use by load job {load}"):
+        engine.submit_store(keys[:1], pool, [2])
+    engine.submit_load(keys[:2], layout.alloc_pool(geometry, 4), [2, 1])  # another pool
+    engine.wait([load])
+
+
 def test_layerwise_wait_and_cancel(geometry: kvtier.Geometry) -> None:
     store = make_store(geometry, 40)
     keys = store.namespace.block_keys(range(16 * 32))

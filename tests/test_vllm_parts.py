@@ -339,6 +339,37 @@ def test_finished_waits_for_a_requests_save_jobs() -> None:
         w.close()
 
 
+def test_a_request_aborted_while_loading_keeps_its_blocks_until_the_load_is_reported() -> None:
+    """Saved, preempted, resumed with an async load, aborted while it runs: vLLM frees the blocks
+    on the first finished_sending or finished_recving; the sending report must not come first
+    (the load still writes the blocks), and the request is reported once (vLLM asserts that)."""
+    import threading
+
+    w = make_worker(cpu_cache(11))
+    gate = threading.Event()
+    engine_finished = w.engine.finished
+    try:
+        w.submit_saves([SaveSpec("a", tokens_bytes(2 * BS), b"", 0, [3, 1])])
+        w.drain()  # the preemption's drain: its saves are done, its blocks freed
+        w.engine.finished = lambda: engine_finished() if gate.is_set() else []  # type: ignore[method-assign]
+        w.start_async_loads([LoadSpec("a", tokens_bytes(2 * BS), b"", 0, [5, 6])])  # resumed
+        assert w.finished({"a"}) == set()  # aborted: its load still writes blocks 5 and 6
+        assert w.finished_async_loads() == set()
+        gate.set()
+        deadline = time.monotonic() + 10
+        loaded: set[str] = set()
+        sent: set[str] = set()
+        while not loaded and time.monotonic() < deadline:
+            sent |= w.finished(set())
+            loaded = w.finished_async_loads()
+            time.sleep(0.01)
+        assert loaded == {"a"} and sent == set()
+        assert w.finished(set()) == set()  # never reported twice
+    finally:
+        gate.set()
+        w.close()
+
+
 def test_every_worker_counter_reaches_vllms_metrics_and_docs() -> None:
     """Each counter the worker keeps is exported on vLLM's metrics path and listed in the docs."""
     root = Path(__file__).resolve().parents[1]

@@ -9,11 +9,15 @@ identity here is a real check that the loaded KV is the KV vLLM computed.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import MODEL, REPO, VENV
 from kvtier.integrations.vllm.stats import metric_name
 from kvtier.testing.redis import LocalRedis, command
 
@@ -196,3 +200,35 @@ def test_block_keys_take_a_torch_tensor_as_vllm_holds_tokens() -> None:
     ids = list(range(100, 132))
     for dtype in (torch.int64, torch.int32):
         assert ns.block_keys(torch.tensor(ids, dtype=dtype)) == ns.block_keys(ids)
+
+
+def test_a_request_aborted_while_its_async_load_runs_keeps_its_blocks_until_the_load_ends() -> None:
+    """Saved, preempted, resumed with an async load, aborted while the load runs: vLLM frees the
+    request's blocks on the first finished_sending or finished_recving, so the worker reports it
+    only once its load is done (else another request gets blocks the load still writes, and the
+    late second report trips vLLM's `assert req_id in self.requests`)."""
+    spec = {
+        "model": str(MODEL),
+        "prompt": PROMPT,
+        "connector": {"dram": {"capacity_bytes": "256MiB"}, "load_async": True},
+    }
+    env = dict(os.environ)
+    if (VENV / "lib" / "libiomp5.so").exists():
+        env["LD_PRELOAD"] = str(VENV / "lib" / "libiomp5.so")
+    driver = Path(__file__).with_name("abort_while_loading.py")
+    proc = subprocess.run(
+        [sys.executable, str(driver), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["resumed_status"] == "WAITING_FOR_REMOTE_KVS", result
+    assert result["loading_after_abort"] == [True], result  # the load really ran past the abort
+    assert result["kept_while_loading"], result  # so vLLM must still hold the blocks
+    assert result["released_after_load"], result
+    assert result["stats"]["async_jobs"] >= 1 and result["stats"]["saves"] >= 1, result["stats"]

@@ -109,6 +109,12 @@ impl PagedPool {
         self.layers.len()
     }
 
+    /// The first region's base address: what names the pool's memory (kvtier-transfer keys the
+    /// blocks of jobs in flight by it).
+    pub fn base_address(&self) -> usize {
+        self.regions[0].base as usize
+    }
+
     /// Pieces of layer `layer` of a block: `(object_off, len)` of each of its regions, with the
     /// region's index.
     pub fn layer_pieces(&self, layer: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {

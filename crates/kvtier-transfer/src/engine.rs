@@ -31,6 +31,7 @@ use crate::panics::Faults;
 use crate::panics::PanicSite;
 use crate::pool::{PoolRef, PoolShape};
 use crate::stages::{self, Needs};
+use crate::submission::{self, BlockClaims};
 use workers::{read_worker, stage_worker, store_worker};
 
 /// Something that holds a [`Store`] for the engine's life (an `Arc<Store>`, or the Python
@@ -129,6 +130,7 @@ struct Table {
     jobs: HashMap<JobId, Arc<Job>>,
     finished: VecDeque<JobId>,
     inflight_bytes: u64,
+    claims: BlockClaims,
 }
 
 struct Shared {
@@ -216,6 +218,7 @@ impl TransferEngine {
                 jobs: HashMap::with_capacity(config.jobs_in_flight_max),
                 finished: VecDeque::with_capacity(config.jobs_in_flight_max),
                 inflight_bytes: 0,
+                claims: BlockClaims::default(),
             }),
             table_changed: Condvar::new(),
             layer_waiters: AtomicUsize::new(0),
@@ -309,31 +312,6 @@ impl TransferEngine {
         self.submit(JobKind::Store, keys, pool, None, block_ids)
     }
 
-    /// Checks a pool of `num_blocks` blocks of `len` bytes in all, and the counts.
-    fn check_submission(
-        &self,
-        keys: &[BlockKey],
-        len: usize,
-        num_blocks: u64,
-        block_ids: &[u64],
-    ) -> Result<(), TransferError> {
-        let bb = self.shared.block_bytes as u64;
-        let expected = num_blocks.saturating_mul(bb);
-        if num_blocks == 0 || len as u64 != expected {
-            return Err(TransferError::PoolSize { actual: len, expected, num_blocks, block_bytes: bb });
-        }
-        if keys.len() != block_ids.len() {
-            return Err(TransferError::CountMismatch { keys: keys.len(), block_ids: block_ids.len() });
-        }
-        if keys.len() > self.shared.config.job_blocks_max {
-            return Err(TransferError::JobTooLarge {
-                blocks: keys.len(),
-                max: self.shared.config.job_blocks_max,
-            });
-        }
-        Ok(())
-    }
-
     fn submit(
         &self,
         kind: JobKind,
@@ -342,9 +320,10 @@ impl TransferEngine {
         paged: Option<PagedPool>,
         block_ids: &[u64],
     ) -> Result<JobId, TransferError> {
-        let len = paged.as_ref().map_or(pool.len(), |p| p.num_blocks() * p.block_bytes());
-        self.check_submission(keys, len, pool.num_blocks(), block_ids)?;
         let sh = &self.shared;
+        let len = paged.as_ref().map_or(pool.len(), |p| p.num_blocks() * p.block_bytes());
+        let max = sh.config.job_blocks_max;
+        submission::check_sizes(sh.block_bytes, max, keys.len(), len, pool.num_blocks(), block_ids)?;
         paged.as_ref().filter(|_| kind == JobKind::Load).map_or(Ok(()), |p| p.check_layers(&sh.geometry))?;
         let job_bytes = keys.len() as u64 * sh.block_bytes as u64;
         let job = {
@@ -362,6 +341,9 @@ impl TransferEngine {
                     max: sh.config.inflight_bytes_max,
                 });
             }
+            // Refused before the lease: a block an in-flight job touches (submission.rs).
+            let address = submission::pool_address(&pool, paged.as_ref());
+            table.claims.check(kind, address, pool.num_blocks(), block_ids)?;
             let store = sh.store.store();
             let (lease, work_blocks) = match kind {
                 JobKind::Load => {
@@ -392,6 +374,7 @@ impl TransferEngine {
             job.settle_bad_ids();
             (work_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
             table.jobs.insert(id, job.clone());
+            table.claims.hold(&job);
             table.inflight_bytes += job_bytes;
             job
         };
@@ -410,11 +393,12 @@ impl TransferEngine {
         Ok(job.id)
     }
 
-    /// Collects every finished job (each is reported once, here or by [`wait`](Self::wait)).
+    /// Collects every finished job (each is reported once, here or by [`wait`](Self::wait)),
+    /// releasing its pool blocks.
     pub fn finished(&self) -> Vec<FinishedJob> {
-        let mut table = lock(&self.shared.table);
-        let ids: Vec<JobId> = table.finished.drain(..).collect();
-        ids.iter().filter_map(|id| table.jobs.remove(id)).map(|j| j.finished_job()).collect()
+        let table = &mut *lock(&self.shared.table);
+        let jobs: Vec<_> = table.finished.drain(..).filter_map(|id| table.jobs.remove(&id)).collect();
+        jobs.iter().inspect(|j| table.claims.release(j)).map(|j| j.finished_job()).collect()
     }
 
     /// Waits for every job in `ids` to finish and collects them, in the order given. An id
@@ -432,7 +416,7 @@ impl TransferEngine {
         let wanted: HashSet<JobId> = ids.iter().copied().collect();
         table.finished.retain(|id| !wanted.contains(id));
         for id in ids {
-            table.jobs.remove(id);
+            table.jobs.remove(id).inspect(|j| table.claims.release(j));
         }
         Ok(jobs.iter().map(|j| j.finished_job()).collect())
     }
@@ -542,8 +526,9 @@ impl TransferEngine {
         block_ids: &[u64],
         per_chunk: bool,
     ) -> Result<(FinishedJob, [f64; 4]), TransferError> {
-        self.check_submission(keys, pool.len(), pool.num_blocks(), block_ids)?;
         let sh = &self.shared;
+        let max = sh.config.job_blocks_max;
+        submission::check_sizes(sh.block_bytes, max, keys.len(), pool.len(), pool.num_blocks(), block_ids)?;
         crate::sequential::run(sh.store.store(), &sh.geometry, &sh.config, keys, pool, block_ids, per_chunk)
     }
 }

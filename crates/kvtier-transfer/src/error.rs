@@ -25,6 +25,10 @@ pub enum TransferError {
     JobTooLarge { blocks: usize, max: usize },
     #[error("job {id} is unknown: never submitted here, or already collected")]
     UnknownJob { id: u64 },
+    /// A submission whose pool block an in-flight job (submitted, not collected) touches: a load
+    /// writes its blocks, a store reads them (docs/transfer.md §1).
+    #[error("pool block {block} is in use by {held_kind} job {job} (not collected yet); a {kind} on it would race that job")]
+    BlockInUse { block: u64, kind: &'static str, job: u64, held_kind: &'static str },
     #[error("layer {layer} is out of range; the geometry has {num_layers} layers")]
     LayerOutOfRange { layer: u32, num_layers: u32 },
     #[error("job {id}: a transfer worker panicked ({message}); its blocks that had not finished are `panicked`, so no layer of it is complete")]

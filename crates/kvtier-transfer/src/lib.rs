@@ -54,6 +54,9 @@
 //!   bytes of unfinished jobs, `job_blocks_max` blocks per job, `buffer_chunks` chunks in
 //!   flight (every stage queue holds at most that many).
 //! - A job never writes a pool block outside its `block_ids`, and writes each at most once.
+//! - A pool block has one load or any number of stores holding it (submitted, not collected),
+//!   never both: a submission that would race one is refused, naming the block and the job
+//!   (`BlockInUse`; `submission.rs`, `tests/racing_jobs_are_refused.rs`).
 
 mod aligned;
 mod codec;
@@ -71,6 +74,7 @@ mod pool;
 mod sequential;
 mod stages;
 mod store_calls;
+mod submission;
 
 pub use config::{StageWorkers, TransferConfig, STAGE_NAMES};
 pub use duplex::{BlockState, DuplexConfig, DuplexEngine, StepTickets};

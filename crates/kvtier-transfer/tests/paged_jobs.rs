@@ -126,10 +126,11 @@ fn cancel_stops_a_queued_paged_job_and_releases_its_lease() {
     let ids: Vec<u64> = (0..n as u64).collect();
     let big = engine.submit_paged_store(&ks, paged(&g, &src, n), &ids).unwrap();
     put_raw(&store, &keys(&store, 1 << 20, 4));
-    let (dst, _) = new_pool(&g, 4);
-    let small: Vec<u64> = (0..4).collect();
-    let queued = engine.submit_paged_store(&keys(&store, 1 << 21, 4), paged(&g, &dst, 4), &small).unwrap();
-    let load = engine.submit_paged_load(&keys(&store, 1 << 20, 4), paged(&g, &dst, 4), &small).unwrap();
+    let (dst, _) = new_pool(&g, 8);
+    // The load goes to other blocks: one into those the queued store reads would race it (refused).
+    let (small, other): (Vec<u64>, Vec<u64>) = ((0..4).collect(), (4..8).collect());
+    let queued = engine.submit_paged_store(&keys(&store, 1 << 21, 4), paged(&g, &dst, 8), &small).unwrap();
+    let load = engine.submit_paged_load(&keys(&store, 1 << 20, 4), paged(&g, &dst, 8), &other).unwrap();
     let (stopped, stopped_load) = (engine.cancel(queued).unwrap(), engine.cancel(load).unwrap());
     let done = engine.wait(&[big, queued, load]).unwrap();
     assert_eq!(done[0].done_blocks(), n);

@@ -266,12 +266,23 @@ class WorkerSide:
         self._poll()
         reqs: set[str] = set()
         for job in list(self._async_running):
-            if all(i in self._results for i in job.ids()):
+            with self._lock:  # never the case after a preemption's drain; kept as a guard
+                saving = any(self._pending[spec.req_id] for spec in job.specs)
+            if not saving and all(i in self._results for i in job.ids()):
                 self._complete(job)
                 self._async_running.remove(job)
                 self._load_errors |= job.errors
                 reqs.update(spec.req_id for spec in job.specs)
+        with self._lock:
+            # A request that finished (aborted) while loading is freed by vLLM on this report
+            # (finished_recving): it must not be reported again as done sending (`finished`).
+            self._awaiting -= reqs
+            self._saw_saves -= reqs
         return reqs
+
+    def _loading(self) -> set[str]:
+        """Requests with an async load not yet reported to vLLM."""
+        return {spec.req_id for job in self._async_running for spec in job.specs}
 
     def wait_layer(self, layer: int | None) -> None:
         """Waits until `layer`'s blocks of this step's loads are in place; `None` (a layer the
@@ -350,11 +361,14 @@ class WorkerSide:
                     self._pending[spec.req_id] += 1
 
     def finished(self, finished_req_ids: set[str]) -> set[str]:
-        """Of the requests vLLM finished (now or earlier) whose blocks wait on saves, those done."""
+        """Of the requests vLLM finished (now or earlier) whose blocks wait on saves, those done.
+        One whose async load still runs is not: vLLM frees a request's blocks on the first report
+        of either kind, and the load still writes into them (`finished_async_loads` reports it)."""
         self._poll()
+        loading = self._loading()
         with self._lock:
             self._awaiting |= finished_req_ids & self._saw_saves
-            done = {r for r in self._awaiting if self._pending[r] == 0}
+            done = {r for r in self._awaiting if self._pending[r] == 0 and r not in loading}
             self._awaiting -= done
             self._saw_saves -= done
         return done

@@ -1,0 +1,132 @@
+//! What a submission must satisfy before the engine takes it: a pool of the right size, one block
+//! id per key, a bounded job ([`check_sizes`]); and no race with a job in flight on the same pool
+//! blocks ([`BlockClaims`]).
+//!
+//! Claims (docs/transfer.md §1, "Jobs on the same blocks"): a load writes its target blocks, a store reads its source
+//! blocks. So a pool block may have one load or any number of stores in flight, never both: a
+//! submission that would break that is refused with [`TransferError::BlockInUse`], naming the
+//! block and the job holding it, and nothing starts. A job holds its blocks from its submission
+//! until it is collected ([`finished`](crate::TransferEngine::finished) /
+//! [`wait`](crate::TransferEngine::wait)): the caller learns that the job stopped touching the
+//! pool only then, so only then may it hand a block on. Ids out of the pool's range hold nothing
+//! (they settle as `BadBlockId`).
+//!
+//! A pool is known by its memory: a [`PoolRef`]'s base pointer, a [`PagedPool`]'s first region's
+//! base (two paged pools built over the same engine tensors share it, whatever their other
+//! regions); block `b` of either is the same key. A pool with no address (none is built outside
+//! the engine) holds nothing. Cost: one hash-map entry per block of a job, touched at submission
+//! and at collection; nothing per chunk.
+
+use std::collections::HashMap;
+
+use kvtier_core::paged::PagedPool;
+
+use crate::error::TransferError;
+use crate::job::{Job, JobId, JobKind};
+use crate::pool::PoolRef;
+
+/// Checks a pool of `num_blocks` blocks of `len` bytes in all, and the counts.
+pub(crate) fn check_sizes(
+    block_bytes: usize,
+    job_blocks_max: usize,
+    keys: usize,
+    len: usize,
+    num_blocks: u64,
+    block_ids: &[u64],
+) -> Result<(), TransferError> {
+    let bb = block_bytes as u64;
+    let expected = num_blocks.saturating_mul(bb);
+    if num_blocks == 0 || len as u64 != expected {
+        return Err(TransferError::PoolSize { actual: len, expected, num_blocks, block_bytes: bb });
+    }
+    if keys != block_ids.len() {
+        return Err(TransferError::CountMismatch { keys, block_ids: block_ids.len() });
+    }
+    if keys > job_blocks_max {
+        return Err(TransferError::JobTooLarge { blocks: keys, max: job_blocks_max });
+    }
+    Ok(())
+}
+
+/// The address that names a pool (0: none).
+pub(crate) fn pool_address(pool: &PoolRef, paged: Option<&PagedPool>) -> usize {
+    paged.map_or(pool.ptr() as usize, |p| p.base_address())
+}
+
+/// Jobs in flight on one pool block.
+#[derive(Default)]
+struct Claim {
+    load: Option<JobId>,
+    stores: Vec<JobId>,
+}
+
+/// Every block held by a job submitted and not yet collected, by (pool address, block id).
+#[derive(Default)]
+pub(crate) struct BlockClaims {
+    blocks: HashMap<(usize, u64), Claim>,
+}
+
+fn kind_name(kind: JobKind) -> &'static str {
+    match kind {
+        JobKind::Load => "load",
+        JobKind::Store => "store",
+    }
+}
+
+impl BlockClaims {
+    /// Refuses a `kind` job on `block_ids` of the pool at `address` (of `num_blocks` blocks) that
+    /// would race a held claim: a load on a block with any job, a store on a block being loaded.
+    pub(crate) fn check(
+        &self,
+        kind: JobKind,
+        address: usize,
+        num_blocks: u64,
+        block_ids: &[u64],
+    ) -> Result<(), TransferError> {
+        for &block in block_ids.iter().filter(|&&b| address != 0 && b < num_blocks) {
+            let Some(claim) = self.blocks.get(&(address, block)) else { continue };
+            let held = match (kind, claim.load, claim.stores.first()) {
+                (_, Some(load), _) => Some((load, JobKind::Load)),
+                (JobKind::Load, None, Some(&store)) => Some((store, JobKind::Store)),
+                _ => None,
+            };
+            if let Some((job, held_kind)) = held {
+                let (kind, held_kind) = (kind_name(kind), kind_name(held_kind));
+                return Err(TransferError::BlockInUse { block, kind, job, held_kind });
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `job`'s blocks (after [`check`](Self::check) passed under the same lock).
+    pub(crate) fn hold(&mut self, job: &Job) {
+        let address = pool_address(&job.pool, job.paged.as_ref());
+        for &block in job.block_ids.iter().filter(|&&b| address != 0 && b < job.pool.num_blocks()) {
+            let claim = self.blocks.entry((address, block)).or_default();
+            match job.kind {
+                JobKind::Load => claim.load = Some(job.id),
+                JobKind::Store => claim.stores.push(job.id),
+            }
+        }
+    }
+
+    /// Releases what [`hold`](Self::hold) recorded for `job` (it is being collected).
+    pub(crate) fn release(&mut self, job: &Job) {
+        let address = pool_address(&job.pool, job.paged.as_ref());
+        for &block in job.block_ids.iter().filter(|&&b| address != 0 && b < job.pool.num_blocks()) {
+            let Some(claim) = self.blocks.get_mut(&(address, block)) else { continue };
+            match job.kind {
+                JobKind::Load if claim.load == Some(job.id) => claim.load = None,
+                JobKind::Load => {}
+                JobKind::Store => {
+                    if let Some(i) = claim.stores.iter().position(|&s| s == job.id) {
+                        claim.stores.swap_remove(i);
+                    }
+                }
+            }
+            if claim.load.is_none() && claim.stores.is_empty() {
+                self.blocks.remove(&(address, block));
+            }
+        }
+    }
+}

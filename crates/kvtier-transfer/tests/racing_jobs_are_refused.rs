@@ -1,0 +1,111 @@
+//! A submission whose pool blocks race a job in flight on the same pool (submitted, not yet
+//! collected) is refused with `BlockInUse`, naming the block and the job, and starts nothing:
+//! load vs load, a load into a block a store reads, a store from a block a load writes. Stores
+//! may share blocks; other blocks and other pools are free; collection releases the blocks.
+//! Claims last until collection, so these tests need no timing: a finished job still holds.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvtier_core::paged::PagedPool;
+use kvtier_core::Geometry;
+use kvtier_transfer::{PoolBuffer, TransferConfig, TransferEngine, TransferError};
+
+fn in_use(err: TransferError) -> (u64, &'static str, u64, &'static str) {
+    match err {
+        TransferError::BlockInUse { block, kind, job, held_kind } => (block, kind, job, held_kind),
+        other => panic!("expected BlockInUse, got {other:?}"),
+    }
+}
+
+/// A `LayerFirst` buffer of `n` blocks as a paged pool (K and V of each layer, one region each).
+fn paged(g: &Geometry, pool: &Arc<PoolBuffer>, n: usize) -> PagedPool {
+    let seg = g.segment_bytes() as usize;
+    let base = pool.as_ptr() as *mut u8;
+    let regions: Vec<(*mut u8, usize)> =
+        (0..2 * g.num_layers() as usize).map(|r| (unsafe { base.add(r * n * seg) }, seg)).collect();
+    // SAFETY: the regions tile the live buffer, which the test keeps until the jobs are collected.
+    unsafe { PagedPool::from_regions(&regions, &vec![2usize; g.num_layers() as usize], n) }.unwrap()
+}
+
+/// Collects with `finished()` until job `id` shows up.
+fn collect(engine: &TransferEngine, id: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !engine.finished().iter().any(|j| j.id == id) {
+        assert!(Instant::now() < deadline, "job {id} never finished");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_load_into_a_block_an_uncollected_load_holds_is_refused_until_collected() {
+    let g = geometry(2, 1, 32, 8);
+    let store = store(g.clone(), 16);
+    let ks = keys(&store, 0, 4);
+    put_raw(&store, &ks);
+    let engine = engine(&store, TransferConfig::default());
+    let (_buf, pool) = new_pool(&g, 8);
+    let first = engine.submit_load(&ks[..2], pool.clone(), &[1, 2]).unwrap();
+    let err = engine.submit_load(&ks[2..], pool.clone(), &[5, 2]).unwrap_err();
+    assert_eq!(in_use(err.clone()), (2, "load", first, "load"));
+    assert!(err.to_string().contains("pool block 2") && err.to_string().contains(&format!("job {first}")));
+    assert_eq!(engine.jobs(), 1, "the refused submission started nothing");
+    // Other blocks are free; out-of-range ids hold nothing (they settle as BadBlockId in each job).
+    let other = engine.submit_load(&ks[2..], pool.clone(), &[5, 6]).unwrap();
+    let bad = engine.submit_load(&ks[..1], pool.clone(), &[99]).unwrap();
+    let bad2 = engine.submit_load(&ks[1..2], pool.clone(), &[99]).unwrap();
+    engine.wait(&[first, other, bad, bad2]).unwrap();
+    let again = engine.submit_load(&ks[2..], pool.clone(), &[5, 2]).unwrap(); // collected: released
+    collect(&engine, again);
+    assert_eq!(store.stats().leases_active, 0, "a refused load leased nothing");
+}
+
+#[test]
+fn loads_and_stores_on_one_block_are_refused_both_ways_and_stores_share() {
+    let g = geometry(2, 1, 32, 8);
+    let store = store(g.clone(), 16);
+    let ks = keys(&store, 0, 4);
+    put_raw(&store, &ks[..2]);
+    let engine = engine(&store, TransferConfig::default());
+    let (_buf, pool) = new_pool(&g, 8);
+    let save = engine.submit_store(&ks[2..3], pool.clone(), &[3]).unwrap();
+    let save2 = engine.submit_store(&ks[3..4], pool.clone(), &[3]).unwrap(); // readers share
+    let err = engine.submit_load(&ks[..1], pool.clone(), &[3]).unwrap_err();
+    assert_eq!(in_use(err).0, 3);
+    engine.wait(&[save]).unwrap();
+    let err = engine.submit_load(&ks[..1], pool.clone(), &[3]).unwrap_err(); // one reader left
+    assert_eq!(in_use(err), (3, "load", save2, "store"));
+    engine.wait(&[save2]).unwrap();
+    let load = engine.submit_load(&ks[..2], pool.clone(), &[3, 4]).unwrap();
+    let err = engine.submit_store(&ks[2..], pool.clone(), &[0, 4]).unwrap_err();
+    assert_eq!(in_use(err), (4, "store", load, "load"));
+    collect(&engine, load);
+    let save3 = engine.submit_store(&ks[2..], pool.clone(), &[0, 4]).unwrap();
+    engine.wait(&[save3]).unwrap();
+}
+
+#[test]
+fn paged_pools_over_the_same_memory_are_one_pool_and_other_memory_is_free() {
+    let g = geometry(3, 1, 32, 8);
+    let n = 8usize;
+    let store = store(g.clone(), 16);
+    let ks = keys(&store, 0, 2);
+    put_raw(&store, &ks);
+    let engine = engine(&store, TransferConfig::default());
+    let (buf, _) = new_pool(&g, n as u64);
+    let (other_buf, _) = new_pool(&g, n as u64);
+    let load = engine.submit_paged_load(&ks, paged(&g, &buf, n), &[6, 7]).unwrap();
+    // A second PagedPool object over the same tensors is the same pool.
+    let err = engine.submit_paged_store(&ks[..1], paged(&g, &buf, n), &[7]).unwrap_err();
+    assert_eq!(in_use(err), (7, "store", load, "load"));
+    let err = engine.submit_paged_load(&ks[..1], paged(&g, &buf, n), &[6]).unwrap_err();
+    assert_eq!(in_use(err).0, 6);
+    let elsewhere = engine.submit_paged_load(&ks, paged(&g, &other_buf, n), &[6, 7]).unwrap();
+    engine.wait(&[load, elsewhere]).unwrap();
+    let save = engine.submit_paged_store(&ks[..1], paged(&g, &buf, n), &[7]).unwrap();
+    engine.wait(&[save]).unwrap();
+    assert_eq!(store.stats().leases_active, 0);
+}
