@@ -28,9 +28,6 @@ class Allowed(NamedTuple):
 ALLOWED: Mapping[str, Allowed] = {
     "crates/kvtier-core/src/layout.rs": Allowed(612, 18, "gather/scatter plans and copies in one file"),
     "crates/kvtier-remote/src/config.rs": Allowed(513, 18, "URL parsing and settings checks in one file"),
-    "crates/kvtier-transfer/src/engine.rs": Allowed(
-        607, 18, "the pipeline's job table (its workers are in engine/workers.rs)"
-    ),
     "python/kvtier/sim/reproduce/superinfer.py": Allowed(520, 18, "every SuperInfer experiment in one file"),
 }
 

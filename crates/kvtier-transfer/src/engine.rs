@@ -1,50 +1,42 @@
-//! [`TransferEngine`]: asynchronous load and store jobs over a [`Store`] and caller pools, run
-//! through the chunked pipeline (docs/transfer.md).
+//! [`TransferEngine`]: asynchronous load and store jobs over a [`Store`](kvtier_store::Store)
+//! and caller pools, run through the chunked pipeline (docs/transfer.md).
 //!
 //! Threads: `stage_workers.read` readers take chunks from the active jobs (oldest first) as
 //! buffer regions free up; decompress, dequantize and scatter workers take chunks from bounded
 //! queues (at most `buffer_chunks` entries: one per region); `store_workers` run store jobs and
 //! paged jobs (one store call each, [`crate::store_calls`]; paged loads queue first).
 //! Lock order: `table`, then the store's locks (a submission leases under `table`); `dispatch`,
-//! stage queues and `store_queue` are leaves. The workers are in [`workers`]; a panic on one
-//! fails its chunk's blocks as `Panicked` and the worker goes on ([`crate::panics`]).
+//! stage queues and `store_queue` are leaves. The workers are in [`workers`]; what they share
+//! with submission and collection, in [`shared`] (below both). A panic on a worker fails its
+//! chunk's blocks as `Panicked` and the worker goes on ([`crate::panics`]).
 
+mod shared;
 mod workers;
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{atomic::AtomicU64, atomic::AtomicUsize, atomic::Ordering, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{atomic::AtomicU64, atomic::AtomicUsize, atomic::Ordering, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use kvtier_core::paged::PagedPool;
-use kvtier_core::{BlockKey, Geometry};
-use kvtier_store::{Store, StoredBlock};
+use kvtier_core::BlockKey;
+use kvtier_store::StoredBlock;
 
 use crate::aligned::AlignedBuf;
 use crate::config::TransferConfig;
 use crate::error::TransferError;
-use crate::hot_path::foreign;
 use crate::job::{BlockOutcome, FinishedJob, Job, JobId, JobKind};
 use crate::panics::Faults;
 #[cfg(feature = "test-hooks")]
 use crate::panics::PanicSite;
 use crate::pool::{PoolRef, PoolShape};
-use crate::stages::{self, Needs};
+use crate::stages;
 use crate::submission::{self, BlockClaims};
+pub use shared::StoreHandle;
+use shared::{
+    chunks_done, finish_job, lock, Dispatch, Shared, Slot, StageQueue, Table, DECOMPRESS, DEQUANTIZE, SCATTER,
+};
 use workers::{read_worker, stage_worker, store_worker};
-
-/// Something that holds a [`Store`] for the engine's life (an `Arc<Store>`, or the Python
-/// store object).
-pub trait StoreHandle: Send + Sync + 'static {
-    fn store(&self) -> &Store;
-}
-
-impl StoreHandle for Store {
-    fn store(&self) -> &Store {
-        self
-    }
-}
 
 /// Time and volume one stage spent, summed over its workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -72,100 +64,12 @@ impl StageStats {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A worker panic is a bug; the state it guards is still consistent for shutdown.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[derive(Default)]
-struct StageCounter {
-    busy_ns: AtomicU64,
-    bytes: AtomicU64,
-    chunks: AtomicU64,
-    stored_bytes: AtomicU64,
-}
-
-impl StageCounter {
-    fn add(&self, since: Instant, bytes: usize) {
-        self.busy_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.chunks.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// One chunk moving through the stages, with the buffer region it occupies.
-struct Task {
-    job: Arc<Job>,
-    chunk: usize,
-    slot: usize,
-    /// Decode stages the chunk's blocks need (set by the read stage).
-    needs: Needs,
-    /// `allocate_per_chunk` only: buffers allocated for this chunk, by stage buffer index.
-    owned: [Option<AlignedBuf>; 3],
-}
-
-/// A buffer region: up to three stage buffers of `chunk_blocks × block_bytes` (read,
-/// decompress, dequantize), allocated once, and where each block's stored payload sits in the
-/// read buffer. A region belongs to exactly one task at a time (`dispatch.free_slots`).
-struct Slot {
-    bufs: [UnsafeCell<AlignedBuf>; 3],
-    forms: UnsafeCell<Vec<StoredBlock>>,
-}
-
-// SAFETY: a slot's buffers are accessed only by the worker holding the task that owns the slot.
-unsafe impl Sync for Slot {}
-
-struct Dispatch {
-    active: VecDeque<Arc<Job>>,
-    free_slots: Vec<usize>,
-    shutdown: bool,
-}
-
-struct StageQueue {
-    queue: Mutex<(VecDeque<Task>, bool)>,
-    ready: Condvar,
-}
-
-struct Table {
-    jobs: HashMap<JobId, Arc<Job>>,
-    finished: VecDeque<JobId>,
-    inflight_bytes: u64,
-    claims: BlockClaims,
-}
-
-struct Shared {
-    store: Arc<dyn StoreHandle>,
-    geometry: Geometry,
-    block_bytes: usize,
-    config: TransferConfig,
-    /// The store has a lower tier, which may hold encoded blocks: decode stages and buffers.
-    decoding: bool,
-    slots: Vec<Slot>,
-    dispatch: Mutex<Dispatch>,
-    dispatch_ready: Condvar,
-    /// Decompress, dequantize, scatter.
-    queues: [StageQueue; 3],
-    store_queue: Mutex<(VecDeque<Arc<Job>>, bool)>,
-    store_ready: Condvar,
-    table: Mutex<Table>,
-    table_changed: Condvar,
-    layer_waiters: AtomicUsize,
-    counters: [StageCounter; 4],
-    next_id: AtomicU64,
-    /// Injected panics (`test-hooks`; empty otherwise).
-    faults: Faults,
-}
-
-/// Asynchronous load/store jobs between a [`Store`] and `LayerFirst` pools or [`PagedPool`]s.
+/// Asynchronous load/store jobs between a [`Store`](kvtier_store::Store) and `LayerFirst` pools or [`PagedPool`]s.
 /// `Send + Sync`.
 pub struct TransferEngine {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
-
-const DECOMPRESS: usize = 0;
-const DEQUANTIZE: usize = 1;
-const SCATTER: usize = 2;
 
 impl TransferEngine {
     /// Starts the engine's workers and allocates every stage buffer.
@@ -277,7 +181,7 @@ impl TransferEngine {
     }
 
     /// [`submit_load`](Self::submit_load) into a [`PagedPool`] of the geometry's layers (`check_layers`;
-    /// kept alive until collected): one [`Store::load_into_pool`] on a store worker, layers announced to
+    /// kept alive until collected): one [`Store::load_into_pool`](kvtier_store::Store::load_into_pool) on a store worker, layers announced to
     /// [`wait_layer`](Self::wait_layer) before the `ReadFailed` verdicts (docs/transfer.md §1.1).
     pub fn submit_paged_load(
         &self,
@@ -289,7 +193,7 @@ impl TransferEngine {
         self.submit(JobKind::Load, keys, blocks, Some(pool), block_ids)
     }
 
-    /// [`submit_store`](Self::submit_store) from a [`PagedPool`]: one [`Store::put_from_pool`].
+    /// [`submit_store`](Self::submit_store) from a [`PagedPool`]: one [`Store::put_from_pool`](kvtier_store::Store::put_from_pool).
     pub fn submit_paged_store(
         &self,
         keys: &[BlockKey],
@@ -537,29 +441,6 @@ impl TransferEngine {
 fn take_rest(job: &Job) -> (usize, usize) {
     let from = job.next_chunk.swap(job.chunks_total, Ordering::AcqRel).min(job.chunks_total);
     (from, job.chunks_total)
-}
-
-/// Records `n` more chunks of `job` as done; the last one finishes the job.
-fn chunks_done(sh: &Shared, job: &Arc<Job>, n: usize) {
-    if job.chunks_done.fetch_add(n, Ordering::AcqRel) + n == job.chunks_total {
-        finish_job(sh, job);
-    }
-}
-
-/// Releases the job's lease and publishes it as finished.
-fn finish_job(sh: &Shared, job: &Arc<Job>) {
-    if let Some(lease) = job.lease {
-        // Releasing is idempotent; an error means the lease already ended (expired). A panic in
-        // the store must not leave the job unfinished (waiters would hang): the lease then
-        // expires by its ttl. Nothing of the engine's is borrowed across it.
-        let release = || foreign(|| sh.store.store().release(lease));
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
-    }
-    let mut table = lock(&sh.table);
-    job.mark_finished();
-    table.inflight_bytes -= job.bytes;
-    table.finished.push_back(job.id);
-    sh.table_changed.notify_all();
 }
 
 impl Drop for TransferEngine {

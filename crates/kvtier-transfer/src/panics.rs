@@ -9,8 +9,8 @@
 //! transfer for the duplex engine), never per block: no allocation, a landing pad.
 //!
 //! With the `test-hooks` feature, [`Faults`] injects panics at named sites
-//! ([`TransferEngine::panic_for_test`](crate::TransferEngine::panic_for_test)); without it,
-//! it is empty and every [`Faults::hit`] compiles to nothing.
+//! (`TransferEngine::panic_for_test`); without it, it is empty and every [`Faults::hit`]
+//! compiles to nothing.
 
 use std::any::Any;
 #[cfg(feature = "test-hooks")]

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use kvtier_store::StoredBlock;
 
-use super::{chunks_done, lock, Shared, Task, DECOMPRESS, DEQUANTIZE, SCATTER};
+use super::shared::{chunks_done, lock, Shared, Task, DECOMPRESS, DEQUANTIZE, SCATTER};
 use crate::aligned::AlignedBuf;
 use crate::hot_path;
 use crate::job::{BlockOutcome, Job, JobKind};
