@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 VERSION = 1  # bump when the recipe below changes: the cached model is rebuilt
 CONFIG = {
@@ -31,55 +32,61 @@ CONFIG = {
 }
 
 
+STAMP = "kvtier-tiny-model.json"
+
+
+def _cached(out: Path) -> bool:
+    stamp = out / STAMP
+    return stamp.exists() and json.loads(stamp.read_text()).get("version") == VERSION
+
+
+def _token_ids(tokenizer_from: Path) -> dict[str, int]:
+    base = json.loads((tokenizer_from / "config.json").read_text())
+    return {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+
+
+def _publish(model: Any, out: Path, tokenizer_from: Path, stamp: dict[str, Any]) -> Path:
+    """Writes ``model`` (float32 safetensors) with SmolLM2's tokenizer files and ``stamp`` to a
+    temporary directory beside ``out``, then renames it to ``out`` (readers never see a half)."""
+    import torch
+
+    tmp = out.parent / f".{out.name}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.float32).save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, tmp / name)
+    (tmp / STAMP).write_text(json.dumps({"version": VERSION, **stamp}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 def ensure_tiny_llama(models: Path, tokenizer_from: Path) -> Path:
     """The cached model directory, built on first use (a few seconds)."""
     out = models / "tiny-llama-tp2"
-    stamp = out / "kvtier-tiny-model.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("version") == VERSION:
+    if _cached(out):
         return out
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    base = json.loads((tokenizer_from / "config.json").read_text())
-    ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG, **ids)).to(torch.float32)
-    tmp = models / f".tiny-llama-tp2.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (tokenizer_from / name).exists():
-            shutil.copy(tokenizer_from / name, tmp / name)
-    (tmp / stamp.name).write_text(json.dumps({"version": VERSION, "config": CONFIG}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG, **_token_ids(tokenizer_from)))
+    return _publish(model, out, tokenizer_from, {"config": CONFIG})
 
 
 def ensure_tiny_mistral(models: Path, tokenizer_from: Path, sliding_window: int = 256) -> Path:
     """The tiny Llama's shape as a Mistral whose every layer has a sliding window of
     ``sliding_window`` tokens (as Mistral-7B-v0.1's), cached beside it."""
     out = models / f"tiny-mistral-sw{sliding_window}"
-    stamp = out / "kvtier-tiny-model.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("version") == VERSION:
+    if _cached(out):
         return out
     import torch
     from transformers import MistralConfig, MistralForCausalLM
 
-    base = json.loads((tokenizer_from / "config.json").read_text())
-    ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
     torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(**CONFIG, **ids, sliding_window=sliding_window))
-    tmp = models / f".{out.name}.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.to(torch.float32).save_pretrained(tmp, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (tokenizer_from / name).exists():
-            shutil.copy(tokenizer_from / name, tmp / name)
-    (tmp / stamp.name).write_text(json.dumps({"version": VERSION, "sliding_window": sliding_window}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    config = MistralConfig(**CONFIG, **_token_ids(tokenizer_from), sliding_window=sliding_window)
+    return _publish(MistralForCausalLM(config), out, tokenizer_from, {"sliding_window": sliding_window})
 
 
 def make_lora(out: Path, seed: int, rank: int = 8) -> Path:
