@@ -12,8 +12,9 @@ The namespace keeps apart what must never be read across: the model (SGLang's mo
 `model_id` given here), the TP size and rank, the pipeline stage, the context-parallel rank and
 the host pool's layout and dtype (for a uint8 pool, the fp8 format named by `kv_cache_dtype`:
 SGLang keeps e4m3 and e5m2 KV alike as uint8, and e4m3 bytes read as e5m2 are other KV). MLA KV
-is the same on every TP rank, so MLA pages leave out the TP rank and size: SGLang backs them up from one writer rank (`is_storage_writer`), and the other
-ranks read that one copy through the remote tier, so MLA with TP > 1 requires a `remote` section.
+is the same on every TP rank, so MLA pages leave out the TP rank and size: SGLang backs them up
+from one writer rank (`is_storage_writer`), and the other ranks read that one copy through the
+remote tier, so MLA with TP > 1 requires a `remote` section.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ list of token ids, or a mapping vLLM takes as a prompt such as `{"prompt": ..., 
 extend the previous round's first prompt with its output and a new question; or `{"prompts":
 [...], "max_tokens": n}` for a round of its own length), `max_tokens`, `multiprocess`,
 `prefix_caching`, `engine` (more `LLM` arguments, such as `tensor_parallel_size`), `connector`
-(the `kv_connector_extra_config`, or null for plain vLLM) with `kv_role`, and `metrics` (true: vLLM keeps its stats, and the result's `vllm_metrics`
-holds every `vllm:kvtier_*` counter in vLLM's Prometheus registry, summed over labels). Each round
-reports its wall time: with `max_tokens=1` that is the request's TTFT.
+(the `kv_connector_extra_config`, or null for plain vLLM) with `kv_role`, and `metrics` (true:
+vLLM keeps its stats, and the result's `vllm_metrics` holds every `vllm:kvtier_*` counter in
+vLLM's Prometheus registry, summed over labels). Each round reports its wall time: with
+`max_tokens=1` that is the request's TTFT.
 """
 
 from __future__ import annotations
