@@ -55,6 +55,19 @@ def test_the_ttft_json_keeps_its_keys_and_values() -> None:
     assert "kvtier_ssd" in text and "load 60% of TTFT" in text and "lmcache: not run" in text
 
 
+def test_the_load_share_is_the_median_of_each_hits_own_share() -> None:
+    """A fresh process's first load (a cold staging buffer) is slow: in a mean over loads divided
+    by the median TTFT it counted as if every hit paid it."""
+    cold_first = vllm.RunTimes(
+        [9.0, 0.8, 0.2, 0.2, 0.21], loads=4, load_s=0.9, round_load_s=[0, 0.72, 0.06, 0.06, 0.07]
+    )
+    assert cold_first.load_share(4) == pytest.approx(statistics.median([0.9, 0.3, 0.3, 0.07 / 0.21]))
+    assert vllm.RunTimes([9.0, 0.5], 1, 0.1).load_share(1) == pytest.approx(0.2)  # no per-round figures
+    assert vllm.RunTimes([9.0, 0.5], 0, 0.0, [0.0, 0.0]).load_share(1) is None  # nothing loaded
+    # A measured round without a load (a miss) is not a hit: it has no share.
+    assert vllm.RunTimes([9.0, 9.1, 0.5], 1, 0.1, [0, 0, 0.1]).load_share(2) == pytest.approx(0.2)
+
+
 def test_the_sim_case_reports_each_cases_errors_at_the_top_level_too() -> None:
     row = {"sim_ttft_error": 0.1, "sim_tpot_error": 0.2, "engine_ttft_noise": 0.03, "engine_tpot_noise": 0.04}
     sim = {"calibration": "c.yaml", "clock": "cpu", "repeats": 3, "cases": {"kvtier_dram": row}}
@@ -68,6 +81,8 @@ def test_a_runs_result_is_read_and_a_bad_field_named() -> None:
         {"rounds": [{"wall_s": 1}, {"wall_s": 0.5, "outputs": []}], "stats": {"loads": 2, "load_s": 1}}
     )
     assert got == vllm.RunTimes([1.0, 0.5], 2, 1.0)
+    per_round = {"rounds": [{"wall_s": 1, "load_s": 0}, {"wall_s": 0.5, "load_s": 0.25}]}
+    assert vllm.parse_run(per_round) == vllm.RunTimes([1.0, 0.5], 0, 0.0, [0.0, 0.25])
     assert vllm.parse_run({"rounds": []}) == vllm.RunTimes([], 0, 0.0)  # plain vLLM: no stats
     with pytest.raises(KvtierError, match=r"rounds\[1\]: `wall_s` is missing"):
         vllm.parse_run({"rounds": [{"wall_s": 1}, {}]})

