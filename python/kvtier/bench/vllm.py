@@ -333,23 +333,22 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument("--sim-repeats", type=positive, default=3, help="vLLM runs per sim case (its noise)")
 
     def main(args: argparse.Namespace) -> None:
-        venv, quiet = Path(args.venv), args.json
+        # Progress goes to stderr with --json too (stdout holds only the result): a run takes minutes.
+        venv = Path(args.venv)
         ttft = sims = None
         if args.case in ("all", "ttft"):
-            ttft = run(venv, args.prefix_tokens, args.requests, args.dtype, progress=not quiet)
+            ttft = run(venv, args.prefix_tokens, args.requests, args.dtype)
         together = None
         if args.case in ("all", "concurrent"):
             together = concurrent(
-                venv, args.prefix_tokens, args.requests, args.dtype, args.background, args.repeats, not quiet
+                venv, args.prefix_tokens, args.requests, args.dtype, args.background, args.repeats
             )
         if args.case == "sim":
             if args.calibration is None:
                 raise ConfigError(
                     "--case sim needs --calibration FILE from `kvtier sim calibrate --engine vllm`"
                 )
-            sims = vllm_sim.validate(
-                venv, args.calibration, repeats=args.sim_repeats, dtype=args.dtype, progress=not quiet
-            )
+            sims = vllm_sim.validate(venv, args.calibration, repeats=args.sim_repeats, dtype=args.dtype)
         emit(VllmBench(ttft, together, sims), args.json, summary)
 
     cmd.set_defaults(func=main)
