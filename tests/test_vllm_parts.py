@@ -112,25 +112,57 @@ def test_gather_and_scatter_round_trip_vllm_blocks_exactly() -> None:
         paged(src).gather([BLOCKS])
 
 
-def test_lookups_cross_a_unix_socket_and_a_dead_worker_is_a_miss() -> None:
-    calls: list[tuple[int, bytes]] = []
+class FakeEndpoint:
+    """A worker's two calls, recorded (the real WorkerSide is tested below)."""
 
-    def fn(tokens: np.ndarray, extra: bytes) -> int:
-        calls.append((len(tokens), extra))
+    def __init__(self, clear_result: int | Exception = 7) -> None:
+        self.calls: list[tuple[int, bytes]] = []
+        self.clears = 0
+        self.clear_result = clear_result
+
+    def lookup(self, tokens: np.ndarray, extra: bytes) -> int:
+        self.calls.append((len(tokens), extra))
         return len(tokens) // BS
 
-    server = lookup.LookupServer("engine-test", 0, fn)
+    def clear(self) -> int:
+        self.clears += 1
+        if isinstance(self.clear_result, Exception):
+            raise self.clear_result
+        return self.clear_result
+
+
+def test_lookups_and_clears_cross_a_unix_socket_and_a_dead_worker_is_a_miss() -> None:
+    endpoint = FakeEndpoint()
+    server = lookup.LookupServer("engine-test", 0, endpoint)
     try:
         lookup._registry.pop(server.name)  # as if the worker were another process
         client = lookup.LookupClient("engine-test", 0, timeout_s=2.0)
         assert client.lookup(np.arange(40, dtype=np.uint32), b"salt") == 10
         assert client.socket_calls == 1 and client.local_calls == 0
-        assert calls == [(40, b"salt")]
+        assert endpoint.calls == [(40, b"salt")]
         assert oct(server.path.stat().st_mode & 0o777) == "0o600"
+        assert client.clear() and endpoint.clears == 1
+        assert client.lookup(np.arange(8, dtype=np.uint32), b"") == 2  # the channel is still in step
+        endpoint.clear_result = RuntimeError("redis down")
+        assert not client.clear() and endpoint.clears == 2  # a failed clear is reported, not raised
+        assert client.lookup(np.arange(8, dtype=np.uint32), b"") == 2
     finally:
         server.close()
     assert client.lookup(np.arange(40, dtype=np.uint32), b"") == 0  # the worker is gone: a miss
     assert client.failures == 1
+    assert not client.clear()  # and a clear cannot be done
+
+
+def test_a_worker_clear_waits_for_queued_saves_then_drops_every_block() -> None:
+    """A save still queued when vLLM resets the connector would put old KV back after the clear."""
+    w = make_worker(cpu_cache(3))
+    try:
+        w.submit_saves([SaveSpec("r1", tokens_bytes(4 * BS), b"", 0, [3, 1, 8, 6])])
+        assert w.clear() == 4  # the save was waited for, then dropped with the rest
+        assert w.lookup(np.arange(5 * BS, dtype=np.uint32), b"") == 0
+        assert w.store.tier_stats()["dram"].objects == 0
+    finally:
+        w.close()
 
 
 def make_worker(layers: list[np.ndarray]) -> WorkerSide:

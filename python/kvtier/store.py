@@ -386,6 +386,19 @@ class Store:
         """
         return self._core.remote_metrics()
 
+    def clear(self) -> int:
+        """Drops every block of this store's namespace from every tier and returns how many:
+        what to call when the model's weights change under the same name (keys cannot tell).
+
+        Other namespaces sharing the SSD pool or the Redis keep theirs; every process sharing
+        this namespace's remote tier loses it too. Blocks of live leases are hidden at once and
+        freed at release; a put running at the same time may leave its blocks. The SSD tier's
+        deletes are synced to its index log (a restart does not bring them back). Raises
+        :class:`kvtier.errors.StoreError` if a tier could not be cleared (Redis down), after
+        clearing the others.
+        """
+        return int(self._core.clear())
+
     def flush(self) -> None:
         """Makes every block the SSD tier holds durable now (``ssd.durability="none"`` otherwise
         leaves the index log's tail to the page cache until the store closes)."""

@@ -37,8 +37,8 @@ def main() -> None:
     )
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
-    (serve,) = lookup._registry.values()
-    worker: Any = serve.__self__  # type: ignore[attr-defined]
+    (endpoint,) = lookup._registry.values()
+    worker: Any = endpoint
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     prompt = llm.get_tokenizer().encode(spec["prompt"])
     engine.add_request("a", {"prompt_token_ids": prompt}, params)

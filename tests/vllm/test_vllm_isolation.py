@@ -142,3 +142,28 @@ def test_requests_with_images_or_prompt_embeddings_are_never_cached() -> None:
     assert KvtierConnector._cacheable(request())
     assert not KvtierConnector._cacheable(request(mm_features=[image]))
     assert not KvtierConnector._cacheable(request(prompt_token_ids=None, prompt_embeds=torch.zeros(300, 8)))
+
+
+def test_a_connector_reset_drops_every_stored_block_lower_tiers_included(
+    vllm_run: Any, tmp_path: Path
+) -> None:
+    """`reset_prefix_cache(reset_connector=True)`, which trainers call after a weight update (the
+    stored KV is of the old weights, under the same name: no key can tell). The connector used to
+    inherit vLLM's `reset_cache` (does nothing; vLLM counts its None as success), and the next
+    request, here or in a fresh process, loaded the old KV. Now every worker clears its store."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    connector = {
+        "dram": {"capacity_bytes": "256MiB"},
+        "ssd": {"directory": str(pool), "capacity_bytes": "512MiB", "write_through": True},
+    }
+    a = vllm_run({"connector": connector, "prompts": [[PROMPT], [PROMPT], "+reset", [PROMPT], "+reset"]})
+    stored, hit, after = only(a, 0), only(a, 1), only(a, 3)
+    n = expected_cached(stored["prompt_tokens"])
+    assert n >= 2 * BLOCK and hit["cached"] == n  # a kvtier hit (vLLM's own prefix cache is off)
+    assert a["rounds"][2] == {"reset": True} and a["rounds"][4] == {"reset": True}
+    assert after["cached"] == 0 and after["token_ids"] == stored["token_ids"]  # recomputed
+    # A fresh process on the same SSD pool: the resets dropped the pool's blocks too.
+    b = vllm_run({"connector": connector, "prompts": [[PROMPT], [PROMPT]]})
+    assert only(b, 0)["cached"] == 0 and only(b, 1)["cached"] == n
+    assert only(b, 1)["token_ids"] == stored["token_ids"]

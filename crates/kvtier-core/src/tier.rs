@@ -24,6 +24,15 @@ pub struct IntegrityError {
     pub detail: String,
 }
 
+/// A tier that could not drop a namespace's objects ([`Tier::clear`]): a remote store that is
+/// unreachable or answers out of protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{tier} tier could not clear the namespace: {detail}")]
+pub struct ClearError {
+    pub tier: &'static str,
+    pub detail: String,
+}
+
 /// Shorthand for an integrity failure of `tier`, as any error type that wraps one.
 pub fn integrity<E: From<IntegrityError>>(tier: &'static str, detail: impl Into<String>) -> E {
     E::from(IntegrityError { tier, detail: detail.into() })
@@ -215,6 +224,11 @@ pub trait Tier: Send + Sync {
     /// last unpin); another namespace's copy of the same key is left alone.
     /// Returns how many were removed or doomed.
     fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize;
+
+    /// Removes every ready copy of `namespace`, as [`remove`](Self::remove) of all its keys
+    /// (pinned ones are doomed); other namespaces' objects stay. Returns how many were removed.
+    /// A put running at the same time may leave its blocks.
+    fn clear(&self, namespace: u128) -> Result<usize, ClearError>;
 
     /// Every entry holding pins, with its pin count (for the store's lease cross-check).
     fn pins(&self) -> Vec<(EntryRef, u32)>;

@@ -3,7 +3,7 @@
 
 use kvtier_core::BlockKey;
 
-use crate::tier::{EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{ClearError, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
 
 #[derive(Debug, Default)]
 pub struct NoopTier;
@@ -51,6 +51,9 @@ impl Tier for NoopTier {
     }
     fn remove(&self, _ns: u128, _keys: &[BlockKey]) -> usize {
         0
+    }
+    fn clear(&self, _ns: u128) -> Result<usize, ClearError> {
+        Ok(0)
     }
     fn pins(&self) -> Vec<(EntryRef, u32)> {
         Vec::new()

@@ -192,3 +192,27 @@ fn another_namespace_never_sees_or_drops_a_block() {
     assert_eq!((outcomes[0], out == p), (ReadOutcome::Loaded, true));
     t.unpin(&entries);
 }
+
+/// `clear` drops every block of one namespace: unpinned ones free their space at once, a pinned
+/// one is hidden and still reads for its holder until unpinned; another namespace's block stays.
+#[test]
+fn clearing_a_namespace_drops_only_its_blocks() {
+    let t = tier(16 * PAGE_BYTES, "s3fifo");
+    let other = NS + 1;
+    for key in 1..=6u128 {
+        assert_eq!(t.put(NS, &[key], &[&payload(key, 3000)]).stored, 1);
+    }
+    assert_eq!(t.put(other, &[10], &[&payload(10, 3000)]).stored, 1);
+    let pinned = pin(&t, &[1]);
+    assert_eq!(t.clear(NS), Ok(6));
+    assert!((1..=6u128).all(|k| !t.contains(NS, k)) && t.contains(other, 10));
+    assert_eq!((t.stats().objects, t.stats().doomed_objects), (1, 1));
+    let mut dst = vec![0u8; 3000];
+    let mut outcomes = [ReadOutcome::NotPinned];
+    t.read_pinned(NS, &pinned, &mut [&mut dst[..]], &mut outcomes);
+    assert_eq!((outcomes[0], dst == payload(1, 3000)), (ReadOutcome::Loaded, true));
+    t.unpin(&pinned);
+    assert_eq!(t.used_bytes(), object_extent_bytes(3000));
+    assert_eq!(t.clear(NS), Ok(0));
+    t.check_integrity().unwrap();
+}

@@ -174,6 +174,11 @@ impl Store {
         py.allow_threads(|| self.inner.remote_metrics()).map(|m| remote_metrics_dict(py, &m)).transpose()
     }
 
+    /// Drops every block of this store's namespace from every tier; returns how many.
+    fn clear(&self, py: Python<'_>) -> PyResult<usize> {
+        py.allow_threads(|| self.inner.clear()).map_err(raise)
+    }
+
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         py.allow_threads(|| self.inner.flush()).map_err(raise)
     }

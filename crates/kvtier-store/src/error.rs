@@ -28,6 +28,9 @@ pub enum StoreError {
     Config(String),
     #[error(transparent)]
     Tier(#[from] PoolError),
+    /// A tier that could not drop the namespace's blocks ([`crate::Store::clear`]).
+    #[error(transparent)]
+    Clear(#[from] kvtier_core::tier::ClearError),
     /// A pool or block table that does not fit the store (a load into an engine pool).
     #[error(transparent)]
     Layout(#[from] kvtier_core::LayoutError),

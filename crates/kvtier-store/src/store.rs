@@ -419,6 +419,24 @@ impl Store {
         Ok(())
     }
 
+    /// Drops every block of this store's namespace from every tier; other namespaces sharing an
+    /// SSD pool or a Redis keep theirs. What an engine asks when its weights change (vLLM's
+    /// `reset_prefix_cache(reset_connector=True)`, SGLang's storage-backend clear). Blocks of live
+    /// leases are hidden now and freed at release; a put running meanwhile may leave its blocks.
+    /// A tier that cannot be cleared (Redis down) is the error, after the others were cleared.
+    /// Returns how many blocks were dropped.
+    pub fn clear(&self) -> Result<usize, StoreError> {
+        let mut dropped = 0;
+        let mut failed = None;
+        for tier in self.tiers() {
+            match tier.clear(self.namespace_hash) {
+                Ok(n) => dropped += n,
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(dropped), |e| Err(e.into()))
+    }
+
     fn unpin(&self, blocks: &[LeasedBlock]) {
         for (t, tier) in self.tiers().enumerate() {
             let entries: Vec<EntryRef> = blocks.iter().filter(|b| b.tier == t).map(|b| b.entry).collect();

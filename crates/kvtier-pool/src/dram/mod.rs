@@ -44,7 +44,9 @@ use crate::arena::Arena;
 use crate::error::{integrity, IntegrityError, PoolError};
 use crate::eviction::EvictionPolicy;
 use crate::extent::{ExtentAllocator, PAGE_BYTES};
-use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{
+    locate_each, ClearError, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+};
 
 /// Unit of parallel prefaulting, in bytes.
 const PREFAULT_CHUNK_BYTES: usize = 64 << 20;
@@ -393,6 +395,18 @@ impl Tier for DramTier {
             }
         }
         removed
+    }
+
+    fn clear(&self, namespace: u128) -> Result<usize, ClearError> {
+        let mut st = self.state.lock();
+        let keys: Vec<BlockKey> = st
+            .index
+            .iter()
+            .filter(|(_, e)| e.state == EntryState::Ready && e.namespace == namespace)
+            .map(|(&key, _)| key)
+            .collect();
+        keys.iter().for_each(|&key| st.retire(key, false));
+        Ok(keys.len())
     }
 
     fn pins(&self) -> Vec<(EntryRef, u32)> {

@@ -13,7 +13,9 @@ use super::SsdTier;
 use crate::error::integrity;
 use crate::extent::PAGE_BYTES;
 use crate::tier::IntegrityError;
-use crate::tier::{locate_each, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{
+    locate_each, ClearError, EntryRef, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+};
 use kvtier_core::checksum::checksum;
 
 impl SsdTier {
@@ -316,6 +318,26 @@ impl Tier for SsdTier {
             st.counters.log_failures += 1;
         }
         removed
+    }
+
+    fn clear(&self, namespace: u128) -> Result<usize, ClearError> {
+        let mut log = self.log.lock();
+        let mut st = self.state.lock();
+        let keys: Vec<BlockKey> = st
+            .index
+            .iter()
+            .filter(|(_, e)| e.state == EntryState::Ready && e.namespace == namespace)
+            .map(|(&key, _)| key)
+            .collect();
+        let mut deletes: Vec<_> = keys.iter().map(|&key| st.retire(key, false)).collect();
+        // Logged under the lock, as `remove` does, and synced: a restart must not bring them back.
+        let logged = log.append(&mut deletes).map_err(std::io::Error::from_raw_os_error).and_then(|()| log.sync());
+        if let Err(e) = logged {
+            st.counters.log_failures += 1;
+            let detail = format!("the index log did not take the deletes ({e}): a restart may bring them back");
+            return Err(ClearError { tier: "ssd", detail });
+        }
+        Ok(keys.len())
     }
 
     fn pins(&self) -> Vec<(EntryRef, u32)> {

@@ -316,6 +316,19 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._plan_saves(st, self._late_saves)
         return (st is not None and st.saves_issued), None
 
+    def reset_cache(self) -> bool | None:
+        """vLLM's `reset_prefix_cache(reset_connector=True)` (after a weight update: stored KV is
+        of the old weights, and no key can tell): every rank's worker clears its store (its
+        namespace on every tier, shared ones included). False if any rank could not; vLLM then
+        reports the reset as failed. Requests known here re-save from their next step."""
+        if self._role != KVConnectorRole.SCHEDULER:
+            return None
+        cleared = [c.clear() for c in self._clients]  # every rank, even after one failed
+        self._hits.clear()
+        for st in self._reqs.values():
+            st.saved = 0
+        return all(cleared)
+
     @staticmethod
     def _cacheable(request: Request) -> bool:
         """Keys cover token ids only: images (equal placeholder tokens) and prompt embeddings (zero
@@ -350,7 +363,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._worker = WorkerSide(Store(config), paged, stats_file)
         self._layers = {n: i for i, n in enumerate(names)}
         self._layerwise = self._settings.resolve_layerwise(first.device.type)
-        self._server = LookupServer(self._engine_id, rank, self._worker.lookup)
+        self._server = LookupServer(self._engine_id, rank, self._worker)
         log.info(
             "kvtier connector: %d layers, %d blocks of %d bytes, layout %s, rank %d",
             len(names),

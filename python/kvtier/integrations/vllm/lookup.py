@@ -11,10 +11,13 @@ SSD pool is opened by one process). So the worker that owns a store answers look
 A request carries token ids and the request's key extra (salt, LoRA); the worker hashes them in
 its own namespace (model, layout, rank) and answers the number of consecutive cached blocks. With
 TP > 1 the scheduler asks every rank and takes the smallest answer. A worker that does not answer
-in time, or an error, is a miss (0 blocks), never an exception in vLLM's scheduler.
+in time, or an error, is a miss (0 blocks), never an exception in vLLM's scheduler. The same
+channel carries vLLM's connector reset (`reset_prefix_cache(reset_connector=True)`, after a weight
+update): each worker clears its store.
 
 Frame: request `<II` (token count, extra length), tokens as `<u4`, extra; reply `<i` (blocks, or
--1 when the worker failed).
+-1 when the worker failed). A clear is a request of `CLEAR` tokens and no extra; its reply is the
+blocks dropped, or -1.
 """
 
 from __future__ import annotations
@@ -27,20 +30,34 @@ import socket
 import struct
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 log = logging.getLogger("kvtier.vllm")
 
-LookupFn = Callable[[npt.NDArray[np.uint32], bytes], int]
 REQUEST = struct.Struct("<II")
 REPLY = struct.Struct("<i")
 MAX_TOKENS = 1 << 24  # a frame claiming more is refused, not allocated
+CLEAR = 0xFFFF_FFFF  # the token count of a clear request
+CLEAR_TIMEOUT_S = 300.0  # a clear walks every tier (a shared Redis: every key); a lookup must not
 
-_registry: dict[str, LookupFn] = {}
+
+class Endpoint(Protocol):
+    """What a worker serves (`worker.WorkerSide`)."""
+
+    def lookup(self, tokens: npt.NDArray[np.uint32], extra: bytes) -> int:
+        """Consecutive cached blocks of `tokens` (whole blocks) with key extra `extra`."""
+        ...
+
+    def clear(self) -> int:
+        """Drops every block of the worker's store; returns how many."""
+        ...
+
+
+_registry: dict[str, Endpoint] = {}
 _registry_lock = threading.Lock()
 
 
@@ -72,12 +89,12 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 class LookupServer:
     """Serves lookups for one worker: registered in-process and on its Unix socket."""
 
-    def __init__(self, engine_id: str, rank: int, fn: LookupFn) -> None:
+    def __init__(self, engine_id: str, rank: int, endpoint: Endpoint) -> None:
         self.name = channel(engine_id, rank)
-        self.fn = fn
+        self.endpoint = endpoint
         self.path = socket_path(engine_id, rank)
         with _registry_lock:
-            _registry[self.name] = fn
+            _registry[self.name] = endpoint
         self.path.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.path))
@@ -116,6 +133,10 @@ class LookupServer:
                 n_tokens, n_extra = REQUEST.unpack(_recv_exact(conn, REQUEST.size))
             except (ConnectionError, OSError):
                 return
+            if n_tokens == CLEAR and n_extra == 0:
+                if not self._reply(conn, self._clear()):
+                    return
+                continue
             if n_tokens > MAX_TOKENS or n_extra > 1 << 16:
                 log.error("kvtier lookup: refused a frame of %d tokens, %d extra bytes", n_tokens, n_extra)
                 return
@@ -127,14 +148,27 @@ class LookupServer:
             if self._closed:
                 return
             try:
-                hit = int(self.fn(tokens, extra))
+                hit = int(self.endpoint.lookup(tokens, extra))
             except Exception:
                 log.exception("kvtier lookup failed; answering a miss")
                 hit = -1
-            try:
-                conn.sendall(REPLY.pack(hit))
-            except OSError:
+            if not self._reply(conn, hit):
                 return
+
+    @staticmethod
+    def _reply(conn: socket.socket, value: int) -> bool:
+        try:
+            conn.sendall(REPLY.pack(value))
+        except OSError:
+            return False
+        return True
+
+    def _clear(self) -> int:
+        try:
+            return int(self.endpoint.clear())
+        except Exception:
+            log.exception("kvtier: clearing the worker's store failed")
+            return -1
 
     def close(self) -> None:
         """Stops answering: the registry entry, the listening socket and every open connection
@@ -181,7 +215,7 @@ class LookupClient:
         if local is not None:
             self.local_calls += 1
             try:
-                return max(0, int(local(tokens, extra)))
+                return max(0, int(local.lookup(tokens, extra)))
             except Exception:
                 log.exception("kvtier lookup failed; treating it as a miss")
                 self.failures += 1
@@ -203,6 +237,33 @@ class LookupClient:
                     self.failures += 1
                     log.warning("kvtier lookup on rank %d failed (%s); treating it as a miss", self.rank, e)
         return 0
+
+    def clear(self) -> bool:
+        """Asks this rank's worker to clear its store; False (logged) if it could not, or did not
+        answer within `CLEAR_TIMEOUT_S`."""
+        with _registry_lock:
+            local = _registry.get(self.name)
+        try:
+            if local is not None:
+                dropped = int(local.clear())
+            else:
+                if self._sock is None:
+                    self._sock = self._connect()
+                self._sock.settimeout(CLEAR_TIMEOUT_S)
+                try:
+                    self._sock.sendall(REQUEST.pack(CLEAR, 0))
+                    (dropped,) = REPLY.unpack(_recv_exact(self._sock, REPLY.size))
+                finally:
+                    self._sock.settimeout(self.timeout_s)
+        except Exception as e:
+            log.error("kvtier: clearing rank %d's store failed (%s)", self.rank, e)
+            self.close()  # the reply may still come: this connection is out of step now
+            return False
+        if dropped < 0:
+            log.error("kvtier: rank %d could not clear its store (its log says why)", self.rank)
+            return False
+        log.info("kvtier: rank %d dropped %d blocks", self.rank, dropped)
+        return True
 
     def close(self) -> None:
         if self._sock is not None:

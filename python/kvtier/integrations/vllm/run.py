@@ -7,7 +7,9 @@ long prompt list passes the kernel's 128 KiB limit on one argument); the spec ho
 `prompts` (a list of rounds, each one `generate` call: a list of prompts, a prompt being text, a
 list of token ids, or a mapping vLLM takes as a prompt such as `{"prompt": ..., "cache_salt":
 ...}`, which may add `"lora": {"name": ..., "path": ...}` for a LoRA adapter; or "+turn" to
-extend the previous round's first prompt with its output and a new question; or `{"prompts":
+extend the previous round's first prompt with its output and a new question; or "+reset" to
+reset vLLM's prefix cache and the connector's (`reset_prefix_cache(reset_connector=True)`: the
+round is `{"reset": <what it returned>}`); or `{"prompts":
 [...], "max_tokens": n}` for a round of its own length), `max_tokens`, `multiprocess`,
 `prefix_caching`, `engine` (more `LLM` arguments, such as `tensor_parallel_size`), `connector`
 (the `kv_connector_extra_config`, or null for plain vLLM) with `kv_role`, and `metrics` (true:
@@ -24,9 +26,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.integrations.vllm.config import transfer_config
+
+if TYPE_CHECKING:
+    from kvtier.integrations.vllm.worker import WorkerSide
 
 
 def main() -> None:
@@ -64,6 +69,9 @@ def main() -> None:
         if isinstance(prompts, dict):  # {"prompts": [...], "max_tokens": n}: this round's own
             round_params = SamplingParams(temperature=0, max_tokens=prompts["max_tokens"])
             prompts = prompts["prompts"]
+        if prompts == "+reset":  # vLLM's own and the connector's caches (as after a weight update)
+            rounds.append({"reset": llm.reset_prefix_cache(reset_connector=True)})
+            continue
         if prompts == "+turn":
             first = previous[0]
             prompts = [f"{first['prompt']}{first['text']}\nUser: and what happened next?\nAssistant:"]
@@ -119,24 +127,26 @@ def kvtier_metrics() -> dict[str, float]:
     return out
 
 
+def local_workers() -> list[WorkerSide]:
+    """The connector workers of this process (single-process vLLM), from the lookup registry."""
+    from kvtier.integrations.vllm import lookup
+    from kvtier.integrations.vllm.worker import WorkerSide
+
+    with lookup._registry_lock:
+        return [w for w in lookup._registry.values() if isinstance(w, WorkerSide)]
+
+
 def local_load_s() -> float:
     """Seconds the connector workers of this process have spent on loads so far (0 without one):
     each round's growth is its `load_s` (single-process vLLM only)."""
-    from kvtier.integrations.vllm import lookup
-
-    with lookup._registry_lock:
-        workers = [fn.__self__ for fn in lookup._registry.values()]  # type: ignore[attr-defined]
-    return sum(float(w.counter_snapshot().get("load_s", 0.0)) for w in workers)
+    return sum(float(w.counter_snapshot().get("load_s", 0.0)) for w in local_workers())
 
 
 def close_local_workers() -> dict[str, object]:
     """Closes the connector workers of this process (single-process vLLM: their saves finish and
     the SSD tier is made durable); ``{"stats": ...}`` of the last one, or nothing without one."""
-    from kvtier.integrations.vllm import lookup
-
     out: dict[str, object] = {}
-    for fn in list(lookup._registry.values()):
-        worker = fn.__self__  # type: ignore[attr-defined]  # the WorkerSide serving lookups
+    for worker in local_workers():
         worker.close()
         out["stats"] = worker.stats()
     return out

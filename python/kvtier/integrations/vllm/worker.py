@@ -373,6 +373,13 @@ class WorkerSide:
             self._saw_saves -= done
         return done
 
+    def clear(self) -> int:
+        """Drops every block of this worker's store (vLLM's connector reset, after a weight update)
+        once the saves submitted before it are done: one still queued would put old KV back.
+        Returns how many blocks were dropped."""
+        self._wait_saves()
+        return self.store.clear()
+
     def drain(self) -> None:
         """Waits until every submitted save is done (before vLLM may overwrite blocks)."""
         self._wait_saves()
