@@ -148,6 +148,21 @@ fn clear_deletes_exactly_one_namespace_of_one_prefix() {
     assert!(planted.tier.metrics().del.keys >= CLEARED_LEN as u64, "the UNLINKs are counted");
 }
 
+/// Over an authenticated connection to a database other than 0 (the pooled connections' `AUTH`
+/// and `SELECT`): only that database is cleared; the same names in database 0 stay.
+#[test]
+fn clear_stays_in_the_configured_database() {
+    let binary = need_server!();
+    let server = Server::start_anywhere(&binary, Some("sesame"));
+    let url = |db: u32| format!("redis://:sesame@127.0.0.1:{}/{db}", server.port);
+    let db0 = RemoteTier::open(config(&[url(0)], false, "kvtier:"), NS).unwrap();
+    put(&db0, NS, &CLEARED.collect::<Vec<_>>());
+    let planted = plant(&[url(3)], false, "kvtier:", &["other:"]);
+    assert_eq!(planted.tier.clear_namespace(NS), Ok(CLEARED_LEN as u64));
+    check_rest_intact(&planted);
+    assert!(all_readable(&db0, NS, &CLEARED.collect::<Vec<_>>()), "database 0 was cleared too");
+}
+
 /// The server-side pattern alone (no client-side check) selects exactly the namespace's
 /// objects, with glob metacharacters in the prefix: a pattern that forgot the namespace, or
 /// did not escape the prefix, fails here even though the client-side check would catch it.
