@@ -4,7 +4,8 @@
 //! each as one pipeline on one pooled connection. An item whose node is down, or whose
 //! connection fails mid-batch, gets [`Res::Failed`]; in cluster mode, redirected items are
 //! retried once after the slot map is refreshed. Nothing here raises while serving: results
-//! are per item, and the caller turns failures into counted misses.
+//! are per item, and the caller turns failures into counted misses. (Deleting every key of a
+//! pattern, an administrative operation that does return errors, is in [`crate::clear`].)
 
 use std::collections::HashMap;
 use std::io;
@@ -430,6 +431,24 @@ impl RemoteClient {
 
     pub(crate) fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    pub(crate) fn settings(&self) -> &ConnectSettings {
+        &self.settings
+    }
+
+    /// Every node that holds keys (the server; in a cluster each master, after a slot-map
+    /// refresh) and how many hash slots no known master serves.
+    pub(crate) fn masters(&self) -> Result<(Vec<Arc<Node>>, usize), RemoteError> {
+        match &self.topology {
+            Topology::Single(node) => Ok((vec![node.clone()], 0)),
+            Topology::Cluster(cluster) => {
+                self.refresh_slots(true)?;
+                let map = cluster.map.read().clone();
+                let uncovered = map.slot_node.iter().filter(|&&n| n == crate::cluster::NO_NODE).count();
+                Ok((map.nodes.clone(), uncovered))
+            }
+        }
     }
 
     /// Every node known and how many are in reconnect backoff.

@@ -7,6 +7,8 @@
 //! - [`pipeline`]: sliding-window pipelines of EXISTS/GET/SET/DEL on one connection.
 //! - [`cluster`]: hash slots and the `CLUSTER SLOTS` map.
 //! - [`client`]: [`RemoteClient`], batches split by node, run in parallel, faults as results.
+//! - [`clear`]: deleting every key of a pattern (SCAN + UNLINK on every master), and the
+//!   pattern of one namespace's objects ([`RemoteTier::clear_namespace`]).
 //! - [`tier`]: [`RemoteTier`], the [`kvtier_core::tier::Tier`] the store stacks below DRAM and SSD.
 //! - [`metrics`]: per-operation latency/bytes/errors, reconnects, down misses, bad values.
 //! - [`tls`]: `rediss://` with rustls (feature `tls`, default).
@@ -16,6 +18,7 @@
 //! down or misbehaving server yields counted misses, never a panic or an error while serving;
 //! every buffer and window is bounded (`inflight_bytes_max`, connections per node, reply sizes).
 
+pub mod clear;
 pub mod client;
 pub mod cluster;
 pub mod config;
@@ -29,6 +32,7 @@ pub mod testing;
 pub mod tier;
 pub mod tls;
 
+pub use clear::{glob_escape, is_namespace_key, namespace_pattern};
 pub use client::RemoteClient;
 pub use config::{RemoteConfig, TlsConfig};
 pub use error::RemoteError;

@@ -98,6 +98,11 @@ pub fn del(conn: &mut Conn, names: &[&[u8]], out: &mut [Res]) -> io::Result<()> 
     per_name(conn, b"DEL", names, out)
 }
 
+/// `UNLINK name` per item (as `DEL`, the memory is freed in the background).
+pub fn unlink(conn: &mut Conn, names: &[&[u8]], out: &mut [Res]) -> io::Result<()> {
+    per_name(conn, b"UNLINK", names, out)
+}
+
 /// `command name` per item, each answered by an integer.
 fn per_name(conn: &mut Conn, command: &[u8], names: &[&[u8]], out: &mut [Res]) -> io::Result<()> {
     sliding(

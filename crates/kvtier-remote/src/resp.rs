@@ -1,5 +1,6 @@
 //! A minimal RESP2 client connection: just what the remote tier sends (GET, SET, EXISTS, DEL,
-//! AUTH, SELECT, PING, CLUSTER SLOTS) and what it reads back.
+//! AUTH, SELECT, PING, CLUSTER SLOTS, and DBSIZE, SCAN, UNLINK to clear a namespace) and what it
+//! reads back.
 //!
 //! Why our own and not the `redis` crate: a 4 MiB GET must land in the caller's buffer with no
 //! intermediate copy (the reply's 64-byte object header goes to the stack, the payload is read
@@ -25,6 +26,9 @@ pub const LINE_BYTES_MAX: usize = 64 << 10;
 pub const REPLY_BULK_BYTES_MAX: usize = 64 << 20;
 /// Most elements of one array reply (CLUSTER SLOTS of a large cluster stays far below).
 pub const REPLY_ARRAY_LEN_MAX: usize = 1 << 20;
+/// What each reply item (an array element, a bulk string) counts against a
+/// [`Conn::read_reply_within`] bound on top of its bytes.
+pub const REPLY_ITEM_BYTES: usize = 16;
 /// Deepest nesting of array replies.
 pub const REPLY_DEPTH_MAX: usize = 8;
 /// Socket buffer sizes of the client side (small commands coalesce; large values bypass them).
@@ -313,14 +317,25 @@ impl Conn {
 
     /// Reads one whole reply (small replies only: bulk strings up to [`REPLY_BULK_BYTES_MAX`]).
     pub fn read_reply(&mut self) -> io::Result<Reply> {
-        self.start_reply();
-        self.read_reply_depth(0)
+        self.read_reply_within(usize::MAX)
     }
 
-    fn read_reply_depth(&mut self, depth: usize) -> io::Result<Reply> {
+    /// Reads one whole reply whose bulk strings and array elements add up to at most
+    /// `bytes_max` (each element counts [`REPLY_ITEM_BYTES`] on top of its bytes): a reply
+    /// of many items, such as a `SCAN` page, is bounded as a whole, not only item by item.
+    pub fn read_reply_within(&mut self, bytes_max: usize) -> io::Result<Reply> {
+        self.start_reply();
+        let mut budget = bytes_max;
+        self.read_reply_depth(0, &mut budget)
+    }
+
+    fn read_reply_depth(&mut self, depth: usize, budget: &mut usize) -> io::Result<Reply> {
         if depth > REPLY_DEPTH_MAX {
             return Err(invalid(format!("reply nested deeper than {REPLY_DEPTH_MAX}")));
         }
+        *budget = budget
+            .checked_sub(REPLY_ITEM_BYTES)
+            .ok_or_else(|| invalid("reply larger than this command's bound".into()))?;
         self.read_line()?;
         match self.line.first() {
             Some(b'+') => Ok(Reply::Status(self.line_text())),
@@ -332,11 +347,13 @@ impl Conn {
                     return Ok(Reply::Bulk(None));
                 }
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
-                if n > REPLY_BULK_BYTES_MAX {
+                if n > REPLY_BULK_BYTES_MAX || n > *budget {
                     return Err(invalid(format!(
-                        "bulk reply of {n} bytes; at most {REPLY_BULK_BYTES_MAX} read here"
+                        "bulk reply of {n} bytes; at most {} read here",
+                        REPLY_BULK_BYTES_MAX.min(*budget)
                     )));
                 }
+                *budget -= n;
                 let mut v = vec![0u8; n];
                 self.reader.read_exact(&mut v)?;
                 self.read_crlf()?;
@@ -353,7 +370,7 @@ impl Conn {
                 }
                 let mut items = Vec::with_capacity(n.min(1024));
                 for _ in 0..n {
-                    items.push(self.read_reply_depth(depth + 1)?);
+                    items.push(self.read_reply_depth(depth + 1, budget)?);
                 }
                 Ok(Reply::Array(Some(items)))
             }

@@ -1,5 +1,6 @@
-//! A loopback `redis-server` / `valkey-server` for the Rust test suites (only with the
-//! `test-hooks` feature): the one harness the remote and store crates' tests start servers with.
+//! A loopback `redis-server` / `valkey-server`, and a Redis Cluster of them, for the Rust test
+//! suites (only with the `test-hooks` feature): the one harness the remote and store crates'
+//! tests start servers with.
 //!
 //! Two ways a loopback server test used to fail at random, both closed here:
 //! - a port picked with `bind(0)` lies in the kernel's ephemeral range, so an outgoing connection
@@ -11,8 +12,11 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::resp::{Conn, Reply};
 
 /// `valkey-server` or `redis-server`, whichever is on PATH.
 pub fn server_binary() -> Option<String> {
@@ -56,6 +60,8 @@ pub struct LoopbackServer {
     pub port: u16,
     binary: String,
     password: Option<String>,
+    /// Extra server arguments (cluster mode).
+    args: Vec<String>,
 }
 
 impl LoopbackServer {
@@ -66,6 +72,7 @@ impl LoopbackServer {
             port,
             binary: binary.to_string(),
             password: password.map(String::from),
+            args: Vec::new(),
         };
         s.restart();
         s
@@ -80,6 +87,7 @@ impl LoopbackServer {
                 port: free_port(),
                 binary: binary.to_string(),
                 password: password.map(String::from),
+                args: Vec::new(),
             };
             if s.try_start() {
                 return s;
@@ -100,6 +108,7 @@ impl LoopbackServer {
         if let Some(p) = &self.password {
             cmd.args(["--requirepass", p]);
         }
+        cmd.args(&self.args);
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn the server");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -127,6 +136,111 @@ impl LoopbackServer {
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
+
+    /// Sends one command on a fresh connection and returns its reply (setup and checks only).
+    pub fn command(&self, args: &[&[u8]]) -> Reply {
+        let second = Duration::from_secs(5);
+        let mut conn = Conn::connect("127.0.0.1", self.port, second, second, None).expect("connect");
+        if let Some(p) = &self.password {
+            conn.write_command(&[b"AUTH", p.as_bytes()]).expect("send AUTH");
+        }
+        conn.write_command(args).expect("send the command");
+        conn.flush().expect("send the command");
+        if self.password.is_some() {
+            conn.read_reply().expect("the AUTH reply");
+        }
+        conn.read_reply().expect("a reply")
+    }
+}
+
+/// A Redis Cluster of `masters` loopback servers (no replicas), its slots split evenly, formed
+/// with `CLUSTER ADDSLOTS` and `CLUSTER MEET`; every node killed and its directory removed on drop.
+pub struct LoopbackCluster {
+    pub nodes: Vec<LoopbackServer>,
+    dir: PathBuf,
+}
+
+impl LoopbackCluster {
+    /// Starts and forms the cluster; panics if it is not `cluster_state:ok` within 20 s.
+    pub fn start(binary: &str, masters: usize) -> LoopbackCluster {
+        let dir = std::env::temp_dir().join(format!("kvtier-cluster-{}-{}", std::process::id(), free_port()));
+        let mut nodes = Vec::new();
+        for i in 0..masters {
+            let node_dir = dir.join(i.to_string());
+            std::fs::create_dir_all(&node_dir).expect("a cluster node directory");
+            nodes.push(start_cluster_node(binary, &node_dir));
+        }
+        let slots_per_node = crate::cluster::SLOTS.div_ceil(masters);
+        for (i, node) in nodes.iter().enumerate() {
+            let epoch = (i + 1).to_string();
+            assert_eq!(node.command(&[b"CLUSTER", b"SET-CONFIG-EPOCH", epoch.as_bytes()]), ok());
+            let slots: Vec<String> = (i * slots_per_node
+                ..((i + 1) * slots_per_node).min(crate::cluster::SLOTS))
+                .map(|s| s.to_string())
+                .collect();
+            let mut args: Vec<&[u8]> = vec![b"CLUSTER", b"ADDSLOTS"];
+            args.extend(slots.iter().map(|s| s.as_bytes()));
+            assert_eq!(node.command(&args), ok());
+        }
+        for node in &nodes[1..] {
+            let port = node.port.to_string();
+            assert_eq!(nodes[0].command(&[b"CLUSTER", b"MEET", b"127.0.0.1", port.as_bytes()]), ok());
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !nodes.iter().all(|n| {
+            let info = n.command(&[b"CLUSTER", b"INFO"]);
+            matches!(info, Reply::Bulk(Some(b)) if String::from_utf8_lossy(&b).contains("cluster_state:ok"))
+        }) {
+            assert!(Instant::now() < deadline, "the cluster did not form within 20 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        LoopbackCluster { nodes, dir }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(LoopbackServer::url).collect()
+    }
+}
+
+impl Drop for LoopbackCluster {
+    fn drop(&mut self) {
+        self.nodes.clear(); // kills them
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ok() -> Reply {
+    Reply::Status("OK".into())
+}
+
+/// A cluster-mode server in `dir` on a port whose cluster bus port (+10000) is free too.
+fn start_cluster_node(binary: &str, dir: &std::path::Path) -> LoopbackServer {
+    let (lo, _) = ephemeral_range();
+    for _ in 0..20 {
+        let port = free_port();
+        // The bus port must be a valid port outside the ephemeral range, and free.
+        let bus_free = port
+            .checked_add(10_000)
+            .is_some_and(|bus| bus < lo && TcpListener::bind(("127.0.0.1", bus)).is_ok());
+        if !bus_free {
+            continue;
+        }
+        let mut s = LoopbackServer {
+            child: None,
+            port,
+            binary: binary.to_string(),
+            password: None,
+            args: ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--dir"]
+                .into_iter()
+                .map(String::from)
+                .chain([dir.to_string_lossy().into_owned()])
+                .collect(),
+        };
+        if s.try_start() {
+            return s;
+        }
+    }
+    panic!("{binary} did not start in cluster mode on any of 20 free port pairs");
 }
 
 impl Drop for LoopbackServer {

@@ -86,6 +86,17 @@ impl RemoteTier {
         self.client.metrics()
     }
 
+    /// Deletes every object of `namespace` under this tier's key prefix — on the server, or on
+    /// every master of a cluster — and nothing else (no other namespace, prefix or key; see
+    /// [`namespace_pattern`](crate::clear::namespace_pattern)); returns how many it deleted.
+    /// Not atomic: objects written while it runs may survive. Costs a `SCAN` of every key in
+    /// the database. Errors as [`RemoteClient::delete_matching`]: objects may remain then.
+    pub fn clear_namespace(&self, namespace: u128) -> Result<u64, RemoteError> {
+        let prefix = &self.client.config().key_prefix;
+        let pattern = crate::clear::namespace_pattern(prefix, namespace);
+        self.client.delete_matching(&pattern, &|name| crate::clear::is_namespace_key(prefix, namespace, name))
+    }
+
     fn name(&self, namespace: u128, key: BlockKey) -> Vec<u8> {
         key_name(&self.client.config().key_prefix, namespace, key)
     }
