@@ -37,4 +37,6 @@ pub use eviction::{by_name as eviction_by_name, EvictionPolicy, POLICY_NAMES};
 pub use extent::{Extent, ExtentAllocator, PAGE_BYTES};
 pub use noop::NoopTier;
 pub use ssd::{Durability, IoEngineKind, Placement, SsdConfig, SsdTier};
-pub use tier::{ClearError, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+pub use tier::{
+    ClearError, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+};

@@ -3,7 +3,9 @@
 
 use kvtier_core::BlockKey;
 
-use crate::tier::{ClearError, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats};
+use crate::tier::{
+    ClearError, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+};
 
 #[derive(Debug, Default)]
 pub struct NoopTier;

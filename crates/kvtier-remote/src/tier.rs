@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvtier_core::checksum::checksum;
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::tier::{
-    locate_each, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport, TierStats,
+    locate_each, ClearError, EntryRef, IntegrityError, Located, ReadOutcome, Tier, TierKind, TierPutReport,
+    TierStats,
 };
 use kvtier_core::{BlockKey, ObjectError, ObjectHeader, OBJECT_HEADER_BYTES};
 use parking_lot::Mutex;
@@ -457,6 +458,13 @@ impl Tier for RemoteTier {
         let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.name(namespace, k)).collect();
         let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
         self.client.del(&name_refs).iter().filter(|r| **r == Res::Bool(true)).count()
+    }
+
+    fn clear(&self, namespace: u128) -> Result<usize, ClearError> {
+        let detail = |e: RemoteError| e.to_string();
+        self.clear_namespace(namespace)
+            .map(|n| n as usize)
+            .map_err(|e| ClearError { tier: "remote", detail: detail(e) })
     }
 
     fn pins(&self) -> Vec<(EntryRef, u32)> {

@@ -331,10 +331,12 @@ impl Tier for SsdTier {
             .collect();
         let mut deletes: Vec<_> = keys.iter().map(|&key| st.retire(key, false)).collect();
         // Logged under the lock, as `remove` does, and synced: a restart must not bring them back.
-        let logged = log.append(&mut deletes).map_err(std::io::Error::from_raw_os_error).and_then(|()| log.sync());
+        let logged =
+            log.append(&mut deletes).map_err(std::io::Error::from_raw_os_error).and_then(|()| log.sync());
         if let Err(e) = logged {
             st.counters.log_failures += 1;
-            let detail = format!("the index log did not take the deletes ({e}): a restart may bring them back");
+            let detail =
+                format!("the index log did not take the deletes ({e}): a restart may bring them back");
             return Err(ClearError { tier: "ssd", detail });
         }
         Ok(keys.len())
