@@ -157,11 +157,15 @@ def test_a_connector_reset_drops_every_stored_block_lower_tiers_included(
         "dram": {"capacity_bytes": "256MiB"},
         "ssd": {"directory": str(pool), "capacity_bytes": "512MiB", "write_through": True},
     }
-    a = vllm_run({"connector": connector, "prompts": [[PROMPT], [PROMPT], "+reset", [PROMPT], "+reset"]})
+    # Round 4 ("Hi": no whole block, nothing to save) steps the engine once more: a request whose
+    # blocks wait for their saves keeps them until the step after it finished, and vLLM's own
+    # reset fails (returns False, the connector's clear done all the same) while it does.
+    rounds = [[PROMPT], [PROMPT], "+reset", [PROMPT], ["Hi"], "+reset"]
+    a = vllm_run({"connector": connector, "prompts": rounds})
     stored, hit, after = only(a, 0), only(a, 1), only(a, 3)
     n = expected_cached(stored["prompt_tokens"])
     assert n >= 2 * BLOCK and hit["cached"] == n  # a kvtier hit (vLLM's own prefix cache is off)
-    assert a["rounds"][2] == {"reset": True} and a["rounds"][4] == {"reset": True}
+    assert a["rounds"][2] == {"reset": True} and a["rounds"][5] == {"reset": True}
     assert after["cached"] == 0 and after["token_ids"] == stored["token_ids"]  # recomputed
     # A fresh process on the same SSD pool: the resets dropped the pool's blocks too.
     b = vllm_run({"connector": connector, "prompts": [[PROMPT], [PROMPT]]})
