@@ -1,7 +1,9 @@
 """Hardening (issue 15) through the public API: another namespace's objects on a shared SSD pool
 or Redis are plain misses that are never dropped (defect 2); existing files and links are never
 taken over as SSD devices (defect 3); pool files are private and a directory every user can write
-is refused (defect 4); a truncated device is named (the zero-byte case)."""
+is refused (defect 4); a truncated device is named (the zero-byte case). Issue 15 review (bad input
+through the API): an SSD pool read into buffers of another size is a BufferError, and a load's
+``out`` of the wrong shape is named as such, not as too many blocks for the lease."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier.errors import ConfigError
+from kvtier import _core
+from kvtier.errors import BufferError, ConfigError, LeaseError
 from kvtier.keys import BlockKeys
 from kvtier.testing.redis import LocalRedis
 
@@ -171,3 +174,44 @@ def test_a_truncated_device_is_named_not_an_io_error(tmp_path: Path) -> None:
     (tmp_path / "device-0.kvtd").write_bytes(b"")
     with pytest.raises(ConfigError, match="0 bytes, too short to hold its superblock"):
         ssd_store(tmp_path, "m")
+
+
+# ---- review: buffers of the wrong size or shape ---------------------------------------------
+
+
+def test_an_ssd_pool_read_into_buffers_of_another_size_is_a_buffer_error(tmp_path: Path) -> None:
+    """``_core.SsdPool.get`` (the SSD tier alone, as ``kvtier bench ssd`` uses it) with an
+    ``object_bytes`` other than the stored objects' was a Rust assertion: a PanicException (a
+    BaseException, past every ``except Exception``) that left the objects pinned. It is refused
+    before any read, naming both sizes, and the pool serves the objects as before."""
+    pool = _core.SsdPool({"directory": str(tmp_path), "capacity_bytes": 2**22, "probe_bytes": 0})
+    namespace, raw = bytes(range(16)), bytes(range(32, 64))
+    objects = blocks(2, seed=8)
+    assert pool.put(namespace, raw, objects, BLOCK)[0] == 2
+    for size in (BLOCK - 1, BLOCK + 4096, 16):
+        out = np.zeros((2, size), np.uint8)
+        with pytest.raises(
+            BufferError, match=rf"read buffer 0 holds {size} bytes; the stored object holds {BLOCK} bytes"
+        ):
+            pool.get(namespace, raw, out, size)
+        assert not out.any()
+    out = np.zeros_like(objects)
+    assert pool.get(namespace, raw, out, BLOCK) == ["loaded", "loaded"]
+    assert np.array_equal(out, objects)
+    assert pool.metrics()["pinned_objects"] == 0
+    pool.check_integrity()
+
+
+def test_a_flat_or_transposed_out_is_named_as_the_wrong_shape(tmp_path: Path) -> None:
+    """``Store.load`` counted the rows of ``out`` before checking that they are blocks: a flat
+    buffer of the right size (a bytearray, a 1-D array) or a transposed shape was reported as a
+    LeaseError ("asked to load 49152 blocks; lease holds 3"), which names the wrong problem."""
+    store = ssd_store(tmp_path, "m")
+    keys = store.namespace.block_keys(range(48))
+    store.put(keys, blocks(3, seed=9))
+    with store.lease(keys) as lease:
+        for out in (bytearray(3 * BLOCK), np.zeros(3 * BLOCK, np.uint8), np.zeros((BLOCK, 3), np.uint8)):
+            with pytest.raises(BufferError, match=rf"out .*shape.*expected .*\(n, {BLOCK}\)"):
+                store.load(lease, out)
+        with pytest.raises(LeaseError, match="holds 3"):
+            store.load(lease, np.zeros((4, BLOCK), np.uint8))
