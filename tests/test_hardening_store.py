@@ -2,8 +2,9 @@
 or Redis are plain misses that are never dropped (defect 2); existing files and links are never
 taken over as SSD devices (defect 3); pool files are private and a directory every user can write
 is refused (defect 4); a truncated device is named (the zero-byte case). Issue 15 review (bad input
-through the API): an SSD pool read into buffers of another size is a BufferError, and a load's
-``out`` of the wrong shape is named as such, not as too many blocks for the lease."""
+through the API): an SSD pool read into buffers of another size is a BufferError, a load's
+``out`` of the wrong shape is named as such, not as too many blocks for the lease, and buffers
+that share memory are named by their positions."""
 
 from __future__ import annotations
 
@@ -215,3 +216,24 @@ def test_a_flat_or_transposed_out_is_named_as_the_wrong_shape(tmp_path: Path) ->
                 store.load(lease, out)
         with pytest.raises(LeaseError, match="holds 3"):
             store.load(lease, np.zeros((4, BLOCK), np.uint8))
+
+
+def test_buffers_that_share_memory_are_named_by_position(tmp_path: Path) -> None:
+    """Every writable buffer must be the only view of its bytes; the error said "out and out share
+    memory" (or "pool region and pool region"), not which two."""
+    store = ssd_store(tmp_path, "m")
+    keys = store.namespace.block_keys(range(48))
+    store.put(keys, blocks(3, seed=10))
+    out = np.zeros((3, BLOCK), np.uint8)
+    flat = out.reshape(-1)
+    with store.lease(keys) as lease:
+        with pytest.raises(BufferError, match=r"out 0 and out 2 share memory"):
+            store.load(lease, [out[0], out[1], flat[100 : 100 + BLOCK]])
+        with pytest.raises(BufferError, match=r"out 1 and out 2 share memory"):
+            store.load(lease, [out[2], out[0], out[0]])
+        seg = BLOCK // 4  # 2 layers: K and V regions of a quarter block each
+        regions = [np.zeros((4, seg), np.uint8) for _ in range(3)]
+        pool = kvtier.layout.PagedPool([[regions[0], regions[1]], [regions[2], regions[1]]])
+        with pytest.raises(BufferError, match=r"pool region 1 and pool region 3 share memory"):
+            store.load_into_pool(lease, pool, [0])
+    assert not out.any() and not any(r.any() for r in regions)
