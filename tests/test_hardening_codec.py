@@ -4,10 +4,13 @@ before anything is allocated for it: not a MemoryError, not a bare ValueError.
 
 Issue 15 review: a small payload whose header declares up to the largest allowed length
 (``DECODED_LEN_MAX``, 1 GiB) must not make the decoder fill that much memory before it finds the
-payload corrupt, nor keep it afterwards; and a seeded fuzz of mutated payloads and objects."""
+payload corrupt, nor keep it afterwards; a seeded fuzz of mutated payloads and objects; and the
+numbers these functions take (codec ids, levels, layers, bins, block keys) are checked in
+Python: a bool is not a number, and one out of range is named, not a bare OverflowError."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -15,7 +18,7 @@ import numpy as np
 import pytest
 
 from kvtier import codec, objects
-from kvtier.errors import KvtierError, ObjectFormatError
+from kvtier.errors import KeyHashError, KvtierError, ObjectFormatError
 from kvtier.geometry import Geometry
 
 
@@ -139,3 +142,34 @@ def test_mutated_payloads_and_objects_are_refused_or_bounded_never_a_crash() -> 
         assert bad == obj, "a changed object was accepted"
         assert (decoded.namespace_hash, decoded.key, decoded.payload) == (namespace, key, kv.tobytes())
     assert refused > 2900
+
+
+@pytest.mark.parametrize("bad", [True, -1, 2**128, 1.0, "1"], ids=repr)
+def test_a_block_key_is_an_int_in_range(bad: object) -> None:
+    """``encode_object`` took ``key.to_bytes``: -1 and 2**128 raised OverflowError, a numpy int an
+    AttributeError, and True became key 1."""
+    with pytest.raises(
+        KeyHashError, match=rf"key {re.escape(repr(bad))} .*expected an int in \[0, 2\*\*128\)"
+    ):
+        objects.encode_object(bytes(16), bad, b"kv")  # type: ignore[arg-type]
+    assert objects.decode_object(objects.encode_object(bytes(16), np.uint64(7), b"kv")).key == 7
+
+
+def test_codec_numbers_are_ints_in_range() -> None:
+    """A bool was codec 1 (``lossless``), level 1 or layer 1; a level or first layer out of the
+    binding's int type was a bare OverflowError; BinRule took floats and bools as bin counts."""
+    block = np.zeros(2 * GEOMETRY.segment_bytes, np.uint8)
+    payload = codec.encode(block, "lossless")
+    with pytest.raises(codec.CodecError, match="unknown codec True"):
+        codec.decode(payload, True)  # type: ignore[arg-type]
+    for level in (True, 1000, -1000, 2.0):
+        with pytest.raises(codec.CodecError, match=rf"level {level!r} .*expected an int in \[-128, 127\]"):
+            codec.encode(block, "lossless", backend="zstd", level=level)  # type: ignore[arg-type]
+    for first in (True, -1, 2**16, 1.0):
+        with pytest.raises(
+            codec.CodecError, match=rf"first_layer {first!r} .*expected an int in \[0, 65535\]"
+        ):
+            codec.encode(block, "quant", geometry=GEOMETRY, first_layer=first, key_bins=BINS, value_bins=BINS)  # type: ignore[arg-type]
+    for args in [(True, 16, 16), (0, 16.5, 16), (0, 16, True), ("a", 16, 16)]:
+        with pytest.raises(codec.CodecError, match=r"expected an int"):
+            codec.BinRule(*args)  # type: ignore[arg-type]
