@@ -207,6 +207,24 @@ def test_job_ids_layers_and_transfer_ids_are_ints_in_range(geometry: kvtier.Geom
     assert done.ok
 
 
+def test_python_ints_past_int64_are_out_of_range_block_ids(geometry: kvtier.Geometry) -> None:
+    """numpy makes a list holding an int past int64 a float64 or object array, and the error
+    said "dtype float64" of a list of ints. Such an id is out of range like any id past the pool:
+    a ``bad_block_id`` outcome in a job, a LayoutError naming it in a copy."""
+    store = make_store(geometry, 8)
+    keys = store.namespace.block_keys(range(2 * geometry.block_tokens))
+    objects = fp16_blocks(keys, geometry.block_bytes)
+    store.put(keys, objects)
+    engine = TransferEngine(store)
+    pool = layout.alloc_pool(geometry, 2)
+    for huge in (2**63, 2**64, -(2**63) - 1):
+        [done] = engine.wait(engine.submit_load(keys, pool, [huge, 1]))
+        assert done.outcomes == ("bad_block_id", "done")
+        with pytest.raises(kvtier.errors.LayoutError, match=rf"block id {huge} .*out of range"):
+            layout.gather(geometry, pool, (1, huge))
+    assert np.array_equal(layout.gather(geometry, pool, [1]), objects[1:])
+
+
 def test_transfer_config_bounds_are_checked_at_construction() -> None:
     """TransferConfig checked only ``>= 1``: a value past the engine's bounds (or past u64)
     constructed, and failed later, when an engine was built from it."""

@@ -32,7 +32,7 @@ from kvtier import _core
 from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
-from kvtier.layout import PagedPool, buffer_array, pool_num_blocks
+from kvtier.layout import PagedPool, buffer_array, int64_overflow, pool_num_blocks
 from kvtier.store import Store
 
 #: Every block outcome, in the order of the Rust enum.
@@ -184,6 +184,9 @@ def _job(t: tuple[int, str, list[str], bool, int, float]) -> FinishedJob:
 
 def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
     ids = np.asarray(block_ids)
+    if ids.dtype.kind in "fO" and int64_overflow(block_ids) is not None:
+        # Python ints past int64: out of range like any id past the pool (-1: "bad_block_id").
+        ids = np.array([b if -(2**63) <= b < 2**63 else -1 for b in block_ids], dtype=np.int64)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
         raise BufferError(
             f"block_ids must be a 1-D sequence of ints; got shape {ids.shape}, dtype {ids.dtype}"
