@@ -3,8 +3,8 @@ or Redis are plain misses that are never dropped (defect 2); existing files and 
 taken over as SSD devices (defect 3); pool files are private and a directory every user can write
 is refused (defect 4); a truncated device is named (the zero-byte case). Issue 15 review (bad input
 through the API): an SSD pool read into buffers of another size is a BufferError, a load's
-``out`` of the wrong shape is named as such, not as too many blocks for the lease, and buffers
-that share memory are named by their positions."""
+``out`` of the wrong shape is named as such, not as too many blocks for the lease, buffers
+that share memory are named by their positions, and a layer progress takes any timeout."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import kvtier
 from kvtier import _core
 from kvtier.errors import BufferError, ConfigError, LeaseError
 from kvtier.keys import BlockKeys
+from kvtier.store import LayerProgress
 from kvtier.testing.redis import LocalRedis
 
 GEOMETRY = kvtier.Geometry(2, 2, 64, "fp16", 16)  # 16 KiB blocks: whole pages
@@ -237,3 +238,22 @@ def test_buffers_that_share_memory_are_named_by_position(tmp_path: Path) -> None
         with pytest.raises(BufferError, match=r"pool region 1 and pool region 3 share memory"):
             store.load_into_pool(lease, pool, [0])
     assert not out.any() and not any(r.any() for r in regions)
+
+
+def test_a_progress_wait_takes_any_timeout_and_names_a_bad_layer() -> None:
+    """``LayerProgress.wait(layer, timeout_s=1e19)`` panicked ("overflow when adding duration to
+    instant": a PanicException, past every ``except Exception``), even on a closed progress; inf
+    was refused as not "seconds >= 0"; a negative layer was a bare OverflowError and True was
+    layer 1. A timeout past what the clock holds waits as None does."""
+    closed = LayerProgress()
+    closed.close()  # a closed progress never blocks
+    for timeout in (1e19, 1.8e19, float("inf")):
+        assert closed.wait(0, timeout_s=timeout)
+    progress = LayerProgress()
+    assert not progress.wait(0, timeout_s=0.0)
+    for timeout in (float("nan"), -1.0):
+        with pytest.raises(BufferError, match=r"timeout_s is .*expected seconds >= 0"):
+            progress.wait(0, timeout_s=timeout)
+    for layer in (-1, 2**64, True):
+        with pytest.raises(BufferError, match=rf"layer {layer!r} .*expected an int >= 0"):
+            progress.wait(layer, timeout_s=0.0)
