@@ -4,7 +4,8 @@ taken over as SSD devices (defect 3); pool files are private and a directory eve
 is refused (defect 4); a truncated device is named (the zero-byte case). Issue 15 review (bad input
 through the API): an SSD pool read into buffers of another size is a BufferError, a load's
 ``out`` of the wrong shape is named as such, not as too many blocks for the lease, buffers
-that share memory are named by their positions, and a layer progress takes any timeout."""
+that share memory are named by their positions, a layer progress takes any timeout, and SSD
+bandwidths as large as the config accepts place objects."""
 
 from __future__ import annotations
 
@@ -257,3 +258,45 @@ def test_a_progress_wait_takes_any_timeout_and_names_a_bad_layer() -> None:
     for layer in (-1, 2**64, True):
         with pytest.raises(BufferError, match=rf"layer {layer!r} .*expected an int >= 0"):
             progress.wait(layer, timeout_s=0.0)
+
+
+def placed(directory: Path, bandwidths: list[float]) -> list[int]:
+    """Objects per device of a two-device SSD tier with ``bandwidths`` after a put of 8 blocks
+    (written through, several at once), each loaded back exactly."""
+    directory.mkdir(mode=0o700)
+    config = kvtier.StoreConfig(
+        geometry=GEOMETRY,
+        model_id="m",
+        dram=kvtier.DramConfig(capacity_bytes=OBJECT),
+        ssd=kvtier.SsdConfig(
+            directory=str(directory),
+            devices=[str(directory / "dev-a"), str(directory / "dev-b")],
+            capacity_bytes="4MiB",
+            probe_bytes=0,
+            write_through=True,
+            bandwidth_bytes_per_s=bandwidths,
+        ),
+    )
+    store = kvtier.Store(config)
+    keys = store.namespace.block_keys(range(8 * 16))
+    objects = blocks(8, seed=11)
+    assert store.put(keys, objects).written.ssd == 8
+    loaded, out = load_all(store, keys)
+    assert loaded == 8 and np.array_equal(out, objects)
+    return [d["objects"] for d in store.ssd_metrics()["devices"]]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("bandwidths", "same_as"),
+    [([1e300, 1e300], [1e9, 1e9]), ([2e38, 2e38], [1e9, 1e9]), ([1.7e308, 1.0], [2.0**53, 1.0])],
+    ids=str,
+)
+def test_bandwidths_as_large_as_the_config_takes_place_objects(
+    tmp_path: Path, bandwidths: list[float], same_as: list[float]
+) -> None:
+    """``ssd.bandwidth_bytes_per_s`` takes any positive float; Algorithm 1 rounded each to a u128
+    (1e300 saturates) and summed them: the sum wrapped, so a put writing several blocks at once
+    panicked ("flooring loses less than one object per device", a PanicException), and
+    [1.7e308, 1.0] wrapped to 0, read as a failed probe (equal shares). They place as the same
+    ratios at a real device's scale do."""
+    assert placed(tmp_path / "huge", bandwidths) == placed(tmp_path / "same", same_as)
