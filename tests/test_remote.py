@@ -351,6 +351,23 @@ def test_remote_pool_raw_and_verified_paths(redis: LocalRedis) -> None:
     assert pool.get(keys.raw, out, GEOMETRY.block_bytes) == ["missing"] * 16
 
 
+def test_remote_pool_reads_of_another_size_leave_the_objects(redis: LocalRedis) -> None:
+    """``RemotePool.get`` with a ``block_bytes`` other than the stored objects' reported each as
+    corrupt and deleted it from the server, which every store of the namespace shares: a
+    caller's wrong size destroyed good blocks. Such a value is ``"wrong_length"``, left alone."""
+    ns = kvtier.StoreConfig(geometry=GEOMETRY).namespace
+    pool = RemotePool(config(redis.url).remote, ns.hash)
+    keys = ns.block_keys(TOKENS)
+    data = blocks(16)
+    assert pool.put(keys.raw, data, GEOMETRY.block_bytes) == (16, 0, 0)
+    for size in (GEOMETRY.block_bytes // 2, GEOMETRY.block_bytes + 1):
+        assert pool.get(keys.raw, np.zeros((16, size), np.uint8), size) == ["wrong_length"] * 16
+    out = np.zeros_like(data)
+    assert pool.get(keys.raw, out, GEOMETRY.block_bytes) == ["loaded"] * 16
+    assert np.array_equal(out, data)
+    assert pool.metrics()["bad_length"] == 0
+
+
 def test_acl_user_and_password(tmp_path: Path) -> None:
     with LocalRedis(tmp_path, password="admin-pw") as server:
         assert server.command("ACL", "SETUSER", "kv", "on", ">kv-pw", "~kvtier:*", "+@all") == "OK"

@@ -173,6 +173,76 @@ def test_bad_input_is_a_clear_error(geometry: kvtier.Geometry) -> None:
     assert isinstance(TransferError("x"), kvtier.KvtierError)
 
 
+@pytest.mark.parametrize("bad", [True, np.bool_(True), -1, 2**64, 1.0, "1"], ids=repr)
+def test_job_ids_layers_and_transfer_ids_are_ints_in_range(geometry: kvtier.Geometry, bad: object) -> None:
+    """As device blocks and host slots are: a job id, a layer or a duplex transfer id from Python
+    that is negative or too large was pyo3's bare OverflowError ("out of range integral type
+    conversion attempted"), and True waited for job 1. Each is a TransferError naming it."""
+    store = make_store(geometry, 8)
+    keys = store.namespace.block_keys(range(2 * geometry.block_tokens))
+    store.put(keys, fp16_blocks(keys, geometry.block_bytes))
+    engine = TransferEngine(store)
+    job = engine.submit_load(keys, layout.alloc_pool(geometry, 2), [0, 1])
+    calls = {
+        "job": [
+            lambda: engine.wait(bad),  # type: ignore[arg-type]
+            lambda: engine.wait([job, bad]),  # type: ignore[list-item]
+            lambda: engine.wait_layer(bad, 0),  # type: ignore[arg-type]
+            lambda: engine.outcomes(bad),  # type: ignore[arg-type]
+            lambda: engine.cancel(bad),  # type: ignore[arg-type]
+        ],
+        "layer": [lambda: engine.wait_layer(job, bad)],  # type: ignore[arg-type]
+    }
+    duplex = DuplexEngine(
+        geometry, layout.alloc_pool(geometry, 2), np.zeros((2, geometry.block_bytes), np.uint8)
+    )
+    calls["transfer"] = [lambda: duplex.wait(bad)]  # type: ignore[arg-type]
+    for what, fns in calls.items():
+        for call in fns:
+            with pytest.raises(TransferError, match=f"{what} {bad!r}.*expected an int"):
+                call()
+    with pytest.raises(TransferError, match=f"layer {2**32} .*expected an int in"):
+        engine.wait_layer(job, 2**32)
+    [done] = engine.wait(np.int64(job))  # numpy ints are ints
+    assert done.ok
+
+
+def test_python_ints_past_int64_are_out_of_range_block_ids(geometry: kvtier.Geometry) -> None:
+    """numpy makes a list holding an int past int64 a float64 or object array, and the error
+    said "dtype float64" of a list of ints. Such an id is out of range like any id past the pool:
+    a ``bad_block_id`` outcome in a job, a LayoutError naming it in a copy."""
+    store = make_store(geometry, 8)
+    keys = store.namespace.block_keys(range(2 * geometry.block_tokens))
+    objects = fp16_blocks(keys, geometry.block_bytes)
+    store.put(keys, objects)
+    engine = TransferEngine(store)
+    pool = layout.alloc_pool(geometry, 2)
+    for huge in (2**63, 2**64, -(2**63) - 1):
+        [done] = engine.wait(engine.submit_load(keys, pool, [huge, 1]))
+        assert done.outcomes == ("bad_block_id", "done")
+        with pytest.raises(kvtier.errors.LayoutError, match=rf"block id {huge} .*out of range"):
+            layout.gather(geometry, pool, (1, huge))
+    assert np.array_equal(layout.gather(geometry, pool, [1]), objects[1:])
+
+
+def test_transfer_config_bounds_are_checked_at_construction() -> None:
+    """TransferConfig checked only ``>= 1``: a value past the engine's bounds (or past u64)
+    constructed, and failed later, when an engine was built from it."""
+    for name, value, bound in [
+        ("chunk_blocks", 4097, 4096),
+        ("buffer_chunks", 1025, 1024),
+        ("store_workers", 65, 64),
+        ("jobs_in_flight_max", 2**20 + 1, 2**20),
+        ("inflight_bytes_max", 2**64, 2**64 - 1),
+        ("job_blocks_max", 2**64, 2**64 - 1),
+    ]:
+        with pytest.raises(ConfigError, match=rf"{name} is {value}; expected an int in \[1, {bound}\]"):
+            TransferConfig(**{name: value})
+    with pytest.raises(ConfigError, match=r"stage_workers\[dequantize\] is 65; expected an int in \[1, 64\]"):
+        TransferConfig(stage_workers=(1, 1, 65, 1))
+    TransferConfig(chunk_blocks=4096, buffer_chunks=1024, stage_workers=(64, 64, 64, 64), store_workers=64)
+
+
 def test_a_job_racing_an_uncollected_one_on_a_pool_block_is_refused_naming_both(
     geometry: kvtier.Geometry,
 ) -> None:

@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -38,6 +39,18 @@ class NonFiniteError(CodecError):
     """``quant`` was given NaN or inf values; it rejects them rather than emit garbage."""
 
 
+def _int_in(value: object, what: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]``, checked before it becomes a Rust int: a bool is not
+    one (True would be 1), and one out of range is named (pyo3 raises a bare OverflowError)."""
+    try:
+        n = None if isinstance(value, bool | np.bool_) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise CodecError(f"{what} {value!r} is out of range or not an int; expected an int in [{lo}, {hi}]")
+    return n
+
+
 @dataclass(frozen=True)
 class BinRule:
     """``early_bins`` bins for layers below ``early_layers``, then ``late_bins`` (3..=255)."""
@@ -47,12 +60,9 @@ class BinRule:
     late_bins: int
 
     def __post_init__(self) -> None:
-        if self.early_layers < 0:
-            raise CodecError(f"early_layers is {self.early_layers}; expected >= 0")
+        _int_in(self.early_layers, "early_layers", 0, 2**16 - 1)
         for name in ("early_bins", "late_bins"):
-            bins = getattr(self, name)
-            if not 3 <= bins <= 255:
-                raise CodecError(f"{name} is {bins}; expected 3..255")
+            _int_in(getattr(self, name), name, 3, 255)
 
     def bins(self, layer: int) -> int:
         return self.early_bins if layer < self.early_layers else self.late_bins
@@ -64,7 +74,7 @@ CACHEGEN_VALUES = BinRule(early_layers=2, early_bins=32, late_bins=16)
 
 def codec_id(codec: str | int) -> int:
     """The id of ``codec`` (a name or an id); raises :class:`CodecError` listing the known ones."""
-    if isinstance(codec, int) and codec in CODEC_IDS.values():
+    if isinstance(codec, int) and not isinstance(codec, bool) and codec in CODEC_IDS.values():
         return codec
     if isinstance(codec, str) and codec in CODEC_IDS:
         return CODEC_IDS[codec]
@@ -102,6 +112,8 @@ def encode(
     cid = codec_id(codec)
     if backend not in BACKENDS:
         raise CodecError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if level is not None:
+        level = _int_in(level, "level", -128, 127)
     raw = _byte_view(data, "data")
     if raw.nbytes == 0:
         raise CodecError("data is empty; codecs encode at least one byte")
@@ -116,6 +128,7 @@ def encode(
         raise CodecError("quant needs geometry= (the chunk's layers, heads, head_dim, block_tokens)")
     if geometry.dtype != "fp16":
         raise CodecError(f"quant encodes fp16 KV; geometry dtype is {geometry.dtype}")
+    first_layer = _int_in(first_layer, "first_layer", 0, 2**16 - 1)
     layer_bytes = 2 * geometry.segment_bytes
     if raw.nbytes % layer_bytes:
         raise CodecError(

@@ -172,6 +172,14 @@ def kv_view(geometry: Geometry, pool: np.ndarray) -> np.ndarray:
     return flat.view(width).reshape(shape)
 
 
+def int64_overflow(block_ids: object) -> tuple[int, int] | None:
+    """(position, id) of the first id past int64 in a list or tuple of Python ints: numpy makes
+    such a list a float64 or object array, whose dtype is not what is wrong with it."""
+    if isinstance(block_ids, list | tuple) and all(type(b) is int for b in block_ids):
+        return next(((i, b) for i, b in enumerate(block_ids) if not -(2**63) <= b < 2**63), None)
+    return None
+
+
 def _block_ids(block_ids: Sequence[int] | npt.ArrayLike, num_blocks: int) -> npt.NDArray[np.uint64]:
     ids = np.asarray(block_ids)
     if ids.ndim != 1:
@@ -179,6 +187,10 @@ def _block_ids(block_ids: Sequence[int] | npt.ArrayLike, num_blocks: int) -> npt
     if ids.size == 0:
         return np.zeros(0, dtype=np.uint64)
     if not np.issubdtype(ids.dtype, np.integer):
+        if (big := int64_overflow(block_ids)) is not None:
+            raise LayoutError(
+                f"block id {big[1]} at position {big[0]} is out of range; the pool has {num_blocks} blocks"
+            )
         raise LayoutError(f"block_ids have dtype {ids.dtype}; expected integers")
     lo = int(ids.min())
     if lo < 0:

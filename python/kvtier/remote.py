@@ -67,7 +67,9 @@ class RemotePool:
         return int(stored), int(present), int(rejected)
 
     def get(self, keys_raw: bytes, out: np.ndarray | list[np.ndarray], block_bytes: int) -> list[str]:
-        """Loads and verifies blocks; one of ``loaded``/``corrupt``/``missing`` per key."""
+        """Loads and verifies blocks; one of ``loaded``/``corrupt``/``missing`` per key, or
+        ``wrong_length`` for a value that is not one object of ``block_bytes`` (another codec's
+        object, or ``block_bytes`` is not the stored size): left on the server, not counted."""
         return list(self._core.get(keys_raw, out, block_bytes))
 
     def exists(self, keys_raw: bytes) -> list[bool | None]:

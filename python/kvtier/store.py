@@ -215,12 +215,16 @@ class Store:
         raise BufferError(f"{what} is {type(arr).__name__}; expected a numpy array or a list of arrays")
 
     def _block_count(self, arr: object, what: str) -> int:
-        """Blocks in ``arr`` (rows of an array, or items of a sequence); BufferError for anything else."""
+        """Blocks in ``arr`` (rows of an array, each of ``block_bytes``, or items of a sequence);
+        BufferError for anything else, before the count is held against a lease."""
+        given = arr
         arr = self._blocks_arg(arr, what, writable=False)
         if isinstance(arr, np.ndarray):
-            if arr.ndim == 0:
+            if arr.ndim == 0 or arr.nbytes != arr.shape[0] * self.block_bytes:
+                label = what if arr is given else f"{what} (a {type(given).__name__})"
                 raise BufferError(
-                    f"{what} is a 0-d array; expected blocks along axis 0 (n x {self.block_bytes} bytes)"
+                    f"{label} has shape {arr.shape} ({arr.nbytes} bytes, {arr.dtype}); expected blocks "
+                    f"along axis 0, shape (n, {self.block_bytes}) in bytes"
                 )
             return int(arr.shape[0])
         return len(arr)

@@ -32,7 +32,7 @@ from kvtier import _core
 from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
-from kvtier.layout import PagedPool, buffer_array, pool_num_blocks
+from kvtier.layout import PagedPool, buffer_array, int64_overflow, pool_num_blocks
 from kvtier.store import Store
 
 #: Every block outcome, in the order of the Rust enum.
@@ -56,28 +56,48 @@ class TransferError(KvtierError):
     """A job cannot be submitted (a bound is reached), is unknown, or a swap is misused."""
 
 
-def _block(value: object, what: str = "device block") -> int:
-    """A duplex device block or host slot number from the caller, checked before it becomes a
-    Rust u64: a bool is not one (True would be block 1), a negative or too large one is named
-    (pyo3 raises a bare OverflowError). Rust checks it against the pool's size."""
+def _index(value: object, what: str, end: int = 2**64) -> int:
+    """A number from the caller (a job id, a layer, a duplex block or slot) checked before it
+    becomes a Rust unsigned int: a bool is not one (True would be 1), a negative or too large
+    one is named (pyo3 raises a bare OverflowError). Rust checks it against what exists."""
     try:
         index = None if isinstance(value, bool | np.bool_) else operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         index = None
     if index is None:
-        raise TransferError(f"duplex: {what} {value!r} is a {type(value).__name__}; expected an int")
-    if not 0 <= index < 2**64:
-        raise TransferError(f"duplex: {what} {value!r} is out of range; expected an int >= 0")
+        raise TransferError(f"{what} {value!r} is a {type(value).__name__}; expected an int")
+    if not 0 <= index < end:
+        expected = "an int >= 0" if end == 2**64 else f"an int in [0, {end})"
+        raise TransferError(f"{what} {value!r} is out of range; expected {expected}")
     return index
+
+
+def _block(value: object, what: str = "device block") -> int:
+    return _index(value, f"duplex: {what}")
 
 
 def _slot(value: object) -> int:
     return _block(value, "host slot")
 
 
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} is {value!r}; expected an int >= 1")
+def _positive(name: str, value: object, most: int | None = None) -> None:
+    """``value`` is an int >= 1 (and <= ``most``): the Rust side's bound, checked first."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most and value > most):
+        expected = f"an int in [1, {most}]" if most else "an int >= 1"
+        raise ConfigError(f"{name} is {value!r}; expected {expected}")
+
+
+#: The Rust ``TransferConfig::validate`` bounds (crates/kvtier-transfer/src/config.rs); the
+#: byte and block counts are u64/usize there.
+_CONFIG_MOST = {
+    "chunk_blocks": 4096,
+    "buffer_chunks": 1024,
+    "store_workers": 64,
+    "jobs_in_flight_max": 1 << 20,
+    "inflight_bytes_max": 2**64 - 1,
+    "job_blocks_max": 2**64 - 1,
+}
+STAGE_WORKERS_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -105,21 +125,14 @@ class TransferConfig:
     allocate_per_chunk: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "chunk_blocks",
-            "buffer_chunks",
-            "store_workers",
-            "jobs_in_flight_max",
-            "job_blocks_max",
-        ):
-            _positive(name, getattr(self, name))
-        _positive("inflight_bytes_max", self.inflight_bytes_max)
+        for name, most in _CONFIG_MOST.items():
+            _positive(name, getattr(self, name), most)
         if len(self.stage_workers) != 4:
             raise ConfigError(
                 f"stage_workers has {len(self.stage_workers)} entries; expected 4 ({STAGE_NAMES})"
             )
         for name, n in zip(STAGE_NAMES, self.stage_workers, strict=True):
-            _positive(f"stage_workers[{name}]", n)
+            _positive(f"stage_workers[{name}]", n, STAGE_WORKERS_MAX)
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,9 @@ def _job(t: tuple[int, str, list[str], bool, int, float]) -> FinishedJob:
 
 def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
     ids = np.asarray(block_ids)
+    if ids.dtype.kind in "fO" and int64_overflow(block_ids) is not None:
+        # Python ints past int64: out of range like any id past the pool (-1: "bad_block_id").
+        ids = np.array([b if -(2**63) <= b < 2**63 else -1 for b in block_ids], dtype=np.int64)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
         raise BufferError(
             f"block_ids must be a 1-D sequence of ints; got shape {ids.shape}, dtype {ids.dtype}"
@@ -253,8 +269,10 @@ class TransferEngine:
 
     def wait(self, ids: int | Iterable[int]) -> list[FinishedJob]:
         """Waits for the jobs and collects them, in the order given."""
-        wanted = [ids] if isinstance(ids, int) else list(ids)
-        return [_job(t) for t in self._core.wait(wanted)]
+        wanted: list[object] = [ids]
+        if isinstance(ids, Iterable) and not isinstance(ids, str | bytes):
+            wanted = list(ids)
+        return [_job(t) for t in self._core.wait([_index(i, "job") for i in wanted])]
 
     def wait_layer(self, job: int, layer: int) -> None:
         """Returns once layer ``layer`` of every block of ``job`` is in place (or failed).
@@ -262,15 +280,15 @@ class TransferEngine:
         Raises :class:`TransferError` if a transfer worker panicked over some of the job's blocks
         (a bug; their outcome is ``"panicked"``): that layer is not in place for every block.
         """
-        self._core.wait_layer(job, layer)
+        self._core.wait_layer(_index(job, "job"), _index(layer, "layer", 2**32))
 
     def outcomes(self, job: int) -> tuple[str, ...]:
         """Outcomes so far (``"pending"`` for blocks still moving); does not collect the job."""
-        return tuple(self._core.outcomes(job))
+        return tuple(self._core.outcomes(_index(job, "job")))
 
     def cancel(self, job: int) -> bool:
         """Cancels a running job (True); a finished one is a no-op (False); unknown ids raise."""
-        return bool(self._core.cancel(job))
+        return bool(self._core.cancel(_index(job, "job")))
 
     def jobs(self) -> int:
         """Jobs submitted and not yet collected (bounded by ``jobs_in_flight_max``)."""
@@ -388,7 +406,7 @@ class DuplexEngine:
         return self._core.swap_out_per_segment([(_block(b), _slot(s)) for b, s in pairs])
 
     def wait(self, transfer: int) -> None:
-        self._core.wait(transfer)
+        self._core.wait(_index(transfer, "duplex: transfer"))
 
     def wait_all(self) -> None:
         """Waits for every transfer; raises :class:`TransferError` naming each that failed."""

@@ -21,6 +21,13 @@ pub enum PoolError {
     /// An I/O failure of the SSD pool the caller must see (opening or recovering it).
     #[error("ssd pool: {what} {path:?} failed: {reason}")]
     SsdIo { what: &'static str, path: String, reason: String },
+    /// A read buffer that is not the size of the object it would receive (a caller bug, found
+    /// before anything is read).
+    #[error(
+        "ssd pool: read buffer {index} holds {buffer} bytes; the stored object holds {stored} bytes \
+         (expected buffers of the stored objects' size)"
+    )]
+    BufferSize { index: usize, buffer: u64, stored: u64 },
     #[error(transparent)]
     Integrity(#[from] IntegrityError),
 }

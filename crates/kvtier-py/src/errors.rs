@@ -102,5 +102,5 @@ raise_as! {
         CodecError::NonFinite { .. } => "kvtier.codec.NonFiniteError",
         _ => "kvtier.codec.CodecError",
     }
-    PoolError { PoolError::SsdConfig(_) => "ConfigError", _ => "StoreError" }
+    PoolError { PoolError::SsdConfig(_) => "ConfigError", PoolError::BufferSize { .. } => "BufferError", _ => "StoreError" }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::types::PyBool;
 
 use kvtier_core::paged::PagedPool;
 use kvtier_core::progress::LayerProgress as Progress;
@@ -89,14 +90,17 @@ impl LayerProgress {
     }
 
     /// Waits until layer `layer` is in place or the load ended (closed); True unless
-    /// `timeout_s` passed first.
+    /// `timeout_s` passed first (one past what the clock holds, inf included, is none).
     #[pyo3(signature = (layer, timeout_s=None))]
-    fn wait(&self, py: Python<'_>, layer: usize, timeout_s: Option<f64>) -> PyResult<bool> {
-        let timeout = timeout_s.map(|t| {
-            Duration::try_from_secs_f64(t)
-                .map_err(|_| buffer_error(format!("timeout_s is {t}; expected seconds >= 0")))
-        });
-        let deadline = timeout.transpose()?.map(|t| Instant::now() + t);
+    fn wait(&self, py: Python<'_>, layer: &Bound<'_, PyAny>, timeout_s: Option<f64>) -> PyResult<bool> {
+        let index = if layer.is_instance_of::<PyBool>() { None } else { layer.extract::<usize>().ok() };
+        let layer = index
+            .ok_or_else(|| buffer_error(format!("layer {layer} is not a layer; expected an int >= 0")))?;
+        if let Some(t) = timeout_s.filter(|t| t.is_nan() || *t < 0.0) {
+            return Err(buffer_error(format!("timeout_s is {t}; expected seconds >= 0 (None: no timeout)")));
+        }
+        let timeout = timeout_s.and_then(|t| Duration::try_from_secs_f64(t).ok());
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let inner = self.inner.clone();
         Ok(py.allow_threads(move || inner.wait(layer, deadline)))
     }

@@ -76,7 +76,8 @@ impl RemotePool {
         Ok((r.stored, r.already_present, r.rejected))
     }
 
-    /// Loads and verifies blocks into `out`; returns one outcome name per key.
+    /// Loads and verifies blocks into `out`; returns one outcome name per key. A value of another
+    /// size is "wrong_length", left on the server: `block_bytes` may be the caller's mistake.
     fn get(
         &self,
         py: Python<'_>,
@@ -85,9 +86,9 @@ impl RemotePool {
         block_bytes: usize,
     ) -> PyResult<Vec<&'static str>> {
         let outcomes = write_blocks(out, "out", keys.0.len(), block_bytes, |dst| {
-            py.allow_threads(|| self.tier.read_blocks(self.namespace, &keys.0, dst))
+            py.allow_threads(|| self.tier.read_blocks_sized(self.namespace, &keys.0, dst))
         })?;
-        Ok(outcomes.into_iter().map(ReadOutcome::name).collect())
+        Ok(outcomes.into_iter().map(|o| o.map_or("wrong_length", ReadOutcome::name)).collect())
     }
 
     /// Which keys exist: True, False, or None (server down).

@@ -87,7 +87,8 @@ impl SsdPool {
         let tier = self.tier()?;
         let outcomes = write_blocks(out, "out", keys.0.len(), object_bytes, |dst| {
             py.allow_threads(|| tier.get(namespace_hash.0, &keys.0, dst))
-        })?;
+        })?
+        .map_err(raise)?;
         Ok(outcomes.into_iter().map(|o| o.map_or("miss", ReadOutcome::name)).collect())
     }
 

@@ -18,14 +18,22 @@
 //! **Round-robin** gives object `j` of the batch to device `(start + j) mod N`, with `start`
 //! advancing across batches (so batches of one object do not all land on device 0).
 
+/// Largest integer weight a bandwidth becomes: larger bandwidths are all scaled down (ratios
+/// kept), so that a sum of weights times any object count fits a u128. Below it an f64 is an
+/// exact integer, so real bandwidths (bytes/s) are used as they are.
+const WEIGHT_MAX: f64 = (1u64 << 53) as f64;
+
 /// `n` split over devices by Algorithm 1. `bandwidths` are bytes/s (any positive scale);
 /// all-zero or empty bandwidths are treated as equal.
 pub fn algorithm1_counts(bandwidths: &[f64], n: usize) -> Vec<usize> {
     let devices = bandwidths.len();
     assert!(devices > 0, "placement over no devices");
+    let usable = |b: f64| b.is_finite() && b > 0.0;
+    let fastest = bandwidths.iter().copied().filter(|&b| usable(b)).fold(0.0, f64::max);
+    let scale = if fastest > WEIGHT_MAX { WEIGHT_MAX / fastest } else { 1.0 };
     let weights: Vec<u128> = bandwidths
         .iter()
-        .map(|&b| if b.is_finite() && b > 0.0 { b.round().max(1.0) as u128 } else { 0 })
+        .map(|&b| if usable(b) { (b * scale).round().max(1.0) as u128 } else { 0 })
         .collect();
     let total: u128 = weights.iter().sum();
     let weights = if total == 0 { vec![1u128; devices] } else { weights };
@@ -75,6 +83,19 @@ mod tests {
         assert_eq!(algorithm1_counts(&[0.0, 0.0], 5), vec![3, 2]);
         assert_eq!(assign_in_order(&[2, 0, 1]), vec![0, 0, 2]);
         assert_eq!(round_robin(3, 2, 4), vec![2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn bandwidths_past_exact_integers_keep_their_ratios() {
+        // Rounded to u128 as they were, these saturated and their sum wrapped: a panic, or
+        // [f64::MAX, 1.0] summing to 0 (equal shares).
+        assert_eq!(algorithm1_counts(&[1e300, 1e300], 8), vec![4, 4]);
+        assert_eq!(algorithm1_counts(&[3e300, 1e300], 10), vec![8, 2]);
+        assert_eq!(algorithm1_counts(&[f64::MAX, 1.0], 8), vec![8, 0]);
+        assert_eq!(
+            algorithm1_counts(&[2e38, 2e38, 2e38], usize::MAX),
+            algorithm1_counts(&[1.0; 3], usize::MAX)
+        );
     }
 
     proptest! {

@@ -10,7 +10,7 @@ use super::state::{Entry, EntryState, PinnedAt};
 use super::worker::{Op, OpKind, OpResult, Pending};
 use super::writes::Source;
 use super::SsdTier;
-use crate::error::integrity;
+use crate::error::{integrity, PoolError};
 use crate::extent::PAGE_BYTES;
 use crate::tier::IntegrityError;
 use crate::tier::{
@@ -38,12 +38,29 @@ impl SsdTier {
 
     /// Looks up, pins, reads and unpins `keys` into `dst` (pool-level API for benchmarks and
     /// tests; the store uses `locate`/`read_pinned` with leases). `None`: not in the pool.
-    pub fn get(&self, namespace: u128, keys: &[BlockKey], dst: &mut [&mut [u8]]) -> Vec<Option<ReadOutcome>> {
+    /// Errors, reading nothing, if a buffer is not the size of the object found for its key.
+    pub fn get(
+        &self,
+        namespace: u128,
+        keys: &[BlockKey],
+        dst: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<ReadOutcome>>, PoolError> {
         assert_eq!(keys.len(), dst.len(), "one destination per key");
         let mut located = vec![None; keys.len()];
         self.locate(namespace, keys, &mut located, true, false);
         let items: Vec<usize> = (0..keys.len()).filter(|&i| located[i].is_some()).collect();
         let entries: Vec<EntryRef> = items.iter().map(|&i| located[i].expect("located").entry).collect();
+        // `read_pinned` asserts the sizes (the store sizes its buffers from the entries); a
+        // caller's buffers are checked here. A pinned entry's length cannot change meanwhile.
+        let wrong = items.iter().zip(&entries).find_map(|(&index, entry)| {
+            let stored = self.pinned_payload_len(entry)?;
+            let buffer = dst[index].len() as u64;
+            (buffer != stored).then_some(PoolError::BufferSize { index, buffer, stored })
+        });
+        if let Some(e) = wrong {
+            self.unpin(&entries);
+            return Err(e);
+        }
         let mut outcomes = vec![ReadOutcome::NotPinned; items.len()];
         {
             let mut mine: Vec<&mut [u8]> =
@@ -55,7 +72,7 @@ impl SsdTier {
         for (&i, o) in items.iter().zip(outcomes) {
             out[i] = Some(o);
         }
-        out
+        Ok(out)
     }
 
     /// The stored payload length of a pinned entry (so a reader can size its buffer for

@@ -65,7 +65,7 @@ pub fn put(pool: &SsdTier, keys: &[BlockKey], len: usize) -> kvtier_pool::TierPu
 pub fn get(pool: &SsdTier, keys: &[BlockKey], len: usize) -> Vec<(Option<ReadOutcome>, bool)> {
     let mut bufs = vec![vec![0u8; len]; keys.len()];
     let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-    let outcomes = pool.get(NS, keys, &mut dst);
+    let outcomes = pool.get(NS, keys, &mut dst).expect("buffers of the payload's size");
     outcomes.into_iter().zip(keys).zip(&bufs).map(|((o, &k), b)| (o, *b == payload(k, len))).collect()
 }
 
