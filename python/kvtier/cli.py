@@ -1,6 +1,7 @@
 """The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``top``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm|sglang|peers`` and ``sim``. ``--json`` prints one JSON object.
 A user error (a bad value, a missing or unusable file or directory) is one line
-``kvtier: error: ...`` on stderr and exit status 2; anything else is a bug and keeps its traceback.
+``kvtier: error: ...`` on stderr and exit status 2; Ctrl-C is ``kvtier: interrupted`` and status 130
+(an output file is written whole or not at all); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvtier.config import parse_size
 from kvtier.errors import KvtierError, os_error_message
 from kvtier.remote import check_url
 from kvtier.results import emit as _emit
+from kvtier.results import write_json
 from kvtier.sim import compiled
 from kvtier.sim import size as sim_size
 
@@ -258,8 +260,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
 def _write(path: str | None, result: Mapping[str, object]) -> None:
     if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
+        write_json(path, result)  # whole or not at all: never a cut-off result
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -482,6 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A file or directory named on the command line (or in a config) that the system refused:
         # the user's to fix, not a bug. Other exceptions keep their traceback.
         message = os_error_message(e)
+    except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT; outputs are whole or absent
+        print("kvtier: interrupted", file=sys.stderr)
+        return 130
     else:
         return 0
     print(f"kvtier: error: {message}", file=sys.stderr)

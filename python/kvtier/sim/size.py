@@ -30,6 +30,7 @@ from kvtier.sim.config import SimConfig
 
 #: Trace file suffix -> workload that replays it (with the config that `trace_config` builds).
 TRACE_WORKLOADS = {".jsonl": "mooncake", ".csv": "azure"}
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 
 
 def trace_config(path: str | Path, policy: str = "hicache") -> SimConfig:
@@ -58,6 +59,8 @@ def source_config(source: str, policy: str | None = None, engines: int | None = 
     """The config of `source` (`kvtier sim run` and `sim size`): a trace (:func:`trace_config`,
     `policy` default hicache) or a sim config (YAML path or bundled name; it names its own policy,
     so `policy` is refused). `engines`, where given, replaces the config's colocated engine count."""
+    if Path(source).suffix in _COMPRESSED and Path(Path(source).stem).suffix in TRACE_WORKLOADS:
+        raise ConfigError(f"{source!r} is a compressed trace; decompress it first (kvtier reads .jsonl/.csv)")
     if Path(source).suffix in TRACE_WORKLOADS:
         config = trace_config(source, policy or "hicache")
     elif policy is not None:

@@ -1,0 +1,87 @@
+"""The command line against a user's own inputs: traces, configs, output paths, flags and Ctrl-C.
+Every bad input is one ``kvtier: error: ...`` line naming it and exit status 2 (no traceback); an
+interrupted command exits 130 and leaves no output that looks complete. (The trace readers' own
+line-by-line checks are in tests/test_sim_workload.py.)"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtier import cli
+
+TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
+TINY = (
+    "name: tiny\n"
+    "hardware: h100-sxm\n"
+    "model: llama-3.1-8b\n"
+    "block_tokens: 16\n"
+    "workload: {name: multiturn, num_sessions: 3, rate_per_s: 1.0}\n"
+)
+
+
+def small_trace(tmp_path: Path, name: str = "trace.jsonl", lines: int = 5) -> Path:
+    path = tmp_path / name
+    with TRACE.open() as source:
+        path.write_text("".join(next(source) for _ in range(lines)))
+    return path
+
+
+def error_of(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_an_empty_trace_is_refused_by_sim_run_and_sim_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for command in (["sim", "run", str(empty)], ["sim", "size", str(empty), "--max-engines", "4"]):
+        assert cli.main(command) == 2
+        assert f"{empty}: no requests" in error_of(capsys)
+
+
+def test_a_compressed_trace_suffix_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # x.jsonl.gz was read as a YAML sim config: "is not UTF-8 text; expected a YAML file".
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(small_trace(tmp_path).read_bytes()))
+    assert cli.main(["sim", "run", str(packed)]) == 2
+    assert "compressed trace" in error_of(capsys)
+
+
+def test_ctrl_c_exits_130_without_a_traceback_or_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("kvtier.sim.run.run", interrupted)
+    out = tmp_path / "result.json"
+    assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--out", str(out)]) == 130
+    assert "kvtier: interrupted" in error_of(capsys)
+    assert not out.exists()
+
+
+def test_an_output_that_fails_midway_leaves_the_old_file_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "result.json"
+    out.write_text('{"old": true}')
+    real_dump = json.dumps
+
+    def disk_full(value: object, file: Any, **kwargs: Any) -> None:
+        file.write(real_dump(value, **kwargs)[:20])  # part of the document, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", disk_full)
+    assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--out", str(out), "--json"]) == 2
+    assert "No space left on device" in error_of(capsys)
+    assert out.read_text() == '{"old": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json", "trace.jsonl"]  # no temp file
