@@ -85,3 +85,44 @@ def test_an_output_that_fails_midway_leaves_the_old_file_whole(
     assert "No space left on device" in error_of(capsys)
     assert out.read_text() == '{"old": true}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json", "trace.jsonl"]  # no temp file
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ('gpu_memory_utilization: "0.9"', "`gpu_memory_utilization` is '0.9'"),
+        ('max_sim_s: "10"', "`max_sim_s` is '10'"),
+        ("max_sim_s: .nan", "`max_sim_s` is nan"),
+        ("slo: {ttft_s: .nan}", "slo `ttft_s` is nan"),
+        ("slo: {ttft_s: true}", "slo `ttft_s` is True"),
+    ],
+)
+def test_mistyped_config_values_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, needle: str
+) -> None:
+    config = tmp_path / "sim.yaml"
+    config.write_text(TINY + line + "\n")
+    assert cli.main(["sim", "run", str(config)]) == 2
+    assert needle in error_of(capsys)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("policy: {name: hicach}", "did you mean 'hicache'?"),
+        ("hardware: h100sxm", "did you mean 'h100-sxm'?"),
+        ("model: llama-3.1-8", "did you mean 'llama-3.1-8b'?"),
+        ("workload: {name: multiturnn, num_sessions: 3}", "did you mean 'multiturn'?"),
+        ("workload: {name: multiturn, num_sesions: 3}", "did you mean 'num_sessions'?"),
+        ("router: least-loaded", "did you mean 'least_loaded'?"),
+        ("enginez: 2", "did you mean 'engines'?"),
+        ("policy: {name: hicache, bogus: 1}", "`bogus`"),
+    ],
+)
+def test_a_misspelt_name_gets_the_close_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, needle: str
+) -> None:
+    config = tmp_path / "sim.yaml"
+    config.write_text(TINY + line + "\n")
+    assert cli.main(["sim", "run", str(config)]) == 2
+    assert needle in error_of(capsys)
