@@ -5,6 +5,7 @@ line-by-line checks are in tests/test_sim_workload.py.)"""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import gzip
 import json
@@ -126,3 +127,27 @@ def test_a_misspelt_name_gets_the_close_match(
     config.write_text(TINY + line + "\n")
     assert cli.main(["sim", "run", str(config)]) == 2
     assert needle in error_of(capsys)
+
+
+@pytest.mark.parametrize("flags", [["--copies", "4"], ["--policies", "fcfs"], ["--engines", "2"]])
+def test_bench_sim_refuses_scaling_flags_without_scaling(
+    capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    # They were silently ignored: the plain bench ran the trace once on one engine.
+    assert cli.main(["bench", "sim", *flags]) == 2
+    assert f"{flags[0]} applies to --scaling" in error_of(capsys)
+
+
+def test_every_flag_of_every_command_is_described() -> None:
+    undescribed = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                undescribed.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(cli.build_parser(), "kvtier")
+    assert not undescribed

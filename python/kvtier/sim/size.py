@@ -193,8 +193,8 @@ def add_command(sim_sub: Any, emit: Callable[[Any, bool, Callable[[Any], str]], 
     cmd.add_argument(
         "--attainment", type=float, default=0.9, help="share of requests within it (default 0.9)"
     )
-    cmd.add_argument("--max-engines", type=int, default=1024)
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--max-engines", type=int, default=1024, help="largest cluster tried (default 1024)")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     def main(args: argparse.Namespace) -> None:
         config = source_config(str(args.source), args.policy)
