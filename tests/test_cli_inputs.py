@@ -151,3 +151,24 @@ def test_every_flag_of_every_command_is_described() -> None:
 
     walk(cli.build_parser(), "kvtier")
     assert not undescribed
+
+
+def test_sim_sweep_checks_every_policy_before_the_first_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A typo in the second policy was found only after the first one's whole sweep had run.
+    swept: list[str] = []
+    monkeypatch.setattr("kvtier.sim.run.sweep", lambda config, *a, **k: swept.append(config.policy["name"]))
+    config = tmp_path / "sim.yaml"
+    config.write_text(TINY)
+    args = ["sim", "sweep", str(config), "--rates", "1", "--out-dir", str(tmp_path / "out")]
+    assert cli.main([*args, "--policies", "fcfs,hicach"]) == 2
+    assert "unknown policy 'hicach' (did you mean 'hicache'?)" in error_of(capsys)
+    assert swept == []
+
+
+def test_sim_sweep_of_a_trace_says_it_has_no_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The trace was parsed as YAML: a multi-line "not valid YAML" error quoting the JSON.
+    args = ["sim", "sweep", str(small_trace(tmp_path)), "--rates", "1", "--out-dir", str(tmp_path / "out")]
+    assert cli.main(args) == 2
+    assert "workload 'mooncake' has no parameter(s) rate_per_s" in error_of(capsys)

@@ -113,13 +113,14 @@ def _sim_run(args: argparse.Namespace) -> None:
 
 
 def _sim_sweep(args: argparse.Namespace) -> None:
+    from kvtier.sched.base import check_policy_names
     from kvtier.sim import plots
-    from kvtier.sim.config import SimConfig
     from kvtier.sim.run import RateRun, SweepResult, sweep
 
-    config = SimConfig.from_yaml(args.config)
+    config = sim_size.source_config(args.config)  # a trace too: its workload names why it has no rate
     rates = _floats(args.rates, "--rates")
     policies = args.policies.split(",") if args.policies else [str(config.policy["name"])]
+    check_policy_names(policies)  # every one before the first replay
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # before the sweep: a bad --out-dir fails at once
     series: dict[str, list[RateRun]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -251,6 +251,14 @@ def policy_class(name: str) -> type[Policy]:
         raise ConfigError(
             f"unknown policy {name!r}{did_you_mean([name], policy_names())}; expected one of {policy_names()}"
         ) from None
+
+
+def check_policy_names(names: Iterable[str]) -> None:
+    """Raises :class:`ConfigError` for the first of ``names`` that names no policy (a deprecated
+    name is one, without its warning here): for a command that runs several, before the first."""
+    for name in names:
+        if name not in _DEPRECATED:
+            policy_class(name)
 
 
 def make_policy(name: str, **params: Any) -> Policy:
