@@ -172,3 +172,14 @@ def test_sim_sweep_of_a_trace_says_it_has_no_rate(tmp_path: Path, capsys: pytest
     args = ["sim", "sweep", str(small_trace(tmp_path)), "--rates", "1", "--out-dir", str(tmp_path / "out")]
     assert cli.main(args) == 2
     assert "workload 'mooncake' has no parameter(s) rate_per_s" in error_of(capsys)
+
+
+def test_a_trace_path_that_is_a_directory_is_named_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "traces.jsonl"
+    folder.mkdir()
+    assert cli.main(["sim", "run", str(folder)]) == 2
+    assert f"trace {str(folder)!r} is a directory; expected a trace file" in error_of(
+        capsys
+    )  # was "does not exist"

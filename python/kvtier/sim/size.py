@@ -44,7 +44,8 @@ def trace_config(path: str | Path, policy: str = "hicache") -> SimConfig:
             f"trace {str(p)!r}: expected a Mooncake-format .jsonl or an Azure .csv trace, or a sim config"
         )
     if not p.is_file():
-        raise ConfigError(f"trace {str(p)!r} does not exist")
+        problem = "is a directory; expected a trace file" if p.is_dir() else "does not exist"
+        raise ConfigError(f"trace {str(p)!r} {problem}")
     return SimConfig(
         name=f"size-{p.stem}-{policy}",
         hardware="h100-sxm",
