@@ -7,7 +7,6 @@ name the wrong value and the expected one. The Rust extension raises these same 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -75,6 +74,8 @@ def shown(value: object, limit: int = 64) -> str:
 def did_you_mean(names: Iterable[object], known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` naming the known name closest to each misspelt one of ``names``
     that has one (difflib's ratio >= 0.6), for an unknown-name message; ``""`` where none is close."""
+    import difflib  # only when a message is built: `import kvtier` stays light
+
     known = list(known)
     close = [
         match[0]
