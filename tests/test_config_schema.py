@@ -122,7 +122,10 @@ def test_flat_attributes_still_read_with_a_warning() -> None:
             r"^`ssd\.io_depth` is 0; expected an int in \[1, 256\]$",
         ),
         ({"ssd": {"directory": "/d", "io_depth": True}}, r"`ssd\.io_depth` is True; expected an int"),
-        ({"ssd": {"directory": "/d", "durability": "sync"}}, r"`ssd\.durability` is 'sync'; expected one of"),
+        (
+            {"ssd": {"directory": "/d", "durability": "sync"}},
+            r"`ssd\.durability` is 'sync' \(did you mean 'fsync'\?\); expected one of",
+        ),
         ({"ssd": {"directory": "/d", "capacity": 1}}, r"unknown `ssd` section key\(s\) \['capacity'\]"),
         ({"ssd": {"io_depth": 4}}, r"`ssd\.directory` is missing; expected a directory path"),
         ({"remote": {"ttl_s": 5}}, r"`remote\.urls` is missing; expected a URL such as"),

@@ -15,7 +15,7 @@ import pytest
 
 import kvtier
 from kvtier import cli
-from kvtier.config import parse_size
+from kvtier.config import StoreConfig, parse_size
 from kvtier.errors import ConfigError, GeometryError
 from kvtier.remote import redact_url
 
@@ -380,3 +380,17 @@ def test_defect7_an_invalid_host_is_a_config_error(url: str) -> None:
 def test_defect7_valid_hosts_still_parse() -> None:
     for url in ("redis://my_host-1.example.com.:1", "redis://[fe80::1]:6379", "redis://10.0.0.1"):
         kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": url})
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"geometry": "llama-3-8b", "dram": {"capacty_bytes": "1GiB"}}, "did you mean 'capacity_bytes'?"),
+        ({"geometry": "llama-3-8b", "evicton": "lru"}, "did you mean 'eviction'?"),
+        ({"geometry": "llama-3-8b", "eviction": "lruu"}, "did you mean 'lru'?"),
+        ({"geometry": "llama-3-8"}, "did you mean 'llama-3-8b'?"),
+    ],
+)
+def test_a_misspelt_store_config_name_gets_the_close_match(data: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        StoreConfig.from_dict(data)

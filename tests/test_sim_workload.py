@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import inspect
 import json
 import math
@@ -453,6 +454,31 @@ def test_mooncake_first_requests_read_only_their_lines(monkeypatch: pytest.Monke
             '{"timestamp": 5, "input_length": 10, "output_length": 3, "hash_ids": [1]}',
             "earlier than the previous",
         ),
+        # Python's json reads NaN and Infinity: they reached the metrics as NaN (a traceback).
+        ('{"timestamp": NaN, "input_length": 10, "output_length": 3, "hash_ids": [1]}', "`timestamp` is nan"),
+        (
+            '{"timestamp": Infinity, "input_length": 10, "output_length": 3, "hash_ids": [1]}',
+            "`timestamp` is inf",
+        ),
+        # Far past 2**53 ms, arrivals lose all precision (the run reported 1e297 s simulated).
+        (
+            '{"timestamp": 1e300, "input_length": 10, "output_length": 3, "hash_ids": [1]}',
+            "`timestamp` is 1e",
+        ),
+        # Negative ids collided between `copies` (each copy's ids shifted by the largest id + 1).
+        ('{"timestamp": 50, "input_length": 10, "output_length": 3, "hash_ids": [-1]}', "`hash_ids` must be"),
+        (
+            '{"timestamp": 50, "input_length": 10, "output_length": 3, "hash_ids": [1.0]}',
+            "`hash_ids` must be",
+        ),
+        (
+            '{"timestamp": 50, "input_length": 10, "output_length": 3, "hash_ids": [true]}',
+            "`hash_ids` must be",
+        ),
+        (
+            '{"timestamp": 50, "input_length": 10, "output_length": 3, "hash_ids": [1, -7]}',
+            "`hash_ids` must be",
+        ),
     ],
 )
 def test_mooncake_malformed_line_names_its_number(tmp_path: Path, line: str, needle: str) -> None:
@@ -462,6 +488,55 @@ def test_mooncake_malformed_line_names_its_number(tmp_path: Path, line: str, nee
         list(mooncake_workload(block_tokens=512, path=path))
     with pytest.raises(TraceError, match=f"{re.escape(str(path))}:4: "):
         mooncake_block_hit_rate(path)
+
+
+def test_mooncake_bytes_that_are_not_utf8_name_their_line(tmp_path: Path) -> None:
+    # The reader's UnicodeDecodeError escaped as a traceback, without the file or line.
+    path = write_mooncake(tmp_path, [[1], [2]], tail="\n")
+    path.write_bytes(path.read_bytes() + b'{"timestamp": 5\xff0, "input_length": 10}\n')
+    with pytest.raises(TraceError, match=f"{re.escape(str(path))}:4: .*not UTF-8"):
+        list(mooncake_workload(block_tokens=512, path=path))
+    path.write_bytes(b"\xff\xfe\x00{\n")
+    with pytest.raises(TraceError, match=f"{re.escape(str(path))}:1: .*not UTF-8"):
+        list(mooncake_workload(block_tokens=512, path=path))
+
+
+def test_a_gzipped_trace_is_named_as_such(tmp_path: Path) -> None:
+    source = write_mooncake(tmp_path, [[1], [2]])
+    path = tmp_path / "packed.jsonl"
+    path.write_bytes(gzip.compress(source.read_bytes()))
+    with pytest.raises(TraceError, match=f"{re.escape(str(path))}:1: .*gzip.*decompress"):
+        list(mooncake_workload(block_tokens=512, path=path))
+    csv_path = tmp_path / "packed.csv"
+    csv_path.write_bytes(gzip.compress((AZURE_HEADER + AZURE_GOOD).encode()))
+    with pytest.raises(TraceError, match=f"{re.escape(str(csv_path))}:1: .*gzip.*decompress"):
+        list(azure_workload(block_tokens=16, path=csv_path))
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_a_trace_without_requests_is_refused(tmp_path: Path, text: str) -> None:
+    # An empty trace replayed as 0 requests (NaN latencies, exit 0); `sim size` tried 11 sizes.
+    path = tmp_path / "empty.jsonl"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=f"{re.escape(str(path))}: no requests"):
+        list(mooncake_workload(block_tokens=512, path=path))
+    with pytest.raises(TraceError, match=f"{re.escape(str(path))}: no requests"):
+        mooncake_block_hit_rate(path)
+    csv_path = tmp_path / "empty.csv"
+    csv_path.write_text(AZURE_HEADER + text)
+    with pytest.raises(TraceError, match=f"{re.escape(str(csv_path))}: no requests"):
+        list(azure_workload(block_tokens=16, path=csv_path))
+
+
+def test_azure_bytes_that_are_not_utf8_name_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "azure.csv"
+    path.write_bytes(
+        (AZURE_HEADER + AZURE_GOOD + AZURE_GOOD).encode() + b"2023-11-16 18:15:50.1,1\xff0,4\r\n"
+    )
+    workload = azure_workload(block_tokens=16, path=path)
+    assert len(list(islice(workload, 2))) == 2
+    with pytest.raises(TraceError, match=f"{re.escape(str(path))}:4: .*not UTF-8"):
+        next(workload)
 
 
 def test_missing_trace_files(tmp_path: Path) -> None:

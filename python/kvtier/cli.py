@@ -1,6 +1,7 @@
 """The ``kvtier`` command: ``demo``, ``generate``, ``chat``, ``top``, ``bench layout|store|ssd|remote|sim|codec|engine|transfer|vllm|sglang|peers`` and ``sim``. ``--json`` prints one JSON object.
 A user error (a bad value, a missing or unusable file or directory) is one line
-``kvtier: error: ...`` on stderr and exit status 2; anything else is a bug and keeps its traceback.
+``kvtier: error: ...`` on stderr and exit status 2; Ctrl-C is ``kvtier: interrupted`` and status 130
+(an output file is written whole or not at all); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvtier.config import parse_size
 from kvtier.errors import KvtierError, os_error_message
 from kvtier.remote import check_url
 from kvtier.results import emit as _emit
+from kvtier.results import write_json
 from kvtier.sim import compiled
 from kvtier.sim import size as sim_size
 
@@ -111,13 +113,14 @@ def _sim_run(args: argparse.Namespace) -> None:
 
 
 def _sim_sweep(args: argparse.Namespace) -> None:
+    from kvtier.sched.base import check_policy_names
     from kvtier.sim import plots
-    from kvtier.sim.config import SimConfig
     from kvtier.sim.run import RateRun, SweepResult, sweep
 
-    config = SimConfig.from_yaml(args.config)
+    config = sim_size.source_config(args.config)  # a trace too: its workload names why it has no rate
     rates = _floats(args.rates, "--rates")
     policies = args.policies.split(",") if args.policies else [str(config.policy["name"])]
+    check_policy_names(policies)  # every one before the first replay
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # before the sweep: a bad --out-dir fails at once
     series: dict[str, list[RateRun]] = {}
@@ -258,8 +261,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
 def _write(path: str | None, result: Mapping[str, object]) -> None:
     if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
+        write_json(path, result)  # whole or not at all: never a cut-off result
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -293,6 +295,9 @@ def _non_negative(text: str) -> int:
     return value
 
 
+_JSON_HELP, _REPEATS_HELP = "print one JSON object instead of the summary", "rounds; the median is reported"
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line ``kvtier: error: ...`` (exit status 2), like every other user
     error, naming the subcommand and where its help is. Subcommands' parsers are of this class too."""
@@ -317,17 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="multi-turn conversations through the store (embedded defaults)")
-    demo.add_argument("--conversations", type=_positive, default=3)
-    demo.add_argument("--turns", type=_positive, default=6)
+    demo.add_argument("--conversations", type=_positive, default=3, help="conversations (default 3)")
+    demo.add_argument("--turns", type=_positive, default=6, help="turns per conversation (default 6)")
     demo.add_argument("--dram-capacity", default="2GiB", help="DRAM tier capacity (default 2GiB)")
-    demo.add_argument("--seed", type=_non_negative, default=0)
+    demo.add_argument("--seed", type=_non_negative, default=0, help="random seed of the chats (default 0)")
     demo.add_argument(
         "--engine",
         action="store_true",
         help="replay the chats on the SmolLM2 reference engine: TTFT per tier (recompute, DRAM, SSD)",
     )
     demo.add_argument("--ssd-dir", default=None, help="--engine: SSD tier directory (default: a temp dir)")
-    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument("--json", action="store_true", help=_JSON_HELP)
     demo.set_defaults(func=_demo)
 
     add_engine_commands(sub, _positive)  # generate, chat
@@ -339,17 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     layout = bench_sub.add_parser("layout", help="gather/scatter vs memcpy and vs per-segment copies")
-    layout.add_argument("--tokens", type=_positive, default=8192)
-    layout.add_argument("--repeats", type=_positive, default=5)
+    layout.add_argument("--tokens", type=_positive, default=8192, help="tokens copied (default 8192)")
+    layout.add_argument("--repeats", type=_positive, default=5, help=_REPEATS_HELP)
     layout.add_argument("--threads", type=int, default=0, help="copy workers (0 = one per core)")
-    layout.add_argument("--json", action="store_true")
+    layout.add_argument("--json", action="store_true", help=_JSON_HELP)
     layout.set_defaults(func=_bench_layout)
     store = bench_sub.add_parser("store", help="DRAM-tier put/get vs memcpy; 128K-token lookup")
     store.add_argument("--total", default="1GiB", help="bytes per round of 2 MiB objects (default 1GiB)")
-    store.add_argument("--repeats", type=_positive, default=5)
-    store.add_argument("--lookup-tokens", type=_positive, default=131072)
+    store.add_argument("--repeats", type=_positive, default=5, help=_REPEATS_HELP)
+    store.add_argument("--lookup-tokens", type=_positive, default=131072, help="prefix looked up")
     store.add_argument("--threads", type=int, default=0, help="copy workers (0 = one per core)")
-    store.add_argument("--json", action="store_true")
+    store.add_argument("--json", action="store_true", help=_JSON_HELP)
     store.set_defaults(func=_bench_store)
     bssd = bench_sub.add_parser(
         "ssd", help="SSD pool vs raw O_DIRECT device loop and file-per-object; striping; recovery"
@@ -363,11 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bssd.add_argument("--large-count", type=_positive, default=256, help="2 MiB objects vs file per object")
     bssd.add_argument("--stripe-count", type=_positive, default=128, help="2 MiB objects for striping")
-    bssd.add_argument("--recovery-objects", type=_positive, default=100_000)
-    bssd.add_argument("--repeats", type=_positive, default=3)
-    bssd.add_argument("--io-depth", type=_positive, default=8)
-    bssd.add_argument("--io-engine", choices=["auto", "io_uring", "pread"], default="auto")
-    bssd.add_argument("--json", action="store_true")
+    bssd.add_argument("--recovery-objects", type=_positive, default=100_000, help="objects the pool reopens")
+    bssd.add_argument("--repeats", type=_positive, default=3, help=_REPEATS_HELP)
+    bssd.add_argument("--io-depth", type=_positive, default=8, help="reads in flight (default 8)")
+    bssd.add_argument("--io-engine", choices=["auto", "io_uring", "pread"], default="auto", help="I/O")
+    bssd.add_argument("--json", action="store_true", help=_JSON_HELP)
     bssd.set_defaults(func=_bench_ssd)
     bremote = bench_sub.add_parser(
         "remote", help="remote tier (Redis/Valkey) vs a raw Redis client; single server and 3-master cluster"
@@ -375,43 +380,43 @@ def build_parser() -> argparse.ArgumentParser:
     bremote.add_argument("--url", help="server URL (default: start a loopback redis-server)")
     bremote.add_argument("--cluster-url", action="append", help="cluster seed URL (default: start 3 masters)")
     bremote.add_argument("--no-cluster", action="store_true", help="skip the cluster figures")
-    bremote.add_argument("--object-bytes", default="4MiB")
-    bremote.add_argument("--objects", type=int, default=32)
-    bremote.add_argument("--batch", type=int, default=16)
-    bremote.add_argument("--repeats", type=int, default=7)
-    bremote.add_argument("--json", action="store_true")
+    bremote.add_argument("--object-bytes", default="4MiB", help="size of each object (default 4MiB)")
+    bremote.add_argument("--objects", type=_positive, default=32, help="objects per round (default 32)")
+    bremote.add_argument("--batch", type=_positive, default=16, help="objects per pipelined call")
+    bremote.add_argument("--repeats", type=_positive, default=7, help=_REPEATS_HELP)
+    bremote.add_argument("--json", action="store_true", help=_JSON_HELP)
     bremote.set_defaults(func=_bench_remote)
     bengine = bench_sub.add_parser(
         "engine", help="reference engine: prefill/decode tokens/s; TTFT of a cached 2K prefix per tier"
     )
-    bengine.add_argument("--prefix-tokens", type=_positive, default=2048)
-    bengine.add_argument("--new-tokens", type=_positive, default=32)
-    bengine.add_argument("--repeats", type=_positive, default=2)
+    bengine.add_argument("--prefix-tokens", type=_positive, default=2048, help="cached prefix (default 2048)")
+    bengine.add_argument("--new-tokens", type=_positive, default=32, help="tokens decoded (default 32)")
+    bengine.add_argument("--repeats", type=_positive, default=2, help=_REPEATS_HELP)
     bengine.add_argument("--threads", type=_positive, default=1, help="BLAS threads (default 1)")
     bengine.add_argument("--directory", default=None, help="SSD tier directory (default: a temp dir)")
     bengine.add_argument(
         "--calibration", default="cpu-smollm2-135m", help="packaged name or `sim calibrate` YAML"
     )
-    bengine.add_argument("--json", action="store_true")
+    bengine.add_argument("--json", action="store_true", help=_JSON_HELP)
     bengine.set_defaults(func=_bench_engine)
     bcodec = bench_sub.add_parser(
         "codec", help="codec ratios, per-core decode/encode Gbit/s and quant error on the real KV fixture"
     )
-    bcodec.add_argument("--repeats", type=_positive, default=3)
+    bcodec.add_argument("--repeats", type=_positive, default=3, help=_REPEATS_HELP)
     bcodec.add_argument(
         "--threads", type=int, default=0, help="threads for the all-cores figure (0 = one per core)"
     )
     bcodec.add_argument(
         "--no-agreement", action="store_true", help="skip the next-token agreement run on the real model"
     )
-    bcodec.add_argument("--json", action="store_true")
+    bcodec.add_argument("--json", action="store_true", help=_JSON_HELP)
     bcodec.set_defaults(func=_bench_codec)
     btransfer = bench_sub.add_parser(
         "transfer",
         help="transfer engine: pipelined vs sequential SSD load, per-chunk allocation, batched and duplex swaps",
     )
     btransfer.add_argument("--total", default="64MiB", help="bytes the pipelined load moves (default 64MiB)")
-    btransfer.add_argument("--repeats", type=_positive, default=5)
+    btransfer.add_argument("--repeats", type=_positive, default=5, help=_REPEATS_HELP)
     btransfer.add_argument(
         "--threads", type=int, default=0, help="threads split among stages (0 = one per core)"
     )
@@ -420,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     btransfer.add_argument("--directory", default=None, help="where the SSD tier's temp dir goes")
     btransfer.add_argument("--device", default="host", help="duplex device pool: host or cuda:N")
-    btransfer.add_argument("--json", action="store_true")
+    btransfer.add_argument("--json", action="store_true", help=_JSON_HELP)
     btransfer.set_defaults(func=_bench_transfer)
     for bench_module in (
         bench_sim,
@@ -438,18 +443,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("--policy", default=None, help="policy for a trace (default hicache)")
     sim_run.add_argument("--out", default=None, help="write the result JSON here")
     compiled.add_build_argument(sim_run, "python")
-    sim_run.add_argument("--json", action="store_true")
+    sim_run.add_argument("--json", action="store_true", help=_JSON_HELP)
     sim_run.set_defaults(func=_sim_run)
     sim_size.add_command(sim_sub, _emit)
     compiled.add_command(sim_sub)
     sim_sweep = sim_sub.add_parser("sweep", help="run a config over request rates and policies; plot")
-    sim_sweep.add_argument("config")
+    sim_sweep.add_argument("config", help="a sim config (YAML path or bundled name)")
     sim_sweep.add_argument("--rates", required=True, help="comma-separated request rates, e.g. 0.5,1,2")
     sim_sweep.add_argument(
         "--policies", default=None, help="comma-separated policy names (default: the config's)"
     )
     sim_sweep.add_argument("--out-dir", default="sim-out", help="where plots and sweep.json go")
-    sim_sweep.add_argument("--json", action="store_true")
+    sim_sweep.add_argument("--json", action="store_true", help=_JSON_HELP)
     sim_sweep.set_defaults(func=_sim_sweep)
     sim_cal = sim_sub.add_parser("calibrate", help="fit the simulator's step-time model to an engine's steps")
     sim_cal.add_argument("--quick", action="store_true", help="small shapes only (tests)")
@@ -457,14 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cal.add_argument("--threads", type=_positive, default=1, help="BLAS threads of the engine")
     sim_cal.add_argument("--out", default="sim-out/calibration/cpu-smollm2-135m.yaml", help="YAML to write")
     vllm_sim.add_calibrate_arguments(sim_cal)  # --engine reference|vllm, --venv
-    sim_cal.add_argument("--json", action="store_true")
+    sim_cal.add_argument("--json", action="store_true", help=_JSON_HELP)
     sim_cal.set_defaults(func=_sim_calibrate)
     sim_rep = sim_sub.add_parser("reproduce", help="reproduce the papers' headline experiments")
     sim_rep.add_argument("paper", nargs="?", default=None, help="paper name (see --all)")
     sim_rep.add_argument("--all", action="store_true", help="every paper")
     sim_rep.add_argument("--quick", action="store_true", help="smaller workloads (tests)")
     sim_rep.add_argument("--out-dir", default="sim-out/reproduce", help="plots go here")
-    sim_rep.add_argument("--json", action="store_true")
+    sim_rep.add_argument("--json", action="store_true", help=_JSON_HELP)
     sim_rep.set_defaults(func=_sim_reproduce)
     return parser
 
@@ -482,6 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A file or directory named on the command line (or in a config) that the system refused:
         # the user's to fix, not a bug. Other exceptions keep their traceback.
         message = os_error_message(e)
+    except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT; outputs are whole or absent
+        print("kvtier: interrupted", file=sys.stderr)
+        return 130
     else:
         return 0
     print(f"kvtier: error: {message}", file=sys.stderr)

@@ -7,6 +7,8 @@ name the wrong value and the expected one. The Rust extension raises these same 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class KvtierError(Exception):
     """Base class of every kvtier error."""
@@ -67,6 +69,20 @@ def shown(value: object, limit: int = 64) -> str:
         return f"an int of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def did_you_mean(names: Iterable[object], known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the known name closest to each misspelt one of ``names``
+    that has one (difflib's ratio >= 0.6), for an unknown-name message; ``""`` where none is close."""
+    import difflib  # only when a message is built: `import kvtier` stays light
+
+    known = list(known)
+    close = [
+        match[0]
+        for name in names
+        if isinstance(name, str) and (match := difflib.get_close_matches(name, known, n=1))
+    ]
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
 def os_error_message(e: OSError) -> str:

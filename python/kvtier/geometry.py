@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from kvtier import _core
-from kvtier.errors import ConfigError, GeometryError, shown
+from kvtier.errors import ConfigError, GeometryError, did_you_mean, shown
 
 
 @dataclass(frozen=True)
@@ -185,5 +185,7 @@ def preset(name: str, block_tokens: int = 16) -> Geometry:
     try:
         fields = PRESETS[name]
     except KeyError:
-        raise ConfigError(f"unknown geometry preset {name!r}; expected one of {sorted(PRESETS)}") from None
+        raise ConfigError(
+            f"unknown geometry preset {name!r}{did_you_mean([name], PRESETS)}; expected one of {sorted(PRESETS)}"
+        ) from None
     return Geometry(**fields, block_tokens=block_tokens)

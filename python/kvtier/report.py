@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from kvtier.errors import KvtierError, shown
-from kvtier.results import field_of
+from kvtier.results import field_of, replacing
 
 if TYPE_CHECKING:  # the simulator is loaded by the command that runs it, not by every CLI start
     from kvtier.sim.reproduce import RowJson
@@ -188,7 +188,8 @@ def write_html(directory: str | Path, out: str | Path | None = None) -> Path:
         + "</body></html>\n"
     )
     target = Path(out) if out is not None else root / "report.html"
-    target.write_text(page)
+    with replacing(target) as file:  # whole or not at all
+        file.write(page)
     return target
 
 

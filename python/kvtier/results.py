@@ -15,15 +15,18 @@ whose fields are numbers, strings, booleans, other results and ``None`` reads it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from kvtier.errors import KvtierError, shown
 
@@ -83,6 +86,29 @@ def emit(result: R, as_json: bool, summary: Callable[[R], str]) -> None:
     """Prints ``result`` as one JSON object (``--json``: :func:`to_json`, keys sorted) or as its
     ``summary``: what every ``kvtier`` command that reports a result ends with."""
     print(json.dumps(to_json(result), sort_keys=True) if as_json else summary(result))
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """A text file whose content replaces ``path`` only once the block ends without an error: it
+    is written under a temp name beside ``path`` and renamed over it. An interrupted or failed write
+    (Ctrl-C, a full disk, a value that does not serialise) leaves the old file, or none, never part
+    of the new one that looks like a result."""
+    target = Path(path)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with temp.open("x", encoding="utf-8") as file:  # "x": created with the umask's mode
+            yield file
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike[str], value: object) -> None:
+    """``value`` as indented JSON (keys sorted) at ``path``, whole or not at all (:func:`replacing`)."""
+    with replacing(path) as file:
+        json.dump(to_json(value), file, indent=2, sort_keys=True)
 
 
 def to_json(value: object) -> object:

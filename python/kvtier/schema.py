@@ -30,7 +30,7 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import PurePath
 from typing import Any, ClassVar, Self, TypeVar
 
-from kvtier.errors import ConfigError, shown
+from kvtier.errors import ConfigError, did_you_mean, shown
 
 #: Parses one value: ``(value, key path) -> normalised value``; raises :class:`ConfigError`.
 Check = Callable[[Any, str], Any]
@@ -137,7 +137,9 @@ def boolean() -> Check:
 def choice(*choices: str) -> Check:
     def check(value: Any, path: str) -> str:
         if value not in choices:
-            raise ConfigError(f"`{path}` is {shown(value)}; expected one of {list(choices)}")
+            raise ConfigError(
+                f"`{path}` is {shown(value)}{did_you_mean([value], choices)}; expected one of {list(choices)}"
+            )
         return str(value)
 
     return check
@@ -259,7 +261,9 @@ class Section:
         unknown = sorted(set(data) - set(known) - set(also), key=repr)  # YAML keys may be ints, None
         if unknown:
             what = f"`{cls.PATH}` section" if cls.PATH else cls.LABEL
-            raise ConfigError(f"unknown {what} key(s) {unknown}; expected some of {sorted(known)}")
+            raise ConfigError(
+                f"unknown {what} key(s) {unknown}{did_you_mean(unknown, known)}; expected some of {sorted(known)}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The keys as plain data (tuples as lists, nested sections as mappings): from_dict's input."""

@@ -105,7 +105,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
         choices=("raw", "lossless"),
         help="kvtier's ssd.codec in the ssd rows (default raw; lossless: byte planes + zstd)",
     )
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     def main(args: argparse.Namespace) -> None:
         sizes = {

@@ -168,9 +168,9 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     )
     cmd.add_argument("--venv", default=".venv-vllm", help="the engine environment (make vllm-env)")
     cmd.add_argument("--bytes", default="1GiB", help="pages stored and loaded per repeat (e.g. 256MiB)")
-    cmd.add_argument("--repeats", type=positive, default=3)
+    cmd.add_argument("--repeats", type=positive, default=3, help="rounds per figure (default 3)")
     cmd.add_argument("--directory", default=None, help="where the file backend's temp dir goes")
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     def main(args: argparse.Namespace) -> None:
         total = parse_size(args.bytes, "--bytes")

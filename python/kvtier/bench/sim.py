@@ -358,7 +358,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
     cmd.add_argument(
         "--scaling", action="store_true", help="every policy on trace copies: wall s, events/s, exponent"
     )
-    cmd.add_argument("--copies", default="1,4", help="--scaling: copies of the trace (default 1,4; 25: 100K)")
+    cmd.add_argument("--copies", default=None, help="--scaling: copies of the trace (default 1,4; 25: 100K)")
     cmd.add_argument("--policies", default=None, help="--scaling: policies or all (default fcfs,hicache)")
     cmd.add_argument(
         "--engines",
@@ -366,11 +366,16 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
         help="--scaling: engine counts or sized (default 1,sized: overloaded, each policy's sized cluster)",
     )
     compiled.add_build_argument(cmd, "auto")  # --scaling's replays
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     def main(args: argparse.Namespace) -> None:
+        for flag in ("copies", "policies", "engines"):  # the plain bench would ignore them
+            if getattr(args, flag) is not None and not args.scaling:
+                raise KvtierError(
+                    f"--{flag} applies to --scaling; the plain bench replays the trace once on one H100"
+                )
         if args.scaling:
-            flags = (args.policies, args.copies, args.max_requests, args.engines, args.build)
+            flags = (args.policies, args.copies or "1,4", args.max_requests, args.engines, args.build)
             emit(scaling_from_flags(*flags), args.json, scaling_summary)
             return
         emit(run(max_requests=args.max_requests, show=not args.json), args.json, summary)

@@ -310,10 +310,10 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
         help="TTFT of a long shared prefix through real vLLM: recompute, vLLM's own cache, kvtier DRAM/SSD/Redis",
     )
     cmd.add_argument("--venv", default=".venv-vllm", help="the engine environment (make vllm-env)")
-    cmd.add_argument("--prefix-tokens", type=positive, default=4096)
+    cmd.add_argument("--prefix-tokens", type=positive, default=4096, help="cached prefix (default 4096)")
     cmd.add_argument("--requests", type=positive, default=3, help="measured requests per case")
-    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument(
         "--case",
         default="all",

@@ -48,11 +48,13 @@ def add_commands(sub: Any, positive: Callable[[str], int]) -> None:
 
 
 def _engine_args(parser: argparse.ArgumentParser, positive: Callable[[str], int]) -> None:
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--max-tokens", type=positive, default=64, help="tokens generated at most (default 64)"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = no cut)")
     parser.add_argument("--top-k", type=int, default=0, help="0 = no cut")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     parser.add_argument(
         "--policy", default=None, help="scheduling policy (default: fcfs, or lmcache with a store)"
     )
@@ -63,14 +65,14 @@ def _engine_args(parser: argparse.ArgumentParser, positive: Callable[[str], int]
         "write_back (default: the policy's paper's, kvtier.sched.data_plane)",
     )
     parser.add_argument("--num-blocks", type=positive, default=512, help="KV pool blocks (default 512)")
-    parser.add_argument("--block-tokens", type=positive, default=16)
+    parser.add_argument("--block-tokens", type=positive, default=16, help="tokens per KV block (default 16)")
     parser.add_argument(
         "--dram-capacity", default=None, help="enable the store with this DRAM tier, e.g. 1GiB"
     )
     parser.add_argument(
         "--ssd-dir", default=None, help="SSD tier directory, written through (needs --dram-capacity)"
     )
-    parser.add_argument("--ssd-capacity", default="1GiB")
+    parser.add_argument("--ssd-capacity", default="1GiB", help="SSD tier capacity (default 1GiB)")
     parser.add_argument(
         "--remote-url",
         default=None,

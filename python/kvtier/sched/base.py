@@ -8,14 +8,15 @@ the same policy instance can drive the CPU reference engine. Policies are regist
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, did_you_mean
 from kvtier.sched.fetch_path import PLAIN_FETCH, FetchPath
 from kvtier.sched.swap_copy import PLAIN_SWAP, SwapCopy
 from kvtier.tiers import NO_TOKENS, PerTier, Tier
@@ -247,7 +248,17 @@ def policy_class(name: str) -> type[Policy]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; expected one of {policy_names()}") from None
+        raise ConfigError(
+            f"unknown policy {name!r}{did_you_mean([name], policy_names())}; expected one of {policy_names()}"
+        ) from None
+
+
+def check_policy_names(names: Iterable[str]) -> None:
+    """Raises :class:`ConfigError` for the first of ``names`` that names no policy (a deprecated
+    name is one, without its warning here): for a command that runs several, before the first."""
+    for name in names:
+        if name not in _DEPRECATED:
+            policy_class(name)
 
 
 def make_policy(name: str, **params: Any) -> Policy:
@@ -256,6 +267,14 @@ def make_policy(name: str, **params: Any) -> Policy:
     factory = policy_class(name)
     if "offload" in params:
         raise ConfigError(_offload_moved(f"policy {name!r} sets"))
+    accepted = inspect.signature(factory).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise ConfigError(
+                f"policy {name!r} has no parameter(s) {', '.join(f'`{k}`' for k in unknown)}"
+                f"{did_you_mean(unknown, accepted)}; accepted: {', '.join(accepted) or 'none'}"
+            )
     try:
         return factory(**params)
     except TypeError as e:

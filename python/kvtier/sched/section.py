@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -25,7 +25,9 @@ def checked_section(name: str, section: object, known: Collection[str], example:
         raise ConfigError(f"sim `{name}` is {section!r}; expected a mapping such as {example}")
     unknown = sorted(set(section) - set(known))
     if unknown:
-        raise ConfigError(f"unknown {name} key(s) {unknown}; expected some of {list(known)}")
+        raise ConfigError(
+            f"unknown {name} key(s) {unknown}{did_you_mean(unknown, known)}; expected some of {list(known)}"
+        )
     return section
 
 
@@ -37,7 +39,9 @@ def profile(kind: str, profiles: Mapping[str, P], name: object) -> P:
     try:
         return profiles[name]
     except KeyError:
-        raise ConfigError(f"unknown {kind} engine {name!r}; expected one of {sorted(profiles)}") from None
+        raise ConfigError(
+            f"unknown {kind} engine {name!r}{did_you_mean([name], profiles)}; expected one of {sorted(profiles)}"
+        ) from None
 
 
 def profile_section(

@@ -27,6 +27,7 @@ import numpy as np
 import yaml
 
 from kvtier.errors import ConfigError
+from kvtier.results import replacing
 from kvtier.sim.cost import COEFFICIENTS, CONNECTOR_COEFFICIENTS, BatchShape, FittedCostModel, PrefillChunk
 from kvtier.sim.machine import Fingerprint, fingerprint
 
@@ -322,7 +323,8 @@ def write(result: Calibration, path: Path) -> None:
         "# on this machine's engine steps (see kvtier.sim.cost.FittedCostModel).\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + yaml.safe_dump(result, sort_keys=False))
+    with replacing(path) as file:  # whole or not at all
+        file.write(header + yaml.safe_dump(result, sort_keys=False))
 
 
 def summary(result: Calibration) -> str:

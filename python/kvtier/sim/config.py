@@ -31,6 +31,7 @@ io: {layerwise: true}       # P/D prefill engines' KV intake: layerwise prefill,
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config import parse_size, read_yaml
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, did_you_mean
 from kvtier.sched.base import renamed
 from kvtier.sched.data_plane import offload_mode
 from kvtier.sched.fetch_path import fetch_path
@@ -123,10 +124,13 @@ class SimConfig:
                 "sized by its two groups: drop `engines`"
             )
         if self.router is not None and self.router not in ROUTERS:
-            raise ConfigError(f"unknown router {self.router!r}; expected one of {list(ROUTERS)}")
-        if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
-                f"`gpu_memory_utilization` is {self.gpu_memory_utilization}; expected in (0, 1]"
+                f"unknown router {self.router!r}{did_you_mean([self.router], ROUTERS)}; "
+                f"expected one of {list(ROUTERS)}"
+            )
+        if not _is_number(self.gpu_memory_utilization) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"`gpu_memory_utilization` is {self.gpu_memory_utilization!r}; expected a number in (0, 1]"
             )
         if self.device_blocks is not None:
             _positive_int("device_blocks", self.device_blocks)
@@ -138,12 +142,14 @@ class SimConfig:
         if unknown:
             raise ConfigError(f"unknown slo key(s) {unknown}; expected some of ['tpot_s', 'ttft_s']")
         for key, value in self.slo.items():
-            if not isinstance(value, int | float) or value <= 0:
+            if not _is_number(value) or not 0 < value < math.inf:  # NaN and booleans too
                 raise ConfigError(f"slo `{key}` is {value!r}; expected a positive number of seconds")
         if self.max_outstanding_requests is not None:
             _positive_int("max_outstanding_requests", self.max_outstanding_requests)
-        if self.max_sim_s is not None and self.max_sim_s <= 0:
-            raise ConfigError(f"`max_sim_s` is {self.max_sim_s}; expected a positive number of seconds")
+        if self.max_sim_s is not None and (
+            not _is_number(self.max_sim_s) or not 0 < self.max_sim_s < math.inf
+        ):
+            raise ConfigError(f"`max_sim_s` is {self.max_sim_s!r}; expected a positive number of seconds")
         self.capacity_bytes("host_capacity_bytes", 0)  # validates the value
         self.capacity_bytes("ssd_capacity_bytes", 0)
         self.capacity_bytes("remote_capacity_bytes", 0)
@@ -195,7 +201,9 @@ class SimConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown sim config key(s) {unknown}; expected some of {sorted(known)}")
+            raise ConfigError(
+                f"unknown sim config key(s) {unknown}{did_you_mean(unknown, known)}; expected some of {sorted(known)}"
+            )
         fields = dict(data)
         for name in ("policy", "workload"):
             if isinstance(fields.get(name), str):
@@ -441,6 +449,11 @@ def resolve_experiment(path: str | Path) -> Path:
         if bundled.is_file():
             return bundled
     return given  # read_yaml names the missing file
+
+
+def _is_number(value: object) -> bool:
+    """An int or float, not a bool (YAML's ``true`` is an int to Python)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _positive_int(name: str, value: object) -> None:

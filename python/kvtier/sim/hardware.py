@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, did_you_mean
 
 HARDWARE_DIR = Path(__file__).parent / "profiles" / "hardware"
 
@@ -234,7 +234,10 @@ def load_profile_yaml(
     else:
         path = directory / f"{name_or_path.lower()}.yaml"
         if not path.is_file():
-            raise ConfigError(f"unknown {kind} profile {name_or_path!r}; known: {', '.join(names)}")
+            raise ConfigError(
+                f"unknown {kind} profile {name_or_path!r}{did_you_mean([name_or_path.lower()], names)}; "
+                f"known: {', '.join(names)}"
+            )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
@@ -248,7 +251,8 @@ def _reject_unknown(data: Mapping[str, Any], known: set[str], source: str) -> No
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
         raise ConfigError(
-            f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            f"{source}: unknown field(s) {', '.join(unknown)}{did_you_mean(unknown, known)}; "
+            f"known: {', '.join(sorted(known))}"
         )
 
 

@@ -30,6 +30,7 @@ from kvtier.sim.config import SimConfig
 
 #: Trace file suffix -> workload that replays it (with the config that `trace_config` builds).
 TRACE_WORKLOADS = {".jsonl": "mooncake", ".csv": "azure"}
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 
 
 def trace_config(path: str | Path, policy: str = "hicache") -> SimConfig:
@@ -43,7 +44,8 @@ def trace_config(path: str | Path, policy: str = "hicache") -> SimConfig:
             f"trace {str(p)!r}: expected a Mooncake-format .jsonl or an Azure .csv trace, or a sim config"
         )
     if not p.is_file():
-        raise ConfigError(f"trace {str(p)!r} does not exist")
+        problem = "is a directory; expected a trace file" if p.is_dir() else "does not exist"
+        raise ConfigError(f"trace {str(p)!r} {problem}")
     return SimConfig(
         name=f"size-{p.stem}-{policy}",
         hardware="h100-sxm",
@@ -58,6 +60,8 @@ def source_config(source: str, policy: str | None = None, engines: int | None = 
     """The config of `source` (`kvtier sim run` and `sim size`): a trace (:func:`trace_config`,
     `policy` default hicache) or a sim config (YAML path or bundled name; it names its own policy,
     so `policy` is refused). `engines`, where given, replaces the config's colocated engine count."""
+    if Path(source).suffix in _COMPRESSED and Path(Path(source).stem).suffix in TRACE_WORKLOADS:
+        raise ConfigError(f"{source!r} is a compressed trace; decompress it first (kvtier reads .jsonl/.csv)")
     if Path(source).suffix in TRACE_WORKLOADS:
         config = trace_config(source, policy or "hicache")
     elif policy is not None:
@@ -190,8 +194,8 @@ def add_command(sim_sub: Any, emit: Callable[[Any, bool, Callable[[Any], str]], 
     cmd.add_argument(
         "--attainment", type=float, default=0.9, help="share of requests within it (default 0.9)"
     )
-    cmd.add_argument("--max-engines", type=int, default=1024)
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--max-engines", type=int, default=1024, help="largest cluster tried (default 1024)")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     def main(args: argparse.Namespace) -> None:
         config = source_config(str(args.source), args.policy)

@@ -28,7 +28,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, did_you_mean
 from kvtier.sim.request import Request
 from kvtier.sim.workload.agentic import AGENTIC_DATASETS, agentic_workload
 from kvtier.sim.workload.arrivals import (
@@ -69,13 +69,17 @@ def make_workload(name: str, **params: Any) -> Iterator[Request]:
     """
     factory = _WORKLOADS.get(name)
     if factory is None:
-        raise ConfigError(f"unknown workload {name!r}; known: {', '.join(workload_names())}")
+        raise ConfigError(
+            f"unknown workload {name!r}{did_you_mean([name], workload_names())}; "
+            f"known: {', '.join(workload_names())}"
+        )
     signature = inspect.signature(factory)
     accepted = list(signature.parameters)
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ConfigError(
-            f"workload {name!r} has no parameter(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}"
+            f"workload {name!r} has no parameter(s) {', '.join(unknown)}{did_you_mean(unknown, accepted)}; "
+            f"accepted: {', '.join(accepted)}"
         )
     missing = [
         param.name

@@ -9,9 +9,10 @@ output token: such a request still ran a prefill and returned (at least) a first
 :class:`~kvtier.sim.request.Request` needs ``output_tokens >= 1``; the bundled file has none.
 
 Every request is open-loop. The file is read as requests are consumed. A malformed row (wrong
-number of fields, a bad datetime or integer, ``ContextTokens < 1``, ``GeneratedTokens < 0``, a
-timestamp earlier than the row before) or a header without the three columns raises
-:class:`~kvtier.errors.TraceError` naming the file and line number (the header is line 1).
+number of fields, a bad datetime or integer, bytes that are not UTF-8, ``ContextTokens < 1``,
+``GeneratedTokens < 0``, a timestamp earlier than the row before) or a header without the three
+columns raises :class:`~kvtier.errors.TraceError` naming the file and line number (the header is
+line 1); so do a gzip-compressed file and a file with no row after the header.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from kvtier.sim.workload.common import (
     check_replay_params,
     check_trace_path,
     find_trace,
+    no_requests,
+    not_utf8,
     num_blocks,
+    open_trace,
     require_block_tokens,
 )
 
@@ -79,13 +83,13 @@ def default_trace_path() -> Path:
 
 def read_azure(path: Path) -> Iterator[tuple[int, datetime, int, int]]:
     """``(line, timestamp, context_tokens, generated_tokens)`` per row, checked; blank rows skipped."""
-    with path.open(encoding="utf-8", newline="") as file:
+    with open_trace(path, newline="") as file:
         rows = csv.reader(file)
         header = next(rows, None)
         names = [name.strip() for name in header] if header is not None else []
         missing = [name for name in AZURE_COLUMNS if name not in names]
         if missing:
-            raise TraceError(
+            raise not_utf8(path, 1, ",".join(header or ())) or TraceError(
                 f"{path}:1: header {names} lacks column(s) {', '.join(missing)}; expected {','.join(AZURE_COLUMNS)}"
             )
         columns = [names.index(name) for name in AZURE_COLUMNS]
@@ -99,7 +103,10 @@ def read_azure(path: Path) -> Iterator[tuple[int, datetime, int, int]]:
                     f"{path}:{line_no}: {len(row)} fields; expected {len(names)} like the header"
                 )
             timestamp, context_tokens, generated_tokens = (row[column].strip() for column in columns)
-            parsed = _parse_row(path, line_no, timestamp, context_tokens, generated_tokens)
+            try:
+                parsed = _parse_row(path, line_no, timestamp, context_tokens, generated_tokens)
+            except TraceError as error:  # a row that does not parse may hold bytes that are not UTF-8
+                raise not_utf8(path, line_no, ",".join(row)) or error from None
             if previous is not None and parsed[1] < previous:
                 raise TraceError(
                     f"{path}:{line_no}: TIMESTAMP {timestamp} is earlier than the previous row's; "
@@ -107,6 +114,8 @@ def read_azure(path: Path) -> Iterator[tuple[int, datetime, int, int]]:
                 )
             previous = parsed[1]
             yield parsed
+    if previous is None:
+        raise no_requests(path)
 
 
 def _parse_row(

@@ -14,6 +14,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -193,6 +194,35 @@ def check_trace_path(path: str | os.PathLike[str] | None, default_name: str) -> 
     if not resolved.is_file():
         raise TraceError(f"trace file {resolved} does not exist or is not a file")
     return resolved
+
+
+def open_trace(path: Path, newline: str | None = None) -> TextIO:
+    """``path`` opened for reading as UTF-8 text (a leading BOM skipped), bytes that are not UTF-8
+    kept as lone surrogates: the reader that meets one names its line (:func:`not_utf8`) instead of
+    the decoder failing somewhere in a buffered chunk."""
+    return path.open(encoding="utf-8-sig", errors="surrogateescape", newline=newline)
+
+
+_GZIP_MAGIC = "\x1f\udc8b"  # the bytes 1f 8b read through open_trace
+
+
+def not_utf8(path: Path, line_no: int, text: str) -> TraceError | None:
+    """The :class:`TraceError` for a line of ``path`` that holds bytes that are not UTF-8 (a
+    gzip-compressed file, on its first line, is named as such); None for a line that does not.
+    Called only where a line failed to parse, so it costs good lines nothing."""
+    if line_no == 1 and text.startswith(_GZIP_MAGIC):
+        return TraceError(f"{path}:1: the file is gzip-compressed; decompress it first (gunzip -k {path})")
+    bad = next((c for c in text if "\udc80" <= c <= "\udcff"), None)
+    if bad is None:
+        return None
+    return TraceError(
+        f"{path}:{line_no}: byte 0x{ord(bad) - 0xDC00:02x} is not UTF-8 text; expected a UTF-8 file"
+    )
+
+
+def no_requests(path: Path) -> TraceError:
+    """The error for a trace that holds no request (replaying it would report nothing as a run)."""
+    return TraceError(f"{path}: no requests (the file is empty or holds only blank lines or a header)")
 
 
 def check_replay_params(time_scale: object, max_requests: object) -> tuple[float, int | None]:

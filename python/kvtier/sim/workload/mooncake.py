@@ -12,8 +12,11 @@ inter-arrival gap after copy ``k - 1``), each copy with fresh ``hash_ids`` (offs
 more than the trace's largest id): a longer trace at the same rate, sharing no prefix across copies,
 for measuring how the simulator scales with the number of requests (``kvtier bench sim``). The file is read
 line by line as requests are consumed, so a replay holds one line at a time. A malformed line (bad
-JSON, a missing or mistyped field, a length < 1, a wrong number of ``hash_ids``, a timestamp earlier
-than the line before) raises :class:`~kvtier.errors.TraceError` naming the file and line number.
+JSON, bytes that are not UTF-8, a missing or mistyped field, a length < 1, a timestamp that is not a
+number of ms in [0, 2**53] (NaN and Infinity, which Python's json reads, included), a ``hash_id``
+< 0, a wrong number of ``hash_ids``, a timestamp earlier than the line before) raises
+:class:`~kvtier.errors.TraceError` naming the file and line number; so do a gzip-compressed file
+and a file with no request at all.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from kvtier.sim.workload.common import (
     check_replay_params,
     check_trace_path,
     find_trace,
+    no_requests,
+    not_utf8,
     num_blocks,
+    open_trace,
     require_block_tokens,
     require_int,
 )
@@ -40,6 +46,9 @@ from kvtier.sim.workload.common import (
 MOONCAKE_TRACE = "mooncake_synthetic_trace.jsonl"
 #: Tokens per block named by one ``hash_id`` in the Mooncake traces.
 MOONCAKE_BLOCK_TOKENS = 512
+#: The largest ``timestamp`` (ms) read: 2**53, past which a double no longer holds every whole ms
+#: (285,000 years; epoch milliseconds are ~1.7e12).
+TIMESTAMP_MS_MAX = float(2**53)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +143,7 @@ def mooncake_block_hit_rate(
 
 def read_mooncake(path: Path) -> Iterator[MooncakeRecord]:
     """The trace's records, checked, one line at a time (blank lines skipped); lines count from 1."""
-    with path.open(encoding="utf-8") as lines:
+    with open_trace(path) as lines:
         previous_ms = float("-inf")
         for line_no, text in enumerate(lines, start=1):
             if not text.strip():
@@ -147,6 +156,8 @@ def read_mooncake(path: Path) -> Iterator[MooncakeRecord]:
                 )
             previous_ms = record.timestamp_ms
             yield record
+    if previous_ms == float("-inf"):
+        raise no_requests(path)
 
 
 def _parse_line(path: Path, line_no: int, text: str) -> MooncakeRecord:
@@ -154,15 +165,20 @@ def _parse_line(path: Path, line_no: int, text: str) -> MooncakeRecord:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise TraceError(f"{where}: not valid JSON ({error.msg})") from None
+        raise not_utf8(path, line_no, text) or TraceError(f"{where}: not valid JSON ({error.msg})") from None
     if not isinstance(data, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(data).__name__}")
     for field in ("timestamp", "input_length", "output_length", "hash_ids"):
         if field not in data:
             raise TraceError(f"{where}: missing field `{field}`")
     timestamp = data["timestamp"]
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or timestamp < 0:
-        raise TraceError(f"{where}: `timestamp` is {timestamp!r}; expected a number of ms >= 0")
+    # The chained comparison is false for NaN, which Python's json reads (as it does Infinity).
+    if (
+        isinstance(timestamp, bool)
+        or not isinstance(timestamp, int | float)
+        or not 0 <= timestamp <= TIMESTAMP_MS_MAX
+    ):
+        raise TraceError(f"{where}: `timestamp` is {timestamp!r}; expected a number of ms in [0, 2**53]")
     lengths = []
     for field in ("input_length", "output_length"):
         value = data[field]
@@ -170,10 +186,13 @@ def _parse_line(path: Path, line_no: int, text: str) -> MooncakeRecord:
             raise TraceError(f"{where}: `{field}` is {value!r}; expected an integer >= 1")
         lengths.append(value)
     hash_ids = data["hash_ids"]
-    if not isinstance(hash_ids, list) or not all(
-        isinstance(hash_id, int) and not isinstance(hash_id, bool) for hash_id in hash_ids
+    # `type(...) is int` refuses bools and floats; ids >= 0 keep `copies`' shifted ids apart.
+    if (
+        not isinstance(hash_ids, list)
+        or not all(type(hash_id) is int for hash_id in hash_ids)
+        or (hash_ids and min(hash_ids) < 0)
     ):
-        raise TraceError(f"{where}: `hash_ids` must be a list of integers")
+        raise TraceError(f"{where}: `hash_ids` must be a list of integers >= 0")
     input_length, output_length = lengths
     expected = num_blocks(input_length, MOONCAKE_BLOCK_TOKENS)
     if len(hash_ids) != expected:
