@@ -1,6 +1,8 @@
-"""SGLang's own HiCache controller (`HiCacheController`: its prefetch, prefetch-IO, sync and backup
-threads) driving the kvtier backend on CPU, with the scheduler's side played here the way
-SGLang's tree cache plays it (`mem_cache/unified_radix_cache.py`).
+"""SGLang's own HiCache controllers driving the kvtier backend on CPU, with their prefetch,
+prefetch-IO, sync and backup threads: `HybridCacheController` over a `HostPoolGroup` with the KV
+pool as its one entry (what SGLang 0.5.23 builds for a plain MHA/MLA model,
+`build_kv_only_stack`), or its base `HiCacheController` over the host pool. The scheduler's side
+is played here the way SGLang's tree cache plays it (`mem_cache/unified_radix_cache.py`).
 
 Only two seams are set by hand: the controller's device pool (a stand-in with the three attributes
 the controller reads; no device copy is made here) and `_generate_storage_config`, which SGLang
@@ -19,6 +21,9 @@ from typing import Any
 import torch
 from hicache_helpers import LAYERS, storage_config
 from sglang.srt.managers.cache_controller import HiCacheController, PrefetchOperation
+from sglang.srt.mem_cache.hicache_storage import PoolName
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.runtime_context import get_parallel
@@ -39,11 +44,24 @@ class _Allocator:
         return _DevicePool()
 
 
+@dataclass(frozen=True)
+class _Handle:  # the tree cache's `CacheRequestHandle`: the hybrid controller reads its rid
+    rid: str
+
+
 def controller(
-    pool: Any, extra: dict[str, Any], *, interface_v1: bool = True, **config: Any
+    pool: Any, extra: dict[str, Any], *, hybrid: bool = True, interface_v1: bool = True, **config: Any
 ) -> HiCacheController:
     """SGLang's controller over ``pool``, with kvtier attached as SGLang attaches a backend."""
-    cc = HiCacheController(_Allocator(), pool, pool.page_size, None, threading.Event())
+    group = HostPoolGroup(
+        [PoolEntry(PoolName.KV, pool, _DevicePool(), lambda layer: layer, is_primary_index_anchor=True)]
+    )
+    if hybrid:
+        cc: HiCacheController = HybridCacheController(
+            _Allocator(), group, pool.page_size, None, threading.Event(), transfer_layer_id_max=LAYERS
+        )
+    else:
+        cc = HiCacheController(_Allocator(), pool, pool.page_size, None, threading.Event())
     is_mla = isinstance(pool, MLATokenToKVPoolHost)
     cfg = storage_config(
         {**extra, "interface_v1": int(interface_v1)},
@@ -53,10 +71,12 @@ def controller(
     )
     cc._generate_storage_config = lambda *args, **kwargs: cfg
     with get_parallel().override(attn_dcp_size=1):
+        attach: dict[str, Any] = {"host_pools": group.entries} if hybrid else {}
         cc.attach_storage_backend(
             "dynamic",
             prefetch_threshold=pool.page_size,
             storage_backend_extra_config=dict(cfg.extra_config),
+            **attach,
         )
     return cc
 
@@ -91,7 +111,8 @@ def backup(cc: HiCacheController, slots: torch.Tensor, tokens: list[int]) -> int
 def start_prefetch(cc: HiCacheController, rid: str, tokens: list[int]) -> Prefetch:
     """`prefetch` then, once the hit query answered, the tree cache's `_try_alloc_storage_hit`:
     host pages for the hit, handed to the prefetch-IO thread. No hit: nothing is queued."""
-    operation = cc.prefetch(rid, tokens, None)
+    handle = _Handle(rid) if isinstance(cc, HybridCacheController) else rid
+    operation = cc.prefetch(handle, tokens, None)
     hit = cc.prefetch_hit_queue.get(timeout=WAIT_S)
     assert hit is operation
     p = Prefetch(operation)
@@ -134,7 +155,12 @@ def drain_acks(
             if poison is None:
                 cc.mem_pool_host.free(p.released)
             else:
-                fill_pages(cc.mem_pool_host, p.released, poison)
+                fill_pages(host(cc), p.released, poison)
+
+
+def host(cc: HiCacheController) -> Any:
+    """The host KV pool whose pages the backend reads and writes (the hybrid group's anchor)."""
+    return cc.storage_host_pool
 
 
 def fill_pages(pool: Any, slots: torch.Tensor, byte: int) -> None:

@@ -16,6 +16,7 @@ from controller_harness import (
     backup,
     controller,
     drain_acks,
+    host,
     page_hashes,
     start_prefetch,
     terminate,
@@ -27,6 +28,8 @@ from kvtier.testing.redis import LocalRedis
 
 DRAM = {"dram": {"capacity_bytes": "4MiB"}}
 POISON = 0x5A
+#: SGLang's controller for plain models (`HybridCacheController`) and its base class.
+CONTROLLERS = pytest.mark.parametrize("hybrid", [True, False], ids=["hybrid", "base"])
 
 
 def extra_for(tier: str, tmp_path: Path, redis: LocalRedis) -> dict[str, Any]:
@@ -48,7 +51,7 @@ def prompt(n_pages: int, page_size: int, seed: int) -> list[int]:
 def store_prompts(cc: Any, prompts: dict[str, list[int]], expected: dict[str, bytes], seed: int) -> None:
     """Fills host pages for each prompt, backs them up through SGLang's backup thread and frees
     them after the ack, as the tree cache does once the host node is unlocked and evicted."""
-    pool = cc.mem_pool_host
+    pool = host(cc)
     for i, (rid, tokens) in enumerate(prompts.items()):
         n = len(tokens) // pool.page_size
         slots = fill(pool, n, seed=seed + i)
@@ -59,20 +62,22 @@ def store_prompts(cc: Any, prompts: dict[str, list[int]], expected: dict[str, by
 
 
 def assert_kept_pages(cc: Any, p: Prefetch, tokens: list[int], expected: dict[str, bytes]) -> None:
-    pool = cc.mem_pool_host
+    pool = host(cc)
     keys = page_hashes(tokens, pool.page_size)
     assert p.host_indices is not None
     for j in range(p.completed_tokens // pool.page_size):
         assert page_bytes(pool, p.host_indices, j) == expected[keys[j]], (p.operation.request_id, j)
 
 
+@CONTROLLERS
 @pytest.mark.parametrize("interface_v1", [True, False], ids=["v1", "v0"])
 @pytest.mark.parametrize("tier", ["dram", "ssd", "redis"])
 def test_sglang_threads_back_up_and_prefetch_exact_pages(
-    tier: str, interface_v1: bool, tmp_path: Path, redis: LocalRedis
+    tier: str, interface_v1: bool, hybrid: bool, tmp_path: Path, redis: LocalRedis
 ) -> None:
     pool = host_pool(ratio=8.0)
-    cc = controller(pool, extra_for(tier, tmp_path, redis), interface_v1=interface_v1, model=f"cc-{tier}")
+    extra = extra_for(tier, tmp_path, redis)
+    cc = controller(pool, extra, hybrid=hybrid, interface_v1=interface_v1, model=f"cc-{tier}")
     try:
         prompts = {f"r{i}": prompt(6, pool.page_size, seed=100 + i) for i in range(6)}
         expected: dict[str, bytes] = {}
@@ -105,7 +110,8 @@ def test_clear_means_no_page_stored_before_it_loads_again(
         tokens = prompt(4, pool.page_size, seed=60)
         before: dict[str, bytes] = {}
         store_prompts(cc, {"old": tokens}, before, seed=61)
-        assert HybridCacheController.clear_storage_backend(cc)  # SGLang's own call, as on its thread
+        assert isinstance(cc, HybridCacheController)
+        assert cc.clear_storage_backend()  # SGLang's own call, as on its scheduler thread
         p = start_prefetch(cc, "after-clear", tokens)
         assert p.done and p.operation.storage_hit_count == 0
         after: dict[str, bytes] = {}
@@ -119,12 +125,13 @@ def test_clear_means_no_page_stored_before_it_loads_again(
         cc.detach_storage_backend()
 
 
+@CONTROLLERS
 @pytest.mark.parametrize("interface_v1", [True, False], ids=["v1", "v0"])
-def test_a_page_that_fails_ends_sglangs_prefix_there(interface_v1: bool) -> None:
+def test_a_page_that_fails_ends_sglangs_prefix_there(interface_v1: bool, hybrid: bool) -> None:
     # kvtier answers per page (pages after a corrupt one still load); SGLang's counters stop at
     # the first page that is not there (`_page_get_zero_copy`, `_generic_page_get`).
     pool = host_pool(ratio=8.0)
-    cc = controller(pool, DRAM, interface_v1=interface_v1, model="cc-corrupt")
+    cc = controller(pool, DRAM, hybrid=hybrid, interface_v1=interface_v1, model="cc-corrupt")
     try:
         tokens = prompt(8, pool.page_size, seed=7)
         expected: dict[str, bytes] = {}
@@ -140,10 +147,11 @@ def test_a_page_that_fails_ends_sglangs_prefix_there(interface_v1: bool) -> None
         cc.detach_storage_backend()
 
 
+@CONTROLLERS
 @pytest.mark.parametrize("interface_v1", [True, False], ids=["v1", "v0"])
-@pytest.mark.parametrize("tier", ["dram", "ssd"])
+@pytest.mark.parametrize("tier", ["dram", "ssd", "redis"])
 def test_backups_prefetches_and_terminations_at_once_keep_every_page_right(
-    tier: str, interface_v1: bool, tmp_path: Path, redis: LocalRedis
+    tier: str, interface_v1: bool, hybrid: bool, tmp_path: Path, redis: LocalRedis
 ) -> None:
     # The backup thread stores new prompts while the prefetch threads load stored ones; every
     # third prefetch is terminated right after it was queued (a stop policy firing, or an abort),
@@ -151,7 +159,8 @@ def test_backups_prefetches_and_terminations_at_once_keep_every_page_right(
     # and releases the rest at the last ack: those pages are poisoned at that moment and must
     # still hold the poison at the end (no backend write lands after SGLang released a page).
     pool = host_pool(ratio=8.0)
-    cc = controller(pool, extra_for(tier, tmp_path, redis), interface_v1=interface_v1, model=f"mix-{tier}")
+    extra = extra_for(tier, tmp_path, redis)
+    cc = controller(pool, extra, hybrid=hybrid, interface_v1=interface_v1, model=f"mix-{tier}")
     try:
         stored = {f"s{i}": prompt(4, pool.page_size, seed=200 + i) for i in range(6)}
         expected: dict[str, bytes] = {}
