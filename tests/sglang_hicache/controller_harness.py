@@ -50,18 +50,25 @@ class _Handle:  # the tree cache's `CacheRequestHandle`: the hybrid controller r
 
 
 def controller(
-    pool: Any, extra: dict[str, Any], *, hybrid: bool = True, interface_v1: bool = True, **config: Any
+    pool: Any,
+    extra: dict[str, Any],
+    *,
+    hybrid: bool = True,
+    interface_v1: bool = True,
+    tp_group: Any = None,
+    **config: Any,
 ) -> HiCacheController:
-    """SGLang's controller over ``pool``, with kvtier attached as SGLang attaches a backend."""
+    """SGLang's controller over ``pool``, with kvtier attached as SGLang attaches a backend. With
+    ``tp_group`` (a gloo group of the ranks), SGLang's rank all-reduces run over it."""
     group = HostPoolGroup(
         [PoolEntry(PoolName.KV, pool, _DevicePool(), lambda layer: layer, is_primary_index_anchor=True)]
     )
     if hybrid:
         cc: HiCacheController = HybridCacheController(
-            _Allocator(), group, pool.page_size, None, threading.Event(), transfer_layer_id_max=LAYERS
+            _Allocator(), group, pool.page_size, tp_group, threading.Event(), transfer_layer_id_max=LAYERS
         )
     else:
-        cc = HiCacheController(_Allocator(), pool, pool.page_size, None, threading.Event())
+        cc = HiCacheController(_Allocator(), pool, pool.page_size, tp_group, threading.Event())
     is_mla = isinstance(pool, MLATokenToKVPoolHost)
     cfg = storage_config(
         {**extra, "interface_v1": int(interface_v1)},

@@ -6,6 +6,9 @@ docs/sglang.md "Page lifetimes and concurrency"."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +206,62 @@ def test_backups_prefetches_and_terminations_at_once_keep_every_page_right(
                 assert set(page_bytes(pool, pages, j)) == {POISON}
     finally:
         cc.detach_storage_backend()
+
+
+RANK = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+rank, rendezvous = int(sys.argv[2]), sys.argv[3]
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+from controller_harness import backup, controller, drain_acks, host, page_hashes, start_prefetch
+from hicache_helpers import fill, host_pool, page_bytes
+from test_sglang_controller import prompt
+pool = host_pool(ratio=8.0)
+cc = controller(pool, {"dram": {"capacity_bytes": "4MiB"}}, tp_group=dist.group.WORLD,
+                tp_rank=rank, tp_size=2, model="tp2")
+out = {}
+# A: rank 0 stored all 6 pages, rank 1 only the first 3. B: both stored 6; rank 1's page 4 is corrupt.
+for name, stored, corrupt in (("A", 6 if rank == 0 else 3, None), ("B", 6, 4 if rank == 1 else None)):
+    tokens = prompt(6, pool.page_size, seed=ord(name))
+    keys = page_hashes(tokens, pool.page_size)
+    slots = fill(pool, 6, seed=10 * ord(name) + rank)  # each rank's shard of the KV differs
+    expected = [page_bytes(pool, slots, j) for j in range(6)]
+    backup(cc, slots[: stored * pool.page_size], tokens[: stored * pool.page_size])
+    if corrupt is not None:
+        made = cc.storage_backend
+        assert made.store._corrupt_for_test(made.keys(keys)[corrupt], 32)
+    p = start_prefetch(cc, name, tokens)
+    drain_acks(cc, {name: p}, until_done=True)
+    kept = p.completed_tokens // pool.page_size
+    right = all(page_bytes(pool, p.host_indices, j) == expected[j] for j in range(kept))
+    out[name] = [p.operation.storage_hit_count, p.completed_tokens, right]
+cc.detach_storage_backend()
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_tp_ranks_agree_when_one_rank_misses_or_fails_a_page(tmp_path: Path) -> None:
+    # Two TP ranks (processes, gloo), each with its own kvtier store and shard: SGLang's MIN
+    # all-reduces of the hit count and of every progress ack make both keep the same prefix,
+    # so no rank uses a page another rank has not loaded (mixed KV across the TP shards).
+    here = str(Path(__file__).resolve().parent)
+    rendezvous = tmp_path / "rendezvous"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, here, str(rank), str(rendezvous)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-4000:]
+        results.append(json.loads(stdout.split("RESULT", 1)[1]))
+    page = 4  # tokens per page (hicache_helpers.PAGE)
+    for rank_result in results:
+        assert rank_result["A"] == [3 * page, 3 * page, True]  # rank 1 has 3: both fetch 3
+        assert rank_result["B"] == [6 * page, 4 * page, True]  # rank 1 fails page 4: both keep 4
