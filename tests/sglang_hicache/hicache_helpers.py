@@ -27,10 +27,14 @@ BACKEND = {
 
 
 def host_pool(
-    kind: str = "mha", layout: str = "page_first", dtype: torch.dtype = torch.bfloat16, page: int = PAGE
+    kind: str = "mha",
+    layout: str = "page_first",
+    dtype: torch.dtype = torch.bfloat16,
+    page: int = PAGE,
+    ratio: float = 2.0,
 ) -> Any:
     """SGLang's MHA or MLA host pool over small CPU device buffers: 33 pages of 4 tokens (or
-    pages of ``page`` tokens)."""
+    pages of ``page`` tokens; ``ratio`` times the device's 64 tokens)."""
     device = torch.device("cpu")
     # A fixed budget: SGLang otherwise sizes host pools from free RAM minus 10 GiB.
     with host_memory_budget_scope(1 << 30):
@@ -55,7 +59,7 @@ def host_pool(
             )
             return MHATokenToKVPoolHost(
                 info,
-                2.0,
+                ratio,
                 0,
                 page,
                 layout,
@@ -80,7 +84,7 @@ def host_pool(
         )
         return MLATokenToKVPoolHost(
             mla,
-            2.0,
+            ratio,
             0,
             page,
             layout,

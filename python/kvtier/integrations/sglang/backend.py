@@ -4,7 +4,9 @@ SGLang's factory constructs it as ``cls(storage_config, kwargs)`` and then hands
 pool (``register_mem_pool_host``); the store opens then, with the pool's page as its block. A page
 key is SGLang's hash string of the page (chained over the prefix), mapped to a 16-byte kvtier key
 inside this backend's namespace (``blake2b`` keyed by the namespace hash): another model, TP rank,
-pipeline stage or host layout hashes the same string to another key, so it misses.
+pipeline stage or host layout hashes the same string to another key, so it misses. ``clear()``
+(SGLang's `/clear_hicache_storage_backend`, e.g. after a weight update) moves the backend to the
+next generation: the clear count salts every key, so no page stored before it is found again.
 
 Invariants: a page reported loaded holds exactly the bytes stored under its key (every object is
 verified on load; a checksum failure, an evicted page or a server that is down is a miss,
@@ -67,6 +69,8 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics = KvtierStorageMetrics()
         self._metrics_lock = threading.Lock()
+        #: How many times SGLang cleared the backend: the salt of every key (0: no salt).
+        self._clears = 0
         self._store: Store | None = None
         self._pages: HostPages | None = None
         self.mem_pool_host: Any = None
@@ -107,11 +111,14 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         if isinstance(keys, str) or not isinstance(keys, Sequence):
             raise LayoutError(f"keys are {type(keys).__name__}; expected a list of page hash strings")
         namespace = self.store.namespace.hash
+        # One generation per call, read once: a clear() on SGLang's scheduler thread while this
+        # call runs on a storage thread leaves the call wholly before or wholly after it.
+        salt = self._clears.to_bytes(16, "little")  # 16 zero bytes: blake2b's unsalted hash
         raw = bytearray()
         for i, key in enumerate(keys):
             if not isinstance(key, str) or not key:
                 raise LayoutError(f"keys[{i}] is {key!r}; expected a page hash string")
-            raw += hashlib.blake2b(key.encode(), digest_size=KEY_BYTES, key=namespace).digest()
+            raw += hashlib.blake2b(key.encode(), digest_size=KEY_BYTES, key=namespace, salt=salt).digest()
         return BlockKeys(namespace, bytes(raw))
 
     # ------------------------------------------------------- zero-copy (v1)
@@ -200,6 +207,14 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         if self._store is not None:
             metrics.kvtier = self._store.stats().as_dict()
         return metrics
+
+    def clear(self) -> None:
+        """Drops every stored page for SGLang: from now on keys are salted with the clear count, so
+        no page stored before is found (their bytes leave the tiers by eviction or TTL). SGLang
+        calls it on every rank (its admin API after a weight update, a PD role switch), so the
+        ranks keep agreeing on keys. The count restarts with the process (docs/sglang.md)."""
+        self._clears += 1  # one writer: SGLang's scheduler thread; readers take one value per call
+        log.info("kvtier HiCache storage cleared (generation %d)", self._clears)
 
     def close(self) -> None:
         """Makes the SSD tier's pages durable and closes the store (a later register reopens)."""
