@@ -341,31 +341,30 @@ def test_a_page_that_fails_in_the_call_is_a_miss_with_every_page_after_it_in_v0(
     assert made.batch_exists(keys) == 1  # the corrupt copy was dropped
 
 
-def test_clear_starts_a_generation_every_rank_agrees_on(redis: LocalRedis) -> None:
-    # clear() salts keys with the clear count: before any clear a key is the unsalted hash (pages
-    # stored by earlier releases still load); after one, no earlier page is found through either
-    # interface; and ranks sharing a namespace (MLA: rank 0 writes, the others read through
-    # Redis) agree again once each has been cleared, as SGLang clears every rank.
-    import hashlib
-
+def test_clear_drops_every_page_for_every_rank_and_only_this_namespace(redis: LocalRedis) -> None:
+    # clear() is Store.clear(): the namespace's pages leave DRAM and the shared Redis, so a rank
+    # sharing them (MLA: rank 0 writes, the others read through Redis) finds none either, through
+    # either interface; another model's pages on the same server stay; pages stored afterwards
+    # (the new weights' KV) are found by every rank.
     pool = host_pool("mla", "page_first")
     writer = backend(pool, remote(redis), model="gen", tp_rank=0, tp_size=2)
     reader_pool = host_pool("mla", "page_first")
     reader = backend(reader_pool, remote(redis), model="gen", tp_rank=1, tp_size=2)
+    other_pool = host_pool("mla", "page_first")
+    other = backend(other_pool, remote(redis), model="other")
     keys = page_keys("g", 3)
-    unsalted = hashlib.blake2b(keys[0].encode(), digest_size=16, key=writer.store.namespace.hash).digest()
-    assert int.from_bytes(unsalted, "little") == writer.keys(keys)[0]
-    writer.batch_set_v1(keys, fill(pool, 3, seed=13))
+    assert writer.batch_set_v1(keys, fill(pool, 3, seed=13)) == [True] * 3
+    assert other.batch_set_v1(keys, fill(other_pool, 3, seed=15)) == [True] * 3
     assert reader.batch_exists(keys) == 3
     writer.clear()
     assert writer.batch_exists(keys) == 0 and not writer.exists(keys[0])
+    assert reader.batch_exists(keys) == 0
     assert writer.batch_get(keys) == [None] * 3
     assert writer.batch_get_v1(keys, pool.alloc(12)) == [False] * 3
+    assert other.batch_exists(keys) == 3
     slots = fill(pool, 3, seed=14)
     expected = [page_bytes(pool, slots, i) for i in range(3)]
     assert writer.batch_set_v1(keys, slots) == [True] * 3
-    assert reader.batch_exists(keys) == 3  # not cleared yet: it still reads the old generation
-    reader.clear()
     into = reader_pool.alloc(12)
     assert reader.batch_get_v1(keys, into) == [True] * 3
     assert [page_bytes(reader_pool, into, i) for i in range(3)] == expected

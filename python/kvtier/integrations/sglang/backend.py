@@ -5,8 +5,8 @@ pool (``register_mem_pool_host``); the store opens then, with the pool's page as
 key is SGLang's hash string of the page (chained over the prefix), mapped to a 16-byte kvtier key
 inside this backend's namespace (``blake2b`` keyed by the namespace hash): another model, TP rank,
 pipeline stage or host layout hashes the same string to another key, so it misses. ``clear()``
-(SGLang's `/clear_hicache_storage_backend`, e.g. after a weight update) moves the backend to the
-next generation: the clear count salts every key, so no page stored before it is found again.
+(SGLang's `/clear_hicache_storage_backend`, e.g. after a weight update, and a PD role switch)
+drops every page of the namespace from every tier (``Store.clear``).
 
 Invariants: a page reported loaded holds exactly the bytes stored under its key (every object is
 verified on load; a checksum failure, an evicted page or a server that is down is a miss,
@@ -69,8 +69,6 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics = KvtierStorageMetrics()
         self._metrics_lock = threading.Lock()
-        #: How many times SGLang cleared the backend: the salt of every key (0: no salt).
-        self._clears = 0
         self._store: Store | None = None
         self._pages: HostPages | None = None
         self.mem_pool_host: Any = None
@@ -111,14 +109,11 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         if isinstance(keys, str) or not isinstance(keys, Sequence):
             raise LayoutError(f"keys are {type(keys).__name__}; expected a list of page hash strings")
         namespace = self.store.namespace.hash
-        # One generation per call, read once: a clear() on SGLang's scheduler thread while this
-        # call runs on a storage thread leaves the call wholly before or wholly after it.
-        salt = self._clears.to_bytes(16, "little")  # 16 zero bytes: blake2b's unsalted hash
         raw = bytearray()
         for i, key in enumerate(keys):
             if not isinstance(key, str) or not key:
                 raise LayoutError(f"keys[{i}] is {key!r}; expected a page hash string")
-            raw += hashlib.blake2b(key.encode(), digest_size=KEY_BYTES, key=namespace, salt=salt).digest()
+            raw += hashlib.blake2b(key.encode(), digest_size=KEY_BYTES, key=namespace).digest()
         return BlockKeys(namespace, bytes(raw))
 
     # ------------------------------------------------------- zero-copy (v1)
@@ -209,12 +204,15 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         return metrics
 
     def clear(self) -> None:
-        """Drops every stored page for SGLang: from now on keys are salted with the clear count, so
-        no page stored before is found (their bytes leave the tiers by eviction or TTL). SGLang
-        calls it on every rank (its admin API after a weight update, a PD role switch), so the
-        ranks keep agreeing on keys. The count restarts with the process (docs/sglang.md)."""
-        self._clears += 1  # one writer: SGLang's scheduler thread; readers take one value per call
-        log.info("kvtier HiCache storage cleared (generation %d)", self._clears)
+        """Drops every page of this backend's namespace from every tier: DRAM, the SSD pool (synced,
+        so a restart does not bring them back) and the remote tier, where ranks and instances
+        sharing the namespace lose them too (as SGLang's Mooncake backend's `remove_all` does).
+        SGLang calls it after a weight update (its admin API) and on a PD role switch. Raises if
+        a tier could not be cleared (Redis down), after clearing the others."""
+        if self._store is None:
+            return  # no pool registered: nothing was stored
+        dropped = self._store.clear()
+        log.info("kvtier HiCache storage cleared: %d blocks dropped", dropped)
 
     def close(self) -> None:
         """Makes the SSD tier's pages durable and closes the store (a later register reopens)."""
