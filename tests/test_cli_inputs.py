@@ -9,6 +9,8 @@ import argparse
 import errno
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +185,14 @@ def test_a_trace_path_that_is_a_directory_is_named_as_one(
     assert f"trace {str(folder)!r} is a directory; expected a trace file" in error_of(
         capsys
     )  # was "does not exist"
+
+
+def test_a_closed_stdout_ends_the_command_quietly(tmp_path: Path) -> None:
+    # `kvtier sim run trace --json | head -c 10`: the reader leaves before the JSON is printed; that
+    # was "kvtier: error: Broken pipe" and status 2, as if the run had failed.
+    command = [sys.executable, "-m", "kvtier.cli", "sim", "run", str(small_trace(tmp_path)), "--json"]
+    done = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert done.stdout is not None and done.stderr is not None
+    done.stdout.close()  # before the replay ends: its first write finds no reader
+    err = done.stderr.read().decode()
+    assert done.wait() == 141 and err == ""
