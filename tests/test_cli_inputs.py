@@ -196,3 +196,21 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path: Path) -> None:
     done.stdout.close()  # before the replay ends: its first write finds no reader
     err = done.stderr.read().decode()
     assert done.wait() == 141 and err == ""
+
+
+def test_json_output_keeps_the_progress_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --json silenced the progress bar, which goes to stderr (and only to a terminal): a long
+    # `sim run --json > out.json` showed nothing for minutes.
+    shown: list[bool] = []
+
+    def run(config: Any, show_progress: bool = False, *args: Any, **kwargs: Any) -> None:
+        shown.append(show_progress)
+        raise KeyboardInterrupt  # enough: what matters is how it was called
+
+    monkeypatch.setattr("kvtier.sim.run.run", run)
+    assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--json"]) == 130
+    monkeypatch.setattr("kvtier.bench.sim.run_sim", run)
+    assert cli.main(["bench", "sim", "--json", "--max-requests", "5"]) == 130
+    assert shown == [True, True]

@@ -87,7 +87,7 @@ def _sim_run(args: argparse.Namespace) -> None:
         if done.returncode != 0:  # it said why on stderr
             raise SystemExit(done.returncode)
         return
-    result = run(config, show_progress=not args.json)
+    result = run(config, show_progress=True)  # on stderr, to a terminal only: --json too
     _write(out, result)
     _emit(result, args.json, report.sim_summary)
 
@@ -106,7 +106,7 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     series: dict[str, list[RateRun]] = {}
     for name in policies:
         policy = {**config.policy, "name": name} if name == config.policy["name"] else {"name": name}
-        series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=not args.json)
+        series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=True)
     figures = [
         str(plots.latency_vs_rate(series, out_dir / "latency_vs_rate.png")),
         str(plots.throughput_vs_ttft(series, out_dir / "throughput_vs_ttft.png")),
