@@ -214,3 +214,24 @@ def test_json_output_keeps_the_progress_on_stderr(
     monkeypatch.setattr("kvtier.bench.sim.run_sim", run)
     assert cli.main(["bench", "sim", "--json", "--max-requests", "5"]) == 130
     assert shown == [True, True]
+
+
+def test_an_out_path_the_system_refuses_fails_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # os.access passes for root, on read-only mounts and under ACLs: `--out /sys/x.json` replayed
+    # the whole trace, then failed to write. Here the system refuses every file in `locked`.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_open = Path.open
+
+    def refusing(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path.parent == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    ran: list[object] = []
+    monkeypatch.setattr(Path, "open", refusing)
+    monkeypatch.setattr("kvtier.sim.run.run", lambda *a, **k: ran.append(a) or {})
+    assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--out", str(locked / "r.json")]) == 2
+    assert "--out" in error_of(capsys) and ran == []

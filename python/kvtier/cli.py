@@ -103,6 +103,7 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     check_policy_names(policies)  # every one before the first replay
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # before the sweep: a bad --out-dir fails at once
+    _output_file(str(out_dir / "sweep.json"), "--out-dir")  # so does one the system will not write in
     series: dict[str, list[RateRun]] = {}
     for name in policies:
         policy = {**config.policy, "name": name} if name == config.policy["name"] else {"name": name}

@@ -108,7 +108,20 @@ def output_file(path: str | None, flag: str) -> str | None:
         if os.path.isdir(path):
             raise KvtierError(f"{flag} {path!r} is a directory; expected a file path")
         output_directory(os.path.dirname(path) or ".", f"{flag}'s directory")
+        probe = _temp_path(Path(path))  # what replacing() will create: os.access passes for root,
+        try:  # on read-only mounts and under ACLs, so try it before the work, not after
+            probe.open("x").close()
+            probe.unlink()
+        except OSError as e:
+            raise KvtierError(
+                f"{flag} {path!r} cannot be written ({e.strerror}); expected a writable path"
+            ) from None
     return path
+
+
+def _temp_path(target: Path) -> Path:
+    """The temp file :func:`replacing` writes ``target``'s content to, beside it."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
 
 
 @contextlib.contextmanager
@@ -118,7 +131,7 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[TextIO]:
     (Ctrl-C, a full disk, a value that does not serialise) leaves the old file, or none, never part
     of the new one that looks like a result."""
     target = Path(path)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temp = _temp_path(target)
     try:
         with temp.open("x", encoding="utf-8") as file:  # "x": created with the umask's mode
             yield file
