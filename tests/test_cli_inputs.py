@@ -9,6 +9,8 @@ import argparse
 import errno
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +185,53 @@ def test_a_trace_path_that_is_a_directory_is_named_as_one(
     assert f"trace {str(folder)!r} is a directory; expected a trace file" in error_of(
         capsys
     )  # was "does not exist"
+
+
+def test_a_closed_stdout_ends_the_command_quietly(tmp_path: Path) -> None:
+    # `kvtier sim run trace --json | head -c 10`: the reader leaves before the JSON is printed; that
+    # was "kvtier: error: Broken pipe" and status 2, as if the run had failed.
+    command = [sys.executable, "-m", "kvtier.cli", "sim", "run", str(small_trace(tmp_path)), "--json"]
+    done = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert done.stdout is not None and done.stderr is not None
+    done.stdout.close()  # before the replay ends: its first write finds no reader
+    err = done.stderr.read().decode()
+    assert done.wait() == 141 and err == ""
+
+
+def test_json_output_keeps_the_progress_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --json silenced the progress bar, which goes to stderr (and only to a terminal): a long
+    # `sim run --json > out.json` showed nothing for minutes.
+    shown: list[bool] = []
+
+    def run(config: Any, show_progress: bool = False, *args: Any, **kwargs: Any) -> None:
+        shown.append(show_progress)
+        raise KeyboardInterrupt  # enough: what matters is how it was called
+
+    monkeypatch.setattr("kvtier.sim.run.run", run)
+    assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--json"]) == 130
+    monkeypatch.setattr("kvtier.bench.sim.run_sim", run)
+    assert cli.main(["bench", "sim", "--json", "--max-requests", "5"]) == 130
+    assert shown == [True, True]
+
+
+def test_an_out_path_the_system_refuses_fails_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # os.access passes for root, on read-only mounts and under ACLs: `--out /sys/x.json` replayed
+    # the whole trace, then failed to write. Here the system refuses every file in `locked`.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_open = Path.open
+
+    def refusing(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path.parent == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    ran: list[object] = []
+    monkeypatch.setattr(Path, "open", refusing)
+    monkeypatch.setattr("kvtier.sim.run.run", lambda *a, **k: ran.append(a) or {})
+    assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--out", str(locked / "r.json")]) == 2
+    assert "--out" in error_of(capsys) and ran == []

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -21,32 +22,11 @@ from kvtier.config import parse_size
 from kvtier.errors import KvtierError, os_error_message
 from kvtier.remote import check_url
 from kvtier.results import emit as _emit
+from kvtier.results import output_directory as _directory
+from kvtier.results import output_file as _output_file
 from kvtier.results import write_json
 from kvtier.sim import compiled
 from kvtier.sim import size as sim_size
-
-
-def _directory(path: str | None, flag: str) -> str | None:
-    """``path`` when it is ``None`` (the command picks a temp dir) or an existing directory this
-    process may write in; else a :class:`KvtierError` naming ``flag`` (before any work starts)."""
-    if path is None:
-        return None
-    if not os.path.isdir(path):
-        problem = "is not a directory" if os.path.exists(path) else "does not exist"
-        raise KvtierError(f"{flag} {path!r} {problem}; expected an existing, writable directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise KvtierError(f"{flag} {path!r} is not writable; expected an existing, writable directory")
-    return path
-
-
-def _output_file(path: str | None, flag: str) -> str | None:
-    """``path`` when it is ``None`` or a file that can be created in an existing directory; else a
-    :class:`KvtierError` naming ``flag`` (checked before the work whose result it will hold)."""
-    if path is not None:
-        if os.path.isdir(path):
-            raise KvtierError(f"{flag} {path!r} is a directory; expected a file path")
-        _directory(os.path.dirname(path) or ".", f"{flag}'s directory")
-    return path
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -107,7 +87,7 @@ def _sim_run(args: argparse.Namespace) -> None:
         if done.returncode != 0:  # it said why on stderr
             raise SystemExit(done.returncode)
         return
-    result = run(config, show_progress=not args.json)
+    result = run(config, show_progress=True)  # on stderr, to a terminal only: --json too
     _write(out, result)
     _emit(result, args.json, report.sim_summary)
 
@@ -123,10 +103,11 @@ def _sim_sweep(args: argparse.Namespace) -> None:
     check_policy_names(policies)  # every one before the first replay
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # before the sweep: a bad --out-dir fails at once
+    _output_file(str(out_dir / "sweep.json"), "--out-dir")  # so does one the system will not write in
     series: dict[str, list[RateRun]] = {}
     for name in policies:
         policy = {**config.policy, "name": name} if name == config.policy["name"] else {"name": name}
-        series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=not args.json)
+        series[name] = sweep(config.with_overrides(policy=policy), rates, show_progress=True)
     figures = [
         str(plots.latency_vs_rate(series, out_dir / "latency_vs_rate.png")),
         str(plots.throughput_vs_ttft(series, out_dir / "throughput_vs_ttft.png")),
@@ -274,25 +255,20 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+def _whole(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not >= {minimum}")
+        return value
+
+    return parse
 
 
-def _positive(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
-    return value
+_positive, _non_negative = _whole(1), _whole(0)
 
 
 _JSON_HELP, _REPEATS_HELP = "print one JSON object instead of the summary", "rounds; the median is reported"
@@ -483,6 +459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.func(args)
     except KvtierError as e:
         message = str(e)
+    except BrokenPipeError as e:  # stdout's reader left (`| head`): SIGPIPE's status, nothing to say
+        if _stdout_gone():
+            return 141
+        message = os_error_message(e)  # a socket's pipe: the user's server went away
     except OSError as e:
         # A file or directory named on the command line (or in a config) that the system refused:
         # the user's to fix, not a bug. Other exceptions keep their traceback.
@@ -494,6 +474,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"kvtier: error: {message}", file=sys.stderr)
     return 2
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe with no reader left (poll's POLLERR); if so it is pointed at
+    /dev/null, so that Python's flush at exit does not fail again."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no stdout file
+        return False
+    if gone:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return gone
 
 
 if __name__ == "__main__":

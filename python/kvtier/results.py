@@ -88,6 +88,42 @@ def emit(result: R, as_json: bool, summary: Callable[[R], str]) -> None:
     print(json.dumps(to_json(result), sort_keys=True) if as_json else summary(result))
 
 
+def output_directory(path: str | None, flag: str) -> str | None:
+    """``path`` when it is ``None`` (the command picks a temp dir) or an existing directory this
+    process may write in; else a :class:`KvtierError` naming ``flag`` (before any work starts)."""
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        problem = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise KvtierError(f"{flag} {path!r} {problem}; expected an existing, writable directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise KvtierError(f"{flag} {path!r} is not writable; expected an existing, writable directory")
+    return path
+
+
+def output_file(path: str | None, flag: str) -> str | None:
+    """``path`` when it is ``None`` or a file that can be created in an existing directory; else a
+    :class:`KvtierError` naming ``flag`` (checked before the work whose result it will hold)."""
+    if path is not None:
+        if os.path.isdir(path):
+            raise KvtierError(f"{flag} {path!r} is a directory; expected a file path")
+        output_directory(os.path.dirname(path) or ".", f"{flag}'s directory")
+        probe = _temp_path(Path(path))  # what replacing() will create: os.access passes for root,
+        try:  # on read-only mounts and under ACLs, so try it before the work, not after
+            probe.open("x").close()
+            probe.unlink()
+        except OSError as e:
+            raise KvtierError(
+                f"{flag} {path!r} cannot be written ({e.strerror}); expected a writable path"
+            ) from None
+    return path
+
+
+def _temp_path(target: Path) -> Path:
+    """The temp file :func:`replacing` writes ``target``'s content to, beside it."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike[str]) -> Iterator[TextIO]:
     """A text file whose content replaces ``path`` only once the block ends without an error: it
@@ -95,7 +131,7 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[TextIO]:
     (Ctrl-C, a full disk, a value that does not serialise) leaves the old file, or none, never part
     of the new one that looks like a result."""
     target = Path(path)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temp = _temp_path(target)
     try:
         with temp.open("x", encoding="utf-8") as file:  # "x": created with the umask's mode
             yield file

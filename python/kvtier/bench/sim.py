@@ -378,7 +378,7 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
             flags = (args.policies, args.copies or "1,4", args.max_requests, args.engines, args.build)
             emit(scaling_from_flags(*flags), args.json, scaling_summary)
             return
-        emit(run(max_requests=args.max_requests, show=not args.json), args.json, summary)
+        emit(run(max_requests=args.max_requests), args.json, summary)  # its bar: stderr, terminals only
 
     cmd.set_defaults(func=main)
 

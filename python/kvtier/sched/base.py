@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -267,15 +267,25 @@ def make_policy(name: str, **params: Any) -> Policy:
     factory = policy_class(name)
     if "offload" in params:
         raise ConfigError(_offload_moved(f"policy {name!r} sets"))
-    accepted = inspect.signature(factory).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
-        unknown = sorted(set(params) - set(accepted))
-        if unknown:
-            raise ConfigError(
-                f"policy {name!r} has no parameter(s) {', '.join(f'`{k}`' for k in unknown)}"
-                f"{did_you_mean(unknown, accepted)}; accepted: {', '.join(accepted) or 'none'}"
-            )
     try:
         return factory(**params)
     except TypeError as e:
-        raise ConfigError(f"bad parameters for policy {name!r}: {e}") from None
+        raise ConfigError(
+            _unknown_parameters(name, factory, params) or f"bad parameters for policy {name!r}: {e}"
+        ) from None
+
+
+def _unknown_parameters(name: str, factory: type[Policy], params: Mapping[str, Any]) -> str | None:
+    """The message naming the parameters ``factory`` does not take (with the close match), or None
+    where it takes them all, or takes any, or has no signature to read (a mypyc-compiled class)."""
+    try:
+        accepted = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return None
+    unknown = sorted(set(params) - set(accepted))
+    if not unknown or any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return None
+    return (
+        f"policy {name!r} has no parameter(s) {', '.join(f'`{k}`' for k in unknown)}"
+        f"{did_you_mean(unknown, accepted)}; accepted: {', '.join(accepted) or 'none'}"
+    )

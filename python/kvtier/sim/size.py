@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,9 +202,9 @@ def add_command(sim_sub: Any, emit: Callable[[Any, bool, Callable[[Any], str]], 
         config = source_config(str(args.source), args.policy)
         slo = args.ttft_slo if args.ttft_slo is not None else float(config.slo.get("ttft_s", 5.0))
 
-        def show(row: SizeRun) -> None:
-            if not args.json:
-                print(f"  {row.engines} engines: {row.ttft_attainment:.1%} within SLO, {row.wall_s:.1f} s")
+        def show(row: SizeRun) -> None:  # each replay as it ends: stdout, or stderr beside --json
+            line = f"  {row.engines} engines: {row.ttft_attainment:.1%} within SLO, {row.wall_s:.1f} s"
+            print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
         emit(size(config, slo, args.attainment, args.max_engines, on_run=show), args.json, summary)
 
