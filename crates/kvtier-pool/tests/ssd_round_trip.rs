@@ -119,7 +119,7 @@ fn a_cleared_namespace_stays_gone_after_reopening() {
     assert!(ours.iter().all(|&k| !pool.contains(common::NS, k)));
     let mut bufs = vec![vec![0u8; 3000]; 4];
     let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-    let outcomes = pool.get(other, &theirs, &mut dst);
+    let outcomes = pool.get(other, &theirs, &mut dst).unwrap();
     assert!(outcomes.iter().all(|o| *o == Some(kvtier_pool::ReadOutcome::Loaded)));
     assert!(bufs.iter().zip(&payloads).all(|(b, p)| b == p));
     pool.check_integrity().unwrap();
