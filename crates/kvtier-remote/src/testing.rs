@@ -25,6 +25,13 @@ pub fn server_binary() -> Option<String> {
     })
 }
 
+/// [`server_binary`] for a test that needs a real server: panics, naming the fix, when there is
+/// none (`make rust-test` installs one first); a test that passed without its server would not
+/// have tested anything.
+pub fn require_server_binary() -> String {
+    server_binary().expect("no redis-server or valkey-server on PATH: `make redis` installs one")
+}
+
 fn ephemeral_range() -> (u16, u16) {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()

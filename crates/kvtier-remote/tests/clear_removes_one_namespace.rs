@@ -4,7 +4,7 @@
 //! included) or an unrelated key — and a server that is down, silent or answering garbage is an
 //! error, not a panic or a hang past the timeouts.
 //!
-//! Needs the server binary on PATH; without it the server tests print why and pass vacuously.
+//! Needs the server binary on PATH (`make rust-test` installs it); without it these tests fail.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -13,24 +13,12 @@ use std::time::{Duration, Instant};
 use kvtier_core::tier::{ReadOutcome, Tier};
 use kvtier_remote::pipeline::{HeaderSpec, Res, SetItem};
 use kvtier_remote::resp::Reply;
-use kvtier_remote::testing::{free_port, server_binary, LoopbackCluster, LoopbackServer as Server};
+use kvtier_remote::testing::{free_port, require_server_binary, LoopbackCluster, LoopbackServer as Server};
 use kvtier_remote::{key_name, namespace_pattern, RemoteClient, RemoteConfig, RemoteError, RemoteTier};
 
 const NS: u128 = 0x1234;
 const OTHER_NS: u128 = 0x1235;
 const BLOCK_BYTES: usize = 256;
-
-macro_rules! need_server {
-    () => {
-        match server_binary() {
-            Some(b) => b,
-            None => {
-                eprintln!("skipped: no redis-server or valkey-server on PATH (apt-get install redis-server)");
-                return;
-            }
-        }
-    };
-}
 
 fn config(urls: &[String], cluster: bool, prefix: &str) -> RemoteConfig {
     RemoteConfig {
@@ -133,7 +121,7 @@ fn check_rest_intact(planted: &Planted) {
 
 #[test]
 fn clear_deletes_exactly_one_namespace_of_one_prefix() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, None);
     let urls = [server.url()];
     // Neighbours: longer and shorter prefixes, and one that nests this prefix and namespace
@@ -152,7 +140,7 @@ fn clear_deletes_exactly_one_namespace_of_one_prefix() {
 /// and `SELECT`): only that database is cleared; the same names in database 0 stay.
 #[test]
 fn clear_stays_in_the_configured_database() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, Some("sesame"));
     let url = |db: u32| format!("redis://:sesame@127.0.0.1:{}/{db}", server.port);
     let db0 = RemoteTier::open(config(&[url(0)], false, "kvtier:"), NS).unwrap();
@@ -168,7 +156,7 @@ fn clear_stays_in_the_configured_database() {
 /// did not escape the prefix, fails here even though the client-side check would catch it.
 #[test]
 fn the_namespace_pattern_alone_matches_exactly_its_objects() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, None);
     let urls = [server.url()];
     let prefix = "a*b?c[xy]d\\e:";
@@ -181,7 +169,7 @@ fn the_namespace_pattern_alone_matches_exactly_its_objects() {
 
 #[test]
 fn a_prefix_with_glob_metacharacters_does_not_over_match() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, None);
     let urls = [server.url()];
     let planted = plant(&urls, false, "k*[v]?\\", &["kXXvY\\", "kvY", "k*[v]?\\\\", "k*[v]"]);
@@ -191,7 +179,7 @@ fn a_prefix_with_glob_metacharacters_does_not_over_match() {
 
 #[test]
 fn cluster_clear_reaches_every_master() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let cluster = LoopbackCluster::start(&binary, 3);
     let planted = plant(&cluster.urls()[..1], true, "kvtier:", &["other:"]);
     let before: Vec<i64> = cluster.nodes.iter().map(dbsize).collect();
@@ -215,7 +203,7 @@ fn cluster_clear_reaches_every_master() {
 
 #[test]
 fn a_down_server_is_an_error() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let port = free_port();
     let tier =
         RemoteTier::open(config(&[format!("redis://127.0.0.1:{port}")], false, "kvtier:"), NS).unwrap();
@@ -241,7 +229,7 @@ fn a_down_server_is_an_error() {
 
 #[test]
 fn a_cluster_with_a_master_down_is_an_error() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let mut cluster = LoopbackCluster::start(&binary, 3);
     let planted = plant(&cluster.urls()[..1], true, "kvtier:", &[]);
     cluster.nodes[2].kill();

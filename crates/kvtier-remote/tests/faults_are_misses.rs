@@ -2,14 +2,14 @@
 //! every fault — server down at start, killed mid-run, garbage values, wrong password — is a
 //! counted miss or a clear start-up error, never wrong bytes or a panic.
 //!
-//! Needs the server binary on PATH (`make test` installs the Debian package); without it these
-//! tests print why and pass vacuously, so `cargo test` still works on a bare machine.
+//! Needs the server binary on PATH (`make rust-test` installs the Debian package); without it
+//! these tests fail, naming the fix: passing without a server would have tested nothing.
 
 use std::time::{Duration, Instant};
 
 use kvtier_core::tier::{Located, ReadOutcome, Tier};
 use kvtier_remote::pipeline::{HeaderSpec, Res, SetItem};
-use kvtier_remote::testing::{free_port, server_binary, LoopbackServer as Server};
+use kvtier_remote::testing::{free_port, require_server_binary, LoopbackServer as Server};
 use kvtier_remote::{key_name, RemoteConfig, RemoteError, RemoteTier};
 
 fn config(url: &str) -> RemoteConfig {
@@ -34,21 +34,9 @@ fn read(tier: &RemoteTier, keys: &[u128]) -> (Vec<ReadOutcome>, Vec<Vec<u8>>) {
     (outcomes, bufs)
 }
 
-macro_rules! need_server {
-    () => {
-        match server_binary() {
-            Some(b) => b,
-            None => {
-                eprintln!("skipped: no redis-server or valkey-server on PATH (apt-get install redis-server)");
-                return;
-            }
-        }
-    };
-}
-
 #[test]
 fn round_trip_with_pins() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let keys: Vec<u128> = (1..=8).collect();
@@ -79,7 +67,7 @@ fn round_trip_with_pins() {
 
 #[test]
 fn garbage_values_are_counted_misses_and_deleted() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let good = payload(1);
@@ -114,7 +102,7 @@ fn garbage_values_are_counted_misses_and_deleted() {
 #[test]
 fn a_key_of_the_wrong_type_is_a_counted_miss_and_deleted() {
     use std::io::{Read, Write};
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let name = key_name("kvtier:", NS, 9);
@@ -143,7 +131,7 @@ fn a_key_of_the_wrong_type_is_a_counted_miss_and_deleted() {
 
 #[test]
 fn down_at_start_then_up_then_killed_then_restarted() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let port = free_port();
     let tier = RemoteTier::open(config(&format!("redis://127.0.0.1:{port}")), NS).unwrap();
     let p = payload(5);
@@ -179,7 +167,7 @@ fn down_at_start_then_up_then_killed_then_restarted() {
 
 #[test]
 fn wrong_or_missing_password_is_an_error_at_start() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let server = Server::start_anywhere(&binary, Some("sesame"));
     let wrong =
         RemoteTier::open(config(&format!("redis://:nope@127.0.0.1:{}", server.port)), NS).unwrap_err();
@@ -192,7 +180,7 @@ fn wrong_or_missing_password_is_an_error_at_start() {
 
 #[test]
 fn whole_prefixes_are_confirmed_by_one_multi_key_exists() {
-    let binary = need_server!();
+    let binary = require_server_binary();
     let mut server = Server::start_anywhere(&binary, None);
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let keys: Vec<u128> = (1000..1600).collect(); // two locate chunks (512 + 88)

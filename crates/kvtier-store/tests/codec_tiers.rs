@@ -3,8 +3,8 @@
 //! corrupt or undecodable codec objects are counted misses. `quant` is checked against its
 //! documented bound, the others for exact bytes.
 //!
-//! The remote tests need `redis-server` (or `valkey-server`) on PATH; without it they print why
-//! and pass vacuously, as `kvtier-remote`'s do.
+//! The remote tests need `redis-server` (or `valkey-server`) on PATH (`make rust-test` installs
+//! it); without it they fail, as `kvtier-remote`'s do.
 
 mod common;
 
@@ -14,7 +14,7 @@ use common::keys;
 use kvtier_core::checksum::checksum;
 use kvtier_core::{BlockKey, Dtype, Geometry, Namespace, ObjectHeader};
 use kvtier_remote::pipeline::{HeaderSpec, SetItem};
-use kvtier_remote::testing::{server_binary, LoopbackServer};
+use kvtier_remote::testing::{require_server_binary, LoopbackServer};
 use kvtier_remote::{key_name, RemoteClient};
 use kvtier_store::{
     DramStoreConfig, RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig,
@@ -381,12 +381,8 @@ fn bad_codec_config_is_a_clear_error() {
 struct Server(LoopbackServer);
 
 impl Server {
-    fn start() -> Option<Server> {
-        let Some(binary) = server_binary() else {
-            eprintln!("no redis-server/valkey-server on PATH: remote codec tests skipped");
-            return None;
-        };
-        Some(Server(LoopbackServer::start_anywhere(&binary, None)))
+    fn start() -> Server {
+        Server(LoopbackServer::start_anywhere(&require_server_binary(), None))
     }
 
     fn config(&self, prefix: &str) -> RemoteConfig {
@@ -409,7 +405,7 @@ fn remote_store(server: &Server, prefix: &str, codec: TierCodec, write_through: 
 
 #[test]
 fn remote_round_trip_and_mixed_readers() {
-    let Some(server) = Server::start() else { return };
+    let server = Server::start();
     for (n, writer) in all_codecs().into_iter().enumerate() {
         for write_through in [true, false] {
             let prefix = format!("w{n}{write_through}:");
@@ -449,7 +445,7 @@ fn remote_round_trip_and_mixed_readers() {
 
 #[test]
 fn undecodable_remote_values_are_counted_misses() {
-    let Some(server) = Server::start() else { return };
+    let server = Server::start();
     for reader in [TierCodec::Raw, lossless("zstd")] {
         let prefix = format!("bad-{}:", reader.name());
         let store = remote_store(&server, &prefix, reader, true);
