@@ -144,6 +144,23 @@ def test_requests_with_images_or_prompt_embeddings_are_never_cached() -> None:
     assert not KvtierConnector._cacheable(request(prompt_token_ids=None, prompt_embeds=torch.zeros(300, 8)))
 
 
+def test_requests_that_skip_the_prefix_cache_are_not_looked_up() -> None:
+    # Prompt logprobs need every prompt token computed: vLLM drops whatever hit it is offered, so
+    # a lookup (which first waits for the queued saves) would block the scheduler for nothing.
+    # Checked on vLLM's own Request, so a renamed field in a later vLLM fails here.
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from kvtier.integrations.vllm.connector import KvtierConnector
+
+    def request(**kw: Any) -> Request:
+        return Request("r", [7] * 300, SamplingParams(max_tokens=1, **kw), None)
+
+    assert not KvtierConnector._skips_cache(request())
+    assert KvtierConnector._skips_cache(request(prompt_logprobs=1))
+    assert KvtierConnector._skips_cache(request(prompt_logprobs=0))
+
+
 def test_a_connector_reset_drops_every_stored_block_lower_tiers_included(
     vllm_run: Any, tmp_path: Path
 ) -> None:

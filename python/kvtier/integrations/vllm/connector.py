@@ -207,7 +207,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        if not self._load_enabled or not self._cacheable(request):
+        if not self._load_enabled or not self._cacheable(request) or self._skips_cache(request):
             return 0, False
         bs = self._block_size
         max_blocks = (request.num_tokens - 1) // bs  # vLLM always computes the last token
@@ -328,6 +328,13 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for st in self._reqs.values():
             st.saved = 0
         return all(cleared)
+
+    @staticmethod
+    def _skips_cache(request: Request) -> bool:
+        """A request whose output needs its whole prompt computed (prompt logprobs, some pooling
+        tasks): vLLM drops any hit it is offered (`skip_reading_prefix_cache`), so a lookup would
+        only wait for the queued saves for nothing."""
+        return bool(getattr(request, "skip_reading_prefix_cache", False))
 
     @staticmethod
     def _cacheable(request: Request) -> bool:
