@@ -395,8 +395,10 @@ class Store:
         what to call when the model's weights change under the same name (keys cannot tell).
 
         Other namespaces sharing the SSD pool or the Redis keep theirs; every process sharing
-        this namespace's remote tier loses it too. Blocks of live leases are hidden at once and
-        freed at release; a put running at the same time may leave its blocks. The SSD tier's
+        this namespace's remote tier loses it too. A barrier within this process: it waits for
+        the puts and loads in flight (and holds new ones back while it runs), so once it returns no
+        write that began before it lands in any tier, and leases granted before it load nothing
+        (misses). Writers in other processes sharing the remote tier are not fenced. The SSD tier's
         deletes are synced to its index log (a restart does not bring them back). Raises
         :class:`kvtier.errors.StoreError` if a tier could not be cleared (Redis down), after
         clearing the others.

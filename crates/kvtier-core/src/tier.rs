@@ -227,7 +227,8 @@ pub trait Tier: Send + Sync {
 
     /// Removes every ready copy of `namespace`, as [`remove`](Self::remove) of all its keys
     /// (pinned ones are doomed); other namespaces' objects stay. Returns how many were removed.
-    /// A put running at the same time may leave its blocks.
+    /// A put running at the same time may leave its blocks: the store fences its own writes
+    /// around a clear (`Store::clear` in kvtier-store).
     fn clear(&self, namespace: u128) -> Result<usize, ClearError>;
 
     /// Every entry holding pins, with its pin count (for the store's lease cross-check).

@@ -90,7 +90,8 @@ impl RemoteTier {
     /// Deletes every object of `namespace` under this tier's key prefix — on the server, or on
     /// every master of a cluster — and nothing else (no other namespace, prefix or key; see
     /// [`namespace_pattern`](crate::clear::namespace_pattern)); returns how many it deleted.
-    /// Not atomic: objects written while it runs may survive. Costs a `SCAN` of every key in
+    /// Not atomic: objects written while it runs may survive (a store fences its own writes
+    /// around it, `Store::clear`; other processes' are not). Costs a `SCAN` of every key in
     /// the database. Errors as [`RemoteClient::delete_matching`]: objects may remain then.
     pub fn clear_namespace(&self, namespace: u128) -> Result<u64, RemoteError> {
         let prefix = &self.client.config().key_prefix;

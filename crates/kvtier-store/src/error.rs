@@ -24,6 +24,13 @@ pub enum StoreError {
     LeaseLimit { max: usize },
     #[error("load of {requested} blocks; expected at most the {leased} blocks the lease holds")]
     LoadTooMany { requested: usize, leased: usize },
+    /// A write that began at epoch `since` ([`crate::Store::put_since`]) after which the store
+    /// was cleared: nothing was stored.
+    #[error(
+        "the store was cleared after this write began (epoch {since}, now {now}): nothing was stored, \
+         so KV from before the clear cannot land after it; expected a write that began after the clear"
+    )]
+    ClearedSince { since: u64, now: u64 },
     #[error("invalid store config: {0}")]
     Config(String),
     #[error(transparent)]

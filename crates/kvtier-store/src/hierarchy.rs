@@ -38,6 +38,7 @@ use kvtier_core::BlockKey;
 use kvtier_pool::{object_extent_bytes, Demotion, DramTier, Tier, TierKind, TierPutReport};
 
 use crate::config::StoreConfig;
+use crate::hooks::{HookPoint, Hooks};
 use crate::levels::remote::RemoteLevel;
 use crate::levels::ssd::SsdLevel;
 use crate::levels::{select, ExtentPayload};
@@ -82,6 +83,8 @@ pub(crate) struct Hierarchy {
     pub ssd: Option<Arc<SsdLevel>>,
     pub remote: Option<Arc<RemoteLevel>>,
     policy: Policy,
+    /// Pause points for tests (empty without `test-hooks`).
+    pub hooks: Hooks,
 }
 
 impl Hierarchy {
@@ -100,7 +103,7 @@ impl Hierarchy {
             ssd_promotes: config.ssd.as_ref().is_some_and(|s| s.promote_on_hit),
             remote_promotes: config.remote.as_ref().is_some_and(|r| r.promote_on_hit),
         };
-        Hierarchy { namespace_hash, block_bytes, dram, ssd, remote, policy }
+        Hierarchy { namespace_hash, block_bytes, dram, ssd, remote, policy, hooks: Hooks::default() }
     }
 
     /// Whether blocks loaded from a tier of `kind` are promoted into DRAM (`promote_on_hit`).
@@ -133,6 +136,7 @@ impl Hierarchy {
         let LocalPut { mut report, mut writes, unplaced } = self.put_local(c, keys, objects);
         if let Some(remote) = through {
             if !fresh.is_empty() {
+                self.hooks.at(HookPoint::RemoteWrite);
                 let (fk, fo) = select(keys, objects, &fresh);
                 writes.remote += remote.put(self.namespace_hash, &fk, &fo, None, c).stored;
             }
@@ -168,6 +172,7 @@ impl Hierarchy {
     /// Puts a batch into DRAM, demoting what DRAM gives up to SSD and/or a write-back remote.
     fn put_local(&self, c: &Counters, keys: &[BlockKey], objects: &[&[u8]]) -> LocalPut {
         let ns = self.namespace_hash;
+        self.hooks.at(HookPoint::DramWrite);
         if self.ssd.is_none() && self.remote_write_back().is_none() {
             let mut unplaced = Vec::new();
             let report = self.dram.put_with(ns, keys, objects, true, &mut unplaced);
@@ -250,6 +255,7 @@ impl Hierarchy {
         objects: &[&[u8]],
     ) -> TierPutReport {
         let ns = self.namespace_hash;
+        self.hooks.at(HookPoint::SsdWrite);
         let mut from_dram = vec![false; keys.len()];
         let mut total = TierPutReport::default();
         {
@@ -287,6 +293,7 @@ impl Hierarchy {
                 }
             }
             if !keys.is_empty() {
+                self.hooks.at(HookPoint::RemoteWrite);
                 remote.put_extents(ns, &keys, &extents, c);
             }
         }
@@ -308,6 +315,7 @@ impl Hierarchy {
         if keys.is_empty() {
             return 0;
         }
+        self.hooks.at(HookPoint::SsdWrite);
         let r = ssd.put_extents(ns, &keys, &extents, c);
         bump(&c.demoted_blocks, r.stored + r.already_present);
         bump(&c.demotion_failed, r.rejected);

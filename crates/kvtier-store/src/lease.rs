@@ -16,8 +16,12 @@
 //!   or it is among the last `leases_max` expiries remembered for the message, else
 //!   [`StoreError::LeaseEnded`]. Only the wording depends on that bounded memory.
 //!
+//! A clear ([`LeaseTable::clear_all`]) unpins every lease's blocks but keeps the leases: each is
+//! *cleared*, and a load from it misses (its blocks left the store), as the blocks of a lease
+//! located after the clear would.
+//!
 //! Invariants: `leases.len() <= leases_max`; a lease's blocks stay pinned exactly as long as
-//! it is in the table; a released lease stays only while loads are in flight.
+//! it is in the table and not cleared; a released lease stays only while loads are in flight.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -35,7 +39,12 @@ pub(crate) struct LeasedBlock {
 
 #[derive(Debug)]
 struct LeaseEntry {
+    /// The pinned blocks (none once cleared).
     blocks: Vec<LeasedBlock>,
+    /// Blocks the lease was granted (what a load may ask for, cleared or not).
+    hit_blocks: usize,
+    /// A clear dropped the namespace's blocks since the grant: loads miss.
+    cleared: bool,
     deadline: Instant,
     loads_in_flight: u32,
     released: bool,
@@ -130,7 +139,10 @@ impl LeaseTable {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.leases.insert(id, LeaseEntry { blocks, deadline, loads_in_flight: 0, released: false });
+        let hit_blocks = blocks.len();
+        let entry =
+            LeaseEntry { blocks, hit_blocks, cleared: false, deadline, loads_in_flight: 0, released: false };
+        self.leases.insert(id, entry);
         id
     }
 
@@ -153,26 +165,40 @@ impl LeaseTable {
         id: u64,
         count: usize,
         now: Instant,
-    ) -> Result<Vec<LeasedBlock>, StoreError> {
+    ) -> Result<Option<Vec<LeasedBlock>>, StoreError> {
         self.begin_load_at(id, 0, count, now)
     }
 
-    /// Starts a load of blocks `first..first + count`; returns them. Must be paired with
-    /// `end_load`.
+    /// Starts a load of blocks `first..first + count`; returns them, or `None` when a clear
+    /// dropped them since the grant (the load misses). Must be paired with `end_load`.
     pub fn begin_load_at(
         &mut self,
         id: u64,
         first: usize,
         count: usize,
         now: Instant,
-    ) -> Result<Vec<LeasedBlock>, StoreError> {
+    ) -> Result<Option<Vec<LeasedBlock>>, StoreError> {
         let lease = self.live(id, now)?;
         let end = first.saturating_add(count);
-        if end > lease.blocks.len() {
-            return Err(StoreError::LoadTooMany { requested: end, leased: lease.blocks.len() });
+        if end > lease.hit_blocks {
+            return Err(StoreError::LoadTooMany { requested: end, leased: lease.hit_blocks });
         }
         lease.loads_in_flight += 1;
-        Ok(lease.blocks[first..end].to_vec())
+        Ok((!lease.cleared).then(|| lease.blocks[first..end].to_vec()))
+    }
+
+    /// A clear: every lease's blocks are unpinned (returned, for the caller to unpin) and its
+    /// loads miss from now on; the leases themselves stay until released or expired. The caller
+    /// keeps loads out meanwhile (the store's gate), so none is in flight.
+    pub fn clear_all(&mut self) -> Vec<LeasedBlock> {
+        assert_eq!(self.released_in_flight, 0, "a clear ran while a load was in flight");
+        let mut blocks = Vec::new();
+        for lease in self.leases.values_mut() {
+            assert_eq!(lease.loads_in_flight, 0, "a clear ran while a load was in flight");
+            lease.cleared = true;
+            blocks.append(&mut lease.blocks);
+        }
+        blocks
     }
 
     /// Ends a load; returns the blocks to unpin if the lease was released meanwhile.
@@ -307,13 +333,29 @@ mod tests {
         let t0 = Instant::now();
         let id = t.grant(vec![block(1), block(2)], t0);
         assert_eq!(t.begin_load(id, 3, t0), Err(StoreError::LoadTooMany { requested: 3, leased: 2 }));
-        assert_eq!(t.begin_load(id, 2, t0).unwrap().len(), 2);
+        assert_eq!(t.begin_load(id, 2, t0).unwrap().map(|b| b.len()), Some(2));
         assert!(t.reclaim_expired(t0 + Duration::from_secs(5)).is_empty(), "not expired mid-load");
         assert_eq!(t.release(id), Ok(None));
         assert_eq!(t.active(), 0);
         t.check_integrity().unwrap();
         assert_eq!(t.end_load(id), Some(vec![block(1), block(2)]));
         assert!(t.expected_pins().is_empty());
+        t.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_clear_unpins_every_lease_and_its_loads_miss() {
+        let mut t = LeaseTable::new(Duration::from_secs(10), 8);
+        let t0 = Instant::now();
+        let a = t.grant(vec![block(1), block(2)], t0);
+        let b = t.grant(vec![block(3)], t0);
+        assert_eq!(t.clear_all(), vec![block(1), block(2), block(3)]);
+        assert!(t.expected_pins().is_empty(), "a cleared lease pins nothing");
+        assert_eq!(t.begin_load(a, 2, t0), Ok(None), "a cleared lease's load misses");
+        assert_eq!(t.end_load(a), None);
+        assert_eq!(t.begin_load(a, 3, t0), Err(StoreError::LoadTooMany { requested: 3, leased: 2 }));
+        assert_eq!(t.active(), 2, "cleared leases stay until released");
+        assert_eq!(t.release(b), Ok(Some(vec![])));
         t.check_integrity().unwrap();
     }
 

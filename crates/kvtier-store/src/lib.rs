@@ -43,6 +43,10 @@
 //!   write-back mode, DRAM's victims are); blocks loaded from it are verified and copied into
 //!   DRAM. The server is shared and may drop blocks at any time, so a remote block located by a
 //!   lease may be gone at load: that load ends there (a miss, counted in `load_missing`).
+//! - **Clear is a barrier** ([`Store::clear`]) within this process: it waits for the writes and
+//!   loads in flight, and once it returns no write that began before it lands, no load returns
+//!   bytes put before it, and leases granted before it miss. Other processes sharing the remote
+//!   tier are not fenced.
 //!
 //! [`Store::check_integrity`] verifies all of this (allocator accounting, index and extents,
 //! object headers, and that pin counts equal what active leases hold).
@@ -51,6 +55,7 @@ mod codec_stage;
 pub mod config;
 pub mod error;
 mod hierarchy;
+mod hooks;
 mod lease;
 mod levels;
 pub mod stats;
@@ -59,6 +64,8 @@ mod types;
 
 pub use config::{DramStoreConfig, RemoteStoreConfig, SsdStoreConfig, StoreConfig, TierCodec};
 pub use error::StoreError;
+#[cfg(feature = "test-hooks")]
+pub use hooks::{Hook, HookPoint};
 pub use kvtier_core::{BlockKey, Namespace};
 pub use kvtier_pool::ssd::{SsdDeviceReport, SsdMetrics};
 pub use kvtier_pool::{Durability, IoEngineKind, Placement, PoolError, SsdConfig, TierKind, TierStats};

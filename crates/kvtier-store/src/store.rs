@@ -3,8 +3,10 @@
 //! move between tiers (demotion, write-through, promotion) is [`Hierarchy`]'s policy.
 //!
 //! Submodules extend [`Store`]: `pool.rs` (an engine's paged pool), `stored.rs` (loads of
-//! stored, undecoded bytes), `inspect.rs` (stats, metrics, integrity), `staging.rs`.
+//! stored, undecoded bytes), `inspect.rs` (stats, metrics, integrity), `staging.rs`, `clear.rs`
+//! (clearing the namespace, and the gate every write and load passes that makes a clear a barrier).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,12 +14,13 @@ use kvtier_core::parallel::WorkerPool;
 use kvtier_core::{BlockKey, Namespace};
 use kvtier_pool::{eviction_by_name, object_extent_bytes, DramTier, EntryRef, Located, ReadOutcome, Tier};
 use kvtier_pool::{TierKind, PAGE_BYTES};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::codec_stage::TierEncoder;
 use crate::config::{StoreConfig, TierCodec};
 use crate::error::StoreError;
 use crate::hierarchy::Hierarchy;
+use crate::hooks::HookPoint;
 use crate::lease::{LeaseTable, LeasedBlock};
 use crate::levels::remote::RemoteLevel;
 use crate::levels::ssd::SsdLevel;
@@ -29,6 +32,7 @@ use crate::types::{HierarchyPut, Lease, LoadReport, Lookup, PutReport, StoredBlo
 /// ([`Store::read_promoting`]): 8 blocks of 2 MiB, the SSD worker's default depth.
 const PROMOTE_CHUNK_MIN_BYTES: usize = 16 << 20;
 
+mod clear;
 mod inspect;
 mod pool;
 mod staging;
@@ -46,7 +50,13 @@ pub struct Store {
     levels: Vec<Arc<dyn Level>>,
     /// Demotion and promotion policy, with the levels it moves blocks between.
     hierarchy: Hierarchy,
-    /// Lock order: `leases`, then a tier's lock. Pins change only under `leases`.
+    /// Held for reading by every call that writes a tier or reads block bytes, for its whole
+    /// duration, and for writing by [`clear`](Self::clear): see `clear.rs`. Lock order: `gate`,
+    /// `leases`, then a tier's lock.
+    gate: RwLock<()>,
+    /// Clears begun so far ([`epoch`](Self::epoch)); changes only under `gate` held for writing.
+    epoch: AtomicU64,
+    /// Pins change only under `leases`.
     leases: Mutex<LeaseTable>,
     pub(crate) counters: Counters,
     /// Reused buffers for whole objects between an engine pool and the lower tiers.
@@ -116,6 +126,8 @@ impl Store {
             config,
             levels,
             hierarchy,
+            gate: RwLock::new(()),
+            epoch: AtomicU64::new(0),
             leases,
             counters: Counters::default(),
             staging: staging::Staging::default(),
@@ -172,7 +184,20 @@ impl Store {
     /// fastest tier. Keys already present are skipped; when every block that could make room
     /// is leased, the rest are rejected (capacity is never exceeded). With an SSD tier, blocks
     /// DRAM gives up for room are first written to SSD (write-back, after the admission filter).
+    /// A [`clear`](Self::clear) waits for a put in flight; a put called during a clear waits
+    /// for it and lands after it.
     pub fn put(
+        &self,
+        namespace_hash: u128,
+        keys: &[BlockKey],
+        objects: &[&[u8]],
+    ) -> Result<PutReport, StoreError> {
+        let _writing = self.enter();
+        self.put_entered(namespace_hash, keys, objects)
+    }
+
+    /// [`put`](Self::put), once the caller holds the gate.
+    fn put_entered(
         &self,
         namespace_hash: u128,
         keys: &[BlockKey],
@@ -267,15 +292,22 @@ impl Store {
 
     /// Like [`load`](Self::load), for leased blocks `first..first + dst.len()` (a chunk of a
     /// lease, as the transfer engine's read stage takes them): `loaded_blocks` counts from
-    /// `first`. A range past the lease's blocks is [`StoreError::LoadTooMany`].
+    /// `first`. A range past the lease's blocks is [`StoreError::LoadTooMany`]. A lease granted
+    /// before a [`clear`](Self::clear) loads nothing after it (its blocks count as
+    /// `load_missing`), and a clear waits for a load in flight.
     pub fn load_range(
         &self,
         lease_id: u64,
         first: usize,
         dst: &mut [&mut [u8]],
     ) -> Result<LoadReport, StoreError> {
+        let _reading = self.enter();
         let (blocks, _in_flight) = self.begin_load(lease_id, first, dst)?;
-        let outcomes = self.read_promoting(&blocks, dst);
+        let outcomes = match blocks {
+            Some(blocks) => self.read_promoting(&blocks, dst),
+            None => vec![ReadOutcome::Missing; dst.len()],
+        };
+        self.hierarchy.hooks.at(HookPoint::LoadRead);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
         let checksum_failures = self.count_load(&outcomes, loaded_blocks);
         Ok(LoadReport { loaded_blocks, checksum_failures })
@@ -322,26 +354,28 @@ impl Store {
     }
 
     /// Marks leased blocks `first..first + dst.len()` as being loaded (released when the guard
-    /// drops) and checks the destinations' sizes: the start both load paths share.
+    /// drops) and checks the destinations' sizes: the start both load paths share. `None`: a
+    /// clear dropped the lease's blocks (the load misses).
     fn begin_load(
         &self,
         lease_id: u64,
         first: usize,
         dst: &[&mut [u8]],
-    ) -> Result<(Vec<LeasedBlock>, LoadGuard<'_>), StoreError> {
+    ) -> Result<(Option<Vec<LeasedBlock>>, LoadGuard<'_>), StoreError> {
         let (blocks, guard) = self.begin_use(lease_id, first, dst.len())?;
         self.check_sizes(dst.iter().map(|d| d.len()))?;
         Ok((blocks, guard))
     }
 
     /// Leased blocks `first..first + count` of `lease_id`, marked in use as a load is (the lease
-    /// is not reclaimed until the guard drops).
+    /// is not reclaimed until the guard drops); `None` if a clear dropped them. The caller holds
+    /// the gate ([`enter`](Self::enter)) for as long as the guard lives.
     fn begin_use(
         &self,
         lease_id: u64,
         first: usize,
         count: usize,
-    ) -> Result<(Vec<LeasedBlock>, LoadGuard<'_>), StoreError> {
+    ) -> Result<(Option<Vec<LeasedBlock>>, LoadGuard<'_>), StoreError> {
         let blocks = {
             let mut table = self.leases.lock();
             self.reclaim_expired(&mut table);
@@ -417,24 +451,6 @@ impl Store {
         }
         self.reclaim_expired(&mut table);
         Ok(())
-    }
-
-    /// Drops every block of this store's namespace from every tier; other namespaces sharing an
-    /// SSD pool or a Redis keep theirs. What an engine asks when its weights change (vLLM's
-    /// `reset_prefix_cache(reset_connector=True)`, SGLang's storage-backend clear). Blocks of live
-    /// leases are hidden now and freed at release; a put running meanwhile may leave its blocks.
-    /// A tier that cannot be cleared (Redis down) is the error, after the others were cleared.
-    /// Returns how many blocks were dropped.
-    pub fn clear(&self) -> Result<usize, StoreError> {
-        let mut dropped = 0;
-        let mut failed = None;
-        for tier in self.tiers() {
-            match tier.clear(self.namespace_hash) {
-                Ok(n) => dropped += n,
-                Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        failed.map_or(Ok(dropped), |e| Err(e.into()))
     }
 
     fn unpin(&self, blocks: &[LeasedBlock]) {

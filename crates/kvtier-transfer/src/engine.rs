@@ -256,6 +256,8 @@ impl TransferEngine {
                 }
                 JobKind::Store => (None, keys.len()),
             };
+            // A store job's KV is from now: a clear between now and its puts drops them.
+            let epoch = store.epoch();
             let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
             let shape = PoolShape::new(&sh.geometry, pool.num_blocks());
             let job = Arc::new(
@@ -273,7 +275,8 @@ impl TransferEngine {
                     sh.config.buffer_chunks,
                     sh.block_bytes as u64,
                 )
-                .with_paged(paged),
+                .with_paged(paged)
+                .with_epoch(epoch),
             );
             job.settle_bad_ids();
             (work_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));

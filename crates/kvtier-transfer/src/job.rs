@@ -41,7 +41,8 @@ pub enum BlockOutcome {
     DuplicateBlock = 7,
     /// The store refused it (full of leased blocks) or could not encode it into an object.
     Rejected = 8,
-    /// The store call failed (e.g. the lease expired mid-job).
+    /// The store call failed (e.g. the lease expired mid-job, or a store job's blocks were
+    /// computed before a clear of the store that ran before they were stored).
     StoreFailed = 9,
     /// A transfer worker panicked while moving this block's chunk (a bug, in kvtier or the
     /// store): its bytes may be partly written (loads) or not stored (stores). The worker goes
@@ -118,6 +119,9 @@ pub(crate) struct Job {
     pub pool: PoolRef,
     pub shape: PoolShape,
     pub lease: Option<u64>,
+    /// A store job: the store's [`epoch`](kvtier_store::Store::epoch) at submission. Its puts
+    /// store nothing if the store was cleared since (the KV is from before the clear).
+    pub epoch: Option<u64>,
     /// Blocks `0..work_blocks` go through the stages; later ones already have their outcome.
     pub work_blocks: usize,
     pub chunk_blocks: usize,
@@ -170,6 +174,7 @@ impl Job {
             pool,
             shape,
             lease,
+            epoch: None,
             work_blocks,
             chunk_blocks,
             chunks_total,
@@ -186,6 +191,12 @@ impl Job {
             submitted: Instant::now(),
             elapsed_ns: AtomicU64::new(0),
         }
+    }
+
+    /// A store job submitted at the store's `epoch` (see [`Job::epoch`]).
+    pub fn with_epoch(mut self, epoch: u64) -> Job {
+        self.epoch = Some(epoch);
+        self
     }
 
     /// A job whose blocks live in `pool` (see [`Job::paged`]).

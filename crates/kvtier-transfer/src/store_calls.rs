@@ -60,10 +60,12 @@ pub(crate) fn store_chunk(store: &Store, job: &Job, first: usize, count: usize, 
     let items: Vec<usize> = (first..first + count).filter(|&i| job.is_pending(i)).collect();
     let keys: Vec<BlockKey> = items.iter().map(|&i| job.keys[i]).collect();
     let ns = store.namespace_hash();
+    // From the job's submission: a store cleared since then stores none of it.
+    let epoch = job.epoch.expect("a store job records the store's epoch at submission");
     let result = match &job.paged {
         Some(pool) => {
             let ids: Vec<u64> = items.iter().map(|&i| job.block_ids[i]).collect();
-            store.put_from_pool(ns, &keys, pool, &ids)
+            store.put_from_pool_since(epoch, ns, &keys, pool, &ids)
         }
         None => {
             let bb = job.shape.block_bytes;
@@ -74,7 +76,7 @@ pub(crate) fn store_chunk(store: &Store, job: &Job, first: usize, count: usize, 
             }
             kvtier_core::copy::fence(); // the put's copy workers read what the streaming stores wrote
             let refs: Vec<&[u8]> = gathered.chunks(bb).take(items.len()).collect();
-            store.put(ns, &keys, &refs)
+            store.put_since(epoch, ns, &keys, &refs)
         }
     };
     settle_put(store, job, &items, &keys, result);

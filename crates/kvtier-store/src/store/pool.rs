@@ -19,6 +19,7 @@ use kvtier_pool::{ReadOutcome, TierKind};
 
 use super::Store;
 use crate::error::StoreError;
+use crate::hooks::HookPoint;
 use crate::types::{HierarchyPut, PoolLoadReport, PutReport, TierWrites};
 
 impl Store {
@@ -46,7 +47,20 @@ impl Store {
             });
         }
         let ids = pool.check_block_ids(block_ids)?;
+        let _reading = self.enter();
         let (blocks, _in_flight) = self.begin_use(lease_id, first, ids.len())?;
+        let Some(blocks) = blocks else {
+            // A clear dropped the lease's blocks: every one misses, none is copied. Each layer
+            // is still announced (as a load whose blocks all fail), so no layer waiter hangs.
+            (0..pool.num_layers()).for_each(&mut *layer_done);
+            let outcomes = vec![ReadOutcome::Missing; ids.len()];
+            let checksum_failures = self.count_load(&outcomes, 0);
+            return Ok(PoolLoadReport {
+                loaded_blocks: 0,
+                failed: (0..ids.len()).collect(),
+                checksum_failures,
+            });
+        };
         let dram = self.tier_index(TierKind::Dram);
         let (in_dram, below): (Vec<usize>, Vec<usize>) =
             (0..ids.len()).partition(|&i| blocks[i].tier == dram);
@@ -95,6 +109,7 @@ impl Store {
         for (&i, o) in in_dram.iter().zip(dram_outcomes).chain(below.iter().zip(below_outcomes)) {
             outcomes[i] = o;
         }
+        self.hierarchy.hooks.at(HookPoint::LoadRead);
         let loaded_blocks = outcomes.iter().take_while(|&&o| o == ReadOutcome::Loaded).count();
         let checksum_failures = self.count_load(&outcomes, loaded_blocks);
         let failed = (0..outcomes.len()).filter(|&i| outcomes[i] != ReadOutcome::Loaded).collect();
@@ -104,8 +119,21 @@ impl Store {
     /// Stores pool block `block_ids[i]` under `keys[i]`, as [`put`](Self::put) stores objects
     /// (see the module docs for the copies). Ids may repeat. Errors, before anything is stored:
     /// the namespace, counts, the pool's object size, and an id out of range
-    /// ([`StoreError::Layout`]). The caller must not write those pool blocks meanwhile.
+    /// ([`StoreError::Layout`]). The caller must not write those pool blocks meanwhile. A
+    /// [`clear`](Self::clear) waits for it, as for a put.
     pub fn put_from_pool(
+        &self,
+        namespace_hash: u128,
+        keys: &[BlockKey],
+        pool: &PagedPool,
+        block_ids: &[u64],
+    ) -> Result<PutReport, StoreError> {
+        let _writing = self.enter();
+        self.put_from_pool_entered(namespace_hash, keys, pool, block_ids)
+    }
+
+    /// [`put_from_pool`](Self::put_from_pool), once the caller holds the gate.
+    pub(super) fn put_from_pool_entered(
         &self,
         namespace_hash: u128,
         keys: &[BlockKey],
@@ -144,9 +172,10 @@ impl Store {
             }
             copy::fence();
             let objects: Vec<&[u8]> = staged.chunks(bb).collect();
-            return self.put(namespace_hash, keys, &objects);
+            return self.put_entered(namespace_hash, keys, &objects);
         }
         self.reclaim_expired(&mut self.leases.lock());
+        self.hierarchy.hooks.at(HookPoint::DramWrite);
         let report = self.hierarchy.dram.put_from_pool(self.namespace_hash, keys, pool, &ids);
         let writes = TierWrites { dram: report.stored, ..TierWrites::default() };
         Ok(self.count_put(HierarchyPut { report, writes }, keys.len()))

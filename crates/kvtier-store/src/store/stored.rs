@@ -29,9 +29,13 @@ impl Store {
         first: usize,
         dst: &mut [&mut [u8]],
     ) -> Result<StoredLoadReport, StoreError> {
+        let _reading = self.enter();
         let (blocks, _in_flight) = self.begin_load(lease_id, first, dst)?;
         let mut forms = vec![StoredBlock::raw(self.block_bytes); dst.len()];
-        let outcomes = self.read(&blocks, dst, Some(&mut forms));
+        let outcomes = match blocks {
+            Some(blocks) => self.read(&blocks, dst, Some(&mut forms)),
+            None => vec![ReadOutcome::Missing; dst.len()], // a clear dropped them
+        };
         let loaded = outcomes.iter().filter(|&&o| o == ReadOutcome::Loaded).count();
         let checksum_failures = self.count_load(&outcomes, loaded);
         let blocks =
@@ -53,7 +57,9 @@ impl Store {
         leased.dedup();
         let (Some(&first), Some(&last)) = (leased.first(), leased.last()) else { return Ok(0) };
         // As a load: the lease cannot be reclaimed (and its copies unpinned) meanwhile.
+        let _reading = self.enter();
         let (blocks, _in_flight) = self.begin_use(lease_id, first, last + 1 - first)?;
+        let Some(blocks) = blocks else { return Ok(0) }; // a clear dropped them already
         bump(&self.counters.decode_failures, leased.len());
         let mut dropped = 0;
         for (t, tier) in self.tiers().enumerate() {
@@ -96,10 +102,10 @@ impl Store {
                 return Err(StoreError::ObjectSize { index, actual: d.len(), expected: self.block_bytes });
             }
         }
+        let _writing = self.enter();
         let (blocks, _in_flight) = self.begin_use(lease_id, first, decoded.len())?;
-        if !self.promotes_on_hit() {
-            return Ok(0);
-        }
+        // A clear since the lease: what its reader decoded is from before the clear.
+        let Some(blocks) = blocks.filter(|_| self.promotes_on_hit()) else { return Ok(0) };
         let (chosen, data): (Vec<LeasedBlock>, Vec<&[u8]>) =
             blocks.iter().zip(decoded).filter_map(|(b, d)| d.map(|d| (*b, d))).unzip();
         Ok(self.promote(&chosen, &data))

@@ -375,8 +375,8 @@ class WorkerSide:
 
     def clear(self) -> int:
         """Drops every block of this worker's store (vLLM's connector reset, after a weight update)
-        once the saves submitted before it are done: one still queued would put old KV back.
-        Returns how many blocks were dropped."""
+        once the saves submitted before it are done (a save still queued would fail: the engine
+        stores nothing of a job submitted before a clear). Returns how many blocks were dropped."""
         self._wait_saves()
         return self.store.clear()
 
