@@ -161,23 +161,28 @@ def storage_config(
     )
 
 
-def backend(pool: Any, extra: dict[str, Any], **config: Any) -> Any:
-    """The backend as SGLang makes it: the dynamic factory, then register_mem_pool_host."""
+def backend(
+    pool: Any, extra: dict[str, Any], extras: dict[PoolName, Any] | None = None, **config: Any
+) -> Any:
+    """The backend as SGLang attaches it: the dynamic factory, register_mem_pool_host (the KV
+    pool), for a hybrid model register_mem_host_pool_v2 of every pool of the group (``extras``
+    are the other pools), then on_host_pools_registered (`cache_controller.py` 613-619,
+    `hybrid_cache_controller.py` 342-357)."""
     is_mla = isinstance(pool, MLATokenToKVPoolHost)
     cfg = storage_config(extra, is_mla=is_mla, page_first=pool.layout != "layer_first", **config)
     made = StorageBackendFactory.create_backend("dynamic", cfg, pool)
     made.register_mem_pool_host(pool)
+    if extras is not None:
+        for name, p in {PoolName.KV: pool, **extras}.items():
+            made.register_mem_host_pool_v2(p, name)
+    made.on_host_pools_registered()
     return made
 
 
 def hybrid_backend(pools: dict[PoolName, Any], extra: dict[str, Any], **config: Any) -> Any:
-    """The backend as SGLang's hybrid controller attaches it: the factory, register_mem_pool_host
-    (the KV pool), register_mem_host_pool_v2 for every pool of the group, on_host_pools_registered."""
-    made = backend(pools[PoolName.KV], extra, **config)
-    for name, pool in pools.items():
-        made.register_mem_host_pool_v2(pool, name)
-    made.on_host_pools_registered()
-    return made
+    """``backend`` of a hybrid model's pools (``pools`` holds the KV pool)."""
+    kv = pools[PoolName.KV]
+    return backend(kv, extra, {name: p for name, p in pools.items() if name != PoolName.KV}, **config)
 
 
 def fill(pool: Any, pages: int, seed: int) -> torch.Tensor:

@@ -154,6 +154,11 @@ def test_the_pools_share_the_configured_tiers(tmp_path: Path) -> None:
     for name, config in configs.items():  # in proportion to the host pools' bytes
         assert config.dram.capacity_bytes == 2 * 2**20 * host_bytes[name] // total, name
         assert config.ssd is not None and config.ssd.capacity_bytes == 8 * 2**20 * host_bytes[name] // total
+    # What the SSD pools hold: each its share, not more (an SSD pool keeps the size it was created
+    # with, so none may be created before the shares are known).
+    ssd_bytes = {n: p.store.tier_stats()["ssd"].capacity_bytes for n, p in made.pools.items()}
+    assert sum(ssd_bytes.values()) <= 8 * 2**20
+    assert all(ssd_bytes[n] >= c.ssd.capacity_bytes - 8192 for n, c in configs.items() if c.ssd), ssd_bytes
     rank_dir = tmp_path / "tp0of2-pp0of1-cp0of1"
     assert {n: Path(c.ssd.directory) for n, c in configs.items() if c.ssd} == {
         "kv": rank_dir,

@@ -1,7 +1,9 @@
 """`KvtierHiCacheStorage`: kvtier as SGLang's HiCache storage backend (L3), docs/sglang.md.
 
 SGLang's factory constructs it as ``cls(storage_config, kwargs)`` and then hands it the host KV
-pool (``register_mem_pool_host``); the store opens then, with the pool's page as its block. A page
+pool (``register_mem_pool_host``: its config is checked then) and, for a hybrid model, its other
+host pools (``register_mem_host_pool_v2``); the stores open once every pool is known
+(``on_host_pools_registered``, or the first call), each with its pool's page as its block. A page
 key is SGLang's hash string of the page (chained over the prefix), mapped to a 16-byte kvtier key
 inside this backend's namespace (``blake2b`` keyed by the namespace hash): another model, TP rank,
 pipeline stage or host layout hashes the same string to another key, so it misses. ``clear()``
@@ -79,9 +81,11 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics = KvtierStorageMetrics()
         self._metrics_lock = threading.Lock()
-        # SGLang's pool name -> its pages and store; "kv" (the anchor) once a pool is registered.
+        # SGLang's pool name -> its pages and store, "kv" the anchor's, once laid out: every pool
+        # registered so far gets its store and its share of the tiers at once (an SSD pool keeps
+        # the size it was created with, so no store opens before the shares are known).
         self._pools: dict[str, PoolStore] = {}
-        self._extra: dict[str, HostPages] = {}  # registered, not laid out yet
+        self._registered: dict[str, HostPages] = {}  # "kv" first, then the other pools
         self._refused: dict[str, str] = {}  # pool name -> why kvtier does not store it
         self._laid_out = False
         self._layout_lock = threading.Lock()
@@ -89,7 +93,8 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ setup
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """Opens the store for this pool's pages (closing those opened for earlier pools)."""
+        """Takes SGLang's KV pool and checks its store's config (closing the stores opened for
+        earlier pools); the stores open once SGLang registered every pool."""
         pages = HostPages.from_host_pool(mem_pool_host, self.settings.kv_cache_dtype)
         config = store_configs(self.settings, self.model_name, self.parallel, {KV: pages})[KV]
         if self.parallel.is_mla and self.parallel.tp_size > 1 and config.remote is None:
@@ -101,8 +106,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 "read them through the one tier processes share"
             )
         self.close()
-        self._pools = open_stores({KV: config}, {KV: pages})
-        self._extra, self._refused, self._laid_out = {}, {}, False
+        self._registered, self._refused, self._laid_out = {KV: pages}, {}, False
         self.mem_pool_host = mem_pool_host
         log.info("kvtier HiCache storage: %s, %d-byte pages", config.model_id, pages.page_bytes)
 
@@ -122,32 +126,30 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             self._refuse(name, "registered after SGLang's host pools were laid out over the tiers")
             return
         try:
-            self._extra[name] = HostPages.from_host_pool(host_pool, self.settings.kv_cache_dtype)
+            self._registered[name] = HostPages.from_host_pool(host_pool, self.settings.kv_cache_dtype)
         except (LayoutError, ConfigError, BufferError) as e:
             self._refuse(name, str(e))
 
     def on_host_pools_registered(self) -> None:
-        """Lays the registered pools over the tiers: with pools besides KV, every pool's store
-        (re)opens with its share of them (``pools.py``). SGLang calls it once its pools are
-        registered, before any transfer; any call before it does it first (and a call while it
-        runs waits for it)."""
+        """Lays the registered pools over the tiers: opens every pool's store, with its share of
+        them when there are several (``pools.py``). SGLang calls it once its pools are registered,
+        before any transfer; a call before it does it first (and one while it runs waits)."""
         with self._layout_lock:
-            if self._laid_out or KV not in self._pools:
+            if self._laid_out or KV not in self._registered:
                 return
-            if self._extra:
-                pages = {KV: self._pools[KV].pages, **self._extra}
-                configs = store_configs(self.settings, self.model_name, self.parallel, pages)
-                self.close()  # the KV store reopens with its share (its SSD pool has one owner)
-                self._pools = open_stores(configs, pages)
-                for name, config in configs.items():
-                    log.info(
-                        "kvtier HiCache storage, SGLang's %r pool: %s, %d-byte pages, %d bytes of DRAM",
-                        name,
-                        config.model_id,
-                        pages[name].page_bytes,
-                        config.dram.capacity_bytes,
-                    )
+            pages = dict(self._registered)
+            configs = store_configs(self.settings, self.model_name, self.parallel, pages)
+            self._pools = open_stores(configs, pages)
             self._laid_out = True
+        if len(pages) > 1:
+            for name, config in configs.items():
+                log.info(
+                    "kvtier HiCache storage, SGLang's %r pool: %s, %d-byte pages, %d bytes of DRAM",
+                    name,
+                    config.model_id,
+                    pages[name].page_bytes,
+                    config.dram.capacity_bytes,
+                )
 
     def _refuse(self, name: str, why: str) -> None:
         self._refused[name] = why
@@ -187,7 +189,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         return pool
 
     def _lay_out(self) -> None:
-        if not self._laid_out and self._extra:
+        if not self._laid_out:
             self.on_host_pools_registered()
 
     def _pool(self, name: Any) -> PoolStore | None:
@@ -375,6 +377,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         ranks and instances sharing the namespace lose them too (as SGLang's Mooncake backend's
         `remove_all` does). SGLang calls it after a weight update (its admin API) and on a PD role
         switch. Raises if a tier could not be cleared (Redis down), after clearing the others."""
+        self._lay_out()  # pages stored by an earlier process are cleared too
         failures: list[KvtierError] = []
         for name, pool in list(self._pools.items()):
             try:
