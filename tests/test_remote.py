@@ -98,6 +98,8 @@ def test_consecutive_prefix_spans_dram_and_remote(redis: LocalRedis) -> None:
     assert lookup.tiers == ("dram",) * 4 + ("remote",) * 4
     loaded, out = load_all(b, keys)
     assert loaded == 8 and np.array_equal(out, data[:8])
+    a.put(keys[10:12], data[10:12])  # past a hole: only lookup_each sees them
+    assert b.lookup_each(keys[:13]) == ("dram",) * 8 + (None, None, "remote", "remote", None)
 
 
 def test_stores_in_two_processes_share_blocks(redis: LocalRedis) -> None:

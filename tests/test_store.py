@@ -63,6 +63,21 @@ def test_lookup_is_longest_consecutive_prefix(small_store: kvtier.Store) -> None
     assert stats.lookups == 3 and stats.hit_blocks == 8
 
 
+def test_lookup_each_asks_about_every_key_past_a_hole(small_store: kvtier.Store) -> None:
+    keys = small_store.namespace.block_keys(range(40))  # 10 blocks
+    objects = blocks_for(keys, small_store.block_bytes)
+    small_store.put(keys[:2], objects[:2])
+    small_store.put(keys[5:7], objects[5:7])
+    d = "dram"
+    assert small_store.lookup_each(keys) == (d, d, None, None, None, d, d, None, None, None)
+    assert small_store.lookup_each(keys[:0]) == ()
+    assert small_store.stats().lookups == 2
+    config = small_store.config
+    other = kvtier.Store(kvtier.StoreConfig(geometry=config.geometry, model_id="other", dram=config.dram))
+    with pytest.raises(NamespaceError):
+        other.lookup_each(keys)
+
+
 def test_load_a_prefix_of_the_lease(small_store: kvtier.Store) -> None:
     keys = small_store.namespace.block_keys(range(24))
     objects = blocks_for(keys, small_store.block_bytes)

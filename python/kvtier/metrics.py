@@ -64,7 +64,7 @@ class Metric:
 
 def _store_metrics() -> list[Metric]:
     help_ = {
-        "lookups": "lookups (one per lookup or lease call)",
+        "lookups": "lookups (one per lookup, lookup_each or lease call)",
         "hit_blocks": "blocks found by lookups",
         "miss_blocks": "blocks lookups did not find",
         "put_blocks": "blocks put",

@@ -292,6 +292,12 @@ class Store:
         hit, tiers = self._core.lookup(keys.namespace_hash, keys.raw)
         return Lookup(hit, tuple(tiers))
 
+    def lookup_each(self, keys: BlockKeys) -> tuple[str | None, ...]:
+        """The tier holding each of ``keys``, or None, key by key: keys after a missing one are
+        asked too (one call; every tier is asked once for all of them). Pins nothing."""
+        self._check_keys(keys)
+        return tuple(self._core.lookup_each(keys.namespace_hash, keys.raw))
+
     def lease(self, keys: BlockKeys) -> Lease:
         """Like :meth:`lookup`, and pins the hit prefix until the lease is released."""
         self._check_keys(keys)

@@ -56,13 +56,16 @@ def controller(
     hybrid: bool = True,
     interface_v1: bool = True,
     tp_group: Any = None,
+    extras: dict[PoolName, Any] | None = None,
     **config: Any,
 ) -> HiCacheController:
     """SGLang's controller over ``pool``, with kvtier attached as SGLang attaches a backend. With
-    ``tp_group`` (a gloo group of the ranks), SGLang's rank all-reduces run over it."""
-    group = HostPoolGroup(
-        [PoolEntry(PoolName.KV, pool, _DevicePool(), lambda layer: layer, is_primary_index_anchor=True)]
-    )
+    ``tp_group`` (a gloo group of the ranks), SGLang's rank all-reduces run over it. ``extras``:
+    a hybrid model's other host pools (SWA, Mamba), entries of the hybrid controller's group."""
+    entries = [PoolEntry(PoolName.KV, pool, _DevicePool(), lambda layer: layer, is_primary_index_anchor=True)]
+    entries += [PoolEntry(name, p, _DevicePool(), lambda layer: layer) for name, p in (extras or {}).items()]
+    assert hybrid or not extras, "only the hybrid controller has other host pools"
+    group = HostPoolGroup(entries)
     if hybrid:
         cc: HiCacheController = HybridCacheController(
             _Allocator(), group, pool.page_size, tp_group, threading.Event(), transfer_layer_id_max=LAYERS

@@ -6,9 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.device_pool_info import (
+    KVBufferLayout,
+    KVBuffers,
+    MambaStateBufferInfo,
+    MHABufferInfo,
+    MLABufferInfo,
+)
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
@@ -32,15 +39,17 @@ def host_pool(
     dtype: torch.dtype = torch.bfloat16,
     page: int = PAGE,
     ratio: float = 2.0,
+    layers: int = LAYERS,
 ) -> Any:
     """SGLang's MHA or MLA host pool over small CPU device buffers: 33 pages of 4 tokens (or
-    pages of ``page`` tokens; ``ratio`` times the device's 64 tokens)."""
+    pages of ``page`` tokens; ``ratio`` times the device's 64 tokens) of ``layers`` layers (a
+    hybrid model's SWA pool is such a pool, over its SWA layers)."""
     device = torch.device("cpu")
     # A fixed budget: SGLang otherwise sizes host pools from free RAM minus 10 GiB.
     with host_memory_budget_scope(1 << 30):
         if kind == "mha":
-            k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(LAYERS))
-            v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(LAYERS))
+            k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
+            v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
             buffers = KVBuffers(
                 k=k,
                 v=v,
@@ -67,14 +76,14 @@ def host_pool(
                 device="cpu",
                 device_capacity_tokens=DEVICE_TOKENS,
                 start_layer=0,
-                end_layer=LAYERS,
+                end_layer=layers,
             )
-        rows = tuple(torch.zeros(DEVICE_TOKENS, 1, LATENT, dtype=dtype) for _ in range(LAYERS))
+        rows = tuple(torch.zeros(DEVICE_TOKENS, 1, LATENT, dtype=dtype) for _ in range(layers))
         mla = MLABufferInfo(
             buffers=rows,
             data_ptrs=torch.tensor([t.data_ptr() for t in rows], dtype=torch.uint64),
-            layer_indices=tuple(range(LAYERS)),
-            device_layer_num=LAYERS,
+            layer_indices=tuple(range(layers)),
+            device_layer_num=layers,
             page_size=page,
             kv_lora_rank=16,
             qk_rope_head_dim=8,
@@ -92,9 +101,39 @@ def host_pool(
             device="cpu",
             device_capacity_tokens=DEVICE_TOKENS,
             start_layer=0,
-            end_layer=LAYERS,
-            target_layer_num=LAYERS,
+            end_layer=layers,
+            target_layer_num=layers,
         )
+
+
+def mamba_pool(
+    layout: str = "page_first", slots: int = 8, side_state: bool = True, conv_only: bool = False
+) -> Any:
+    """SGLang's Mamba state host pool on CPU: 2 layers of an fp32 temporal (SSM) state, a bf16
+    conv state, and (``side_state``) an int32 per-slot side state; 17 slots (twice ``slots``,
+    plus SGLang's one). ``conv_only``: a model without SSM state (an empty temporal buffer)."""
+    temporal = torch.zeros(2, slots, 0 if conv_only else 2, 4, 8, dtype=torch.float32)
+    info = MambaStateBufferInfo(
+        temporal=temporal,
+        conv=(torch.zeros(2, slots, 6, 3, dtype=torch.bfloat16),),
+        extra_checkpoint_buffers=(torch.zeros(slots, 6, dtype=torch.int32),) if side_state else (),
+    )
+    with host_memory_budget_scope(1 << 30):
+        return MambaPoolHost(
+            info, 2.0, 0, device_capacity=slots, pin_memory=False, device="cpu", layout=layout
+        )
+
+
+def hybrid_pools(
+    kind: str = "mha", layout: str = "page_first", dtype: torch.dtype = torch.bfloat16
+) -> dict[PoolName, Any]:
+    """A hybrid model's host pools: the KV pool (the anchor), an SWA KV pool of 1 layer and a
+    Mamba state pool."""
+    return {
+        PoolName.KV: host_pool(kind, layout, dtype, ratio=8.0),
+        PoolName.SWA: host_pool(kind, layout, dtype, ratio=8.0, layers=1),
+        PoolName.MAMBA: mamba_pool(),
+    }
 
 
 def storage_config(
@@ -122,13 +161,28 @@ def storage_config(
     )
 
 
-def backend(pool: Any, extra: dict[str, Any], **config: Any) -> Any:
-    """The backend as SGLang makes it: the dynamic factory, then register_mem_pool_host."""
+def backend(
+    pool: Any, extra: dict[str, Any], extras: dict[PoolName, Any] | None = None, **config: Any
+) -> Any:
+    """The backend as SGLang attaches it: the dynamic factory, register_mem_pool_host (the KV
+    pool), for a hybrid model register_mem_host_pool_v2 of every pool of the group (``extras``
+    are the other pools), then on_host_pools_registered (`cache_controller.py` 613-619,
+    `hybrid_cache_controller.py` 342-357)."""
     is_mla = isinstance(pool, MLATokenToKVPoolHost)
     cfg = storage_config(extra, is_mla=is_mla, page_first=pool.layout != "layer_first", **config)
     made = StorageBackendFactory.create_backend("dynamic", cfg, pool)
     made.register_mem_pool_host(pool)
+    if extras is not None:
+        for name, p in {PoolName.KV: pool, **extras}.items():
+            made.register_mem_host_pool_v2(p, name)
+    made.on_host_pools_registered()
     return made
+
+
+def hybrid_backend(pools: dict[PoolName, Any], extra: dict[str, Any], **config: Any) -> Any:
+    """``backend`` of a hybrid model's pools (``pools`` holds the KV pool)."""
+    kv = pools[PoolName.KV]
+    return backend(kv, extra, {name: p for name, p in pools.items() if name != PoolName.KV}, **config)
 
 
 def fill(pool: Any, pages: int, seed: int) -> torch.Tensor:
@@ -139,7 +193,7 @@ def fill(pool: Any, pages: int, seed: int) -> torch.Tensor:
     for i in range(pages):
         page = pool.get_data_page(int(slots[i * pool.page_size]), flat=True)
         data = torch.randint(0, 256, (page.numel() * page.element_size(),), dtype=torch.uint8, generator=gen)
-        pool.set_from_flat_data_page(int(slots[i * pool.page_size]), data.view(pool.dtype))
+        pool.set_from_flat_data_page(int(slots[i * pool.page_size]), data.view(page.dtype))
     return slots
 
 

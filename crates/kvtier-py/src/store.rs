@@ -93,6 +93,17 @@ impl Store {
         Ok((r.hit_blocks, r.tiers.iter().map(|t| t.name()).collect()))
     }
 
+    /// Returns the tier name holding each key, or None, key by key (`Store::lookup_each`).
+    fn lookup_each(
+        &self,
+        py: Python<'_>,
+        namespace_hash: NamespaceHash,
+        keys: Keys,
+    ) -> PyResult<Vec<Option<&'static str>>> {
+        let r = py.allow_threads(|| self.inner.lookup_each(namespace_hash.0, &keys.0)).map_err(raise)?;
+        Ok(r.iter().map(|t| t.map(|t| t.name())).collect())
+    }
+
     /// Returns (lease id, hit_blocks, tier name per hit block).
     fn lease(
         &self,

@@ -6,7 +6,7 @@ kvtier_core::fields! {
     /// A snapshot of the store's counters and gauges.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct StoreStats {
-        /// `lookup` and `lease` calls.
+        /// `lookup`, `lookup_each` and `lease` calls.
         pub lookups: u64,
         /// Blocks found in the consecutive prefix, over all lookups and leases.
         pub hit_blocks: u64,

@@ -263,6 +263,25 @@ impl Store {
         Ok(Lookup { hit_blocks, tiers })
     }
 
+    /// Where each of `keys` is, on its own: the tier holding it, or `None`. Unlike
+    /// [`lookup`](Self::lookup), keys after a missing one are asked too (a hybrid model's state
+    /// snapshots exist at some page boundaries only; each tier is asked once for all of them).
+    /// Nothing is pinned. Counted as one lookup; hit and miss blocks count prefixes only, so
+    /// they are left as they are.
+    pub fn lookup_each(
+        &self,
+        namespace_hash: u128,
+        keys: &[BlockKey],
+    ) -> Result<Vec<Option<TierKind>>, StoreError> {
+        self.check_namespace(namespace_hash)?;
+        let mut located = vec![None; keys.len()];
+        for tier in self.tiers() {
+            tier.locate(self.namespace_hash, keys, &mut located, false, false);
+        }
+        self.counters.lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(located.iter().map(|l| l.map(|l| l.tier)).collect())
+    }
+
     /// Like [`lookup`](Self::lookup), and pins the hit prefix so eviction cannot remove it
     /// until [`release`](Self::release) or `lease_ttl` passes.
     pub fn lease(&self, namespace_hash: u128, keys: &[BlockKey]) -> Result<Lease, StoreError> {

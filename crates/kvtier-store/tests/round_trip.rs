@@ -48,6 +48,24 @@ fn lookup_prefix_stops_at_the_first_missing_key() {
 }
 
 #[test]
+fn lookup_each_finds_keys_after_a_missing_one() {
+    let s = store(32);
+    let k = keys(&s, 300, 6);
+    put_keys(&s, &[k[0], k[2], k[5]]);
+    let each = s.lookup_each(s.namespace_hash(), &k).unwrap();
+    let d = Some(TierKind::Dram);
+    assert_eq!(each, vec![d, None, d, None, None, d]);
+    assert!(s.lookup_each(s.namespace_hash(), &[]).unwrap().is_empty());
+    let stats = s.stats();
+    assert_eq!(
+        (stats.lookups, stats.hit_blocks, stats.miss_blocks),
+        (2, 0, 0),
+        "a lookup each, no prefix counts"
+    );
+    assert!(s.lookup_each(s.namespace_hash() ^ 1, &k).is_err(), "another namespace's hash is refused");
+}
+
+#[test]
 fn put_of_a_present_key_is_a_no_op() {
     let s = store(32);
     let k = keys(&s, 7, 4);

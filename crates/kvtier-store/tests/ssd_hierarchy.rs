@@ -85,6 +85,10 @@ fn evicted_blocks_are_written_back_and_promoted_on_hit() {
     let where_ = tiers(&store, &ks);
     assert_eq!(where_[..8], [TierKind::Ssd; 8], "the 8 oldest left DRAM for SSD");
     assert_eq!(where_[8..], [TierKind::Dram; 4]);
+    // Key by key, across a gap: each tier is asked about every key.
+    let gap = [ks[0], keys(&store, 500, 1)[0], ks[11], ks[3]];
+    let each = store.lookup_each(store.namespace_hash(), &gap).unwrap();
+    assert_eq!(each, vec![Some(TierKind::Ssd), None, Some(TierKind::Dram), Some(TierKind::Ssd)]);
     let stats = store.stats();
     assert_eq!((stats.demoted_blocks, stats.admission_skipped, stats.dropped_evictions), (8, 0, 0));
     // All 12 leased at once: DRAM's 4 are pinned, so nothing can be promoted.

@@ -211,6 +211,7 @@ def _worker(spec: Spec) -> SglangBench:
             config({"dram": {"capacity_bytes": int(page_bytes * pages * 1.5)}}, "bench"), {}
         )
         kv.register_mem_pool_host(pool)
+        kv.on_host_pools_registered()  # as SGLang attaches it: the store opens (and prefaults) here
         file = HiCacheFile(config({"file_storage_path": str(Path(tmp) / "pages")}, "bench"))
         file.register_mem_pool_host(pool)
         sides: dict[str, tuple[Callable[[list[str]], object], Callable[[list[str]], object], Any]] = {
@@ -366,6 +367,7 @@ def _exists(
     keys = [f"prefix-page{i}" for i in range(n)]
     kv = KvtierHiCacheStorage(config({"dram": {"capacity_bytes": "64MiB"}}, "bench-exists"), {})
     kv.register_mem_pool_host(pool)
+    kv.on_host_pools_registered()
     file = HiCacheFile(config({"file_storage_path": str(directory)}, "bench-exists"))
     kv.batch_set_v1(keys, slots)
     _generic_set(file, pool, keys, slots)

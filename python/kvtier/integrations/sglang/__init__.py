@@ -8,7 +8,8 @@ Launch SGLang with::
         "interface_v1": 1, "dram": {"capacity_bytes": "8GiB"}}'
 
 The extra config takes `StoreConfig` fields (geometry and rank come from SGLang) or
-`{"config_file": "kvtier.yaml"}`. `KvtierHiCacheStorage` imports SGLang and torch;
+`{"config_file": "kvtier.yaml"}`. A hybrid model's other host pools (SWA KV, Mamba state) are
+stored by the v2 calls, each pool in a store of its own (`pools`, `hybrid`). `KvtierHiCacheStorage` imports SGLang and torch;
 `kvtier.integrations.sglang.config` imports neither, `host_pool` only torch.
 """
 

@@ -1,12 +1,20 @@
 """`KvtierHiCacheStorage`: kvtier as SGLang's HiCache storage backend (L3), docs/sglang.md.
 
 SGLang's factory constructs it as ``cls(storage_config, kwargs)`` and then hands it the host KV
-pool (``register_mem_pool_host``); the store opens then, with the pool's page as its block. A page
+pool (``register_mem_pool_host``: its config is checked then) and, for a hybrid model, its other
+host pools (``register_mem_host_pool_v2``); the stores open once every pool is known
+(``on_host_pools_registered``, or the first call), each with its pool's page as its block. A page
 key is SGLang's hash string of the page (chained over the prefix), mapped to a 16-byte kvtier key
 inside this backend's namespace (``blake2b`` keyed by the namespace hash): another model, TP rank,
 pipeline stage or host layout hashes the same string to another key, so it misses. ``clear()``
 (SGLang's `/clear_hicache_storage_backend`, e.g. after a weight update, and a PD role switch)
 drops every page of the namespace from every tier (``Store.clear``).
+
+A hybrid model's other host pools (SWA KV, Mamba state, draft KV: ``register_mem_host_pool_v2``)
+are read and written by the v2 calls, each pool in its own store and namespace (``pools.py``);
+``batch_exists_v2`` answers which prefixes every pool can restore (``hybrid.py``). A pool kvtier
+cannot store (a sparse indexer, DeepSeek V4's compressed pools) is refused with a warning at
+registration, and every query that needs it is a miss.
 
 Invariants: a page reported loaded holds exactly the bytes stored under its key (every object is
 verified on load; a checksum failure, an evicted page or a server that is down is a miss,
@@ -17,25 +25,27 @@ before any byte moves; a whole prefix is one store call (``batch_exists`` is one
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (  # type: ignore[import-not-found, unused-ignore]
     HiCacheStorage,
+    PoolTransferResult,
 )
 from sglang.srt.observability.metrics_collector import (  # type: ignore[import-not-found, unused-ignore]
     StorageMetrics,
 )
 
-from kvtier.errors import BufferError, ConfigError, LayoutError
+from kvtier.errors import BufferError, ConfigError, KvtierError, LayoutError
 from kvtier.integrations.sglang.config import BackendSettings, Parallelism
 from kvtier.integrations.sglang.host_pool import HostPages
-from kvtier.keys import KEY_BYTES, BlockKeys
+from kvtier.integrations.sglang.hybrid import PoolPresence, hit_verdict
+from kvtier.integrations.sglang.pools import KV, PoolStore, close_stores, open_stores, store_configs
+from kvtier.keys import BlockKeys
 from kvtier.store import Store
 
 log = logging.getLogger("kvtier.sglang")
@@ -44,9 +54,11 @@ log = logging.getLogger("kvtier.sglang")
 @dataclasses.dataclass
 class KvtierStorageMetrics(StorageMetrics):  # type: ignore[misc]
     """SGLang's storage metrics (pages and GB/s per batch call), plus kvtier's counters
-    (:class:`kvtier.store.StoreStats` as a dict) in ``kvtier``."""
+    (:class:`kvtier.store.StoreStats` as a dict) in ``kvtier`` (the KV pool's store) and in
+    ``kvtier_pools`` (a hybrid model's other host pools' stores, by SGLang's pool name)."""
 
     kvtier: dict[str, int] = dataclasses.field(default_factory=dict)
+    kvtier_pools: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
@@ -69,15 +81,22 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics = KvtierStorageMetrics()
         self._metrics_lock = threading.Lock()
-        self._store: Store | None = None
-        self._pages: HostPages | None = None
+        # SGLang's pool name -> its pages and store, "kv" the anchor's, once laid out: every pool
+        # registered so far gets its store and its share of the tiers at once (an SSD pool keeps
+        # the size it was created with, so no store opens before the shares are known).
+        self._pools: dict[str, PoolStore] = {}
+        self._registered: dict[str, HostPages] = {}  # "kv" first, then the other pools
+        self._refused: dict[str, str] = {}  # pool name -> why kvtier does not store it
+        self._laid_out = False
+        self._layout_lock = threading.Lock()
         self.mem_pool_host: Any = None
 
     # ------------------------------------------------------------------ setup
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """Opens the store for this pool's pages (closing one opened for an earlier pool)."""
+        """Takes SGLang's KV pool and checks its store's config (closing the stores opened for
+        earlier pools); the stores open once SGLang registered every pool."""
         pages = HostPages.from_host_pool(mem_pool_host, self.settings.kv_cache_dtype)
-        config = self.settings.store_config(pages.geometry, self.model_name, self.parallel, pages.layout_tag)
+        config = store_configs(self.settings, self.model_name, self.parallel, {KV: pages})[KV]
         if self.parallel.is_mla and self.parallel.tp_size > 1 and config.remote is None:
             # SGLang backs up MLA pages from one writer rank only (`is_storage_writer`), and a DRAM
             # or SSD tier belongs to one process: every other rank would miss on every page.
@@ -87,63 +106,208 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 "read them through the one tier processes share"
             )
         self.close()
-        self._store = Store(config)
-        self._pages = pages
+        self._registered, self._refused, self._laid_out = {KV: pages}, {}, False
         self.mem_pool_host = mem_pool_host
         log.info("kvtier HiCache storage: %s, %d-byte pages", config.model_id, pages.page_bytes)
 
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Takes one of a hybrid model's host pools (SGLang registers every pool of its group,
+        the KV anchor too, before ``on_host_pools_registered``). A pool kvtier cannot store, or one
+        registered after the pools were laid out, is refused with a warning: its queries miss."""
+        name = _pool_name(host_pool_name)
+        if name == KV:
+            if host_pool is not self.mem_pool_host:
+                raise LayoutError(
+                    f"SGLang registered a {type(host_pool).__name__} as its KV pool; the KV pool "
+                    f"registered first is a {type(self.mem_pool_host).__name__}"
+                )
+            return
+        if self._laid_out:
+            self._refuse(name, "registered after SGLang's host pools were laid out over the tiers")
+            return
+        try:
+            self._registered[name] = HostPages.from_host_pool(host_pool, self.settings.kv_cache_dtype)
+        except (LayoutError, ConfigError, BufferError) as e:
+            self._refuse(name, str(e))
+
+    def on_host_pools_registered(self) -> None:
+        """Lays the registered pools over the tiers: opens every pool's store, with its share of
+        them when there are several (``pools.py``). SGLang calls it once its pools are registered,
+        before any transfer; a call before it does it first (and one while it runs waits)."""
+        with self._layout_lock:
+            if self._laid_out or KV not in self._registered:
+                return
+            pages = dict(self._registered)
+            configs = store_configs(self.settings, self.model_name, self.parallel, pages)
+            self._pools = open_stores(configs, pages)
+            self._laid_out = True
+        if len(pages) > 1:
+            for name, config in configs.items():
+                log.info(
+                    "kvtier HiCache storage, SGLang's %r pool: %s, %d-byte pages, %d bytes of DRAM",
+                    name,
+                    config.model_id,
+                    pages[name].page_bytes,
+                    config.dram.capacity_bytes,
+                )
+
+    def _refuse(self, name: str, why: str) -> None:
+        self._refused[name] = why
+        log.warning(
+            "kvtier does not store SGLang's %r host pool (%s): every prefix that needs it misses "
+            "L3, and its backups report failure",
+            name,
+            why,
+        )
+
     @property
     def store(self) -> Store:
-        if self._store is None:
-            raise LayoutError("no host pool registered yet: SGLang calls register_mem_pool_host first")
-        return self._store
+        """The KV pool's store."""
+        return self._kv().store
 
     @property
     def pages(self) -> HostPages:
-        if self._pages is None:
+        """The KV pool's pages."""
+        return self._kv().pages
+
+    @property
+    def pools(self) -> Mapping[str, PoolStore]:
+        """Every host pool kvtier stores, by SGLang's pool name (``"kv"``, ``"mamba"``, ...)."""
+        self._lay_out()
+        return dict(self._pools)
+
+    @property
+    def refused_pools(self) -> Mapping[str, str]:
+        """The host pools SGLang registered that kvtier does not store, and why."""
+        return dict(self._refused)
+
+    def _kv(self) -> PoolStore:
+        self._lay_out()
+        pool = self._pools.get(KV)
+        if pool is None:
             raise LayoutError("no host pool registered yet: SGLang calls register_mem_pool_host first")
-        return self._pages
+        return pool
+
+    def _lay_out(self) -> None:
+        if not self._laid_out:
+            self.on_host_pools_registered()
+
+    def _pool(self, name: Any) -> PoolStore | None:
+        """The pool SGLang names in a v2 call, or None for one kvtier does not store."""
+        self._kv()
+        return self._pools.get(_pool_name(name))
 
     def keys(self, keys: Sequence[str]) -> BlockKeys:
-        """SGLang's page hash strings as kvtier keys of this backend's namespace."""
-        if isinstance(keys, str) or not isinstance(keys, Sequence):
-            raise LayoutError(f"keys are {type(keys).__name__}; expected a list of page hash strings")
-        namespace = self.store.namespace.hash
-        raw = bytearray()
-        for i, key in enumerate(keys):
-            if not isinstance(key, str) or not key:
-                raise LayoutError(f"keys[{i}] is {key!r}; expected a page hash string")
-            raw += hashlib.blake2b(key.encode(), digest_size=KEY_BYTES, key=namespace).digest()
-        return BlockKeys(namespace, bytes(raw))
+        """SGLang's page hash strings as kvtier keys of the KV pool's namespace."""
+        return self._kv().keys(keys)
 
     # ------------------------------------------------------- zero-copy (v1)
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Loads the stored prefix of ``keys`` straight into the host pool pages at
         ``host_indices``; ``True`` for each page that now holds its verified bytes."""
-        ids = self.pages.page_ids(host_indices, len(keys))
-        block_keys = self.keys(keys)
-        start = time.perf_counter()
-        with self.store.lease(block_keys) as lease:
-            hit = lease.hit_blocks
-            failed: tuple[int, ...] = ()
-            if hit:
-                report = self.store.load_into_pool(lease, self.pages.pool, ids[:hit])
-                failed = report.failed
-        done = [i < hit and i not in failed for i in range(len(keys))]
-        self._record(prefetch=True, pages=sum(done), seconds=time.perf_counter() - start)
-        return done
+        kv = self._kv()
+        ids = kv.pages.page_ids(host_indices, len(keys))
+        return self._load(kv, kv.keys(keys), ids)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Stores the host pool pages at ``host_indices`` under ``keys`` (pages already stored are
         skipped); ``True`` for each page the store holds afterwards."""
-        ids = self.pages.page_ids(host_indices, len(keys))
-        block_keys = self.keys(keys)
+        kv = self._kv()
+        ids = kv.pages.page_ids(host_indices, len(keys))
+        return self._save(kv, kv.keys(keys), ids)
+
+    def _load(self, pool: PoolStore, block_keys: BlockKeys, ids: Any) -> list[bool]:
+        """Loads the stored prefix of ``block_keys`` into ``pool``'s pages ``ids`` (both checked
+        by the caller); ``True`` for each page that now holds its verified bytes."""
+        if not len(block_keys):
+            return []
         start = time.perf_counter()
-        report = self.store.put_from_pool(block_keys, self.pages.pool, ids) if len(keys) else None
-        self._record(prefetch=False, pages=len(keys), seconds=time.perf_counter() - start)
-        if report is None or report.rejected == 0:
-            return [True] * len(keys)
-        return self._present(block_keys)
+        with pool.store.lease(block_keys) as lease:
+            hit = lease.hit_blocks
+            failed: tuple[int, ...] = ()
+            if hit:
+                report = pool.store.load_into_pool(lease, pool.pages.pool, ids[:hit])
+                failed = report.failed
+        done = [i < hit and i not in failed for i in range(len(block_keys))]
+        self._record(
+            prefetch=True,
+            pages=sum(done),
+            page_bytes=pool.pages.page_bytes,
+            seconds=time.perf_counter() - start,
+        )
+        return done
+
+    def _save(self, pool: PoolStore, block_keys: BlockKeys, ids: Any) -> list[bool]:
+        """Stores ``pool``'s pages ``ids`` under ``block_keys`` (both checked by the caller);
+        ``True`` for each page the store holds afterwards."""
+        if not len(block_keys):
+            return []
+        start = time.perf_counter()
+        report = pool.store.put_from_pool(block_keys, pool.pages.pool, ids)
+        self._record(
+            prefetch=False,
+            pages=len(block_keys),
+            page_bytes=pool.pages.page_bytes,
+            seconds=time.perf_counter() - start,
+        )
+        if report.rejected == 0:
+            return [True] * len(block_keys)
+        return [tier is not None for tier in pool.store.lookup_each(block_keys)]
+
+    # ----------------------------------------------------- hybrid pools (v2)
+    def batch_exists_v2(
+        self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None
+    ) -> PoolTransferResult:
+        """Which prefixes of ``keys`` (the KV pages' hashes) the KV pool and every pool in
+        ``pool_transfers`` can restore (``hybrid.py``): one KV lookup, one ``lookup_each`` per pool."""
+        kv = self._kv()
+        kv_pages = kv.store.lookup(kv.keys(keys)).hit_blocks if len(keys) else 0
+        presence = []
+        for transfer in pool_transfers or []:
+            pool = self._pool(transfer.name)
+            present: tuple[bool, ...] = (False,) * kv_pages
+            if pool is not None and kv_pages:
+                found = pool.store.lookup_each(pool.keys(keys[:kv_pages]))
+                present = tuple(tier is not None for tier in found)
+            window = max(1, len(transfer.keys or ()))
+            policy = str(getattr(transfer.hit_policy, "value", transfer.hit_policy))
+            presence.append(PoolPresence(_pool_name(transfer.name), policy, window, present))
+        verdict = hit_verdict(kv_pages, presence)
+        return PoolTransferResult(verdict.hit_pages, verdict.pool_hit_pages, list(verdict.restorable))
+
+    def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+        """Loads each transfer's pages (its ``keys`` into its pool's ``host_indices``); per pool,
+        ``True`` for each page that now holds its verified bytes. Every transfer is checked
+        before any page moves; a pool kvtier does not store answers ``False``."""
+        return {
+            t.name: self._load(t.pool, t.keys, t.ids) if t.pool and t.keys is not None else [False] * t.pages
+            for t in self._prepare(transfers)
+        }
+
+    def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+        """Stores each transfer's pages; per pool, ``True`` for each page stored afterwards."""
+        return {
+            t.name: self._save(t.pool, t.keys, t.ids) if t.pool and t.keys is not None else [False] * t.pages
+            for t in self._prepare(transfers)
+        }
+
+    def _prepare(self, transfers: Any) -> list[_Transfer]:
+        """Each transfer's pool, kvtier keys and page ids, every transfer's keys and indices
+        checked before any page moves; a pool kvtier does not store has none."""
+        if isinstance(transfers, str | bytes) or not isinstance(transfers, Sequence):
+            raise LayoutError(f"transfers are {type(transfers).__name__}; expected a list of PoolTransfer")
+        out = []
+        for transfer in transfers:
+            pool = self._pool(transfer.name)
+            keys = list(transfer.keys or [])
+            if pool is None:
+                out.append(_Transfer(transfer.name, len(keys)))
+                continue
+            indices = transfer.host_indices
+            empty = not keys and (indices is None or int(indices.numel()) == 0)
+            ids = None if empty else pool.pages.page_ids(indices, len(keys))
+            out.append(_Transfer(transfer.name, len(keys), pool, pool.keys(keys), ids))
+        return out
 
     # ------------------------------------------------------ tensor pages (v0)
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
@@ -156,17 +320,15 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
     ) -> list[torch.Tensor | None]:
         """Each key's page in its target (or a new flat page), or None from the first miss on."""
-        pages = self.pages
+        kv = self._kv()
         if target_locations is None:
             target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
         if len(target_locations) != len(keys):
             raise BufferError(f"{len(keys)} keys but {len(target_locations)} target locations")
-        views = [pages.page_view(t, f"target_locations[{i}]") for i, t in enumerate(target_locations)]
-        block_keys = self.keys(keys)
-        with self.store.lease(block_keys) as lease:
-            loaded = (
-                self.store.load(lease, views[: lease.hit_blocks]).loaded_blocks if lease.hit_blocks else 0
-            )
+        views = [kv.pages.page_view(t, f"target_locations[{i}]") for i, t in enumerate(target_locations)]
+        block_keys = kv.keys(keys)
+        with kv.store.lease(block_keys) as lease:
+            loaded = kv.store.load(lease, views[: lease.hit_blocks]).loaded_blocks if lease.hit_blocks else 0
         return [t if i < loaded else None for i, t in enumerate(target_locations)]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
@@ -181,52 +343,61 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             raise BufferError(f"{len(keys)} keys but {0 if values is None else len(values)} values")
         if not keys:
             return True
-        views = [self.pages.page_view(v, f"values[{i}]") for i, v in enumerate(values)]
-        block_keys = self.keys(keys)
-        report = self.store.put(block_keys, [v[0] for v in views])
-        return report.rejected == 0 or all(self._present(block_keys))
+        kv = self._kv()
+        views = [kv.pages.page_view(v, f"values[{i}]") for i, v in enumerate(values)]
+        block_keys = kv.keys(keys)
+        report = kv.store.put(block_keys, [v[0] for v in views])
+        return report.rejected == 0 or None not in kv.store.lookup_each(block_keys)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """Pages present, consecutive from the first: one lookup over every tier."""
-        return self.store.lookup(self.keys(keys)).hit_blocks if keys else 0
+        kv = self._kv()
+        return kv.store.lookup(kv.keys(keys)).hit_blocks if keys else 0
 
     # ----------------------------------------------------------------- admin
     def get_stats(self) -> KvtierStorageMetrics:
         """SGLang's per-call metrics since the last call (when ``enable_storage_metrics``) and
-        kvtier's counters (cumulative)."""
+        kvtier's counters (cumulative): the KV pool's store, and each other pool's."""
         with self._metrics_lock:
             metrics, self._metrics = self._metrics, KvtierStorageMetrics()
-        if self._store is not None:
-            metrics.kvtier = self._store.stats().as_dict()
+        for name, pool in self._pools.items():
+            stats = pool.store.stats().as_dict()
+            if name == KV:
+                metrics.kvtier = stats
+            else:
+                metrics.kvtier_pools[name] = stats
         return metrics
 
     def clear(self) -> None:
-        """Drops every page of this backend's namespace from every tier: DRAM, the SSD pool (synced,
-        so a restart does not bring them back) and the remote tier, where ranks and instances
-        sharing the namespace lose them too (as SGLang's Mooncake backend's `remove_all` does).
-        SGLang calls it after a weight update (its admin API) and on a PD role switch. Raises if
-        a tier could not be cleared (Redis down), after clearing the others."""
-        if self._store is None:
-            return  # no pool registered: nothing was stored
-        dropped = self._store.clear()
-        log.info("kvtier HiCache storage cleared: %d blocks dropped", dropped)
+        """Drops every page of this backend's namespaces (every host pool's) from every tier: DRAM,
+        the SSD pool (synced, so a restart does not bring them back) and the remote tier, where
+        ranks and instances sharing the namespace lose them too (as SGLang's Mooncake backend's
+        `remove_all` does). SGLang calls it after a weight update (its admin API) and on a PD role
+        switch. Raises if a tier could not be cleared (Redis down), after clearing the others."""
+        self._lay_out()  # pages stored by an earlier process are cleared too
+        failures: list[KvtierError] = []
+        for name, pool in list(self._pools.items()):
+            try:
+                dropped = pool.store.clear()
+            except KvtierError as e:
+                failures.append(e)
+                continue
+            log.info("kvtier HiCache storage cleared SGLang's %r pool: %d blocks dropped", name, dropped)
+        if failures:
+            raise failures[0]
 
     def close(self) -> None:
-        """Makes the SSD tier's pages durable and closes the store (a later register reopens)."""
-        store, self._store = self._store, None
-        if store is not None:
-            store.flush()
+        """Makes the SSD tiers' pages durable and closes the stores (a later register reopens)."""
+        pools, self._pools = self._pools, {}
+        close_stores(pools.values())
 
-    def _present(self, block_keys: BlockKeys) -> list[bool]:
-        return [self.store.lookup(block_keys[i : i + 1]).hit_blocks == 1 for i in range(len(block_keys))]
-
-    def _record(self, *, prefetch: bool, pages: int, seconds: float) -> None:
-        if not self._metrics_on or not pages or self._pages is None:
+    def _record(self, *, prefetch: bool, pages: int, page_bytes: int, seconds: float) -> None:
+        if not self._metrics_on or not pages:
             return
-        gb_per_s = pages * self._pages.page_bytes / 1e9 / max(seconds, 1e-9)
+        gb_per_s = pages * page_bytes / 1e9 / max(seconds, 1e-9)
         with self._metrics_lock:
             if prefetch:
                 self._metrics.prefetch_pgs.append(pages)
@@ -234,3 +405,22 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             else:
                 self._metrics.backup_pgs.append(pages)
                 self._metrics.backup_bandwidth.append(gb_per_s)
+
+
+class _Transfer(NamedTuple):
+    """One ``PoolTransfer`` of a v2 call, checked: SGLang's pool name (as given: the result's
+    key), its page count, and (for a pool kvtier stores) the pool, kvtier keys and page ids."""
+
+    name: Any
+    pages: int
+    pool: PoolStore | None = None
+    keys: BlockKeys | None = None
+    ids: Any = None
+
+
+def _pool_name(name: Any) -> str:
+    """SGLang's pool name (a ``PoolName``, a ``str`` enum) as its plain string value."""
+    value = getattr(name, "value", name)
+    if not isinstance(value, str) or not value:
+        raise LayoutError(f"host pool name {name!r}; expected one of SGLang's PoolName values")
+    return value

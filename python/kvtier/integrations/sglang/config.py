@@ -115,16 +115,37 @@ class Parallelism:
         return f"{name}-dp{self.dp_rank}" if self.dp_rank else name
 
 
-def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str) -> str:
+def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str, pool: str | None = None) -> str:
     """The namespace's model id: another model, TP split (except MLA), pipeline stage,
-    context-parallel rank or host layout never matches."""
+    context-parallel rank, host layout or host pool never matches. The KV pool's id has no
+    ``pool=`` part (the id it had before hybrid pools); every other pool's has its name."""
     tp = "mla" if parallel.is_mla else str(parallel.tp_size)
     out = f"sglang|{model}|tp={tp}|layout={layout_tag}"
     if parallel.pp_size > 1:
         out += f"|pp={parallel.pp_rank}/{parallel.pp_size}"
     if parallel.cp_size > 1:
         out += f"|cp={parallel.cp_rank}/{parallel.cp_size}"
+    if pool is not None:
+        out += f"|pool={pool}"
     return out
+
+
+@dataclass(frozen=True)
+class PoolPart:
+    """One of a hybrid model's host pools, sharing the backend's tiers with the others
+    (``pools.store_configs``): its name (None: the KV pool) and its share of the DRAM and SSD
+    capacities."""
+
+    name: str | None
+    dram_bytes: int
+    ssd_bytes: int | None
+
+    def __post_init__(self) -> None:
+        name = self.name
+        if name is not None and (
+            not name or not all(c.isascii() and (c.isalnum() or c == "_") for c in name)
+        ):
+            raise ConfigError(f"SGLang host pool name {self.name!r}; expected letters, digits and '_'")
 
 
 @dataclass(frozen=True)
@@ -166,10 +187,12 @@ class BackendSettings:
         layout_tag: str,
         *,
         probe: bool = False,
+        part: PoolPart | None = None,
     ) -> StoreConfig:
         """The StoreConfig of one backend. A user `model_id` stands for SGLang's model name (to
         share KV between two paths of the same weights); the parallel layout and the host layout
-        stay in the id. With several ranks, each opens its own subdirectory of `ssd.directory`."""
+        stay in the id. With several ranks, each opens its own subdirectory of `ssd.directory`.
+        With ``part``, the store of one of a hybrid model's other host pools (`PoolPart`)."""
         fields = self.store_keys.sections()
         user_model = fields.pop("model_id", None)
         name = user_model or model
@@ -184,20 +207,41 @@ class BackendSettings:
             # One metrics endpoint per process's store: port + the process's index over TP, PP, CP.
             fields["metrics_port"] = port + parallel.process_index
         fields["geometry"] = geometry.to_dict()
-        fields["model_id"] = namespace_model_id(name, parallel, layout_tag)
+        fields["model_id"] = namespace_model_id(name, parallel, layout_tag, part.name if part else None)
         fields["rank"] = parallel.namespace_rank
         ssd = fields.get("ssd")
         directory = ssd.get("directory") if isinstance(ssd, dict) else None
-        if isinstance(ssd, dict) and directory is not None and parallel.directory_name and not probe:
-            if not isinstance(directory, str | Path):
-                raise ConfigError(f"`ssd.directory` is {directory!r}; expected a directory path")
-            sub = Path(directory) / parallel.directory_name
-            try:
-                sub.mkdir(exist_ok=True)  # the parent must exist: a mistyped path is not created
-            except OSError as e:
-                raise ConfigError(
-                    f"`ssd.directory` {str(directory)!r}: cannot create this rank's subdirectory "
-                    f"{sub.name!r}: {e.strerror or e}; expected an existing, writable directory"
-                ) from None
-            ssd["directory"] = str(sub)
+        if isinstance(ssd, dict) and directory is not None and not probe:
+            if parallel.directory_name:
+                ssd["directory"] = str(_subdirectory(directory, parallel.directory_name, "this rank's"))
+            if part is not None and part.name is not None:  # an SSD pool has one owner: its own
+                ssd["directory"] = str(_subdirectory(ssd["directory"], f"pool-{part.name}", "a host pool's"))
+        if part is not None:
+            _apply_part(fields, part)
         return self.store_keys.build(fields)
+
+
+def _subdirectory(directory: Any, name: str, whose: str) -> Path:
+    """``directory/name``, created if missing (the parent must exist: a mistyped path is not)."""
+    if not isinstance(directory, str | Path):
+        raise ConfigError(f"`ssd.directory` is {directory!r}; expected a directory path")
+    sub = Path(directory) / name
+    try:
+        sub.mkdir(exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"`ssd.directory` {str(directory)!r}: cannot create {whose} subdirectory "
+            f"{sub.name!r}: {e.strerror or e}; expected an existing, writable directory"
+        ) from None
+    return sub
+
+
+def _apply_part(fields: dict[str, Any], part: PoolPart) -> None:
+    """One host pool's share of the tiers (`PoolPart`): its DRAM and SSD capacities, and for a
+    pool other than KV its SSD pool in its own directory's file (`ssd.devices` hold the KV pool's)."""
+    fields["dram"]["capacity_bytes"] = part.dram_bytes
+    ssd = fields.get("ssd")
+    if isinstance(ssd, dict) and part.ssd_bytes is not None:
+        ssd["capacity_bytes"] = part.ssd_bytes
+        if part.name is not None:
+            ssd["devices"] = []

@@ -21,6 +21,12 @@ The byte order differs between layouts, so the layout (and dtype) is part of the
 page written under one layout is never read under another. SGLang keeps fp8 KV as uint8 whatever
 its format, so a uint8 pool needs the format named (`kv_cache_dtype`), and the namespace holds
 it. Each run is a region of a kvtier :class:`~kvtier.layout.PagedPool` (first axis: page id).
+
+A hybrid model's Mamba state pool (``MambaPoolHost``, layouts page_first and page_first_direct,
+whose buffers are both slot-major) has pages of one slot (``page_size`` 1): one request's state
+snapshot, the runs ``temporal_buffer[slot]``, each ``conv_buffer[i][slot]``, then each
+``slot_state_buffers[i][slot]`` (SGLang's ``_iter_page_tensors`` order; a conv-only model's empty
+temporal buffer has no bytes). Their dtypes and shapes are in its layout tag.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ DTYPES = {
     torch.uint8: ("", None),
 }
 # Host pool classes by kind; subclasses with other buffers (K-only, asymmetric, mxfp8) are refused.
-KINDS = {"MHATokenToKVPoolHost": "mha", "MLATokenToKVPoolHost": "mla"}
+KINDS = {"MHATokenToKVPoolHost": "mha", "MLATokenToKVPoolHost": "mla", "MambaPoolHost": "mamba"}
+#: Mamba state pool layouts (SGLang allows no other): both keep every buffer slot-major.
+MAMBA_LAYOUTS = ("page_first", "page_first_direct")
 # (kind, layout) -> (axis of kv_buffer that indexes tokens or pages, whether it counts tokens).
 PAGE_AXIS = {
     ("mha", "layer_first"): (2, True),
@@ -117,6 +125,26 @@ def _geometry(kind: str, pool: Any, dtype: str, page_bytes: int) -> Geometry:
     return geometry
 
 
+def _state_runs(host_pool: Any) -> tuple[list[npt.NDArray[np.uint8]], list[str]]:
+    """The slot-major buffers of a Mamba state pool as ``(slots, bytes)`` views, in SGLang's page
+    order, with a ``name=dtype[shape]`` description of each (empty buffers have no bytes)."""
+    name, slots = type(host_pool).__name__, int(host_pool.size)
+    buffers = [("temporal", host_pool.temporal_buffer)]
+    buffers += [(f"conv{i}", b) for i, b in enumerate(host_pool.conv_buffer)]
+    buffers += [(f"side{i}", b) for i, b in enumerate(host_pool.slot_state_buffers)]
+    runs, parts = [], []
+    for label, buffer in buffers:
+        if not isinstance(buffer, torch.Tensor) or buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise BufferError(f"{name}.{label} buffer is not a contiguous host tensor")
+        if buffer.ndim < 1 or buffer.shape[0] != slots:
+            raise LayoutError(f"{name}.{label} buffer is {tuple(buffer.shape)}; expected {slots} slots first")
+        if buffer.numel() == 0:
+            continue  # a conv-only model's temporal state: SGLang's page holds no bytes of it
+        runs.append(buffer.reshape(slots, -1).view(torch.uint8).numpy())
+        parts.append(f"{label}={str(buffer.dtype).removeprefix('torch.')}{list(buffer.shape[1:])}")
+    return runs, parts
+
+
 @dataclass(frozen=True)
 class HostPages:
     """Views of one SGLang host pool, page by page (zero copy), and the geometry of a page."""
@@ -137,8 +165,11 @@ class HostPages:
         name = type(host_pool).__name__
         kind = KINDS.get(name)
         layout = str(getattr(host_pool, "layout", None))
+        if kind == "mamba" and layout in MAMBA_LAYOUTS:
+            return cls._from_state_pool(host_pool, layout)
         if kind is None or (kind, layout) not in PAGE_AXIS:
             supported = sorted(f"{c} {lay}" for c, k in KINDS.items() for (k2, lay) in PAGE_AXIS if k == k2)
+            supported += [f"MambaPoolHost {lay}" for lay in MAMBA_LAYOUTS]
             raise LayoutError(
                 f"kvtier cannot store pages of a {name} with layout {layout!r}; supported: {supported}"
             )
@@ -183,6 +214,34 @@ class HostPages:
             num_pages=num_pages,
             page_bytes=page_bytes,
             dtype=buffer.dtype,
+        )
+
+    @classmethod
+    def _from_state_pool(cls, host_pool: Any, layout: str) -> HostPages:
+        """A Mamba state pool: a page is one slot (module docs). Its geometry only sizes the
+        object (2 bytes of "KV" and the rest as an extra group); what the bytes are is in the tag."""
+        name = type(host_pool).__name__
+        if int(host_pool.page_size) != 1:
+            raise LayoutError(f"{name} has page_size={host_pool.page_size}; expected 1 (one state per slot)")
+        runs, parts = _state_runs(host_pool)
+        if not runs:
+            raise LayoutError(f"{name} holds no state bytes")
+        pool = PagedPool([[run] for run in runs])
+        page_bytes = pool.block_bytes
+        if page_bytes != host_pool.get_size_per_token() or page_bytes < 3:
+            raise LayoutError(
+                f"{name} pages are {host_pool.get_size_per_token()} bytes; its buffers hold {page_bytes}"
+            )
+        geometry = Geometry(1, 1, 1, "fp8_e4m3", 1, (ExtraGroup("mamba_state", page_bytes - 2),))
+        return cls(
+            pool=pool,
+            geometry=geometry,
+            layout_tag=f"mamba-{layout}-{'+'.join(parts)}",
+            is_mla=False,
+            page_size=1,
+            num_pages=int(host_pool.size),
+            page_bytes=page_bytes,
+            dtype=torch.uint8,
         )
 
     def page_ids(self, host_indices: Any, count: int) -> npt.NDArray[np.int64]:
