@@ -21,18 +21,22 @@ blocks of a job in flight.
 
 from __future__ import annotations
 
+import numbers
 import operator
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from kvtier import _core
-from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
+from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError, shown
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
 from kvtier.layout import PagedPool, buffer_array, int64_overflow, pool_num_blocks
+from kvtier.schema import Section
 from kvtier.store import Store
 
 #: Every block outcome, in the order of the Rust enum.
@@ -101,14 +105,16 @@ STAGE_WORKERS_MAX = 64
 
 
 @dataclass(frozen=True)
-class TransferConfig:
-    """Shape and bounds of a :class:`TransferEngine` (units in the names).
+class TransferConfig(Section):
+    """Shape and bounds of a :class:`TransferEngine` (units in the names); :meth:`from_dict` reads
+    a mapping of these fields (an unknown key is a :class:`ConfigError` naming it).
 
     How blocks are stored is the store's configuration (``ssd.codec``, ``remote.codec``): a load
     moves each block's bytes as its tier stores them and decodes them by the codec the stored
     object records; a store job puts raw blocks and the store encodes them per tier.
     """
 
+    LABEL: ClassVar[str] = "transfer config"
     #: Blocks per chunk (the unit each stage processes).
     chunk_blocks: int = 4
     #: Chunk regions per stage buffer: chunks in flight. Bigger jobs run in rounds.
@@ -124,13 +130,14 @@ class TransferConfig:
     #: Benchmark only (ShadowServe "No MM"): allocate stage buffers per chunk.
     allocate_per_chunk: bool = False
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         for name, most in _CONFIG_MOST.items():
             _positive(name, getattr(self, name), most)
-        if len(self.stage_workers) != 4:
+        if not isinstance(self.stage_workers, Sequence) or len(self.stage_workers) != 4:
             raise ConfigError(
-                f"stage_workers has {len(self.stage_workers)} entries; expected 4 ({STAGE_NAMES})"
+                f"stage_workers is {shown(self.stage_workers)}; expected 4 worker counts {STAGE_NAMES}"
             )
+        object.__setattr__(self, "stage_workers", tuple(self.stage_workers))
         for name, n in zip(STAGE_NAMES, self.stage_workers, strict=True):
             _positive(f"stage_workers[{name}]", n, STAGE_WORKERS_MAX)
 
@@ -208,10 +215,16 @@ class TransferEngine:
     :class:`~kvtier.layout.PagedPool` objects. Paged jobs queue for the ``store_workers`` (loads
     first)."""
 
-    def __init__(self, store: Store, config: TransferConfig | None = None) -> None:
+    def __init__(self, store: Store, config: TransferConfig | Mapping[str, Any] | None = None) -> None:
         if not isinstance(store, Store):
             raise TypeError(f"TransferEngine needs a kvtier.Store; got {type(store).__name__}")
-        self.config = config or TransferConfig()
+        if isinstance(config, Mapping):
+            config = TransferConfig.from_dict(config)
+        elif config is not None and not isinstance(config, TransferConfig):
+            raise TypeError(
+                f"TransferEngine's config is a {type(config).__name__}; expected a TransferConfig"
+            )
+        self.config = config if config is not None else TransferConfig()
         self.store = store
         self.geometry: Geometry = store.config.geometry
         self._core = _core.TransferEngine(store._core, self.config)
