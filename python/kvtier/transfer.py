@@ -202,10 +202,18 @@ def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
 
 
 def balanced_stage_workers(rates_bytes_per_s: Sequence[float], threads: int) -> tuple[int, int, int, int]:
-    """Workers per stage so stage throughputs match, from per-worker rates (ShadowServe §4.3)."""
-    if len(rates_bytes_per_s) != 4:
-        raise ConfigError(f"expected 4 stage rates ({STAGE_NAMES}); got {len(rates_bytes_per_s)}")
-    r = [float(x) for x in rates_bytes_per_s]
+    """Workers per stage so stage throughputs match, from per-worker rates (ShadowServe §4.3): one
+    rate per stage of :data:`STAGE_NAMES`, finite bytes/s >= 0 (0: the stage did no work; it keeps
+    one worker), ``threads`` >= 1 (fewer than 4 still give each stage one). A bad value is a
+    :class:`ConfigError` naming it."""
+    rates = rates_bytes_per_s
+    if isinstance(rates, str | bytes) or not isinstance(rates, Sequence) or len(rates) != 4:
+        raise ConfigError(f"rates_bytes_per_s is {shown(rates)}; expected 4 stage rates {STAGE_NAMES}")
+    for i, x in enumerate(rates):
+        # Compared before any float conversion (a huge int would overflow it); NaN fails.
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 <= x <= sys.float_info.max:
+            raise ConfigError(f"rates_bytes_per_s[{i}] is {shown(x)}; expected finite bytes/s >= 0")
+    r = [float(x) for x in rates]
     w = _core.balanced_stage_workers((r[0], r[1], r[2], r[3]), threads)
     return (w[0], w[1], w[2], w[3])
 
