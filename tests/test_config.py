@@ -208,7 +208,10 @@ def test_binding_reads_every_key_python_declares_by_its_name(tmp_path: Path) -> 
     [
         ({"lease_ttl": 3.0}, r"unknown store config key\(s\) `lease_ttl` \(did you mean 'lease_ttl_s'\?\)"),
         ({"dram": {"capacity_byte": 2**16}}, r"`dram\.capacity_byte` \(did you mean 'capacity_bytes'\?\)"),
-        ({"dram": {"capacity_bytes": 2**16, 7: 1}}, r"`dram\.7`; expected some of \{\"capacity_bytes\", \"prefault\"\}"),
+        (
+            {"dram": {"capacity_bytes": 2**16, 7: 1}},
+            r"`dram\.7`; expected some of \{\"capacity_bytes\", \"prefault\"\}",
+        ),
         (
             {"ssd": {"directory": "/nonexistent", "admision_k": 2}},
             r"`ssd\.admision_k` \(did you mean 'admission_k'\?\)",
