@@ -134,6 +134,61 @@ def test_two_stores_share_a_port_and_a_dropped_store_leaves_the_scrape(tmp_path:
     assert all(dict(ls).get("namespace") != gone for (_, ls) in samples)
 
 
+def test_two_live_stores_of_one_namespace_are_two_series() -> None:
+    # One label set with two values would be one series that jumps between two stores' counters.
+    def config(port: int) -> StoreConfig:
+        return StoreConfig(
+            geometry=GEOMETRY, model_id="twin", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
+        )
+
+    first = store_on_free_port(config)
+    second = Store(config(first.config.metrics_port or 0))
+    ns = namespace_label(first)
+    keys = block_keys(first.namespace, np.arange(16 * 2, dtype=np.uint32))
+    first.put(keys, np.zeros((2, GEOMETRY.block_bytes), np.uint8))
+    text, samples = scrape(first)
+    assert text.count("kvtier_store_put_blocks_total{") == 2
+    assert value(samples, "kvtier_store_put_blocks_total", namespace=ns) == 2
+    assert value(samples, "kvtier_store_put_blocks_total", namespace=f"{ns}-2") == 0
+    assert (first.metrics_label, second.metrics_label) == (ns, f"{ns}-2")
+    del first
+    gc.collect()
+    third = Store(config(second.config.metrics_port or 0))  # the label that is free again
+    assert third.metrics_label == ns and second.metrics_label == f"{ns}-2"
+
+
+def test_transfer_stage_counters_never_go_back_when_an_engine_is_collected() -> None:
+    store = store_on_free_port(
+        lambda port: StoreConfig(
+            geometry=GEOMETRY, model_id="engines", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
+        )
+    )
+    ns = namespace_label(store)
+    keys = block_keys(store.namespace, np.arange(16 * 4, dtype=np.uint32))
+    store.put(keys, np.ones((4, GEOMETRY.block_bytes), np.uint8))
+    engines = [TransferEngine(store), TransferEngine(store)]
+    for engine in engines:
+        [job] = engine.wait([engine.submit_load(keys, layout.alloc_pool(GEOMETRY, 4), range(4))])
+        assert job.ok
+    _, before = scrape(store)
+    del engine, engines[0]
+    gc.collect()
+    _, after = scrape(store)
+    assert value(after, "kvtier_transfer_engines", namespace=ns) == 1
+    for stage in ("read", "scatter"):
+        counted = value(before, "kvtier_transfer_stage_bytes_total", stage=stage, namespace=ns)
+        assert counted == 2 * 4 * GEOMETRY.block_bytes
+        assert value(after, "kvtier_transfer_stage_bytes_total", stage=stage, namespace=ns) == counted
+        assert value(after, "kvtier_transfer_stage_workers", stage=stage, namespace=ns) == 1  # alive only
+    del engines
+    gc.collect()
+    _, gone = scrape(store)
+    assert value(gone, "kvtier_transfer_engines", namespace=ns) == 0
+    assert value(gone, "kvtier_transfer_stage_chunks_total", stage="read", namespace=ns) == value(
+        before, "kvtier_transfer_stage_chunks_total", stage="read", namespace=ns
+    )
+
+
 def test_every_declared_metric_is_exported_and_no_other(tmp_path: Path) -> None:
     (tmp_path / "ssd").mkdir()
     with LocalRedis(tmp_path / "redis") as redis:

@@ -21,6 +21,7 @@ blocks of a job in flight.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import operator
 import sys
@@ -185,6 +186,10 @@ class StageStats:
         return self.bytes / self.busy_s if self.busy_s > 0 else 0.0
 
 
+def _stage_stats(core: _core.TransferEngine) -> list[StageStats]:
+    return [StageStats(*s) for s in core.stage_stats()]
+
+
 def _job(t: tuple[int, str, list[str], bool, int, float]) -> FinishedJob:
     return FinishedJob(t[0], t[1], tuple(t[2]), t[3], t[4], t[5])
 
@@ -239,7 +244,7 @@ class TransferEngine:
         if store.config.metrics_port is not None:  # its stage statistics join the store's metrics
             from kvtier.metrics import watch_engine
 
-            watch_engine(self)
+            watch_engine(self, functools.partial(_stage_stats, self._core))
 
     def _check(self, keys: BlockKeys, pool: np.ndarray) -> int:
         self._check_keys(keys)
@@ -317,7 +322,7 @@ class TransferEngine:
 
     def stage_stats(self) -> list[StageStats]:
         """Busy time, bytes and chunks per stage since the engine started."""
-        return [StageStats(*s) for s in self._core.stage_stats()]
+        return _stage_stats(self._core)
 
     def balanced_stage_workers(self, threads: int) -> tuple[int, int, int, int]:
         """A stage split for ``threads`` from this engine's measured per-worker stage rates: the
