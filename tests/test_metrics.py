@@ -228,6 +228,19 @@ def test_a_port_taken_by_another_program_is_a_config_error() -> None:
             )
 
 
+@pytest.mark.parametrize("addr", ["no-such-host.invalid", "999.1.1.1", " 127.0.0.1"])
+def test_an_address_that_cannot_be_bound_is_a_config_error_naming_it(addr: str) -> None:
+    with pytest.raises(ConfigError, match=rf"`metrics_port` \d+ on `metrics_addr` {re.escape(repr(addr))}: "):
+        Store(
+            StoreConfig(
+                geometry=GEOMETRY,
+                dram=DramConfig(capacity_bytes="1MiB"),
+                metrics_port=free_port(),
+                metrics_addr=addr,
+            )
+        )
+
+
 def test_docs_list_every_metric_and_the_dashboard_queries_only_real_ones() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     listed = set(re.findall(r"`(kvtier_[a-z0-9_]+)`", doc))

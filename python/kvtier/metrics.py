@@ -310,7 +310,7 @@ _servers_lock = threading.Lock()
 def serve(store: Store, port: int, addr: str = "127.0.0.1") -> str:
     """Exports `store` on ``http://addr:port/metrics`` (starting the endpoint on first use of
     that address in this process); returns its ``namespace`` label there (:meth:`StoreCollector.add`).
-    Raises ConfigError naming `metrics_port` when it cannot bind."""
+    Raises ConfigError naming `metrics_port` and `metrics_addr` when it cannot bind there."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as e:
@@ -326,7 +326,9 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> str:
             try:
                 start_http_server(port, addr=addr, registry=registry)
             except OSError as e:
-                raise ConfigError(f"`metrics_port` {port} on {addr}: cannot serve metrics there ({e})") from e
+                raise ConfigError(
+                    f"`metrics_port` {port} on `metrics_addr` {addr!r}: cannot serve metrics there ({e})"
+                ) from e
             _servers[(addr, port)] = collector
         return collector.add(store)
 
