@@ -50,6 +50,35 @@ def test_report_of_a_directory_without_results_names_it(tmp_path: Path) -> None:
         write_html(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe{}", r"not a readable JSON file \('utf-8' codec"),
+        (
+            b'{"series": {"lru": [{"rate_per_s": 1}]}, "config": "c"}',
+            r"sim sweep result but is not one \(no 'ttft_s'\)",
+        ),
+        (b'{"series": [1, 2]}', r"sim sweep result but is not one \(.*'list' object"),
+        (b'{"ttft_s": {}, "config": "c"}', r"sim run result but is not one \(no 'tpot_s'\)"),
+        (
+            b'{"ttft_s": 1, "tpot_s": 1, "hit_rate_tokens": 1, "config": "c", "requests": 1, "model": "m", '
+            b'"hardware": "h", "policy": {"name": "p"}}',
+            r"sim run result but is not one \(.*'int' object is not subscriptable",
+        ),
+    ],
+)
+def test_a_result_file_that_is_not_what_it_looks_like_is_named(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    (tmp_path / "x.json").write_bytes(content)
+    with pytest.raises(KvtierError, match=rf"{re.escape(str(tmp_path))}/x\.json: .*{message}"):
+        write_html(tmp_path)
+    (tmp_path / "other.json").write_text('{"panels": []}')  # a JSON file of something else: skipped
+    (tmp_path / "x.json").unlink()
+    with pytest.raises(KvtierError, match="nothing to report"):
+        write_html(tmp_path)
+
+
 def test_rows_written_before_their_later_fields_read_back_with_them_empty() -> None:
     old = {"paper": "x", "metric": "m", "paper_ratio": None, "kvtier_ratio": 2, "paper_range": [1, 3]}
     (row,) = reproduction_rows({"rows": [old]}, "rows.json")
