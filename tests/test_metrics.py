@@ -7,6 +7,7 @@ import gc
 import json
 import re
 import socket
+import threading
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from kvtier import DramConfig, RemoteConfig, SsdConfig, Store, StoreConfig, layo
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
 from kvtier.keys import block_keys
-from kvtier.metrics import METRICS, namespace_label, parse
+from kvtier.metrics import CLOSER_THREAD, METRICS, namespace_label, parse
 from kvtier.testing.redis import LocalRedis, free_port
 from kvtier.transfer import TransferEngine
 
@@ -226,6 +227,38 @@ def test_a_port_taken_by_another_program_is_a_config_error() -> None:
                     metrics_port=port,
                 )
             )
+
+
+def wait_for_closers() -> None:
+    """Joins the threads that close endpoints whose stores are gone."""
+    for thread in threading.enumerate():
+        if thread.name == CLOSER_THREAD:
+            thread.join()
+
+
+def test_an_endpoint_closes_once_its_last_store_is_collected() -> None:
+    def config(port: int) -> StoreConfig:
+        return StoreConfig(
+            geometry=GEOMETRY, model_id="closing", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
+        )
+
+    first = store_on_free_port(config)
+    port = first.config.metrics_port or 0
+    second = Store(config(port))
+    del first
+    gc.collect()
+    wait_for_closers()
+    scrape(second)  # one store is left: still served
+    del second
+    gc.collect()
+    wait_for_closers()
+    with socket.socket() as probe:  # the port is free again (it stayed bound for the process's life)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: past TIME_WAIT
+        probe.bind(("127.0.0.1", port))
+        probe.listen()
+    third = Store(config(port))  # and a store opens an endpoint there again
+    _, samples = scrape(third)
+    assert value(samples, "kvtier_store_put_blocks_total", namespace=namespace_label(third)) == 0
 
 
 @pytest.mark.parametrize("addr", ["no-such-host.invalid", "999.1.1.1", " 127.0.0.1"])

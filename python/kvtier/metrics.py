@@ -282,6 +282,11 @@ class StoreCollector:
                 self._stores[store] = label
             return self._stores[store]
 
+    def stores(self) -> list[Store]:
+        """The live stores it exports."""
+        with self._lock:
+            return list(self._stores)
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -303,13 +308,25 @@ class StoreCollector:
         yield from families.values()
 
 
-_servers: dict[tuple[str, int], StoreCollector] = {}
+@dataclass(frozen=True)
+class _Endpoint:
+    """One ``/metrics`` HTTP server of this process and the stores it exports."""
+
+    collector: StoreCollector
+    server: Any  # prometheus_client's WSGI server
+    thread: threading.Thread
+
+
+_servers: dict[tuple[str, int], _Endpoint] = {}
 _servers_lock = threading.Lock()
+#: The name of the thread that closes an endpoint whose stores are gone (tests wait for it).
+CLOSER_THREAD = "kvtier-metrics-close"
 
 
 def serve(store: Store, port: int, addr: str = "127.0.0.1") -> str:
     """Exports `store` on ``http://addr:port/metrics`` (starting the endpoint on first use of
-    that address in this process); returns its ``namespace`` label there (:meth:`StoreCollector.add`).
+    that address in this process, and closing it once every store it exports is collected);
+    returns its ``namespace`` label there (:meth:`StoreCollector.add`).
     Raises ConfigError naming `metrics_port` and `metrics_addr` when it cannot bind there."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
@@ -318,19 +335,37 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> str:
             "`metrics_port` needs the prometheus_client package (pip install prometheus_client)"
         ) from e
     with _servers_lock:
-        collector = _servers.get((addr, port))
-        if collector is None:
+        endpoint = _servers.get((addr, port))
+        if endpoint is None:
             collector = StoreCollector()
             registry = CollectorRegistry(auto_describe=False)
             registry.register(collector)
             try:
-                start_http_server(port, addr=addr, registry=registry)
+                server, thread = start_http_server(port, addr=addr, registry=registry)
             except OSError as e:
                 raise ConfigError(
                     f"`metrics_port` {port} on `metrics_addr` {addr!r}: cannot serve metrics there ({e})"
                 ) from e
-            _servers[(addr, port)] = collector
-        return collector.add(store)
+            endpoint = _servers[(addr, port)] = _Endpoint(collector, server, thread)
+        label = endpoint.collector.add(store)
+    # A store may be collected anywhere (inside a scrape, or here under the lock): the endpoint is
+    # looked at, and closed if no store is left, on a thread of its own.
+    closer = threading.Thread(target=_close_if_unused, args=((addr, port),), name=CLOSER_THREAD, daemon=True)
+    weakref.finalize(store, closer.start).atexit = False
+    return label
+
+
+def _close_if_unused(where: tuple[str, int]) -> None:
+    """Stops and closes the endpoint at `where` (its port is free again) if it exports no live
+    store; under the lock, so that a store opening there meanwhile finds it open or finds none."""
+    with _servers_lock:
+        endpoint = _servers.get(where)
+        if endpoint is None or endpoint.collector.stores():
+            return
+        del _servers[where]
+        endpoint.server.shutdown()
+        endpoint.server.server_close()
+        endpoint.thread.join()
 
 
 def parse(text: str) -> Mapping[tuple[str, tuple[tuple[str, str], ...]], float]:
