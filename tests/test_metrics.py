@@ -11,6 +11,7 @@ import threading
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -285,3 +286,33 @@ def test_docs_list_every_metric_and_the_dashboard_queries_only_real_ones() -> No
     assert exprs
     used = {n for e in exprs for n in re.findall(r"kvtier_[a-z0-9_]+", e)}
     assert used and used <= declared, f"dashboard queries unknown metrics {sorted(used - declared)}"
+
+
+def dashboard_unit(panel: dict[str, Any], ref_id: str) -> str:
+    """The unit Grafana shows target `ref_id` of `panel` in: its override, or the panel's."""
+    config = panel["fieldConfig"]
+    for override in config.get("overrides", []):
+        if override["matcher"] == {"id": "byFrameRefID", "options": ref_id}:
+            units = [p["value"] for p in override["properties"] if p["id"] == "unit"]
+            if units:
+                return str(units[0])
+    return str(config["defaults"]["unit"])
+
+
+def test_the_dashboard_shows_each_query_in_its_unit_and_never_divides_by_zero() -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana-kvtier.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr, where = target["expr"], f"{panel['title']!r} {target['refId']}"
+            if "/" in expr:  # a ratio: its denominator is kept from 0 (no NaN/+Inf for an empty tier)
+                expected = "percentunit"
+                assert "clamp_min(" in expr or "> 0)" in expr, f"{where} may divide by zero: {expr}"
+            elif "_seconds" in expr and "rate(" not in expr:
+                expected = "s"
+            elif re.search(r"rate\(kvtier_\w*bytes\w*_total", expr):
+                expected = "Bps"
+            elif "rate(" in expr:
+                expected = "ops"
+            else:
+                expected = "short"
+            assert dashboard_unit(panel, target["refId"]) == expected, f"{where}: {expr}"
