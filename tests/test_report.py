@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.cli import main
 from kvtier.errors import KvtierError
 from kvtier.report import reproduction_rows, write_html
 
@@ -77,6 +78,20 @@ def test_a_result_file_that_is_not_what_it_looks_like_is_named(
     (tmp_path / "x.json").unlink()
     with pytest.raises(KvtierError, match="nothing to report"):
         write_html(tmp_path)
+
+
+def test_an_out_path_that_cannot_be_written_is_named_as_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "rows.json").write_text('{"rows": []}')
+    (tmp_path / "a-dir").mkdir()
+    for out, problem in (
+        (tmp_path / "a-dir", "is a directory"),
+        (tmp_path / "no" / "r.html", "does not exist"),
+    ):
+        assert main(["report", str(tmp_path), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and problem in err and ".tmp" not in err, err  # not the temp file's name
 
 
 def test_rows_written_before_their_later_fields_read_back_with_them_empty() -> None:

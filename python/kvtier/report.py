@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from kvtier.errors import KvtierError, shown
-from kvtier.results import field_of, replacing
+from kvtier.results import field_of, output_file, replacing
 
 if TYPE_CHECKING:  # the simulator is loaded by the command that runs it, not by every CLI start
     from kvtier.sim.reproduce import RowJson
@@ -220,6 +220,6 @@ def add_command(sub: Any) -> None:
     cmd.add_argument("--out", default=None, help="the HTML file (default DIRECTORY/report.html)")
 
     def main(args: argparse.Namespace) -> None:
-        print(write_html(args.directory, args.out))
+        print(write_html(args.directory, output_file(args.out, "--out")))
 
     cmd.set_defaults(func=main)
