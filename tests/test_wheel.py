@@ -1,6 +1,7 @@
 """The wheel works on its own (issue 21): `maturin build --release` makes a manylinux abi3 wheel;
 installed into a fresh venv with nothing from the checkout, it runs `kvtier demo`, `kvtier sim run`
-on a bundled experiment and `kvtier bench store --json` from a directory outside the checkout."""
+on a bundled experiment, `kvtier report` of that run and `kvtier bench store --json` from a
+directory outside the checkout, and a store there serves /metrics that `kvtier top` reads."""
 
 from __future__ import annotations
 
