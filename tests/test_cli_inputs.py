@@ -119,6 +119,18 @@ def test_a_mistyped_value_or_misspelt_name_is_named(
     assert needle in error_of(capsys)
 
 
+@pytest.mark.parametrize("bench", ["layout", "store", "codec", "transfer"])
+def test_a_negative_thread_count_is_refused_before_the_bench(
+    bench: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # bench codec raised ValueError("max_workers must be greater than 0"); bench transfer failed
+    # only after building its stores and calibrating.
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["bench", bench, "--threads", "-1"])
+    assert exit.value.code == 2
+    assert "argument --threads: -1 is not >= 0" in error_of(capsys)
+
+
 @pytest.mark.parametrize("flags", [["--copies", "4"], ["--policies", "fcfs"], ["--engines", "2"]])
 def test_bench_sim_refuses_scaling_flags_without_scaling(
     capsys: pytest.CaptureFixture[str], flags: list[str]

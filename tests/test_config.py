@@ -10,7 +10,9 @@ import pytest
 import kvtier
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
+from kvtier.remote import RemotePool
 from kvtier.schema import Section
+from kvtier.transfer import TransferConfig, TransferEngine
 
 
 def test_from_dict_with_preset_and_sizes() -> None:
@@ -199,6 +201,54 @@ def test_binding_reads_every_key_python_declares_by_its_name(tmp_path: Path) -> 
         declared |= {f"{name}.{f.name}" for f in dataclasses.fields(getattr(config, name))}
     pool_only = {"ssd.throttle_bytes_per_s", "ssd.min_object_bytes", "ssd.compact_min_records"}
     assert read - pool_only == declared
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"lease_ttl": 3.0}, r"unknown store config key\(s\) `lease_ttl` \(did you mean 'lease_ttl_s'\?\)"),
+        ({"dram": {"capacity_byte": 2**16}}, r"`dram\.capacity_byte` \(did you mean 'capacity_bytes'\?\)"),
+        (
+            {"dram": {"capacity_bytes": 2**16, 7: 1}},
+            r"`dram\.7`; expected some of \{\"capacity_bytes\", \"prefault\"\}",
+        ),
+        (
+            {"ssd": {"directory": "/nonexistent", "admision_k": 2}},
+            r"`ssd\.admision_k` \(did you mean 'admission_k'\?\)",
+        ),
+        (
+            {"remote": {"urls": ["redis://h"], "codecs": "raw"}},
+            r"`remote\.codecs` \(did you mean 'codec'\?\)",
+        ),
+    ],
+)
+def test_binding_refuses_a_mapping_key_it_does_not_read(change: dict[object, object], message: str) -> None:
+    # A misspelt key would otherwise leave its setting at the default, silently.
+    with pytest.raises(ConfigError, match=message):
+        kvtier._core.Store(core_config(kvtier.Geometry(1, 1, 8), **change))  # type: ignore[arg-type]
+
+
+def test_pools_and_engines_refuse_a_mapping_key_they_do_not_read(tmp_path: Path) -> None:
+    ssd = {"directory": str(tmp_path), "capacity_bytes": 2**22, "probe_bytes": 0}
+    with pytest.raises(ConfigError, match=r"`ssd\.capacity_byte` \(did you mean 'capacity_bytes'\?\)"):
+        kvtier._core.SsdPool({**ssd, "capacity_byte": 2**22})
+    with pytest.raises(ConfigError, match=r"unknown ssd config key\(s\) `ssd\.admission_k`"):
+        kvtier._core.SsdPool({**ssd, "admission_k": 2})  # the store admits; a pool alone does not
+    kvtier._core.SsdPool(ssd).close()
+    for remote_pool in (kvtier._core.RemotePool, RemotePool):
+        with pytest.raises(ConfigError, match=r"`remote\.clustr` \(did you mean 'cluster'\?\)"):
+            remote_pool({"urls": ["redis://127.0.0.1:1"], "clustr": True}, bytes(16))  # type: ignore[arg-type]
+    store = kvtier.Store(
+        kvtier.StoreConfig(geometry=kvtier.Geometry(1, 1, 8), dram={"capacity_bytes": 2**16})
+    )
+    with pytest.raises(ConfigError, match=r"unknown transfer config key\(s\) `chunk_block` \(did you mean"):
+        kvtier._core.TransferEngine(store._core, {"chunk_block": 2})
+    with pytest.raises(ConfigError, match=r"\['chunk_block'\] \(did you mean 'chunk_blocks'\?\)"):
+        TransferEngine(store, {"chunk_block": 2})
+    with pytest.raises(TypeError, match="TransferEngine's config is a SsdConfig; expected a TransferConfig"):
+        TransferEngine(store, kvtier.SsdConfig(directory=str(tmp_path)))  # type: ignore[arg-type]
+    assert TransferEngine(store, {"chunk_blocks": 2}).config == TransferConfig(chunk_blocks=2)
+    kvtier._core.TransferEngine(store._core, {"chunk_blocks": 2, "stage_workers": [1, 2, 1, 1]})
 
 
 @pytest.mark.parametrize("capacity", [2**70, 2**64, 2**63, "20000000TiB"])

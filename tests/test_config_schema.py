@@ -230,6 +230,26 @@ def test_vllm_errors_name_the_key(extra: dict[str, Any], message: str) -> None:
         ConnectorSettings.from_extra_config(extra).store_config(GEOMETRY, "m", None, "", 1, "t", 0)
 
 
+def test_an_unknown_key_names_where_it_was_written_and_the_key_it_resembles(tmp_path: Path) -> None:
+    f = tmp_path / "kvtier.yaml"
+    f.write_text("store:\n  eviction: lru\n  leases_mx: 8\n")
+    # A key of the config file is the file's, not the extra config's.
+    with pytest.raises(
+        ConfigError,
+        match=rf"unknown `config_file` '{f}' key\(s\) \['leases_mx'\] \(did you mean 'leases_max'\?\); "
+        r"expected StoreConfig keys \[",
+    ):
+        ConnectorSettings.from_extra_config({"config_file": str(f)})
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown kv_connector_extra_config key\(s\) \['lookup_timout_s'\] "
+        r"\(did you mean 'lookup_timeout_s'\?\)",
+    ):
+        ConnectorSettings.from_extra_config({"lookup_timout_s": 1})
+    with pytest.raises(ConfigError, match=r"\['copy_thread'\] \(did you mean 'copy_threads'\?\)"):
+        BackendSettings.from_extra_config({"copy_thread": 1})
+
+
 def test_sglang_extra_config_takes_the_nested_form_and_checks_it_at_once(tmp_path: Path) -> None:
     extra = {
         "backend_name": "kvtier",

@@ -68,6 +68,16 @@ def test_from_dict_and_presets() -> None:
         preset("gpt-5")
 
 
+def test_an_unknown_geometry_key_names_the_key_it_resembles() -> None:
+    with pytest.raises(ConfigError, match=r"\['block_token'\] \(did you mean 'block_tokens'\?\)"):
+        Geometry.from_dict({"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "block_token": 4})
+    # YAML keys need not be strings: named, never a TypeError from sorting them.
+    with pytest.raises(
+        ConfigError, match=r"unknown geometry key\(s\) \['layers', 2\] \(did you mean 'num_layers'\?\)"
+    ):
+        Geometry.from_dict({"preset": "llama-3-8b", 2: 1, "layers": 3})
+
+
 def test_geometry_is_frozen_and_hashable() -> None:
     g = kvtier.Geometry(2, 2, 8)
     with pytest.raises(AttributeError):

@@ -7,9 +7,11 @@ import gc
 import json
 import re
 import socket
+import threading
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from kvtier import DramConfig, RemoteConfig, SsdConfig, Store, StoreConfig, layo
 from kvtier.errors import ConfigError
 from kvtier.geometry import Geometry
 from kvtier.keys import block_keys
-from kvtier.metrics import METRICS, namespace_label, parse
+from kvtier.metrics import CLOSER_THREAD, METRICS, namespace_label, parse
 from kvtier.testing.redis import LocalRedis, free_port
 from kvtier.transfer import TransferEngine
 
@@ -134,6 +136,61 @@ def test_two_stores_share_a_port_and_a_dropped_store_leaves_the_scrape(tmp_path:
     assert all(dict(ls).get("namespace") != gone for (_, ls) in samples)
 
 
+def test_two_live_stores_of_one_namespace_are_two_series() -> None:
+    # One label set with two values would be one series that jumps between two stores' counters.
+    def config(port: int) -> StoreConfig:
+        return StoreConfig(
+            geometry=GEOMETRY, model_id="twin", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
+        )
+
+    first = store_on_free_port(config)
+    second = Store(config(first.config.metrics_port or 0))
+    ns = namespace_label(first)
+    keys = block_keys(first.namespace, np.arange(16 * 2, dtype=np.uint32))
+    first.put(keys, np.zeros((2, GEOMETRY.block_bytes), np.uint8))
+    text, samples = scrape(first)
+    assert text.count("kvtier_store_put_blocks_total{") == 2
+    assert value(samples, "kvtier_store_put_blocks_total", namespace=ns) == 2
+    assert value(samples, "kvtier_store_put_blocks_total", namespace=f"{ns}-2") == 0
+    assert (first.metrics_label, second.metrics_label) == (ns, f"{ns}-2")
+    del first
+    gc.collect()
+    third = Store(config(second.config.metrics_port or 0))  # the label that is free again
+    assert third.metrics_label == ns and second.metrics_label == f"{ns}-2"
+
+
+def test_transfer_stage_counters_never_go_back_when_an_engine_is_collected() -> None:
+    store = store_on_free_port(
+        lambda port: StoreConfig(
+            geometry=GEOMETRY, model_id="engines", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
+        )
+    )
+    ns = namespace_label(store)
+    keys = block_keys(store.namespace, np.arange(16 * 4, dtype=np.uint32))
+    store.put(keys, np.ones((4, GEOMETRY.block_bytes), np.uint8))
+    engines = [TransferEngine(store), TransferEngine(store)]
+    for engine in engines:
+        [job] = engine.wait([engine.submit_load(keys, layout.alloc_pool(GEOMETRY, 4), range(4))])
+        assert job.ok
+    _, before = scrape(store)
+    del engine, engines[0]
+    gc.collect()
+    _, after = scrape(store)
+    assert value(after, "kvtier_transfer_engines", namespace=ns) == 1
+    for stage in ("read", "scatter"):
+        counted = value(before, "kvtier_transfer_stage_bytes_total", stage=stage, namespace=ns)
+        assert counted == 2 * 4 * GEOMETRY.block_bytes
+        assert value(after, "kvtier_transfer_stage_bytes_total", stage=stage, namespace=ns) == counted
+        assert value(after, "kvtier_transfer_stage_workers", stage=stage, namespace=ns) == 1  # alive only
+    del engines
+    gc.collect()
+    _, gone = scrape(store)
+    assert value(gone, "kvtier_transfer_engines", namespace=ns) == 0
+    assert value(gone, "kvtier_transfer_stage_chunks_total", stage="read", namespace=ns) == value(
+        before, "kvtier_transfer_stage_chunks_total", stage="read", namespace=ns
+    )
+
+
 def test_every_declared_metric_is_exported_and_no_other(tmp_path: Path) -> None:
     (tmp_path / "ssd").mkdir()
     with LocalRedis(tmp_path / "redis") as redis:
@@ -173,6 +230,51 @@ def test_a_port_taken_by_another_program_is_a_config_error() -> None:
             )
 
 
+def wait_for_closers() -> None:
+    """Joins the threads that close endpoints whose stores are gone."""
+    for thread in threading.enumerate():
+        if thread.name == CLOSER_THREAD:
+            thread.join()
+
+
+def test_an_endpoint_closes_once_its_last_store_is_collected() -> None:
+    def config(port: int) -> StoreConfig:
+        return StoreConfig(
+            geometry=GEOMETRY, model_id="closing", dram=DramConfig(capacity_bytes="1MiB"), metrics_port=port
+        )
+
+    first = store_on_free_port(config)
+    port = first.config.metrics_port or 0
+    second = Store(config(port))
+    del first
+    gc.collect()
+    wait_for_closers()
+    scrape(second)  # one store is left: still served
+    del second
+    gc.collect()
+    wait_for_closers()
+    with socket.socket() as probe:  # the port is free again (it stayed bound for the process's life)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: past TIME_WAIT
+        probe.bind(("127.0.0.1", port))
+        probe.listen()
+    third = Store(config(port))  # and a store opens an endpoint there again
+    _, samples = scrape(third)
+    assert value(samples, "kvtier_store_put_blocks_total", namespace=namespace_label(third)) == 0
+
+
+@pytest.mark.parametrize("addr", ["no-such-host.invalid", "999.1.1.1", " 127.0.0.1"])
+def test_an_address_that_cannot_be_bound_is_a_config_error_naming_it(addr: str) -> None:
+    with pytest.raises(ConfigError, match=rf"`metrics_port` \d+ on `metrics_addr` {re.escape(repr(addr))}: "):
+        Store(
+            StoreConfig(
+                geometry=GEOMETRY,
+                dram=DramConfig(capacity_bytes="1MiB"),
+                metrics_port=free_port(),
+                metrics_addr=addr,
+            )
+        )
+
+
 def test_docs_list_every_metric_and_the_dashboard_queries_only_real_ones() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     listed = set(re.findall(r"`(kvtier_[a-z0-9_]+)`", doc))
@@ -184,3 +286,33 @@ def test_docs_list_every_metric_and_the_dashboard_queries_only_real_ones() -> No
     assert exprs
     used = {n for e in exprs for n in re.findall(r"kvtier_[a-z0-9_]+", e)}
     assert used and used <= declared, f"dashboard queries unknown metrics {sorted(used - declared)}"
+
+
+def dashboard_unit(panel: dict[str, Any], ref_id: str) -> str:
+    """The unit Grafana shows target `ref_id` of `panel` in: its override, or the panel's."""
+    config = panel["fieldConfig"]
+    for override in config.get("overrides", []):
+        if override["matcher"] == {"id": "byFrameRefID", "options": ref_id}:
+            units = [p["value"] for p in override["properties"] if p["id"] == "unit"]
+            if units:
+                return str(units[0])
+    return str(config["defaults"]["unit"])
+
+
+def test_the_dashboard_shows_each_query_in_its_unit_and_never_divides_by_zero() -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana-kvtier.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr, where = target["expr"], f"{panel['title']!r} {target['refId']}"
+            if "/" in expr:  # a ratio: its denominator is kept from 0 (no NaN/+Inf for an empty tier)
+                expected = "percentunit"
+                assert "clamp_min(" in expr or "> 0)" in expr, f"{where} may divide by zero: {expr}"
+            elif "_seconds" in expr and "rate(" not in expr:
+                expected = "s"
+            elif re.search(r"rate\(kvtier_\w*bytes\w*_total", expr):
+                expected = "Bps"
+            elif "rate(" in expr:
+                expected = "ops"
+            else:
+                expected = "short"
+            assert dashboard_unit(panel, target["refId"]) == expected, f"{where}: {expr}"

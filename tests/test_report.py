@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.cli import main
 from kvtier.errors import KvtierError
 from kvtier.report import reproduction_rows, write_html
 
@@ -48,6 +49,49 @@ def test_report_of_a_directory_without_results_names_it(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(KvtierError, match=r"bad\.json"):
         write_html(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe{}", r"not a readable JSON file \('utf-8' codec"),
+        (
+            b'{"series": {"lru": [{"rate_per_s": 1}]}, "config": "c"}',
+            r"sim sweep result but is not one \(no 'ttft_s'\)",
+        ),
+        (b'{"series": [1, 2]}', r"sim sweep result but is not one \(.*'list' object"),
+        (b'{"ttft_s": {}, "config": "c"}', r"sim run result but is not one \(no 'tpot_s'\)"),
+        (
+            b'{"ttft_s": 1, "tpot_s": 1, "hit_rate_tokens": 1, "config": "c", "requests": 1, "model": "m", '
+            b'"hardware": "h", "policy": {"name": "p"}}',
+            r"sim run result but is not one \(.*'int' object is not subscriptable",
+        ),
+    ],
+)
+def test_a_result_file_that_is_not_what_it_looks_like_is_named(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    (tmp_path / "x.json").write_bytes(content)
+    with pytest.raises(KvtierError, match=rf"{re.escape(str(tmp_path))}/x\.json: .*{message}"):
+        write_html(tmp_path)
+    (tmp_path / "other.json").write_text('{"panels": []}')  # a JSON file of something else: skipped
+    (tmp_path / "x.json").unlink()
+    with pytest.raises(KvtierError, match="nothing to report"):
+        write_html(tmp_path)
+
+
+def test_an_out_path_that_cannot_be_written_is_named_as_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "rows.json").write_text('{"rows": []}')
+    (tmp_path / "a-dir").mkdir()
+    for out, problem in (
+        (tmp_path / "a-dir", "is a directory"),
+        (tmp_path / "no" / "r.html", "does not exist"),
+    ):
+        assert main(["report", str(tmp_path), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and problem in err and ".tmp" not in err, err  # not the temp file's name
 
 
 def test_rows_written_before_their_later_fields_read_back_with_them_empty() -> None:

@@ -3,12 +3,20 @@ serves traffic, and shows its tiers, hit rate and bandwidth."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-from kvtier import DramConfig, SsdConfig, Store, StoreConfig, layout
+import pytest
+
+from kvtier import DramConfig, SsdConfig, Store, StoreConfig, layout, top
+from kvtier.cli import main
+from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
 from kvtier.metrics import namespace_label
 from kvtier.testing.redis import free_port
@@ -78,3 +86,96 @@ def test_top_names_the_url_it_cannot_read() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert url in proc.stderr and "metrics_port" in proc.stderr
+
+
+@contextlib.contextmanager
+def http_server(body: bytes) -> Iterator[str]:
+    """A loopback HTTP server answering every GET with `body`; yields its base URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}"
+        finally:
+            server.shutdown()
+            thread.join()
+
+
+@contextlib.contextmanager
+def tcp_server(reply: bytes) -> Iterator[str]:
+    """A loopback TCP server that answers one connection with `reply` (not HTTP) and closes it."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(reply)
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            thread.join(timeout=10)
+
+
+def top_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    rc = main(["top", *args])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "url", ["localhost", "127.0.0.1:9464/metrics", "file:///etc/hostname", "http://[::1", "http:///metrics"]
+)
+def test_top_refuses_a_url_that_is_no_http_url(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = top_cli(capsys, url, "--once", "--interval", "0.1")
+    assert rc == 2 and f"metrics URL {url!r} is not an http(s) URL with a host" in err, err
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "1e300"])
+def test_top_refuses_an_interval_it_cannot_sleep(interval: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with http_server(b"kvtier_x 1\n") as base:  # a live endpoint: it would scrape, then sleep
+        rc, err = top_cli(capsys, f"{base}/metrics", "--once", "--interval", interval)
+    assert rc == 2 and f"--interval is {float(interval)}; expected seconds in (0, 3600]" in err, err
+
+
+@pytest.mark.parametrize("body", [b"<html>not metrics</html>\n", b"\xff\xfe\x00", b'kvtier_x{a="1"} many\n'])
+def test_top_names_an_endpoint_that_does_not_answer_with_metrics(
+    body: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with http_server(body) as base:
+        rc, err = top_cli(capsys, f"{base}/metrics", "--once", "--interval", "0.1")
+    assert rc == 2 and f"{base}/metrics did not answer with Prometheus metrics" in err, err
+
+
+def test_top_names_a_server_that_does_not_speak_http(capsys: pytest.CaptureFixture[str]) -> None:
+    with tcp_server(b"-ERR unknown command\r\n") as base:  # a Redis port, say
+        rc, err = top_cli(capsys, f"{base}/metrics", "--once", "--interval", "0.1")
+    assert rc == 2 and f"cannot read metrics from {base}/metrics" in err, err
+
+
+def test_top_stops_reading_an_answer_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(top, "SCRAPE_BYTES_MAX", 1024)
+    with http_server(b"kvtier_x 1\n" * 1000) as base, pytest.raises(KvtierError, match="over 1024 bytes"):
+        top.scrape(f"{base}/metrics")
+
+
+def test_a_counter_that_went_back_was_reset_and_counts_whole() -> None:
+    old = {("kvtier_store_put_bytes_total", (("namespace", "a"),)): 1000.0}
+    new = {("kvtier_store_put_bytes_total", (("namespace", "a"),)): 300.0}
+    assert top._rate(new, old, "kvtier_store_put_bytes_total", 2.0, "namespace") == {("a",): 150.0}
+    assert top._rate(old, new, "kvtier_store_put_bytes_total", 2.0, "namespace") == {("a",): 350.0}

@@ -309,6 +309,38 @@ def test_sequential_baseline_and_balance(geometry: kvtier.Geometry, tmp_path: ob
     assert sum(w) == 8 and w[1] == max(w)
 
 
+@pytest.mark.parametrize(
+    ("rates", "threads", "message"),
+    [
+        ([1e9] * 4, -1, r"threads is -1; expected an int >= 1"),  # was a bare OverflowError
+        ([1e9] * 4, 0, r"threads is 0; expected an int >= 1"),
+        ([1e9] * 4, 2**70, r"threads is 1180591620717411303424; expected an int >= 1"),
+        ([1e9] * 4, True, r"threads is True"),
+        ([1e9] * 4, 4.0, r"threads is 4\.0"),
+        ([float("nan"), 1e9, 1e9, 1e9], 8, r"rates_bytes_per_s\[0\] is nan; expected finite bytes/s >= 0"),
+        ([1e9, -1.0, 1e9, 1e9], 8, r"rates_bytes_per_s\[1\] is -1\.0"),
+        ([1e9, 1e9, float("inf"), 1e9], 8, r"rates_bytes_per_s\[2\] is inf"),
+        ([1e9, 1e9, 1e9, 10**400], 8, r"rates_bytes_per_s\[3\] is an int of"),
+        ([1e9, 1e9, 1e9, "1e9"], 8, r"rates_bytes_per_s\[3\] is '1e9'"),
+        ([1e9] * 3, 8, r"rates_bytes_per_s is \[.*\]; expected 4 stage rates"),
+    ],
+)
+def test_balanced_stage_workers_names_a_bad_argument(
+    rates: list[object], threads: object, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        balanced_stage_workers(rates, threads)  # type: ignore[arg-type]
+    if len(rates) == 4 and all(isinstance(r, float) for r in rates):  # the binding checks them too
+        with pytest.raises(ConfigError, match=message.split(" is ")[0] + " is "):
+            kvtier._core.balanced_stage_workers(tuple(rates), threads)  # type: ignore[arg-type]
+
+
+def test_balanced_stage_workers_gives_an_idle_stage_one_worker() -> None:
+    # A rate of 0 is a stage that did no work (stage_stats of a raw-codec load): one worker.
+    assert balanced_stage_workers([1e9, 0.0, 0.0, 1e9], 6) == (2, 1, 1, 2)
+    assert balanced_stage_workers([0.0] * 4, 1) == (1, 1, 1, 1)  # fewer than 4 threads: one each
+
+
 def test_duplex_preempt_and_swap_in(geometry: kvtier.Geometry) -> None:
     device = layout.alloc_pool(geometry, 4)
     host = np.zeros((4, geometry.block_bytes), np.uint8)

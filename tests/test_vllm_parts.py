@@ -172,6 +172,23 @@ def make_worker(layers: list[np.ndarray]) -> WorkerSide:
     return WorkerSide(kvtier.Store(config), paged(layers))
 
 
+@pytest.mark.parametrize("where", ["missing/stats.json", "."])
+def test_a_stats_file_that_cannot_be_written_is_refused_when_the_worker_starts(
+    tmp_path: Path, where: str
+) -> None:
+    # It was found at the first step that moved a counter: an OSError inside vLLM's step.
+    config = kvtier.StoreConfig(geometry=GEOMETRY, model_id="vllm-parts", dram={"capacity_bytes": "16MiB"})
+    path = str(tmp_path / where)
+    with pytest.raises(ConfigError, match=rf"`stats_file`('s directory)? '{re.escape(str(tmp_path))}"):
+        WorkerSide(kvtier.Store(config), paged(cpu_cache(0)), path)
+    w = WorkerSide(kvtier.Store(config), paged(cpu_cache(0)), str(tmp_path / "stats.json"))
+    try:
+        w.write_stats()
+        assert (tmp_path / "stats.json").is_file()
+    finally:
+        w.close()
+
+
 def tokens_bytes(n: int) -> bytes:
     return np.arange(n, dtype="<u4").tobytes()
 

@@ -1,6 +1,7 @@
 """The wheel works on its own (issue 21): `maturin build --release` makes a manylinux abi3 wheel;
 installed into a fresh venv with nothing from the checkout, it runs `kvtier demo`, `kvtier sim run`
-on a bundled experiment and `kvtier bench store --json` from a directory outside the checkout."""
+on a bundled experiment, `kvtier report` of that run and `kvtier bench store --json` from a
+directory outside the checkout, and a store there serves /metrics that `kvtier top` reads."""
 
 from __future__ import annotations
 
@@ -86,7 +87,35 @@ def test_installed_wheel_runs_demo_sim_and_bench_outside_the_checkout(venv: Path
     assert hooks == "False"  # the shipped extension carries no fault injection
     demo = json.loads(run(venv, tmp_path, "demo", "--json"))
     assert demo["demo"] == "multi-turn" and demo["hit_tokens"] > 0
-    sim = json.loads(run(venv, tmp_path, "sim", "run", "baselines/longdoc_h200", "--json"))
+    (tmp_path / "out").mkdir()
+    run_json = str(tmp_path / "out" / "run.json")
+    sim = json.loads(run(venv, tmp_path, "sim", "run", "baselines/longdoc_h200", "--out", run_json, "--json"))
     assert sim["config"] == "longdoc-h200" and sim["requests"] == 400
+    page = run(venv, tmp_path, "report", str(tmp_path / "out")).strip()
+    assert "Run longdoc-h200" in Path(page).read_text()
     bench = json.loads(run(venv, tmp_path, "bench", "store", "--json", "--total", "64MiB", "--repeats", "2"))
     assert bench["put_gib_per_s"] > 0 and bench["get_gib_per_s"] > 0  # its copies were verified
+
+
+def test_installed_wheel_serves_metrics_and_kvtier_top_reads_them(venv: Path, tmp_path: Path) -> None:
+    # prometheus_client and rich come with the wheel's dependencies: a store serves /metrics and
+    # `kvtier top` shows it, from the venv alone.
+    script = (
+        "import subprocess, sys\n"
+        "from kvtier import DramConfig, Geometry, Store, StoreConfig\n"
+        "from kvtier.testing.redis import free_port\n"
+        "port = free_port()\n"
+        "store = Store(StoreConfig(geometry=Geometry(2, 2, 8), model_id='wheel', "
+        "dram=DramConfig(capacity_bytes='1MiB'), metrics_port=port))\n"
+        "url = f'http://127.0.0.1:{port}/metrics'\n"
+        "top = subprocess.run(['kvtier', 'top', url, '--once', '--interval', '0.2'], capture_output=True, text=True)\n"
+        "print(store.metrics_label, top.returncode, top.stdout, top.stderr)\n"
+    )
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "COLUMNS": "160"}
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    label, rc, *view = proc.stdout.split(maxsplit=2)
+    assert rc == "0" and "kvtier stores" in view[0] and label in view[0], proc.stdout

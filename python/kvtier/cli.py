@@ -322,14 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
     layout = bench_sub.add_parser("layout", help="gather/scatter vs memcpy and vs per-segment copies")
     layout.add_argument("--tokens", type=_positive, default=8192, help="tokens copied (default 8192)")
     layout.add_argument("--repeats", type=_positive, default=5, help=_REPEATS_HELP)
-    layout.add_argument("--threads", type=int, default=0, help="copy workers (0 = one per core)")
+    layout.add_argument("--threads", type=_non_negative, default=0, help="copy workers (0 = one per core)")
     layout.add_argument("--json", action="store_true", help=_JSON_HELP)
     layout.set_defaults(func=_bench_layout)
     store = bench_sub.add_parser("store", help="DRAM-tier put/get vs memcpy; 128K-token lookup")
     store.add_argument("--total", default="1GiB", help="bytes per round of 2 MiB objects (default 1GiB)")
     store.add_argument("--repeats", type=_positive, default=5, help=_REPEATS_HELP)
     store.add_argument("--lookup-tokens", type=_positive, default=131072, help="prefix looked up")
-    store.add_argument("--threads", type=int, default=0, help="copy workers (0 = one per core)")
+    store.add_argument("--threads", type=_non_negative, default=0, help="copy workers (0 = one per core)")
     store.add_argument("--json", action="store_true", help=_JSON_HELP)
     store.set_defaults(func=_bench_store)
     bssd = bench_sub.add_parser(
@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bcodec.add_argument("--repeats", type=_positive, default=3, help=_REPEATS_HELP)
     bcodec.add_argument(
-        "--threads", type=int, default=0, help="threads for the all-cores figure (0 = one per core)"
+        "--threads", type=_non_negative, default=0, help="threads for the all-cores figure (0 = one per core)"
     )
     bcodec.add_argument(
         "--no-agreement", action="store_true", help="skip the next-token agreement run on the real model"
@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     btransfer.add_argument("--total", default="64MiB", help="bytes the pipelined load moves (default 64MiB)")
     btransfer.add_argument("--repeats", type=_positive, default=5, help=_REPEATS_HELP)
     btransfer.add_argument(
-        "--threads", type=int, default=0, help="threads split among stages (0 = one per core)"
+        "--threads", type=_non_negative, default=0, help="threads split among stages (0 = one per core)"
     )
     btransfer.add_argument(
         "--swap-blocks", type=_positive, default=16, help="4 MiB blocks per swap direction"

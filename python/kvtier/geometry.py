@@ -138,9 +138,11 @@ class Geometry:
         if not isinstance(data, Mapping):
             raise ConfigError(f"geometry must be a mapping or a preset name; got {type(data).__name__}")
         known = {"num_layers", "num_kv_heads", "head_dim", "dtype", "block_tokens", "extra_groups", "preset"}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=repr)  # YAML keys may be ints, None, ...
         if unknown:
-            raise ConfigError(f"unknown geometry key(s) {unknown}; expected some of {sorted(known)}")
+            raise ConfigError(
+                f"unknown geometry key(s) {unknown}{did_you_mean(unknown, known)}; expected some of {sorted(known)}"
+            )
         fields = dict(data)
         base: dict[str, Any] = dict(preset(fields.pop("preset")).to_dict()) if "preset" in fields else {}
         base.update(fields)  # user config, checked by Geometry itself

@@ -2,7 +2,8 @@
 
 ``StoreConfig(metrics_port=9464)`` serves ``/metrics`` for the store on that port (loopback by
 default, ``metrics_addr`` to change it); several stores of one process may name the same port and
-are told apart by their ``namespace`` label. Values are read from the store's own counters when
+are told apart by their ``namespace`` label (two live stores of one namespace: ``<hex>``,
+``<hex>-2``). Values are read from the store's own counters when
 Prometheus scrapes (:meth:`Store.stats`, :meth:`Store.tier_stats`, :meth:`Store.ssd_metrics`,
 :meth:`Store.remote_metrics`): nothing is added to the store's hot paths, and a store that is
 gone (garbage-collected) leaves the scrape.
@@ -10,15 +11,18 @@ gone (garbage-collected) leaves the scrape.
 Labels: ``namespace`` (the first 8 bytes of the store's namespace hash, hex: never the model id,
 a URL or a password), ``tier`` (dram, ssd, remote), ``device`` (the SSD device's index), ``op``
 (exists, get, set, del), ``stage`` (the transfer engine's read, decompress, dequantize,
-scatter), ``quantile`` (0.5, 0.99: latencies are the tiers' own p50/p99, exported
+scatter; counters summed over every engine the store had, collected ones included, so that
+they never go back), ``quantile`` (0.5, 0.99: latencies are the tiers' own p50/p99, exported
 as gauges). :data:`METRICS` is the one list of every metric; docs/metrics.md is checked against it.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -208,28 +212,47 @@ def samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _engines_lock = threading.Lock()
+#: Per store, the stage counters of its engines that are gone: they stay in the totals, so that a
+#: counter never goes back when an engine is collected (Prometheus would read a reset).
+_retired: weakref.WeakKeyDictionary[Store, dict[str, dict[str, float]]] = weakref.WeakKeyDictionary()
+#: Engines' last counters, appended as they are collected and folded into :data:`_retired` by the
+#: next scrape (a collection may run inside a scrape, under the lock: the append takes none).
+_retiring: deque[tuple[weakref.ref[Store], list[Any]]] = deque()
+_STAGE_ROW = ("workers", *TRANSFER_STAGE_COUNTERS)
 
 
-def watch_engine(engine: Engine) -> None:
-    """Exports `engine`'s stage statistics with its store's metrics while the engine lives."""
+def watch_engine(engine: Engine, stage_stats: Callable[[], Sequence[Any]]) -> None:
+    """Exports `engine`'s stage statistics with its store's metrics: while it lives, and its
+    counters' last values after it is collected. ``stage_stats`` reads them as
+    ``engine.stage_stats()`` does, without holding the engine."""
     with _engines_lock:
         _engines.add(engine)
+    store = weakref.ref(engine.store)
+    weakref.finalize(engine, lambda: _retiring.append((store, list(stage_stats())))).atexit = False
+
+
+def _add_stages(totals: dict[str, dict[str, float]], stages: Iterable[Any], workers: bool) -> None:
+    for st in stages:
+        row = totals.setdefault(st.name, dict.fromkeys(_STAGE_ROW, 0.0))
+        row["workers"] += st.workers if workers else 0
+        row["busy_seconds"] += st.busy_s
+        row["bytes"] += st.bytes
+        row["chunks"] += st.chunks
+        row["stored_bytes"] += st.stored_bytes
 
 
 def _transfer_samples(store: Store) -> Iterator[tuple[str, dict[str, str], float]]:
     with _engines_lock:
+        while _retiring:
+            owner, stages = _retiring.popleft()
+            if (alive := owner()) is not None:
+                _add_stages(_retired.setdefault(alive, {}), stages, workers=False)
         engines = [e for e in _engines if e.store is store]
+        totals = {stage: dict(row) for stage, row in _retired.get(store, {}).items()}
     yield "transfer_engines", {}, float(len(engines))
     yield "transfer_jobs", {}, float(sum(e.jobs() for e in engines))
-    totals: dict[str, dict[str, float]] = {}
     for engine in engines:
-        for st in engine.stage_stats():
-            row = totals.setdefault(st.name, dict.fromkeys(("workers", *TRANSFER_STAGE_COUNTERS), 0.0))
-            row["workers"] += st.workers
-            row["busy_seconds"] += st.busy_s
-            row["bytes"] += st.bytes
-            row["chunks"] += st.chunks
-            row["stored_bytes"] += st.stored_bytes
+        _add_stages(totals, engine.stage_stats(), workers=True)
     for stage, row in totals.items():
         for f in TRANSFER_STAGE_COUNTERS:
             yield f"transfer_stage_{f}_total", {"stage": stage}, row[f]
@@ -240,12 +263,29 @@ class StoreCollector:
     """A prometheus_client collector over the stores registered with it (weakly held)."""
 
     def __init__(self) -> None:
-        self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        #: Each store's ``namespace`` label (see :meth:`add`).
+        self._stores: weakref.WeakKeyDictionary[Store, str] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def add(self, store: Store) -> None:
+    def add(self, store: Store) -> str:
+        """Registers `store`; returns its ``namespace`` label: :func:`namespace_label`, or, while
+        another live store of this endpoint has that one (the same namespace: two samples with
+        one label set would be one series with two values), the first free ``<label>-<n>``."""
         with self._lock:
-            self._stores.add(store)
+            if store not in self._stores:
+                base, taken = namespace_label(store), set(self._stores.values())
+                label = base
+                for n in itertools.count(2):
+                    if label not in taken:
+                        break
+                    label = f"{base}-{n}"
+                self._stores[store] = label
+            return self._stores[store]
+
+    def stores(self) -> list[Store]:
+        """The live stores it exports."""
+        with self._lock:
+            return list(self._stores)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -260,22 +300,34 @@ class StoreCollector:
             else:
                 families[m.name] = GaugeMetricFamily(f"kvtier_{m.name}", m.help, labels=labels)
         with self._lock:
-            stores = list(self._stores)
-        for store in stores:
-            ns = namespace_label(store)
+            stores = list(self._stores.items())
+        for store, ns in stores:
             for name, sample_labels, value in samples(store):
                 m = _BY_NAME[name]
                 families[name].add_metric([ns, *(sample_labels[k] for k in m.labels)], value)
         yield from families.values()
 
 
-_servers: dict[tuple[str, int], StoreCollector] = {}
+@dataclass(frozen=True)
+class _Endpoint:
+    """One ``/metrics`` HTTP server of this process and the stores it exports."""
+
+    collector: StoreCollector
+    server: Any  # prometheus_client's WSGI server
+    thread: threading.Thread
+
+
+_servers: dict[tuple[str, int], _Endpoint] = {}
 _servers_lock = threading.Lock()
+#: The name of the thread that closes an endpoint whose stores are gone (tests wait for it).
+CLOSER_THREAD = "kvtier-metrics-close"
 
 
-def serve(store: Store, port: int, addr: str = "127.0.0.1") -> None:
+def serve(store: Store, port: int, addr: str = "127.0.0.1") -> str:
     """Exports `store` on ``http://addr:port/metrics`` (starting the endpoint on first use of
-    that address in this process). Raises ConfigError naming `metrics_port` when it cannot bind."""
+    that address in this process, and closing it once every store it exports is collected);
+    returns its ``namespace`` label there (:meth:`StoreCollector.add`).
+    Raises ConfigError naming `metrics_port` and `metrics_addr` when it cannot bind there."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as e:
@@ -283,17 +335,37 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> None:
             "`metrics_port` needs the prometheus_client package (pip install prometheus_client)"
         ) from e
     with _servers_lock:
-        collector = _servers.get((addr, port))
-        if collector is None:
+        endpoint = _servers.get((addr, port))
+        if endpoint is None:
             collector = StoreCollector()
             registry = CollectorRegistry(auto_describe=False)
             registry.register(collector)
             try:
-                start_http_server(port, addr=addr, registry=registry)
+                server, thread = start_http_server(port, addr=addr, registry=registry)
             except OSError as e:
-                raise ConfigError(f"`metrics_port` {port} on {addr}: cannot serve metrics there ({e})") from e
-            _servers[(addr, port)] = collector
-        collector.add(store)
+                raise ConfigError(
+                    f"`metrics_port` {port} on `metrics_addr` {addr!r}: cannot serve metrics there ({e})"
+                ) from e
+            endpoint = _servers[(addr, port)] = _Endpoint(collector, server, thread)
+        label = endpoint.collector.add(store)
+    # A store may be collected anywhere (inside a scrape, or here under the lock): the endpoint is
+    # looked at, and closed if no store is left, on a thread of its own.
+    closer = threading.Thread(target=_close_if_unused, args=((addr, port),), name=CLOSER_THREAD, daemon=True)
+    weakref.finalize(store, closer.start).atexit = False
+    return label
+
+
+def _close_if_unused(where: tuple[str, int]) -> None:
+    """Stops and closes the endpoint at `where` (its port is free again) if it exports no live
+    store; under the lock, so that a store opening there meanwhile finds it open or finds none."""
+    with _servers_lock:
+        endpoint = _servers.get(where)
+        if endpoint is None or endpoint.collector.stores():
+            return
+        del _servers[where]
+        endpoint.server.shutdown()
+        endpoint.server.server_close()
+        endpoint.thread.join()
 
 
 def parse(text: str) -> Mapping[tuple[str, tuple[tuple[str, str], ...]], float]:

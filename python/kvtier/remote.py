@@ -51,7 +51,8 @@ class RemotePool:
     """The remote tier alone, for one namespace: put/get/exists of verified kvtier objects, plus
     ``raw_set``/``raw_get`` of plain values (the raw-client baseline of ``kvtier bench remote``,
     and a way to plant test values). ``config`` is a :class:`kvtier.RemoteConfig` (a store config's
-    ``remote`` section) or a mapping of its keys."""
+    ``remote`` section) or a mapping of its client keys (``urls``, ``cluster``, timeouts, TLS...: not
+    the store's codec, ``write_through`` or ``promote_on_hit``); another key is a ConfigError."""
 
     def __init__(self, config: Section | Mapping[str, Any], namespace_hash: bytes) -> None:
         self._core = _core.RemotePool(config, namespace_hash)

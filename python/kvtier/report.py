@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from kvtier.errors import KvtierError, shown
-from kvtier.results import field_of, replacing
+from kvtier.results import field_of, output_file, replacing
 
 if TYPE_CHECKING:  # the simulator is loaded by the command that runs it, not by every CLI start
     from kvtier.sim.reproduce import RowJson
@@ -150,6 +150,28 @@ def _run(path: Path, data: SimResult) -> str:
     return f"<h2>Run {html.escape(str(data['config']))} ({html.escape(path.name)})</h2><pre>{html.escape(summary)}</pre>"
 
 
+def _section(path: Path, data: object) -> str | None:
+    """The section of one JSON file, or None for a file that is no kvtier result. A file that looks
+    like one (its key) but lacks or mistypes what the section reads is a KvtierError naming it."""
+    if not isinstance(data, dict):
+        return None
+    if "rows" in data:
+        return _reproduction(path, data)  # checks every row itself
+    kind = "sweep" if "series" in data else "run" if "ttft_s" in data and "config" in data else None
+    try:
+        if kind == "sweep":  # the keys read are SweepResult's
+            return _sweep(path, cast("SweepResult", data))
+        if kind == "run":
+            return _run(path, cast("SimResult", data))
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+        problem = f"no {e}" if isinstance(e, KeyError) else shown(str(e), 120)
+        raise KvtierError(
+            f"{path}: looks like a kvtier sim {kind} result but is not one ({problem}); expected what "
+            f"`kvtier sim {'sweep' if kind == 'sweep' else 'run --out'}` writes"
+        ) from None
+    return None
+
+
 def write_html(directory: str | Path, out: str | Path | None = None) -> Path:
     """Writes the report of `directory` (see the module docs) to `out` (default
     ``directory/report.html``) and returns its path; a directory with nothing to report is an error."""
@@ -159,15 +181,11 @@ def write_html(directory: str | Path, out: str | Path | None = None) -> Path:
     sections: list[str] = []
     for path in sorted(root.rglob("*.json")):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # not UTF-8 too
             raise KvtierError(f"{path}: not a readable JSON file ({e})") from e
-        if isinstance(data, dict) and "rows" in data:
-            sections.append(_reproduction(path, data))
-        elif isinstance(data, dict) and "series" in data:  # the keys read are SweepResult's
-            sections.append(_sweep(path, cast("SweepResult", data)))
-        elif isinstance(data, dict) and "ttft_s" in data and "config" in data:
-            sections.append(_run(path, cast("SimResult", data)))
+        if (section := _section(path, data)) is not None:
+            sections.append(section)
     for path in sorted(root.rglob("*.png")):
         data64 = base64.b64encode(path.read_bytes()).decode()
         name = html.escape(str(path.relative_to(root)))
@@ -202,6 +220,6 @@ def add_command(sub: Any) -> None:
     cmd.add_argument("--out", default=None, help="the HTML file (default DIRECTORY/report.html)")
 
     def main(args: argparse.Namespace) -> None:
-        print(write_html(args.directory, args.out))
+        print(write_html(args.directory, output_file(args.out, "--out")))
 
     cmd.set_defaults(func=main)

@@ -182,10 +182,12 @@ class Store:
         self.block_bytes = config.geometry.block_bytes
         self._core = _core.Store(config)
         assert bytes(self._core.namespace_hash) == self.namespace.hash
+        #: This store's ``namespace`` label on its metrics endpoint (None: no endpoint).
+        self.metrics_label: str | None = None
         if config.metrics_port is not None:
             from kvtier.metrics import serve
 
-            serve(self, config.metrics_port, config.metrics_addr)
+            self.metrics_label = serve(self, config.metrics_port, config.metrics_addr)
         metrics = self._core.ssd_metrics()
         if metrics is not None:
             for warning in metrics["warnings"]:

@@ -4,7 +4,8 @@ Every ``--interval`` seconds it scrapes ``/metrics`` (a store started with ``met
 docs/metrics.md) and shows, per store (its ``namespace`` label) and tier: occupancy, objects,
 hit rate, bytes put and loaded per second, evictions per second; per SSD device and per remote
 operation: bandwidth and p99 latency; per transfer-engine stage: workers, share of their time
-busy, and bytes per second. Rates are differences of two scrapes. ``--once`` prints one
+busy, and bytes per second. Rates are differences of two scrapes (a counter that went back was
+reset: all of its value counts). ``--once`` prints one
 view (two scrapes ``--interval`` apart) and exits, for scripts and logs.
 """
 
@@ -12,27 +13,61 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from kvtier.errors import KvtierError
+from kvtier.errors import KvtierError, shown
 from kvtier.metrics import parse
 from kvtier.transfer import STAGE_NAMES
 
 Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(url: str) -> Samples:
+#: Longest ``--interval``: one scrape an hour.
+INTERVAL_MAX_S = 3600.0
+#: Most bytes read from one scrape (a store's is a few KiB): a URL that streams without end is an
+#: error, not a process that grows until it is killed.
+SCRAPE_BYTES_MAX = 64 * 2**20
+
+
+def check_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host; else a KvtierError naming it."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return parse(r.read().decode())
-    except (urllib.error.URLError, OSError) as e:
+        parts = urllib.parse.urlsplit(url)
+        ok = url.isprintable() and parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unclosed or invalid bracketed (IPv6) host
+        ok = False
+    if not ok:
+        raise KvtierError(
+            f"metrics URL {url!r} is not an http(s) URL with a host; expected one such as "
+            "http://127.0.0.1:9464/metrics"
+        )
+    return url
+
+
+def scrape(url: str) -> Samples:
+    """The samples at ``url``; an endpoint that cannot be read, or whose answer is not a
+    Prometheus text exposition, is a KvtierError naming the URL."""
+    try:
+        with urllib.request.urlopen(check_url(url), timeout=5) as r:
+            body = r.read(SCRAPE_BYTES_MAX + 1)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
         raise KvtierError(
             f"cannot read metrics from {url}: {e}; is a store running with metrics_port?"
         ) from e
+    try:
+        if len(body) > SCRAPE_BYTES_MAX:
+            raise ValueError(f"the answer is over {SCRAPE_BYTES_MAX} bytes")
+        return parse(body.decode())
+    except ValueError as e:  # UnicodeDecodeError too
+        raise KvtierError(
+            f"{url} did not answer with Prometheus metrics ({shown(str(e))}); expected a store's /metrics"
+        ) from None
 
 
 def _by(samples: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
@@ -46,8 +81,10 @@ def _by(samples: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]
 
 
 def _rate(new: Samples, old: Samples, name: str, seconds: float, *keys: str) -> dict[tuple[str, ...], float]:
+    """Per-second growth of counter `name`; one that went back was reset (its store is another),
+    so all of its value is growth, as Prometheus counts it."""
     a, b = _by(new, name, *keys), _by(old, name, *keys)
-    return {k: max(0.0, v - b.get(k, 0.0)) / seconds for k, v in a.items()}
+    return {k: (v - b.get(k, 0.0) if v >= b.get(k, 0.0) else v) / seconds for k, v in a.items()}
 
 
 def _bytes(n: float) -> str:
@@ -161,8 +198,9 @@ def add_command(sub: Any) -> None:
     cmd.add_argument("--once", action="store_true", help="print one view and exit")
 
     def main(args: argparse.Namespace) -> None:
-        if not args.interval > 0:
-            raise KvtierError(f"--interval is {args.interval}; expected seconds > 0")
+        if not 0 < args.interval <= INTERVAL_MAX_S:  # NaN fails too
+            raise KvtierError(f"--interval is {args.interval}; expected seconds in (0, {INTERVAL_MAX_S:g}]")
+        check_url(args.url)
         with contextlib.suppress(KeyboardInterrupt):
             run(args.url, args.interval, args.once)
 

@@ -21,18 +21,23 @@ blocks of a job in flight.
 
 from __future__ import annotations
 
+import functools
+import numbers
 import operator
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from kvtier import _core
-from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError
+from kvtier.errors import BufferError, ConfigError, KvtierError, NamespaceError, shown
 from kvtier.geometry import Geometry
 from kvtier.keys import BlockKeys
 from kvtier.layout import PagedPool, buffer_array, int64_overflow, pool_num_blocks
+from kvtier.schema import Section
 from kvtier.store import Store
 
 #: Every block outcome, in the order of the Rust enum.
@@ -101,14 +106,16 @@ STAGE_WORKERS_MAX = 64
 
 
 @dataclass(frozen=True)
-class TransferConfig:
-    """Shape and bounds of a :class:`TransferEngine` (units in the names).
+class TransferConfig(Section):
+    """Shape and bounds of a :class:`TransferEngine` (units in the names); :meth:`from_dict` reads
+    a mapping of these fields (an unknown key is a :class:`ConfigError` naming it).
 
     How blocks are stored is the store's configuration (``ssd.codec``, ``remote.codec``): a load
     moves each block's bytes as its tier stores them and decodes them by the codec the stored
     object records; a store job puts raw blocks and the store encodes them per tier.
     """
 
+    LABEL: ClassVar[str] = "transfer config"
     #: Blocks per chunk (the unit each stage processes).
     chunk_blocks: int = 4
     #: Chunk regions per stage buffer: chunks in flight. Bigger jobs run in rounds.
@@ -124,13 +131,14 @@ class TransferConfig:
     #: Benchmark only (ShadowServe "No MM"): allocate stage buffers per chunk.
     allocate_per_chunk: bool = False
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         for name, most in _CONFIG_MOST.items():
             _positive(name, getattr(self, name), most)
-        if len(self.stage_workers) != 4:
+        if not isinstance(self.stage_workers, Sequence) or len(self.stage_workers) != 4:
             raise ConfigError(
-                f"stage_workers has {len(self.stage_workers)} entries; expected 4 ({STAGE_NAMES})"
+                f"stage_workers is {shown(self.stage_workers)}; expected 4 worker counts {STAGE_NAMES}"
             )
+        object.__setattr__(self, "stage_workers", tuple(self.stage_workers))
         for name, n in zip(STAGE_NAMES, self.stage_workers, strict=True):
             _positive(f"stage_workers[{name}]", n, STAGE_WORKERS_MAX)
 
@@ -178,6 +186,10 @@ class StageStats:
         return self.bytes / self.busy_s if self.busy_s > 0 else 0.0
 
 
+def _stage_stats(core: _core.TransferEngine) -> list[StageStats]:
+    return [StageStats(*s) for s in core.stage_stats()]
+
+
 def _job(t: tuple[int, str, list[str], bool, int, float]) -> FinishedJob:
     return FinishedJob(t[0], t[1], tuple(t[2]), t[3], t[4], t[5])
 
@@ -195,10 +207,18 @@ def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
 
 
 def balanced_stage_workers(rates_bytes_per_s: Sequence[float], threads: int) -> tuple[int, int, int, int]:
-    """Workers per stage so stage throughputs match, from per-worker rates (ShadowServe §4.3)."""
-    if len(rates_bytes_per_s) != 4:
-        raise ConfigError(f"expected 4 stage rates ({STAGE_NAMES}); got {len(rates_bytes_per_s)}")
-    r = [float(x) for x in rates_bytes_per_s]
+    """Workers per stage so stage throughputs match, from per-worker rates (ShadowServe §4.3): one
+    rate per stage of :data:`STAGE_NAMES`, finite bytes/s >= 0 (0: the stage did no work; it keeps
+    one worker), ``threads`` >= 1 (fewer than 4 still give each stage one). A bad value is a
+    :class:`ConfigError` naming it."""
+    rates = rates_bytes_per_s
+    if isinstance(rates, str | bytes) or not isinstance(rates, Sequence) or len(rates) != 4:
+        raise ConfigError(f"rates_bytes_per_s is {shown(rates)}; expected 4 stage rates {STAGE_NAMES}")
+    for i, x in enumerate(rates):
+        # Compared before any float conversion (a huge int would overflow it); NaN fails.
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 <= x <= sys.float_info.max:
+            raise ConfigError(f"rates_bytes_per_s[{i}] is {shown(x)}; expected finite bytes/s >= 0")
+    r = [float(x) for x in rates]
     w = _core.balanced_stage_workers((r[0], r[1], r[2], r[3]), threads)
     return (w[0], w[1], w[2], w[3])
 
@@ -208,17 +228,23 @@ class TransferEngine:
     :class:`~kvtier.layout.PagedPool` objects. Paged jobs queue for the ``store_workers`` (loads
     first)."""
 
-    def __init__(self, store: Store, config: TransferConfig | None = None) -> None:
+    def __init__(self, store: Store, config: TransferConfig | Mapping[str, Any] | None = None) -> None:
         if not isinstance(store, Store):
             raise TypeError(f"TransferEngine needs a kvtier.Store; got {type(store).__name__}")
-        self.config = config or TransferConfig()
+        if isinstance(config, Mapping):
+            config = TransferConfig.from_dict(config)
+        elif config is not None and not isinstance(config, TransferConfig):
+            raise TypeError(
+                f"TransferEngine's config is a {type(config).__name__}; expected a TransferConfig"
+            )
+        self.config = config if config is not None else TransferConfig()
         self.store = store
         self.geometry: Geometry = store.config.geometry
         self._core = _core.TransferEngine(store._core, self.config)
         if store.config.metrics_port is not None:  # its stage statistics join the store's metrics
             from kvtier.metrics import watch_engine
 
-            watch_engine(self)
+            watch_engine(self, functools.partial(_stage_stats, self._core))
 
     def _check(self, keys: BlockKeys, pool: np.ndarray) -> int:
         self._check_keys(keys)
@@ -296,7 +322,7 @@ class TransferEngine:
 
     def stage_stats(self) -> list[StageStats]:
         """Busy time, bytes and chunks per stage since the engine started."""
-        return [StageStats(*s) for s in self._core.stage_stats()]
+        return _stage_stats(self._core)
 
     def balanced_stage_workers(self, threads: int) -> tuple[int, int, int, int]:
         """A stage split for ``threads`` from this engine's measured per-worker stage rates: the

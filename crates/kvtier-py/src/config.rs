@@ -4,9 +4,12 @@
 //! `TransferEngine`. A config (or a section of it) is a config dataclass, read by attribute, or a
 //! mapping of the same keys, read by item. Each key is read here once, under the name Python
 //! declares it with; a missing or mistyped one is a `ConfigError` naming its path
-//! (`ssd.io_depth`). Keys left out (or None) take the Rust defaults, and the Rust configs check
-//! every bound again.
+//! (`ssd.io_depth`), and so is a mapping's key that nothing reads (a misspelt key would
+//! otherwise leave its setting at the default). Keys left out (or None) take the Rust defaults,
+//! and the Rust configs check every bound again.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,6 +26,9 @@ use kvtier_transfer::{StageWorkers, TransferConfig};
 use crate::errors::{config_error, raise};
 use crate::geometry::CoreGeometry;
 
+/// A key's name, as Rust reads it (and as Python declares it).
+type Key = &'static str;
+
 /// A config or one of its sections: a config dataclass or a mapping, and its key path.
 pub(crate) struct Section<'py> {
     value: Bound<'py, PyAny>,
@@ -30,6 +36,8 @@ pub(crate) struct Section<'py> {
     path: String,
     /// The whole config, as a missing key's error names it (`"store config"`).
     what: &'static str,
+    /// The keys read so far: the section's known keys, so that no second list can drift from them.
+    read: RefCell<Vec<Key>>,
 }
 
 impl<'py> Section<'py> {
@@ -46,7 +54,31 @@ impl<'py> Section<'py> {
                 value.get_type()
             )));
         }
-        Ok(Section { value, path, what })
+        Ok(Section { value, path, what, read: RefCell::default() })
+    }
+
+    /// `read(self)`, then [`Section::finish`]: a whole config of the keys `read` takes.
+    pub fn read<T>(&self, read: fn(&Self) -> PyResult<T>) -> PyResult<T> {
+        let out = read(self)?;
+        self.finish()?;
+        Ok(out)
+    }
+
+    /// A `ConfigError` naming each key of a mapping that was not read (once every key is), and
+    /// the read key it resembles (`kvtier.errors.did_you_mean`). A dataclass has no other keys.
+    pub fn finish(&self) -> PyResult<()> {
+        let Ok(d) = self.value.downcast::<PyDict>() else { return Ok(()) };
+        let known: BTreeSet<Key> = self.read.borrow().iter().copied().collect();
+        let known_key = |k: &Bound<'_, PyAny>| k.extract().is_ok_and(|k: String| known.contains(&*k));
+        let unknown: Vec<_> = d.keys().into_iter().filter(|k| !known_key(k)).collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let hint = self.value.py().import("kvtier.errors")?.getattr("did_you_mean")?;
+        let hint = hint.call1((&unknown, &known))?;
+        let names: Vec<_> = unknown.iter().map(|k| format!("`{}`", self.key_path(&k.to_string()))).collect();
+        let (what, names) = (self.what, names.join(", "));
+        Err(config_error(format!("unknown {what} key(s) {names}{hint}; expected some of {known:?}")))
     }
 
     fn key_path(&self, key: &str) -> String {
@@ -58,7 +90,8 @@ impl<'py> Section<'py> {
     }
 
     /// `key`'s value; `None` when absent or None.
-    fn any(&self, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn any(&self, key: Key) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.read.borrow_mut().push(key);
         let v = match self.value.downcast::<PyDict>() {
             Ok(d) => d.get_item(key)?,
             Err(_) => self.value.getattr_opt(key)?,
@@ -67,18 +100,18 @@ impl<'py> Section<'py> {
     }
 
     /// `key`'s value as a `T`; `None` when absent or None.
-    pub fn get<T: FromPyObject<'py>>(&self, key: &str) -> PyResult<Option<T>> {
+    pub fn get<T: FromPyObject<'py>>(&self, key: Key) -> PyResult<Option<T>> {
         self.any(key)?
             .map(|v| v.extract().map_err(|e| config_error(format!("`{}`: {e}", self.key_path(key)))))
             .transpose()
     }
 
-    pub fn required<T: FromPyObject<'py>>(&self, key: &str) -> PyResult<T> {
+    pub fn required<T: FromPyObject<'py>>(&self, key: Key) -> PyResult<T> {
         self.get(key)?.ok_or_else(|| config_error(format!("{} has no `{}`", self.what, self.key_path(key))))
     }
 
     /// The section `key`; `None` when absent or None.
-    pub fn section(&self, key: &str) -> PyResult<Option<Section<'py>>> {
+    pub fn section(&self, key: Key) -> PyResult<Option<Section<'py>>> {
         self.any(key)?.map(|v| Section::of(v, self.what, self.key_path(key))).transpose()
     }
 }
@@ -111,7 +144,7 @@ fn lease_ttl(lease_ttl_s: f64) -> PyResult<Duration> {
 }
 
 /// The `key` of `s` in seconds as a `Duration` (NaN, negative and huge values are errors).
-fn seconds(s: &Section<'_>, key: &str) -> PyResult<Option<Duration>> {
+fn seconds(s: &Section<'_>, key: Key) -> PyResult<Option<Duration>> {
     let Some(v) = s.get::<f64>(key)? else { return Ok(None) };
     Duration::try_from_secs_f64(v).map(Some).map_err(|_| {
         config_error(format!("`{}` is {v}; expected a non-negative number of seconds", s.key_path(key)))
@@ -126,7 +159,7 @@ fn tier_codec(s: &Section<'_>) -> PyResult<TierCodec> {
 }
 
 /// The name `key` of `s` parsed by `parse` (an SSD pool setting such as `durability`).
-fn parsed<T>(s: &Section<'_>, key: &str, parse: fn(&str) -> Result<T, PoolError>) -> PyResult<Option<T>> {
+fn parsed<T>(s: &Section<'_>, key: Key, parse: fn(&str) -> Result<T, PoolError>) -> PyResult<Option<T>> {
     let name: Option<String> = s.get(key)?;
     name.map(|v| parse(&v).map_err(raise)).transpose()
 }
@@ -195,19 +228,23 @@ pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConf
     if let Some(dram) = s.section("dram")? {
         let d = &mut c.dram;
         set_present!(dram, d { capacity_bytes, prefault });
+        dram.finish()?;
     }
     if let Some(ssd) = s.section("ssd")? {
         let mut t = SsdStoreConfig::new(ssd_pool_config(&ssd)?);
         set_present!(ssd, t { admission_k, write_through, promote_on_hit });
         t.codec = tier_codec(&ssd)?;
+        ssd.finish()?;
         c.ssd = Some(t);
     }
     if let Some(remote) = s.section("remote")? {
         let mut t = RemoteStoreConfig::new(remote_client_config(&remote)?);
         set_present!(remote, t { write_through, promote_on_hit });
         t.codec = tier_codec(&remote)?;
+        remote.finish()?;
         c.remote = Some(t);
     }
+    s.finish()?;
     Ok((namespace, c))
 }
 
@@ -231,5 +268,6 @@ pub fn transfer_config(config: &Bound<'_, PyAny>) -> PyResult<TransferConfig> {
     if let Some(workers) = s.get("stage_workers")? {
         c.stage_workers = StageWorkers::from_array(workers);
     }
+    s.finish()?;
     Ok(c)
 }

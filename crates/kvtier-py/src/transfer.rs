@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
+use pyo3::types::PyBool;
 
 use kvtier_store::Store as CoreStore;
 use kvtier_transfer::cuda::{link_duplex_seconds, Cuda};
@@ -19,7 +20,7 @@ use kvtier_transfer::{
 use crate::args::{JobBlockIds, Keys};
 use crate::buffer::{Buffer, Format};
 use crate::config::transfer_config;
-use crate::errors::raise;
+use crate::errors::{config_error, raise};
 use crate::geometry::CoreGeometry;
 use crate::paged::paged_pool;
 use crate::store::Store;
@@ -343,10 +344,22 @@ impl DuplexEngine {
     }
 }
 
-/// Per-stage worker counts balanced from measured per-worker rates (ShadowServe §4.3).
+/// Per-stage worker counts balanced from measured per-worker rates (ShadowServe §4.3). A rate
+/// is finite bytes/s >= 0 (0: the stage did no work, one worker), `threads` an int >= 1; any
+/// other value is a `ConfigError` naming it.
 #[pyfunction]
-pub fn balanced_stage_workers(rates_bytes_per_s: [f64; 4], threads: usize) -> [usize; 4] {
-    StageWorkers::balanced(rates_bytes_per_s, threads).as_array()
+pub fn balanced_stage_workers(
+    rates_bytes_per_s: [f64; 4],
+    threads: &Bound<'_, PyAny>,
+) -> PyResult<[usize; 4]> {
+    if let Some((i, r)) = rates_bytes_per_s.iter().enumerate().find(|(_, r)| !r.is_finite() || **r < 0.0) {
+        return Err(config_error(format!("rates_bytes_per_s[{i}] is {r}; expected finite bytes/s >= 0")));
+    }
+    let n = threads.extract::<usize>().unwrap_or(0);
+    if n == 0 || threads.is_instance_of::<PyBool>() {
+        return Err(config_error(format!("threads is {}; expected an int >= 1", threads.repr()?)));
+    }
+    Ok(StageWorkers::balanced(rates_bytes_per_s, n).as_array())
 }
 
 /// The host link's limits on GPU `device`: (host→device, device→host, both at once) seconds for

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config import StoreConfig, flat_hint, nest_store_keys, read_yaml, with_flat_hint
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, did_you_mean
 
 #: The sections of a StoreConfig: a config file's and the inline ones are merged key by key.
 SECTIONS = ("dram", "ssd", "remote")
@@ -76,17 +76,32 @@ def store_fields(
             if key in data:
                 raise ConfigError(f"`config_file` {str(config_file)!r} sets `{key}`; {engine} decides it")
         fields, flat = nest_store_keys(data, f"config_file {str(config_file)!r}")
+        _refuse_unknown(fields, f"`config_file` {str(config_file)!r}", from_engine)
     inline, inline_flat = nest_store_keys(extra, source)
+    _refuse_unknown(inline, source, from_engine, sorted(option_names), options_label)
     for key, value in inline.items():
         below = fields.get(key)
         if key in SECTIONS and isinstance(value, Mapping) and isinstance(below, Mapping):
             value = {**below, **value}
         fields[key] = value
-    known = set(StoreConfig.names()) - set(from_engine)
-    unknown = sorted(set(fields) - known, key=repr)
-    if unknown:
-        raise ConfigError(
-            f"unknown {source} key(s) {unknown}; expected StoreConfig keys "
-            f"{sorted(known)} or {options_label} {sorted(option_names)}"
-        )
     return StoreKeys(fields, tuple(flat + inline_flat))
+
+
+def _refuse_unknown(
+    fields: Mapping[Any, Any],
+    source: str,
+    from_engine: tuple[str, ...],
+    option_names: list[str] | None = None,
+    options_label: str = "",
+) -> None:
+    """A ConfigError naming ``source`` and each key of ``fields`` that is no StoreConfig key (nor,
+    where ``option_names`` is given, one of the integration's options), with the known key it
+    resembles."""
+    known = sorted(set(StoreConfig.names()) - set(from_engine))
+    unknown = sorted(set(fields) - set(known), key=repr)
+    if unknown:
+        others = f" or {options_label} {option_names}" if option_names is not None else ""
+        raise ConfigError(
+            f"unknown {source} key(s) {unknown}{did_you_mean(unknown, [*known, *(option_names or ())])}; "
+            f"expected StoreConfig keys {known}{others}"
+        )

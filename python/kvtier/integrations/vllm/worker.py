@@ -44,9 +44,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvtier.errors import ConfigError, KvtierError
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.keys import BlockKeys
 from kvtier.layout import PagedPool
+from kvtier.results import output_file
 from kvtier.store import Store
 from kvtier.transfer import FinishedJob, TransferConfig, TransferEngine, TransferError
 
@@ -112,6 +114,10 @@ class WorkerSide:
         self.paged = paged
         self.namespace = store.namespace
         self.stats_file = Path(stats_file) if stats_file else None
+        try:  # now, not at the first step that moves a counter (the error would end the engine)
+            output_file(stats_file or None, "`stats_file`")
+        except KvtierError as e:
+            raise ConfigError(str(e)) from None
         self.counters: Counter[str] = Counter()  # ints, and float second totals (names ending in _s)
         self._lock = threading.Lock()
         self.engine = TransferEngine(store, ENGINE_CONFIG)
