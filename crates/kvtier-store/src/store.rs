@@ -3,7 +3,8 @@
 //! move between tiers (demotion, write-through, promotion) is [`Hierarchy`]'s policy.
 //!
 //! Submodules extend [`Store`]: `pool.rs` (an engine's paged pool), `stored.rs` (loads of
-//! stored, undecoded bytes), `inspect.rs` (stats, metrics, integrity), `staging.rs`, `clear.rs`
+//! stored, undecoded bytes), `inspect.rs` (stats, metrics, integrity), `lookup.rs` (where keys
+//! are, nothing pinned), `staging.rs`, `clear.rs`
 //! (clearing the namespace, and the gate every write and load passes that makes a clear a barrier).
 
 use std::sync::atomic::AtomicU64;
@@ -26,7 +27,7 @@ use crate::levels::remote::RemoteLevel;
 use crate::levels::ssd::SsdLevel;
 use crate::levels::{Level, RawLevel};
 use crate::stats::{bump, Counters};
-use crate::types::{HierarchyPut, Lease, LoadReport, Lookup, PutReport, StoredBlock};
+use crate::types::{HierarchyPut, Lease, LoadReport, PutReport, StoredBlock};
 
 /// The smallest chunk a promoting load reads while the chunk before it is promoted
 /// ([`Store::read_promoting`]): 8 blocks of 2 MiB, the SSD worker's default depth.
@@ -34,6 +35,7 @@ const PROMOTE_CHUNK_MIN_BYTES: usize = 16 << 20;
 
 mod clear;
 mod inspect;
+mod lookup;
 mod pool;
 mod staging;
 mod stored;
@@ -251,35 +253,6 @@ impl Store {
         bump(&self.counters.hit_blocks, hit);
         bump(&self.counters.miss_blocks, keys.len() - hit);
         hit
-    }
-
-    /// The longest consecutive prefix of `keys` present in any tier, and where each block is.
-    /// Nothing is pinned: use [`lease`](Self::lease) before loading.
-    pub fn lookup(&self, namespace_hash: u128, keys: &[BlockKey]) -> Result<Lookup, StoreError> {
-        self.check_namespace(namespace_hash)?;
-        let mut located = vec![None; keys.len()];
-        let hit_blocks = self.locate(keys, &mut located, false);
-        let tiers = located[..hit_blocks].iter().map(|l| l.expect("prefix is located").tier).collect();
-        Ok(Lookup { hit_blocks, tiers })
-    }
-
-    /// Where each of `keys` is, on its own: the tier holding it, or `None`. Unlike
-    /// [`lookup`](Self::lookup), keys after a missing one are asked too (a hybrid model's state
-    /// snapshots exist at some page boundaries only; each tier is asked once for all of them).
-    /// Nothing is pinned. Counted as one lookup; hit and miss blocks count prefixes only, so
-    /// they are left as they are.
-    pub fn lookup_each(
-        &self,
-        namespace_hash: u128,
-        keys: &[BlockKey],
-    ) -> Result<Vec<Option<TierKind>>, StoreError> {
-        self.check_namespace(namespace_hash)?;
-        let mut located = vec![None; keys.len()];
-        for tier in self.tiers() {
-            tier.locate(self.namespace_hash, keys, &mut located, false, false);
-        }
-        self.counters.lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(located.iter().map(|l| l.map(|l| l.tier)).collect())
     }
 
     /// Like [`lookup`](Self::lookup), and pins the hit prefix so eviction cannot remove it
