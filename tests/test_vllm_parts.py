@@ -3,6 +3,7 @@ the worker against a real Store. The connector inside a real vLLM is tests/vllm 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -185,6 +186,34 @@ def test_a_stats_file_that_cannot_be_written_is_refused_when_the_worker_starts(
     try:
         w.write_stats()
         assert (tmp_path / "stats.json").is_file()
+    finally:
+        w.close()
+
+
+def test_a_stats_file_that_fails_later_is_a_warning_not_an_error_in_vllms_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # write_stats runs inside vLLM's step (get_finished): an OSError there ended the engine.
+    directory = tmp_path / "stats"
+    directory.mkdir()
+    w = make_worker(cpu_cache(0))
+    w.stats_file = directory / "stats.json"
+    try:
+        w.write_stats()
+        assert (directory / "stats.json").is_file()
+        for p in directory.iterdir():
+            p.unlink()
+        directory.rmdir()  # the directory goes while vLLM serves
+        with caplog.at_level("WARNING", logger="kvtier.vllm"):
+            w.write_stats()
+            w.write_stats()
+        assert [r.getMessage() for r in caplog.records if "cannot write stats_file" in r.getMessage()] == [
+            f"kvtier: cannot write stats_file {directory / 'stats.json'} ({w._stats_error}); serving goes on"
+        ], "one warning per cause"
+        directory.mkdir()
+        w.write_stats()
+        assert json.loads((directory / "stats.json").read_text()) == w.stats()
+        assert list(directory.iterdir()) == [directory / "stats.json"]  # no temporary file left
     finally:
         w.close()
 

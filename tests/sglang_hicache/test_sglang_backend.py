@@ -301,6 +301,18 @@ def test_inputs_are_checked_before_they_reach_the_store() -> None:
     assert made.get_stats().kvtier["put_blocks"] == 0  # nothing reached the store
 
 
+def test_a_quant_codec_is_taken_at_construction_and_checked_against_the_pools_dtype(tmp_path: Path) -> None:
+    # The construction-time check used to run on a bf16 stand-in geometry, so any `quant` config
+    # was refused before SGLang's pool (fp16 or not) was known.
+    extra = {**DRAM, "ssd": {"directory": str(tmp_path), "capacity_bytes": "4MiB", "codec": "quant"}}
+    made = StorageBackendFactory.create_backend("dynamic", storage_config(extra), None)
+    with pytest.raises(ConfigError, match=r"ssd\.codec.*fp16"):
+        made.register_mem_pool_host(host_pool(dtype=torch.bfloat16))
+    fp16 = host_pool(dtype=torch.float16, layers=24)  # enough 16-bin layers to halve the bytes
+    made.register_mem_pool_host(fp16)
+    assert made.store.config.ssd is not None and made.store.config.ssd.codec == "quant"
+
+
 def test_a_pool_kvtier_cannot_read_is_refused_at_register() -> None:
     pool = host_pool()
     made = StorageBackendFactory.create_backend("dynamic", storage_config(DRAM), pool)

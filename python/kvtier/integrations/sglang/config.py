@@ -64,8 +64,10 @@ class BackendOptions(Section):
 
 # Decided by SGLang, not by the user.
 FROM_ENGINE = ("geometry", "rank")
-# A stand-in geometry that lets every other field be validated before SGLang's pool is known.
-_PROBE_GEOMETRY = Geometry(1, 1, 1, "bf16", 1)
+# A stand-in geometry that lets every other field be validated before SGLang's pool is known. Its
+# dtype is the one every codec accepts (`quant` needs fp16): what depends on the pool's real dtype
+# is checked when SGLang registers it.
+_PROBE_GEOMETRY = Geometry(1, 1, 1, "fp16", 1)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ thread and the model runner never collect the same job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -114,6 +115,7 @@ class WorkerSide:
         self.paged = paged
         self.namespace = store.namespace
         self.stats_file = Path(stats_file) if stats_file else None
+        self._stats_error = ""  # why the last write of the stats file failed ("": it did not)
         try:  # now, not at the first step that moves a counter (the error would end the engine)
             output_file(stats_file or None, "`stats_file`")
         except KvtierError as e:
@@ -404,11 +406,25 @@ class WorkerSide:
         return out
 
     def write_stats(self) -> None:
+        """Replaces the stats file (atomically). It runs inside vLLM's step, so a write that fails
+        (disk full, directory removed) is a warning, once per cause, never an error that ends the
+        engine; the next write that works replaces the file again."""
         if self.stats_file is None:
             return
         tmp = self.stats_file.with_name(self.stats_file.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.stats(), indent=1, sort_keys=True))
-        os.replace(tmp, self.stats_file)
+        try:
+            tmp.write_text(json.dumps(self.stats(), indent=1, sort_keys=True))
+            os.replace(tmp, self.stats_file)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if str(e) != self._stats_error:
+                log.warning("kvtier: cannot write stats_file %s (%s); serving goes on", self.stats_file, e)
+            self._stats_error = str(e)
+            return
+        if self._stats_error:
+            log.warning("kvtier: stats_file %s written again", self.stats_file)
+        self._stats_error = ""
 
     def close(self) -> None:
         self.finish_loads()
