@@ -6,17 +6,18 @@ line-by-line checks are in tests/test_sim_workload.py.)"""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gzip
-import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
-from kvtier import cli
+from kvtier import cli, results
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 TINY = (
@@ -77,13 +78,22 @@ def test_an_output_that_fails_midway_leaves_the_old_file_whole(
 ) -> None:
     out = tmp_path / "result.json"
     out.write_text('{"old": true}')
-    real_dump = json.dumps
+    real_replacing = results.replacing
 
-    def disk_full(value: object, file: Any, **kwargs: Any) -> None:
-        file.write(real_dump(value, **kwargs)[:20])  # part of the document, then the disk is full
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class DiskFull:
+        def __init__(self, file: TextIO) -> None:
+            self.file = file
 
-    monkeypatch.setattr(json, "dump", disk_full)
+        def write(self, text: str) -> int:
+            self.file.write(text[:20])  # part of the document, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    @contextlib.contextmanager
+    def disk_full(path: str) -> Iterator[DiskFull]:
+        with real_replacing(path) as file:  # the real temp file and rename: only the write fails
+            yield DiskFull(file)
+
+    monkeypatch.setattr(results, "replacing", disk_full)
     assert cli.main(["sim", "run", str(small_trace(tmp_path)), "--out", str(out), "--json"]) == 2
     assert "No space left on device" in error_of(capsys)
     assert out.read_text() == '{"old": true}'

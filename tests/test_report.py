@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import math
 import re
 import subprocess
 import sys
@@ -13,7 +15,26 @@ import pytest
 
 from kvtier.cli import main
 from kvtier.errors import KvtierError
-from kvtier.report import reproduction_rows, write_html
+from kvtier.report import reproduction_rows, sim_summary, write_html
+from kvtier.results import json_text, nan_for_null
+from kvtier.sim import size as sim_size
+from kvtier.sim.run import SimResult
+from kvtier.sim.run import run as run_sim
+
+#: A run that ends before any request arrives: every latency figure is a mean of nothing (NaN).
+NOTHING_FINISHES = (
+    "name: nothing-finishes\nhardware: h100-sxm\nmodel: llama-3.1-8b\nblock_tokens: 16\nmax_sim_s: 0.001\n"
+    "workload: {name: multiturn, num_sessions: 3, rate_per_s: 1.0}\n"
+)
+
+
+def strict_loads(text: str) -> object:
+    """``text`` read as RFC 8259 JSON (no NaN or Infinity, as JavaScript, Go and jq read it)."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON (RFC 8259)")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def kvtier(*args: str) -> str:
@@ -113,3 +134,39 @@ def test_a_bad_row_field_is_named(change: dict[str, object], message: str) -> No
     row = {"paper": "x", "metric": "m", "paper_ratio": 1.5, "kvtier_ratio": 1.4, **change}
     with pytest.raises(KvtierError, match=message):
         reproduction_rows({"rows": [row]}, "rows.json")
+
+
+def test_a_run_where_nothing_finishes_writes_strict_json_that_reads_back_and_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "nothing.yaml"
+    config.write_text(NOTHING_FINISHES)
+    out = tmp_path / "out" / "run.json"
+    out.parent.mkdir()
+    assert main(["sim", "run", str(config), "--json", "--out", str(out)]) == 0
+    printed, written = strict_loads(capsys.readouterr().out), strict_loads(out.read_text())
+    assert printed == written and isinstance(written, dict)
+    assert written["requests"] == 0 and written["ttft_s"] == dict.fromkeys(
+        ("max", "mean", "p50", "p90", "p99")
+    )
+    # Read back, the figures are what the run held in memory (NaN), so they print the same.
+    result = run_sim(sim_size.source_config(str(config), None, None))
+    assert math.isnan(result["ttft_s"]["mean"])
+    back = nan_for_null(strict_loads(json_text(result)), SimResult)
+    assert isinstance(back, dict)
+    assert json.dumps(back, sort_keys=True) == json.dumps(result, sort_keys=True)  # NaN equal to NaN
+    assert sim_summary(back) == sim_summary(result)  # type: ignore[arg-type]
+    page = write_html(out.parent).read_text()
+    assert "Run nothing-finishes" in page and "TTFT s   mean nan  p50 nan  p99 nan" in page
+    # A file written before, with Python's NaN literals, still reads, and says the same.
+    out.write_text(json.dumps(result))
+    assert "NaN" in out.read_text()
+    assert html.escape(sim_summary(result)) in write_html(out.parent).read_text()
+
+
+def test_a_row_whose_kvtier_figure_was_undefined_reads_back_as_nan() -> None:
+    row = {"paper": "x", "metric": "m", "paper_ratio": 1.5, "kvtier_ratio": math.nan}
+    data = strict_loads(json_text({"rows": [row]}))
+    assert data == {"rows": [{**row, "kvtier_ratio": None}]} and isinstance(data, dict)
+    (back,) = reproduction_rows(data, "rows.json")
+    assert math.isnan(back["kvtier_ratio"]) and back["paper_ratio"] == 1.5

@@ -7,7 +7,6 @@ A user error (a bad value, a missing or unusable file or directory) is one line
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import subprocess
@@ -22,9 +21,9 @@ from kvtier.config import parse_size
 from kvtier.errors import KvtierError, os_error_message
 from kvtier.remote import check_url
 from kvtier.results import emit as _emit
+from kvtier.results import json_text, write_json
 from kvtier.results import output_directory as _directory
 from kvtier.results import output_file as _output_file
-from kvtier.results import write_json
 from kvtier.sim import compiled
 from kvtier.sim import size as sim_size
 
@@ -149,7 +148,7 @@ def _sim_reproduce(args: argparse.Namespace) -> None:
         rows.extend(row.to_dict() for row in reproduce.run(name, Path(args.out_dir) / name, quick=args.quick))
     _write(str(Path(args.out_dir) / "rows.json"), {"rows": rows})  # for `kvtier report`
     if args.json:
-        print(json.dumps(rows, sort_keys=True))
+        print(json_text(rows, sort_keys=True))
         return
     print(f"{'paper':14s} {'metric':58s} {'paper':>13s} {'kvtier':>8s}  within 30%")
     for r in rows:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from kvtier.errors import KvtierError, shown
-from kvtier.results import field_of, output_file, replacing
+from kvtier.results import field_of, nan_for_null, output_file, replacing
 
 if TYPE_CHECKING:  # the simulator is loaded by the command that runs it, not by every CLI start
     from kvtier.sim.reproduce import RowJson
@@ -109,7 +109,7 @@ def reproduction_rows(data: Mapping[str, object], where: str) -> list[RowJson]:
             "paper": field_of(r, "paper", str, at),
             "metric": field_of(r, "metric", str, at),
             "paper_ratio": None if r.get("paper_ratio") is None else field_of(r, "paper_ratio", float, at),
-            "kvtier_ratio": field_of(r, "kvtier_ratio", float, at),
+            "kvtier_ratio": field_of(r, "kvtier_ratio", float, at, null_is_nan=True),
             "paper_range": paper_range,
             "note": field_of(r, "note", str, at) if "note" in r else "",
             "within_30_percent": (
@@ -158,18 +158,22 @@ def _section(path: Path, data: object) -> str | None:
     if "rows" in data:
         return _reproduction(path, data)  # checks every row itself
     kind = "sweep" if "series" in data else "run" if "ttft_s" in data and "config" in data else None
+    if kind is None:
+        return None
+    from kvtier.sim import run  # the types' runtime form: their fields say which nulls are floats
+
+    # A figure that was NaN (no request to average) was written as null: NaN again, as the run printed it.
+    data = nan_for_null(data, run.SweepResult if kind == "sweep" else run.SimResult)
     try:
         if kind == "sweep":  # the keys read are SweepResult's
             return _sweep(path, cast("SweepResult", data))
-        if kind == "run":
-            return _run(path, cast("SimResult", data))
+        return _run(path, cast("SimResult", data))
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
         problem = f"no {e}" if isinstance(e, KeyError) else shown(str(e), 120)
         raise KvtierError(
             f"{path}: looks like a kvtier sim {kind} result but is not one ({problem}); expected what "
             f"`kvtier sim {'sweep' if kind == 'sweep' else 'run --out'}` writes"
         ) from None
-    return None
 
 
 def write_html(directory: str | Path, out: str | Path | None = None) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kvtier.errors import ConfigError
+from kvtier.results import json_text, to_json
 from kvtier.sim import gpu_check, gpu_measurement
 from kvtier.sim.cost import RooflineCostModel
 from kvtier.sim.hardware import load_hardware
@@ -101,7 +102,7 @@ def test_repeat_measurement_gives_the_noise_floor() -> None:
     )
     assert 0 < steps.repeat_mean_rel_diff <= steps.repeat_max_rel_diff < 0.1
     assert checked(H100).steps is not None
-    assert "repeat_mean_rel_diff" not in gpu_check.to_json(checked(H100).steps)  # no steps_repeat there
+    assert "repeat_mean_rel_diff" not in to_json(checked(H100).steps)  # no steps_repeat there
 
 
 @pytest.mark.parametrize(
@@ -176,7 +177,7 @@ def test_bad_overlap_and_kvtier_parts_are_named() -> None:
 
 def test_the_json_report_keeps_its_keys_and_echoes_the_measurement() -> None:
     for path in (H200, H100):
-        out = json.loads(json.dumps(gpu_check.to_json(checked(path))))
+        out = json.loads(json_text(checked(path)))  # as --json prints it
         measured = raw(path)
         assert out["machine"] == measured["machine"] and out["kvtier"] == measured["kvtier"]
         assert list(out) == [

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvtier.errors import KvtierError, shown
+from kvtier.results import json_text
 
 
 def engine_python(venv: Path) -> Path:
@@ -42,7 +43,7 @@ def run_worker(
         env["LD_PRELOAD"] = str(iomp)
     with tempfile.NamedTemporaryFile("w", prefix="kvtier-worker-spec-", suffix=".json") as f:
         if spec is not None:
-            json.dump(spec, f)
+            f.write(json_text(spec))
             f.flush()
             args = [*args, "@" + f.name]
         proc = subprocess.run(

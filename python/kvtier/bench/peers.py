@@ -35,7 +35,7 @@ from kvtier.bench.peers_protocol import Spec, WorkerResult
 from kvtier.bench.peers_ssd import filesystem_of
 from kvtier.bench.peers_table import NOT_MEASURED, PARTS, PartRound, PeersResult, Round, aggregate, summary
 from kvtier.errors import KvtierError
-from kvtier.results import field_of
+from kvtier.results import field_of, json_text
 
 LMCACHE = "lmcache==0.5.6"
 TORCH = ("torch==2.13.0", "numpy<=2.2.6")  # PyPI's torch (a CUDA build) runs on the CPU
@@ -191,7 +191,7 @@ def ensure_venv(venv: Path, show: bool = True) -> Stamp:
     )
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
     stamp: Stamp = {"spec": spec, "versions": json.loads(proc.stdout), "mooncake_unavailable": mooncake}
-    stamp_path.write_text(json.dumps(stamp, indent=2, sort_keys=True))
+    stamp_path.write_text(json_text(stamp, indent=2, sort_keys=True))
     return stamp
 
 
@@ -200,7 +200,7 @@ def worker(python: Path | str, side: str, part: str, spec: Spec) -> WorkerResult
     """One worker process; its RESULT, or ``{"error": ...}`` with the end of its output (or with
     the field its RESULT lacks or gives the wrong type)."""
     env = {**os.environ, **PEER_ENV} if side != "kvtier" else None
-    cmd = [str(python), "-P", str(WORKER), side, part, json.dumps(spec)]
+    cmd = [str(python), "-P", str(WORKER), side, part, json_text(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     except subprocess.TimeoutExpired:
@@ -239,7 +239,7 @@ def _mooncake(venv: Path, workdir: Path) -> Iterator[Spec]:
     """``mooncake_master`` (with its HTTP metadata server) and a segment-holder process."""
     with mooncake_master(venv, workdir) as master:
         spec: Spec = {"metadata": master["metadata"], "master": master["master"], "segment_bytes": 2**29}
-        holder_cmd = [str(venv / "bin" / "python"), "-P", str(WORKER), "mooncake", "holder", json.dumps(spec)]
+        holder_cmd = [str(venv / "bin" / "python"), "-P", str(WORKER), "mooncake", "holder", json_text(spec)]
         holder_log = workdir / "holder.log"
         with open(holder_log, "wb") as log:
             env = {**os.environ, **PEER_ENV}

@@ -262,6 +262,7 @@ def kvtier_ssd(spec: Spec, objs: Array, tokens_of: TokensOf, worker: Path) -> Wo
     """Both puts here (one store per durability, each its own directory), the cold get in a fresh
     process (``kvtier_ssd_cold_get``) over the ``ssd_put`` directory once this one closed it."""
     from kvtier import _core
+    from kvtier.results import json_text
 
     out = aligned_like(objs)
     memcpy_s = _memcpy_s(lambda: _core.memcpy(out, objs))
@@ -279,7 +280,7 @@ def kvtier_ssd(spec: Spec, objs: Array, tokens_of: TokensOf, worker: Path) -> Wo
         resident = drop_from_page_cache(files_under(root / "ssd_put"))  # fsync, then out of the page cache
         child = spec.copy()
         child["ssd_directory"] = str(root / "ssd_put")
-        cmd = [sys.executable, "-P", str(worker), "kvtier", "ssd_cold_get", json.dumps(child)]
+        cmd = [sys.executable, "-P", str(worker), "kvtier", "ssd_cold_get", json_text(child)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         _check(proc.returncode == 0 and bool(lines), f"cold get: {(proc.stdout + proc.stderr)[-1500:]}")

@@ -480,6 +480,7 @@ WORKERS: dict[tuple[str, str], Callable[[Spec], WorkerResult]] = {
 if __name__ == "__main__":
     side, part, text = sys.argv[1:4]
     result = WORKERS[side, part](json.loads(text))
-    print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
+    # Strict JSON (no NaN literal); kvtier.results.json_text is not importable in the peers' environment.
+    print("RESULT " + json.dumps(result, sort_keys=True, allow_nan=False), flush=True)
     sys.stderr.flush()
     os._exit(0)  # LMCache leaves non-daemon threads (stats logger, event loop) that never end

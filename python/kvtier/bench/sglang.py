@@ -42,7 +42,7 @@ from typing import Any, NotRequired, TypedDict
 from kvtier.bench.engine_env import engine_python, run_worker
 from kvtier.bench.mooncake_env import MooncakeServers, install_mooncake, mooncake_master
 from kvtier.errors import KvtierError
-from kvtier.results import OMIT, Result, to_json
+from kvtier.results import OMIT, Result, json_text
 
 PAGE_TOKENS = 64
 EXISTS_TOKENS = 128 * 1024
@@ -125,7 +125,7 @@ def run(
             except KvtierError as e:
                 unavailable = str(e)
         data = run_worker(
-            venv, "kvtier.bench.sglang", ["--worker", json.dumps(args)], "SGLang bench worker", 3600
+            venv, "kvtier.bench.sglang", ["--worker", json_text(args)], "SGLang bench worker", 3600
         )
     result = SglangBench.from_json(data, "SGLang bench worker's RESULT")
     return dataclasses.replace(result, mooncake_unavailable=unavailable)
@@ -390,4 +390,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
     result = _worker(json.loads(parser.parse_args().worker))
-    print("RESULT " + json.dumps(to_json(result), sort_keys=True), flush=True)
+    print("RESULT " + json_text(result, sort_keys=True), flush=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import KvtierError
-from kvtier.results import Result
+from kvtier.results import Result, json_text
 from kvtier.sim import compiled
 from kvtier.sim.config import SimConfig
 from kvtier.sim.metrics import Summary
@@ -251,7 +251,8 @@ def replay(
     )
     if done.returncode != 0:
         raise KvtierError(f"sim replay {args} failed (exit {done.returncode}); its error is above")
-    return ScalingRow(**json.loads(done.stdout.strip().splitlines()[-1]))
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    return ScalingRow.from_json(row, f"sim replay {args}'s row")
 
 
 def _replay_here(policy: str, copies: int, engines: int, max_requests: int | None) -> ScalingRow:
@@ -386,4 +387,4 @@ def add_command(bench_sub: Any, positive: Callable[[str], int], emit: Callable[.
 if __name__ == "__main__":  # one replay of :func:`replay`, its row as a JSON line on stdout
     _policy, _copies, _engines, _max = sys.argv[1:5]
     _row = _replay_here(_policy, int(_copies), int(_engines), int(_max) or None)
-    print(json.dumps(_row.as_dict()))
+    print(json_text(_row))

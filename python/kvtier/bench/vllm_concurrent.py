@@ -32,7 +32,7 @@ from typing import Any, TypedDict
 
 from kvtier.errors import KvtierError
 from kvtier.integrations.vllm.config import transfer_config
-from kvtier.results import Result, field_of
+from kvtier.results import Result, field_of, json_text
 
 MODES = {"sync": False, "async": True}  # the connector's load_async
 KEYS = ("ttft_s", "bg_tokens_per_s", "bg_max_itl_s", "bg_mean_itl_s")  # compared between the modes
@@ -303,7 +303,7 @@ def main() -> None:
         stats = close_local_workers().get("stats")
         if isinstance(stats, dict):
             result["stats"] = stats
-    print("RESULT " + json.dumps(result), flush=True)
+    print("RESULT " + json_text(result), flush=True)
 
 
 if __name__ == "__main__":

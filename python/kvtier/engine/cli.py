@@ -11,10 +11,11 @@ until a command runs (``kvtier --help`` stays fast).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+
+from kvtier.results import json_text
 
 if TYPE_CHECKING:
     from kvtier.engine import LLM, RequestOutput, SamplingParams
@@ -129,7 +130,7 @@ def run_generate(args: argparse.Namespace) -> None:
     if llm.store is not None:
         llm.store.flush()  # the SSD tier's index is durable for the next process
     if args.json:
-        print(json.dumps({"outputs": [_output_dict(o) for o in outputs]}, sort_keys=True))
+        print(json_text({"outputs": [_output_dict(o) for o in outputs]}, sort_keys=True))
         return
     for prompt, out in zip(args.prompts, outputs, strict=True):
         if len(outputs) > 1:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import KvtierError
+from kvtier.results import json_text
 
 #: The package this module belongs to: what a build copies and what a copy is checked against.
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -134,7 +135,7 @@ def write_manifest(tree: Path, files: Mapping[str, str], modules: tuple[str, ...
     """Records in ``tree`` what it was built from (``files``: :func:`source_files` of the package
     as it was copied), for this Python, with ``modules`` compiled."""
     manifest = {"python": _python(), "modules": list(modules), "files": dict(files)}
-    (tree / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (tree / MANIFEST).write_text(json_text(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def stale_reason(tree: Path, package: Path = PACKAGE) -> str | None:

@@ -20,7 +20,6 @@ adds, which the roofline's ``step_overhead_s`` stands for; so the fitted overhea
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.errors import ConfigError
-from kvtier.results import OMIT, Result, to_json
+from kvtier.results import OMIT, Result, json_text
 from kvtier.sim.calibrate import Sample, describe, fit, relative_errors
 from kvtier.sim.cost import COEFFICIENTS, BatchShape, RooflineCostModel
 from kvtier.sim.gpu_measurement import Measurement, StepRow, Steps, read
@@ -397,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     measurement = read(args.file)
     result = check(measurement, args.hardware)
-    print(json.dumps(to_json(result), indent=1) if args.json else summary(result, measurement))
+    print(json_text(result, indent=1) if args.json else summary(result, measurement))
     return 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtier.integrations.vllm.config import transfer_config
+from kvtier.results import json_text
 
 if TYPE_CHECKING:
     from kvtier.integrations.vllm.worker import WorkerSide
@@ -99,7 +100,7 @@ def main() -> None:
     if local:
         # Single process: the worker is here; finish its saves and make the SSD tier durable.
         result |= close_local_workers()
-    print("RESULT " + json.dumps(result), flush=True)
+    print("RESULT " + json_text(result), flush=True)
 
 
 def _lora(lora: Any, ids: dict[tuple[str, str], int]) -> object:

@@ -38,6 +38,7 @@ from typing import Any
 
 from kvtier.integrations.vllm.config import transfer_config
 from kvtier.integrations.vllm.step_log import LoggedRequest, LoggedStep, StepLogResult, StepsSpec
+from kvtier.results import json_text
 
 
 def _engine(spec: StepsSpec) -> Any:
@@ -195,7 +196,7 @@ def main() -> None:
         stats = close_local_workers().get("stats")
         if isinstance(stats, dict):
             result["stats"] = stats
-    print("RESULT " + json.dumps(result), flush=True)
+    print("RESULT " + json_text(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ thread and the model runner never collect the same job.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -49,7 +48,7 @@ from kvtier.errors import ConfigError, KvtierError
 from kvtier.integrations.vllm.kv_layout import PagedKV
 from kvtier.keys import BlockKeys
 from kvtier.layout import PagedPool
-from kvtier.results import output_file
+from kvtier.results import json_text, output_file
 from kvtier.store import Store
 from kvtier.transfer import FinishedJob, TransferConfig, TransferEngine, TransferError
 
@@ -413,7 +412,7 @@ class WorkerSide:
             return
         tmp = self.stats_file.with_name(self.stats_file.name + f".{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(self.stats(), indent=1, sort_keys=True))
+            tmp.write_text(json_text(self.stats(), indent=1, sort_keys=True))
             os.replace(tmp, self.stats_file)
         except OSError as e:
             with contextlib.suppress(OSError):
