@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from kvtier.bench import peers, peers_ssd, peers_table
+from kvtier.bench.kv_fixture import CHECKOUT_PATH
 from kvtier.cli import build_parser
 from kvtier.errors import KvtierError
 
@@ -267,6 +268,7 @@ def test_kvtier_ssd_side_stores_and_reads_back_cold_in_a_fresh_process(tmp_path:
     if peers_ssd.filesystem_of(tmp_path).split()[0] in ("tmpfs", "ramfs", "overlay"):
         pytest.skip("no O_DIRECT here")
     spec = {"seed": 3, "ssd_bytes": 32 * 2**20, "ssd_root": str(tmp_path), "copy_threads": 1}
+    spec["kv_fixture"] = str(CHECKOUT_PATH)
     worker = str(Path(peers.WORKER))
     proc = subprocess.run(
         [sys.executable, "-P", worker, "kvtier", "ssd", json.dumps(spec)], capture_output=True, text=True
@@ -348,10 +350,12 @@ def test_kv_objects_are_kv_like_reproducible_and_never_repeat() -> None:
     objects equal."""
     from kvtier import codec
 
-    objs = peers_ssd.kv_objects(3, 7)
+    objs = peers_ssd.kv_objects(3, 7, CHECKOUT_PATH)
     assert objs.shape == (3, 2 * 2**20) and objs.dtype == np.uint8
-    assert np.array_equal(objs, peers_ssd.kv_objects(3, 7))
-    assert not np.array_equal(objs[0], objs[1]) and not np.array_equal(objs, peers_ssd.kv_objects(3, 8))
+    assert np.array_equal(objs, peers_ssd.kv_objects(3, 7, CHECKOUT_PATH))
+    assert not np.array_equal(objs[0], objs[1]) and not np.array_equal(
+        objs, peers_ssd.kv_objects(3, 8, CHECKOUT_PATH)
+    )
     values = objs.view(np.uint16).astype(np.uint32) << 16
     floats = values.view(np.float32)
     assert np.isfinite(floats).all() and 0.05 < float(np.abs(floats).mean()) < 5

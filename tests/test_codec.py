@@ -8,13 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import codec
-from kvtier.bench.codec import FIXTURE, GEOMETRY, load_blocks
+from kvtier.bench.codec import GEOMETRY, load_blocks
+from kvtier.bench.kv_fixture import CHECKOUT_PATH
 from kvtier.errors import KvtierError
 
 
 @pytest.fixture(scope="module")
 def blocks() -> np.ndarray:
-    return load_blocks(FIXTURE)
+    return load_blocks(CHECKOUT_PATH)
 
 
 @settings(max_examples=40, deadline=None)

@@ -18,8 +18,9 @@ import pytest
 
 import kvtier
 from kvtier import _core
-from kvtier.bench.codec import FIXTURE, load_blocks
 from kvtier.bench.codec import GEOMETRY as KV_GEOMETRY
+from kvtier.bench.codec import load_blocks
+from kvtier.bench.kv_fixture import CHECKOUT_PATH
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKeys
 from kvtier.testing.redis import LocalRedis
@@ -157,9 +158,9 @@ def test_corrupt_encoded_ssd_object_is_a_counted_miss(tmp_path: Path) -> None:
 @pytest.mark.parametrize("codec", ["lossless", "quant"])
 def test_real_kv_through_ssd(tmp_path: Path, codec: str) -> None:
     """The SmolLM2-135M KV fixture through an SSD tier with a codec, read back by a raw store."""
-    if not FIXTURE.exists():
-        pytest.skip(f"{FIXTURE} missing")
-    blocks = load_blocks()
+    if not CHECKOUT_PATH.exists():
+        pytest.skip(f"{CHECKOUT_PATH} missing")
+    blocks = load_blocks(CHECKOUT_PATH)
     fields: dict[str, Any] = {
         "geometry": KV_GEOMETRY,
         "model_id": "real-kv",

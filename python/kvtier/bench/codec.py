@@ -1,5 +1,6 @@
 """``kvtier bench codec``: codec ratios, speeds and ``quant`` error on real KV (the SmolLM2-135M
-fixture, 20 fp16 ``BlockFirst`` objects), one block per chunk. Speeds are output (decoded) Gbit/s on
+fixture, 20 fp16 ``BlockFirst`` objects: :mod:`kvtier.bench.kv_fixture`, computed once where the
+wheel did not ship it), one block per chunk. Speeds are output (decoded) Gbit/s on
 one core, as ShadowServe Table 1 reports them (host core: deflate 2.5, LZ4 18.6), next to a memcpy
 of the same bytes measured in this run; ``--threads`` adds an all-cores decode figure."""
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtier import _core, codec
+from kvtier.bench import kv_fixture
 from kvtier.bench.timing import best_seconds, memcpy_seconds
 from kvtier.errors import KvtierError
 from kvtier.geometry import Geometry
@@ -22,7 +24,6 @@ from kvtier.results import OMIT, Result
 if TYPE_CHECKING:
     from kvtier.bench.agreement import Agreement
 
-FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "smollm2_kv.npz"
 GEOMETRY = Geometry(30, 3, 64, "fp16", 16)
 LOSSLESS_BACKENDS = ("zstd", "lz4", "deflate")
 
@@ -102,11 +103,9 @@ class CodecBench(Result):
         return out
 
 
-def load_blocks(path: Path = FIXTURE) -> np.ndarray:
-    """The fixture's blocks as ``[num_blocks, block_bytes]`` uint8."""
-    if not path.exists():
-        raise KvtierError(f"KV fixture {path} is missing; expected tests/fixtures/smollm2_kv.npz")
-    kv = np.load(path)["kv"]
+def load_blocks(path: Path) -> np.ndarray:
+    """The fixture's blocks (:func:`kv_fixture.load_kv`) as ``[num_blocks, block_bytes]`` uint8."""
+    kv = kv_fixture.load_kv(path)
     return np.ascontiguousarray(kv).reshape(kv.shape[0], -1).view(np.uint8)
 
 
@@ -162,7 +161,8 @@ def _quant_curve(blocks: np.ndarray) -> list[QuantRow]:
 
 
 def run(repeats: int = 3, threads: int = 0, show: bool = True, agreement: bool = True) -> CodecBench:
-    blocks = load_blocks()
+    fixture = kv_fixture.fixture_path()  # computed first (stderr says so) where the wheel lacks it
+    blocks = load_blocks(fixture)
     memcpy = _gbit_per_s(blocks.nbytes, memcpy_seconds(blocks.nbytes, repeats))
     lossless: dict[str, CodecFigures] = {}
     for backend in LOSSLESS_BACKENDS:
@@ -187,7 +187,7 @@ def run(repeats: int = 3, threads: int = 0, show: bool = True, agreement: bool =
             print("bench codec: next-token agreement on SmolLM2-135M (about 20 s)", flush=True)
         agreed = _agreement()
     return CodecBench(
-        fixture=str(FIXTURE.name),
+        fixture=fixture.name,
         blocks=int(blocks.shape[0]),
         block_bytes=int(blocks.shape[1]),
         memcpy_gbit_per_s_per_core=memcpy,

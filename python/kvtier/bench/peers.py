@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypedDict
 
+from kvtier.bench import kv_fixture
 from kvtier.bench.mooncake_env import MOONCAKE, install_mooncake, mooncake_master, say, step, stop
 from kvtier.bench.peers_protocol import Spec, WorkerResult
 from kvtier.bench.peers_ssd import filesystem_of
@@ -277,6 +278,8 @@ def run(
         "ssd_bytes": ssd_bytes,
         "ssd_codec": ssd_codec,
     }
+    if "ssd" in parts:  # computed here, once, where the wheel lacks it: the peers' side has no kvtier
+        base["kv_fixture"] = str(kv_fixture.fixture_path())
     unavailable: dict[str, str] = {}
     if stamp["mooncake_unavailable"]:
         unavailable["mooncake"] = stamp["mooncake_unavailable"]

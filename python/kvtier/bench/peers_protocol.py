@@ -19,6 +19,8 @@ class Spec(TypedDict, total=False):
     ssd_codec: str  # kvtier's ssd.codec in the ssd rows
     ssd_root: str
     ssd_directory: str  # the cold get's: the ``ssd_put`` directory it reopens
+    #: The ssd rows': the real KV their objects' values are drawn from (kvtier.bench.kv_fixture).
+    kv_fixture: str
     redis_url: str | None
     redis_server: dict[str, str] | None
     metadata: str  # Mooncake's metadata server and master

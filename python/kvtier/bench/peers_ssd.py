@@ -74,7 +74,6 @@ def aligned_like(objs: Array) -> Array:
     return arr
 
 
-FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "smollm2_kv.npz"
 KV_SHAPE = (32, 2, 16, 8, 128)  # Llama-3-8B BlockFirst object: layer, K|V, token, kv head, dim
 
 
@@ -84,11 +83,12 @@ def bf16_bits(values: Array) -> Array:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def kv_objects(count: int, seed: int, fixture: Path = FIXTURE) -> Array:
+def kv_objects(count: int, seed: int, fixture: str | Path) -> Array:
     """``count`` Llama-3-8B-shaped bf16 KV objects (``(count, 2 MiB)`` uint8) whose values follow
     real KV: each element of channel (layer, K|V, head, dim) is drawn, independently per token,
-    from the values that channel took in the SmolLM2-135M fixture (real KV from the reference
-    engine; channel ``(l % 30, kv, h % 3, d % 64)``: 320 tokens each), rounded to bf16. So each
+    from the values that channel took in the SmolLM2-135M ``fixture`` (real KV from the reference
+    engine, :mod:`kvtier.bench.kv_fixture`: the bench passes its path as the spec's ``kv_fixture``;
+    channel ``(l % 30, kv, h % 3, d % 64)``: 320 tokens each), rounded to bf16. So each
     channel has the sign/exponent spread of real KV (what a lossless codec can exploit), but no
     object or run of bytes repeats (uniform random bytes, the bench's first version, compress not
     at all; real KV does). The same ``seed`` gives the same bytes in every process."""

@@ -366,7 +366,7 @@ def _ssd_objects(spec: Spec) -> tuple[Array, Callable[[int], list[int]]]:
     """The SSD rows' objects: KV-like bf16 values (``peers_ssd.kv_objects``), not random bytes."""
     per_chunk = CHUNK_TOKENS // BLOCK_TOKENS
     count = int(spec["ssd_bytes"]) // BLOCK_BYTES // per_chunk * per_chunk  # whole LMCache chunks
-    objs = _peers_ssd().kv_objects(count, 1000 + int(spec["seed"]))
+    objs = _peers_ssd().kv_objects(count, 1000 + int(spec["seed"]), spec["kv_fixture"])
     return objs, lambda phase: tokens(spec, phase, len(objs) * BLOCK_TOKENS)
 
 
