@@ -9,12 +9,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use common::{keys, load, payload, put_keys, BLOCK_BYTES, OBJECT_BYTES};
+use common::{keys, load, payload, put_keys, TempDir, BLOCK_BYTES, OBJECT_BYTES};
 use kvtier_core::paged::PagedPool;
 use kvtier_core::BlockKey;
 use kvtier_remote::resp::Reply;
@@ -128,21 +127,6 @@ fn dram_store(blocks: u64) -> Store {
     Store::new(common::namespace("clear-barrier", ""), config).unwrap()
 }
 
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("clear-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn ssd_store(dir: &TempDir, dram_blocks: u64, write_through: bool) -> Store {
     let mut pool = SsdConfig::new(&dir.0);
     pool.devices = vec![dir.0.join("a.kvtd")];
@@ -201,7 +185,7 @@ fn a_put_held_before_its_dram_write_does_not_land_after_the_clear() {
 
 #[test]
 fn ssd_write_through_held_mid_put_does_not_land_after_the_clear() {
-    let dir = TempDir::new("write-through");
+    let dir = TempDir::new("clear-write-through");
     let store = ssd_store(&dir, 8, true);
     let ks = keys(&store, 0, 4);
     let events = clear_during(&store, HookPoint::SsdWrite, || {
@@ -214,7 +198,7 @@ fn ssd_write_through_held_mid_put_does_not_land_after_the_clear() {
 
 #[test]
 fn demotion_to_ssd_held_mid_put_does_not_land_after_the_clear() {
-    let dir = TempDir::new("demotion");
+    let dir = TempDir::new("clear-demotion");
     let store = ssd_store(&dir, 2, false);
     let ks = keys(&store, 0, 4);
     put_keys(&store, &ks[..2]); // DRAM is full: the next put demotes these two to SSD
@@ -257,7 +241,7 @@ fn remote_write_back_held_mid_put_does_not_land_after_the_clear() {
 
 #[test]
 fn a_promotion_into_dram_held_mid_load_does_not_land_after_the_clear() {
-    let dir = TempDir::new("promotion");
+    let dir = TempDir::new("clear-promotion");
     let store = ssd_store(&dir, 2, true);
     let ks = keys(&store, 0, 4);
     put_keys(&store, &ks); // all on SSD; DRAM keeps the last two

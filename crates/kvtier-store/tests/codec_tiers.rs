@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use common::keys;
+use common::{keys, TempDir};
 use kvtier_core::checksum::checksum;
 use kvtier_core::{BlockKey, Dtype, Geometry, Namespace, ObjectHeader};
 use kvtier_remote::pipeline::{HeaderSpec, SetItem};
@@ -37,21 +35,6 @@ fn namespace(model_id: &str, cache_salt: &str) -> Namespace {
 const BLOCK_BYTES: usize = 32 << 10;
 /// DRAM bytes per block: 64-byte header + 32 KiB, rounded up to 4 KiB pages.
 const OBJECT_BYTES: u64 = 9 * 4096;
-
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("codec-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn lossless(backend: &str) -> TierCodec {
     TierCodec::Lossless { backend: backend.into(), level: None }
@@ -160,7 +143,7 @@ fn load_all(store: &Store, ks: &[BlockKey]) -> (Vec<TierKind>, usize, Vec<Vec<u8
 fn ssd_round_trip_per_codec_write_back_and_write_through() {
     for write_through in [false, true] {
         for codec in all_codecs() {
-            let dir = TempDir::new(&format!("rt-{}-{write_through}", codec.name()));
+            let dir = TempDir::new(&format!("codec-rt-{}-{write_through}", codec.name()));
             let store = ssd_store(&dir, codec.clone(), write_through);
             let ks = keys(&store, 1, 8);
             put(&store, &ks); // DRAM holds 2: the rest are demoted (or were written through)
@@ -201,7 +184,7 @@ fn ssd_round_trip_per_codec_write_back_and_write_through() {
 fn ssd_blocks_held_are_not_encoded_again() {
     for write_through in [false, true] {
         for codec in [lossless("zstd"), TierCodec::Quant] {
-            let dir = TempDir::new(&format!("once-{}-{write_through}", codec.name()));
+            let dir = TempDir::new(&format!("codec-once-{}-{write_through}", codec.name()));
             let mut ssd = ssd_config(&dir, codec.clone(), write_through);
             ssd.promote_on_hit = true;
             let config = StoreConfig {
@@ -244,7 +227,7 @@ fn ssd_reader_follows_the_header_not_its_config() {
         (TierCodec::Quant, lossless("lz4")),
         (lossless("lz4"), TierCodec::Quant),
     ] {
-        let dir = TempDir::new(&format!("mixed-{}-{}", writer.name(), reader.name()));
+        let dir = TempDir::new(&format!("codec-mixed-{}-{}", writer.name(), reader.name()));
         let ks = {
             let store = ssd_store(&dir, writer.clone(), true);
             let ks = keys(&store, 7, 6);
@@ -265,7 +248,7 @@ fn ssd_reader_follows_the_header_not_its_config() {
 
 #[test]
 fn corrupt_encoded_ssd_object_is_a_counted_miss() {
-    let dir = TempDir::new("corrupt");
+    let dir = TempDir::new("codec-corrupt");
     let store = ssd_store(&dir, lossless("zstd"), true);
     let ks = keys(&store, 3, 6);
     put(&store, &ks);
@@ -283,7 +266,7 @@ fn corrupt_encoded_ssd_object_is_a_counted_miss() {
 /// before it is loaded exactly, and the tampered copy is dropped.
 #[test]
 fn corrupt_encoded_object_in_a_later_chunk_is_refused() {
-    let dir = TempDir::new("corrupt-chunks");
+    let dir = TempDir::new("codec-corrupt-chunks");
     let store = ssd_store(&dir, lossless("zstd"), true);
     let ks = keys(&store, 5, 20);
     put(&store, &ks);
@@ -326,7 +309,7 @@ fn plant_undecodable_objects(dir: &TempDir) -> (u128, Vec<BlockKey>) {
 
 #[test]
 fn undecodable_ssd_objects_are_counted_misses() {
-    let dir = TempDir::new("undecodable");
+    let dir = TempDir::new("codec-undecodable");
     let (ns_hash, ks) = plant_undecodable_objects(&dir);
     let store = ssd_store(&dir, TierCodec::Raw, false);
     assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 3);
@@ -342,7 +325,7 @@ fn undecodable_ssd_objects_are_counted_misses() {
 
 #[test]
 fn bad_codec_config_is_a_clear_error() {
-    let dir = TempDir::new("badconfig");
+    let dir = TempDir::new("codec-badconfig");
     let e = TierCodec::parse("ssd", "gzip", None, None).unwrap_err().to_string();
     assert!(e.contains("ssd.codec") && e.contains("gzip"), "{e}");
     let e = TierCodec::parse("remote", "lossless", Some("brotli"), None).unwrap_err().to_string();
@@ -519,7 +502,7 @@ fn load_all_stored(
 #[test]
 fn stored_loads_hand_out_verified_encoded_payloads() {
     for codec in all_codecs() {
-        let dir = TempDir::new(&format!("stored-{}", codec.name()));
+        let dir = TempDir::new(&format!("codec-stored-{}", codec.name()));
         let store = ssd_store(&dir, codec.clone(), true);
         let ks = keys(&store, 21, 8);
         put(&store, &ks);
@@ -551,7 +534,7 @@ fn stored_loads_hand_out_verified_encoded_payloads() {
 #[test]
 fn stored_loads_never_hand_out_unverified_bytes() {
     // A flipped payload byte: the pool checksum fails the block; the others are still read.
-    let dir = TempDir::new("stored-corrupt");
+    let dir = TempDir::new("codec-stored-corrupt");
     let store = ssd_store(&dir, TierCodec::Quant, true);
     let ks = keys(&store, 3, 6);
     put(&store, &ks);
@@ -562,7 +545,7 @@ fn stored_loads_never_hand_out_unverified_bytes() {
     assert_eq!(store.stats().checksum_failures, 1);
     // Objects whose pool checksum holds but whose codec header does not: an unknown codec id,
     // and a lossless payload of garbage. Counted as decode failures and dropped.
-    let dir = TempDir::new("stored-undecodable");
+    let dir = TempDir::new("codec-stored-undecodable");
     let (ns_hash, ks) = plant_undecodable_objects(&dir);
     let store = ssd_store(&dir, TierCodec::Raw, false);
     let (_, forms, _) = load_all_stored(&store, &ks);
@@ -575,7 +558,7 @@ fn stored_loads_never_hand_out_unverified_bytes() {
 #[test]
 fn stored_load_readers_report_back_to_the_store() {
     // SSD promote_on_hit is on in `ssd_config`; six blocks, DRAM keeps two.
-    let dir = TempDir::new("stored-report");
+    let dir = TempDir::new("codec-stored-report");
     let store = ssd_store(&dir, lossless("zstd"), true);
     assert!(store.promotes_on_hit());
     let ns = store.namespace_hash();

@@ -4,28 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{keys, load, namespace, payload, put_keys, OBJECT_BYTES};
+use common::{keys, load, namespace, payload, put_keys, TempDir, OBJECT_BYTES};
 use kvtier_store::{
     DramStoreConfig, Durability, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierKind,
 };
-
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn ssd_store(
     dir: &TempDir,

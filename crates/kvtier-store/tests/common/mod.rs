@@ -1,6 +1,7 @@
 //! Shared helpers for the store's integration tests.
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvtier_core::{block_keys, BlockKey, Dtype, Geometry, Namespace};
@@ -73,4 +74,22 @@ pub fn load(store: &Store, lease_id: u64, n: usize) -> (kvtier_store::LoadReport
     let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
     let report = store.load(lease_id, &mut dst).unwrap();
     (report, bufs)
+}
+
+/// A fresh directory under the test target's temp dir, named `<name>-<pid>`, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
