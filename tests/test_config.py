@@ -161,15 +161,34 @@ def test_binding_takes_the_store_config_itself() -> None:
 
 @pytest.mark.parametrize("config", [5, "store.yaml", [("model_id", "m")]])
 def test_binding_refuses_a_config_that_is_neither_mapping_nor_dataclass(config: object) -> None:
-    with pytest.raises(
-        ConfigError, match=r"store config is .*; expected a mapping or a kvtier config dataclass"
-    ):
+    with pytest.raises(ConfigError, match=r"store config is .*; expected a mapping or a kvtier\.StoreConfig"):
         kvtier._core.Store(config)  # type: ignore[arg-type]
 
 
+def test_binding_refuses_a_config_dataclass_of_another_class(tmp_path: Path) -> None:
+    # Read by attribute, another config's dataclass would give the keys it shares and leave the
+    # rest at the Rust defaults, silently (a TransferConfig has no required key at all).
+    geometry = kvtier.Geometry(1, 1, 8)
+    store = kvtier._core.Store(core_config(geometry))
+    ssd = kvtier.SsdConfig(directory=str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"transfer config is .*SsdConfig.*; expected a mapping or a kvtier\.TransferConfig"
+    ):
+        kvtier._core.TransferEngine(store, ssd)  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError, match=r"`ssd` is .*TransferConfig.*; expected a mapping or a kvtier\.SsdConfig"
+    ):
+        kvtier._core.SsdPool(kvtier.TransferConfig())  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError, match=r"`ssd` is .*DramConfig.*; expected a mapping or a kvtier\.SsdConfig"
+    ):
+        kvtier._core.Store(core_config(geometry, ssd=kvtier.DramConfig()))  # type: ignore[arg-type]
+
+
 class Recording:
-    """A config section (it passes the binding's dataclass check) that records every key the
-    binding reads from it, under the section's path, and answers from ``section``."""
+    """A config section that records every key the binding reads from it, under the section's
+    path, and answers from ``section``. Built by :func:`recording`, which passes the binding's
+    dataclass check by naming its class as the section's."""
 
     __dataclass_fields__: ClassVar[dict[str, object]] = {}
 
@@ -180,8 +199,13 @@ class Recording:
         self._read.add(f"{self._path}{key}")
         value = getattr(self._section, key, None)
         if isinstance(value, Section):
-            return Recording(value, f"{key}.", self._read)
+            return recording(value, f"{key}.", self._read)
         return value
+
+
+def recording(section: object, path: str, read: set[str]) -> Recording:
+    cls = type(type(section).__name__, (Recording,), {})
+    return cls(section, path, read)  # type: ignore[no-any-return]
 
 
 def test_binding_reads_every_key_python_declares_by_its_name(tmp_path: Path) -> None:
@@ -195,7 +219,7 @@ def test_binding_reads_every_key_python_declares_by_its_name(tmp_path: Path) -> 
     )
     read: set[str] = set()
     with contextlib.suppress(kvtier.KvtierError):  # the keys are read before any tier opens
-        kvtier._core.Store(Recording(config, "", read))  # type: ignore[arg-type]
+        kvtier._core.Store(recording(config, "", read))  # type: ignore[arg-type]
     declared = {f.name for f in dataclasses.fields(config) if f.init} - {"metrics_port", "metrics_addr"}
     for name in ("dram", "ssd", "remote"):
         declared |= {f"{name}.{f.name}" for f in dataclasses.fields(getattr(config, name))}

@@ -1,7 +1,8 @@
 //! Configs crossing from Python, each as one object: `kvtier.StoreConfig` (its `dram`, `ssd` and
 //! `remote` sections map 1:1 to kvtier-store's [`StoreConfig`]), `kvtier.SsdConfig` for an
 //! `SsdPool`, `kvtier.RemoteConfig` for a `RemotePool`, `kvtier.TransferConfig` for a
-//! `TransferEngine`. A config (or a section of it) is a config dataclass, read by attribute, or a
+//! `TransferEngine`. A config (or a section of it) is its own config dataclass (one of another class is
+//! refused: read by attribute, it would give only the keys it shares), read by attribute, or a
 //! mapping of the same keys, read by item. Each key is read here once, under the name Python
 //! declares it with; a missing or mistyped one is a `ConfigError` naming its path
 //! (`ssd.io_depth`), and so is a mapping's key that nothing reads (a misspelt key would
@@ -41,16 +42,29 @@ pub(crate) struct Section<'py> {
 }
 
 impl<'py> Section<'py> {
-    /// The config `value`; its keys are named `<path>.<key>` in errors (`path` empty: `<key>`).
-    pub fn root(value: &Bound<'py, PyAny>, what: &'static str, path: &str) -> PyResult<Self> {
-        Section::of(value.clone(), what, path.to_string())
+    /// The config `value`, a mapping or a `kvtier.<class>` (a config dataclass of another class is
+    /// refused, not read for the keys it happens to share while the rest take defaults); its keys
+    /// are named `<path>.<key>` in errors (`path` empty: `<key>`).
+    pub fn root(
+        value: &Bound<'py, PyAny>,
+        what: &'static str,
+        path: &str,
+        class: &'static str,
+    ) -> PyResult<Self> {
+        Section::of(value.clone(), what, path.to_string(), class)
     }
 
-    fn of(value: Bound<'py, PyAny>, what: &'static str, path: String) -> PyResult<Self> {
-        if !value.is_instance_of::<PyDict>() && !value.hasattr("__dataclass_fields__")? {
+    fn of(value: Bound<'py, PyAny>, what: &'static str, path: String, class: &'static str) -> PyResult<Self> {
+        // The class or a subclass of it (its name anywhere in the MRO).
+        let of_class = || {
+            let mro = value.get_type().mro();
+            mro.iter().any(|c| c.getattr("__name__").is_ok_and(|n| n.to_string() == class))
+        };
+        let config_dataclass = value.hasattr("__dataclass_fields__")? && of_class();
+        if !(value.is_instance_of::<PyDict>() || config_dataclass) {
             let shown = if path.is_empty() { what.to_string() } else { format!("`{path}`") };
             return Err(config_error(format!(
-                "{shown} is {}; expected a mapping or a kvtier config dataclass",
+                "{shown} is {}; expected a mapping or a kvtier.{class}",
                 value.get_type()
             )));
         }
@@ -110,9 +124,9 @@ impl<'py> Section<'py> {
         self.get(key)?.ok_or_else(|| config_error(format!("{} has no `{}`", self.what, self.key_path(key))))
     }
 
-    /// The section `key`; `None` when absent or None.
-    pub fn section(&self, key: Key) -> PyResult<Option<Section<'py>>> {
-        self.any(key)?.map(|v| Section::of(v, self.what, self.key_path(key))).transpose()
+    /// The section `key` (a mapping or a `kvtier.<class>`); `None` when absent or None.
+    pub fn section(&self, key: Key, class: &'static str) -> PyResult<Option<Section<'py>>> {
+        self.any(key)?.map(|v| Section::of(v, self.what, self.key_path(key), class)).transpose()
     }
 }
 
@@ -209,7 +223,7 @@ pub fn remote_client_config(s: &Section<'_>) -> PyResult<RemoteConfig> {
 /// The namespace and the store config of `kvtier.StoreConfig` (or a mapping of its keys, with
 /// `geometry` a `kvtier.Geometry` or its handle); the geometry and namespace keys are required.
 pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConfig)> {
-    let s = Section::root(config, "store config", "")?;
+    let s = Section::root(config, "store config", "", "StoreConfig")?;
     let g: Bound<'_, PyAny> = s.required("geometry")?;
     let g = if g.is_instance_of::<CoreGeometry>() { g } else { g.getattr_opt("_handle")?.unwrap_or(g) };
     let geometry = g.downcast::<CoreGeometry>().map_err(|e| config_error(format!("`geometry`: {e}")))?;
@@ -225,19 +239,19 @@ pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConf
     if let Some(v) = s.get("lease_ttl_s")? {
         c.lease_ttl = lease_ttl(v)?;
     }
-    if let Some(dram) = s.section("dram")? {
+    if let Some(dram) = s.section("dram", "DramConfig")? {
         let d = &mut c.dram;
         set_present!(dram, d { capacity_bytes, prefault });
         dram.finish()?;
     }
-    if let Some(ssd) = s.section("ssd")? {
+    if let Some(ssd) = s.section("ssd", "SsdConfig")? {
         let mut t = SsdStoreConfig::new(ssd_pool_config(&ssd)?);
         set_present!(ssd, t { admission_k, write_through, promote_on_hit });
         t.codec = tier_codec(&ssd)?;
         ssd.finish()?;
         c.ssd = Some(t);
     }
-    if let Some(remote) = s.section("remote")? {
+    if let Some(remote) = s.section("remote", "RemoteConfig")? {
         let mut t = RemoteStoreConfig::new(remote_client_config(&remote)?);
         set_present!(remote, t { write_through, promote_on_hit });
         t.codec = tier_codec(&remote)?;
@@ -251,7 +265,7 @@ pub fn store_config(config: &Bound<'_, PyAny>) -> PyResult<(Namespace, StoreConf
 /// A transfer engine's config (`kvtier.TransferConfig`'s keys; one left out takes the Rust
 /// default).
 pub fn transfer_config(config: &Bound<'_, PyAny>) -> PyResult<TransferConfig> {
-    let s = Section::root(config, "transfer config", "")?;
+    let s = Section::root(config, "transfer config", "", "TransferConfig")?;
     let mut c = TransferConfig::default();
     set_present!(
         s,

@@ -50,7 +50,8 @@ impl RemotePool {
     /// `crate::config::remote_client_config`), for the namespace `namespace_hash`.
     #[new]
     fn new(py: Python<'_>, config: &Bound<'_, PyAny>, namespace_hash: NamespaceHash) -> PyResult<Self> {
-        let config = Section::root(config, "remote config", "remote")?.read(remote_client_config)?;
+        let config =
+            Section::root(config, "remote config", "remote", "RemoteConfig")?.read(remote_client_config)?;
         let tier = py
             .allow_threads(|| RemoteTier::open(config, namespace_hash.0))
             .map_err(|e| kvtier_error("ConfigError", format!("remote: {e}")))?;

@@ -54,7 +54,7 @@ impl SsdPool {
     /// keys, `crate::config::ssd_pool_config`).
     #[new]
     fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let c = Section::root(config, "ssd config", "ssd")?.read(ssd_pool_config)?;
+        let c = Section::root(config, "ssd config", "ssd", "SsdConfig")?.read(ssd_pool_config)?;
         let tier = py.allow_threads(|| SsdTier::open(c)).map_err(raise)?;
         Ok(SsdPool { inner: Mutex::new(Some(Arc::new(tier))) })
     }
