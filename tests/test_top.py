@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -179,3 +181,52 @@ def test_a_counter_that_went_back_was_reset_and_counts_whole() -> None:
     new = {("kvtier_store_put_bytes_total", (("namespace", "a"),)): 300.0}
     assert top._rate(new, old, "kvtier_store_put_bytes_total", 2.0, "namespace") == {("a",): 150.0}
     assert top._rate(old, new, "kvtier_store_put_bytes_total", 2.0, "namespace") == {("a",): 350.0}
+
+
+def test_the_live_view_keeps_its_tables_while_a_scrape_fails_and_resumes_after() -> None:
+    # A store restarting, or a blip, used to end `kvtier top` with the scrape's error.
+    from rich.console import Console
+
+    def shown(view: list[object]) -> str:
+        console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        for part in view:
+            console.print(part)
+        return console.export_text()
+
+    counter = "# TYPE kvtier_store_put_bytes_total counter\n"
+    line = 'kvtier_store_put_bytes_total{namespace="ns",tier="dram"} %d\n'
+    body: list[bytes | None] = [f"{counter}{line % 0}".encode()]  # None: the endpoint fails
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            answer = body[0]
+            if answer is None:
+                self.send_error(503, "restarting")
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+            view = top.LiveView(url, 0.5, top.scrape(url), time.monotonic())
+            body[0] = f"{counter}{line % 2**20}".encode()
+            before = shown(view.refresh())
+            body[0] = None
+            failed = shown(view.refresh())
+            body[0] = f"{counter}{line % (3 * 2**20)}".encode()
+            after = shown(view.refresh())
+        finally:
+            server.shutdown()
+            thread.join()
+    assert "kvtier stores" in before and "ns" in before, before
+    assert before.strip() in failed, failed  # the last tables stay
+    assert url in failed and "503" in failed and "retrying every 0.5 s" in failed, failed
+    assert "kvtier stores" in after and url not in after, after

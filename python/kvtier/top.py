@@ -6,7 +6,10 @@ hit rate, bytes put and loaded per second, evictions per second; per SSD device 
 operation: bandwidth and p99 latency; per transfer-engine stage: workers, share of their time
 busy, and bytes per second. Rates are differences of two scrapes (a counter that went back was
 reset: all of its value counts). ``--once`` prints one
-view (two scrapes ``--interval`` apart) and exits, for scripts and logs.
+view (two scrapes ``--interval`` apart) and exits, for scripts and logs. The first scrape must
+succeed; after it, a scrape that fails (a store restarting, a network blip) keeps the last view
+under a line naming the failure and its time, and the view resumes when the endpoint answers again
+(its rates then span the gap).
 """
 
 from __future__ import annotations
@@ -182,12 +185,34 @@ def run(url: str, interval: float, once: bool) -> None:
         for table in tables(new, old, t_new - t_old):
             console.print(table)
         return
+    view = LiveView(url, interval, old, t_old)
     with Live(console=console, refresh_per_second=4, screen=False) as live:
         while True:
             time.sleep(interval)
-            new, t_new = scrape(url), time.monotonic()
-            live.update(Group(*tables(new, old, t_new - t_old)))
-            old, t_old = new, t_new
+            live.update(Group(*view.refresh()))
+
+
+class LiveView:
+    """What the live view shows after each scrape: the tables of the rates since the last
+    successful scrape; while scrapes fail, the last tables under a line naming the failure."""
+
+    def __init__(self, url: str, interval: float, first: Samples, t_first: float) -> None:
+        self.url, self.interval = url, interval
+        self.last, self.t_last = first, t_first
+        self.shown: list[Any] = []
+
+    def refresh(self) -> list[Any]:
+        from rich.text import Text
+
+        try:
+            new, t_new = scrape(self.url), time.monotonic()
+        except KvtierError as e:
+            since = time.strftime("%H:%M:%S", time.localtime())
+            note = Text(f"{since}: {e}; retrying every {self.interval:g} s", style="bold red")
+            return [*self.shown, note]
+        self.shown = tables(new, self.last, t_new - self.t_last)
+        self.last, self.t_last = new, t_new
+        return self.shown
 
 
 def add_command(sub: Any) -> None:
