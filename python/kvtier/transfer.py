@@ -209,7 +209,9 @@ def _ids(block_ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
 def balanced_stage_workers(rates_bytes_per_s: Sequence[float], threads: int) -> tuple[int, int, int, int]:
     """Workers per stage so stage throughputs match, from per-worker rates (ShadowServe §4.3): one
     rate per stage of :data:`STAGE_NAMES`, finite bytes/s >= 0 (0: the stage did no work; it keeps
-    one worker), ``threads`` >= 1 (fewer than 4 still give each stage one). A bad value is a
+    one worker), ``threads`` >= 1 (fewer than 4 still give each stage one). No stage gets more than
+    ``stage_workers``' bound (64): the excess goes to the other working stages, and threads none
+    can take are left unused, so the split is always a config the engine accepts. A bad value is a
     :class:`ConfigError` naming it."""
     rates = rates_bytes_per_s
     if isinstance(rates, str | bytes) or not isinstance(rates, Sequence) or len(rates) != 4:

@@ -27,7 +27,10 @@ impl StageWorkers {
     /// measured at `rates_bytes_per_s[i]` per worker needs workers in proportion to its time per
     /// byte `1 / rate`. Every stage keeps at least one worker; a stage with rate 0 or non-finite
     /// (not run, e.g. decompress when every block is stored raw) gets exactly one. The total is
-    /// `max(threads, 4)`, remainders going to the largest fractional shares.
+    /// `max(threads, 4)`, remainders going to the largest fractional shares, except that no stage
+    /// gets more than [`STAGE_WORKERS_MAX`] (what [`TransferConfig::validate`] accepts): a capped
+    /// stage's excess goes to the other working stages, and threads no working stage can take are
+    /// not used (a many-core machine with one dominant stage gets a config it can run).
     pub fn balanced(rates_bytes_per_s: [f64; 4], threads: usize) -> Self {
         let threads = threads.max(4);
         let cost: Vec<f64> =
@@ -63,6 +66,13 @@ impl StageWorkers {
             out[order[k % order.len()]] += 1;
             given += 1;
             k += 1;
+        }
+        // The cap: a stage's excess goes to the working stages still under it, in `order`.
+        let excess: usize = out.iter().map(|&n| n.saturating_sub(STAGE_WORKERS_MAX)).sum();
+        out.iter_mut().for_each(|n| *n = (*n).min(STAGE_WORKERS_MAX));
+        for _ in 0..excess {
+            let Some(&i) = order.iter().find(|&&i| out[i] < STAGE_WORKERS_MAX) else { break };
+            out[i] += 1;
         }
         Self::from_array(out)
     }
@@ -164,6 +174,24 @@ mod tests {
         assert_eq!((w.decompress, w.dequantize), (1, 1));
         assert_eq!(w.as_array().iter().sum::<usize>(), 6);
         assert_eq!(StageWorkers::balanced([1.0; 4], 2).as_array(), [1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn balanced_split_stays_within_the_per_stage_bound() {
+        // 512 threads, decompress 100x slower: it would get ~500 workers, which no config accepts.
+        let w = StageWorkers::balanced([1e10, 1e8, 1e10, 1e10], 512);
+        let a = w.as_array();
+        assert!(a.iter().all(|&n| (1..=STAGE_WORKERS_MAX).contains(&n)), "{w:?}");
+        assert_eq!(w.decompress, STAGE_WORKERS_MAX, "{w:?}");
+        // The capped stage's excess went to the others, up to their bound too.
+        assert_eq!(a.iter().sum::<usize>(), 4 * STAGE_WORKERS_MAX, "{w:?}");
+        let c = TransferConfig { stage_workers: w, ..TransferConfig::default() };
+        c.validate().expect("a balanced split is a valid config");
+        // Only one stage working: the others keep one worker, the threads past the bound go unused.
+        let w = StageWorkers::balanced([0.0, 1e9, 0.0, 0.0], 300);
+        assert_eq!(w.as_array(), [1, STAGE_WORKERS_MAX, 1, 1]);
+        // Below the bound nothing changes: 200 threads over four equal stages.
+        assert_eq!(StageWorkers::balanced([1e9; 4], 200).as_array(), [50; 4]);
     }
 
     #[test]
