@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
+import io
 import socket
 import subprocess
 import sys
@@ -91,15 +91,20 @@ def test_top_names_the_url_it_cannot_read() -> None:
 
 
 @contextlib.contextmanager
-def http_server(body: bytes) -> Iterator[str]:
-    """A loopback HTTP server answering every GET with `body`; yields its base URL."""
+def http_server(body: bytes | list[bytes | None]) -> Iterator[str]:
+    """A loopback HTTP server answering every GET with `body` (a list: with its first item as it is
+    then, None answering 503); yields its base URL."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            answer = body[0] if isinstance(body, list) else body
+            if answer is None:
+                self.send_error(503, "restarting")
+                return
             self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(answer)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -188,7 +193,7 @@ def test_the_live_view_keeps_its_tables_while_a_scrape_fails_and_resumes_after()
     from rich.console import Console
 
     def shown(view: list[object]) -> str:
-        console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console = Console(width=200, record=True, file=io.StringIO())
         for part in view:
             console.print(part)
         return console.export_text()
@@ -196,36 +201,15 @@ def test_the_live_view_keeps_its_tables_while_a_scrape_fails_and_resumes_after()
     counter = "# TYPE kvtier_store_put_bytes_total counter\n"
     line = 'kvtier_store_put_bytes_total{namespace="ns",tier="dram"} %d\n'
     body: list[bytes | None] = [f"{counter}{line % 0}".encode()]  # None: the endpoint fails
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            answer = body[0]
-            if answer is None:
-                self.send_error(503, "restarting")
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
-        thread = threading.Thread(target=server.serve_forever)
-        thread.start()
-        try:
-            url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-            view = top.LiveView(url, 0.5, top.scrape(url), time.monotonic())
-            body[0] = f"{counter}{line % 2**20}".encode()
-            before = shown(view.refresh())
-            body[0] = None
-            failed = shown(view.refresh())
-            body[0] = f"{counter}{line % (3 * 2**20)}".encode()
-            after = shown(view.refresh())
-        finally:
-            server.shutdown()
-            thread.join()
+    with http_server(body) as base:
+        url = f"{base}/metrics"
+        view = top.LiveView(url, 0.5, top.scrape(url), time.monotonic())
+        body[0] = f"{counter}{line % 2**20}".encode()
+        before = shown(view.refresh())
+        body[0] = None
+        failed = shown(view.refresh())
+        body[0] = f"{counter}{line % (3 * 2**20)}".encode()
+        after = shown(view.refresh())
     assert "kvtier stores" in before and "ns" in before, before
     assert before.strip() in failed, failed  # the last tables stay
     assert url in failed and "503" in failed and "retrying every 0.5 s" in failed, failed
