@@ -67,11 +67,17 @@ impl StageWorkers {
             given += 1;
             k += 1;
         }
-        // The cap: a stage's excess goes to the working stages still under it, in `order`.
+        // The cap: a stage's excess goes, a worker at a time, to the working stage under the cap
+        // that is then slowest (the most time per byte per worker).
         let excess: usize = out.iter().map(|&n| n.saturating_sub(STAGE_WORKERS_MAX)).sum();
         out.iter_mut().for_each(|n| *n = (*n).min(STAGE_WORKERS_MAX));
         for _ in 0..excess {
-            let Some(&i) = order.iter().find(|&&i| out[i] < STAGE_WORKERS_MAX) else { break };
+            let open = order.iter().copied().filter(|&i| out[i] < STAGE_WORKERS_MAX);
+            let Some(i) =
+                open.max_by(|&a, &b| (cost[a] / out[a] as f64).total_cmp(&(cost[b] / out[b] as f64)))
+            else {
+                break;
+            };
             out[i] += 1;
         }
         Self::from_array(out)
@@ -187,6 +193,11 @@ mod tests {
         assert_eq!(a.iter().sum::<usize>(), 4 * STAGE_WORKERS_MAX, "{w:?}");
         let c = TransferConfig { stage_workers: w, ..TransferConfig::default() };
         c.validate().expect("a balanced split is a valid config");
+        // The excess goes to the next slowest stage first: dequantize (10x) before read and scatter.
+        let w = StageWorkers::balanced([1e10, 1e8, 1e9, 1e10], 100);
+        assert_eq!(w.decompress, STAGE_WORKERS_MAX, "{w:?}");
+        assert!(w.dequantize > w.read && w.dequantize > w.scatter, "{w:?}");
+        assert_eq!(w.as_array().iter().sum::<usize>(), 100, "{w:?}");
         // Only one stage working: the others keep one worker, the threads past the bound go unused.
         let w = StageWorkers::balanced([0.0, 1e9, 0.0, 0.0], 300);
         assert_eq!(w.as_array(), [1, STAGE_WORKERS_MAX, 1, 1]);
