@@ -40,6 +40,7 @@ def host_pool(
     page: int = PAGE,
     ratio: float = 2.0,
     layers: int = LAYERS,
+    heads: int = HEADS,
 ) -> Any:
     """SGLang's MHA or MLA host pool over small CPU device buffers: 33 pages of 4 tokens (or
     pages of ``page`` tokens; ``ratio`` times the device's 64 tokens) of ``layers`` layers (a
@@ -48,8 +49,8 @@ def host_pool(
     # A fixed budget: SGLang otherwise sizes host pools from free RAM minus 10 GiB.
     with host_memory_budget_scope(1 << 30):
         if kind == "mha":
-            k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
-            v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
+            k = tuple(torch.zeros(DEVICE_TOKENS, heads, HEAD_DIM, dtype=dtype) for _ in range(layers))
+            v = tuple(torch.zeros(DEVICE_TOKENS, heads, HEAD_DIM, dtype=dtype) for _ in range(layers))
             buffers = KVBuffers(
                 k=k,
                 v=v,
@@ -60,7 +61,7 @@ def host_pool(
             info = MHABufferInfo(
                 buffers=buffers,
                 page_size=page,
-                head_num=HEADS,
+                head_num=heads,
                 head_dim=HEAD_DIM,
                 v_head_dim=HEAD_DIM,
                 dtype=dtype,
@@ -145,6 +146,8 @@ def storage_config(
     is_mla: bool = False,
     page_first: bool = True,
     metrics: bool = False,
+    tp_lcm_size: int | None = None,
+    should_split_heads: bool = False,
 ) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=tp_rank,
@@ -157,6 +160,8 @@ def storage_config(
         enable_storage_metrics=metrics,
         is_page_first_layout=page_first,
         model_name=model,
+        tp_lcm_size=tp_lcm_size,
+        should_split_heads=should_split_heads,
         extra_config={**BACKEND, **extra},
     )
 
@@ -169,6 +174,9 @@ def backend(
     are the other pools), then on_host_pools_registered (`cache_controller.py` 613-619,
     `hybrid_cache_controller.py` 342-357)."""
     is_mla = isinstance(pool, MLATokenToKVPoolHost)
+    if config.get("tp_lcm_size"):  # as SGLang's cache controller decides it (cache_controller.py 777-788)
+        lcm, tp = config["tp_lcm_size"], config.get("tp_size", 1)
+        config["should_split_heads"] = not is_mla and pool.layout == "page_head" and lcm > tp
     cfg = storage_config(extra, is_mla=is_mla, page_first=pool.layout != "layer_first", **config)
     made = StorageBackendFactory.create_backend("dynamic", cfg, pool)
     made.register_mem_pool_host(pool)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from sglang.srt.mem_cache.hicache_storage import (  # type: ignore[import-not-found, unused-ignore]
     HiCacheStorage,
@@ -77,6 +78,10 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             is_mla=bool(storage_config.is_mla_model),
             dp_rank=getattr(storage_config, "dp_rank", 0),
         )
+        # SGLang's tp_lcm_size: the KV pool's pages are stored as head shards where it can be cut so
+        # (register_mem_pool_host decides), else whole as without it.
+        self._tp_lcm_size: int | None = getattr(storage_config, "tp_lcm_size", None)
+        self._parallel_whole = self.parallel
         self.model_name: str | None = storage_config.model_name
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics = KvtierStorageMetrics()
@@ -95,8 +100,9 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Takes SGLang's KV pool and checks its store's config (closing the stores opened for
         earlier pools); the stores open once SGLang registered every pool."""
-        pages = HostPages.from_host_pool(mem_pool_host, self.settings.kv_cache_dtype)
-        config = store_configs(self.settings, self.model_name, self.parallel, {KV: pages})[KV]
+        parallel = self._kv_parallel(mem_pool_host)
+        pages = HostPages.from_host_pool(mem_pool_host, self.settings.kv_cache_dtype, parallel.head_split)
+        config = store_configs(self.settings, self.model_name, parallel, {KV: pages})[KV]
         if self.parallel.is_mla and self.parallel.tp_size > 1 and config.remote is None:
             # SGLang backs up MLA pages from one writer rank only (`is_storage_writer`), and a DRAM
             # or SSD tier belongs to one process: every other rank would miss on every page.
@@ -107,8 +113,29 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             )
         self.close()
         self._registered, self._refused, self._laid_out = {KV: pages}, {}, False
-        self.mem_pool_host = mem_pool_host
+        self.mem_pool_host, self.parallel = mem_pool_host, parallel
         log.info("kvtier HiCache storage: %s, %d-byte pages", config.model_id, pages.page_bytes)
+
+    def _kv_parallel(self, mem_pool_host: Any) -> Parallelism:
+        """The parallel layout the KV pool's pages are stored under: with SGLang's ``tp_lcm_size``
+        and an MHA pool in the ``page_head`` layout, in head shards of ``tp_lcm_size`` virtual
+        ranks, which every TP size dividing it shares (as SGLang's Mooncake backend splits heads);
+        otherwise whole, per TP size (a warning says so)."""
+        whole, lcm = self._parallel_whole, self._tp_lcm_size
+        if lcm is None:
+            return whole
+        layout = getattr(mem_pool_host, "layout", None)
+        if whole.is_mla or layout != "page_head":
+            log.warning(
+                "kvtier: tp_lcm_size=%s is for MHA pages in SGLang's page_head host layout (its heads "
+                "split across TP sizes); this %s pool's pages (layout %s) are shared with tp_size=%d only",
+                lcm,
+                "MLA" if whole.is_mla else "MHA",
+                layout,
+                whole.tp_size,
+            )
+            return whole
+        return dataclasses.replace(whole, tp_lcm_size=lcm)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Takes one of a hybrid model's host pools (SGLang registers every pool of its group,
@@ -139,7 +166,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 return
             pages = dict(self._registered)
             configs = store_configs(self.settings, self.model_name, self.parallel, pages)
-            self._pools = open_stores(configs, pages)
+            self._pools = open_stores(configs, pages, self.parallel.shard_ranks)
             self._laid_out = True
         if len(pages) > 1:
             for name, config in configs.items():
@@ -228,7 +255,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             if hit:
                 report = pool.store.load_into_pool(lease, pool.pages.pool, ids[:hit])
                 failed = report.failed
-        done = [i < hit and i not in failed for i in range(len(block_keys))]
+        done = pool.pages_done([i < hit and i not in failed for i in range(len(block_keys))])
         self._record(
             prefetch=True,
             pages=sum(done),
@@ -246,13 +273,13 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         report = pool.store.put_from_pool(block_keys, pool.pages.pool, ids)
         self._record(
             prefetch=False,
-            pages=len(block_keys),
+            pages=len(block_keys) // pool.split,
             page_bytes=pool.pages.page_bytes,
             seconds=time.perf_counter() - start,
         )
         if report.rejected == 0:
-            return [True] * len(block_keys)
-        return [tier is not None for tier in pool.store.lookup_each(block_keys)]
+            return [True] * (len(block_keys) // pool.split)
+        return pool.pages_done([tier is not None for tier in pool.store.lookup_each(block_keys)])
 
     # ----------------------------------------------------- hybrid pools (v2)
     def batch_exists_v2(
@@ -261,7 +288,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """Which prefixes of ``keys`` (the KV pages' hashes) the KV pool and every pool in
         ``pool_transfers`` can restore (``hybrid.py``): one KV lookup, one ``lookup_each`` per pool."""
         kv = self._kv()
-        kv_pages = kv.store.lookup(kv.keys(keys)).hit_blocks if len(keys) else 0
+        kv_pages = kv.store.lookup(kv.keys(keys)).hit_blocks // kv.split if len(keys) else 0
         presence = []
         for transfer in pool_transfers or []:
             pool = self._pool(transfer.name)
@@ -326,9 +353,16 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         if len(target_locations) != len(keys):
             raise BufferError(f"{len(keys)} keys but {len(target_locations)} target locations")
         views = [kv.pages.page_view(t, f"target_locations[{i}]") for i, t in enumerate(target_locations)]
-        block_keys = kv.keys(keys)
+        block_keys, split = kv.keys(keys), kv.split
         with kv.store.lease(block_keys) as lease:
-            loaded = kv.store.load(lease, views[: lease.hit_blocks]).loaded_blocks if lease.hit_blocks else 0
+            hit = lease.hit_blocks // split  # whole pages: every head shard of each
+            if split == 1:
+                loaded = kv.store.load(lease, views[:hit]).loaded_blocks if hit else 0
+            else:
+                shards = np.empty((hit * split, kv.pages.object_bytes), dtype=np.uint8)
+                loaded = kv.store.load(lease, shards).loaded_blocks // split if hit else 0
+                for i in range(loaded):
+                    kv.pages.fill_page(views[i], shards[i * split : (i + 1) * split])
         return [t if i < loaded else None for i, t in enumerate(target_locations)]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
@@ -346,7 +380,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         kv = self._kv()
         views = [kv.pages.page_view(v, f"values[{i}]") for i, v in enumerate(values)]
         block_keys = kv.keys(keys)
-        report = kv.store.put(block_keys, [v[0] for v in views])
+        report = kv.store.put(block_keys, [obj for v in views for obj in kv.pages.page_objects(v)])
         return report.rejected == 0 or None not in kv.store.lookup_each(block_keys)
 
     def exists(self, key: str) -> bool:
@@ -355,7 +389,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """Pages present, consecutive from the first: one lookup over every tier."""
         kv = self._kv()
-        return kv.store.lookup(kv.keys(keys)).hit_blocks if keys else 0
+        return kv.store.lookup(kv.keys(keys)).hit_blocks // kv.split if keys else 0
 
     # ----------------------------------------------------------------- admin
     def get_stats(self) -> KvtierStorageMetrics:

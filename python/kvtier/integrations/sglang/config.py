@@ -85,6 +85,11 @@ class Parallelism:
     #: is a process with the same `tp_rank` (attention-group-local) and the same KV, so it shares
     #: the namespace but needs its own SSD pool and metrics port.
     dp_rank: int = 0
+    #: SGLang's ``tp_lcm_size`` where this rank's KV pages are stored as head shards (MHA pages in
+    #: the ``page_head`` layout: the backend decides), so that deployments of every TP size that
+    #: divides it share them: each page is ``tp_lcm_size // tp_size`` objects, one per virtual rank
+    #: ``tp_rank * split + i`` of ``tp_lcm_size`` ranks, in a namespace without the TP size.
+    tp_lcm_size: int | None = None
 
     def __post_init__(self) -> None:
         for rank, size in (("tp_rank", "tp_size"), ("pp_rank", "pp_size"), ("cp_rank", "cp_size")):
@@ -94,11 +99,35 @@ class Parallelism:
                 raise ConfigError(f"SGLang gave {rank}={r!r}, {size}={s!r}; expected 0 <= {rank} < {size}")
         if isinstance(self.dp_rank, bool) or not isinstance(self.dp_rank, int) or self.dp_rank < 0:
             raise ConfigError(f"SGLang gave dp_rank={self.dp_rank!r}; expected an int >= 0")
+        lcm = self.tp_lcm_size
+        if lcm is not None and (
+            isinstance(lcm, bool) or not isinstance(lcm, int) or lcm < self.tp_size or lcm % self.tp_size
+        ):
+            raise ConfigError(
+                f"SGLang gave tp_lcm_size={lcm!r} with tp_size={self.tp_size}; expected a multiple of tp_size"
+            )
+        if lcm is not None and self.is_mla:
+            raise ConfigError("tp_lcm_size splits MHA heads; MLA pages are shared by every TP size already")
+
+    @property
+    def head_split(self) -> int:
+        """Objects per KV page: ``tp_lcm_size // tp_size`` head shards, or 1 (the page whole)."""
+        return 1 if self.tp_lcm_size is None else self.tp_lcm_size // self.tp_size
+
+    @property
+    def shard_ranks(self) -> tuple[int, ...]:
+        """The virtual ranks (of ``tp_lcm_size``) of this rank's head shards, in head order;
+        empty where pages are stored whole."""
+        if self.tp_lcm_size is None:
+            return ()
+        split = self.head_split
+        return tuple(range(self.tp_rank * split, (self.tp_rank + 1) * split))
 
     @property
     def namespace_rank(self) -> int:
-        """The namespace's rank: this TP rank's shard, or 0 for MLA (every rank holds the same KV)."""
-        return 0 if self.is_mla else self.tp_rank
+        """The namespace's rank: this TP rank's shard, or 0 for MLA (every rank holds the same KV)
+        and for head shards (their virtual rank is in each key: :attr:`shard_ranks`)."""
+        return 0 if self.is_mla or self.tp_lcm_size is not None else self.tp_rank
 
     @property
     def process_index(self) -> int:
@@ -120,8 +149,15 @@ class Parallelism:
 def namespace_model_id(model: str, parallel: Parallelism, layout_tag: str, pool: str | None = None) -> str:
     """The namespace's model id: another model, TP split (except MLA), pipeline stage,
     context-parallel rank, host layout or host pool never matches. The KV pool's id has no
-    ``pool=`` part (the id it had before hybrid pools); every other pool's has its name."""
-    tp = "mla" if parallel.is_mla else str(parallel.tp_size)
+    ``pool=`` part (the id it had before hybrid pools); every other pool's has its name. Head
+    shards (``tp_lcm_size``) name the shard's split, ``lcm<N>``, not the TP size: every TP size
+    that divides it meets there."""
+    if parallel.is_mla:
+        tp = "mla"
+    elif parallel.tp_lcm_size is not None:
+        tp = f"lcm{parallel.tp_lcm_size}"
+    else:
+        tp = str(parallel.tp_size)
     out = f"sglang|{model}|tp={tp}|layout={layout_tag}"
     if parallel.pp_size > 1:
         out += f"|pp={parallel.pp_rank}/{parallel.pp_size}"

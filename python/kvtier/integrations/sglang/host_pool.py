@@ -17,6 +17,10 @@ MLA page_first          (tokens, layers, 1, latent)         one run
 MLA page_first_direct   (pages, layers, page, 1, latent)    one run
 ======================  ==================================  ===============================
 
+With SGLang's ``tp_lcm_size`` an MHA page_head page is stored as ``split`` head shards instead
+(``HostPages.split``): each of its two runs is ``(heads, page, layers, dim)``, so heads ``i * h /
+split`` onward are one contiguous part of each, and the pool's blocks are those shards.
+
 The byte order differs between layouts, so the layout (and dtype) is part of the namespace: a
 page written under one layout is never read under another. SGLang keeps fp8 KV as uint8 whatever
 its format, so a uint8 pool needs the format named (`kv_cache_dtype`), and the namespace holds
@@ -108,11 +112,12 @@ def _dtype(name: str, buffer_dtype: torch.dtype, kv_cache_dtype: str | None) -> 
     return kvtier_dtype, torch_name
 
 
-def _geometry(kind: str, pool: Any, dtype: str, page_bytes: int) -> Geometry:
-    """A kvtier geometry whose block is exactly one page (``page_bytes``)."""
+def _geometry(kind: str, pool: Any, dtype: str, page_bytes: int, split: int = 1) -> Geometry:
+    """A kvtier geometry whose block is exactly one page (``page_bytes``), or one of its ``split``
+    head shards (MHA)."""
     layers, ps = pool.layer_num, pool.page_size
     if kind == "mha":
-        geometry = Geometry(layers, pool.head_num, pool.head_dim, dtype, ps)
+        geometry = Geometry(layers, pool.head_num // split, pool.head_dim, dtype, ps)
     elif pool.kv_cache_dim % 2 == 0:  # MLA's latent row, split evenly into "K" and "V" halves
         geometry = Geometry(layers, 1, pool.kv_cache_dim // 2, dtype, ps)
     else:  # an odd latent: 1 element each as "K" and "V", the rest as an extra group
@@ -157,11 +162,22 @@ class HostPages:
     num_pages: int
     page_bytes: int
     dtype: torch.dtype
+    #: Objects per page: 1, or the head shards of an MHA ``page_head`` page (``tp_lcm_size``).
+    #: Then the pool's blocks are the shards (block ``page * split + i``: heads ``i * h / split``
+    #: onward of every run), and a page's ``runs`` each split alike.
+    split: int = 1
+    runs: int = 1
+
+    @property
+    def object_bytes(self) -> int:
+        """Bytes of one stored object: the page, or one head shard of it."""
+        return self.page_bytes // self.split
 
     @classmethod
-    def from_host_pool(cls, host_pool: Any, kv_cache_dtype: str | None = None) -> HostPages:
+    def from_host_pool(cls, host_pool: Any, kv_cache_dtype: str | None = None, split: int = 1) -> HostPages:
         """Refuses (LayoutError) any pool whose page is not one of the layouts in the module docs,
-        and (ConfigError) a uint8 pool without its fp8 format ``kv_cache_dtype``."""
+        or that ``split`` > 1 cannot cut into head shards (an MHA ``page_head`` pool whose heads
+        divide by it), and (ConfigError) a uint8 pool without its fp8 format ``kv_cache_dtype``."""
         name = type(host_pool).__name__
         kind = KINDS.get(name)
         layout = str(getattr(host_pool, "layout", None))
@@ -196,24 +212,33 @@ class HostPages:
             raise LayoutError(
                 f"{name} has {buffer.shape[axis]} token rows; expected {num_pages} pages x {page_size}"
             )
+        if split != 1 and ((kind, layout) != ("mha", "page_head") or host_pool.head_num % split):
+            raise LayoutError(
+                f"{name} ({kind} {layout}, {getattr(host_pool, 'head_num', 1)} heads) cannot be cut into "
+                f"{split} head shards (tp_lcm_size / tp_size); expected an MHA page_head pool whose "
+                "heads divide by it"
+            )
         raw = buffer.view(torch.uint8).numpy()  # the pool's own memory, as bytes
         runs = int(np.prod(buffer.shape[:axis], dtype=np.int64))
         by_page = raw.reshape(runs, num_pages, -1)
-        pool = PagedPool([[by_page[i]] for i in range(runs)])
-        page_bytes = pool.block_bytes
+        # page_head: a run of a page is (heads, page, layers, dim), so a shard's part is contiguous.
+        pool = PagedPool([[by_page[i].reshape(num_pages * split, -1)] for i in range(runs)])
+        page_bytes = pool.block_bytes * split
         if page_bytes != host_pool.get_size_per_token() * page_size:
             raise LayoutError(
                 f"{name} pages are {host_pool.get_size_per_token()} x {page_size} bytes; runs hold {page_bytes}"
             )
         return cls(
             pool=pool,
-            geometry=_geometry(kind, host_pool, dtype, page_bytes),
+            geometry=_geometry(kind, host_pool, dtype, pool.block_bytes, split),
             layout_tag=f"{kind}-{layout}-{dtype_tag}",
             is_mla=kind == "mla",
             page_size=page_size,
             num_pages=num_pages,
             page_bytes=page_bytes,
             dtype=buffer.dtype,
+            split=split,
+            runs=runs,
         )
 
     @classmethod
@@ -270,6 +295,8 @@ class HostPages:
         if bool((first % self.page_size != 0).any()) or not torch.equal(slots, first[:, None] + offsets):
             raise LayoutError(f"host_indices are not whole, aligned pages of {self.page_size} slots")
         ids: npt.NDArray[np.int64] = (first // self.page_size).numpy()
+        if self.split > 1:  # each page's shards, in head order
+            ids = (ids[:, None] * self.split + np.arange(self.split, dtype=np.int64)).reshape(-1)
         return ids
 
     def page_view(self, tensor: Any, what: str) -> npt.NDArray[np.uint8]:
@@ -288,3 +315,17 @@ class HostPages:
             )
         view: npt.NDArray[np.uint8] = tensor.reshape(-1).view(torch.uint8).numpy()
         return view.reshape(1, self.page_bytes)
+
+    def page_objects(self, page: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        """A page's bytes (:meth:`page_view`) as its ``(split, object_bytes)`` stored objects: the
+        page itself, or its head shards (a copy)."""
+        if self.split == 1:
+            return page
+        shards = page.reshape(self.runs, self.split, -1).transpose(1, 0, 2)
+        return np.ascontiguousarray(shards).reshape(self.split, self.object_bytes)
+
+    def fill_page(self, page: npt.NDArray[np.uint8], objects: npt.NDArray[np.uint8]) -> None:
+        """Writes a page's ``(split, object_bytes)`` objects into its bytes (:meth:`page_view`)."""
+        page.reshape(self.runs, self.split, -1)[...] = objects.reshape(self.split, self.runs, -1).transpose(
+            1, 0, 2
+        )

@@ -35,15 +35,20 @@ log = logging.getLogger("kvtier.sglang")
 KV = "kv"
 
 
-def page_keys(namespace_hash: bytes, keys: Sequence[str]) -> BlockKeys:
-    """SGLang's page hash strings as kvtier keys of a namespace (``blake2b`` keyed by its hash)."""
+def page_keys(namespace_hash: bytes, keys: Sequence[str], shard_ranks: Sequence[int] = ()) -> BlockKeys:
+    """SGLang's page hash strings as kvtier keys of a namespace (``blake2b`` keyed by its hash).
+    With ``shard_ranks`` (head shards, ``Parallelism.shard_ranks``), each page's key for each of
+    them in turn: the hash string, a NUL, and the virtual rank."""
     if isinstance(keys, str) or not isinstance(keys, Sequence):
         raise LayoutError(f"keys are {type(keys).__name__}; expected a list of page hash strings")
     raw = bytearray()
     for i, key in enumerate(keys):
         if not isinstance(key, str) or not key:
             raise LayoutError(f"keys[{i}] is {key!r}; expected a page hash string")
-        raw += hashlib.blake2b(key.encode(), digest_size=KEY_BYTES, key=namespace_hash).digest()
+        material = key.encode()
+        for shard in shard_ranks or (None,):
+            named = material if shard is None else b"%s\x00%d" % (material, shard)
+            raw += hashlib.blake2b(named, digest_size=KEY_BYTES, key=namespace_hash).digest()
     return BlockKeys(namespace_hash, bytes(raw))
 
 
@@ -54,10 +59,29 @@ class PoolStore:
     name: str
     pages: HostPages
     store: Store
+    #: The virtual ranks of a KV page's head shards (``Parallelism.shard_ranks``), or empty.
+    shard_ranks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.shard_ranks and len(self.shard_ranks) != self.pages.split:
+            raise LayoutError(
+                f"{len(self.shard_ranks)} shard ranks for pages of {self.pages.split} head shards"
+            )
+
+    @property
+    def split(self) -> int:
+        """Stored objects per page (:attr:`HostPages.split`)."""
+        return self.pages.split
 
     def keys(self, keys: Sequence[str]) -> BlockKeys:
-        """SGLang's page hash strings as keys of this pool's namespace."""
-        return page_keys(self.store.namespace.hash, keys)
+        """SGLang's page hash strings as keys of this pool's namespace: one per page, or one per
+        head shard of each page (in page order, then shard order: as ``pages.page_ids``)."""
+        return page_keys(self.store.namespace.hash, keys, self.shard_ranks)
+
+    def pages_done(self, objects: Sequence[bool]) -> list[bool]:
+        """Per page, whether every one of its objects was (``objects``: one flag per key)."""
+        split = self.split
+        return [all(objects[i : i + split]) for i in range(0, len(objects), split)]
 
 
 def _share(total: int, weight: int, weights: int) -> int:
@@ -90,7 +114,10 @@ def store_configs(
             ssd_bytes=None if ssd_total is None else _share(ssd_total, weights[name], total),
         )
         # MLA-class pages are the same on every TP rank (one copy for all); others are per rank.
-        rank_rule = parallel if name == KV else dataclasses.replace(parallel, is_mla=pages.is_mla)
+        # Only the KV pool's pages are cut into head shards.
+        rank_rule = (
+            parallel if name == KV else dataclasses.replace(parallel, is_mla=pages.is_mla, tp_lcm_size=None)
+        )
         try:
             out[name] = settings.store_config(pages.geometry, model, rank_rule, pages.layout_tag, part=part)
         except ConfigError as e:
@@ -101,13 +128,17 @@ def store_configs(
     return out
 
 
-def open_stores(configs: Mapping[str, StoreConfig], pages: Mapping[str, HostPages]) -> dict[str, PoolStore]:
-    """Opens every pool's store; if one fails, closes those already open and raises, naming it."""
+def open_stores(
+    configs: Mapping[str, StoreConfig], pages: Mapping[str, HostPages], kv_shard_ranks: tuple[int, ...] = ()
+) -> dict[str, PoolStore]:
+    """Opens every pool's store (the KV pool's pages in head shards of ``kv_shard_ranks``, if
+    any); if one fails, closes those already open and raises, naming it."""
     opened: dict[str, PoolStore] = {}
     try:
         for name, config in configs.items():
             try:
-                opened[name] = PoolStore(name, pages[name], Store(config))
+                shards = kv_shard_ranks if name == KV else ()
+                opened[name] = PoolStore(name, pages[name], Store(config), shards)
             except KvtierError as e:
                 e.add_note(f"kvtier: opening the store of SGLang's {name!r} host pool")
                 raise
