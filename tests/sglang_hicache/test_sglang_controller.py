@@ -98,6 +98,34 @@ def test_sglang_threads_back_up_and_prefetch_exact_pages(
         cc.detach_storage_backend()
 
 
+@CONTROLLERS
+@pytest.mark.parametrize("interface_v1", [True, False], ids=["v1", "v0"])
+def test_head_shards_of_tp_lcm_size_back_up_and_prefetch_exact_pages(
+    interface_v1: bool, hybrid: bool, tmp_path: Path, redis: LocalRedis
+) -> None:
+    # SGLang's tp_lcm_size with a page_head pool: every page stored as two head shards.
+    pool = host_pool(layout="page_head", ratio=8.0)
+    extra = extra_for("redis", tmp_path, redis)
+    split = {"tp_lcm_size": 2, "should_split_heads": True}
+    cc = controller(pool, extra, hybrid=hybrid, interface_v1=interface_v1, model="cc-split", **split)
+    try:
+        backend = cc.storage_backend
+        assert backend.store.config.model_id == "sglang|cc-split|tp=lcm2|layout=mha-page_head-bfloat16"
+        prompts = {f"r{i}": prompt(3, pool.page_size, seed=200 + i) for i in range(3)}
+        expected: dict[str, bytes] = {}
+        store_prompts(cc, prompts, expected, seed=20)
+        assert backend.get_stats().kvtier["put_blocks"] == 2 * len(expected)
+        for rid, tokens in prompts.items():
+            p = start_prefetch(cc, rid, tokens)
+            drain_acks(cc, {rid: p}, until_done=True)
+            assert p.completed_tokens == len(tokens), (rid, p.acks)
+            assert_kept_pages(cc, p, tokens, expected)
+            assert p.host_indices is not None
+            pool.free(p.host_indices)
+    finally:
+        cc.detach_storage_backend()
+
+
 @pytest.mark.parametrize("tier", ["dram", "ssd", "redis"])
 def test_clear_means_no_page_stored_before_it_loads_again(
     tier: str, tmp_path: Path, redis: LocalRedis
