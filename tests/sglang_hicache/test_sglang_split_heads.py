@@ -140,6 +140,12 @@ def test_without_a_common_lcm_or_outside_page_head_pages_stay_per_tp_size(
         )
     assert first.store.config.model_id == "sglang|apart|tp=1|layout=mha-page_first-bfloat16"
     assert "tp_lcm_size=2" in caplog.text and "page_head" in caplog.text
+    # MLA pages are the same on every rank: shared by every TP size already, no warning.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvtier.sglang"):
+        mla = backend(host_pool("mla", "page_first"), remote(redis), model="apart", tp_size=1, tp_lcm_size=2)
+    assert mla.store.config.model_id == "sglang|apart|tp=mla|layout=mla-page_first-bfloat16"
+    assert caplog.text == ""
 
 
 def test_heads_that_do_not_divide_and_a_bad_lcm_are_refused(redis: LocalRedis) -> None:

@@ -120,17 +120,18 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """The parallel layout the KV pool's pages are stored under: with SGLang's ``tp_lcm_size``
         and an MHA pool in the ``page_head`` layout, in head shards of ``tp_lcm_size`` virtual
         ranks, which every TP size dividing it shares (as SGLang's Mooncake backend splits heads);
-        otherwise whole, per TP size (a warning says so)."""
+        otherwise whole: MLA pages, the same on every rank, are shared by every TP size already;
+        MHA pages in another layout only with the same TP size (a warning says so)."""
         whole, lcm = self._parallel_whole, self._tp_lcm_size
-        if lcm is None:
+        if lcm is None or whole.is_mla:
             return whole
         layout = getattr(mem_pool_host, "layout", None)
-        if whole.is_mla or layout != "page_head":
+        if layout != "page_head":
             log.warning(
-                "kvtier: tp_lcm_size=%s is for MHA pages in SGLang's page_head host layout (its heads "
-                "split across TP sizes); this %s pool's pages (layout %s) are shared with tp_size=%d only",
+                "kvtier: tp_lcm_size=%s shares MHA pages between TP sizes in SGLang's page_head host "
+                "layout only (their heads are cut into shards); this pool's pages (layout %s) are "
+                "shared with tp_size=%d only",
                 lcm,
-                "MLA" if whole.is_mla else "MHA",
                 layout,
                 whole.tp_size,
             )
