@@ -57,8 +57,16 @@ def _publish(model: Any, out: Path, tokenizer_from: Path, stamp: dict[str, Any])
         if (tokenizer_from / name).exists():
             shutil.copy(tokenizer_from / name, tmp / name)
     (tmp / STAMP).write_text(json.dumps({"version": VERSION, **stamp}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    if _cached(out):  # another test process published it meanwhile (pytest -n): a reader may use it
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # an older version's
+    try:
+        tmp.rename(out)
+    except OSError:  # published by another process between the check and the rename
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _cached(out):
+            raise
     return out
 
 
