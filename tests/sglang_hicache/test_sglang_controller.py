@@ -72,6 +72,17 @@ def assert_kept_pages(cc: Any, p: Prefetch, tokens: list[int], expected: dict[st
         assert page_bytes(pool, p.host_indices, j) == expected[keys[j]], (p.operation.request_id, j)
 
 
+def prefetch_each_whole(cc: Any, prompts: dict[str, list[int]], expected: dict[str, bytes]) -> None:
+    """Prefetches each prompt in turn: every page of it comes back with its stored bytes."""
+    for rid, tokens in prompts.items():
+        p = start_prefetch(cc, rid, tokens)
+        drain_acks(cc, {rid: p}, until_done=True)
+        assert p.completed_tokens == len(tokens), (rid, p.acks)
+        assert_kept_pages(cc, p, tokens, expected)
+        assert p.host_indices is not None
+        host(cc).free(p.host_indices)
+
+
 @CONTROLLERS
 @pytest.mark.parametrize("interface_v1", [True, False], ids=["v1", "v0"])
 @pytest.mark.parametrize("tier", ["dram", "ssd", "redis"])
@@ -85,13 +96,7 @@ def test_sglang_threads_back_up_and_prefetch_exact_pages(
         prompts = {f"r{i}": prompt(6, pool.page_size, seed=100 + i) for i in range(6)}
         expected: dict[str, bytes] = {}
         store_prompts(cc, prompts, expected, seed=10)
-        for rid, tokens in prompts.items():
-            p = start_prefetch(cc, rid, tokens)
-            drain_acks(cc, {rid: p}, until_done=True)
-            assert p.completed_tokens == len(tokens), (rid, p.acks)
-            assert_kept_pages(cc, p, tokens, expected)
-            assert p.host_indices is not None
-            pool.free(p.host_indices)
+        prefetch_each_whole(cc, prompts, expected)
         unseen = start_prefetch(cc, "miss", prompt(4, pool.page_size, seed=999))
         assert unseen.done and unseen.host_indices is None  # a miss allocates nothing
     finally:
@@ -115,13 +120,7 @@ def test_head_shards_of_tp_lcm_size_back_up_and_prefetch_exact_pages(
         expected: dict[str, bytes] = {}
         store_prompts(cc, prompts, expected, seed=20)
         assert backend.get_stats().kvtier["put_blocks"] == 2 * len(expected)
-        for rid, tokens in prompts.items():
-            p = start_prefetch(cc, rid, tokens)
-            drain_acks(cc, {rid: p}, until_done=True)
-            assert p.completed_tokens == len(tokens), (rid, p.acks)
-            assert_kept_pages(cc, p, tokens, expected)
-            assert p.host_indices is not None
-            pool.free(p.host_indices)
+        prefetch_each_whole(cc, prompts, expected)
     finally:
         cc.detach_storage_backend()
 
