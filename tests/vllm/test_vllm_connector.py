@@ -9,15 +9,12 @@ identity here is a real check that the loaded KV is the KV vLLM computed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import MODEL, REPO, VENV
+from conftest import MODEL, ZYGOTE, engine_env
 from kvtier.integrations.vllm.stats import metric_name
 from kvtier.testing.redis import LocalRedis, command
 
@@ -212,18 +209,8 @@ def test_a_request_aborted_while_its_async_load_runs_keeps_its_blocks_until_the_
         "prompt": PROMPT,
         "connector": {"dram": {"capacity_bytes": "256MiB"}, "load_async": True},
     }
-    env = dict(os.environ)
-    if (VENV / "lib" / "libiomp5.so").exists():
-        env["LD_PRELOAD"] = str(VENV / "lib" / "libiomp5.so")
     driver = Path(__file__).with_name("abort_while_loading.py")
-    proc = subprocess.run(
-        [sys.executable, str(driver), json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=REPO,
-    )
+    proc = ZYGOTE.run({"path": str(driver)}, [json.dumps(spec)], engine_env(), timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     result = json.loads(lines[-1][len("RESULT ") :])
