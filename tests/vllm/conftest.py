@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from tiny_model import ensure_tiny_llama, ensure_tiny_mistral
 
+from kvtier.bench.engine_env import engine_environ
+
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)
 MODEL = VENV / "models" / "smollm2-135m-instruct"
@@ -38,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 class Zygote:
     """The test side of zygote.py: one warm parent per test session, forking a child per run (each
-    run is still a process of its own; it skips about 18 s of imports). Started on first use."""
+    run is still a process of its own; it skips about 15 s of imports). Started on first use."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
@@ -56,7 +58,7 @@ class Zygote:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
-            env=engine_env(),
+            env=engine_environ(VENV),
             cwd=REPO,
         )
         self.lines = queue.Queue()
@@ -120,16 +122,6 @@ class Zygote:
 ZYGOTE = Zygote()
 
 
-def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of an engine process: this one's, with Intel's OpenMP preloaded as vLLM's
-    CPU docs ask."""
-    env = {**os.environ, **(extra or {})}
-    iomp = VENV / "lib" / "libiomp5.so"
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
-    return env
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     ZYGOTE.close()
 
@@ -142,7 +134,7 @@ def run_vllm(
     if "gpu_memory_utilization" not in spec:  # vLLM's KV cache: 512 MiB, not 30% of RAM (4 s less a run)
         spec["engine"] = {"kv_cache_memory_bytes": KV_CACHE_BYTES, **spec.get("engine", {})}
     target = {"module": "kvtier.integrations.vllm.run"}
-    proc = ZYGOTE.run(target, [json.dumps(spec)], engine_env(env_extra), timeout)
+    proc = ZYGOTE.run(target, [json.dumps(spec)], engine_environ(VENV, env_extra), timeout)
     if not expect_ok:
         return {"returncode": proc.returncode, "output": proc.stdout + proc.stderr}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

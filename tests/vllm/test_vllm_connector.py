@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from conftest import MODEL, ZYGOTE, engine_env
+from conftest import MODEL, VENV, ZYGOTE
+from kvtier.bench.engine_env import engine_environ
 from kvtier.integrations.vllm.stats import metric_name
 from kvtier.testing.redis import LocalRedis, command
 
@@ -210,7 +211,7 @@ def test_a_request_aborted_while_its_async_load_runs_keeps_its_blocks_until_the_
         "connector": {"dram": {"capacity_bytes": "256MiB"}, "load_async": True},
     }
     driver = Path(__file__).with_name("abort_while_loading.py")
-    proc = ZYGOTE.run({"path": str(driver)}, [json.dumps(spec)], engine_env(), timeout=600)
+    proc = ZYGOTE.run({"path": str(driver)}, [json.dumps(spec)], engine_environ(VENV), timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     result = json.loads(lines[-1][len("RESULT ") :])

@@ -1,17 +1,16 @@
 """A warm parent for the vLLM suite's engine processes: it imports vLLM, torch and kvtier's connector
-once (about 18 s of CPU per process on this machine), then forks one child per run. Each child is
+once (about 15 s of CPU per process on this machine), then forks one child per run. Each child is
 a process of its own, as a user's vLLM is (its DRAM tier dies with it); it only skips the imports.
 vLLM's own engine-core and TP worker processes are spawned by the child as they always are.
 
 Protocol (the test side is `conftest.Zygote`): one JSON request per line on stdin, `{"argv": [...],
 "module": name | "path": file, "env": {...}, "cpus": [...], "cwd": dir, "stdout": file, "stderr":
-file}`; the
-zygote answers on stdout `ZYGOTE {"pid": n}` when the child starts and `ZYGOTE {"pid": n,
-"returncode": r}` when it has exited (a negative code: killed by that signal). The child takes the
-request's environment on top of the one the imports left (vLLM's import sets variables of its own),
-leads its own process group (the test kills the whole group on a timeout), and runs the module or
-file as `__main__`, as `python -m` or `python file` would, so that processes vLLM spawns re-import
-it the same way. It then exits through Python's own shutdown (threads joined, atexit handlers run).
+file}`; the zygote answers on stdout `ZYGOTE {"pid": n}` when the child starts and `ZYGOTE {"pid":
+n, "returncode": r}` when it has exited (a negative code: killed by that signal). The child takes
+the test's CPUs, the request's environment on top of the one the imports left (vLLM's import sets
+variables of its own), leads its own process group (the test kills the whole group on a timeout),
+and runs the module or file as `__main__`, as `python -m` or `python file` would, so that
+processes vLLM spawns re-import it the same way. How it exits: `become`.
 """
 
 from __future__ import annotations
@@ -80,11 +79,11 @@ def become(request: dict[str, Any]) -> None:
 
 
 def warm() -> None:
-    """What every run imports: vLLM's engine, torch, and kvtier's connector with its run driver."""
+    """What every run imports: vLLM's engine, torch, and kvtier's connector. Not the run driver
+    itself: `runpy` runs it as `__main__`, and a copy already imported would be a second one."""
     import torch  # noqa: F401
 
     import kvtier.integrations.vllm.connector
-    import kvtier.integrations.vllm.run
     import kvtier.integrations.vllm.worker  # noqa: F401
     from vllm import LLM, SamplingParams  # noqa: F401
 

@@ -26,6 +26,16 @@ def engine_python(venv: Path) -> Path:
     return py
 
 
+def engine_environ(venv: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process in `venv`: this one's with `extra`, and the venv's Intel
+    OpenMP preloaded when it has one (vLLM's CPU docs ask for it)."""
+    env = {**os.environ, **(extra or {})}
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    return env
+
+
 def run_worker(
     venv: Path,
     module: str,
@@ -37,10 +47,7 @@ def run_worker(
     """Runs ``python -m module *args`` in `venv` (its libiomp5 preloaded when it has one) and
     returns the worker's result. With `spec`, the spec goes in a temporary file whose path is
     passed last as ``@path`` (long prompt lists pass the kernel's 128 KiB argument limit)."""
-    env = dict(os.environ)
-    iomp = venv / "lib" / "libiomp5.so"
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
+    env = engine_environ(venv)
     with tempfile.NamedTemporaryFile("w", prefix="kvtier-worker-spec-", suffix=".json") as f:
         if spec is not None:
             f.write(json_text(spec))
