@@ -62,8 +62,8 @@ py-test: build redis
 vllm-env: $(VENV)/.deps
 	$(PY) scripts/vllm_env.py --venv $(VLLM_VENV)
 
-# Two workers here too, a test file each: a vLLM run keeps about 1.2 of the two cores busy (imports,
-# engine start, spawned ranks), so the suite takes about 9 minutes instead of 14.
+# Two workers here too, a test file each: a vLLM run keeps about 1.3 of the two cores busy (imports,
+# engine start, spawned ranks), so the suite took 521 s instead of 731 s (one same-day pair).
 vllm-test: build vllm-env redis
 	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/vllm
 
