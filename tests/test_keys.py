@@ -13,7 +13,7 @@ from kvtier.errors import KeyHashError
 from kvtier.keys import BlockKeys, Namespace
 
 # Golden vectors: fixed hash and seed, so these never change without a namespace version bump.
-# The same vectors are checked in Rust (crates/kvtier-core/tests/golden_keys.rs).
+# The same vectors are checked in Rust (crates/kvtier-core/tests/it/golden_keys.rs).
 GOLDEN_GEOMETRY = kvtier.Geometry(32, 8, 128, "bf16", 16)
 GOLDEN_NAMESPACE_HEX = "6ffd1453ff86d5d21d739dc2b13648af"
 GOLDEN_KEYS_HEX = [

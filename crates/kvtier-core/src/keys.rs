@@ -10,7 +10,7 @@
 //! 16 bytes, u128 little-endian; tokens are u32. The seed is fixed, so every process and node
 //! derives the same keys without configuration. Only full blocks get keys: the trailing partial
 //! block of a prompt is never cached (its KV would change as tokens are appended).
-//! Golden vectors: `tests/golden_keys.rs` (Rust) and `tests/test_keys.py` (Python).
+//! Golden vectors: `tests/it/golden_keys.rs` (Rust) and `tests/test_keys.py` (Python).
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 

@@ -56,7 +56,7 @@
 //! - A job never writes a pool block outside its `block_ids`, and writes each at most once.
 //! - A pool block has one load or any number of stores holding it (submitted, not collected),
 //!   never both: a submission that would race one is refused, naming the block and the job
-//!   (`BlockInUse`; `submission.rs`, `tests/racing_jobs_are_refused.rs`).
+//!   (`BlockInUse`; `submission.rs`, `tests/it/racing_jobs_are_refused.rs`).
 
 mod aligned;
 mod codec;

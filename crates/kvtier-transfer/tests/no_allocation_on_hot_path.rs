@@ -4,6 +4,7 @@
 //! must never allocate a data-sized buffer. The "No MM" variant (`allocate_per_chunk`) shows
 //! the counter works: it must allocate.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,7 +1,7 @@
 //! Every bad input to the SSD pool is an error whose message names the problem — or, for a
 //! failed bandwidth probe, a working pool with equal shares and a warning saying so.
 
-mod common;
+use crate::common;
 
 use common::{assert_all_load, config, put, TempDir};
 use kvtier_pool::{PoolError, SsdTier, Tier};

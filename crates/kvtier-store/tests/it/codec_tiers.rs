@@ -6,7 +6,7 @@
 //! The remote tests need `redis-server` (or `valkey-server`) on PATH (`make rust-test` installs
 //! it); without it they fail, as `kvtier-remote`'s do.
 
-mod common;
+use crate::common;
 
 use common::{keys, TempDir};
 use kvtier_core::checksum::checksum;

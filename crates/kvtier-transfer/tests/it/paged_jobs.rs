@@ -2,7 +2,7 @@
 //! progress, per-block outcomes (a corrupted block, a miss, bad and repeated ids), stores,
 //! cancel, and the engine's bounds.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! A store serves one namespace: another namespace's hash is an error, and keys computed in
 //! another namespace (other model, other tenant salt) never hit.
 
-mod common;
+use crate::common;
 use common::*;
 use kvtier_core::block_keys;
 use kvtier_store::StoreError;

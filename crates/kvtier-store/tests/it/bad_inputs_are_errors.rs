@@ -1,7 +1,7 @@
 //! Every misuse is a typed error whose message names the wrong value and the expected one, and
 //! leaves the store unchanged.
 
-mod common;
+use crate::common;
 use std::time::Duration;
 
 use common::*;

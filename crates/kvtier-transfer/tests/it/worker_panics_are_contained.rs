@@ -6,7 +6,7 @@
 //! Every engine call runs under [`within`], so code that hangs (the engine before this was
 //! contained) fails the test instead of hanging the run.
 
-mod common;
+use crate::common;
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! may share blocks; other blocks and other pools are free; collection releases the blocks.
 //! Claims last until collection, so these tests need no timing: a finished job still holds.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

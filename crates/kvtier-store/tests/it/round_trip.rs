@@ -1,7 +1,7 @@
 //! put → lease → load returns the exact bytes; lookups report the longest consecutive prefix
 //! and the tier of each block.
 
-mod common;
+use crate::common;
 use common::*;
 use kvtier_store::TierKind;
 

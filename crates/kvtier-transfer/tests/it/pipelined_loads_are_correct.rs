@@ -2,7 +2,7 @@
 //! sizes, buffer sizes (so, numbers of rounds), codecs and block tables; a store job followed
 //! by a load job round-trips.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvtier_store::TierCodec;

@@ -7,7 +7,7 @@
 //! the clear returns while the write is held, and the write lands after it. Real tiers: DRAM,
 //! an SSD pool on files, a loopback redis-server.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};

@@ -2,7 +2,7 @@
 //! full disk — at creation, on a data write, or on a log append — refuses the put, never
 //! crashes, and leaves the pool consistent.
 
-mod common;
+use crate::common;
 
 use common::{assert_all_load, config, get, put, TempDir};
 use kvtier_pool::{EntryRef, ReadOutcome, SsdTier, Tier};

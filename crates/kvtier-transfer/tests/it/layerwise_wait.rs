@@ -1,7 +1,7 @@
 //! `wait_layer(job, l)` never returns before layer `l` of every block of the job is in place.
 //! Checked while later layers are still being written: only layer `l`'s bytes are read.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvtier_transfer::{BlockOutcome, StageWorkers, TransferConfig};

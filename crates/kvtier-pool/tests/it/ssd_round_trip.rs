@@ -1,7 +1,7 @@
 //! Objects written across several devices come back byte for byte, where Algorithm 1 (or
 //! round-robin) put them, and again after the pool is closed and reopened.
 
-mod common;
+use crate::common;
 
 use common::{assert_all_load, config, put, TempDir};
 use kvtier_pool::{Placement, SsdTier, Tier, TierKind};

@@ -3,7 +3,7 @@
 //! key, so every loaded byte is checked: no load ever returns torn or foreign bytes, and no
 //! checksum ever fails (a failure would mean a block was overwritten while leased).
 
-mod common;
+use crate::common;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! The writer is this test binary run again (`child_writer`, ignored in normal runs), driven
 //! by environment variables; it prints `ACK <first> <last>` after each put returns.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -62,7 +62,13 @@ fn write_and_kill(
     extra: Duration,
 ) -> Vec<u128> {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_writer", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "ssd_crash_recovery::child_writer",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("KVTIER_CRASH_DIR", dir.path())
         .env("KVTIER_CRASH_DURABILITY", durability.name())
         .env("KVTIER_CRASH_DEVICE_BYTES", per_device.to_string())

@@ -1,7 +1,7 @@
 //! A corrupted stored byte is never served: the load stops before the corrupt block, the
 //! failure is counted, and the block is a miss from then on.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -7,7 +7,7 @@
 //! two copy streams) in the `#[ignore]`d tests below: `cargo test -p kvtier-transfer --test
 //! duplex_no_torn_or_stale_blocks -- --ignored` on a machine with an NVIDIA GPU.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

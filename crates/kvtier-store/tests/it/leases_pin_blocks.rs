@@ -1,7 +1,7 @@
 //! A leased block survives any eviction pressure until it is released or its TTL passes;
 //! after that it is evictable like any other. Leases are bounded.
 
-mod common;
+use crate::common;
 use std::time::Duration;
 
 use common::*;

@@ -1,7 +1,7 @@
 //! Bad input and faults: every failed block is listed in its job's outcomes, never left as
 //! silent garbage; other blocks and other jobs go on; misuse is a clear error.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! worker, outside the store, by a store handle that blocks the worker's first call (a channel,
 //! not a sleep) while the test clears the store.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! A flipped byte on disk — found by scanning the raw device file the way an outside fault
 //! would hit it, or through the pool's fault injection — is a counted miss, never data.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 

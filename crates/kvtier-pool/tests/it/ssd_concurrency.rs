@@ -1,7 +1,7 @@
 //! Readers and writers at once, on a pool small enough to evict constantly: every read either
 //! misses or returns the exact bytes of its key, and the accounting stays consistent.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

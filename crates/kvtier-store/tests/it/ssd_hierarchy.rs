@@ -2,7 +2,7 @@
 //! lookups report where each block is, loads from SSD verify and promote, leases pin SSD
 //! blocks, capacities hold, and a restarted store finds what the SSD pool kept.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! more than its capacity, every load returns exact bytes for its verified prefix, and
 //! `check_integrity` (allocator accounting, index, headers, pins == leases) holds after every step.
 
-mod common;
+use crate::common;
 use std::time::Duration;
 
 use common::*;
