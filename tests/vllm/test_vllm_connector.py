@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_harness import MODEL, VENV, ZYGOTE
 
-from conftest import MODEL, VENV, ZYGOTE
 from kvtier.bench.engine_env import engine_environ
 from kvtier.integrations.vllm.stats import metric_name
 from kvtier.testing.redis import LocalRedis, command

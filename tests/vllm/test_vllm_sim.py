@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from conftest import VENV
+from vllm_harness import VENV
+
 from kvtier.bench import vllm_sim
 from kvtier.sim.calibrate import write
 from kvtier.sim.cost import COEFFICIENTS, CONNECTOR_COEFFICIENTS, read_calibration

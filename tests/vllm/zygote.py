@@ -3,7 +3,7 @@ once (about 15 s of CPU per process on this machine), then forks one child per r
 a process of its own, as a user's vLLM is (its DRAM tier dies with it); it only skips the imports.
 vLLM's own engine-core and TP worker processes are spawned by the child as they always are.
 
-Protocol (the test side is `conftest.Zygote`): one JSON request per line on stdin, `{"argv": [...],
+Protocol (the test side is `vllm_harness.Zygote`): one JSON request per line on stdin, `{"argv": [...],
 "module": name | "path": file, "env": {...}, "cpus": [...], "cwd": dir, "stdout": file, "stderr":
 file}`; the zygote answers on stdout `ZYGOTE {"pid": n}` when the child starts and `ZYGOTE {"pid":
 n, "returncode": r}` when it has exited (a negative code: killed by that signal). The child takes
