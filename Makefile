@@ -54,28 +54,32 @@ rust-test: redis
 # Two pytest workers (PYTEST_WORKERS), each test file on one worker so its module fixtures (the
 # wheel, the compiled simulator) are built once: about 11 minutes instead of 16 on two cores.
 PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 py-test: build redis
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests --ignore=tests/vllm --ignore=tests/sglang_hicache
+	$(VENV)/bin/pytest -q $(XDIST) tests --ignore=tests/vllm --ignore=tests/sglang_hicache
 
 # Real vLLM with kvtier's connector (tests/vllm). Building the environment needs the package
 # registry (about 3 minutes and 6 GB the first time); without it this target fails, never skips.
 vllm-env: $(VENV)/.deps
 	$(PY) scripts/vllm_env.py --venv $(VLLM_VENV)
 
+# pytest in the engine environment, with the workers above (each engine suite, alone or together).
+ENGINE_PYTEST := $(VLLM_VENV)/bin/pytest -q -p no:cacheprovider $(XDIST)
+
 # Two workers here too, a test file each: a vLLM run keeps about 1.3 of the two cores busy (imports,
 # engine start, spawned ranks), so the suite took 521 s instead of 731 s (one same-day pair).
 vllm-test: build vllm-env redis
-	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/vllm
+	$(ENGINE_PYTEST) tests/vllm
 
 # Real SGLang (pinned, installed --no-deps into the engine environment by vllm-env) with kvtier as
 # its HiCache storage backend (tests/sglang_hicache): SGLang's own host KV pools, DRAM, SSD and Redis tiers.
 sglang-test: build vllm-env redis
-	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/sglang_hicache
+	$(ENGINE_PYTEST) tests/sglang_hicache
 
 # Both engine suites in one pytest session (what `make test` runs): the SGLang suite's files fill the
 # share of the two cores that the vLLM runs leave idle, and the workers start once.
 engine-test: build vllm-env redis
-	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/vllm tests/sglang_hicache
+	$(ENGINE_PYTEST) tests/vllm tests/sglang_hicache
 
 # The engine environment (package downloads and installs, minutes on a fresh machine) builds in the
 # background while lint, the Rust tests and pytest run; its log is printed once it is done. A failure

