@@ -61,7 +61,7 @@ fn run(codec: &TierCodec, allocate_per_chunk: bool) -> (usize, usize, usize) {
     let bb = g.block_bytes() as usize;
     let n = 40usize;
     // Loads from SSD (DRAM keeps one block), each block stored under `codec`.
-    let dir = TempDir::new(&format!("no-alloc-{}-{allocate_per_chunk}", codec.name()));
+    let dir = temp_dir(&format!("no-alloc-{}-{allocate_per_chunk}", codec.name()));
     let store = coded_ssd_store(&dir, g.clone(), 1, n as u64 + 2, codec.clone()).unwrap();
     let ks = keys(&store, 0, n);
     let config = TransferConfig {

@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use common::{assert_all_load, config, put, TempDir};
+use common::{assert_all_load, config, put, temp_dir};
 use kvtier_pool::{PoolError, SsdTier, Tier};
 
 fn open_error(c: kvtier_pool::SsdConfig) -> String {
@@ -15,7 +15,7 @@ fn open_error(c: kvtier_pool::SsdConfig) -> String {
 
 #[test]
 fn missing_directory() {
-    let dir = TempDir::new("ssd-missing");
+    let dir = temp_dir("ssd-missing");
     let message = open_error(config(&dir.path().join("no/such/dir"), 1, 1 << 20));
     assert!(message.contains("does not exist") || message.contains("No such file"), "{message}");
     assert!(message.contains("expected an existing, writable directory"), "{message}");
@@ -24,7 +24,7 @@ fn missing_directory() {
 #[test]
 fn unwritable_directory() {
     // Root ignores permission bits; /sys refuses file creation even to root.
-    let dir = TempDir::new("ssd-unwritable");
+    let dir = temp_dir("ssd-unwritable");
     let target = if unsafe { libc::geteuid() } == 0 {
         std::path::PathBuf::from("/sys")
     } else {
@@ -42,7 +42,7 @@ fn unwritable_directory() {
 
 #[test]
 fn device_smaller_than_one_object() {
-    let dir = TempDir::new("ssd-small-device");
+    let dir = temp_dir("ssd-small-device");
     let mut c = config(dir.path(), 2, 8192);
     c.min_object_bytes = 3 * 4096;
     let message = open_error(c);
@@ -51,7 +51,7 @@ fn device_smaller_than_one_object() {
 
 #[test]
 fn a_directory_in_use_by_another_pool() {
-    let dir = TempDir::new("ssd-in-use");
+    let dir = temp_dir("ssd-in-use");
     let c = config(dir.path(), 1, 1 << 20);
     let _first = SsdTier::open(c.clone()).unwrap();
     let message = open_error(c);
@@ -60,7 +60,7 @@ fn a_directory_in_use_by_another_pool() {
 
 #[test]
 fn devices_listed_differently_from_creation() {
-    let dir = TempDir::new("ssd-reordered");
+    let dir = temp_dir("ssd-reordered");
     let c = config(dir.path(), 2, 1 << 20);
     drop(SsdTier::open(c.clone()).unwrap());
     let mut swapped = c.clone();
@@ -78,7 +78,7 @@ fn devices_listed_differently_from_creation() {
 
 #[test]
 fn a_failed_bandwidth_probe_means_equal_shares_and_a_warning() {
-    let dir = TempDir::new("ssd-probe-fail");
+    let dir = temp_dir("ssd-probe-fail");
     let mut c = config(dir.path(), 2, 1 << 20); // 1 MiB per device: no room for a 2 MiB probe
     c.probe_bytes = 8 << 20;
     let pool = SsdTier::open(c).unwrap();
@@ -96,7 +96,7 @@ fn a_failed_bandwidth_probe_means_equal_shares_and_a_warning() {
 
 #[test]
 fn a_successful_probe_is_cached_in_the_pool_directory() {
-    let dir = TempDir::new("ssd-probe");
+    let dir = temp_dir("ssd-probe");
     let mut c = config(dir.path(), 1, 8 << 20);
     c.probe_bytes = 4 << 20;
     let first = SsdTier::open(c.clone()).unwrap();
@@ -110,7 +110,7 @@ fn a_successful_probe_is_cached_in_the_pool_directory() {
 
 #[test]
 fn invalid_values() {
-    let dir = TempDir::new("ssd-invalid");
+    let dir = temp_dir("ssd-invalid");
     let mut c = config(dir.path(), 2, 1 << 20);
     c.bandwidth_bytes_per_s = Some(vec![1e9]);
     assert!(open_error(c).contains("expected one per device (2)"));
@@ -118,7 +118,7 @@ fn invalid_values() {
 
 #[test]
 fn reopening_with_another_capacity_keeps_the_pool_and_says_so() {
-    let dir = TempDir::new("ssd-resize");
+    let dir = temp_dir("ssd-resize");
     let c = config(dir.path(), 1, 1 << 20);
     put(&SsdTier::open(c.clone()).unwrap(), &[1, 2], 5000);
     let mut bigger = c;
@@ -137,7 +137,7 @@ fn reopening_with_another_capacity_keeps_the_pool_and_says_so() {
 /// grown); `format_devices` takes it over on purpose. An empty file is taken as it is.
 #[test]
 fn a_file_of_other_data_is_never_taken_over() {
-    let dir = TempDir::new("ssd-foreign-file");
+    let dir = temp_dir("ssd-foreign-file");
     let mut c = config(dir.path(), 1, 1 << 20);
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
     std::fs::write(&c.devices[0], &data).unwrap();
@@ -149,7 +149,7 @@ fn a_file_of_other_data_is_never_taken_over() {
     assert_eq!(put(&pool, &[1, 2], 5000).stored, 2);
     drop(pool);
     // An empty file is the user's file for the pool: no flag needed.
-    let dir = TempDir::new("ssd-empty-file");
+    let dir = temp_dir("ssd-empty-file");
     let c = config(dir.path(), 1, 1 << 20);
     std::fs::write(&c.devices[0], b"").unwrap();
     let pool = SsdTier::open(c).unwrap();
@@ -161,7 +161,7 @@ fn a_file_of_other_data_is_never_taken_over() {
 #[test]
 fn a_planted_link_is_never_written_through() {
     for listed in [false, true] {
-        let dir = TempDir::new(&format!("ssd-link-{listed}"));
+        let dir = temp_dir(&format!("ssd-link-{listed}"));
         let pool_dir = dir.path().join("pool");
         std::fs::create_dir(&pool_dir).unwrap();
         let target = dir.path().join("victim");
@@ -186,7 +186,7 @@ fn a_planted_link_is_never_written_through() {
 #[test]
 fn pool_files_are_private_and_a_shared_directory_is_refused() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = TempDir::new("ssd-modes");
+    let dir = temp_dir("ssd-modes");
     // SAFETY: umask is process-wide; this test's files are created while it is 0. Other tests
     // running meanwhile create files with wider modes than usual, which is harmless.
     let old = unsafe { libc::umask(0) };
@@ -212,7 +212,7 @@ fn pool_files_are_private_and_a_shared_directory_is_refused() {
 /// A device of an existing pool truncated to nothing is named as such, not an I/O error.
 #[test]
 fn a_truncated_device_is_named() {
-    let dir = TempDir::new("ssd-zero-device");
+    let dir = temp_dir("ssd-zero-device");
     let c = config(dir.path(), 1, 1 << 20);
     drop(SsdTier::open(c.clone()).unwrap());
     std::fs::File::create(&c.devices[0]).unwrap();

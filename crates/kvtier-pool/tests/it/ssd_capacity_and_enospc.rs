@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{assert_all_load, config, get, put, TempDir};
+use common::{assert_all_load, config, get, put, temp_dir};
 use kvtier_pool::{EntryRef, ReadOutcome, SsdTier, Tier};
 
 const LEN: usize = 12_000; // 3 pages with the header
@@ -12,7 +12,7 @@ const OBJECT: u64 = 3 * 4096;
 
 #[test]
 fn eviction_keeps_the_pool_within_capacity_and_spares_pinned_objects() {
-    let dir = TempDir::new("ssd-capacity");
+    let dir = temp_dir("ssd-capacity");
     let pool = SsdTier::open(config(dir.path(), 2, 10 * OBJECT)).unwrap(); // 10 objects per device
     let capacity = pool.capacity_bytes();
     assert_eq!(capacity, 20 * OBJECT);
@@ -39,7 +39,7 @@ fn eviction_keeps_the_pool_within_capacity_and_spares_pinned_objects() {
 
 #[test]
 fn all_pinned_means_rejected_not_grown() {
-    let dir = TempDir::new("ssd-all-pinned");
+    let dir = temp_dir("ssd-all-pinned");
     let pool = SsdTier::open(config(dir.path(), 1, 4 * OBJECT)).unwrap();
     put(&pool, &[1, 2, 3, 4], LEN);
     let mut located = vec![None; 4];
@@ -53,7 +53,7 @@ fn all_pinned_means_rejected_not_grown() {
 
 #[test]
 fn a_device_file_larger_than_the_free_space_is_refused_at_creation() {
-    let dir = TempDir::new("ssd-too-big");
+    let dir = temp_dir("ssd-too-big");
     let mut c = config(dir.path(), 1, 0);
     c.capacity_bytes = 1 << 50; // 1 PiB
     let message = SsdTier::open(c).unwrap_err().to_string();
@@ -62,7 +62,7 @@ fn a_device_file_larger_than_the_free_space_is_refused_at_creation() {
 
 #[test]
 fn enospc_on_data_writes_refuses_the_put_and_the_pool_recovers() {
-    let dir = TempDir::new("ssd-enospc-data");
+    let dir = temp_dir("ssd-enospc-data");
     let c = config(dir.path(), 2, 8 * OBJECT);
     let pool = SsdTier::open(c.clone()).unwrap();
     put(&pool, &[1, 2], LEN);
@@ -83,7 +83,7 @@ fn enospc_on_data_writes_refuses_the_put_and_the_pool_recovers() {
 
 #[test]
 fn enospc_on_the_log_refuses_the_put_and_puts_evicted_objects_back() {
-    let dir = TempDir::new("ssd-enospc-log");
+    let dir = temp_dir("ssd-enospc-log");
     let c = config(dir.path(), 1, 4 * OBJECT);
     let pool = SsdTier::open(c.clone()).unwrap();
     assert_eq!(put(&pool, &[1, 2, 3, 4], LEN).stored, 4);

@@ -5,14 +5,14 @@ use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use common::{config, get, put, TempDir};
+use common::{config, get, put, temp_dir};
 use kvtier_pool::{ReadOutcome, SsdTier, Tier};
 
 const LEN: usize = 9_000;
 
 #[test]
 fn concurrent_readers_and_writers_never_see_wrong_bytes() {
-    let dir = TempDir::new("ssd-concurrency");
+    let dir = temp_dir("ssd-concurrency");
     let mut c = config(dir.path(), 2, 48 * 3 * 4096); // 48 objects per device
     c.compact_min_records = 128;
     let pool = SsdTier::open(c.clone()).unwrap();

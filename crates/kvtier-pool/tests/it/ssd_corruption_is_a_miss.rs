@@ -5,7 +5,7 @@ use crate::common;
 
 use std::os::unix::fs::FileExt;
 
-use common::{config, get, payload, put, TempDir};
+use common::{config, get, payload, put, temp_dir};
 use kvtier_pool::{ReadOutcome, SsdTier, Tier};
 
 const LEN: usize = 20_000;
@@ -29,7 +29,7 @@ fn flip(path: &std::path::Path, at: u64) {
 
 #[test]
 fn flipped_bytes_on_disk_are_counted_misses() {
-    let dir = TempDir::new("ssd-corrupt");
+    let dir = temp_dir("ssd-corrupt");
     let c = config(dir.path(), 1, 4 << 20);
     let device = c.devices[0].clone();
     let pool = SsdTier::open(c.clone()).unwrap();
@@ -58,7 +58,7 @@ fn flipped_bytes_on_disk_are_counted_misses() {
 
 #[test]
 fn corruption_after_a_restart_is_still_caught() {
-    let dir = TempDir::new("ssd-corrupt-restart");
+    let dir = temp_dir("ssd-corrupt-restart");
     let c = config(dir.path(), 1, 4 << 20);
     let device = c.devices[0].clone();
     put(&SsdTier::open(c.clone()).unwrap(), &[9], LEN);

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{config, get, payload, TempDir, NS};
+use common::{config, get, payload, temp_dir, TempDir, NS};
 use kvtier_pool::{Durability, ReadOutcome, SsdConfig, SsdTier, Tier};
 
 const BATCH: u128 = 8;
@@ -118,7 +118,7 @@ fn loaded_and_never_wrong(pool: &SsdTier, keys: &[u128]) -> usize {
 
 #[test]
 fn fsync_every_acknowledged_object_survives_sigkill() {
-    let dir = TempDir::new("ssd-crash-fsync");
+    let dir = temp_dir("ssd-crash-fsync");
     let per_device = 64 << 20; // no eviction: every acknowledged object must be there
     let mut start = 1u128;
     let mut all_acked = Vec::new();
@@ -149,7 +149,7 @@ fn fsync_every_acknowledged_object_survives_sigkill() {
 
 #[test]
 fn none_durability_with_eviction_never_returns_wrong_bytes() {
-    let dir = TempDir::new("ssd-crash-none");
+    let dir = temp_dir("ssd-crash-none");
     let per_device = 1 << 20; // ~80 objects per device: constant eviction and extent reuse
     let mut start = 1u128;
     for (round, extra_ms) in [(0, 5u64), (1, 1), (2, 17)] {

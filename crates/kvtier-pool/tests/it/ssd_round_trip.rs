@@ -3,14 +3,14 @@
 
 use crate::common;
 
-use common::{assert_all_load, config, put, TempDir};
+use common::{assert_all_load, config, put, temp_dir};
 use kvtier_pool::{Placement, SsdTier, Tier, TierKind};
 
 const LEN: usize = 40_000; // 10 pages with the header
 
 #[test]
 fn round_trip_across_devices_with_bandwidth_placement() {
-    let dir = TempDir::new("ssd-round-trip");
+    let dir = temp_dir("ssd-round-trip");
     let mut c = config(dir.path(), 3, 4 << 20);
     c.bandwidth_bytes_per_s = Some(vec![3e9, 2e9, 1e9]);
     let keys: Vec<u128> = (1..=12).collect();
@@ -39,7 +39,7 @@ fn round_trip_across_devices_with_bandwidth_placement() {
 
 #[test]
 fn round_robin_spreads_evenly_across_batches() {
-    let dir = TempDir::new("ssd-round-robin");
+    let dir = temp_dir("ssd-round-robin");
     let mut c = config(dir.path(), 2, 4 << 20);
     c.placement = Placement::RoundRobin;
     c.bandwidth_bytes_per_s = Some(vec![3e9, 1e9]);
@@ -54,7 +54,7 @@ fn round_robin_spreads_evenly_across_batches() {
 
 #[test]
 fn pread_engine_and_fsync_durability_round_trip() {
-    let dir = TempDir::new("ssd-pread");
+    let dir = temp_dir("ssd-pread");
     let mut c = config(dir.path(), 2, 4 << 20);
     c.io_engine = kvtier_pool::IoEngineKind::Pread;
     c.durability = kvtier_pool::Durability::Fsync;
@@ -68,7 +68,7 @@ fn pread_engine_and_fsync_durability_round_trip() {
 
 #[test]
 fn the_index_log_is_compacted_and_recovery_still_finds_everything() {
-    let dir = TempDir::new("ssd-compaction");
+    let dir = temp_dir("ssd-compaction");
     let mut c = config(dir.path(), 2, 20 * 4096); // 20 one-page objects per device
     c.compact_min_records = 32;
     let pool = SsdTier::open(c.clone()).unwrap();
@@ -98,7 +98,7 @@ fn the_index_log_is_compacted_and_recovery_still_finds_everything() {
 /// back); another namespace's objects stay and load.
 #[test]
 fn a_cleared_namespace_stays_gone_after_reopening() {
-    let dir = TempDir::new("ssd-clear");
+    let dir = temp_dir("ssd-clear");
     let c = config(dir.path(), 2, 64 * 4096);
     let pool = SsdTier::open(c.clone()).unwrap();
     let ours: Vec<u128> = (0..12).collect();

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use common::{keys, load, payload, put_keys, TempDir, BLOCK_BYTES, OBJECT_BYTES};
+use common::{keys, load, payload, put_keys, temp_dir, TempDir, BLOCK_BYTES, OBJECT_BYTES};
 use kvtier_core::paged::PagedPool;
 use kvtier_core::BlockKey;
 use kvtier_remote::resp::Reply;
@@ -128,8 +128,8 @@ fn dram_store(blocks: u64) -> Store {
 }
 
 fn ssd_store(dir: &TempDir, dram_blocks: u64, write_through: bool) -> Store {
-    let mut pool = SsdConfig::new(&dir.0);
-    pool.devices = vec![dir.0.join("a.kvtd")];
+    let mut pool = SsdConfig::new(dir.path());
+    pool.devices = vec![dir.path().join("a.kvtd")];
     pool.capacity_bytes = 64 * OBJECT_BYTES;
     pool.probe_bytes = 0;
     let mut ssd = SsdStoreConfig::new(pool);
@@ -185,7 +185,7 @@ fn a_put_held_before_its_dram_write_does_not_land_after_the_clear() {
 
 #[test]
 fn ssd_write_through_held_mid_put_does_not_land_after_the_clear() {
-    let dir = TempDir::new("clear-write-through");
+    let dir = temp_dir("clear-write-through");
     let store = ssd_store(&dir, 8, true);
     let ks = keys(&store, 0, 4);
     let events = clear_during(&store, HookPoint::SsdWrite, || {
@@ -198,7 +198,7 @@ fn ssd_write_through_held_mid_put_does_not_land_after_the_clear() {
 
 #[test]
 fn demotion_to_ssd_held_mid_put_does_not_land_after_the_clear() {
-    let dir = TempDir::new("clear-demotion");
+    let dir = temp_dir("clear-demotion");
     let store = ssd_store(&dir, 2, false);
     let ks = keys(&store, 0, 4);
     put_keys(&store, &ks[..2]); // DRAM is full: the next put demotes these two to SSD
@@ -241,7 +241,7 @@ fn remote_write_back_held_mid_put_does_not_land_after_the_clear() {
 
 #[test]
 fn a_promotion_into_dram_held_mid_load_does_not_land_after_the_clear() {
-    let dir = TempDir::new("clear-promotion");
+    let dir = temp_dir("clear-promotion");
     let store = ssd_store(&dir, 2, true);
     let ks = keys(&store, 0, 4);
     put_keys(&store, &ks); // all on SSD; DRAM keeps the last two

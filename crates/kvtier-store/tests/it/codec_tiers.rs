@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use common::{keys, TempDir};
+use common::{keys, temp_dir, TempDir};
 use kvtier_core::checksum::checksum;
 use kvtier_core::{BlockKey, Dtype, Geometry, Namespace, ObjectHeader};
 use kvtier_remote::pipeline::{HeaderSpec, SetItem};
@@ -51,8 +51,8 @@ fn all_codecs() -> Vec<TierCodec> {
 }
 
 fn ssd_config(dir: &TempDir, codec: TierCodec, write_through: bool) -> SsdStoreConfig {
-    let mut pool = SsdConfig::new(&dir.0);
-    pool.devices = vec![dir.0.join("a.kvtd")];
+    let mut pool = SsdConfig::new(dir.path());
+    pool.devices = vec![dir.path().join("a.kvtd")];
     pool.capacity_bytes = 64 * OBJECT_BYTES;
     pool.probe_bytes = 0;
     let mut ssd = SsdStoreConfig::new(pool);
@@ -143,7 +143,7 @@ fn load_all(store: &Store, ks: &[BlockKey]) -> (Vec<TierKind>, usize, Vec<Vec<u8
 fn ssd_round_trip_per_codec_write_back_and_write_through() {
     for write_through in [false, true] {
         for codec in all_codecs() {
-            let dir = TempDir::new(&format!("codec-rt-{}-{write_through}", codec.name()));
+            let dir = temp_dir(&format!("codec-rt-{}-{write_through}", codec.name()));
             let store = ssd_store(&dir, codec.clone(), write_through);
             let ks = keys(&store, 1, 8);
             put(&store, &ks); // DRAM holds 2: the rest are demoted (or were written through)
@@ -184,7 +184,7 @@ fn ssd_round_trip_per_codec_write_back_and_write_through() {
 fn ssd_blocks_held_are_not_encoded_again() {
     for write_through in [false, true] {
         for codec in [lossless("zstd"), TierCodec::Quant] {
-            let dir = TempDir::new(&format!("codec-once-{}-{write_through}", codec.name()));
+            let dir = temp_dir(&format!("codec-once-{}-{write_through}", codec.name()));
             let mut ssd = ssd_config(&dir, codec.clone(), write_through);
             ssd.promote_on_hit = true;
             let config = StoreConfig {
@@ -227,7 +227,7 @@ fn ssd_reader_follows_the_header_not_its_config() {
         (TierCodec::Quant, lossless("lz4")),
         (lossless("lz4"), TierCodec::Quant),
     ] {
-        let dir = TempDir::new(&format!("codec-mixed-{}-{}", writer.name(), reader.name()));
+        let dir = temp_dir(&format!("codec-mixed-{}-{}", writer.name(), reader.name()));
         let ks = {
             let store = ssd_store(&dir, writer.clone(), true);
             let ks = keys(&store, 7, 6);
@@ -248,7 +248,7 @@ fn ssd_reader_follows_the_header_not_its_config() {
 
 #[test]
 fn corrupt_encoded_ssd_object_is_a_counted_miss() {
-    let dir = TempDir::new("codec-corrupt");
+    let dir = temp_dir("codec-corrupt");
     let store = ssd_store(&dir, lossless("zstd"), true);
     let ks = keys(&store, 3, 6);
     put(&store, &ks);
@@ -266,7 +266,7 @@ fn corrupt_encoded_ssd_object_is_a_counted_miss() {
 /// before it is loaded exactly, and the tampered copy is dropped.
 #[test]
 fn corrupt_encoded_object_in_a_later_chunk_is_refused() {
-    let dir = TempDir::new("codec-corrupt-chunks");
+    let dir = temp_dir("codec-corrupt-chunks");
     let store = ssd_store(&dir, lossless("zstd"), true);
     let ks = keys(&store, 5, 20);
     put(&store, &ks);
@@ -309,7 +309,7 @@ fn plant_undecodable_objects(dir: &TempDir) -> (u128, Vec<BlockKey>) {
 
 #[test]
 fn undecodable_ssd_objects_are_counted_misses() {
-    let dir = TempDir::new("codec-undecodable");
+    let dir = temp_dir("codec-undecodable");
     let (ns_hash, ks) = plant_undecodable_objects(&dir);
     let store = ssd_store(&dir, TierCodec::Raw, false);
     assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 3);
@@ -325,7 +325,7 @@ fn undecodable_ssd_objects_are_counted_misses() {
 
 #[test]
 fn bad_codec_config_is_a_clear_error() {
-    let dir = TempDir::new("codec-badconfig");
+    let dir = temp_dir("codec-badconfig");
     let e = TierCodec::parse("ssd", "gzip", None, None).unwrap_err().to_string();
     assert!(e.contains("ssd.codec") && e.contains("gzip"), "{e}");
     let e = TierCodec::parse("remote", "lossless", Some("brotli"), None).unwrap_err().to_string();
@@ -502,7 +502,7 @@ fn load_all_stored(
 #[test]
 fn stored_loads_hand_out_verified_encoded_payloads() {
     for codec in all_codecs() {
-        let dir = TempDir::new(&format!("codec-stored-{}", codec.name()));
+        let dir = temp_dir(&format!("codec-stored-{}", codec.name()));
         let store = ssd_store(&dir, codec.clone(), true);
         let ks = keys(&store, 21, 8);
         put(&store, &ks);
@@ -534,7 +534,7 @@ fn stored_loads_hand_out_verified_encoded_payloads() {
 #[test]
 fn stored_loads_never_hand_out_unverified_bytes() {
     // A flipped payload byte: the pool checksum fails the block; the others are still read.
-    let dir = TempDir::new("codec-stored-corrupt");
+    let dir = temp_dir("codec-stored-corrupt");
     let store = ssd_store(&dir, TierCodec::Quant, true);
     let ks = keys(&store, 3, 6);
     put(&store, &ks);
@@ -545,7 +545,7 @@ fn stored_loads_never_hand_out_unverified_bytes() {
     assert_eq!(store.stats().checksum_failures, 1);
     // Objects whose pool checksum holds but whose codec header does not: an unknown codec id,
     // and a lossless payload of garbage. Counted as decode failures and dropped.
-    let dir = TempDir::new("codec-stored-undecodable");
+    let dir = temp_dir("codec-stored-undecodable");
     let (ns_hash, ks) = plant_undecodable_objects(&dir);
     let store = ssd_store(&dir, TierCodec::Raw, false);
     let (_, forms, _) = load_all_stored(&store, &ks);
@@ -558,7 +558,7 @@ fn stored_loads_never_hand_out_unverified_bytes() {
 #[test]
 fn stored_load_readers_report_back_to_the_store() {
     // SSD promote_on_hit is on in `ssd_config`; six blocks, DRAM keeps two.
-    let dir = TempDir::new("codec-stored-report");
+    let dir = temp_dir("codec-stored-report");
     let store = ssd_store(&dir, lossless("zstd"), true);
     assert!(store.promotes_on_hit());
     let ns = store.namespace_hash();

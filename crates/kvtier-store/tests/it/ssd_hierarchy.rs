@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{keys, load, namespace, payload, put_keys, TempDir, OBJECT_BYTES};
+use common::{keys, load, namespace, payload, put_keys, temp_dir, TempDir, OBJECT_BYTES};
 use kvtier_store::{
     DramStoreConfig, Durability, SsdConfig, SsdStoreConfig, Store, StoreConfig, StoreError, TierKind,
 };
@@ -27,8 +27,8 @@ fn ssd_store_of(
     ssd_blocks_per_device: u64,
     tweak: impl FnOnce(&mut SsdStoreConfig),
 ) -> Store {
-    let mut pool = SsdConfig::new(&dir.0);
-    pool.devices = vec![dir.0.join("a.kvtd"), dir.0.join("b.kvtd")];
+    let mut pool = SsdConfig::new(dir.path());
+    pool.devices = vec![dir.path().join("a.kvtd"), dir.path().join("b.kvtd")];
     pool.capacity_bytes = 2 * ssd_blocks_per_device * OBJECT_BYTES;
     pool.probe_bytes = 0;
     let mut ssd = SsdStoreConfig::new(pool);
@@ -61,7 +61,7 @@ fn assert_loads(store: &Store, ks: &[u128]) {
 
 #[test]
 fn evicted_blocks_are_written_back_and_promoted_on_hit() {
-    let dir = TempDir::new("store-ssd-writeback");
+    let dir = temp_dir("store-ssd-writeback");
     let store = ssd_store(&dir, 4, 32, |_| {});
     assert_eq!(store.tier_kinds(), vec![TierKind::Dram, TierKind::Ssd]);
     let ks = keys(&store, 0, 12);
@@ -98,7 +98,7 @@ fn evicted_blocks_are_written_back_and_promoted_on_hit() {
 
 #[test]
 fn admission_filter_needs_k_accesses() {
-    let dir = TempDir::new("store-ssd-admission");
+    let dir = temp_dir("store-ssd-admission");
     let store = ssd_store(&dir, 4, 32, |s| s.admission_k = 2);
     let a = keys(&store, 0, 4);
     let b = keys(&store, 1000, 4);
@@ -117,7 +117,7 @@ fn admission_filter_needs_k_accesses() {
 
 #[test]
 fn leased_ssd_blocks_are_never_evicted_and_capacity_holds() {
-    let dir = TempDir::new("store-ssd-leases");
+    let dir = temp_dir("store-ssd-leases");
     let store = ssd_store(&dir, 2, 2, |s| s.promote_on_hit = false); // SSD: 4 blocks
     let first = keys(&store, 0, 6);
     put_keys(&store, &first);
@@ -140,7 +140,7 @@ fn leased_ssd_blocks_are_never_evicted_and_capacity_holds() {
 
 #[test]
 fn a_restarted_store_finds_ssd_blocks() {
-    let dir = TempDir::new("store-ssd-restart");
+    let dir = temp_dir("store-ssd-restart");
     let tweak = |s: &mut SsdStoreConfig| {
         s.write_through = true;
         s.pool.durability = Durability::Fsync;
@@ -163,8 +163,8 @@ fn a_restarted_store_finds_ssd_blocks() {
 
 #[test]
 fn bad_ssd_settings_are_config_errors() {
-    let dir = TempDir::new("store-ssd-bad");
-    let mut ssd = SsdStoreConfig::new(SsdConfig::new(dir.0.join("missing")));
+    let dir = temp_dir("store-ssd-bad");
+    let mut ssd = SsdStoreConfig::new(SsdConfig::new(dir.path().join("missing")));
     let config = |ssd: SsdStoreConfig| StoreConfig {
         dram: DramStoreConfig::new(1 << 20),
         ssd: Some(ssd),
@@ -178,7 +178,7 @@ fn bad_ssd_settings_are_config_errors() {
     ssd.admission_k = 0;
     let err = Store::new(namespace("m", ""), config(ssd)).unwrap_err();
     assert!(err.to_string().contains("admission_k is 0"), "{err}");
-    let mut pool = SsdConfig::new(&dir.0);
+    let mut pool = SsdConfig::new(dir.path());
     pool.capacity_bytes = 4096; // smaller than one 16 KiB block
     pool.probe_bytes = 0;
     let err = Store::new(namespace("m", ""), config(SsdStoreConfig::new(pool))).unwrap_err();
@@ -190,7 +190,7 @@ fn bad_ssd_settings_are_config_errors() {
 /// its puts under those keys never overwrite A's objects: A reopens to all 8, byte-exact.
 #[test]
 fn another_namespace_on_a_shared_pool_is_a_plain_miss_and_never_drops_objects() {
-    let dir = TempDir::new("store-ssd-namespaces");
+    let dir = temp_dir("store-ssd-namespaces");
     let a_keys = {
         let a = ssd_store_of("model-a", &dir, 2, 32, |s| s.write_through = true);
         let ks = keys(&a, 0, 8);
@@ -225,7 +225,7 @@ fn another_namespace_on_a_shared_pool_is_a_plain_miss_and_never_drops_objects() 
 /// after it read but not promoted) and the tampered copy dropped.
 #[test]
 fn a_chunked_cold_load_promotes_exactly_its_verified_prefix() {
-    let dir = TempDir::new("store-ssd-chunked-promote");
+    let dir = temp_dir("store-ssd-chunked-promote");
     let n = 4400;
     let tweak = |s: &mut SsdStoreConfig| {
         s.write_through = true;

@@ -143,7 +143,7 @@ fn cancel_unknown_finished_and_running() {
 fn incompressible_blocks_are_stored_raw_and_load_exactly() {
     // 64-byte blocks: no room for a codec object's headers, so the SSD tier stores them raw.
     let g = geometry(1, 1, 8, 2);
-    let dir = TempDir::new("transfer-incompressible");
+    let dir = temp_dir("transfer-incompressible");
     let codec = kvtier_store::TierCodec::Lossless { backend: "lz4".into(), level: None };
     let store = coded_ssd_store(&dir, g.clone(), 1, 8, codec).unwrap();
     let engine = engine(&store, TransferConfig::default());
@@ -181,7 +181,7 @@ fn dropping_the_engine_drains_jobs_and_releases_leases() {
 
 #[test]
 fn a_failing_ssd_fails_its_blocks_and_other_jobs_go_on() {
-    let dir = TempDir::new("transfer-ssd-fault");
+    let dir = temp_dir("transfer-ssd-fault");
     let g = geometry(2, 2, 64, 16);
     let bb = g.block_bytes() as usize;
     let store = ssd_store(&dir, g.clone(), 3, 32);
@@ -262,7 +262,7 @@ fn undecodable_blocks_are_reported_to_the_store_and_dropped() {
     let bb = g.block_bytes() as usize;
     // The pipeline, and the two sequential baselines (same stage code, same reporting).
     for mode in ["pipelined", "sequential", "chunk-sequential"] {
-        let dir = TempDir::new(&format!("transfer-undecodable-{mode}"));
+        let dir = temp_dir(&format!("transfer-undecodable-{mode}"));
         let (ns_hash, ks) = plant_undecodable_block(&dir, &g);
         let store = coded_ssd_store(&dir, g.clone(), 1, 8, deflate()).unwrap();
         assert_eq!(store.lookup(ns_hash, &ks).unwrap().hit_blocks, 4, "the planted object verifies");
@@ -298,7 +298,7 @@ fn pipelined_loads_promote_lower_tier_blocks_into_dram() {
     let g = geometry(4, 2, 64, 16); // quant fits half the fp16 size from 3 layers on
     let bb = g.block_bytes() as usize;
     for codec in tier_codecs() {
-        let dir = TempDir::new("transfer-promote");
+        let dir = temp_dir("transfer-promote");
         let store = coded_ssd_store_promoting(&dir, g.clone(), 4, 16, codec.clone(), true).unwrap();
         let ns = store.namespace_hash();
         let ks = keys(&store, 0, 8);

@@ -27,7 +27,7 @@ fn round_trip(
 ) {
     let g = geometry(layers, heads, dim, tokens);
     let bb = g.block_bytes() as usize;
-    let dir = TempDir::new(&format!("round-trip-{layers}-{heads}-{dim}-{tokens}-{n}-{codec}"));
+    let dir = temp_dir(&format!("round-trip-{layers}-{heads}-{dim}-{tokens}-{n}-{codec}"));
     let codec = tier_codecs()[codec as usize % 4].clone();
     // quant refuses geometries whose CacheGen bins exceed half the fp16 size: raw instead.
     let (store, codec) = match coded_ssd_store(&dir, g.clone(), 1, n as u64 + 2, codec.clone()) {
@@ -123,7 +123,7 @@ fn loads_from_the_ssd_tier_under_each_codec() {
     let g = geometry(4, 2, 64, 16);
     let bb = g.block_bytes() as usize;
     for codec in tier_codecs() {
-        let dir = TempDir::new(&format!("transfer-ssd-{}", codec.name()));
+        let dir = temp_dir(&format!("transfer-ssd-{}", codec.name()));
         let store = coded_ssd_store(&dir, g.clone(), 1, 32, codec.clone()).unwrap();
         let ks = keys(&store, 3, 12);
         // Smooth values (compressible under lossless): a ramp per block.
@@ -186,7 +186,7 @@ fn loads_from_the_ssd_tier_under_each_codec() {
 fn a_corrupt_encoded_object_fails_its_block() {
     let g = geometry(4, 2, 64, 16);
     for codec in tier_codecs().into_iter().skip(1) {
-        let dir = TempDir::new(&format!("transfer-corrupt-{}", codec.name()));
+        let dir = temp_dir(&format!("transfer-corrupt-{}", codec.name()));
         let store = coded_ssd_store(&dir, g.clone(), 1, 32, codec.clone()).unwrap();
         let ks = keys(&store, 5, 6);
         ks.chunks(1).for_each(|k| put_raw(&store, k));
@@ -216,7 +216,7 @@ fn a_corrupt_encoded_object_fails_its_block() {
 fn sequential_baseline_loads_the_same_bytes() {
     let g = geometry(4, 2, 64, 16);
     let bb = g.block_bytes() as usize;
-    let dir = TempDir::new("transfer-sequential");
+    let dir = temp_dir("transfer-sequential");
     let store = coded_ssd_store(&dir, g.clone(), 1, 16, TierCodec::Quant).unwrap();
     let ks = keys(&store, 1, 10);
     let engine = engine(&store, TransferConfig { chunk_blocks: 3, ..TransferConfig::default() });

@@ -155,7 +155,7 @@ fn a_panic_in_each_decode_stage_fails_its_chunk() {
         (TierCodec::Quant, PanicSite::Decompress),
         (TierCodec::Quant, PanicSite::Dequantize),
     ] {
-        let dir = TempDir::new(&format!("panic-{}-{site:?}", codec.name()));
+        let dir = temp_dir(&format!("panic-{}-{site:?}", codec.name()));
         let store = coded_ssd_store(&dir, g.clone(), 1, 32, codec.clone()).unwrap();
         let ks = keys(&store, 0, 8);
         // Zeros: exact under every codec, so `check_blocks` compares bytes.

@@ -1,33 +1,19 @@
 //! Shared helpers of the SSD pool's integration tests.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kvtier_core::BlockKey;
 use kvtier_pool::{ReadOutcome, SsdConfig, SsdTier, Tier};
 
 pub const NS: u128 = 0x6b76_7469_6572_7465_7374;
 
-/// A fresh directory under the cargo target's temporary directory (O_DIRECT works there: it is
-/// on the repository's file system), removed when dropped.
-pub struct TempDir(pub PathBuf);
+pub use tempfile::TempDir;
 
-impl TempDir {
-    pub fn new(name: &str) -> TempDir {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory `<name>…` under the cargo target's temporary directory (O_DIRECT works there:
+/// it is on the repository's file system), removed when dropped.
+pub fn temp_dir(name: &str) -> TempDir {
+    tempfile::Builder::new().prefix(name).tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
 /// A pool config over `devices` files in `dir` of `per_device` bytes each, no probe.

@@ -1,7 +1,6 @@
 //! Shared helpers for the store's integration tests.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvtier_core::{block_keys, BlockKey, Dtype, Geometry, Namespace};
@@ -76,20 +75,10 @@ pub fn load(store: &Store, lease_id: u64, n: usize) -> (kvtier_store::LoadReport
     (report, bufs)
 }
 
-/// A fresh directory under the test target's temp dir, named `<name>-<pid>`, removed on drop.
-pub struct TempDir(pub PathBuf);
+pub use tempfile::TempDir;
 
-impl TempDir {
-    pub fn new(name: &str) -> TempDir {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory `<name>…` under the cargo target's temporary directory (O_DIRECT works there:
+/// it is on the repository's file system), removed when dropped.
+pub fn temp_dir(name: &str) -> TempDir {
+    tempfile::Builder::new().prefix(name).tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }

@@ -1,7 +1,6 @@
 //! Shared helpers for the transfer engine's integration tests.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,25 +40,18 @@ pub fn store(geometry: Geometry, blocks: u64) -> Arc<Store> {
     Arc::new(Store::new(namespace(geometry), config).unwrap())
 }
 
-pub struct TempDir(pub PathBuf);
-impl TempDir {
-    pub fn new(name: &str) -> TempDir {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+pub use tempfile::TempDir;
+
+/// A fresh directory `<name>…` under the cargo target's temporary directory (O_DIRECT works there:
+/// it is on the repository's file system), removed when dropped.
+pub fn temp_dir(name: &str) -> TempDir {
+    tempfile::Builder::new().prefix(name).tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
 /// A store whose DRAM holds `dram_blocks` and whose SSD pool holds `ssd_blocks`.
 pub fn ssd_store(dir: &TempDir, geometry: Geometry, dram_blocks: u64, ssd_blocks: u64) -> Arc<Store> {
     let object = object_bytes(&geometry);
-    let mut pool = SsdConfig::new(&dir.0);
+    let mut pool = SsdConfig::new(dir.path());
     pool.capacity_bytes = ssd_blocks * object;
     pool.probe_bytes = 0;
     let mut ssd = SsdStoreConfig::new(pool);
@@ -91,7 +83,7 @@ pub fn coded_ssd_store(
 /// without a store.
 pub fn ssd_pool_config(dir: &TempDir, geometry: &Geometry, ssd_blocks: u64) -> SsdConfig {
     let object = object_bytes(geometry);
-    let mut pool = SsdConfig::new(&dir.0);
+    let mut pool = SsdConfig::new(dir.path());
     pool.capacity_bytes = ssd_blocks * object;
     pool.probe_bytes = 0;
     pool
