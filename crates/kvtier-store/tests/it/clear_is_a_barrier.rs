@@ -19,8 +19,8 @@ use kvtier_core::BlockKey;
 use kvtier_remote::resp::Reply;
 use kvtier_remote::testing::{require_server_binary, LoopbackServer};
 use kvtier_store::{
-    DramStoreConfig, HookPoint, RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store,
-    StoreConfig, StoreError, TierKind,
+    DramStoreConfig, HookPoint, RemoteConfig, RemoteStoreConfig, SsdStoreConfig, Store, StoreConfig,
+    StoreError, TierKind,
 };
 
 /// What the threads of a test report, in the order they happen.
@@ -128,11 +128,7 @@ fn dram_store(blocks: u64) -> Store {
 }
 
 fn ssd_store(dir: &TempDir, dram_blocks: u64, write_through: bool) -> Store {
-    let mut pool = SsdConfig::new(dir.path());
-    pool.devices = vec![dir.path().join("a.kvtd")];
-    pool.capacity_bytes = 64 * OBJECT_BYTES;
-    pool.probe_bytes = 0;
-    let mut ssd = SsdStoreConfig::new(pool);
+    let mut ssd = SsdStoreConfig::new(common::one_device_pool(dir, 64 * OBJECT_BYTES));
     ssd.write_through = write_through;
     let config = StoreConfig {
         dram: DramStoreConfig::new(dram_blocks * OBJECT_BYTES),

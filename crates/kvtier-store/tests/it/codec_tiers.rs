@@ -15,8 +15,8 @@ use kvtier_remote::pipeline::{HeaderSpec, SetItem};
 use kvtier_remote::testing::{require_server_binary, LoopbackServer};
 use kvtier_remote::{key_name, RemoteClient};
 use kvtier_store::{
-    DramStoreConfig, RemoteConfig, RemoteStoreConfig, SsdConfig, SsdStoreConfig, Store, StoreConfig,
-    StoreError, TierCodec, TierKind,
+    DramStoreConfig, RemoteConfig, RemoteStoreConfig, SsdStoreConfig, Store, StoreConfig, StoreError,
+    TierCodec, TierKind,
 };
 
 /// 4 layers × 2 heads × 64 dims × 16 tokens × fp16 × K,V = 32 KiB per block. (`quant` with
@@ -51,11 +51,7 @@ fn all_codecs() -> Vec<TierCodec> {
 }
 
 fn ssd_config(dir: &TempDir, codec: TierCodec, write_through: bool) -> SsdStoreConfig {
-    let mut pool = SsdConfig::new(dir.path());
-    pool.devices = vec![dir.path().join("a.kvtd")];
-    pool.capacity_bytes = 64 * OBJECT_BYTES;
-    pool.probe_bytes = 0;
-    let mut ssd = SsdStoreConfig::new(pool);
+    let mut ssd = SsdStoreConfig::new(common::one_device_pool(dir, 64 * OBJECT_BYTES));
     ssd.write_through = write_through;
     ssd.codec = codec;
     ssd

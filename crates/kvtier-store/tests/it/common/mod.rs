@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kvtier_core::{block_keys, BlockKey, Dtype, Geometry, Namespace};
-use kvtier_store::{DramStoreConfig, Store, StoreConfig};
+use kvtier_store::{DramStoreConfig, SsdConfig, Store, StoreConfig};
 
 /// 2 layers × 2 heads × 64 dims × 16 tokens × fp16 × K,V = 16 KiB per block (5 pages with header).
 pub fn namespace(model_id: &str, cache_salt: &str) -> Namespace {
@@ -81,4 +81,13 @@ pub use tempfile::TempDir;
 /// it is on the repository's file system), removed when dropped.
 pub fn temp_dir(name: &str) -> TempDir {
     tempfile::Builder::new().prefix(name).tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+/// An SSD pool of `capacity_bytes` on one device file, `a.kvtd` in `dir` (no bandwidth probe).
+pub fn one_device_pool(dir: &TempDir, capacity_bytes: u64) -> SsdConfig {
+    let mut pool = SsdConfig::new(dir.path());
+    pool.devices = vec![dir.path().join("a.kvtd")];
+    pool.capacity_bytes = capacity_bytes;
+    pool.probe_bytes = 0;
+    pool
 }

@@ -50,21 +50,22 @@ pub fn temp_dir(name: &str) -> TempDir {
 
 /// A store whose DRAM holds `dram_blocks` and whose SSD pool holds `ssd_blocks`.
 pub fn ssd_store(dir: &TempDir, geometry: Geometry, dram_blocks: u64, ssd_blocks: u64) -> Arc<Store> {
-    let object = object_bytes(&geometry);
-    let mut pool = SsdConfig::new(dir.path());
-    pool.capacity_bytes = ssd_blocks * object;
-    pool.probe_bytes = 0;
-    let mut ssd = SsdStoreConfig::new(pool);
+    let mut ssd = SsdStoreConfig::new(ssd_pool_config(dir, &geometry, ssd_blocks));
     ssd.promote_on_hit = false;
+    store_over(geometry, dram_blocks, ssd).unwrap()
+}
+
+/// A store of `dram_blocks` of DRAM over the SSD tier `ssd`.
+fn store_over(geometry: Geometry, dram_blocks: u64, ssd: SsdStoreConfig) -> Result<Arc<Store>, StoreError> {
     let config = StoreConfig {
-        dram: DramStoreConfig::new(dram_blocks * object),
+        dram: DramStoreConfig::new(dram_blocks * object_bytes(&geometry)),
         copy_threads: 1,
         lease_ttl: Duration::from_secs(60),
         leases_max: 256,
         ssd: Some(ssd),
         ..StoreConfig::default()
     };
-    Arc::new(Store::new(namespace(geometry), config).unwrap())
+    Store::new(namespace(geometry), config).map(Arc::new)
 }
 
 /// A store whose DRAM holds `dram_blocks` and whose SSD pool (`ssd_blocks`) stores every put
@@ -98,21 +99,12 @@ pub fn coded_ssd_store_promoting(
     codec: TierCodec,
     promote_on_hit: bool,
 ) -> Result<Arc<Store>, StoreError> {
-    let object = object_bytes(&geometry);
     let mut ssd = SsdStoreConfig::new(ssd_pool_config(dir, &geometry, ssd_blocks));
     ssd.promote_on_hit = promote_on_hit;
     ssd.write_through = true;
     ssd.admission_k = 1;
     ssd.codec = codec;
-    let config = StoreConfig {
-        dram: DramStoreConfig::new(dram_blocks * object),
-        copy_threads: 1,
-        lease_ttl: Duration::from_secs(60),
-        leases_max: 256,
-        ssd: Some(ssd),
-        ..StoreConfig::default()
-    };
-    Store::new(namespace(geometry), config).map(Arc::new)
+    store_over(geometry, dram_blocks, ssd)
 }
 
 /// The SSD codecs the tests cover: raw, lossless zstd and deflate, quant.
