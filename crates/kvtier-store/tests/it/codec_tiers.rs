@@ -24,13 +24,7 @@ use kvtier_store::{
 /// bins, 8-bit codes, for keys and values.)
 fn namespace(model_id: &str, cache_salt: &str) -> Namespace {
     let geometry = Geometry::new(4, 2, 64, Dtype::F16, 16, vec![]).unwrap();
-    Namespace {
-        model_id: model_id.into(),
-        geometry,
-        layout_version: 1,
-        cache_salt: cache_salt.into(),
-        rank: 0,
-    }
+    Namespace { geometry, ..common::namespace(model_id, cache_salt) }
 }
 const BLOCK_BYTES: usize = 32 << 10;
 /// DRAM bytes per block: 64-byte header + 32 KiB, rounded up to 4 KiB pages.
