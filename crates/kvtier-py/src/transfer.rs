@@ -71,6 +71,8 @@ pub struct TransferEngine {
 
 #[pymethods]
 impl TransferEngine {
+    /// An engine on `store` shaped by `config` (a `kvtier.TransferConfig`, or a mapping of its
+    /// keys; a key left out takes the Rust default).
     #[new]
     fn new(py: Python<'_>, store: Py<Store>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
         let c = transfer_config(config)?;
@@ -199,8 +201,6 @@ impl TransferEngine {
         Ok(id)
     }
 
-    /// An engine on `store` shaped by `config` (a `kvtier.TransferConfig`, or a mapping of its
-    /// keys; a key left out takes the Rust default).
     /// Drops the buffers of collected jobs (the GIL is held: this runs inside a method).
     fn collect(&self, jobs: &[FinishedJob]) -> Vec<JobTuple> {
         let mut buffers = lock(&self.buffers);
@@ -210,22 +210,6 @@ impl TransferEngine {
                 job_tuple(j)
             })
             .collect()
-    }
-}
-
-impl DuplexEngine {
-    /// A caller's one-block buffer: plain numbers, C-contiguous, `block_bytes` long (never a
-    /// null pointer), and apart from the engine's device pool and host swap space.
-    fn block_buffer(&self, obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Buffer> {
-        let buf = Buffer::get(obj, what, writable, Format::Bytes)?;
-        if buf.len() != self.block_bytes {
-            let (n, bb) = (buf.len(), self.block_bytes);
-            return Err(crate::errors::buffer_error(format!(
-                "{what} has {n} bytes; expected one block of {bb}"
-            )));
-        }
-        self._buffers.iter().try_for_each(|b| crate::buffer::ensure_disjoint(&buf, b))?;
-        Ok(buf)
     }
 }
 
@@ -243,7 +227,7 @@ fn state_name(s: BlockState) -> (&'static str, Option<u64>) {
 pub struct DuplexEngine {
     // Declared first: dropped (its transfers waited for) before the buffers below.
     inner: CoreDuplex,
-    _buffers: Vec<Buffer>,
+    buffers: Vec<Buffer>,
     block_bytes: usize,
 }
 
@@ -263,7 +247,7 @@ impl DuplexEngine {
         crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let inner = CoreDuplex::new(&geometry.inner, dref, href, config).map_err(raise)?;
-        Ok(DuplexEngine { inner, _buffers: vec![dbuf, hbuf], block_bytes: bb })
+        Ok(DuplexEngine { inner, buffers: vec![dbuf, hbuf], block_bytes: bb })
     }
 
     /// A device pool of `device_blocks` blocks in CUDA memory on GPU `device`.
@@ -281,7 +265,7 @@ impl DuplexEngine {
         let cuda = Cuda::load(device).map_err(raise)?;
         let inner = CoreDuplex::on_cuda(&geometry.inner, device_blocks, href, config, cuda).map_err(raise)?;
         let block_bytes = geometry.inner.block_bytes() as usize;
-        Ok(DuplexEngine { inner, _buffers: vec![hbuf], block_bytes })
+        Ok(DuplexEngine { inner, buffers: vec![hbuf], block_bytes })
     }
 
     fn read_block(&self, py: Python<'_>, dev: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -341,6 +325,22 @@ impl DuplexEngine {
 
     fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
         py.allow_threads(|| self.inner.wait_all()).map_err(raise)
+    }
+}
+
+impl DuplexEngine {
+    /// A caller's one-block buffer: plain numbers, C-contiguous, `block_bytes` long (never a
+    /// null pointer), and apart from the engine's device pool and host swap space.
+    fn block_buffer(&self, obj: &Bound<'_, PyAny>, what: &'static str, writable: bool) -> PyResult<Buffer> {
+        let buf = Buffer::get(obj, what, writable, Format::Bytes)?;
+        if buf.len() != self.block_bytes {
+            let (n, bb) = (buf.len(), self.block_bytes);
+            return Err(crate::errors::buffer_error(format!(
+                "{what} has {n} bytes; expected one block of {bb}"
+            )));
+        }
+        self.buffers.iter().try_for_each(|b| crate::buffer::ensure_disjoint(&buf, b))?;
+        Ok(buf)
     }
 }
 
