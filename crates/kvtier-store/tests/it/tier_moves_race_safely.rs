@@ -55,7 +55,6 @@ fn ssd_store(dir: &TempDir, dram_blocks: u64, ssd_blocks: u64, setup: Setup, rem
         leases_max: 16,
         ssd: Some(ssd),
         remote,
-        ..StoreConfig::default()
     };
     Store::new(common::namespace("tier-races", ""), config).unwrap()
 }
