@@ -7,7 +7,8 @@
 //! block's payload pages (the payload starts its extent, so they are page-aligned) with the
 //! checksum from its header, so the lower tier can write them with O_DIRECT without a copy; it
 //! retires the blocks when finished or dropped (a block a lease pinned meanwhile is freed on
-//! its last unpin).
+//! its last unpin). A read that finds a victim corrupt meanwhile drops it from the index at once
+//! (no new lease sees it) but leaves its extent to the demotion, which frees it when it finishes.
 
 use kvtier_core::{BlockKey, ObjectHeader};
 
@@ -98,11 +99,9 @@ impl Drop for Demotion<'_> {
         }
         let mut st = self.tier.state.lock();
         for v in &self.victims {
-            let ours =
-                st.index.get(&v.key).is_some_and(|e| e.id == v.entry_id && e.state == EntryState::Demoting);
-            assert!(ours, "a demoting entry changed under its demotion");
-            st.retire(v.key, false);
-            st.counters.evictions += 1;
+            if st.finish_demoting(v.key, v.entry_id) {
+                st.counters.evictions += 1;
+            }
         }
     }
 }
@@ -146,6 +145,45 @@ mod tests {
         tier.unpin(&[entry]);
         assert_eq!(tier.put_with(1, &[14], &[&payload], false, &mut Vec::new()).stored, 1);
         assert_eq!(tier.stats().evictions, 1);
+        tier.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_victim_found_corrupt_keeps_its_extent_until_the_demotion_finishes() {
+        let tier = DramTier::new(4 * 8192, by_name("lru").unwrap(), Arc::new(WorkerPool::new(1))).unwrap();
+        let payload = vec![5u8; 5000];
+        tier.put(1, &[10, 11, 12, 13], &[&payload, &payload, &payload, &payload]);
+        let demotion = tier.take_victims(8192);
+        assert_eq!(demotion.victims()[0].key, 10);
+        let mut located = [None];
+        assert_eq!(tier.locate(1, &[10], &mut located, true, false), 1);
+        let entry = located[0].unwrap().entry;
+        // SAFETY: nothing reads or writes the arena meanwhile (one thread).
+        unsafe { tier.arena.flip_bit(demotion.victims()[0].offset + 7, 0) };
+        let mut out = vec![0u8; 5000];
+        let mut outcome = [ReadOutcome::NotPinned];
+        tier.read_pinned(1, &[entry], &mut [&mut out], &mut outcome);
+        assert_eq!(outcome[0], ReadOutcome::Corrupt);
+        assert!(!tier.contains(1, 10), "a corrupt copy leaves the index at once");
+        tier.unpin(&[entry]);
+        tier.check_integrity().unwrap();
+        // The demotion still writes from the extent: the space must not be reused meanwhile.
+        let before = demotion.payload_pages(0).to_vec();
+        let other = vec![9u8; 5000];
+        let free_put = tier.put_with(1, &[20], &[&other], false, &mut Vec::new());
+        assert_eq!(free_put.stored, 0, "the victim's extent was freed under its demotion");
+        assert_eq!(tier.put(1, &[20, 21], &[&other, &other]).stored, 2, "by evicting 11 and 12");
+        assert_eq!(
+            demotion.payload_pages(0),
+            &before[..],
+            "the victim's pages were reused under its demotion"
+        );
+        demotion.finish();
+        assert_eq!(tier.stats().evictions, 2, "the corrupt victim is not counted as evicted");
+        assert!(tier.pins().is_empty());
+        tier.check_integrity().unwrap();
+        let after = tier.put_with(1, &[22], &[&other], false, &mut Vec::new());
+        assert_eq!(after.stored, 1, "its extent is free once the demotion finished");
         tier.check_integrity().unwrap();
     }
 }

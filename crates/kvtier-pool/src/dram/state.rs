@@ -146,9 +146,32 @@ impl DramState {
         }
     }
 
-    /// Takes a ready entry out of the index: freed now if unpinned, else doomed until unpinned.
-    /// `corrupt` marks it as having failed verification.
+    /// Takes a visible entry out of the index: freed now if unpinned, else doomed until unpinned.
+    /// `corrupt` marks it as having failed verification. A *demoting* entry (a read found it
+    /// corrupt while a demotion writes it from its extent) is doomed with one more pin, the
+    /// demotion's: its extent must not be freed and reused under that write; the demotion drops
+    /// the pin when it finishes ([`Self::finish_demoting`]).
     pub(super) fn retire(&mut self, key: BlockKey, corrupt: bool) {
+        let demoting = self.index.get(&key).is_some_and(|e| e.state == EntryState::Demoting);
+        self.take_out(key, corrupt, u32::from(demoting));
+    }
+
+    /// Retires victim `entry_id` of `key` as its demotion finishes: out of the index (freed, or
+    /// doomed while leases pin it), or, if a read retired it meanwhile, its doomed copy loses the
+    /// demotion's pin. Returns whether it was still indexed (an eviction).
+    pub(super) fn finish_demoting(&mut self, key: BlockKey, entry_id: u64) -> bool {
+        if let Some(e) = self.index.get(&key).filter(|e| e.id == entry_id) {
+            assert_eq!(e.state, EntryState::Demoting, "a demoting entry changed under its demotion");
+            self.take_out(key, false, 0);
+            return true;
+        }
+        // Retired by a read that found it corrupt, which left the demotion a pin of its own.
+        self.unpin(&EntryRef { key, entry_id });
+        false
+    }
+
+    /// Removes `key` from the index; its extent is freed unless it or `extra_pins` pin it.
+    fn take_out(&mut self, key: BlockKey, corrupt: bool, extra_pins: u32) {
         let entry = self.index.remove(&key).expect("retiring an indexed key");
         assert!(entry.visible(), "retiring an entry still being written");
         if entry.state == EntryState::Demoting {
@@ -156,17 +179,14 @@ impl DramState {
         } else {
             self.policy.on_remove(key);
         }
-        if entry.pins == 0 {
+        if entry.pins > 0 {
+            self.pinned_ready -= 1;
+        }
+        let pins = entry.pins + extra_pins;
+        if pins == 0 {
             self.allocator.free(entry.extent);
         } else {
-            self.pinned_ready -= 1;
-            let doomed = Doomed {
-                key,
-                extent: entry.extent,
-                payload_len: entry.payload_len,
-                pins: entry.pins,
-                corrupt,
-            };
+            let doomed = Doomed { key, extent: entry.extent, payload_len: entry.payload_len, pins, corrupt };
             assert!(self.doomed.insert(entry.id, doomed).is_none(), "entry id reused");
         }
     }

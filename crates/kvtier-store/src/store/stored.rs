@@ -58,7 +58,7 @@ impl Store {
         let (Some(&first), Some(&last)) = (leased.first(), leased.last()) else { return Ok(0) };
         // As a load: the lease cannot be reclaimed (and its copies unpinned) meanwhile.
         let _reading = self.enter();
-        let (blocks, _in_flight) = self.begin_use(lease_id, first, last + 1 - first)?;
+        let (blocks, _in_flight) = self.begin_use(lease_id, first, (last - first).saturating_add(1))?;
         let Some(blocks) = blocks else { return Ok(0) }; // a clear dropped them already
         bump(&self.counters.decode_failures, leased.len());
         let mut dropped = 0;

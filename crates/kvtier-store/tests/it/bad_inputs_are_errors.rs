@@ -54,7 +54,16 @@ fn too_many_loads_and_wrong_destination_size() {
     let mut small = [0u8; 10];
     let err = s.load(lease.id, &mut [&mut small[..]]).unwrap_err();
     assert_eq!(err, StoreError::ObjectSize { index: 0, actual: 10, expected: BLOCK_BYTES });
-    // The lease is intact after both errors.
+    // Positions past the lease, up to the largest, for the calls a reader of stored bytes makes.
+    for position in [1, usize::MAX] {
+        let err = s.report_undecodable(lease.id, &[0, position]).unwrap_err();
+        assert!(matches!(err, StoreError::LoadTooMany { leased: 1, .. }), "{err:?}");
+        let err = s.load_range(lease.id, position, &mut [&mut a[..]]).unwrap_err();
+        assert!(matches!(err, StoreError::LoadTooMany { leased: 1, .. }), "{err:?}");
+        let err = s.promote_decoded(lease.id, position, &[None]).unwrap_err();
+        assert!(matches!(err, StoreError::LoadTooMany { leased: 1, .. }), "{err:?}");
+    }
+    // The lease is intact after every error.
     assert_eq!(s.load(lease.id, &mut [&mut a[..]]).unwrap().loaded_blocks, 1);
     s.release(lease.id).unwrap();
     s.check_integrity().unwrap();

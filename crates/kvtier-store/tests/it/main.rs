@@ -13,3 +13,4 @@ mod namespace_separation;
 mod no_torn_reads;
 mod round_trip;
 mod ssd_hierarchy;
+mod tier_moves_race_safely;
