@@ -246,13 +246,27 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, RemoteError> {
     } else {
         return bad(format!("url {shown:?} has no redis:// or rediss:// scheme; {expected}"));
     };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, ""),
+    // The user information is everything before the last `@`, as `redact_url` takes it: what
+    // follows (host, port, database) is what a message may show, so no piece of a password or a
+    // query can reach one as a "port" or a "database".
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
+        None => (None, rest),
     };
-    let (userinfo, hostport) = match authority.rfind('@') {
-        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-        None => (None, authority),
+    if userinfo.is_some_and(|info| info.contains('/')) {
+        return bad(format!(
+            "url {shown:?} has a '/' before its '@'; write a '/' in the user or password as %2F; {expected}"
+        ));
+    }
+    if after.contains('?') {
+        return bad(format!(
+            "url {shown:?} has a ?query, which this client does not read; give the password in the \
+             url's user information or in remote.password; {expected}"
+        ));
+    }
+    let (hostport, path) = match after.find('/') {
+        Some(i) => (&after[..i], &after[i + 1..]),
+        None => (after, ""),
     };
     let mut credentials = Credentials::default();
     if let Some(info) = userinfo {
@@ -473,6 +487,13 @@ mod tests {
             "http://:s3cret@h",
             "redis://:s3cret@",
             "redis://:s3cret@bad host",
+            // A '/' in the password (unescaped): its pieces were read as a port or a database.
+            "redis://alice:s3cret/x@h",
+            "redis://alice:1/s3cret@h",
+            // A query (redis-py's `?password=`): it was read as a database, a host or a port.
+            "redis://h/0?password=s3cret",
+            "redis://h?password=s3cret",
+            "redis://h:1?password=s3cret",
         ] {
             let e = parse_url(url).unwrap_err().to_string();
             assert!(!e.contains("s3cret") && e.contains("***"), "{e}");
