@@ -403,10 +403,12 @@ impl RemoteClient {
     }
 
     /// `GET` per name, each whole value read into memory (codec objects of unknown size, tests,
-    /// tools), pipelined: each value counts as `value_bytes_max` bytes in the in-flight window
-    /// (`inflight_bytes_max`; a value may be larger); 0 (size unknown) bounds the window by
-    /// command count instead, as `EXISTS` and `DEL` are. `None`: no such key, or the server
-    /// failed (counted). The `get` metrics do not count these values' bytes.
+    /// tools), pipelined: values of at most `value_bytes_max` bytes, each counting that much in
+    /// the in-flight window (`inflight_bytes_max`); a longer value is read and dropped
+    /// ([`Res::WrongLength`]). 0 (size unknown) reads values up to
+    /// [`REPLY_BULK_BYTES_MAX`](crate::resp::REPLY_BULK_BYTES_MAX) and bounds the window by
+    /// command count instead, as `EXISTS` and `DEL` are. `None`: no such key, a value too long,
+    /// or the server failed (counted). The `get` metrics do not count these values' bytes.
     pub fn get_values(&self, names: &[&[u8]], value_bytes_max: u64) -> Vec<Option<Vec<u8>>> {
         self.get_values_res(names, value_bytes_max).into_iter().map(Result::ok).collect()
     }

@@ -10,7 +10,7 @@ use std::io;
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::ObjectHeader;
 
-use crate::resp::{BulkInto, Conn, Reply, HEADER_BYTES};
+use crate::resp::{BulkInto, Conn, Reply, HEADER_BYTES, REPLY_BULK_BYTES_MAX};
 
 /// Most small commands (EXISTS, DEL) sent ahead of their replies.
 pub const SMALL_COMMANDS_INFLIGHT_MAX: u64 = 4096;
@@ -161,18 +161,24 @@ pub fn get(
     )
 }
 
-/// `GET name` per item, each whole value into `values[i]`: `cost` bytes each for the window of
-/// `inflight_bytes_max`, or, with `cost` 0 (sizes unknown), at most
-/// [`SMALL_COMMANDS_INFLIGHT_MAX`] commands in flight.
+/// `GET name` per item, each whole value of at most `value_bytes_max` bytes into `values[i]`
+/// (a longer one is [`Res::WrongLength`], discarded): each counts `value_bytes_max` bytes in the
+/// window of `inflight_bytes_max`; with `value_bytes_max` 0 (sizes unknown), values up to
+/// [`REPLY_BULK_BYTES_MAX`] are read, at most [`SMALL_COMMANDS_INFLIGHT_MAX`] commands in flight.
 pub fn get_whole(
     conn: &mut Conn,
     names: &[&[u8]],
     values: &mut [Option<Vec<u8>>],
-    cost: u64,
+    value_bytes_max: u64,
     inflight_bytes_max: u64,
     out: &mut [Res],
 ) -> io::Result<()> {
-    let (cost, max) = if cost == 0 { (1, SMALL_COMMANDS_INFLIGHT_MAX) } else { (cost, inflight_bytes_max) };
+    let (cost, max, bytes_max) = if value_bytes_max == 0 {
+        (1, SMALL_COMMANDS_INFLIGHT_MAX, REPLY_BULK_BYTES_MAX)
+    } else {
+        let bytes_max = usize::try_from(value_bytes_max).unwrap_or(usize::MAX);
+        (value_bytes_max, inflight_bytes_max, bytes_max)
+    };
     sliding(
         conn,
         names.len(),
@@ -180,14 +186,14 @@ pub fn get_whole(
         max,
         |c, i| c.write_command(&[b"GET", names[i]]),
         |c, i| {
-            out[i] = match c.read_reply()? {
-                Reply::Bulk(Some(b)) => {
-                    values[i] = Some(b);
+            out[i] = match c.read_bulk_whole(bytes_max)? {
+                Ok(value) => {
+                    values[i] = Some(value);
                     Res::Filled
                 }
-                Reply::Bulk(None) => Res::Nil,
-                Reply::Error(e) => classify_error(&e),
-                _ => Res::ServerError,
+                Err(BulkInto::Nil) => Res::Nil,
+                Err(BulkInto::WrongLength(_)) => Res::WrongLength,
+                Err(BulkInto::ServerError | BulkInto::Filled) => classify_error(&c.last_error),
             };
             Ok(())
         },

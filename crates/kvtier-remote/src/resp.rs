@@ -378,16 +378,16 @@ impl Conn {
         }
     }
 
-    /// Reads a bulk-string reply of expected length `header.len() + dst.len()` straight into
-    /// `header` then `dst` (no intermediate buffer).
-    pub fn read_bulk_into(&mut self, header: &mut [u8], dst: &mut [u8]) -> io::Result<BulkInto> {
+    /// Reads the length line of a GET reply: `Ok(Ok(bytes))` for a bulk string (its bytes not
+    /// read yet), `Ok(Err(Nil | ServerError))` for nil or an error reply (in `last_error`).
+    fn read_bulk_len(&mut self) -> io::Result<Result<u64, BulkInto>> {
         self.start_reply();
         self.read_line()?;
         match self.line.first() {
             Some(b'$') => {}
             Some(b'-') => {
                 self.last_error = self.line_text();
-                return Ok(BulkInto::ServerError);
+                return Ok(Err(BulkInto::ServerError));
             }
             _ => {
                 return Err(invalid(format!(
@@ -397,10 +397,16 @@ impl Conn {
             }
         }
         let n = self.line_int()?;
-        if n < 0 {
-            return Ok(BulkInto::Nil);
-        }
-        let n = n as u64;
+        Ok(if n < 0 { Err(BulkInto::Nil) } else { Ok(n as u64) })
+    }
+
+    /// Reads a bulk-string reply of expected length `header.len() + dst.len()` straight into
+    /// `header` then `dst` (no intermediate buffer).
+    pub fn read_bulk_into(&mut self, header: &mut [u8], dst: &mut [u8]) -> io::Result<BulkInto> {
+        let n = match self.read_bulk_len()? {
+            Ok(n) => n,
+            Err(outcome) => return Ok(outcome),
+        };
         if n != (header.len() + dst.len()) as u64 {
             self.discard(n)?;
             self.read_crlf()?;
@@ -410,6 +416,26 @@ impl Conn {
         self.reader.read_exact(dst)?;
         self.read_crlf()?;
         Ok(BulkInto::Filled)
+    }
+
+    /// Reads a bulk-string reply of at most `bytes_max` bytes whole into memory: `Ok(Ok(value))`,
+    /// or `Ok(Err(..))`: [`BulkInto::Nil`], [`BulkInto::ServerError`], or
+    /// [`BulkInto::WrongLength`] for a longer value, read and discarded without being stored (the
+    /// connection stays in step: a value too long for its reader is not a broken server).
+    pub fn read_bulk_whole(&mut self, bytes_max: usize) -> io::Result<Result<Vec<u8>, BulkInto>> {
+        let n = match self.read_bulk_len()? {
+            Ok(n) => n,
+            Err(outcome) => return Ok(Err(outcome)),
+        };
+        if n > bytes_max as u64 {
+            self.discard(n)?;
+            self.read_crlf()?;
+            return Ok(Err(BulkInto::WrongLength(n)));
+        }
+        let mut value = vec![0u8; n as usize];
+        self.reader.read_exact(&mut value)?;
+        self.read_crlf()?;
+        Ok(Ok(value))
     }
 
     /// Reads a reply to SET/AUTH/SELECT/PING: `Ok(Some(true))` for a status, `Ok(Some(false))`

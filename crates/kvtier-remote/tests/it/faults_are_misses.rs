@@ -129,6 +129,33 @@ fn a_key_of_the_wrong_type_is_a_counted_miss_and_deleted() {
     assert!(!tier.contains(NS, 9));
 }
 
+/// A value longer than any object of the store (here past 64 MiB, the most a whole reply could be)
+/// under a kvtier name is a counted miss, deleted, read over a connection that stays in step. It
+/// was a protocol error: the connection dropped, the batch's other values lost, the server put in
+/// backoff on every load, and the value never deleted — as every codec object of a store whose
+/// blocks exceed 64 MiB was (a 70B model's 256-token block is 80 MiB).
+#[test]
+fn an_oversized_value_is_a_counted_miss_and_deleted() {
+    let binary = require_server_binary();
+    let server = Server::start_anywhere(&binary, None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let good = payload(1);
+    assert_eq!(tier.put(NS, &[1], &[&good]).stored, 1);
+    let huge = vec![7u8; (64 << 20) + 1];
+    let name = key_name("kvtier:", NS, 2);
+    let plant = [SetItem { header: HeaderSpec::None, payload: &huge }];
+    assert_eq!(tier.client().set(&[&name[..]], &plant, false), vec![Res::Bool(true)]);
+    let connects = tier.metrics().connects;
+    // As the store reads a value that is not a raw block: whole, bounded by header + block.
+    let got = tier.read_objects(NS, &[2, 1], 64 + 4096);
+    assert!(matches!(got[0], Err(ReadOutcome::Corrupt)), "{:?}", got[0]);
+    let object = got[1].as_ref().expect("the next value of the batch is read");
+    assert_eq!(&object[64..], &good[..]);
+    assert_eq!(tier.metrics().bad_length, 1);
+    assert_eq!(tier.metrics().connects, connects, "the connection stayed in step");
+    assert!(!tier.contains(NS, 2), "the oversized value was deleted");
+}
+
 #[test]
 fn down_at_start_then_up_then_killed_then_restarted() {
     let binary = require_server_binary();
