@@ -198,6 +198,10 @@ impl Node {
                     };
                     return Err(RemoteError::Auth { endpoint, user, reply });
                 }
+                Reply::Error(e) if not_ready(&e) => {
+                    // Up but not serving yet: down for now (a miss, not a configuration error).
+                    return Err(RemoteError::Io { endpoint, reason: format!("server not ready: {e}") });
+                }
                 other => {
                     return Err(RemoteError::Protocol {
                         endpoint,
@@ -209,4 +213,12 @@ impl Node {
         conn.set_limit(None);
         Ok(conn)
     }
+}
+
+/// Whether an error reply to the handshake says the server is up but cannot serve yet: loading
+/// its dataset after a restart (`LOADING`, minutes for a large one), running a script (`BUSY`), a
+/// replica cut off from its master (`MASTERDOWN`), or at its client limit. The rest of the
+/// handshake's errors (a database out of range, an ACL refusing `PING`) are settings to fix.
+fn not_ready(error: &str) -> bool {
+    ["LOADING", "BUSY", "MASTERDOWN", "ERR max number of clients"].iter().any(|p| error.starts_with(p))
 }

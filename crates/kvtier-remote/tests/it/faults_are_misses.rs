@@ -192,6 +192,48 @@ fn down_at_start_then_up_then_killed_then_restarted() {
     assert!(tier.metrics().reconnects >= 2);
 }
 
+/// A server restarted with a dataset answers `-LOADING` until it has read it (minutes, for a
+/// large one): a store opened meanwhile opens, misses, and hits once loading ends. The handshake
+/// took `-LOADING` for a protocol error, which fails `open` (a `ConfigError` from the store).
+#[test]
+fn a_server_loading_its_dataset_at_start_is_down_not_an_error() {
+    let binary = require_server_binary();
+    let dir = std::env::temp_dir().join(format!("kvtier-loading-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let port = free_port();
+    let mut server = Server::start_with(&binary, port, None, &["--dir", &dir_arg]);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let good = payload(3);
+    assert_eq!(tier.put(NS, &[1], &[&good]).stored, 1);
+    // Filler keys, each loaded 1 ms apart at the restart: the server loads for 2 s at least.
+    let names: Vec<Vec<u8>> = (0..2000).map(|i| format!("filler:{i}").into_bytes()).collect();
+    let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+    let items = vec![SetItem { header: HeaderSpec::None, payload: b"x" }; names.len()];
+    assert!(tier.client().set(&name_refs, &items, false).iter().all(|r| *r == Res::Bool(true)));
+    assert_eq!(server.command(&[b"SAVE"]), kvtier_remote::resp::Reply::Status("OK".into()));
+    drop(tier);
+    server.kill();
+    let slow_load = ["--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"];
+    let server = Server::start_with(&binary, port, None, &[&["--dir", &dir_arg][..], &slow_load].concat());
+
+    let opened = RemoteTier::open(config(&server.url()), NS);
+    let loading = server.command(&[b"PING"]);
+    assert!(
+        matches!(&loading, kvtier_remote::resp::Reply::Error(e) if e.starts_with("LOADING")),
+        "{loading:?}"
+    );
+    let tier = opened.expect("a loading server is down for now, not a configuration error");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read(&tier, &[1]).0 != vec![ReadOutcome::Loaded] {
+        assert!(Instant::now() < deadline, "never hit after loading");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(read(&tier, &[1]).1[0], good);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn wrong_or_missing_password_is_an_error_at_start() {
     let binary = require_server_binary();
