@@ -146,20 +146,20 @@ impl RemoteClient {
         }
         let mut last_error = None;
         for node in candidates {
-            let mut conn = match node.checkout(&self.settings, &self.counters) {
-                Ok(c) => c,
+            let reply = node.run(&self.settings, &self.counters, |conn| {
+                conn.write_command(&[b"CLUSTER", b"SLOTS"])?;
+                conn.flush()?;
+                conn.read_reply()
+            });
+            let reply = match reply {
+                Ok(reply) => reply,
                 Err(e) => {
                     last_error = Some(e);
                     continue;
                 }
             };
-            let reply = conn
-                .write_command(&[b"CLUSTER", b"SLOTS"])
-                .and_then(|_| conn.flush())
-                .and_then(|_| conn.read_reply());
             match reply {
                 Ok(reply @ Reply::Array(Some(_))) => {
-                    node.checkin(conn);
                     let map = SlotMap::from_reply(&reply, &node.endpoint, &mut cluster.known.lock());
                     match map {
                         Ok(map) => {
@@ -173,14 +173,12 @@ impl RemoteClient {
                     }
                 }
                 Ok(other) => {
-                    node.checkin(conn);
                     last_error = Some(RemoteError::Protocol {
                         endpoint: node.endpoint.to_string(),
                         reason: format!("CLUSTER SLOTS answered {other:?}; is this server in cluster mode?"),
                     });
                 }
                 Err(e) => {
-                    node.discard(conn, &self.settings);
                     last_error =
                         Some(RemoteError::Io { endpoint: node.endpoint.to_string(), reason: e.to_string() });
                 }
@@ -234,10 +232,8 @@ impl RemoteClient {
     ) -> Vec<Res> {
         let mut out = vec![Res::Failed; names.len()];
         let start = Instant::now();
-        let Ok(mut conn) = node.checkout(&self.settings, &self.counters) else { return out };
-        match run(&mut conn, names, items, &mut out) {
-            Ok(()) => node.checkin(conn),
-            Err(_) => node.discard(conn, &self.settings),
+        if node.run(&self.settings, &self.counters, |conn| run(conn, names, items, &mut out)).is_err() {
+            return out; // no connection (down, in backoff, all busy)
         }
         let c = self.op_counters(op);
         c.record(names.len(), bytes, start.elapsed());

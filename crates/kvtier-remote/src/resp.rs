@@ -156,6 +156,8 @@ pub struct Conn {
     io_timeout: Duration,
     /// An outer bound on every deadline (e.g. the whole connection handshake).
     limit: Option<Instant>,
+    /// Reply lines read so far: whether the server answered anything since a given point.
+    lines_read: u64,
 }
 
 impl Conn {
@@ -198,12 +200,18 @@ impl Conn {
                         last_error: String::new(),
                         io_timeout,
                         limit: None,
+                        lines_read: 0,
                     });
                 }
                 Err(e) => last = e,
             }
         }
         Err(last)
+    }
+
+    /// Reply lines read on this connection so far (a count that only grows).
+    pub fn lines_read(&self) -> u64 {
+        self.lines_read
     }
 
     /// Bounds every later deadline by `limit` (`None`: no outer bound), e.g. a whole handshake.
@@ -279,6 +287,7 @@ impl Conn {
             )));
         }
         self.line.truncate(self.line.len() - 2);
+        self.lines_read += 1;
         Ok(())
     }
 

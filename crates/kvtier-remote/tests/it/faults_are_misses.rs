@@ -234,6 +234,35 @@ fn a_server_loading_its_dataset_at_start_is_down_not_an_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A pooled connection the server closed while it sat idle (its `timeout`, a proxy's idle limit;
+/// here `CLIENT KILL`) fails at once, before any reply: the batch runs again on a new connection.
+/// It used to fail — a load missed, a put was dropped, a clear was an error — and put a server
+/// that was up in backoff, so the next batches missed too.
+#[test]
+fn connections_closed_while_idle_are_replaced_not_misses() {
+    let binary = require_server_binary();
+    let server = Server::start_anywhere(&binary, None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let p = payload(4);
+    assert_eq!(tier.put(NS, &[1, 2], &[&p, &p]).stored, 2);
+    let close_idle = || {
+        let killed = server.command(&[b"CLIENT", b"KILL", b"TYPE", b"normal"]);
+        assert_eq!(killed, kvtier_remote::resp::Reply::Int(1), "the tier's one idle connection");
+    };
+    close_idle();
+    assert_eq!(read(&tier, &[1]).0, vec![ReadOutcome::Loaded]);
+    close_idle();
+    assert_eq!(tier.put(NS, &[3], &[&p]).stored, 1);
+    close_idle();
+    let mut located = vec![None; 3];
+    assert_eq!(tier.locate(NS, &[1, 2, 3], &mut located, false, true), 3);
+    close_idle();
+    assert_eq!(tier.clear_namespace(NS), Ok(3));
+    let m = tier.metrics();
+    assert_eq!((m.down_misses, m.down_skipped_writes, m.connect_failures, m.nodes_down), (0, 0, 0, 0));
+    assert_eq!(m.connects, 5, "one new connection after each close");
+}
+
 #[test]
 fn wrong_or_missing_password_is_an_error_at_start() {
     let binary = require_server_binary();
