@@ -146,9 +146,9 @@ impl Node {
         mut exchange: impl FnMut(&mut Conn) -> io::Result<R>,
     ) -> Result<io::Result<R>, RemoteError> {
         let mut conn = self.checkout(s, counters)?;
-        let before = conn.lines_read();
+        let before = conn.lines_read;
         let mut result = exchange(&mut conn);
-        if matches!(&result, Err(e) if closed_by_server(e)) && conn.lines_read() == before {
+        if matches!(&result, Err(e) if closed_by_server(e)) && conn.lines_read == before {
             self.drop_closed(conn);
             conn = self.checkout(s, counters)?;
             result = exchange(&mut conn);

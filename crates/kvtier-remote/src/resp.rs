@@ -156,8 +156,8 @@ pub struct Conn {
     io_timeout: Duration,
     /// An outer bound on every deadline (e.g. the whole connection handshake).
     limit: Option<Instant>,
-    /// Reply lines read so far: whether the server answered anything since a given point.
-    lines_read: u64,
+    /// Reply lines read so far (only grows): whether the server answered since a given point.
+    pub(crate) lines_read: u64,
 }
 
 impl Conn {
@@ -209,11 +209,6 @@ impl Conn {
         Err(last)
     }
 
-    /// Reply lines read on this connection so far (a count that only grows).
-    pub fn lines_read(&self) -> u64 {
-        self.lines_read
-    }
-
     /// Bounds every later deadline by `limit` (`None`: no outer bound), e.g. a whole handshake.
     pub fn set_limit(&mut self, limit: Option<Instant>) {
         self.limit = limit;
@@ -235,13 +230,9 @@ impl Conn {
     }
 
     fn write_len(&mut self, tag: u8, n: usize) -> io::Result<()> {
-        let mut buf = itoa_buf(n);
-        let digits = buf.digits();
         self.writer.write_all(&[tag])?;
-        self.writer.write_all(digits)?;
-        self.writer.write_all(b"\r\n")?;
-        let _ = &mut buf;
-        Ok(())
+        self.writer.write_all(itoa_buf(n).digits())?;
+        self.writer.write_all(b"\r\n")
     }
 
     /// Writes one bulk string made of `pieces` (written in order, never concatenated).
@@ -387,8 +378,7 @@ impl Conn {
         }
     }
 
-    /// Reads the length line of a GET reply: `Ok(Ok(bytes))` for a bulk string (its bytes not
-    /// read yet), `Ok(Err(Nil | ServerError))` for nil or an error reply (in `last_error`).
+    /// Reads a GET reply's first line: `Ok(Ok(bytes to follow))`, or `Ok(Err(Nil | ServerError))`.
     fn read_bulk_len(&mut self) -> io::Result<Result<u64, BulkInto>> {
         self.start_reply();
         self.read_line()?;
@@ -427,10 +417,8 @@ impl Conn {
         Ok(BulkInto::Filled)
     }
 
-    /// Reads a bulk-string reply of at most `bytes_max` bytes whole into memory: `Ok(Ok(value))`,
-    /// or `Ok(Err(..))`: [`BulkInto::Nil`], [`BulkInto::ServerError`], or
-    /// [`BulkInto::WrongLength`] for a longer value, read and discarded without being stored (the
-    /// connection stays in step: a value too long for its reader is not a broken server).
+    /// Reads a bulk-string reply of at most `bytes_max` bytes whole: `Ok(Ok(value))`, or `Ok(Err(
+    /// Nil | ServerError | WrongLength))`, the last for a longer value, discarded unstored.
     pub fn read_bulk_whole(&mut self, bytes_max: usize) -> io::Result<Result<Vec<u8>, BulkInto>> {
         let n = match self.read_bulk_len()? {
             Ok(n) => n,

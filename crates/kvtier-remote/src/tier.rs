@@ -269,10 +269,9 @@ impl RemoteTier {
     /// than a block) and verifies each as the object of its key: `Ok(value)` (header, identity,
     /// length and payload checksum verified; the payload starts at byte 64), or the outcome of
     /// a miss — `Missing` (no such key, server down), `Corrupt` (counted by kind as
-    /// [`read_blocks`](Self::read_blocks) counts, and deleted; a value longer than
-    /// `value_bytes_max` is one, discarded unread). The GETs are pipelined, in a window of
-    /// `inflight_bytes_max` counting each value as `value_bytes_max` (an object is at most its
-    /// header and a block).
+    /// [`read_blocks`](Self::read_blocks) counts, and deleted; so is a value longer than
+    /// `value_bytes_max`, an object's most: header and block). The GETs are pipelined, in a
+    /// window of `inflight_bytes_max` counting each value as `value_bytes_max`.
     pub fn read_objects(
         &self,
         namespace: u128,
