@@ -36,6 +36,17 @@ pub enum Res {
     ServerError,
 }
 
+/// What the error reply in `c.last_error` to item `i` of a batch means; an `ASK` (its slot is
+/// migrating and the key has moved) also records the master to ask, `host:port`, in `c.asks`.
+fn error_res(c: &mut Conn, i: usize) -> Res {
+    let target =
+        c.last_error.strip_prefix("ASK ").and_then(|rest| rest.split(' ').nth(1)).map(str::to_string);
+    if let Some(target) = target {
+        c.asks.push((i, target));
+    }
+    classify_error(&c.last_error)
+}
+
 fn classify_error(e: &str) -> Res {
     if e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN") {
         Res::Redirect
@@ -47,7 +58,9 @@ fn classify_error(e: &str) -> Res {
 }
 
 /// Sends `n` commands with `send`, reading replies with `recv`, keeping the cost of commands
-/// sent and not yet answered at most `max` (but always at least one command in flight).
+/// sent and not yet answered at most `max` (but always at least one command in flight). With
+/// `conn.asking`, each command is preceded by `ASKING` (the next command may touch a key of a
+/// slot this master is importing), whose `+OK` is read before the command's reply.
 fn sliding(
     conn: &mut Conn,
     n: usize,
@@ -60,6 +73,9 @@ fn sliding(
     while read < n {
         let mut wrote = false;
         while sent < n && (sent == read || inflight + cost(sent) <= max) {
+            if conn.asking {
+                conn.write_command(&[b"ASKING"])?;
+            }
             send(conn, sent)?;
             inflight += cost(sent);
             sent += 1;
@@ -68,6 +84,15 @@ fn sliding(
         if wrote {
             conn.flush()?;
         }
+        if conn.asking {
+            match conn.read_reply()? {
+                Reply::Status(_) => {}
+                other => {
+                    let reason = format!("ASKING answered {other:?}");
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, reason));
+                }
+            }
+        }
         recv(conn, read)?;
         inflight -= cost(read);
         read += 1;
@@ -75,10 +100,13 @@ fn sliding(
     Ok(())
 }
 
-fn int_reply(conn: &mut Conn) -> io::Result<Res> {
+fn int_reply(conn: &mut Conn, i: usize) -> io::Result<Res> {
     Ok(match conn.read_reply()? {
         Reply::Int(v) => Res::Bool(v > 0),
-        Reply::Error(e) => classify_error(&e),
+        Reply::Error(e) => {
+            conn.last_error = e;
+            error_res(conn, i)
+        }
         other => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -112,7 +140,7 @@ fn per_name(conn: &mut Conn, command: &[u8], names: &[&[u8]], out: &mut [Res]) -
         SMALL_COMMANDS_INFLIGHT_MAX,
         |c, i| c.write_command(&[command, names[i]]),
         |c, i| {
-            out[i] = int_reply(c)?;
+            out[i] = int_reply(c, i)?;
             Ok(())
         },
     )
@@ -154,7 +182,7 @@ pub fn get(
                 BulkInto::Filled => Res::Filled,
                 BulkInto::Nil => Res::Nil,
                 BulkInto::WrongLength(_) => Res::WrongLength,
-                BulkInto::ServerError => classify_error(&c.last_error),
+                BulkInto::ServerError => error_res(c, i),
             };
             Ok(())
         },
@@ -193,7 +221,7 @@ pub fn get_whole(
                 }
                 Err(BulkInto::Nil) => Res::Nil,
                 Err(BulkInto::WrongLength(_)) => Res::WrongLength,
-                Err(BulkInto::ServerError | BulkInto::Filled) => classify_error(&c.last_error),
+                Err(BulkInto::ServerError | BulkInto::Filled) => error_res(c, i),
             };
             Ok(())
         },
@@ -273,7 +301,7 @@ pub fn set(
         |c, i| {
             out[i] = match c.read_status()? {
                 Some(stored) => Res::Bool(stored),
-                None => classify_error(&c.last_error),
+                None => error_res(c, i),
             };
             Ok(())
         },

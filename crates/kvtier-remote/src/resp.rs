@@ -158,6 +158,10 @@ pub struct Conn {
     limit: Option<Instant>,
     /// Reply lines read so far (only grows): whether the server answered since a given point.
     pub(crate) lines_read: u64,
+    /// Cluster: send `ASKING` before each command of a pipeline ([`crate::pipeline`]).
+    pub asking: bool,
+    /// Cluster: the `ASK` redirections a pipeline got, `(item index, "host:port")`.
+    pub asks: Vec<(usize, String)>,
 }
 
 impl Conn {
@@ -201,6 +205,8 @@ impl Conn {
                         io_timeout,
                         limit: None,
                         lines_read: 0,
+                        asking: false,
+                        asks: Vec::new(),
                     });
                 }
                 Err(e) => last = e,
