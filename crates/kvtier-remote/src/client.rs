@@ -16,7 +16,7 @@ use crate::cluster::Cluster;
 use crate::config::{RemoteConfig, Resolved};
 use crate::error::RemoteError;
 use crate::metrics::{bump, Counters, OpCounters, RemoteMetrics};
-use crate::node::{ConnectSettings, Node};
+use crate::node::{not_ready, ConnectSettings, Node};
 use crate::pipeline::{self, GetItem, Res, SetItem};
 use crate::resp::{Conn, Reply};
 
@@ -282,8 +282,8 @@ impl RemoteClient {
     /// instead of one per name). `Some(true)`: all exist (a name listed twice counts twice, so the
     /// count still says so); `Some(false)`: at least one does not; `None`: unknown (server down or
     /// failing), or a cluster, where the names of one command must share a slot (`CROSSSLOT`) —
-    /// ask per name with [`exists`](Self::exists) then. A server that answers it with an error is
-    /// not asked this way again. The `exists` metrics count the command's names as keys.
+    /// ask per name with [`exists`](Self::exists) then. A server that answers it with an error
+    /// (other than busy or loading) is not asked this way again. The `exists` metrics count the command's names as keys.
     pub fn exists_all(&self, names: &[&[u8]]) -> Option<bool> {
         if names.is_empty() {
             return Some(true);
@@ -300,6 +300,8 @@ impl RemoteClient {
             c.flush()?;
             let all = match c.read_reply()? {
                 Reply::Int(count) => Res::Bool(count >= 0 && count as usize == n.len()),
+                // Busy or loading is not a refusal of multi-key EXISTS: unknown this once.
+                Reply::Error(e) if not_ready(&e) => Res::Failed,
                 Reply::Error(_) => Res::ServerError,
                 other => {
                     return Err(io::Error::new(

@@ -270,6 +270,6 @@ fn closed_by_server(e: &io::Error) -> bool {
 /// its dataset after a restart (`LOADING`, minutes for a large one), running a script (`BUSY`), a
 /// replica cut off from its master (`MASTERDOWN`), or at its client limit. The rest of the
 /// handshake's errors (a database out of range, an ACL refusing `PING`) are settings to fix.
-fn not_ready(error: &str) -> bool {
+pub(crate) fn not_ready(error: &str) -> bool {
     ["LOADING", "BUSY", "MASTERDOWN", "ERR max number of clients"].iter().any(|p| error.starts_with(p))
 }

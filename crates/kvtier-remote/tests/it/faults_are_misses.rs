@@ -313,6 +313,36 @@ fn whole_prefixes_are_confirmed_by_one_multi_key_exists() {
     assert_eq!(tier.locate(NS, &keys[..4], &mut located, false, true), 0);
 }
 
+/// A server busy with a script answers `-BUSY` to everything for a while: a multi-key `EXISTS`
+/// that meets it is unknown that once. It used to count as the server refusing multi-key `EXISTS`
+/// (a proxy's answer), so every later lookup asked name by name, for good.
+#[test]
+fn a_busy_server_does_not_turn_off_the_multi_key_exists() {
+    let binary = require_server_binary();
+    let server = Server::start_anywhere(&binary, None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let p = payload(1);
+    assert_eq!(tier.put(NS, &[1, 2], &[&p, &p]).stored, 2);
+    let (a, b) = (key_name("kvtier:", NS, 1), key_name("kvtier:", NS, 2));
+    let names: [&[u8]; 2] = [&a, &b];
+    assert_eq!(tier.client().exists_all(&names), Some(true));
+    let ok = kvtier_remote::resp::Reply::Status("OK".into());
+    assert_eq!(server.command(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"50"]), ok);
+    // Spins for 1.5 s by the server's clock; other clients get -BUSY after 50 ms of it.
+    let script: &[u8] = b"local t0 = redis.call('TIME') while true do local t = redis.call('TIME') \
+        if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1500000 then return 1 end end";
+    std::thread::scope(|s| {
+        s.spawn(|| server.command(&[b"EVAL", script, b"0"]));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !matches!(server.command(&[b"PING"]), kvtier_remote::resp::Reply::Error(e) if e.starts_with("BUSY"))
+        {
+            assert!(Instant::now() < deadline, "the script never made the server busy");
+        }
+        assert_eq!(tier.client().exists_all(&names), None, "unknown while the server is busy");
+    });
+    assert_eq!(tier.client().exists_all(&names), Some(true), "asked in one command again");
+}
+
 /// The server's count of EXISTS commands served (`INFO commandstats`).
 fn exists_calls(port: u16) -> u64 {
     use std::io::{Read, Write};
