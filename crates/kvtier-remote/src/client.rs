@@ -2,8 +2,9 @@
 //!
 //! A batch is split by server node (one group in single-server mode); groups run in parallel,
 //! each as one pipeline on one pooled connection. An item whose node is down, or whose
-//! connection fails mid-batch, gets [`Res::Failed`]; in cluster mode, redirected items are
-//! retried once after the slot map is refreshed. Nothing here raises while serving: results
+//! connection fails mid-batch, gets [`Res::Failed`]; in cluster mode, an item sent elsewhere by
+//! `ASK` (its slot migrating) is asked once of that master, and `MOVED` items are retried once
+//! after the slot map is refreshed ([`crate::cluster`]). Nothing here raises while serving: results
 //! are per item, and the caller turns failures into counted misses. (Deleting every key of a
 //! pattern, an administrative operation that does return errors, is in [`crate::clear`].)
 

@@ -1,6 +1,7 @@
 //! Redis Cluster routing: hash slots (CRC16/XMODEM of the key mod 16384; kvtier keys carry no
 //! `{hash tag}`, so blocks spread over all masters) and the slot → master map from
-//! `CLUSTER SLOTS`, refreshed after a redirect or a failed node (rate-limited).
+//! `CLUSTER SLOTS`, refreshed after a redirect or a failed node (rate-limited); and where an
+//! `ASK` reply sends an item (`Cluster::ask_groups`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
