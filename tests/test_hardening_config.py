@@ -69,6 +69,8 @@ def test_defect5_store_config_repr_and_str_redact_passwords_and_to_dict_keeps_th
         f"redis://:{SECRET}@",
         f"redis://:{SECRET}@[::1",
         f"redis://:{SECRET}/x@127.0.0.1",
+        f"redis://alice:{SECRET}/x@127.0.0.1",  # was quoted as the port
+        f"redis://alice:1/{SECRET}@127.0.0.1",  # was quoted as the database
     ],
 )
 def test_defect5_bad_url_errors_do_not_show_the_password(url: str) -> None:
@@ -77,6 +79,16 @@ def test_defect5_bad_url_errors_do_not_show_the_password(url: str) -> None:
     message = str(info.value)
     assert SECRET not in message
     assert "remote.urls" in message and ":***@" in message
+
+
+@pytest.mark.parametrize(
+    "url", [f"redis://127.0.0.1/0?password={SECRET}", f"redis://127.0.0.1?password={SECRET}"]
+)
+def test_a_url_query_is_refused_without_showing_it(url: str) -> None:
+    # It was quoted as the database (or the host) in the error.
+    with pytest.raises(ConfigError, match="query") as info:
+        kvtier.Store(kvtier.StoreConfig(geometry=GEOMETRY, remote={"urls": url}))
+    assert SECRET not in str(info.value) and "?***" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -124,19 +124,15 @@ impl RemoteClient {
         pattern: &[u8],
         is_target: &IsTarget<'_>,
     ) -> Result<u64, RemoteError> {
-        let mut conn = node.checkout(self.settings(), self.counters())?;
+        let del = &self.counters().del;
+        // An error reply leaves the connection in step (checked in); an I/O error drops it.
+        let result =
+            node.run(self.settings(), self.counters(), |conn| unlink_pages(conn, pattern, is_target, del))?;
         let endpoint = node.endpoint.to_string();
-        match unlink_pages(&mut conn, pattern, is_target, &self.counters().del) {
-            Ok(Ok(deleted)) => {
-                node.checkin(conn);
-                Ok(deleted)
-            }
-            Ok(Err(reason)) => {
-                node.checkin(conn); // an error reply: the connection is still in step
-                Err(RemoteError::Protocol { endpoint, reason })
-            }
+        match result {
+            Ok(Ok(deleted)) => Ok(deleted),
+            Ok(Err(reason)) => Err(RemoteError::Protocol { endpoint, reason }),
             Err(e) => {
-                node.discard(conn, self.settings());
                 let reason = e.to_string();
                 Err(if e.kind() == io::ErrorKind::InvalidData {
                     RemoteError::Protocol { endpoint, reason }

@@ -2,41 +2,32 @@
 //!
 //! A batch is split by server node (one group in single-server mode); groups run in parallel,
 //! each as one pipeline on one pooled connection. An item whose node is down, or whose
-//! connection fails mid-batch, gets [`Res::Failed`]; in cluster mode, redirected items are
-//! retried once after the slot map is refreshed. Nothing here raises while serving: results
+//! connection fails mid-batch, gets [`Res::Failed`]; in cluster mode, an item sent elsewhere by
+//! `ASK` (its slot migrating) is asked once of that master, and `MOVED` items are retried once
+//! after the slot map is refreshed ([`crate::cluster`]). Nothing here raises while serving: results
 //! are per item, and the caller turns failures into counted misses. (Deleting every key of a
 //! pattern, an administrative operation that does return errors, is in [`crate::clear`].)
 
-use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
-
-use crate::cluster::SlotMap;
-use crate::config::{Endpoint, RemoteConfig, Resolved};
+use crate::cluster::Cluster;
+use crate::config::{RemoteConfig, Resolved};
 use crate::error::RemoteError;
 use crate::metrics::{bump, Counters, OpCounters, RemoteMetrics};
-use crate::node::{ConnectSettings, Node};
+use crate::node::{not_ready, ConnectSettings, Node};
 use crate::pipeline::{self, GetItem, Res, SetItem};
 use crate::resp::{Conn, Reply};
 
-/// Shortest time between two slot-map refreshes.
-const SLOT_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(100);
-
-enum Topology {
+pub(crate) enum Topology {
     Single(Arc<Node>),
     Cluster(Cluster),
 }
 
-struct Cluster {
-    seeds: Vec<Endpoint>,
-    known: Mutex<HashMap<Endpoint, Arc<Node>>>,
-    map: RwLock<Arc<SlotMap>>,
-    last_refresh: Mutex<Option<Instant>>,
-}
+/// `ASK` redirections of a batch: (item index, `host:port` of the master to ask).
+pub(crate) type Asks = Vec<(usize, String)>;
 
 /// Which operation a batch is (for metrics).
 #[derive(Clone, Copy)]
@@ -53,7 +44,7 @@ pub struct RemoteClient {
     resolved: Resolved,
     settings: ConnectSettings,
     counters: Counters,
-    topology: Topology,
+    pub(crate) topology: Topology,
     /// The server answered a multi-key `EXISTS` with an error (e.g. a proxy that refuses
     /// multi-key commands): [`exists_all`](Self::exists_all) is not tried again.
     multi_exists_refused: AtomicBool,
@@ -81,12 +72,7 @@ impl RemoteClient {
         let tls = crate::tls::client(resolved.tls.as_ref())?;
         let settings = ConnectSettings::new(&config, resolved.credentials.clone(), resolved.db, tls);
         let topology = if config.cluster {
-            Topology::Cluster(Cluster {
-                seeds: resolved.seeds.clone(),
-                known: Mutex::new(HashMap::new()),
-                map: RwLock::new(Arc::new(SlotMap::empty())),
-                last_refresh: Mutex::new(None),
-            })
+            Topology::Cluster(Cluster::new(resolved.seeds.clone()))
         } else {
             Topology::Single(Arc::new(Node::new(resolved.seeds[0].clone())))
         };
@@ -123,72 +109,6 @@ impl RemoteClient {
         &self.config
     }
 
-    /// Asks the known nodes, then the seeds, for the slot map. `Err` only if none answered.
-    fn refresh_slots(&self, force: bool) -> Result<(), RemoteError> {
-        let Topology::Cluster(cluster) = &self.topology else { return Ok(()) };
-        {
-            let Some(mut last) = cluster.last_refresh.try_lock() else { return Ok(()) };
-            if !force && last.is_some_and(|t| t.elapsed() < SLOT_REFRESH_INTERVAL_MIN) {
-                return Ok(());
-            }
-            *last = Some(Instant::now());
-        }
-        bump(&self.counters.slot_refreshes, 1);
-        let mut candidates: Vec<Arc<Node>> = cluster.map.read().nodes.clone();
-        {
-            let mut known = cluster.known.lock();
-            for seed in &cluster.seeds {
-                let node = known.entry(seed.clone()).or_insert_with(|| Arc::new(Node::new(seed.clone())));
-                if !candidates.iter().any(|c| c.endpoint == *seed) {
-                    candidates.push(node.clone());
-                }
-            }
-        }
-        let mut last_error = None;
-        for node in candidates {
-            let mut conn = match node.checkout(&self.settings, &self.counters) {
-                Ok(c) => c,
-                Err(e) => {
-                    last_error = Some(e);
-                    continue;
-                }
-            };
-            let reply = conn
-                .write_command(&[b"CLUSTER", b"SLOTS"])
-                .and_then(|_| conn.flush())
-                .and_then(|_| conn.read_reply());
-            match reply {
-                Ok(reply @ Reply::Array(Some(_))) => {
-                    node.checkin(conn);
-                    let map = SlotMap::from_reply(&reply, &node.endpoint, &mut cluster.known.lock());
-                    match map {
-                        Ok(map) => {
-                            *cluster.map.write() = Arc::new(map);
-                            return Ok(());
-                        }
-                        Err(reason) => {
-                            last_error =
-                                Some(RemoteError::Protocol { endpoint: node.endpoint.to_string(), reason })
-                        }
-                    }
-                }
-                Ok(other) => {
-                    node.checkin(conn);
-                    last_error = Some(RemoteError::Protocol {
-                        endpoint: node.endpoint.to_string(),
-                        reason: format!("CLUSTER SLOTS answered {other:?}; is this server in cluster mode?"),
-                    });
-                }
-                Err(e) => {
-                    node.discard(conn, &self.settings);
-                    last_error =
-                        Some(RemoteError::Io { endpoint: node.endpoint.to_string(), reason: e.to_string() });
-                }
-            }
-        }
-        Err(last_error.unwrap_or(RemoteError::Config("no cluster seed nodes".into())))
-    }
-
     /// Groups item indices by the node serving them; items with no known node are `None`.
     fn route(&self, names: &[&[u8]]) -> Vec<(Option<Arc<Node>>, Vec<usize>)> {
         match &self.topology {
@@ -222,7 +142,8 @@ impl RemoteClient {
         }
     }
 
-    /// Runs one group's pipeline on one connection of its node.
+    /// Runs one group's pipeline on one connection of its node; returns each item's result and
+    /// the `ASK` redirections met (item index in the group, `host:port`).
     fn run_group<T>(
         &self,
         op: Op,
@@ -231,14 +152,19 @@ impl RemoteClient {
         items: &mut [T],
         run: &RunFn<'_, T>,
         bytes: u64,
-    ) -> Vec<Res> {
+    ) -> (Vec<Res>, Asks) {
         let mut out = vec![Res::Failed; names.len()];
         let start = Instant::now();
-        let Ok(mut conn) = node.checkout(&self.settings, &self.counters) else { return out };
-        match run(&mut conn, names, items, &mut out) {
-            Ok(()) => node.checkin(conn),
-            Err(_) => node.discard(conn, &self.settings),
-        }
+        let ran = node.run(&self.settings, &self.counters, |conn| {
+            conn.asks.clear();
+            run(conn, names, items, &mut out)?;
+            Ok(std::mem::take(&mut conn.asks))
+        });
+        let asks = match ran {
+            Ok(Ok(asks)) => asks,
+            Ok(Err(_)) => Vec::new(), // failed mid-batch: its redirected items are misses
+            Err(_) => return (out, Vec::new()), // no connection (down, in backoff, all busy)
+        };
         let c = self.op_counters(op);
         c.record(names.len(), bytes, start.elapsed());
         let errors = out
@@ -246,11 +172,65 @@ impl RemoteClient {
             .filter(|r| matches!(r, Res::ServerError | Res::WrongType | Res::Redirect | Res::Failed))
             .count();
         bump(&c.errors, errors);
-        out
+        (out, asks)
     }
 
-    /// Splits a batch by node, runs the groups (in parallel when several), and, in cluster
-    /// mode, retries redirected or unrouted items once after refreshing the slot map.
+    /// Runs `groups` (a node, `None` for no node, and the indices of its items), one pipeline
+    /// each, in parallel when several: fills `out` for their items, takes their items from
+    /// `slots` and puts them back, and returns the `ASK` redirections met (item index, `host:port`).
+    #[allow(clippy::too_many_arguments)]
+    fn run_groups<T: Send>(
+        &self,
+        op: Op,
+        names: &[&[u8]],
+        slots: &mut [Option<T>],
+        groups: Vec<(Option<Arc<Node>>, Vec<usize>)>,
+        out: &mut [Res],
+        bytes_of: &(dyn Fn(&T) -> u64 + Sync),
+        run: &RunFn<'_, T>,
+    ) -> Asks {
+        let mut work: Vec<Group<'_, T>> = groups
+            .into_iter()
+            .map(|(node, idx)| {
+                let gnames = idx.iter().map(|&i| names[i]).collect();
+                let gitems = idx.iter().map(|&i| slots[i].take().expect("each item in one group")).collect();
+                (node, idx, gnames, gitems)
+            })
+            .collect();
+        let run_one = |node: &Option<Arc<Node>>, gnames: &[&[u8]], gitems: &mut [T]| {
+            let bytes = gitems.iter().map(bytes_of).sum();
+            match node {
+                Some(node) => self.run_group(op, node, gnames, gitems, run, bytes),
+                None => (vec![Res::Failed; gnames.len()], Vec::new()),
+            }
+        };
+        let results: Vec<(Vec<Res>, Asks)> = if work.len() == 1 {
+            let (node, _, gnames, gitems) = &mut work[0];
+            vec![run_one(node, gnames, gitems)]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = work
+                    .iter_mut()
+                    .map(|(node, _, gnames, gitems)| s.spawn(|| run_one(node, gnames, gitems)))
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("a pipeline thread panicked")).collect()
+            })
+        };
+        let mut asks = Vec::new();
+        for ((_, idx, _, gitems), (res, group_asks)) in work.into_iter().zip(results) {
+            asks.extend(group_asks.into_iter().map(|(j, target)| (idx[j], target)));
+            for ((i, item), r) in idx.into_iter().zip(gitems).zip(res) {
+                out[i] = r;
+                slots[i] = Some(item);
+            }
+        }
+        asks
+    }
+
+    /// Splits a batch by node and runs the groups (in parallel when several). In cluster mode,
+    /// items whose slot is migrating (`ASK`) are asked once of the master the reply names, after
+    /// `ASKING`; items still redirected (`MOVED`) or unrouted are retried once after the slot
+    /// map is refreshed.
     fn execute<T: Send>(
         &self,
         op: Op,
@@ -261,69 +241,36 @@ impl RemoteClient {
         retry: bool,
     ) -> (Vec<Res>, Vec<T>) {
         let n = names.len();
-        let groups = self.route(names);
         let mut slots: Vec<Option<T>> = items.into_iter().map(Some).collect();
-        let mut work: Vec<Group<'_, T>> = groups
-            .into_iter()
-            .map(|(node, idx)| {
-                let gnames = idx.iter().map(|&i| names[i]).collect();
-                let gitems = idx.iter().map(|&i| slots[i].take().expect("each item in one group")).collect();
-                (node, idx, gnames, gitems)
-            })
-            .collect();
-        let results: Vec<Vec<Res>> = if work.len() == 1 {
-            let (node, _, gnames, gitems) = &mut work[0];
-            let bytes = gitems.iter().map(bytes_of).sum();
-            vec![match node {
-                Some(node) => self.run_group(op, node, gnames, gitems, run, bytes),
-                None => vec![Res::Failed; gnames.len()],
-            }]
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = work
-                    .iter_mut()
-                    .map(|(node, _, gnames, gitems)| {
-                        let node = node.clone();
-                        s.spawn(move || {
-                            let bytes = gitems.iter().map(bytes_of).sum();
-                            match node {
-                                Some(node) => self.run_group(op, &node, gnames, gitems, run, bytes),
-                                None => vec![Res::Failed; gnames.len()],
-                            }
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().expect("a pipeline thread panicked")).collect()
-            })
-        };
         let mut out = vec![Res::Failed; n];
-        for ((_, idx, _, gitems), res) in work.into_iter().zip(results) {
-            for ((i, item), r) in idx.into_iter().zip(gitems).zip(res) {
-                out[i] = r;
-                slots[i] = Some(item);
+        let asks = self.run_groups(op, names, &mut slots, self.route(names), &mut out, bytes_of, run);
+        if let Topology::Cluster(cluster) = &self.topology {
+            bump(&self.counters.redirects, out.iter().filter(|&&r| r == Res::Redirect).count());
+            if retry && !asks.is_empty() {
+                let asking = |c: &mut Conn, n: &[&[u8]], items: &mut [T], out: &mut [Res]| {
+                    c.asking = true;
+                    let ran = run(c, n, items, out);
+                    c.asking = false;
+                    ran
+                };
+                let groups = cluster.ask_groups(asks);
+                self.run_groups(op, names, &mut slots, groups, &mut out, bytes_of, &asking);
             }
-        }
-        let mut items: Vec<T> = slots.into_iter().map(|s| s.expect("every item came back")).collect();
-        if let Topology::Cluster(_) = &self.topology {
             let redirected: Vec<usize> = (0..n).filter(|&i| out[i] == Res::Redirect).collect();
-            bump(&self.counters.redirects, redirected.len());
-            let failed = out.contains(&Res::Failed);
-            if !redirected.is_empty() || failed {
+            if !redirected.is_empty() || out.contains(&Res::Failed) {
                 let _ = self.refresh_slots(!redirected.is_empty());
             }
             if retry && !redirected.is_empty() {
                 let rnames: Vec<&[u8]> = redirected.iter().map(|&i| names[i]).collect();
-                let mut taken: Vec<Option<T>> = items.into_iter().map(Some).collect();
-                let ritems: Vec<T> = redirected.iter().map(|&i| taken[i].take().expect("once")).collect();
+                let ritems: Vec<T> = redirected.iter().map(|&i| slots[i].take().expect("once")).collect();
                 let (rres, ritems) = self.execute(op, &rnames, ritems, bytes_of, run, false);
                 for ((&i, r), item) in redirected.iter().zip(rres).zip(ritems) {
                     out[i] = r;
-                    taken[i] = Some(item);
+                    slots[i] = Some(item);
                 }
-                items = taken.into_iter().map(|s| s.expect("every item came back")).collect();
             }
         }
-        (out, items)
+        (out, slots.into_iter().map(|s| s.expect("every item came back")).collect())
     }
 
     /// `EXISTS` per name.
@@ -336,8 +283,8 @@ impl RemoteClient {
     /// instead of one per name). `Some(true)`: all exist (a name listed twice counts twice, so the
     /// count still says so); `Some(false)`: at least one does not; `None`: unknown (server down or
     /// failing), or a cluster, where the names of one command must share a slot (`CROSSSLOT`) —
-    /// ask per name with [`exists`](Self::exists) then. A server that answers it with an error is
-    /// not asked this way again. The `exists` metrics count the command's names as keys.
+    /// ask per name with [`exists`](Self::exists) then. A server that answers it with an error
+    /// (other than busy or loading) is not asked this way again. The `exists` metrics count the command's names as keys.
     pub fn exists_all(&self, names: &[&[u8]]) -> Option<bool> {
         if names.is_empty() {
             return Some(true);
@@ -354,6 +301,8 @@ impl RemoteClient {
             c.flush()?;
             let all = match c.read_reply()? {
                 Reply::Int(count) => Res::Bool(count >= 0 && count as usize == n.len()),
+                // Busy or loading is not a refusal of multi-key EXISTS: unknown this once.
+                Reply::Error(e) if not_ready(&e) => Res::Failed,
                 Reply::Error(_) => Res::ServerError,
                 other => {
                     return Err(io::Error::new(
@@ -403,10 +352,12 @@ impl RemoteClient {
     }
 
     /// `GET` per name, each whole value read into memory (codec objects of unknown size, tests,
-    /// tools), pipelined: each value counts as `value_bytes_max` bytes in the in-flight window
-    /// (`inflight_bytes_max`; a value may be larger); 0 (size unknown) bounds the window by
-    /// command count instead, as `EXISTS` and `DEL` are. `None`: no such key, or the server
-    /// failed (counted). The `get` metrics do not count these values' bytes.
+    /// tools), pipelined: values of at most `value_bytes_max` bytes, each counting that much in
+    /// the in-flight window (`inflight_bytes_max`); a longer value is read and dropped
+    /// ([`Res::WrongLength`]). 0 (size unknown) reads values up to
+    /// [`REPLY_BULK_BYTES_MAX`](crate::resp::REPLY_BULK_BYTES_MAX) and bounds the window by
+    /// command count instead, as `EXISTS` and `DEL` are. `None`: no such key, a value too long,
+    /// or the server failed (counted). The `get` metrics do not count these values' bytes.
     pub fn get_values(&self, names: &[&[u8]], value_bytes_max: u64) -> Vec<Option<Vec<u8>>> {
         self.get_values_res(names, value_bytes_max).into_iter().map(Result::ok).collect()
     }
@@ -435,20 +386,6 @@ impl RemoteClient {
 
     pub(crate) fn settings(&self) -> &ConnectSettings {
         &self.settings
-    }
-
-    /// Every node that holds keys (the server; in a cluster each master, after a slot-map
-    /// refresh) and how many hash slots no known master serves.
-    pub(crate) fn masters(&self) -> Result<(Vec<Arc<Node>>, usize), RemoteError> {
-        match &self.topology {
-            Topology::Single(node) => Ok((vec![node.clone()], 0)),
-            Topology::Cluster(cluster) => {
-                self.refresh_slots(true)?;
-                let map = cluster.map.read().clone();
-                let uncovered = map.slot_node.iter().filter(|&&n| n == crate::cluster::NO_NODE).count();
-                Ok((map.nodes.clone(), uncovered))
-            }
-        }
     }
 
     /// Every node known and how many are in reconnect backoff.

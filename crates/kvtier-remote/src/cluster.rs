@@ -1,13 +1,23 @@
 //! Redis Cluster routing: hash slots (CRC16/XMODEM of the key mod 16384; kvtier keys carry no
 //! `{hash tag}`, so blocks spread over all masters) and the slot → master map from
-//! `CLUSTER SLOTS`, refreshed after a redirect or a failed node (rate-limited).
+//! `CLUSTER SLOTS`, refreshed after a redirect or a failed node (rate-limited); and where an
+//! `ASK` reply sends an item (`Cluster::ask_groups`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, RwLock};
+
+use crate::client::{Asks, RemoteClient, Topology};
 use crate::config::Endpoint;
+use crate::error::RemoteError;
+use crate::metrics::bump;
 use crate::node::Node;
 use crate::resp::Reply;
+
+/// Shortest time between two slot-map refreshes.
+const SLOT_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(100);
 
 pub const SLOTS: usize = 16384;
 /// Slot with no known master.
@@ -104,6 +114,137 @@ impl SlotMap {
     }
 }
 
+/// A client's view of a cluster: its seeds, every node met (with its connection pool), and the
+/// slot map.
+pub(crate) struct Cluster {
+    seeds: Vec<Endpoint>,
+    known: Mutex<HashMap<Endpoint, Arc<Node>>>,
+    pub map: RwLock<Arc<SlotMap>>,
+    last_refresh: Mutex<Option<Instant>>,
+}
+
+impl Cluster {
+    pub fn new(seeds: Vec<Endpoint>) -> Self {
+        Cluster {
+            seeds,
+            known: Mutex::new(HashMap::new()),
+            map: RwLock::new(Arc::new(SlotMap::empty())),
+            last_refresh: Mutex::new(None),
+        }
+    }
+
+    /// The items of `asks` grouped by the master each `ASK` named (`host:port`; a master not
+    /// met yet, such as a new one a slot is moving to, is added); items whose `host:port` does
+    /// not parse as an endpoint are in a group with no node (misses).
+    pub fn ask_groups(&self, asks: Asks) -> Vec<(Option<Arc<Node>>, Vec<usize>)> {
+        let mut groups: Vec<(Option<Arc<Node>>, Vec<usize>)> = Vec::new();
+        let mut known = self.known.lock();
+        for (i, target) in asks {
+            let node = ask_endpoint(&target)
+                .map(|e| known.entry(e.clone()).or_insert_with(|| Arc::new(Node::new(e))).clone());
+            let same = |g: &(Option<Arc<Node>>, Vec<usize>)| match (&g.0, &node) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            match groups.iter_mut().find(|g| same(g)) {
+                Some(group) => group.1.push(i),
+                None => groups.push((node, vec![i])),
+            }
+        }
+        groups
+    }
+}
+
+/// The endpoint of an `ASK` reply's `host:port` (an IPv6 address unbracketed, as Redis writes
+/// it); `None` for an empty or invalid host, or a bad port.
+fn ask_endpoint(target: &str) -> Option<Endpoint> {
+    let (host, port) = target.rsplit_once(':')?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let port = port.parse::<u16>().ok().filter(|&p| p > 0)?;
+    crate::url::valid_host(host).then(|| Endpoint { host: host.to_string(), port })
+}
+
+impl RemoteClient {
+    /// Asks the known nodes, then the seeds, for the slot map. `Err` only if none answered.
+    pub(crate) fn refresh_slots(&self, force: bool) -> Result<(), RemoteError> {
+        let Topology::Cluster(cluster) = &self.topology else { return Ok(()) };
+        {
+            let Some(mut last) = cluster.last_refresh.try_lock() else { return Ok(()) };
+            if !force && last.is_some_and(|t| t.elapsed() < SLOT_REFRESH_INTERVAL_MIN) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        bump(&self.counters().slot_refreshes, 1);
+        let mut candidates: Vec<Arc<Node>> = cluster.map.read().nodes.clone();
+        {
+            let mut known = cluster.known.lock();
+            for seed in &cluster.seeds {
+                let node = known.entry(seed.clone()).or_insert_with(|| Arc::new(Node::new(seed.clone())));
+                if !candidates.iter().any(|c| c.endpoint == *seed) {
+                    candidates.push(node.clone());
+                }
+            }
+        }
+        let mut last_error = None;
+        for node in candidates {
+            let reply = node.run(self.settings(), self.counters(), |conn| {
+                conn.write_command(&[b"CLUSTER", b"SLOTS"])?;
+                conn.flush()?;
+                conn.read_reply()
+            });
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    last_error = Some(e);
+                    continue;
+                }
+            };
+            match reply {
+                Ok(reply @ Reply::Array(Some(_))) => {
+                    let map = SlotMap::from_reply(&reply, &node.endpoint, &mut cluster.known.lock());
+                    match map {
+                        Ok(map) => {
+                            *cluster.map.write() = Arc::new(map);
+                            return Ok(());
+                        }
+                        Err(reason) => {
+                            last_error =
+                                Some(RemoteError::Protocol { endpoint: node.endpoint.to_string(), reason })
+                        }
+                    }
+                }
+                Ok(other) => {
+                    last_error = Some(RemoteError::Protocol {
+                        endpoint: node.endpoint.to_string(),
+                        reason: format!("CLUSTER SLOTS answered {other:?}; is this server in cluster mode?"),
+                    });
+                }
+                Err(e) => {
+                    last_error =
+                        Some(RemoteError::Io { endpoint: node.endpoint.to_string(), reason: e.to_string() });
+                }
+            }
+        }
+        Err(last_error.unwrap_or(RemoteError::Config("no cluster seed nodes".into())))
+    }
+
+    /// Every node that holds keys (the server; in a cluster each master, after a slot-map
+    /// refresh) and how many hash slots no known master serves.
+    pub(crate) fn masters(&self) -> Result<(Vec<Arc<Node>>, usize), RemoteError> {
+        match &self.topology {
+            Topology::Single(node) => Ok((vec![node.clone()], 0)),
+            Topology::Cluster(cluster) => {
+                self.refresh_slots(true)?;
+                let map = cluster.map.read().clone();
+                let uncovered = map.slot_node.iter().filter(|&&n| n == crate::cluster::NO_NODE).count();
+                Ok((map.nodes.clone(), uncovered))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +256,18 @@ mod tests {
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
         assert_eq!(slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+    }
+
+    #[test]
+    fn parses_ask_targets() {
+        let e = |host: &str, port| Some(Endpoint { host: host.into(), port });
+        assert_eq!(ask_endpoint("127.0.0.1:7001"), e("127.0.0.1", 7001));
+        assert_eq!(ask_endpoint("::1:7001"), e("::1", 7001));
+        assert_eq!(ask_endpoint("[::1]:7001"), e("::1", 7001));
+        assert_eq!(ask_endpoint("node-2.example:7001"), e("node-2.example", 7001));
+        for bad in [":7001", "h:0", "h:x", "h", "bad host:1", "?:1"] {
+            assert_eq!(ask_endpoint(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! kvtier-remote: the `remote` tier — kvtier objects on a Redis/Valkey server or a Redis
 //! Cluster, so that stores in different processes and on different nodes share one cache.
 //!
-//! - [`config`]: URLs (`redis://user:password@host:port/db`), cluster mode, TTL, timeouts,
-//!   reconnect backoff, in-flight bound, key prefix; validated at start.
+//! - [`config`]: servers, cluster mode, TTL, timeouts, reconnect backoff, in-flight bound, key
+//!   prefix; validated at start. [`url`]: parsing and redacting `redis://user:password@host:port/db`.
 //! - [`resp`]: a minimal RESP2 connection that reads GET values straight into caller buffers.
 //! - [`pipeline`]: sliding-window pipelines of EXISTS/GET/SET/DEL on one connection.
 //! - [`cluster`]: hash slots and the `CLUSTER SLOTS` map.
@@ -31,6 +31,7 @@ pub mod resp;
 pub mod testing;
 pub mod tier;
 pub mod tls;
+pub mod url;
 
 pub use clear::{glob_escape, is_namespace_key, namespace_pattern};
 pub use client::RemoteClient;

@@ -4,8 +4,12 @@
 //! and every idle one (they are likely dead too: the server restarted), and puts the node in
 //! backoff: it is not tried again for `reconnect_backoff_min`, doubling per consecutive failure
 //! up to `reconnect_backoff_max`. Meanwhile its keys are misses at once, so a serving loop never
-//! waits on a dead server for more than one connect or I/O timeout per backoff period.
+//! waits on a dead server for more than one connect or I/O timeout per backoff period. One
+//! failure is not taken for a server down: a pooled connection the server closed while it sat
+//! idle (end-of-file or a reset before any reply) is replaced and its exchange run again
+//! ([`Node::run`]).
 
+use std::io;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -128,6 +132,46 @@ impl Node {
         }
     }
 
+    /// Runs `exchange` on a connection of this node: checked in again after `Ok`, discarded
+    /// (the node backing off) after `Err`; `Err(RemoteError)` if no connection could be had.
+    /// A pooled connection the server closed while it sat idle (its `timeout`, a proxy's idle
+    /// limit, `CLIENT KILL`) fails at once with end-of-file or a reset, before any reply: then
+    /// `exchange` runs once more on a new connection, and the node does not back off for it (the
+    /// server is not known to be down). `exchange` must be safe to run twice when the server
+    /// answered none of the first run (every caller's commands are idempotent or `SET NX`).
+    pub fn run<R>(
+        &self,
+        s: &ConnectSettings,
+        counters: &Counters,
+        mut exchange: impl FnMut(&mut Conn) -> io::Result<R>,
+    ) -> Result<io::Result<R>, RemoteError> {
+        let mut conn = self.checkout(s, counters)?;
+        let before = conn.lines_read;
+        let mut result = exchange(&mut conn);
+        if matches!(&result, Err(e) if closed_by_server(e)) && conn.lines_read == before {
+            self.drop_closed(conn);
+            conn = self.checkout(s, counters)?;
+            result = exchange(&mut conn);
+        }
+        match &result {
+            Ok(_) => self.checkin(conn),
+            Err(_) => self.discard(conn, s),
+        }
+        Ok(result)
+    }
+
+    /// Drops a connection the server closed while it sat idle, and the other idle ones (they sat
+    /// as long: the pool hands out the most recently used first), without a backoff.
+    fn drop_closed(&self, conn: Conn) {
+        drop(conn);
+        let mut st = self.state.lock();
+        let idle = std::mem::take(&mut st.idle);
+        st.open -= 1 + idle.len();
+        drop(st);
+        drop(idle);
+        self.returned.notify_all();
+    }
+
     /// Returns a healthy connection to the pool.
     pub fn checkin(&self, conn: Conn) {
         self.state.lock().idle.push(conn);
@@ -198,6 +242,10 @@ impl Node {
                     };
                     return Err(RemoteError::Auth { endpoint, user, reply });
                 }
+                Reply::Error(e) if not_ready(&e) => {
+                    // Up but not serving yet: down for now (a miss, not a configuration error).
+                    return Err(RemoteError::Io { endpoint, reason: format!("server not ready: {e}") });
+                }
                 other => {
                     return Err(RemoteError::Protocol {
                         endpoint,
@@ -209,4 +257,19 @@ impl Node {
         conn.set_limit(None);
         Ok(conn)
     }
+}
+
+/// Whether an I/O error says the server closed the connection (end-of-file, a reset, a broken
+/// pipe), rather than that it is slow (a timeout) or garbled (invalid data).
+fn closed_by_server(e: &io::Error) -> bool {
+    use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    matches!(e.kind(), UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe)
+}
+
+/// Whether an error reply to the handshake says the server is up but cannot serve yet: loading
+/// its dataset after a restart (`LOADING`, minutes for a large one), running a script (`BUSY`), a
+/// replica cut off from its master (`MASTERDOWN`), or at its client limit. The rest of the
+/// handshake's errors (a database out of range, an ACL refusing `PING`) are settings to fix.
+pub(crate) fn not_ready(error: &str) -> bool {
+    ["LOADING", "BUSY", "MASTERDOWN", "ERR max number of clients"].iter().any(|p| error.starts_with(p))
 }

@@ -10,7 +10,7 @@ use std::io;
 use kvtier_core::object::CODEC_RAW;
 use kvtier_core::ObjectHeader;
 
-use crate::resp::{BulkInto, Conn, Reply, HEADER_BYTES};
+use crate::resp::{BulkInto, Conn, Reply, HEADER_BYTES, REPLY_BULK_BYTES_MAX};
 
 /// Most small commands (EXISTS, DEL) sent ahead of their replies.
 pub const SMALL_COMMANDS_INFLIGHT_MAX: u64 = 4096;
@@ -36,6 +36,17 @@ pub enum Res {
     ServerError,
 }
 
+/// What the error reply in `c.last_error` to item `i` of a batch means; an `ASK` (its slot is
+/// migrating and the key has moved) also records the master to ask, `host:port`, in `c.asks`.
+fn error_res(c: &mut Conn, i: usize) -> Res {
+    let target =
+        c.last_error.strip_prefix("ASK ").and_then(|rest| rest.split(' ').nth(1)).map(str::to_string);
+    if let Some(target) = target {
+        c.asks.push((i, target));
+    }
+    classify_error(&c.last_error)
+}
+
 fn classify_error(e: &str) -> Res {
     if e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN") {
         Res::Redirect
@@ -47,7 +58,9 @@ fn classify_error(e: &str) -> Res {
 }
 
 /// Sends `n` commands with `send`, reading replies with `recv`, keeping the cost of commands
-/// sent and not yet answered at most `max` (but always at least one command in flight).
+/// sent and not yet answered at most `max` (but always at least one command in flight). With
+/// `conn.asking`, each command is preceded by `ASKING` (the next command may touch a key of a
+/// slot this master is importing), whose `+OK` is read before the command's reply.
 fn sliding(
     conn: &mut Conn,
     n: usize,
@@ -60,6 +73,9 @@ fn sliding(
     while read < n {
         let mut wrote = false;
         while sent < n && (sent == read || inflight + cost(sent) <= max) {
+            if conn.asking {
+                conn.write_command(&[b"ASKING"])?;
+            }
             send(conn, sent)?;
             inflight += cost(sent);
             sent += 1;
@@ -68,6 +84,15 @@ fn sliding(
         if wrote {
             conn.flush()?;
         }
+        if conn.asking {
+            match conn.read_reply()? {
+                Reply::Status(_) => {}
+                other => {
+                    let reason = format!("ASKING answered {other:?}");
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, reason));
+                }
+            }
+        }
         recv(conn, read)?;
         inflight -= cost(read);
         read += 1;
@@ -75,10 +100,13 @@ fn sliding(
     Ok(())
 }
 
-fn int_reply(conn: &mut Conn) -> io::Result<Res> {
+fn int_reply(conn: &mut Conn, i: usize) -> io::Result<Res> {
     Ok(match conn.read_reply()? {
         Reply::Int(v) => Res::Bool(v > 0),
-        Reply::Error(e) => classify_error(&e),
+        Reply::Error(e) => {
+            conn.last_error = e;
+            error_res(conn, i)
+        }
         other => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -112,7 +140,7 @@ fn per_name(conn: &mut Conn, command: &[u8], names: &[&[u8]], out: &mut [Res]) -
         SMALL_COMMANDS_INFLIGHT_MAX,
         |c, i| c.write_command(&[command, names[i]]),
         |c, i| {
-            out[i] = int_reply(c)?;
+            out[i] = int_reply(c, i)?;
             Ok(())
         },
     )
@@ -154,25 +182,31 @@ pub fn get(
                 BulkInto::Filled => Res::Filled,
                 BulkInto::Nil => Res::Nil,
                 BulkInto::WrongLength(_) => Res::WrongLength,
-                BulkInto::ServerError => classify_error(&c.last_error),
+                BulkInto::ServerError => error_res(c, i),
             };
             Ok(())
         },
     )
 }
 
-/// `GET name` per item, each whole value into `values[i]`: `cost` bytes each for the window of
-/// `inflight_bytes_max`, or, with `cost` 0 (sizes unknown), at most
-/// [`SMALL_COMMANDS_INFLIGHT_MAX`] commands in flight.
+/// `GET name` per item, each whole value of at most `value_bytes_max` bytes into `values[i]`
+/// (a longer one is [`Res::WrongLength`], discarded): each counts `value_bytes_max` bytes in the
+/// window of `inflight_bytes_max`; with `value_bytes_max` 0 (sizes unknown), values up to
+/// [`REPLY_BULK_BYTES_MAX`] are read, at most [`SMALL_COMMANDS_INFLIGHT_MAX`] commands in flight.
 pub fn get_whole(
     conn: &mut Conn,
     names: &[&[u8]],
     values: &mut [Option<Vec<u8>>],
-    cost: u64,
+    value_bytes_max: u64,
     inflight_bytes_max: u64,
     out: &mut [Res],
 ) -> io::Result<()> {
-    let (cost, max) = if cost == 0 { (1, SMALL_COMMANDS_INFLIGHT_MAX) } else { (cost, inflight_bytes_max) };
+    let (cost, max, bytes_max) = if value_bytes_max == 0 {
+        (1, SMALL_COMMANDS_INFLIGHT_MAX, REPLY_BULK_BYTES_MAX)
+    } else {
+        let bytes_max = usize::try_from(value_bytes_max).unwrap_or(usize::MAX);
+        (value_bytes_max, inflight_bytes_max, bytes_max)
+    };
     sliding(
         conn,
         names.len(),
@@ -180,14 +214,14 @@ pub fn get_whole(
         max,
         |c, i| c.write_command(&[b"GET", names[i]]),
         |c, i| {
-            out[i] = match c.read_reply()? {
-                Reply::Bulk(Some(b)) => {
-                    values[i] = Some(b);
+            out[i] = match c.read_bulk_whole(bytes_max)? {
+                Ok(value) => {
+                    values[i] = Some(value);
                     Res::Filled
                 }
-                Reply::Bulk(None) => Res::Nil,
-                Reply::Error(e) => classify_error(&e),
-                _ => Res::ServerError,
+                Err(BulkInto::Nil) => Res::Nil,
+                Err(BulkInto::WrongLength(_)) => Res::WrongLength,
+                Err(BulkInto::ServerError | BulkInto::Filled) => error_res(c, i),
             };
             Ok(())
         },
@@ -267,7 +301,7 @@ pub fn set(
         |c, i| {
             out[i] = match c.read_status()? {
                 Some(stored) => Res::Bool(stored),
-                None => classify_error(&c.last_error),
+                None => error_res(c, i),
             };
             Ok(())
         },

@@ -156,6 +156,12 @@ pub struct Conn {
     io_timeout: Duration,
     /// An outer bound on every deadline (e.g. the whole connection handshake).
     limit: Option<Instant>,
+    /// Reply lines read so far (only grows): whether the server answered since a given point.
+    pub(crate) lines_read: u64,
+    /// Cluster: send `ASKING` before each command of a pipeline ([`crate::pipeline`]).
+    pub asking: bool,
+    /// Cluster: the `ASK` redirections a pipeline got, `(item index, "host:port")`.
+    pub asks: Vec<(usize, String)>,
 }
 
 impl Conn {
@@ -198,6 +204,9 @@ impl Conn {
                         last_error: String::new(),
                         io_timeout,
                         limit: None,
+                        lines_read: 0,
+                        asking: false,
+                        asks: Vec::new(),
                     });
                 }
                 Err(e) => last = e,
@@ -227,13 +236,9 @@ impl Conn {
     }
 
     fn write_len(&mut self, tag: u8, n: usize) -> io::Result<()> {
-        let mut buf = itoa_buf(n);
-        let digits = buf.digits();
         self.writer.write_all(&[tag])?;
-        self.writer.write_all(digits)?;
-        self.writer.write_all(b"\r\n")?;
-        let _ = &mut buf;
-        Ok(())
+        self.writer.write_all(itoa_buf(n).digits())?;
+        self.writer.write_all(b"\r\n")
     }
 
     /// Writes one bulk string made of `pieces` (written in order, never concatenated).
@@ -279,6 +284,7 @@ impl Conn {
             )));
         }
         self.line.truncate(self.line.len() - 2);
+        self.lines_read += 1;
         Ok(())
     }
 
@@ -378,16 +384,15 @@ impl Conn {
         }
     }
 
-    /// Reads a bulk-string reply of expected length `header.len() + dst.len()` straight into
-    /// `header` then `dst` (no intermediate buffer).
-    pub fn read_bulk_into(&mut self, header: &mut [u8], dst: &mut [u8]) -> io::Result<BulkInto> {
+    /// Reads a GET reply's first line: `Ok(Ok(bytes to follow))`, or `Ok(Err(Nil | ServerError))`.
+    fn read_bulk_len(&mut self) -> io::Result<Result<u64, BulkInto>> {
         self.start_reply();
         self.read_line()?;
         match self.line.first() {
             Some(b'$') => {}
             Some(b'-') => {
                 self.last_error = self.line_text();
-                return Ok(BulkInto::ServerError);
+                return Ok(Err(BulkInto::ServerError));
             }
             _ => {
                 return Err(invalid(format!(
@@ -397,10 +402,16 @@ impl Conn {
             }
         }
         let n = self.line_int()?;
-        if n < 0 {
-            return Ok(BulkInto::Nil);
-        }
-        let n = n as u64;
+        Ok(if n < 0 { Err(BulkInto::Nil) } else { Ok(n as u64) })
+    }
+
+    /// Reads a bulk-string reply of expected length `header.len() + dst.len()` straight into
+    /// `header` then `dst` (no intermediate buffer).
+    pub fn read_bulk_into(&mut self, header: &mut [u8], dst: &mut [u8]) -> io::Result<BulkInto> {
+        let n = match self.read_bulk_len()? {
+            Ok(n) => n,
+            Err(outcome) => return Ok(outcome),
+        };
         if n != (header.len() + dst.len()) as u64 {
             self.discard(n)?;
             self.read_crlf()?;
@@ -410,6 +421,24 @@ impl Conn {
         self.reader.read_exact(dst)?;
         self.read_crlf()?;
         Ok(BulkInto::Filled)
+    }
+
+    /// Reads a bulk-string reply of at most `bytes_max` bytes whole: `Ok(Ok(value))`, or `Ok(Err(
+    /// Nil | ServerError | WrongLength))`, the last for a longer value, discarded unstored.
+    pub fn read_bulk_whole(&mut self, bytes_max: usize) -> io::Result<Result<Vec<u8>, BulkInto>> {
+        let n = match self.read_bulk_len()? {
+            Ok(n) => n,
+            Err(outcome) => return Ok(Err(outcome)),
+        };
+        if n > bytes_max as u64 {
+            self.discard(n)?;
+            self.read_crlf()?;
+            return Ok(Err(BulkInto::WrongLength(n)));
+        }
+        let mut value = vec![0u8; n as usize];
+        self.reader.read_exact(&mut value)?;
+        self.read_crlf()?;
+        Ok(Ok(value))
     }
 
     /// Reads a reply to SET/AUTH/SELECT/PING: `Ok(Some(true))` for a status, `Ok(Some(false))`

@@ -74,12 +74,18 @@ pub struct LoopbackServer {
 impl LoopbackServer {
     /// Starts `binary` on `port` and waits until it answers `PING` (panics after 10 s).
     pub fn start(binary: &str, port: u16, password: Option<&str>) -> LoopbackServer {
+        LoopbackServer::start_with(binary, port, password, &[])
+    }
+
+    /// As [`start`](Self::start), with extra server arguments (`--dir`, a loading delay, ...).
+    /// A server still loading its dataset (`-LOADING` to `PING`) counts as started.
+    pub fn start_with(binary: &str, port: u16, password: Option<&str>, args: &[&str]) -> LoopbackServer {
         let mut s = LoopbackServer {
             child: None,
             port,
             binary: binary.to_string(),
             password: password.map(String::from),
-            args: Vec::new(),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         s.restart();
         s
@@ -256,8 +262,8 @@ impl Drop for LoopbackServer {
     }
 }
 
-/// Whether a Redis server answers on `port` (`+PONG`, or `-NOAUTH` when it wants a password):
-/// a self-connected socket or another program answers neither.
+/// Whether a Redis server answers on `port` (`+PONG`, `-NOAUTH` when it wants a password, or
+/// `-LOADING` while it loads its dataset): a self-connected socket or another program answers none.
 fn answers_ping(port: u16) -> bool {
     let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else { return false };
     let _ = c.set_read_timeout(Some(Duration::from_millis(500)));
@@ -266,7 +272,7 @@ fn answers_ping(port: u16) -> bool {
     }
     let mut reply = [0u8; 7];
     match c.read(&mut reply) {
-        Ok(n) => reply[..n].starts_with(b"+PONG") || reply[..n].starts_with(b"-NOAUTH"),
+        Ok(n) => [&b"+PONG"[..], b"-NOAUTH", b"-LOADIN"].iter().any(|p| reply[..n].starts_with(p)),
         Err(_) => false,
     }
 }

@@ -269,9 +269,9 @@ impl RemoteTier {
     /// than a block) and verifies each as the object of its key: `Ok(value)` (header, identity,
     /// length and payload checksum verified; the payload starts at byte 64), or the outcome of
     /// a miss — `Missing` (no such key, server down), `Corrupt` (counted by kind as
-    /// [`read_blocks`](Self::read_blocks) counts, and deleted). The GETs are pipelined, in a
-    /// window of `inflight_bytes_max` counting each value as `value_bytes_max` (an object is at
-    /// most its header and a block).
+    /// [`read_blocks`](Self::read_blocks) counts, and deleted; so is a value longer than
+    /// `value_bytes_max`, an object's most: header and block). The GETs are pipelined, in a
+    /// window of `inflight_bytes_max` counting each value as `value_bytes_max`.
     pub fn read_objects(
         &self,
         namespace: u128,
@@ -287,8 +287,9 @@ impl RemoteTier {
         for (i, value) in values.into_iter().enumerate() {
             let value = match value {
                 Ok(value) => value,
-                Err(Res::WrongType) => {
-                    bump(&c.bad_magic, 1);
+                Err(bad_value @ (Res::WrongType | Res::WrongLength)) => {
+                    // Not an object (a list under a kvtier name), or longer than any object is.
+                    bump(if bad_value == Res::WrongType { &c.bad_magic } else { &c.bad_length }, 1);
                     bad.push(name_refs[i]);
                     out.push(Err(ReadOutcome::Corrupt));
                     continue;

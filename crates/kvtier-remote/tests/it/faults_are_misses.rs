@@ -129,6 +129,33 @@ fn a_key_of_the_wrong_type_is_a_counted_miss_and_deleted() {
     assert!(!tier.contains(NS, 9));
 }
 
+/// A value longer than any object of the store (here past 64 MiB, the most a whole reply could be)
+/// under a kvtier name is a counted miss, deleted, read over a connection that stays in step. It
+/// was a protocol error: the connection dropped, the batch's other values lost, the server put in
+/// backoff on every load, and the value never deleted — as every codec object of a store whose
+/// blocks exceed 64 MiB was (a 70B model's 256-token block is 80 MiB).
+#[test]
+fn an_oversized_value_is_a_counted_miss_and_deleted() {
+    let binary = require_server_binary();
+    let server = Server::start_anywhere(&binary, None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let good = payload(1);
+    assert_eq!(tier.put(NS, &[1], &[&good]).stored, 1);
+    let huge = vec![7u8; (64 << 20) + 1];
+    let name = key_name("kvtier:", NS, 2);
+    let plant = [SetItem { header: HeaderSpec::None, payload: &huge }];
+    assert_eq!(tier.client().set(&[&name[..]], &plant, false), vec![Res::Bool(true)]);
+    let connects = tier.metrics().connects;
+    // As the store reads a value that is not a raw block: whole, bounded by header + block.
+    let got = tier.read_objects(NS, &[2, 1], 64 + 4096);
+    assert!(matches!(got[0], Err(ReadOutcome::Corrupt)), "{:?}", got[0]);
+    let object = got[1].as_ref().expect("the next value of the batch is read");
+    assert_eq!(&object[64..], &good[..]);
+    assert_eq!(tier.metrics().bad_length, 1);
+    assert_eq!(tier.metrics().connects, connects, "the connection stayed in step");
+    assert!(!tier.contains(NS, 2), "the oversized value was deleted");
+}
+
 #[test]
 fn down_at_start_then_up_then_killed_then_restarted() {
     let binary = require_server_binary();
@@ -163,6 +190,77 @@ fn down_at_start_then_up_then_killed_then_restarted() {
     }
     assert_eq!(read(&tier, &[7]).0, vec![ReadOutcome::Loaded]);
     assert!(tier.metrics().reconnects >= 2);
+}
+
+/// A server restarted with a dataset answers `-LOADING` until it has read it (minutes, for a
+/// large one): a store opened meanwhile opens, misses, and hits once loading ends. The handshake
+/// took `-LOADING` for a protocol error, which fails `open` (a `ConfigError` from the store).
+#[test]
+fn a_server_loading_its_dataset_at_start_is_down_not_an_error() {
+    let binary = require_server_binary();
+    let dir = std::env::temp_dir().join(format!("kvtier-loading-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let port = free_port();
+    let mut server = Server::start_with(&binary, port, None, &["--dir", &dir_arg]);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let good = payload(3);
+    assert_eq!(tier.put(NS, &[1], &[&good]).stored, 1);
+    // Filler keys, each loaded 1 ms apart at the restart: the server loads for 2 s at least.
+    let names: Vec<Vec<u8>> = (0..2000).map(|i| format!("filler:{i}").into_bytes()).collect();
+    let name_refs: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+    let items = vec![SetItem { header: HeaderSpec::None, payload: b"x" }; names.len()];
+    assert!(tier.client().set(&name_refs, &items, false).iter().all(|r| *r == Res::Bool(true)));
+    assert_eq!(server.command(&[b"SAVE"]), kvtier_remote::resp::Reply::Status("OK".into()));
+    drop(tier);
+    server.kill();
+    let slow_load = ["--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"];
+    let server = Server::start_with(&binary, port, None, &[&["--dir", &dir_arg][..], &slow_load].concat());
+
+    let opened = RemoteTier::open(config(&server.url()), NS);
+    let loading = server.command(&[b"PING"]);
+    assert!(
+        matches!(&loading, kvtier_remote::resp::Reply::Error(e) if e.starts_with("LOADING")),
+        "{loading:?}"
+    );
+    let tier = opened.expect("a loading server is down for now, not a configuration error");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read(&tier, &[1]).0 != vec![ReadOutcome::Loaded] {
+        assert!(Instant::now() < deadline, "never hit after loading");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(read(&tier, &[1]).1[0], good);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A pooled connection the server closed while it sat idle (its `timeout`, a proxy's idle limit;
+/// here `CLIENT KILL`) fails at once, before any reply: the batch runs again on a new connection.
+/// It used to fail — a load missed, a put was dropped, a clear was an error — and put a server
+/// that was up in backoff, so the next batches missed too.
+#[test]
+fn connections_closed_while_idle_are_replaced_not_misses() {
+    let binary = require_server_binary();
+    let server = Server::start_anywhere(&binary, None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let p = payload(4);
+    assert_eq!(tier.put(NS, &[1, 2], &[&p, &p]).stored, 2);
+    let close_idle = || {
+        let killed = server.command(&[b"CLIENT", b"KILL", b"TYPE", b"normal"]);
+        assert_eq!(killed, kvtier_remote::resp::Reply::Int(1), "the tier's one idle connection");
+    };
+    close_idle();
+    assert_eq!(read(&tier, &[1]).0, vec![ReadOutcome::Loaded]);
+    close_idle();
+    assert_eq!(tier.put(NS, &[3], &[&p]).stored, 1);
+    close_idle();
+    let mut located = vec![None; 3];
+    assert_eq!(tier.locate(NS, &[1, 2, 3], &mut located, false, true), 3);
+    close_idle();
+    assert_eq!(tier.clear_namespace(NS), Ok(3));
+    let m = tier.metrics();
+    assert_eq!((m.down_misses, m.down_skipped_writes, m.connect_failures, m.nodes_down), (0, 0, 0, 0));
+    assert_eq!(m.connects, 5, "one new connection after each close");
 }
 
 #[test]
@@ -213,6 +311,36 @@ fn whole_prefixes_are_confirmed_by_one_multi_key_exists() {
     assert_eq!(client.exists_all(&[&a[..]]), None, "unknown while the server is down");
     let mut located = vec![None; 4];
     assert_eq!(tier.locate(NS, &keys[..4], &mut located, false, true), 0);
+}
+
+/// A server busy with a script answers `-BUSY` to everything for a while: a multi-key `EXISTS`
+/// that meets it is unknown that once. It used to count as the server refusing multi-key `EXISTS`
+/// (a proxy's answer), so every later lookup asked name by name, for good.
+#[test]
+fn a_busy_server_does_not_turn_off_the_multi_key_exists() {
+    let binary = require_server_binary();
+    let server = Server::start_anywhere(&binary, None);
+    let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
+    let p = payload(1);
+    assert_eq!(tier.put(NS, &[1, 2], &[&p, &p]).stored, 2);
+    let (a, b) = (key_name("kvtier:", NS, 1), key_name("kvtier:", NS, 2));
+    let names: [&[u8]; 2] = [&a, &b];
+    assert_eq!(tier.client().exists_all(&names), Some(true));
+    let ok = kvtier_remote::resp::Reply::Status("OK".into());
+    assert_eq!(server.command(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"50"]), ok);
+    // Spins for 1.5 s by the server's clock; other clients get -BUSY after 50 ms of it.
+    let script: &[u8] = b"local t0 = redis.call('TIME') while true do local t = redis.call('TIME') \
+        if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1500000 then return 1 end end";
+    std::thread::scope(|s| {
+        s.spawn(|| server.command(&[b"EVAL", script, b"0"]));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !matches!(server.command(&[b"PING"]), kvtier_remote::resp::Reply::Error(e) if e.starts_with("BUSY"))
+        {
+            assert!(Instant::now() < deadline, "the script never made the server busy");
+        }
+        assert_eq!(tier.client().exists_all(&names), None, "unknown while the server is busy");
+    });
+    assert_eq!(tier.client().exists_all(&names), Some(true), "asked in one command again");
 }
 
 /// The server's count of EXISTS commands served (`INFO commandstats`).

@@ -5,4 +5,5 @@
 mod clear_removes_one_namespace;
 mod faults_are_misses;
 mod garbage_replies_never_panic;
+mod resharding_is_followed;
 mod slow_servers_are_bounded;
