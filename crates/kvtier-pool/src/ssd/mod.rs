@@ -420,6 +420,13 @@ impl SsdTier {
     pub fn inject_log_error_for_test(&self, errno: i32) {
         self.log.lock().fail_errno = errno;
     }
+
+    /// Fault injection (tests): fail every sync of the pool directory (after a compaction's
+    /// rename) with `errno` (0 clears).
+    #[cfg(feature = "test-hooks")]
+    pub fn inject_dir_sync_error_for_test(&self, errno: i32) {
+        self.log.lock().fail_dir_sync_errno = errno;
+    }
 }
 
 fn spec<'a>(
