@@ -1,7 +1,8 @@
 //! A compaction whose rename landed but whose directory sync failed still leaves one log: every
 //! later record goes to the file the directory names, so a restart finds exactly what the pool
 //! acknowledged (and nothing it removed). With `fsync` durability, a put is acknowledged only
-//! once the rename is durable too.
+//! once the rename is durable too. A compaction that cannot run at open (a full disk) is skipped
+//! with a warning, never a reason to refuse the pool.
 
 use crate::common;
 
@@ -54,5 +55,31 @@ fn with_fsync_a_put_is_refused_until_the_compacted_log_is_durable() {
     drop(pool);
     let pool = SsdTier::open(c).unwrap();
     assert_all_load(&pool, &[1, 2, 3], LEN);
+    pool.check_integrity().unwrap();
+}
+
+#[test]
+fn a_compaction_that_fails_at_open_leaves_the_pool_usable() {
+    let dir = temp_dir("ssd-compaction-at-open");
+    let mut c = config(dir.path(), 1, 64 * 3 * 4096);
+    let pool = SsdTier::open(c.clone()).unwrap();
+    let keys: Vec<u128> = (1..=40).collect();
+    assert_eq!(put(&pool, &keys, LEN).stored, 40);
+    assert_eq!(pool.remove(NS, &keys[4..]), 36);
+    drop(pool);
+    // 76 records for 4 live objects: the next open compacts, and cannot write the compacted
+    // file (a directory is in its way here; a full file system fails it the same way).
+    c.compact_min_records = 8;
+    let tmp = dir.path().join("index.log.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let pool = SsdTier::open(c.clone()).expect("compaction only saves space: the pool opens without it");
+    assert!(pool.warnings().iter().any(|w| w.contains("compacting")), "{:?}", pool.warnings());
+    assert_all_load(&pool, &keys[..4], LEN);
+    assert_eq!(put(&pool, &[50], LEN).stored, 1);
+    drop(pool);
+    std::fs::remove_dir(&tmp).unwrap();
+    let pool = SsdTier::open(c).unwrap();
+    assert_eq!(pool.metrics().log_records, 5, "compacted at this open");
+    assert_all_load(&pool, &[1, 2, 3, 4, 50], LEN);
     pool.check_integrity().unwrap();
 }
