@@ -9,6 +9,8 @@
 //!   truncates the file there, so later appends never follow garbage;
 //! - compaction writes the live set to `index.log.tmp`, syncs it, and renames it over the log
 //!   (atomic), then syncs the directory: a crash leaves the old log or the new one, never a mix.
+//!   From the rename on, records go to the new file, even if the directory sync failed (then
+//!   retried before an `fsync` append or a [`IndexLog::sync`] reports success).
 //!
 //! A failed append (e.g. ENOSPC) truncates the file back to its last good record and reports
 //! the errno; the caller then abandons the objects it was about to publish.
@@ -45,8 +47,13 @@ pub struct IndexLog {
     records: u64,
     next_seq: u64,
     durability: Durability,
+    /// A compaction renamed its file into place but the directory sync failed: the rename may
+    /// not survive a power loss until a later sync of the directory succeeds.
+    dir_sync_pending: bool,
     /// Fault injection (tests): a nonzero errno fails every append with it.
     pub fail_errno: i32,
+    /// Fault injection (tests): a nonzero errno fails every sync of the pool directory with it.
+    pub fail_dir_sync_errno: i32,
 }
 
 fn io_error(what: &'static str, path: &Path, e: &std::io::Error) -> PoolError {
@@ -74,7 +81,8 @@ impl IndexLog {
         self.end
     }
 
-    /// Writes `header` and `records` to a temporary file and renames it into place.
+    /// Writes `header` and `records` to a temporary file, syncs it and renames it into place.
+    /// The rename is durable once the directory is synced ([`Self::sync_directory`]).
     fn write_whole(dir: &Path, header: LogHeader, records: &[Record]) -> std::io::Result<File> {
         let tmp = dir.join(LOG_TMP_FILE);
         let seed = header.record_seed();
@@ -87,8 +95,17 @@ impl IndexLog {
         file.write_all_at(&bytes, 0)?;
         file.sync_data()?;
         std::fs::rename(&tmp, dir.join(LOG_FILE))?;
-        sync_dir(dir)?;
         Ok(file)
+    }
+
+    /// Syncs the pool directory, making the last rename of the log durable.
+    fn sync_directory(&mut self) -> std::io::Result<()> {
+        if self.fail_dir_sync_errno != 0 {
+            return Err(std::io::Error::from_raw_os_error(self.fail_dir_sync_errno));
+        }
+        sync_dir(&self.dir)?;
+        self.dir_sync_pending = false;
+        Ok(())
     }
 
     /// A new, empty log for a new pool.
@@ -100,6 +117,7 @@ impl IndexLog {
     ) -> Result<IndexLog, PoolError> {
         let header = LogHeader { pool_id, device_count, generation: 0 };
         let file = Self::write_whole(dir, header, &[])
+            .and_then(|file| sync_dir(dir).map(|()| file))
             .map_err(|e| io_error("creating index log", &Self::path(dir), &e))?;
         Ok(IndexLog {
             dir: dir.to_path_buf(),
@@ -110,7 +128,9 @@ impl IndexLog {
             records: 0,
             next_seq: 1,
             durability,
+            dir_sync_pending: false,
             fail_errno: 0,
+            fail_dir_sync_errno: 0,
         })
     }
 
@@ -152,7 +172,9 @@ impl IndexLog {
             records: replay.records.len() as u64,
             next_seq,
             durability,
+            dir_sync_pending: false,
             fail_errno: 0,
+            fail_dir_sync_errno: 0,
         };
         Ok((log, replay))
     }
@@ -165,6 +187,10 @@ impl IndexLog {
         }
         if self.fail_errno != 0 {
             return Err(self.fail_errno);
+        }
+        if self.durability == Durability::Fsync && self.dir_sync_pending {
+            // These records go to the compacted file: durable only once its rename is.
+            self.sync_directory().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         }
         let mut bytes = Vec::with_capacity(records.len() * RECORD_BYTES);
         for r in records.iter_mut() {
@@ -191,6 +217,11 @@ impl IndexLog {
     }
 
     /// Compaction: replaces the log with one holding exactly `live` (a new generation).
+    ///
+    /// Once the rename has happened the new file *is* the log, whatever follows: later records
+    /// go to it (appending to the replaced file would lose them at the next open). A failed
+    /// directory sync after the rename is reported, and retried before the next record is
+    /// acknowledged as durable (`fsync` appends, [`Self::sync`]).
     pub fn rewrite(&mut self, live: &[Record]) -> Result<(), PoolError> {
         let header = LogHeader { generation: self.header.generation + 1, ..self.header };
         let path = Self::path(&self.dir);
@@ -201,11 +232,17 @@ impl IndexLog {
         self.seed = header.record_seed();
         self.end = (LOG_HEADER_BYTES + live.len() * RECORD_BYTES) as u64;
         self.records = live.len() as u64;
-        Ok(())
+        self.dir_sync_pending = true;
+        self.sync_directory()
+            .map_err(|e| io_error("syncing the pool directory after compacting index log", &path, &e))
     }
 
-    /// Makes every appended record durable (used on close with `none` durability).
-    pub fn sync(&self) -> std::io::Result<()> {
+    /// Makes every appended record durable (used on close with `none` durability), and a
+    /// compaction's rename with them.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        if self.dir_sync_pending {
+            self.sync_directory()?;
+        }
         self.file.sync_data()
     }
 }

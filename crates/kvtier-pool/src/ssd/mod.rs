@@ -169,8 +169,13 @@ impl SsdTier {
         }
         let mut log = log;
         if log.records() > config.compact_min_records.max(2 * state.index.len() as u64) {
-            log.rewrite(&state.live_records())?;
-            state.counters.compactions += 1;
+            // Compaction only saves space: a full disk must not keep the pool from opening.
+            match log.rewrite(&state.live_records()) {
+                Ok(()) => state.counters.compactions += 1,
+                Err(e) => warnings.push(format!(
+                    "compacting the index log at open failed ({e}); continuing with the log as it is"
+                )),
+            }
         }
         recovery.seconds = started.elapsed().as_secs_f64();
         let workers = Self::spawn_workers(&config, &mut devices, &mut warnings)?;
@@ -419,6 +424,13 @@ impl SsdTier {
     #[cfg(feature = "test-hooks")]
     pub fn inject_log_error_for_test(&self, errno: i32) {
         self.log.lock().fail_errno = errno;
+    }
+
+    /// Fault injection (tests): fail every sync of the pool directory (after a compaction's
+    /// rename) with `errno` (0 clears).
+    #[cfg(feature = "test-hooks")]
+    pub fn inject_dir_sync_error_for_test(&self, errno: i32) {
+        self.log.lock().fail_dir_sync_errno = errno;
     }
 }
 

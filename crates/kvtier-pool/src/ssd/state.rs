@@ -152,26 +152,44 @@ impl SsdState {
         Some(if d.corrupt { PinnedAt::KnownCorrupt } else { PinnedAt::Readable(d.entry) })
     }
 
-    /// Allocates `bytes` on `device`, evicting its unpinned ready objects while that helps;
-    /// evicted objects' `Delete` records go to `deletes`.
+    /// Allocates `bytes` on `device`, evicting its unpinned ready objects until it fits;
+    /// evicted objects' `Delete` records go to `deletes`. If it cannot fit even with every
+    /// evictable object gone (pinned or writing objects split the free space), nothing is
+    /// evicted: the victims taken so far are put back as they were (nothing was written over
+    /// them, and no record of their eviction was made yet).
     pub fn allocate_on(&mut self, device: usize, bytes: u64, deletes: &mut Vec<Record>) -> Option<Extent> {
         if bytes > self.spaces[device].allocator.capacity_bytes() {
             return None;
         }
+        let mut victims: Vec<(BlockKey, Entry)> = Vec::new();
         loop {
             if let Some(extent) = self.spaces[device].allocator.allocate(bytes) {
+                self.counters.evictions += victims.len() as u64;
+                deletes.extend(victims.iter().map(|(key, entry)| entry.record(RECORD_DELETE, *key)));
                 return Some(extent);
             }
             let index = &self.index;
-            let victim = self.spaces[device].policy.victim(&mut |key| {
+            let Some(victim) = self.spaces[device].policy.victim(&mut |key| {
                 index.get(&key).is_some_and(|e| e.state == EntryState::Ready && e.pins == 0)
-            })?;
+            }) else {
+                self.give_back(device, victims);
+                return None;
+            };
             let entry = self.index.remove(&victim).expect("the policy tracks only indexed keys");
             assert!(entry.state == EntryState::Ready && entry.pins == 0, "policy chose a pinned victim");
             assert_eq!(usize::from(entry.device), device, "a device's policy tracks only its objects");
             self.spaces[device].allocator.free(entry.extent);
-            self.counters.evictions += 1;
-            deletes.push(entry.record(RECORD_DELETE, victim));
+            victims.push((victim, entry));
+        }
+    }
+
+    /// Puts back, oldest first, the victims of an allocation on `device` that failed.
+    fn give_back(&mut self, device: usize, victims: Vec<(BlockKey, Entry)>) {
+        let space = &mut self.spaces[device];
+        for (key, entry) in victims {
+            assert!(space.allocator.allocate_at(entry.extent), "a victim's extent was taken meanwhile");
+            space.policy.on_insert(key);
+            assert!(self.index.insert(key, entry).is_none(), "a victim's key was indexed meanwhile");
         }
     }
 

@@ -134,7 +134,8 @@ impl IoWorker {
         self.engine_name
     }
 
-    /// Hands `ops` to the worker; `sync` asks for an `fdatasync` after them if all succeeded.
+    /// Hands `ops` to the worker; `sync` asks for an `fdatasync` after them if any write
+    /// succeeded (its failure is reported for the whole batch).
     ///
     /// # Safety
     /// Every pointer in `ops` must stay valid (and, for destinations, unaliased) until the
@@ -208,7 +209,11 @@ impl WorkerState {
             .collect();
         while let Ok(batch) = receiver.recv() {
             let results = self.run_batch(&batch.ops);
-            let sync_error = if batch.sync && results.iter().all(|r| matches!(r, OpResult::Written(_))) {
+            // Every write that landed is synced, even when another of the batch failed: the
+            // caller publishes the ones that landed, and with `fsync` durability a published
+            // object must be on stable storage.
+            let wrote = results.iter().any(|r| matches!(r, OpResult::Written(_)));
+            let sync_error = if batch.sync && wrote {
                 // SAFETY: fdatasync on the device's open descriptor.
                 (unsafe { libc::fdatasync(self.device.fd()) } != 0)
                     .then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
@@ -400,4 +405,80 @@ struct Run {
     free: Vec<usize>,
     next: usize,
     inflight: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::fs::File;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::sync::atomic::AtomicI32;
+
+    use super::*;
+    use crate::ssd::metrics::DeviceMetrics;
+
+    /// Completes every transfer at once without touching the descriptor; the one at
+    /// `failing_offset` fails with EIO (a bad sector, say).
+    struct OneBadOffset {
+        failing_offset: u64,
+        done: VecDeque<(u64, i64)>,
+    }
+
+    impl Engine for OneBadOffset {
+        fn name(&self) -> &'static str {
+            "one-bad-offset"
+        }
+        fn submit(&mut self, _fd: i32, _write: bool, _ptr: *mut u8, len: usize, offset: u64, tag: u64) {
+            let n = if offset == self.failing_offset { -i64::from(libc::EIO) } else { len as i64 };
+            self.done.push_back((tag, n));
+        }
+        fn wait(&mut self) -> (u64, i64) {
+            self.done.pop_front().expect("a transfer was submitted")
+        }
+    }
+
+    /// A device whose descriptor is a pipe: `fdatasync` on it fails (EINVAL), so a test sees
+    /// whether the worker asked for one.
+    fn pipe_device() -> (Arc<Device>, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) fills two descriptors, owned below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors from pipe(2), each owned once.
+        let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let device = Device {
+            index: 0,
+            path: "pipe".into(),
+            file: write_end,
+            direct: false,
+            is_block_device: false,
+            data_offset: PAGE_BYTES,
+            data_bytes: 16 * PAGE_BYTES,
+            throttle: None,
+            metrics: DeviceMetrics::default(),
+            fail_writes_errno: AtomicI32::new(0),
+            fail_reads_errno: AtomicI32::new(0),
+        };
+        (Arc::new(device), read_end)
+    }
+
+    #[test]
+    fn a_batch_with_a_failed_write_still_syncs_the_writes_that_landed() {
+        let (device, _read_end) = pipe_device();
+        let engine = OneBadOffset { failing_offset: 2 * PAGE_BYTES, done: VecDeque::new() };
+        let worker = IoWorker::spawn(device, Box::new(engine), 2).unwrap();
+        let mut page = AlignedBuf::new(PAGE_BYTES as usize).unwrap();
+        let src = page.as_mut_ptr().cast_const();
+        let write = |offset| Op { offset, len: PAGE_BYTES as usize, kind: OpKind::WriteAligned { src } };
+        // SAFETY: `page` outlives the call, which waits for the batch.
+        let (results, sync_error) =
+            unsafe { worker.run(vec![write(PAGE_BYTES), write(2 * PAGE_BYTES)], true) };
+        assert_eq!(results, vec![OpResult::Written(0), OpResult::IoError(libc::EIO)]);
+        // The first write is acknowledged as durable only if the device was synced after it:
+        // the sync ran (and, on a pipe, failed), so its failure reaches the caller.
+        assert_eq!(sync_error, Some(libc::EINVAL), "the written page was never fdatasync'ed");
+        // Nothing written: nothing to sync.
+        // SAFETY: as above.
+        let (results, sync_error) = unsafe { worker.run(vec![write(2 * PAGE_BYTES)], true) };
+        assert_eq!((results, sync_error), (vec![OpResult::IoError(libc::EIO)], None));
+    }
 }

@@ -122,7 +122,9 @@ impl SsdTier {
         let mut report = TierPutReport::default();
         let (mut jobs, deletes) = self.reserve(namespace, keys, sources, &mut report);
         // Evicted objects' extents are about to be overwritten: their `Delete` records go to the
-        // log first, so a crash can never leave the log naming an extent that holds other bytes.
+        // log first, so a crash never leaves the log naming an extent this put wrote. (Freed
+        // space this batch does not take may be written by a concurrent put before then; a
+        // crash in between is caught by the payload checksum: docs/formats.md §4.)
         if !deletes.is_empty() && !self.log_evictions(keys, &jobs, deletes, &mut report) {
             return report;
         }

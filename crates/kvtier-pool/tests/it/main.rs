@@ -7,6 +7,7 @@ mod dram_capacity_and_pins;
 mod dram_corruption_is_never_served;
 mod ssd_bad_inputs;
 mod ssd_capacity_and_enospc;
+mod ssd_compaction_faults;
 mod ssd_concurrency;
 mod ssd_corruption_is_a_miss;
 mod ssd_crash_recovery;

@@ -109,3 +109,32 @@ fn enospc_on_the_log_refuses_the_put_and_puts_evicted_objects_back() {
     );
     pool.check_integrity().unwrap();
 }
+
+#[test]
+fn a_put_that_cannot_fit_even_after_evicting_evicts_nothing() {
+    for eviction in ["lru", "s3fifo"] {
+        let dir = temp_dir("ssd-no-useless-eviction");
+        let mut c = config(dir.path(), 1, 10 * 4096);
+        c.eviction = eviction.into();
+        let pool = SsdTier::open(c.clone()).unwrap();
+        let small: Vec<u128> = (1..=10).collect();
+        assert_eq!(put(&pool, &small, 4000).stored, 10, "one page each: the device is full");
+        // A lease on the object in the middle page: no 6 pages can be free side by side.
+        let mut located = vec![None];
+        assert_eq!(pool.locate(common::NS, &[6], &mut located, true, false), 1);
+        let report = put(&pool, &[100], 6 * 4096 - 100);
+        assert_eq!((report.stored, report.rejected, report.evicted), (0, 1, 0), "{eviction}: {report:?}");
+        let kept: Vec<u128> = small.iter().copied().filter(|&k| pool.contains(common::NS, k)).collect();
+        assert_eq!(kept, small, "{eviction}: objects evicted to make room that never came");
+        assert_eq!(pool.stats().evictions, 0);
+        pool.check_integrity().unwrap();
+        pool.unpin(&[located[0].unwrap().entry]);
+        // Room that eviction can make is still made.
+        assert_eq!(put(&pool, &[101], 4000).evicted, 1);
+        let kept: Vec<u128> = small.iter().copied().filter(|&k| pool.contains(common::NS, k)).collect();
+        assert_eq!(kept.len(), 9);
+        drop(pool);
+        // No Delete record was logged for the objects given back.
+        assert_all_load(&SsdTier::open(c).unwrap(), &kept, 4000);
+    }
+}
