@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Asks, Cluster, NO_NODE};
 use crate::config::{RemoteConfig, Resolved};
 use crate::error::RemoteError;
 use crate::metrics::{bump, Counters, OpCounters, RemoteMetrics};
@@ -25,9 +25,6 @@ pub(crate) enum Topology {
     Single(Arc<Node>),
     Cluster(Cluster),
 }
-
-/// `ASK` redirections of a batch: (item index, `host:port` of the master to ask).
-pub(crate) type Asks = Vec<(usize, String)>;
 
 /// Which operation a batch is (for metrics).
 #[derive(Clone, Copy)]
@@ -378,6 +375,28 @@ impl RemoteClient {
                 (r, _) => Err(r),
             })
             .collect()
+    }
+
+    /// Refreshes a cluster's slot map ([`Cluster::refresh`]); nothing for one server.
+    pub(crate) fn refresh_slots(&self, force: bool) -> Result<(), RemoteError> {
+        match &self.topology {
+            Topology::Cluster(cluster) => cluster.refresh(&self.settings, &self.counters, force),
+            Topology::Single(_) => Ok(()),
+        }
+    }
+
+    /// Every node that holds keys (the server; in a cluster each master, after a slot-map
+    /// refresh) and how many hash slots no known master serves.
+    pub(crate) fn masters(&self) -> Result<(Vec<Arc<Node>>, usize), RemoteError> {
+        match &self.topology {
+            Topology::Single(node) => Ok((vec![node.clone()], 0)),
+            Topology::Cluster(cluster) => {
+                self.refresh_slots(true)?;
+                let map = cluster.map.read().clone();
+                let uncovered = map.slot_node.iter().filter(|&&n| n == NO_NODE).count();
+                Ok((map.nodes.clone(), uncovered))
+            }
+        }
     }
 
     pub(crate) fn counters(&self) -> &Counters {

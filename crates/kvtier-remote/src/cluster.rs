@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::client::{Asks, RemoteClient, Topology};
 use crate::config::Endpoint;
 use crate::error::RemoteError;
-use crate::metrics::bump;
-use crate::node::Node;
+use crate::metrics::{bump, Counters};
+use crate::node::{ConnectSettings, Node};
 use crate::resp::Reply;
+
+/// `ASK` redirections of a batch: (item index, `host:port` of the master to ask).
+pub(crate) type Asks = Vec<(usize, String)>;
 
 /// Shortest time between two slot-map refreshes.
 const SLOT_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(100);
@@ -165,22 +167,27 @@ fn ask_endpoint(target: &str) -> Option<Endpoint> {
     crate::url::valid_host(host).then(|| Endpoint { host: host.to_string(), port })
 }
 
-impl RemoteClient {
-    /// Asks the known nodes, then the seeds, for the slot map. `Err` only if none answered.
-    pub(crate) fn refresh_slots(&self, force: bool) -> Result<(), RemoteError> {
-        let Topology::Cluster(cluster) = &self.topology else { return Ok(()) };
+impl Cluster {
+    /// Asks the known nodes, then the seeds, for the slot map (at most once per
+    /// [`SLOT_REFRESH_INTERVAL_MIN`] unless `force`). `Err` only if none answered.
+    pub(crate) fn refresh(
+        &self,
+        settings: &ConnectSettings,
+        counters: &Counters,
+        force: bool,
+    ) -> Result<(), RemoteError> {
         {
-            let Some(mut last) = cluster.last_refresh.try_lock() else { return Ok(()) };
+            let Some(mut last) = self.last_refresh.try_lock() else { return Ok(()) };
             if !force && last.is_some_and(|t| t.elapsed() < SLOT_REFRESH_INTERVAL_MIN) {
                 return Ok(());
             }
             *last = Some(Instant::now());
         }
-        bump(&self.counters().slot_refreshes, 1);
-        let mut candidates: Vec<Arc<Node>> = cluster.map.read().nodes.clone();
+        bump(&counters.slot_refreshes, 1);
+        let mut candidates: Vec<Arc<Node>> = self.map.read().nodes.clone();
         {
-            let mut known = cluster.known.lock();
-            for seed in &cluster.seeds {
+            let mut known = self.known.lock();
+            for seed in &self.seeds {
                 let node = known.entry(seed.clone()).or_insert_with(|| Arc::new(Node::new(seed.clone())));
                 if !candidates.iter().any(|c| c.endpoint == *seed) {
                     candidates.push(node.clone());
@@ -189,7 +196,7 @@ impl RemoteClient {
         }
         let mut last_error = None;
         for node in candidates {
-            let reply = node.run(self.settings(), self.counters(), |conn| {
+            let reply = node.run(settings, counters, |conn| {
                 conn.write_command(&[b"CLUSTER", b"SLOTS"])?;
                 conn.flush()?;
                 conn.read_reply()
@@ -203,10 +210,10 @@ impl RemoteClient {
             };
             match reply {
                 Ok(reply @ Reply::Array(Some(_))) => {
-                    let map = SlotMap::from_reply(&reply, &node.endpoint, &mut cluster.known.lock());
+                    let map = SlotMap::from_reply(&reply, &node.endpoint, &mut self.known.lock());
                     match map {
                         Ok(map) => {
-                            *cluster.map.write() = Arc::new(map);
+                            *self.map.write() = Arc::new(map);
                             return Ok(());
                         }
                         Err(reason) => {
@@ -228,20 +235,6 @@ impl RemoteClient {
             }
         }
         Err(last_error.unwrap_or(RemoteError::Config("no cluster seed nodes".into())))
-    }
-
-    /// Every node that holds keys (the server; in a cluster each master, after a slot-map
-    /// refresh) and how many hash slots no known master serves.
-    pub(crate) fn masters(&self) -> Result<(Vec<Arc<Node>>, usize), RemoteError> {
-        match &self.topology {
-            Topology::Single(node) => Ok((vec![node.clone()], 0)),
-            Topology::Cluster(cluster) => {
-                self.refresh_slots(true)?;
-                let map = cluster.map.read().clone();
-                let uncovered = map.slot_node.iter().filter(|&&n| n == crate::cluster::NO_NODE).count();
-                Ok((map.nodes.clone(), uncovered))
-            }
-        }
     }
 }
 

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::error::RemoteError;
-pub use crate::url::{parse_url, redact_url, ParsedUrl};
+use crate::error::{bad, RemoteError};
+pub use crate::url::{parse_url, redact_url, Credentials, Endpoint, ParsedUrl};
 
 /// Default connect timeout: 1 s.
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
@@ -98,39 +98,6 @@ impl Default for RemoteConfig {
     }
 }
 
-/// A server address.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Endpoint {
-    pub host: String,
-    pub port: u16,
-}
-
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
-
-/// Credentials sent with `AUTH` on every new connection. `Debug` never shows the password.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Credentials {
-    pub username: Option<String>,
-    pub password: Option<String>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .finish()
-    }
-}
-
 impl std::fmt::Debug for RemoteConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
@@ -160,10 +127,6 @@ pub struct Resolved {
     pub credentials: Credentials,
     /// TLS settings when the URLs are `rediss://`.
     pub tls: Option<TlsConfig>,
-}
-
-pub(crate) fn bad<T>(message: String) -> Result<T, RemoteError> {
-    Err(RemoteError::Config(message))
 }
 
 fn check_duration(name: &str, d: Duration, zero_ok: bool) -> Result<(), RemoteError> {

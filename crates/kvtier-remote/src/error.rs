@@ -26,3 +26,8 @@ pub enum RemoteError {
     #[error("remote {endpoint}: down (next reconnect attempt in {retry_in_ms} ms)")]
     Down { endpoint: String, retry_in_ms: u64 },
 }
+
+/// A [`RemoteError::Config`] with `message`, as an `Err`.
+pub(crate) fn bad<T>(message: String) -> Result<T, RemoteError> {
+    Err(RemoteError::Config(message))
+}

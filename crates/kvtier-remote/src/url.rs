@@ -3,8 +3,40 @@
 //! log line shows a URL by ([`redact_url`]). Parser and redaction agree on where the user
 //! information ends (the last `@`), so a parse error only ever quotes what the redaction shows.
 
-use crate::config::{bad, Credentials, Endpoint};
-use crate::error::RemoteError;
+use crate::error::{bad, RemoteError};
+
+/// A server address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Credentials sent with `AUTH` on every new connection. `Debug` never shows the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
 
 /// `url` with the password of its user information, and any `?query`, replaced by `***`
 /// (`redis://alice:***@h`, `redis://:***@h`), for every message and display that shows a URL.
