@@ -225,6 +225,20 @@ pub trait Tier: Send + Sync {
     /// Returns how many were removed or doomed.
     fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize;
 
+    /// Removes exactly the stored copies `entries` of `namespace` (as [`remove`](Self::remove):
+    /// a pinned one is doomed), for a caller that found *those* copies bad: a copy already gone
+    /// or doomed, and a newer copy of the same key stored since (a re-put after a removal), are
+    /// left alone. Returns how many were removed or doomed.
+    ///
+    /// The default removes by key, for a tier whose stored objects carry no generation to
+    /// compare an entry id with (remote: the ids are the client's, given at each locate; a
+    /// value written again since is deleted with it). A tier with generations (DRAM, SSD)
+    /// overrides it.
+    fn remove_entries(&self, namespace: u128, entries: &[EntryRef]) -> usize {
+        let keys: Vec<BlockKey> = entries.iter().map(|e| e.key).collect();
+        self.remove(namespace, &keys)
+    }
+
     /// Removes every ready copy of `namespace`, as [`remove`](Self::remove) of all its keys
     /// (pinned ones are doomed); other namespaces' objects stay. Returns how many were removed.
     /// A put running at the same time may leave its blocks: the store fences its own writes

@@ -386,15 +386,11 @@ impl Tier for DramTier {
     }
 
     fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize {
-        let mut st = self.state.lock();
-        let mut removed = 0;
-        for &key in keys {
-            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready && e.namespace == namespace) {
-                st.retire(key, false);
-                removed += 1;
-            }
-        }
-        removed
+        self.state.lock().remove_where(namespace, keys.iter().map(|&key| (key, None)))
+    }
+
+    fn remove_entries(&self, namespace: u128, entries: &[EntryRef]) -> usize {
+        self.state.lock().remove_where(namespace, entries.iter().map(|e| (e.key, Some(e.entry_id))))
     }
 
     fn clear(&self, namespace: u128) -> Result<usize, ClearError> {

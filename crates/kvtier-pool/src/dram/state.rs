@@ -151,6 +151,27 @@ impl DramState {
     /// corrupt while a demotion writes it from its extent) is doomed with one more pin, the
     /// demotion's: its extent must not be freed and reused under that write; the demotion drops
     /// the pin when it finishes ([`Self::finish_demoting`]).
+    /// Retires the ready copies of `namespace` of `targets` (key, and the copy's entry id, or
+    /// `None` for whichever copy is there): [`Tier::remove`](crate::tier::Tier::remove) and
+    /// `remove_entries`. Returns how many.
+    pub(super) fn remove_where(
+        &mut self,
+        namespace: u128,
+        targets: impl Iterator<Item = (BlockKey, Option<u64>)>,
+    ) -> usize {
+        let mut removed = 0;
+        for (key, id) in targets {
+            let named = |e: &Entry| {
+                e.state == EntryState::Ready && e.namespace == namespace && id.map_or(true, |id| id == e.id)
+            };
+            if self.index.get(&key).is_some_and(named) {
+                self.retire(key, false);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     pub(super) fn retire(&mut self, key: BlockKey, corrupt: bool) {
         let demoting = self.index.get(&key).is_some_and(|e| e.state == EntryState::Demoting);
         self.take_out(key, corrupt, u32::from(demoting));

@@ -155,6 +155,29 @@ impl SsdTier {
         }
     }
 
+    /// Removes the ready copies of `namespace` of `targets` (key, and the copy's entry id, or
+    /// `None` for whichever copy is there), logging their removal: [`Tier::remove`] and
+    /// [`Tier::remove_entries`].
+    fn remove_where(&self, namespace: u128, targets: impl Iterator<Item = (BlockKey, Option<u64>)>) -> usize {
+        let mut log = self.log.lock();
+        let mut st = self.state.lock();
+        let mut deletes = Vec::new();
+        for (key, id) in targets {
+            let named = |e: &Entry| {
+                e.state == EntryState::Ready && e.namespace == namespace && id.map_or(true, |id| id == e.id)
+            };
+            if st.index.get(&key).is_some_and(named) {
+                deletes.push(st.retire(key, false));
+            }
+        }
+        let removed = deletes.len();
+        // Appended under the lock, as in `settle_failed_reads`.
+        if log.append(&mut deletes).is_err() {
+            st.counters.log_failures += 1;
+        }
+        removed
+    }
+
     /// Dooms entries that failed verification (or whose read failed), counting each stored copy
     /// once, and logs their removal.
     fn settle_failed_reads(
@@ -321,20 +344,11 @@ impl Tier for SsdTier {
     }
 
     fn remove(&self, namespace: u128, keys: &[BlockKey]) -> usize {
-        let mut log = self.log.lock();
-        let mut st = self.state.lock();
-        let mut deletes = Vec::new();
-        for &key in keys {
-            if st.index.get(&key).is_some_and(|e| e.state == EntryState::Ready && e.namespace == namespace) {
-                deletes.push(st.retire(key, false));
-            }
-        }
-        let removed = deletes.len();
-        // Appended under the lock, as in `settle_failed_reads`.
-        if log.append(&mut deletes).is_err() {
-            st.counters.log_failures += 1;
-        }
-        removed
+        self.remove_where(namespace, keys.iter().map(|&key| (key, None)))
+    }
+
+    fn remove_entries(&self, namespace: u128, entries: &[EntryRef]) -> usize {
+        self.remove_where(namespace, entries.iter().map(|e| (e.key, Some(e.entry_id))))
     }
 
     fn clear(&self, namespace: u128) -> Result<usize, ClearError> {

@@ -127,7 +127,7 @@ impl SsdLevel {
         dst: &mut [&mut [u8]],
         outcomes: &mut [ReadOutcome],
         forms: &mut [StoredBlock],
-        undecodable: &mut Vec<BlockKey>,
+        undecodable: &mut Vec<EntryRef>,
     ) {
         let len = |i: usize| lens[i].map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
         let mut fit = vec![false; entries.len()];
@@ -136,7 +136,7 @@ impl SsdLevel {
                 fit[i] = true;
             } else {
                 outcomes[i] = ReadOutcome::Corrupt;
-                undecodable.push(entries[i].key);
+                undecodable.push(entries[i]);
             }
         }
         let items: Vec<usize> = coded.iter().copied().filter(|&i| fit[i]).collect();
@@ -153,7 +153,7 @@ impl SsdLevel {
                     Ok((codec_id, offset, len)) => forms[i] = StoredBlock { codec_id, offset, len },
                     Err(()) => {
                         o = ReadOutcome::Corrupt;
-                        undecodable.push(entries[i].key);
+                        undecodable.push(entries[i]);
                     }
                 }
             }
@@ -171,7 +171,7 @@ impl SsdLevel {
         Coded { ns, entries, coded, lens }: Coded<'_>,
         dst: &mut [&mut [u8]],
         outcomes: &mut [ReadOutcome],
-        undecodable: &mut Vec<BlockKey>,
+        undecodable: &mut Vec<EntryRef>,
     ) {
         let block_bytes = self.block_bytes;
         let mut slots: Vec<Option<&mut [u8]>> = dst.iter_mut().map(|d| Some(&mut **d)).collect();
@@ -216,7 +216,7 @@ impl SsdLevel {
         for (i, o, failed) in results {
             outcomes[i] = o;
             if failed {
-                undecodable.push(entries[i].key);
+                undecodable.push(entries[i]);
             }
         }
     }
@@ -288,7 +288,7 @@ impl Level for SsdLevel {
             None => self.read_decoded(batch, dst, outcomes, &mut undecodable),
         }
         if !undecodable.is_empty() {
-            self.tier.remove(ns, &undecodable);
+            self.tier.remove_entries(ns, &undecodable);
         }
         LevelRead { decode_failures: undecodable.len() }
     }

@@ -2,8 +2,7 @@
 //! calls with which such a reader reports back: blocks it could not decode
 //! ([`Store::report_undecodable`]) and decoded blocks to promote ([`Store::promote_decoded`]).
 
-use kvtier_core::BlockKey;
-use kvtier_pool::ReadOutcome;
+use kvtier_pool::{EntryRef, ReadOutcome};
 
 use super::Store;
 use crate::error::StoreError;
@@ -63,14 +62,12 @@ impl Store {
         bump(&self.counters.decode_failures, leased.len());
         let mut dropped = 0;
         for (t, tier) in self.tiers().enumerate() {
-            let keys: Vec<BlockKey> = leased
-                .iter()
-                .map(|&i| blocks[i - first])
-                .filter(|b| b.tier == t)
-                .map(|b| b.entry.key)
-                .collect();
-            if !keys.is_empty() {
-                dropped += tier.remove(self.namespace_hash, &keys);
+            // The leased copies themselves: a copy of the key stored since is not the one that
+            // failed.
+            let entries: Vec<EntryRef> =
+                leased.iter().map(|&i| blocks[i - first]).filter(|b| b.tier == t).map(|b| b.entry).collect();
+            if !entries.is_empty() {
+                dropped += tier.remove_entries(self.namespace_hash, &entries);
             }
         }
         Ok(dropped)

@@ -579,3 +579,30 @@ fn stored_load_readers_report_back_to_the_store() {
     assert_eq!((loaded, &bufs[0]), (1, &b0));
     store.check_integrity().unwrap();
 }
+
+#[test]
+fn an_undecodable_report_drops_the_reported_copy_not_a_newer_one() {
+    // Two readers lease the same SSD copy of block 0. The first reports it undecodable (it is
+    // doomed, its pins held); block 0 is then stored again, a new good copy. The second
+    // reader's report names the old copy: the new one stays.
+    let dir = temp_dir("codec-stored-report-newer");
+    let store = ssd_store(&dir, lossless("zstd"), true);
+    let ns = store.namespace_hash();
+    let ks = keys(&store, 50, 6);
+    put(&store, &ks);
+    assert_eq!(store.lookup(ns, &ks[..1]).unwrap().tiers[..1], [TierKind::Ssd]);
+    let ssd_objects = |store: &Store| {
+        store.tier_stats().into_iter().find(|(k, _)| *k == TierKind::Ssd).expect("an SSD tier").1.objects
+    };
+    let (first, second) = (store.lease(ns, &ks[..1]).unwrap(), store.lease(ns, &ks[..1]).unwrap());
+    assert_eq!(store.report_undecodable(first.id, &[0]).unwrap(), 1);
+    assert_eq!(ssd_objects(&store), 5, "the reported copy is doomed");
+    put(&store, &ks[..1]);
+    assert_eq!(ssd_objects(&store), 6, "block 0 stored again");
+    assert_eq!(store.report_undecodable(second.id, &[0]).unwrap(), 0, "the reported copy was gone already");
+    assert_eq!(ssd_objects(&store), 6, "the new copy of block 0 stays");
+    store.release(first.id).unwrap();
+    store.release(second.id).unwrap();
+    assert_eq!(store.stats().decode_failures, 2);
+    store.check_integrity().unwrap();
+}
