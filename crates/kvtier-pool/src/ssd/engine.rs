@@ -68,16 +68,56 @@ impl Engine for SyncEngine {
 /// Most bytes one io_uring submission moves (1 GiB; its length field is 32 bits).
 const URING_TRANSFER_BYTES_MAX: usize = 1 << 30;
 
+/// Most times `submit` enters the kernel again after a transient error before it fails the
+/// transfer instead.
+const URING_ENTER_TRIES_MAX: u32 = 1024;
+
+/// Whether an `io_uring_enter` error passes: interrupted, or the kernel short of room for
+/// completions (EBUSY) or of memory for requests (EAGAIN) for now.
+fn transient(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN))
+}
+
 /// io_uring with a fixed queue depth; submissions are flushed when the caller waits.
 pub struct UringEngine {
     ring: IoUring,
+    /// Transfers handed to the ring whose completion is still in the kernel's queue.
     pending: usize,
+    /// Completions taken off the ring by `submit`, and transfers `submit` failed: `wait`
+    /// returns these first.
+    done: VecDeque<Completion>,
+    /// Errnos the next `io_uring_enter` calls of `submit` return instead of entering (tests).
+    #[cfg(test)]
+    enter_errors: VecDeque<i32>,
 }
 
 impl UringEngine {
     pub fn new(depth: usize) -> std::io::Result<Self> {
         let entries = u32::try_from(depth.next_power_of_two().max(2)).unwrap_or(4096);
-        Ok(UringEngine { ring: IoUring::new(entries)?, pending: 0 })
+        Ok(UringEngine {
+            ring: IoUring::new(entries)?,
+            pending: 0,
+            done: VecDeque::new(),
+            #[cfg(test)]
+            enter_errors: VecDeque::new(),
+        })
+    }
+
+    /// Hands the queued submissions to the kernel (`io_uring_enter`).
+    fn enter(&mut self) -> std::io::Result<usize> {
+        #[cfg(test)]
+        if let Some(errno) = self.enter_errors.pop_front() {
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
+        self.ring.submit()
+    }
+
+    /// Moves the completions in the kernel's queue to `done`, making room there.
+    fn reap(&mut self) {
+        for cqe in self.ring.completion() {
+            self.pending -= 1;
+            self.done.push_back((cqe.user_data(), i64::from(cqe.result())));
+        }
     }
 }
 
@@ -86,6 +126,11 @@ impl Engine for UringEngine {
         "io_uring"
     }
 
+    /// A submission queue that stays full is entered again after a transient error (EINTR,
+    /// EBUSY, EAGAIN), reaping completions in between, up to [`URING_ENTER_TRIES_MAX`] times;
+    /// any other error, or one that persists, fails this transfer with its errno (the worker
+    /// reports it as that op's I/O error), never a panic: a panic killed the device's worker,
+    /// failing every later transfer on the device.
     fn submit(&mut self, fd: i32, write: bool, ptr: *mut u8, len: usize, offset: u64, tag: u64) {
         // An io_uring transfer length is a u32: a longer one is submitted in part and completes
         // short, and the worker moves the rest as for any short transfer. (It panicked here,
@@ -97,20 +142,27 @@ impl Engine for UringEngine {
             opcode::Read::new(types::Fd(fd), ptr, len).offset(offset).build()
         }
         .user_data(tag);
+        let mut tries = 0;
         loop {
             // SAFETY: the caller keeps the buffer valid until the completion is reaped.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                break;
+                self.pending += 1;
+                return;
             }
             // Submission queue full: hand what is queued to the kernel and retry.
-            if let Err(e) = self.ring.submit() {
-                assert!(
-                    e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY),
-                    "io_uring submit: {e}"
-                );
+            match self.enter() {
+                Ok(_) => {}
+                Err(e) if transient(&e) && tries < URING_ENTER_TRIES_MAX => {
+                    tries += 1;
+                    self.reap();
+                    std::thread::yield_now();
+                }
+                Err(e) => {
+                    self.done.push_back((tag, -i64::from(e.raw_os_error().unwrap_or(libc::EIO))));
+                    return;
+                }
             }
         }
-        self.pending += 1;
     }
 
     fn flush(&mut self) {
@@ -119,6 +171,9 @@ impl Engine for UringEngine {
     }
 
     fn wait(&mut self) -> Completion {
+        if let Some(done) = self.done.pop_front() {
+            return done;
+        }
         assert!(self.pending > 0, "wait with nothing submitted");
         loop {
             if let Some(cqe) = self.ring.completion().next() {
@@ -199,6 +254,37 @@ mod tests {
         // SAFETY: the transfer completed; the mapping is ours.
         assert!(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), 8192) }.iter().all(|&b| b == 5));
         unsafe { libc::munmap(ptr, len) };
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_failed_io_uring_enter_is_retried_or_a_failed_transfer_not_a_panic() {
+        let Ok(mut engine) = UringEngine::new(2) else {
+            eprintln!("io_uring unavailable here; nothing to check");
+            return;
+        };
+        let path = std::env::temp_dir().join(format!("kvtier-engine-enter-{}", std::process::id()));
+        std::fs::write(&path, [3u8; 5 * 4096]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let mut bufs: Vec<AlignedBuf> = (0..5).map(|_| AlignedBuf::new(4096).unwrap()).collect();
+        // The submission queue holds two. The third submit enters the kernel, which answers
+        // EAGAIN, then EBUSY (transient: entered again); the fifth's gets EINVAL (that transfer
+        // fails, the queued ones complete).
+        let submit = |engine: &mut UringEngine, b: &mut AlignedBuf, tag: u64| {
+            engine.submit(file.as_raw_fd(), false, b.as_mut_ptr(), 4096, tag * 4096, tag)
+        };
+        let (first, rest) = bufs.split_at_mut(2);
+        submit(&mut engine, &mut first[0], 0);
+        submit(&mut engine, &mut first[1], 1);
+        engine.enter_errors.extend([libc::EAGAIN, libc::EBUSY]);
+        submit(&mut engine, &mut rest[0], 2);
+        submit(&mut engine, &mut rest[1], 3);
+        engine.enter_errors.push_back(libc::EINVAL);
+        submit(&mut engine, &mut rest[2], 4);
+        let mut got: Vec<Completion> = (0..5).map(|_| engine.wait()).collect();
+        got.sort();
+        assert_eq!(got, [(0, 4096), (1, 4096), (2, 4096), (3, 4096), (4, -i64::from(libc::EINVAL))]);
+        assert!(bufs[..4].iter().all(|b| b.as_slice().iter().all(|&x| x == 3)));
         std::fs::remove_file(path).unwrap();
     }
 
