@@ -377,6 +377,15 @@ impl Device {
         self.file.as_raw_fd()
     }
 
+    /// `fdatasync` of the device file; fails with the injected write errno, if any (tests: a
+    /// device failing its writes fails its syncs too).
+    pub fn sync_data(&self) -> std::io::Result<()> {
+        match self.injected_errno(true) {
+            0 => self.file.sync_data(),
+            errno => Err(std::io::Error::from_raw_os_error(errno)),
+        }
+    }
+
     pub fn injected_errno(&self, write: bool) -> i32 {
         let cell = if write { &self.fail_writes_errno } else { &self.fail_reads_errno };
         cell.load(Ordering::Relaxed)

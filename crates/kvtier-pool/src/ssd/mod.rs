@@ -390,13 +390,15 @@ impl SsdTier {
         &self.config
     }
 
-    /// Makes every acknowledged object durable now (the log and every device synced).
+    /// Makes every acknowledged object durable now: every device's data synced, then the log.
+    /// In that order, as a put writes its bytes before its record: a crash between the two
+    /// leaves durable bytes no record names (free space at restart), never a record naming
+    /// bytes that are not; a failed device sync returns before the log is synced.
     pub fn flush(&self) -> std::io::Result<()> {
-        self.log.lock().sync()?;
         for d in &self.devices {
-            d.file.sync_data()?;
+            d.sync_data()?;
         }
-        Ok(())
+        self.log.lock().sync()
     }
 
     /// Rewrites the index log to hold only the live objects.
@@ -408,8 +410,8 @@ impl SsdTier {
         Ok(())
     }
 
-    /// Fault injection (tests): fail every write (`write`) or read of `device` with `errno`
-    /// (0 clears).
+    /// Fault injection (tests): fail every write (`write`: and every sync of `flush`) or read
+    /// of `device` with `errno` (0 clears).
     #[cfg(feature = "test-hooks")]
     pub fn inject_device_error_for_test(&self, device: usize, write: bool, errno: i32) {
         let cell = if write {

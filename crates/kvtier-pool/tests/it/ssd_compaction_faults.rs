@@ -83,3 +83,23 @@ fn a_compaction_that_fails_at_open_leaves_the_pool_usable() {
     assert_all_load(&pool, &[1, 2, 3, 4, 50], LEN);
     pool.check_integrity().unwrap();
 }
+
+#[test]
+fn flush_syncs_the_devices_data_before_the_log() {
+    // A log synced first would name objects whose bytes a crash before the devices' sync
+    // loses. Here both syncs fail, each with its own errno: the device's error is the one
+    // flush reports, so the log was never synced ahead of the data.
+    let dir = temp_dir("ssd-flush-order");
+    let pool = SsdTier::open(config(dir.path(), 1, 64 * 3 * 4096)).unwrap();
+    assert_eq!(put(&pool, &[1, 2], LEN).stored, 2);
+    pool.inject_dir_sync_error_for_test(libc::EIO);
+    assert!(pool.compact().is_err(), "the directory sync failed: the log's sync is pending");
+    pool.inject_device_error_for_test(0, true, libc::ENOSPC);
+    let failed = pool.flush().unwrap_err();
+    assert_eq!(failed.raw_os_error(), Some(libc::ENOSPC), "the log was synced first: {failed}");
+    pool.inject_device_error_for_test(0, true, 0);
+    pool.inject_dir_sync_error_for_test(0);
+    pool.flush().unwrap();
+    assert_all_load(&pool, &[1, 2], LEN);
+    pool.check_integrity().unwrap();
+}
