@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::buffer::AlignedBuf;
-use super::files::{open_private, Create};
+use super::files::{lock_exclusive, open_private, Create};
 use super::format::{Superblock, SUPERBLOCK_BYTES};
 use super::metrics::DeviceMetrics;
 use super::throttle::TokenBucket;
@@ -100,6 +100,21 @@ fn device_target(path: &Path) -> Result<(PathBuf, Option<Metadata>), PoolError> 
             path.display(),
             target.display()
         ))),
+    }
+}
+
+/// Locks an opened device file for this pool's lifetime (it is closed with the [`Device`]), so
+/// no other pool takes it over while this one serves objects from it (a second pool's create
+/// would write its own superblock and objects over them). Errors naming the device if another
+/// open pool holds it.
+fn lock_device(file: &File, path: &Path) -> Result<(), PoolError> {
+    match lock_exclusive(file) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(PoolError::SsdConfig(format!(
+            "device {} is in use by another open pool (its file is locked); expected each device              in one pool at a time: close that pool first, or list another device",
+            path.display()
+        ))),
+        Err(e) => Err(io_error("locking device", path, &e)),
     }
 }
 
@@ -221,7 +236,8 @@ impl Device {
 
     /// Creates (or re-initialises) a device: sizes the file, writes a fresh superblock. An
     /// existing file or block device is taken only when it is empty (zero bytes, or a first page
-    /// of zeros) or already a kvtier device, or when `spec.format` says to overwrite it.
+    /// of zeros) or already a kvtier device that no open pool holds ([`lock_device`]), or when
+    /// `spec.format` says to overwrite it.
     pub fn create(spec: &DeviceSpec<'_>, warnings: &mut Vec<String>) -> Result<Device, PoolError> {
         let path = spec.path;
         let (target, existing) = device_target(path)?;
@@ -248,6 +264,7 @@ impl Device {
         let (file, direct) =
             open_with_fallback(&target, existing.is_none(), spec.direct, warnings, &system_open)
                 .map_err(|e| io_error("opening device", path, &e))?;
+        lock_device(&file, path)?;
         let data_bytes = if block {
             let size = block_device_bytes(&file).map_err(|e| io_error("sizing block device", path, &e))?;
             spec.data_bytes.min(size.saturating_sub(SUPERBLOCK_BYTES)) / PAGE_BYTES * PAGE_BYTES
@@ -340,6 +357,7 @@ impl Device {
         }
         let (file, direct) = open_with_fallback(&target, false, spec.direct, warnings, &system_open)
             .map_err(|e| io_error("opening device", path, &e))?;
+        lock_device(&file, path)?;
         let mut page = AlignedBuf::new(PAGE_BYTES as usize)?;
         transfer_exact(&file, &mut page, 0, PAGE_BYTES as usize, false)
             .map_err(|e| io_error("reading the superblock of", path, &e))?;

@@ -1,5 +1,5 @@
 //! How the pool opens the files it creates in its directory (lock, index log, bandwidth cache,
-//! device files): never through a symbolic link (`O_NOFOLLOW`; `O_EXCL` where it creates), and
+//! device files), and locks the ones only one pool may use ([`lock_exclusive`]): never through a symbolic link (`O_NOFOLLOW`; `O_EXCL` where it creates), and
 //! readable and writable by the owner only (mode 0600 whatever the umask), in a directory no
 //! other user can write (`docs/security.md`). Every tenant's KV lives in these files, and the
 //! index log decides which bytes a key is served from.
@@ -48,6 +48,32 @@ pub fn open_private(path: &Path, create: Create, truncate: bool, flags: i32) -> 
         file.set_permissions(Permissions::from_mode(FILE_MODE))?;
     }
     Ok(file)
+}
+
+/// How long [`lock_exclusive`] waits for a held lock to be released.
+pub const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Takes an exclusive `flock` on `file` (the pool directory's lock file, a device), held until
+/// the file is closed: `Ok(false)` if another open file (another pool, in this process or
+/// another) still holds it after [`LOCK_RETRY`]. A lock can outlive its pool by a moment: a
+/// child process forked by another thread (a server a test starts, say) shares the descriptor
+/// until it execs, hence the retry.
+pub fn lock_exclusive(file: &File) -> std::io::Result<bool> {
+    let deadline = std::time::Instant::now() + LOCK_RETRY;
+    loop {
+        // SAFETY: flock on an open descriptor.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(file), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// `O_NOFOLLOW` on a link fails with ELOOP, whose text ("too many levels of symbolic links")

@@ -46,7 +46,6 @@ mod worker;
 mod writes;
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -105,27 +104,15 @@ fn lock_directory(dir: &Path) -> Result<File, PoolError> {
             dir.display()
         ))
     })?;
-    // A lock can outlive its store by a moment: a child process forked by another thread (a
-    // server a test starts, say) shares the descriptor until it execs. Retry briefly before
-    // calling the directory taken.
-    let deadline = std::time::Instant::now() + LOCK_RETRY;
-    loop {
-        // SAFETY: flock on an open descriptor.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(file);
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(config_error(format!(
-                "ssd directory {} is in use by another store (its lock file is held); expected one store per directory",
-                dir.display()
-            )));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+    match files::lock_exclusive(&file) {
+        Ok(true) => Ok(file),
+        Ok(false) => Err(config_error(format!(
+            "ssd directory {} is in use by another store (its lock file is held); expected one store per directory",
+            dir.display()
+        ))),
+        Err(e) => Err(config_error(format!("ssd directory {}: cannot lock {LOCK_FILE} ({e})", dir.display()))),
     }
 }
-
-/// How long opening a pool waits for a held directory lock to be released.
-const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A fresh pool id: not secret, only distinct between pools.
 fn new_pool_id() -> u128 {

@@ -59,6 +59,26 @@ fn a_directory_in_use_by_another_pool() {
 }
 
 #[test]
+fn a_device_in_use_by_another_open_pool_is_refused() {
+    // Pool B, in its own directory, lists pool A's device: taking it would write B's
+    // superblock and objects over A's, which A is still serving.
+    let (dir_a, dir_b) = (temp_dir("ssd-device-in-use-a"), temp_dir("ssd-device-in-use-b"));
+    let a_config = config(dir_a.path(), 1, 1 << 20);
+    let a = SsdTier::open(a_config.clone()).unwrap();
+    assert_eq!(put(&a, &[1, 2, 3], 9_000).stored, 3);
+    let mut b_config = config(dir_b.path(), 1, 1 << 20);
+    b_config.devices = a_config.devices.clone();
+    let message = open_error(b_config.clone());
+    let device = a_config.devices[0].display().to_string();
+    assert!(message.contains(&device) && message.contains("in use by another open pool"), "{message}");
+    assert_all_load(&a, &[1, 2, 3], 9_000);
+    a.check_integrity().unwrap();
+    drop(a);
+    // Once A is closed its device is a kvtier device like any other: B may take it over.
+    SsdTier::open(b_config).unwrap();
+}
+
+#[test]
 fn devices_listed_differently_from_creation() {
     let dir = temp_dir("ssd-reordered");
     let c = config(dir.path(), 2, 1 << 20);
