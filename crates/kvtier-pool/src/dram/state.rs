@@ -146,11 +146,6 @@ impl DramState {
         }
     }
 
-    /// Takes a visible entry out of the index: freed now if unpinned, else doomed until unpinned.
-    /// `corrupt` marks it as having failed verification. A *demoting* entry (a read found it
-    /// corrupt while a demotion writes it from its extent) is doomed with one more pin, the
-    /// demotion's: its extent must not be freed and reused under that write; the demotion drops
-    /// the pin when it finishes ([`Self::finish_demoting`]).
     /// Retires the ready copies of `namespace` of `targets` (key, and the copy's entry id, or
     /// `None` for whichever copy is there): [`Tier::remove`](crate::tier::Tier::remove) and
     /// `remove_entries`. Returns how many.
@@ -172,6 +167,11 @@ impl DramState {
         removed
     }
 
+    /// Takes a visible entry out of the index: freed now if unpinned, else doomed until unpinned.
+    /// `corrupt` marks it as having failed verification. A *demoting* entry (a read found it
+    /// corrupt while a demotion writes it from its extent) is doomed with one more pin, the
+    /// demotion's: its extent must not be freed and reused under that write; the demotion drops
+    /// the pin when it finishes ([`Self::finish_demoting`]).
     pub(super) fn retire(&mut self, key: BlockKey, corrupt: bool) {
         let demoting = self.index.get(&key).is_some_and(|e| e.state == EntryState::Demoting);
         self.take_out(key, corrupt, u32::from(demoting));
