@@ -111,7 +111,8 @@ fn lock_device(file: &File, path: &Path) -> Result<(), PoolError> {
     match lock_exclusive(file) {
         Ok(true) => Ok(()),
         Ok(false) => Err(PoolError::SsdConfig(format!(
-            "device {} is in use by another open pool (its file is locked); expected each device              in one pool at a time: close that pool first, or list another device",
+            "device {} is in use by another open pool (its file is locked); expected each device \
+             in one pool at a time: close that pool first, or list another device",
             path.display()
         ))),
         Err(e) => Err(io_error("locking device", path, &e)),

@@ -1,7 +1,8 @@
 //! How the pool opens the files it creates in its directory (lock, index log, bandwidth cache,
-//! device files), and locks the ones only one pool may use ([`lock_exclusive`]): never through a symbolic link (`O_NOFOLLOW`; `O_EXCL` where it creates), and
-//! readable and writable by the owner only (mode 0600 whatever the umask), in a directory no
-//! other user can write (`docs/security.md`). Every tenant's KV lives in these files, and the
+//! device files), and locks the ones only one pool may use ([`lock_exclusive`]): never through
+//! a symbolic link (`O_NOFOLLOW`; `O_EXCL` where it creates), and readable and writable by the
+//! owner only (mode 0600 whatever the umask), in a directory no other user can write
+//! (`docs/security.md`). Every tenant's KV lives in these files, and the
 //! index log decides which bytes a key is served from.
 
 use std::fs::{File, OpenOptions, Permissions};
