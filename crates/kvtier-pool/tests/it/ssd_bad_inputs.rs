@@ -208,7 +208,8 @@ fn pool_files_are_private_and_a_shared_directory_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let dir = temp_dir("ssd-modes");
     // SAFETY: umask is process-wide; this test's files are created while it is 0. Other tests
-    // running meanwhile create files with wider modes than usual, which is harmless.
+    // running meanwhile create files with wider modes than usual: the pool narrows its own files,
+    // and `temp_dir` gives its directories mode 0700 explicitly.
     let old = unsafe { libc::umask(0) };
     let pool = SsdTier::open(config(dir.path(), 2, 1 << 20));
     unsafe { libc::umask(old) };

@@ -1,6 +1,7 @@
 //! Shared helpers of the SSD pool's integration tests.
 #![allow(dead_code)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use kvtier_core::BlockKey;
@@ -11,9 +12,17 @@ pub const NS: u128 = 0x6b76_7469_6572_7465_7374;
 pub use tempfile::TempDir;
 
 /// A fresh directory `<name>…` under the cargo target's temporary directory (O_DIRECT works there:
-/// it is on the repository's file system), removed when dropped.
+/// it is on the repository's file system), removed when dropped. Mode 0700 whatever the umask:
+/// `pool_files_are_private_and_a_shared_directory_is_refused` sets the process's umask to 0 for
+/// a moment, and a directory another test made meanwhile would be every user's, which the pool
+/// refuses.
 pub fn temp_dir(name: &str) -> TempDir {
-    tempfile::Builder::new().prefix(name).tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+    let private = std::fs::Permissions::from_mode(0o700);
+    tempfile::Builder::new()
+        .prefix(name)
+        .permissions(private)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 /// A pool config over `devices` files in `dir` of `per_device` bytes each, no probe.
