@@ -94,13 +94,18 @@ impl LoopbackServer {
     /// Starts a server on a fresh port, moving to another port when the picked one was taken
     /// before the server bound it.
     pub fn start_anywhere(binary: &str, password: Option<&str>) -> LoopbackServer {
+        LoopbackServer::start_anywhere_with(binary, password, &[])
+    }
+
+    /// As [`start_anywhere`](Self::start_anywhere), with extra server arguments.
+    pub fn start_anywhere_with(binary: &str, password: Option<&str>, args: &[&str]) -> LoopbackServer {
         for _ in 0..5 {
             let mut s = LoopbackServer {
                 child: None,
                 port: free_port(),
                 binary: binary.to_string(),
                 password: password.map(String::from),
-                args: Vec::new(),
+                args: args.iter().map(|a| a.to_string()).collect(),
             };
             if s.try_start() {
                 return s;

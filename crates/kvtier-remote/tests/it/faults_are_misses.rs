@@ -201,8 +201,8 @@ fn a_server_loading_its_dataset_at_start_is_down_not_an_error() {
     let dir = std::env::temp_dir().join(format!("kvtier-loading-{}-{}", std::process::id(), free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let dir_arg = dir.to_string_lossy().into_owned();
-    let port = free_port();
-    let mut server = Server::start_with(&binary, port, None, &["--dir", &dir_arg]);
+    let mut server = Server::start_anywhere_with(&binary, None, &["--dir", &dir_arg]);
+    let port = server.port;
     let tier = RemoteTier::open(config(&server.url()), NS).unwrap();
     let good = payload(3);
     assert_eq!(tier.put(NS, &[1], &[&good]).stored, 1);
