@@ -25,6 +25,9 @@ pub enum HookPoint {
     LoadRead,
     /// A clear found writes or loads in flight and is about to wait for them.
     ClearWaits,
+    /// A lease has located and pinned its blocks and is about to be granted (the lease table's
+    /// lock is not held).
+    LeaseLocated,
 }
 
 /// A test's hook, called with each point the store passes.

@@ -20,8 +20,16 @@
 //! *cleared*, and a load from it misses (its blocks left the store), as the blocks of a lease
 //! located after the clear would.
 //!
-//! Invariants: `leases.len() <= leases_max`; a lease's blocks stay pinned exactly as long as
-//! it is in the table and not cleared; a released lease stays only while loads are in flight.
+//! A lease is granted in two steps, so the table's lock is not held while the tiers are searched
+//! (a remote tier's EXISTS waits on the server, and every put, load and release takes this
+//! lock): [`reserve`](LeaseTable::reserve) takes a place under the bound, the caller locates and
+//! pins its blocks without the lock, and [`grant`](LeaseTable::grant) registers them. A clear
+//! that overlapped the search (one began, or one's [`clear_all`](LeaseTable::clear_all) ran,
+//! between the reservation and the grant) makes the caller grant the lease cleared.
+//!
+//! Invariants: `leases.len() + reserved <= leases_max`; a lease's blocks stay pinned exactly as
+//! long as it is in the table and not cleared; a released lease stays only while loads are in
+//! flight.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -60,6 +68,10 @@ pub(crate) struct LeaseTable {
     ttl: Duration,
     leases_max: usize,
     released_in_flight: usize,
+    /// Places taken by [`reserve`](Self::reserve) whose lease is not granted yet.
+    reserved: usize,
+    /// [`clear_all`](Self::clear_all) calls so far.
+    clears: u64,
     pub expired_total: u64,
 }
 
@@ -72,6 +84,8 @@ impl LeaseTable {
             ttl,
             leases_max,
             released_in_flight: 0,
+            reserved: 0,
+            clears: 0,
             expired_total: 0,
         }
     }
@@ -122,26 +136,48 @@ impl LeaseTable {
         blocks
     }
 
-    /// Whether another lease may be granted now (call after reclaiming).
-    pub fn has_room(&self) -> Result<(), StoreError> {
-        if self.leases.len() >= self.leases_max {
+    /// Takes a place for a lease to be [`grant`](Self::grant)ed, or gives it back with
+    /// [`unreserve`](Self::unreserve); [`StoreError::LeaseLimit`] when leases and reservations
+    /// fill the bound (call after reclaiming).
+    pub fn reserve(&mut self) -> Result<(), StoreError> {
+        if self.leases.len() + self.reserved >= self.leases_max {
             return Err(StoreError::LeaseLimit { max: self.leases_max });
         }
+        self.reserved += 1;
         Ok(())
     }
 
-    /// Registers a lease holding `blocks` (already pinned); returns its id.
-    pub fn grant(&mut self, blocks: Vec<LeasedBlock>, now: Instant) -> u64 {
-        assert!(self.leases.len() < self.leases_max, "lease limit checked before pinning");
+    /// Gives back a place [`reserve`](Self::reserve) took, granting nothing.
+    pub fn unreserve(&mut self) {
+        self.reserved = self.reserved.checked_sub(1).expect("unreserve without a reservation");
+    }
+
+    /// Places reserved whose lease is not granted yet (leases being located).
+    pub fn reserved(&self) -> usize {
+        self.reserved
+    }
+
+    /// [`clear_all`](Self::clear_all) calls so far: a caller that reads it at its reservation
+    /// and again at its grant knows whether one ran in between.
+    pub fn clears(&self) -> u64 {
+        self.clears
+    }
+
+    /// Registers a lease in a place [`reserve`](Self::reserve) took; returns its id. It holds
+    /// `blocks` (already pinned) and `hit_blocks` of them may be loaded; a `cleared` lease holds
+    /// no blocks (the caller unpinned them) and its loads miss, as after a clear.
+    pub fn grant(&mut self, blocks: Vec<LeasedBlock>, hit_blocks: usize, cleared: bool, now: Instant) -> u64 {
+        assert!(cleared || blocks.len() == hit_blocks, "an uncleared lease holds its hit blocks");
+        assert!(!cleared || blocks.is_empty(), "a cleared lease holds no blocks");
+        self.unreserve();
+        assert!(self.leases.len() < self.leases_max, "lease limit checked at the reservation");
         let deadline = now + self.ttl;
         if let Some((_, last)) = self.leases.last_key_value() {
             assert!(last.deadline <= deadline, "lease deadlines must grow with ids");
         }
         let id = self.next_id;
         self.next_id += 1;
-        let hit_blocks = blocks.len();
-        let entry =
-            LeaseEntry { blocks, hit_blocks, cleared: false, deadline, loads_in_flight: 0, released: false };
+        let entry = LeaseEntry { blocks, hit_blocks, cleared, deadline, loads_in_flight: 0, released: false };
         self.leases.insert(id, entry);
         id
     }
@@ -192,6 +228,7 @@ impl LeaseTable {
     /// keeps loads out meanwhile (the store's gate), so none is in flight.
     pub fn clear_all(&mut self) -> Vec<LeasedBlock> {
         assert_eq!(self.released_in_flight, 0, "a clear ran while a load was in flight");
+        self.clears += 1;
         let mut blocks = Vec::new();
         for lease in self.leases.values_mut() {
             assert_eq!(lease.loads_in_flight, 0, "a clear ran while a load was in flight");
@@ -243,8 +280,13 @@ impl LeaseTable {
     }
 
     pub fn check_integrity(&self) -> Result<(), String> {
-        if self.leases.len() > self.leases_max {
-            return Err(format!("{} leases held; bound is {}", self.leases.len(), self.leases_max));
+        if self.leases.len() + self.reserved > self.leases_max {
+            return Err(format!(
+                "{} leases held and {} reserved; bound is {}",
+                self.leases.len(),
+                self.reserved,
+                self.leases_max
+            ));
         }
         let released = self.leases.values().filter(|l| l.released).count();
         if released != self.released_in_flight {
@@ -272,12 +314,19 @@ mod tests {
         LeasedBlock { tier: 0, entry: EntryRef { key, entry_id: key as u64 } }
     }
 
+    /// Reserves and grants a lease of `blocks`, none cleared.
+    fn grant(t: &mut LeaseTable, blocks: Vec<LeasedBlock>, now: Instant) -> u64 {
+        t.reserve().unwrap();
+        let hit_blocks = blocks.len();
+        t.grant(blocks, hit_blocks, false, now)
+    }
+
     #[test]
     fn expiry_is_ordered_and_remembered() {
         let mut t = LeaseTable::new(Duration::from_secs(10), 8);
         let t0 = Instant::now();
-        let a = t.grant(vec![block(1)], t0);
-        let b = t.grant(vec![block(2)], t0 + Duration::from_secs(5));
+        let a = grant(&mut t, vec![block(1)], t0);
+        let b = grant(&mut t, vec![block(2)], t0 + Duration::from_secs(5));
         assert!(t.reclaim_expired(t0 + Duration::from_secs(9)).is_empty());
         assert_eq!(t.reclaim_expired(t0 + Duration::from_secs(10)), vec![block(1)]);
         assert_eq!(t.begin_load(a, 1, t0), Err(StoreError::LeaseExpired { id: a }));
@@ -298,7 +347,7 @@ mod tests {
             .map(|i| {
                 let now = t0 + Duration::from_secs(2 * u64::from(i));
                 t.reclaim_expired(now);
-                t.grant(vec![block(u128::from(i))], now)
+                grant(&mut t, vec![block(u128::from(i))], now)
             })
             .collect();
         assert_eq!(t.reclaim_expired(t0 + Duration::from_secs(100)), vec![block(5)]);
@@ -317,7 +366,7 @@ mod tests {
     fn releasing_again_while_a_load_is_in_flight_is_harmless() {
         let mut t = LeaseTable::new(Duration::from_secs(1), 8);
         let t0 = Instant::now();
-        let id = t.grant(vec![block(1)], t0);
+        let id = grant(&mut t, vec![block(1)], t0);
         t.begin_load(id, 1, t0).unwrap();
         assert_eq!(t.release(id), Ok(None));
         assert_eq!(t.release(id), Ok(None));
@@ -331,7 +380,7 @@ mod tests {
     fn loads_in_flight_defer_release_and_expiry() {
         let mut t = LeaseTable::new(Duration::from_secs(1), 8);
         let t0 = Instant::now();
-        let id = t.grant(vec![block(1), block(2)], t0);
+        let id = grant(&mut t, vec![block(1), block(2)], t0);
         assert_eq!(t.begin_load(id, 3, t0), Err(StoreError::LoadTooMany { requested: 3, leased: 2 }));
         assert_eq!(t.begin_load(id, 2, t0).unwrap().map(|b| b.len()), Some(2));
         assert!(t.reclaim_expired(t0 + Duration::from_secs(5)).is_empty(), "not expired mid-load");
@@ -347,8 +396,8 @@ mod tests {
     fn a_clear_unpins_every_lease_and_its_loads_miss() {
         let mut t = LeaseTable::new(Duration::from_secs(10), 8);
         let t0 = Instant::now();
-        let a = t.grant(vec![block(1), block(2)], t0);
-        let b = t.grant(vec![block(3)], t0);
+        let a = grant(&mut t, vec![block(1), block(2)], t0);
+        let b = grant(&mut t, vec![block(3)], t0);
         assert_eq!(t.clear_all(), vec![block(1), block(2), block(3)]);
         assert!(t.expected_pins().is_empty(), "a cleared lease pins nothing");
         assert_eq!(t.begin_load(a, 2, t0), Ok(None), "a cleared lease's load misses");
@@ -360,11 +409,35 @@ mod tests {
     }
 
     #[test]
-    fn limit_is_enforced() {
+    fn limit_counts_reservations_and_a_returned_one_frees_its_place() {
         let mut t = LeaseTable::new(Duration::from_secs(1), 2);
         let now = Instant::now();
-        t.grant(vec![], now);
-        t.grant(vec![], now);
-        assert_eq!(t.has_room(), Err(StoreError::LeaseLimit { max: 2 }));
+        grant(&mut t, vec![], now);
+        t.reserve().unwrap();
+        assert_eq!(t.reserve(), Err(StoreError::LeaseLimit { max: 2 }), "a reservation holds a place");
+        t.check_integrity().unwrap();
+        t.unreserve();
+        t.reserve().unwrap();
+        t.grant(vec![], 0, false, now);
+        assert_eq!(t.reserve(), Err(StoreError::LeaseLimit { max: 2 }));
+        t.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_lease_granted_cleared_pins_nothing_and_its_loads_miss() {
+        let mut t = LeaseTable::new(Duration::from_secs(10), 8);
+        let t0 = Instant::now();
+        let before = t.clears();
+        grant(&mut t, vec![block(1)], t0);
+        t.reserve().unwrap();
+        assert_eq!(t.clear_all(), vec![block(1)]);
+        assert_eq!(t.clears(), before + 1, "the caller sees a clear between reserve and grant");
+        let id = t.grant(vec![], 2, true, t0);
+        assert!(t.expected_pins().is_empty());
+        assert_eq!(t.begin_load(id, 2, t0), Ok(None), "a cleared lease's load misses");
+        assert_eq!(t.end_load(id), None);
+        assert_eq!(t.begin_load(id, 3, t0), Err(StoreError::LoadTooMany { requested: 3, leased: 2 }));
+        assert_eq!(t.release(id), Ok(Some(vec![])));
+        t.check_integrity().unwrap();
     }
 }

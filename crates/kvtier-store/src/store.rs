@@ -4,8 +4,8 @@
 //!
 //! Submodules extend [`Store`]: `pool.rs` (an engine's paged pool), `stored.rs` (loads of
 //! stored, undecoded bytes), `inspect.rs` (stats, metrics, integrity), `lookup.rs` (where keys
-//! are, nothing pinned), `staging.rs`, `clear.rs`
-//! (clearing the namespace, and the gate every write and load passes that makes a clear a barrier).
+//! are, nothing pinned), `leasing.rs` (granting a lease), `staging.rs`, `clear.rs` (clearing the
+//! namespace, and the gate every write and load passes that makes a clear a barrier).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use crate::levels::remote::RemoteLevel;
 use crate::levels::ssd::SsdLevel;
 use crate::levels::{Level, RawLevel};
 use crate::stats::{bump, Counters};
-use crate::types::{HierarchyPut, Lease, LoadReport, PutReport, StoredBlock};
+use crate::types::{HierarchyPut, LoadReport, PutReport, StoredBlock};
 
 /// The smallest chunk a promoting load reads while the chunk before it is promoted
 /// ([`Store::read_promoting`]): 8 blocks of 2 MiB, the SSD worker's default depth.
@@ -35,6 +35,7 @@ const PROMOTE_CHUNK_MIN_BYTES: usize = 16 << 20;
 
 mod clear;
 mod inspect;
+mod leasing;
 mod lookup;
 mod pool;
 mod staging;
@@ -58,7 +59,8 @@ pub struct Store {
     gate: RwLock<()>,
     /// Clears begun so far ([`epoch`](Self::epoch)); changes only under `gate` held for writing.
     epoch: AtomicU64,
-    /// Pins change only under `leases`.
+    /// The leases. A lease's pins are taken before it is granted, without this lock
+    /// (`leasing.rs`); they are dropped under it.
     leases: Mutex<LeaseTable>,
     pub(crate) counters: Counters,
     /// Reused buffers for whole objects between an engine pool and the lower tiers.
@@ -253,25 +255,6 @@ impl Store {
         bump(&self.counters.hit_blocks, hit);
         bump(&self.counters.miss_blocks, keys.len() - hit);
         hit
-    }
-
-    /// Like [`lookup`](Self::lookup), and pins the hit prefix so eviction cannot remove it
-    /// until [`release`](Self::release) or `lease_ttl` passes.
-    pub fn lease(&self, namespace_hash: u128, keys: &[BlockKey]) -> Result<Lease, StoreError> {
-        self.check_namespace(namespace_hash)?;
-        let mut table = self.leases.lock();
-        self.reclaim_expired(&mut table);
-        table.has_room()?;
-        let mut located = vec![None; keys.len()];
-        let hit_blocks = self.locate(keys, &mut located, true);
-        let mut tiers = Vec::with_capacity(hit_blocks);
-        let mut blocks = Vec::with_capacity(hit_blocks);
-        for l in located[..hit_blocks].iter().map(|l| l.expect("prefix is located")) {
-            tiers.push(l.tier);
-            blocks.push(LeasedBlock { tier: self.tier_index(l.tier), entry: l.entry });
-        }
-        let id = table.grant(blocks, Instant::now());
-        Ok(Lease { id, hit_blocks, tiers })
     }
 
     /// Copies leased blocks `0..dst.len()` into `dst` (each exactly `block_bytes`), verifying

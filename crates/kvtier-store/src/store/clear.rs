@@ -21,8 +21,9 @@
 //! `lease` and `lookup` do not take the gate: the transfer engine leases while holding its job
 //! table, which a paged load's layer callback takes inside the gate, so a lease waiting on the
 //! gate could deadlock a clear. A lease racing a clear is harmless: the clear clears every lease
-//! after the tiers, under the lease table's lock, so a lease granted before that point is cleared
-//! and one granted after it finds the cleared tiers.
+//! after the tiers, under the lease table's lock, so a lease granted before that point is cleared;
+//! a lease whose search of the tiers overlapped the clear is granted cleared (`leasing.rs`); and
+//! one whose search began after the clear finds the cleared tiers.
 //!
 //! **Writes that began before the store call.** A caller holding KV computed before a clear (a
 //! queued store job) marks when its write began with [`Store::epoch`] and stores it with

@@ -12,6 +12,7 @@ use crate::common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::{keys, load, payload, put_keys, temp_dir, TempDir, BLOCK_BYTES, OBJECT_BYTES};
 use kvtier_core::paged::PagedPool;
@@ -19,7 +20,7 @@ use kvtier_core::BlockKey;
 use kvtier_remote::resp::Reply;
 use kvtier_remote::testing::{require_server_binary, LoopbackServer};
 use kvtier_store::{
-    DramStoreConfig, HookPoint, RemoteConfig, RemoteStoreConfig, SsdStoreConfig, Store, StoreConfig,
+    DramStoreConfig, HookPoint, Lease, RemoteConfig, RemoteStoreConfig, SsdStoreConfig, Store, StoreConfig,
     StoreError, TierKind,
 };
 
@@ -335,5 +336,97 @@ fn a_paged_load_from_a_lease_granted_before_a_clear_misses_and_announces_every_l
     drop(pool);
     assert!(buf.iter().all(|&b| b == 0), "nothing was copied");
     store.release(lease.id).unwrap();
+    store.check_integrity().unwrap();
+}
+
+/// Runs `lease` of `keys` on a thread held at [`HookPoint::LeaseLocated`] (its blocks found and
+/// pinned, not yet granted), runs `meanwhile` on another thread, and releases the lease once
+/// `meanwhile` returned. Panics if `meanwhile` has not returned within a minute: it waited for
+/// the held lease. Returns the lease.
+fn while_a_lease_is_located(store: &Store, keys: &[BlockKey], meanwhile: impl FnOnce() + Send) -> Lease {
+    let hold = Hold::install(store, HookPoint::LeaseLocated);
+    let lease = std::thread::scope(|s| {
+        let leasing = s.spawn(|| store.lease(store.namespace_hash(), keys).unwrap());
+        assert_eq!(hold.next(), Event::Held, "the lease reaches LeaseLocated");
+        let (done, finished) = channel();
+        s.spawn(move || {
+            meanwhile();
+            done.send(()).unwrap();
+        });
+        let waited = finished.recv_timeout(Duration::from_secs(60));
+        hold.release();
+        assert!(waited.is_ok(), "a call waited for a lease being located");
+        leasing.join().unwrap()
+    });
+    store.set_hook_for_test(None);
+    lease
+}
+
+#[test]
+fn a_lease_located_while_a_clear_runs_is_granted_cleared_and_loads_nothing() {
+    let store = dram_store(8);
+    let ks = keys(&store, 0, 2);
+    put_keys(&store, &ks);
+    let lease = while_a_lease_is_located(&store, &ks, || {
+        store.clear().unwrap();
+    });
+    assert_eq!(lease.hit_blocks, 2, "the blocks were there when the lease located them");
+    store.check_integrity().unwrap(); // the cleared lease's pins were dropped
+    assert_eq!(store.stats().objects, 0, "no block is kept alive by a cleared lease");
+    let (report, _) = load(&store, lease.id, 2);
+    assert_eq!(
+        (report.loaded_blocks, report.checksum_failures),
+        (0, 0),
+        "a lease loaded bytes put before a clear"
+    );
+    store.release(lease.id).unwrap();
+    assert_eq!(put_keys(&store, &ks).stored, 2, "a put after the clear stores as usual");
+    let again = store.lease(store.namespace_hash(), &ks).unwrap();
+    assert_eq!(load(&store, again.id, 2).0.loaded_blocks, 2);
+    store.release(again.id).unwrap();
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn a_lease_being_located_holds_back_no_put_load_release_or_other_lease() {
+    let store = dram_store(16);
+    let (ks, others) = (keys(&store, 0, 2), keys(&store, 1000, 2));
+    put_keys(&store, &ks);
+    let ns = store.namespace_hash();
+    let earlier = store.lease(ns, &ks).unwrap();
+    let lease = while_a_lease_is_located(&store, &ks, || {
+        assert_eq!(put_keys(&store, &others).stored, 2);
+        assert_eq!(load(&store, earlier.id, 2).0.loaded_blocks, 2);
+        store.release(earlier.id).unwrap();
+        let other = store.lease(ns, &others).unwrap();
+        assert_eq!(load(&store, other.id, 2).0.loaded_blocks, 2);
+        store.release(other.id).unwrap();
+        store.check_integrity().unwrap(); // a tier holds the located lease's pins, not yet granted
+        assert_eq!(store.stats().leases_active, 0);
+    });
+    assert_eq!(load(&store, lease.id, 2).0.loaded_blocks, 2, "the located lease loads once granted");
+    store.release(lease.id).unwrap();
+    store.check_integrity().unwrap();
+}
+
+#[test]
+fn a_lease_being_located_holds_its_place_under_the_lease_bound() {
+    let config = StoreConfig {
+        dram: DramStoreConfig::new(8 * OBJECT_BYTES),
+        copy_threads: 2,
+        leases_max: 1,
+        ..StoreConfig::default()
+    };
+    let store = Store::new(common::namespace("lease-bound", ""), config).unwrap();
+    let ks = keys(&store, 0, 2);
+    put_keys(&store, &ks);
+    let lease = while_a_lease_is_located(&store, &ks, || {
+        let second = store.lease(store.namespace_hash(), &ks);
+        assert_eq!(second.err(), Some(StoreError::LeaseLimit { max: 1 }));
+    });
+    assert!(store.lease(store.namespace_hash(), &ks).is_err(), "the granted lease holds the place");
+    store.release(lease.id).unwrap();
+    let after = store.lease(store.namespace_hash(), &ks).unwrap();
+    store.release(after.id).unwrap();
     store.check_integrity().unwrap();
 }
