@@ -11,7 +11,7 @@
 //! that does not parse is an `InvalidData` error and the connection is dropped.
 
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -165,8 +165,9 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Connects to `host:port` (each resolved address in turn) within `connect_timeout`, over
-    /// TLS when `tls` is given (handshake completed here).
+    /// Connects to `host:port` within `connect_timeout` (the name's lookup and the TCP connect
+    /// to each of its addresses in turn, together), over TLS when `tls` is given (handshake
+    /// completed here, within `io_timeout`).
     pub fn connect(
         host: &str,
         port: u16,
@@ -174,9 +175,15 @@ impl Conn {
         io_timeout: Duration,
         tls: Option<&TlsClient>,
     ) -> io::Result<Conn> {
+        let deadline = Instant::now() + connect_timeout;
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} resolves to no address"));
-        for addr in (host, port).to_socket_addrs()? {
-            match TcpStream::connect_timeout(&addr, connect_timeout) {
+        for addr in crate::resolve::resolve(host, port, connect_timeout)? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                last = io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {host} timed out"));
+                break;
+            }
+            match TcpStream::connect_timeout(&addr, left) {
                 Ok(stream) => {
                     stream.set_nodelay(true)?;
                     // Until the first exchange arms them: bounds the TLS handshake's reads.
