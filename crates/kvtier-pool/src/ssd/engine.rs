@@ -73,9 +73,22 @@ const URING_TRANSFER_BYTES_MAX: usize = 1 << 30;
 const URING_ENTER_TRIES_MAX: u32 = 1024;
 
 /// Whether an `io_uring_enter` error passes: interrupted, or the kernel short of room for
-/// completions (EBUSY) or of memory for requests (EAGAIN) for now.
+/// completions (EBUSY) or of memory (EAGAIN, ENOMEM) for now.
 fn transient(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN))
+    matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM))
+}
+
+/// Stops the process: `io_uring_enter` failed for good (a broken ring: EBADF, EFAULT, EINVAL,
+/// ...) while `pending` transfers are in the kernel. Their buffers are submitters' memory that
+/// the kernel may still read or write (O_DIRECT pins the pages), so they cannot be handed back;
+/// a panic would hand them back (the worker's batch replies drop, and each waiter takes that as
+/// an I/O error and reuses its buffer) and let a late transfer write KV into reused memory.
+fn abort_with_transfers_in_flight(e: &std::io::Error, pending: usize) -> ! {
+    eprintln!(
+        "kvtier: io_uring_enter failed ({e}) with {pending} SSD transfers in flight; stopping the \
+         process: their buffers cannot be released while the kernel may still write them"
+    );
+    std::process::abort()
 }
 
 /// io_uring with a fixed queue depth; submissions are flushed when the caller waits.
@@ -110,6 +123,15 @@ impl UringEngine {
             return Err(std::io::Error::from_raw_os_error(errno));
         }
         self.ring.submit()
+    }
+
+    /// Hands the queued submissions to the kernel and waits for one completion.
+    fn enter_and_wait(&mut self) -> std::io::Result<usize> {
+        #[cfg(test)]
+        if let Some(errno) = self.enter_errors.pop_front() {
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
+        self.ring.submit_and_wait(1)
     }
 
     /// Moves the completions in the kernel's queue to `done`, making room there.
@@ -180,14 +202,15 @@ impl Engine for UringEngine {
                 self.pending -= 1;
                 return (cqe.user_data(), i64::from(cqe.result()));
             }
-            match self.ring.submit_and_wait(1) {
+            // A transient error is entered again (after a pause when memory is short); any other
+            // leaves transfers in the kernel that nothing can wait for.
+            match self.enter_and_wait() {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
-                    ) => {}
-                Err(e) => panic!("io_uring_enter failed: {e}"),
+                Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) if transient(&e) => {}
+                Err(e) => abort_with_transfers_in_flight(&e, self.pending),
             }
         }
     }
@@ -286,6 +309,63 @@ mod tests {
         assert_eq!(got, [(0, 4096), (1, 4096), (2, 4096), (3, 4096), (4, -i64::from(libc::EINVAL))]);
         assert!(bufs[..4].iter().all(|b| b.as_slice().iter().all(|&x| x == 3)));
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_transient_error_while_waiting_is_entered_again() {
+        let Ok(mut engine) = UringEngine::new(4) else {
+            eprintln!("io_uring unavailable here; nothing to check");
+            return;
+        };
+        let path = std::env::temp_dir().join(format!("kvtier-engine-wait-{}", std::process::id()));
+        std::fs::write(&path, [4u8; 4096]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let mut buf = AlignedBuf::new(4096).unwrap();
+        // Queued, not yet handed to the kernel: the wait enters it, and meets these first.
+        engine.submit(file.as_raw_fd(), false, buf.as_mut_ptr(), 4096, 0, 7);
+        engine.enter_errors.extend([libc::ENOMEM, libc::EINTR, libc::EAGAIN, libc::EBUSY]);
+        assert_eq!(engine.wait(), (7, 4096));
+        assert!(engine.enter_errors.is_empty(), "each error was met and entered again");
+        assert!(buf.as_slice().iter().all(|&b| b == 4));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Run as a child by the test below (`KVTIER_ENGINE_ABORT_CHILD` set): waits on a transfer
+    /// whose `io_uring_enter` fails for good, which must stop the process.
+    #[test]
+    fn child_waits_through_a_broken_ring() {
+        if std::env::var_os("KVTIER_ENGINE_ABORT_CHILD").is_none() {
+            return;
+        }
+        let mut engine = UringEngine::new(4).unwrap();
+        let path = std::env::temp_dir().join(format!("kvtier-engine-abort-{}", std::process::id()));
+        std::fs::write(&path, [1u8; 4096]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut buf = AlignedBuf::new(4096).unwrap();
+        engine.submit(file.as_raw_fd(), false, buf.as_mut_ptr(), 4096, 0, 1);
+        engine.enter_errors.push_back(libc::EBADF);
+        let got = engine.wait();
+        println!("the wait returned {got:?}");
+    }
+
+    #[test]
+    fn a_broken_ring_with_transfers_in_flight_stops_the_process_never_returns_their_buffers() {
+        if UringEngine::new(4).is_err() {
+            eprintln!("io_uring unavailable here; nothing to check");
+            return;
+        }
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "ssd::engine::tests::child_waits_through_a_broken_ring", "--nocapture"])
+            .env("KVTIER_ENGINE_ABORT_CHILD", "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&child.stdout), String::from_utf8_lossy(&child.stderr));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.status.signal(), Some(libc::SIGABRT), "{}\n{stdout}\n{stderr}", child.status);
+        assert!(!stdout.contains("the wait returned"), "{stdout}");
+        assert!(stderr.contains("with 1 SSD transfers in flight; stopping the process"), "{stderr}");
     }
 
     #[test]
