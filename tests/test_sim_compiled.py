@@ -138,6 +138,25 @@ def test_an_unknown_optimisation_level_is_refused_before_any_copy(tmp_path: Path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_failed_build_names_the_error_a_parallel_build_left_mid_log_and_the_free_space(
+    tmp_path: Path,
+) -> None:
+    gcc = "gcc -O1 -g1 -Werror -Wno-unused-function -c build/kvtier/sim/{m}.c -o build/{m}.o"
+    lines = [gcc.format(m=m) for m in ("engine", "cost")]
+    lines += ["build/kvtier/sim/cost.c:12:3: error: 'x' undeclared (first use in this function)"]
+    lines += [gcc.format(m=f"view{i}") for i in range(20)]  # the other job's compiles go on after it
+    lines += ["/usr/bin/ld: final link failed: No space left on device"]
+    log = tmp_path / "sim-compiled.build.log"
+    log.write_text("\n".join(lines) + "\n")
+    said = compiled.build_failure(1, log, 3 << 29)
+    assert said.startswith("mypyc failed (exit 1; 1.5 GiB free where it built)"), said
+    failed = said.split("failed:\n", 1)[1].split("\nits end:\n")[0].splitlines()
+    assert failed == [lines[2], lines[-1]], "the failure lines, and no compile line for its -Werror flag"
+    assert said.splitlines()[-1] == lines[-1] and said.count("gcc -O1") == 14
+    log.write_text("\n".join(lines[:2]) + "\n")
+    assert "(no line of it names an error)" in compiled.build_failure(-9, log, 0)
+
+
 def test_a_stale_copy_is_refused_when_asked_for_and_passed_over_on_auto(tmp_path: Path) -> None:
     with pytest.raises(
         KvtierError, match=r"no fresh compiled simulator: no compiled build at .*kvtier sim compile"

@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -276,8 +277,25 @@ def _mypyc(work: Path, log: Path, opt_level: str) -> None:
             [sys.executable, "-c", script], cwd=work, stdout=f, stderr=subprocess.STDOUT, env=env, check=False
         )
     if done.returncode != 0:
-        tail = log.read_text().splitlines()[-15:]
-        raise KvtierError(f"mypyc failed (exit {done.returncode}); the end of {log}:\n" + "\n".join(tail))
+        raise KvtierError(build_failure(done.returncode, log, shutil.disk_usage(work).free))
+
+
+# A line of a build log that says what failed: a compiler's or mypy's error, a traceback, a full disk
+# or a killed compiler. Word bounds keep gcc's `-Werror` flags out.
+_FAILURE_LINE = re.compile(r"\b(error|fatal|Traceback|No space left on device|Killed|MemoryError)\b")
+
+
+def build_failure(returncode: int, log: Path, free_bytes: int) -> str:
+    """What a failed mypyc build says: the log's lines that name a failure (the first 20; a
+    parallel build's error is rarely at its end, the other compiles go on after it), its last 15
+    lines, and the free space where it built (a full disk fails it without a compiler error)."""
+    lines = log.read_text(errors="replace").splitlines()
+    failures = [line for line in lines if _FAILURE_LINE.search(line)][:20]
+    said = "\n".join(failures) if failures else "(no line of it names an error)"
+    return (
+        f"mypyc failed (exit {returncode}; {free_bytes / 2**30:.1f} GiB free where it built); what {log} says"
+        f" failed:\n{said}\nits end:\n" + "\n".join(lines[-15:])
+    )
 
 
 def add_build_argument(cmd: Any, default: str) -> None:
