@@ -99,6 +99,11 @@ impl SlotMap {
             let n = match index.get(&endpoint) {
                 Some(&n) => n,
                 None => {
+                    // Each master serves a slot, so a map has at most SLOTS of them (and their
+                    // indices stay below NO_NODE); more is a broken reply, not a cluster.
+                    if map.nodes.len() >= SLOTS {
+                        return Err(format!("CLUSTER SLOTS names more than {SLOTS} masters"));
+                    }
                     let node = known
                         .entry(endpoint.clone())
                         .or_insert_with(|| Arc::new(Node::new(endpoint.clone())));
@@ -280,5 +285,23 @@ mod tests {
         let bad =
             Reply::Array(Some(vec![Reply::Array(Some(vec![Reply::Int(5), Reply::Int(20000), master(1)]))]));
         assert!(SlotMap::from_reply(&bad, &asked, &mut known).is_err());
+    }
+
+    #[test]
+    fn a_reply_naming_more_masters_than_slots_is_refused() {
+        let range = |port: i64| {
+            let master = Reply::Array(Some(vec![Reply::Bulk(Some(b"10.0.0.1".to_vec())), Reply::Int(port)]));
+            Reply::Array(Some(vec![Reply::Int(port % 16384), Reply::Int(port % 16384), master]))
+        };
+        let asked = Endpoint { host: "10.0.0.1".into(), port: 1 };
+        let mut known = HashMap::new();
+        let most = Reply::Array(Some((1..=SLOTS as i64).map(range).collect()));
+        let map = SlotMap::from_reply(&most, &asked, &mut known).unwrap();
+        assert_eq!(map.nodes.len(), SLOTS);
+        assert!(map.slot_node.iter().all(|&n| usize::from(n) < SLOTS), "every slot names one of them");
+        // One more is refused: unchecked, 65535 of them wrapped their u16 indices onto NO_NODE.
+        let more = Reply::Array(Some((1..=SLOTS as i64 + 1).map(range).collect()));
+        let err = SlotMap::from_reply(&more, &asked, &mut known).unwrap_err();
+        assert_eq!(err, format!("CLUSTER SLOTS names more than {SLOTS} masters"));
     }
 }
