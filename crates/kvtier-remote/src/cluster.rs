@@ -127,7 +127,18 @@ pub(crate) struct Cluster {
     seeds: Vec<Endpoint>,
     known: Mutex<HashMap<Endpoint, Arc<Node>>>,
     pub map: RwLock<Arc<SlotMap>>,
-    last_refresh: Mutex<Option<Instant>>,
+    refreshes: Mutex<Refreshes>,
+}
+
+/// Which refreshes began and which one's map is in use: refreshes run concurrently (a forced
+/// one never waits for or skips another), and a map is installed only if no refresh that began
+/// after its own installed one already, so a slow refresh cannot bring back the older map of a
+/// server it asked first (say, one that predates a master a clear must reach).
+#[derive(Default)]
+struct Refreshes {
+    last_started: Option<Instant>,
+    started: u64,
+    installed: u64,
 }
 
 impl Cluster {
@@ -136,7 +147,7 @@ impl Cluster {
             seeds,
             known: Mutex::new(HashMap::new()),
             map: RwLock::new(Arc::new(SlotMap::empty())),
-            last_refresh: Mutex::new(None),
+            refreshes: Mutex::new(Refreshes::default()),
         }
     }
 
@@ -174,20 +185,24 @@ fn ask_endpoint(target: &str) -> Option<Endpoint> {
 
 impl Cluster {
     /// Asks the known nodes, then the seeds, for the slot map (at most once per
-    /// [`SLOT_REFRESH_INTERVAL_MIN`] unless `force`). `Err` only if none answered.
+    /// [`SLOT_REFRESH_INTERVAL_MIN`] unless `force`; a forced refresh always asks). `Err` only
+    /// if none answered. The map it gets is installed unless a refresh that began later
+    /// installed one first ([`Refreshes`]).
     pub(crate) fn refresh(
         &self,
         settings: &ConnectSettings,
         counters: &Counters,
         force: bool,
     ) -> Result<(), RemoteError> {
-        {
-            let Some(mut last) = self.last_refresh.try_lock() else { return Ok(()) };
-            if !force && last.is_some_and(|t| t.elapsed() < SLOT_REFRESH_INTERVAL_MIN) {
+        let seq = {
+            let mut refreshes = self.refreshes.lock();
+            if !force && refreshes.last_started.is_some_and(|t| t.elapsed() < SLOT_REFRESH_INTERVAL_MIN) {
                 return Ok(());
             }
-            *last = Some(Instant::now());
-        }
+            refreshes.last_started = Some(Instant::now());
+            refreshes.started += 1;
+            refreshes.started
+        };
         bump(&counters.slot_refreshes, 1);
         let mut candidates: Vec<Arc<Node>> = self.map.read().nodes.clone();
         {
@@ -218,7 +233,7 @@ impl Cluster {
                     let map = SlotMap::from_reply(&reply, &node.endpoint, &mut self.known.lock());
                     match map {
                         Ok(map) => {
-                            *self.map.write() = Arc::new(map);
+                            self.install(seq, map);
                             return Ok(());
                         }
                         Err(reason) => {
@@ -240,6 +255,18 @@ impl Cluster {
             }
         }
         Err(last_error.unwrap_or(RemoteError::Config("no cluster seed nodes".into())))
+    }
+
+    /// Installs the map of the `seq`th refresh begun, unless a later one's is installed; returns
+    /// whether it was.
+    fn install(&self, seq: u64, map: SlotMap) -> bool {
+        let mut refreshes = self.refreshes.lock();
+        if seq <= refreshes.installed {
+            return false;
+        }
+        refreshes.installed = seq;
+        *self.map.write() = Arc::new(map);
+        true
     }
 }
 
@@ -285,6 +312,25 @@ mod tests {
         let bad =
             Reply::Array(Some(vec![Reply::Array(Some(vec![Reply::Int(5), Reply::Int(20000), master(1)]))]));
         assert!(SlotMap::from_reply(&bad, &asked, &mut known).is_err());
+    }
+
+    #[test]
+    fn a_slow_refresh_never_replaces_the_map_of_one_that_began_after_it() {
+        let cluster = Cluster::new(vec![]);
+        let map_of = |port: i64| {
+            let master = Reply::Array(Some(vec![Reply::Bulk(Some(b"10.0.0.1".to_vec())), Reply::Int(port)]));
+            let reply =
+                Reply::Array(Some(vec![Reply::Array(Some(vec![Reply::Int(0), Reply::Int(16383), master]))]));
+            let asked = Endpoint { host: "10.0.0.1".into(), port: 1 };
+            SlotMap::from_reply(&reply, &asked, &mut HashMap::new()).unwrap()
+        };
+        let port = |c: &Cluster| c.map.read().nodes[0].endpoint.port;
+        // Refreshes 1 and 2 began in that order; 2 answered first.
+        assert!(cluster.install(2, map_of(7002)));
+        assert!(!cluster.install(1, map_of(7001)), "the older answer came last and was dropped");
+        assert_eq!(port(&cluster), 7002);
+        assert!(cluster.install(3, map_of(7003)));
+        assert_eq!(port(&cluster), 7003);
     }
 
     #[test]
