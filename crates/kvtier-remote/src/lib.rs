@@ -4,7 +4,7 @@
 //! - [`config`]: servers, cluster mode, TTL, timeouts, reconnect backoff, in-flight bound, key
 //!   prefix; validated at start. [`url`]: parsing and redacting `redis://user:password@host:port/db`.
 //! - [`resp`]: a minimal RESP2 connection that reads GET values straight into caller buffers;
-//!   `resolve`: its host name lookup, within the connect timeout.
+//!   `dial`: its TCP connection, host name lookup included, within the connect timeout.
 //! - [`pipeline`]: sliding-window pipelines of EXISTS/GET/SET/DEL on one connection.
 //! - [`cluster`]: hash slots and the `CLUSTER SLOTS` map.
 //! - [`client`]: [`RemoteClient`], batches split by node, run in parallel, faults as results.
@@ -23,11 +23,11 @@ pub mod clear;
 pub mod client;
 pub mod cluster;
 pub mod config;
+mod dial;
 pub mod error;
 pub mod metrics;
 mod node;
 pub mod pipeline;
-mod resolve;
 pub mod resp;
 #[cfg(feature = "test-hooks")]
 pub mod testing;

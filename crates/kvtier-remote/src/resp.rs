@@ -175,51 +175,34 @@ impl Conn {
         io_timeout: Duration,
         tls: Option<&TlsClient>,
     ) -> io::Result<Conn> {
-        let deadline = Instant::now() + connect_timeout;
-        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} resolves to no address"));
-        for addr in crate::resolve::resolve(host, port, connect_timeout)? {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                last = io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {host} timed out"));
-                break;
+        let stream = crate::dial::dial(host, port, connect_timeout)?;
+        stream.set_nodelay(true)?;
+        // Until the first exchange arms them: bounds the TLS handshake's reads.
+        stream.set_read_timeout(Some(io_timeout))?;
+        stream.set_write_timeout(Some(io_timeout))?;
+        let (read_sock, write_sock) = (stream.try_clone()?, stream.try_clone()?);
+        let (read_half, write_half) = match tls {
+            None => (Stream::Tcp(stream.try_clone()?), Stream::Tcp(stream)),
+            Some(client) => {
+                let shared = Arc::new(Mutex::new(crate::tls::wrap(client, host, stream)?));
+                (Stream::Tls(shared.clone()), Stream::Tls(shared))
             }
-            match TcpStream::connect_timeout(&addr, left) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
-                    // Until the first exchange arms them: bounds the TLS handshake's reads.
-                    stream.set_read_timeout(Some(io_timeout))?;
-                    stream.set_write_timeout(Some(io_timeout))?;
-                    let (read_sock, write_sock) = (stream.try_clone()?, stream.try_clone()?);
-                    let (read_half, write_half) = match tls {
-                        None => (Stream::Tcp(stream.try_clone()?), Stream::Tcp(stream)),
-                        Some(client) => {
-                            let shared = Arc::new(Mutex::new(crate::tls::wrap(client, host, stream)?));
-                            (Stream::Tls(shared.clone()), Stream::Tls(shared))
-                        }
-                    };
-                    let deadline = Instant::now() + io_timeout;
-                    let armed = Some(io_timeout);
-                    let read_half = Half { stream: read_half, sock: read_sock, reads: true, deadline, armed };
-                    let write_half =
-                        Half { stream: write_half, sock: write_sock, reads: false, deadline, armed };
-                    let writer = BufWriter::with_capacity(BUF_BYTES, write_half);
-                    let reader = BufReader::with_capacity(BUF_BYTES, read_half);
-                    return Ok(Conn {
-                        reader,
-                        writer,
-                        line: Vec::with_capacity(256),
-                        last_error: String::new(),
-                        io_timeout,
-                        limit: None,
-                        lines_read: 0,
-                        asking: false,
-                        asks: Vec::new(),
-                    });
-                }
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        };
+        let deadline = Instant::now() + io_timeout;
+        let armed = Some(io_timeout);
+        let read_half = Half { stream: read_half, sock: read_sock, reads: true, deadline, armed };
+        let write_half = Half { stream: write_half, sock: write_sock, reads: false, deadline, armed };
+        Ok(Conn {
+            reader: BufReader::with_capacity(BUF_BYTES, read_half),
+            writer: BufWriter::with_capacity(BUF_BYTES, write_half),
+            line: Vec::with_capacity(256),
+            last_error: String::new(),
+            io_timeout,
+            limit: None,
+            lines_read: 0,
+            asking: false,
+            asks: Vec::new(),
+        })
     }
 
     /// Bounds every later deadline by `limit` (`None`: no outer bound), e.g. a whole handshake.

@@ -1,4 +1,5 @@
-//! Looking a server's host name up within the connect timeout.
+//! Opening a TCP connection to a server within the connect timeout: the host name's lookup and
+//! the connects to each of its addresses share it.
 //!
 //! `getaddrinfo` has no timeout of its own: a resolver that does not answer blocks its caller for
 //! as long as resolv.conf's attempts take (tens of seconds), and a connection is opened on a
@@ -8,9 +9,27 @@
 //! with `TimedOut`, as a connect past the timeout does: the node is marked down for its backoff.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A TCP connection to `host:port` within `timeout` (the lookup and a connect to each address in
+/// turn, together); the error is the last address's, or `TimedOut`.
+pub(crate) fn dial(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} resolves to no address"));
+    for addr in resolve(host, port, timeout)? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {host} timed out")));
+        }
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
 
 /// The addresses of `host:port`, by the system resolver, within `timeout`.
 pub(crate) fn resolve(host: &str, port: u16, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
@@ -82,6 +101,17 @@ mod tests {
         let panics = |_: &str, _: u16| -> io::Result<Vec<SocketAddr>> { panic!("resolver bug") };
         let err = resolve_with("nowhere.example", 1, Duration::from_secs(5), panics).unwrap_err();
         assert!(err.to_string().contains("ended without an answer"), "{err}");
+    }
+
+    #[test]
+    fn dial_connects_to_a_listener_and_names_a_refusal() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stream = dial("localhost", port, Duration::from_secs(5)).unwrap();
+        assert_eq!(stream.peer_addr().unwrap().port(), port);
+        drop(listener);
+        let err = dial("127.0.0.1", port, Duration::from_secs(5)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
     }
 
     #[test]
