@@ -16,6 +16,7 @@ Usage: python scripts/vllm_env.py [--venv .venv-vllm]
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,7 +71,12 @@ def run(step: str, cmd: list[str], **kw: object) -> None:
     print(f"[vllm-env] {step}: {' '.join(cmd)}", flush=True)
     result = subprocess.run(cmd, check=False, **kw)  # type: ignore[call-overload]
     if result.returncode != 0:
-        sys.exit(f"[vllm-env] step '{step}' failed with exit code {result.returncode}")
+        # The environment takes about 7 GB (PyPI's torch brings its CUDA libraries): a full disk is
+        # a common cause, and the one a pip error line does not always name.
+        free = shutil.disk_usage(REPO).free / 2**30
+        sys.exit(
+            f"[vllm-env] step '{step}' failed with exit code {result.returncode} ({free:.1f} GiB free on {REPO})"
+        )
 
 
 def requirements_of(wheel: Path) -> list[str]:
