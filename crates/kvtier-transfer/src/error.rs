@@ -25,6 +25,8 @@ pub enum TransferError {
     JobTooLarge { blocks: usize, max: usize },
     #[error("job {id} is unknown: never submitted here, or already collected")]
     UnknownJob { id: u64 },
+    #[error("job {id} is given twice; expected each job once (a job is reported once)")]
+    RepeatedJob { id: u64 },
     /// A submission whose pool block an in-flight job (submitted, not collected) touches: a load
     /// writes its blocks, a store reads them (docs/transfer.md §1).
     #[error("pool block {block} is in use by {held_kind} job {job} (not collected yet); a {kind} on it would race that job")]

@@ -116,3 +116,13 @@ fn a_job_finished_collects_while_a_wait_waits_for_it_is_reported_once() {
     assert!(rest[0].outcomes.iter().all(|&o| o == BlockOutcome::Done));
     assert_eq!(engine.jobs(), 0);
 }
+
+#[test]
+fn a_wait_given_one_job_twice_is_refused_and_collects_nothing() {
+    let (engine, jobs, _held, resume) = held_store_jobs(1);
+    resume[0].send(()).unwrap();
+    let job = jobs[0];
+    assert_eq!(engine.wait(&[job, job]), Err(TransferError::RepeatedJob { id: job }));
+    assert_eq!(engine.jobs(), 1, "the refused wait collected nothing");
+    assert_eq!(engine.wait(&[job]).unwrap().len(), 1);
+}
