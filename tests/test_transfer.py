@@ -263,6 +263,23 @@ def test_a_job_racing_an_uncollected_one_on_a_pool_block_is_refused_naming_both(
     engine.wait([load])
 
 
+def test_a_pool_seen_with_another_block_count_while_held_is_refused(geometry: kvtier.Geometry) -> None:
+    # A view of the first half of a pool has the same base but another block count: block 0's V
+    # of layer 0 there is block 4's K of layer 0 in the whole pool, so the two jobs would race.
+    store = make_store(geometry, 8)
+    keys = store.namespace.block_keys(range(2 * geometry.block_tokens))
+    store.put(keys, fp16_blocks(keys, geometry.block_bytes))
+    engine = TransferEngine(store)
+    pool = layout.alloc_pool(geometry, 8)
+    half = pool.reshape(-1).view(np.uint8)[: pool.nbytes // 2]
+    load = engine.submit_load(keys[:1], pool, [4])
+    with pytest.raises(TransferError, match=f"in use as 8 blocks by job {load}.*as 4 blocks"):
+        engine.submit_load(keys[1:], half, [0])
+    assert engine.jobs() == 1
+    engine.wait([load])
+    engine.wait([engine.submit_load(keys[1:], half, [0])])  # collected: free again
+
+
 def test_layerwise_wait_and_cancel(geometry: kvtier.Geometry) -> None:
     store = make_store(geometry, 40)
     keys = store.namespace.block_keys(range(16 * 32))

@@ -296,7 +296,10 @@ class TransferEngine:
         return [_job(t) for t in self._core.finished()]
 
     def wait(self, ids: int | Iterable[int]) -> list[FinishedJob]:
-        """Waits for the jobs and collects them, in the order given."""
+        """Waits for the jobs and collects them, in the order given. Raises :class:`TransferError`
+        for an unknown or already collected id, also one another thread collected (``wait`` or
+        :meth:`finished`) while this call waited, or an id given twice: each job is reported
+        once; none is collected then."""
         wanted: list[object] = [ids]
         if isinstance(ids, Iterable) and not isinstance(ids, str | bytes):
             wanted = list(ids)

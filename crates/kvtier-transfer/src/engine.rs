@@ -309,16 +309,30 @@ impl TransferEngine {
     }
 
     /// Waits for every job in `ids` to finish and collects them, in the order given. An id
-    /// that is unknown (never submitted, or already collected) is an error, checked first.
+    /// that is unknown (never submitted, or already collected) is an error, checked first; so is
+    /// one another caller collected while this one waited (it was reported there: each job is
+    /// reported once), and then this call collects none of `ids`. An id given twice is an
+    /// error too (`RepeatedJob`), checked first.
     pub fn wait(&self, ids: &[JobId]) -> Result<Vec<FinishedJob>, TransferError> {
         let sh = &self.shared;
         let mut table = lock(&sh.table);
         if let Some(&id) = ids.iter().find(|id| !table.jobs.contains_key(id)) {
             return Err(TransferError::UnknownJob { id });
         }
+        // A job is reported once: an id given twice would be returned twice.
+        let mut seen = HashSet::with_capacity(ids.len());
+        if let Some(&id) = ids.iter().find(|&&id| !seen.insert(id)) {
+            return Err(TransferError::RepeatedJob { id });
+        }
         let jobs: Vec<Arc<Job>> = ids.iter().map(|id| table.jobs[id].clone()).collect();
         while !jobs.iter().all(|j| j.is_finished()) {
             table = sh.table_changed.wait(table).unwrap_or_else(|e| e.into_inner());
+        }
+        // Another caller (a `wait` or `finished` on another thread) may have collected one of
+        // them while this one waited: it was reported there, so it is not reported again here
+        // (each job is reported once), and none of `ids` is collected by this call.
+        if let Some(&id) = ids.iter().find(|id| !table.jobs.contains_key(id)) {
+            return Err(TransferError::UnknownJob { id });
         }
         let wanted: HashSet<JobId> = ids.iter().copied().collect();
         table.finished.retain(|id| !wanted.contains(id));

@@ -13,8 +13,11 @@
 //!
 //! A pool is known by its memory: a [`PoolRef`]'s base pointer, a [`PagedPool`]'s first region's
 //! base (two paged pools built over the same engine tensors share it, whatever their other
-//! regions); block `b` of either is the same key. A pool with no address (none is built outside
-//! the engine) holds nothing. Cost: one hash-map entry per block of a job, touched at submission
+//! regions); block `b` of either is the same key. Its block count is part of the claim: seen with
+//! another count, the same memory has other bytes under block `b` (a `LayerFirst` pool's layout
+//! depends on it), so a submission that sees a held pool with another count is refused
+//! ([`TransferError::PoolShapeInUse`]). A pool with no address (none is built outside the engine)
+//! holds nothing. Cost: one hash-map entry per block of a job, touched at submission
 //! and at collection; nothing per chunk.
 
 use std::collections::HashMap;
@@ -60,10 +63,17 @@ struct Claim {
     stores: Vec<JobId>,
 }
 
-/// Every block held by a job submitted and not yet collected, by (pool address, block id).
+/// Every block held by a job submitted and not yet collected, by (pool address, block id), and
+/// the block count each held pool is seen with, by address.
 #[derive(Default)]
 pub(crate) struct BlockClaims {
     blocks: HashMap<(usize, u64), Claim>,
+    /// Per pool address: the `num_blocks` its holders see it with, and those jobs. A block's
+    /// bytes depend on it (a `LayerFirst` pool puts layer `l` of block `b` at
+    /// `((2l + kv) × num_blocks + b) × segment`), so the same memory seen with another count
+    /// has other bytes under the same ids, and a block id no longer names the bytes a job
+    /// touches: a submission seeing a held pool with another count is refused.
+    pools: HashMap<usize, (u64, Vec<JobId>)>,
 }
 
 fn kind_name(kind: JobKind) -> &'static str {
@@ -83,6 +93,16 @@ impl BlockClaims {
         num_blocks: u64,
         block_ids: &[u64],
     ) -> Result<(), TransferError> {
+        let holds_any = address != 0 && block_ids.iter().any(|&b| b < num_blocks);
+        if let Some((held_num_blocks, jobs)) = self.pools.get(&address).filter(|_| holds_any) {
+            if *held_num_blocks != num_blocks {
+                return Err(TransferError::PoolShapeInUse {
+                    num_blocks,
+                    held_num_blocks: *held_num_blocks,
+                    job: jobs[0],
+                });
+            }
+        }
         for &block in block_ids.iter().filter(|&&b| address != 0 && b < num_blocks) {
             let Some(claim) = self.blocks.get(&(address, block)) else { continue };
             let held = match (kind, claim.load, claim.stores.first()) {
@@ -101,6 +121,10 @@ impl BlockClaims {
     /// Records `job`'s blocks (after [`check`](Self::check) passed under the same lock).
     pub(crate) fn hold(&mut self, job: &Job) {
         let address = pool_address(&job.pool, job.paged.as_ref());
+        let num_blocks = job.pool.num_blocks();
+        if address != 0 && job.block_ids.iter().any(|&b| b < num_blocks) {
+            self.pools.entry(address).or_insert_with(|| (num_blocks, Vec::new())).1.push(job.id);
+        }
         for &block in job.block_ids.iter().filter(|&&b| address != 0 && b < job.pool.num_blocks()) {
             let claim = self.blocks.entry((address, block)).or_default();
             match job.kind {
@@ -113,6 +137,12 @@ impl BlockClaims {
     /// Releases what [`hold`](Self::hold) recorded for `job` (it is being collected).
     pub(crate) fn release(&mut self, job: &Job) {
         let address = pool_address(&job.pool, job.paged.as_ref());
+        if let Some((_, jobs)) = self.pools.get_mut(&address) {
+            jobs.retain(|&j| j != job.id);
+            if jobs.is_empty() {
+                self.pools.remove(&address);
+            }
+        }
         for &block in job.block_ids.iter().filter(|&&b| address != 0 && b < job.pool.num_blocks()) {
             let Some(claim) = self.blocks.get_mut(&(address, block)) else { continue };
             match job.kind {

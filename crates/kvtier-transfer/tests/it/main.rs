@@ -8,6 +8,7 @@ mod common;
 mod duplex_no_torn_or_stale_blocks;
 mod failures_are_reported;
 mod jobs_across_a_clear;
+mod jobs_are_collected_once;
 mod layerwise_wait;
 mod paged_jobs;
 mod pipelined_loads_are_correct;

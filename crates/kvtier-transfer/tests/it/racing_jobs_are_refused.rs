@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kvtier_core::paged::PagedPool;
 use kvtier_core::Geometry;
-use kvtier_transfer::{PoolBuffer, TransferConfig, TransferEngine, TransferError};
+use kvtier_transfer::{PoolBuffer, PoolRef, TransferConfig, TransferEngine, TransferError};
 
 fn in_use(err: TransferError) -> (u64, &'static str, u64, &'static str) {
     match err {
@@ -107,5 +107,39 @@ fn paged_pools_over_the_same_memory_are_one_pool_and_other_memory_is_free() {
     engine.wait(&[load, elsewhere]).unwrap();
     let save = engine.submit_paged_store(&ks[..1], paged(&g, &buf, n), &[7]).unwrap();
     engine.wait(&[save]).unwrap();
+    assert_eq!(store.stats().leases_active, 0);
+}
+
+/// The same memory seen with another block count puts other bytes under the same ids: layer 0's
+/// V of block 0 of a 4-block view is layer 0's K of block 4 of the 8-block pool. A job on such a
+/// view while the pool is held is refused, whatever its ids; the same count, or after collection,
+/// is free.
+#[test]
+fn a_pool_seen_with_another_block_count_while_held_is_refused() {
+    let g = geometry(2, 1, 32, 8);
+    let store = store(g.clone(), 16);
+    let ks = keys(&store, 0, 2);
+    put_raw(&store, &ks);
+    let engine = engine(&store, TransferConfig::default());
+    let (buf, pool) = new_pool(&g, 8);
+    let bb = g.block_bytes() as usize;
+    // SAFETY: the first half of the live buffer, kept by `buf` until the jobs are collected.
+    let half = unsafe { PoolRef::from_raw(buf.as_ptr() as *mut u8, 4 * bb, 4) };
+    let load = engine.submit_load(&ks[..1], pool.clone(), &[4]).unwrap();
+    for (kind, job) in [
+        ("load", engine.submit_load(&ks[1..], half.clone(), &[0])),
+        ("store", engine.submit_store(&ks[1..], half.clone(), &[0])),
+    ] {
+        match job.unwrap_err() {
+            TransferError::PoolShapeInUse { num_blocks: 4, held_num_blocks: 8, job } => assert_eq!(job, load),
+            other => panic!("a {kind} on the 4-block view: expected PoolShapeInUse, got {other:?}"),
+        }
+    }
+    assert_eq!(engine.jobs(), 1, "the refused submissions started nothing");
+    // Ids past the view hold nothing, so they race nothing.
+    let bad = engine.submit_load(&ks[1..], half.clone(), &[9]).unwrap();
+    engine.wait(&[load, bad]).unwrap();
+    let view = engine.submit_load(&ks[1..], half.clone(), &[0]).unwrap(); // collected: released
+    engine.wait(&[view]).unwrap();
     assert_eq!(store.stats().leases_active, 0);
 }
