@@ -5,6 +5,9 @@ bytes it must not. Each test fails without its fix.
   address, so a load into another view of an in-flight load's pool (an offset slice, or the same
   base with another block count, where block ``b`` lies at other bytes) was accepted and both
   jobs wrote the same bytes.
+- Ids in a buffer of more than one dimension: ``_core`` read a 2-D token array (a batch of two
+  prompts) as one prompt of their concatenation, and a 2-D block table as one list of ids; the
+  Python wrappers check the shape, the binding did not.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier import layout
+from kvtier import _core, layout
 from kvtier.errors import BufferError
 from kvtier.transfer import TransferEngine, TransferError
 
@@ -81,3 +84,23 @@ def test_the_same_pool_is_still_left_to_the_block_claims() -> None:
         engine.submit_load(keys[1:2], pool, [1])
     same = engine.submit_load(keys[1:2], pool.view(np.uint16), [2])  # another array, same bytes
     assert all(j.ok for j in engine.wait([load, same]))
+
+
+@pytest.mark.parametrize("shape", [(2, 16), (1, 32), ()])
+def test_token_ids_in_a_buffer_of_other_than_one_dimension_are_refused(shape: tuple[int, ...]) -> None:
+    ns = make_store(1).namespace.hash
+    tokens = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    with pytest.raises(BufferError, match=r"tokens have shape \[.*\]; expected a 1-D sequence of ids"):
+        _core.block_keys(ns, tokens, 16, b"")
+    flat = np.arange(32, dtype=np.int32)
+    assert len(_core.block_keys(ns, flat, 16, b"")) == 2 * 16
+    assert len(_core.block_keys(ns, memoryview(flat), 16, b"")) == 2 * 16
+
+
+def test_block_ids_in_a_buffer_of_other_than_one_dimension_are_refused() -> None:
+    pool = layout.alloc_pool(GEOMETRY, 4)
+    out = np.zeros((4, GEOMETRY.block_bytes), dtype=np.uint8)
+    copier = _core.Copier(1)
+    with pytest.raises(BufferError, match=r"block_ids have shape \[2, 2\]; expected a 1-D sequence of ids"):
+        copier.copy(True, GEOMETRY._handle, pool, 4, np.arange(4, dtype=np.uint64).reshape(2, 2), out, False)
+    copier.copy(True, GEOMETRY._handle, pool, 4, np.arange(4, dtype=np.uint64), out, False)

@@ -129,6 +129,24 @@ impl Buffer {
         self.view.len as usize
     }
 
+    /// Errors unless the buffer is one-dimensional: a sequence of ids (token ids, block ids) in a
+    /// 2-D array is a batch or a table, and read flat its rows would run into each other.
+    pub fn ensure_1d(&self) -> PyResult<()> {
+        let ndim = self.view.ndim;
+        if ndim == 1 {
+            return Ok(());
+        }
+        let shape: Vec<isize> = match usize::try_from(ndim) {
+            // SAFETY: PyBUF_C_CONTIGUOUS asks for strides, hence the shape: `ndim` entries,
+            // valid while the view is held (NULL only for ndim 0).
+            Ok(n) if n > 0 && !self.view.shape.is_null() => {
+                unsafe { std::slice::from_raw_parts(self.view.shape, n) }.to_vec()
+            }
+            _ => Vec::new(),
+        };
+        Err(buffer_error(format!("{} have shape {shape:?}; expected a 1-D sequence of ids", self.what)))
+    }
+
     /// Bytes per item, and whether items are signed (by the format code; unsigned bytes when
     /// the exporter gave none).
     pub fn int_items(&self) -> (usize, bool) {
