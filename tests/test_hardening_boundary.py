@@ -8,6 +8,9 @@ bytes it must not. Each test fails without its fix.
 - Ids in a buffer of more than one dimension: ``_core`` read a 2-D token array (a batch of two
   prompts) as one prompt of their concatenation, and a 2-D block table as one list of ids; the
   Python wrappers check the shape, the binding did not.
+- Quant encoding of data that is not fp16: ``codec.encode`` viewed any array as bytes, so a
+  float32 array of a layer's K and V (twice the fp16 byte count) was quantized as two layers of
+  meaningless fp16 values; ``_core.codec_encode_quant`` took any plain numbers too.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier import _core, layout
+from kvtier import _core, codec, layout
 from kvtier.errors import BufferError
 from kvtier.transfer import TransferEngine, TransferError
 
@@ -104,3 +107,25 @@ def test_block_ids_in_a_buffer_of_other_than_one_dimension_are_refused() -> None
     with pytest.raises(BufferError, match=r"block_ids have shape \[2, 2\]; expected a 1-D sequence of ids"):
         copier.copy(True, GEOMETRY._handle, pool, 4, np.arange(4, dtype=np.uint64).reshape(2, 2), out, False)
     copier.copy(True, GEOMETRY._handle, pool, 4, np.arange(4, dtype=np.uint64), out, False)
+
+
+QUANT = kvtier.Geometry(2, 2, 64, "fp16", 16)
+BINS = codec.BinRule(early_layers=0, early_bins=16, late_bins=16)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint64, np.bool_])
+def test_quant_refuses_data_that_is_not_fp16(dtype: type) -> None:
+    # One layer's K and V as fp16 upcast to float32: read as fp16, its low halves are denormals,
+    # never NaN, so the float32 array was quantized as two layers of garbage without an error.
+    layer = np.random.default_rng(3).uniform(-2, 2, QUANT.segment_bytes).astype(np.float16).astype(np.float32)
+    data = layer.astype(dtype)
+    data = data[: 2 * QUANT.segment_bytes // data.itemsize]  # a whole number of fp16 layers' bytes
+    with pytest.raises(codec.CodecError, match=f"data has dtype {np.dtype(dtype)}; quant encodes fp16 KV"):
+        codec.encode(data, "quant", geometry=QUANT)
+    with pytest.raises(BufferError, match=r"data has items of type .*; expected float16"):
+        _core.codec_encode_quant(data, 0, 16, 2, 64, [8], [8], "none")
+    fp16 = layer.astype(np.float16)  # exact: the values came from fp16
+    payload = codec.encode(fp16, "quant", geometry=QUANT, key_bins=BINS, value_bins=BINS)
+    for view in (fp16.view(np.uint8), fp16.view(np.uint16), memoryview(fp16.view(np.uint8))):
+        assert codec.encode(view, "quant", geometry=QUANT, key_bins=BINS, value_bins=BINS) == payload
+    assert _core.codec_encode_quant(fp16, 0, 16, 2, 64, [16], [16], "deflate") == payload

@@ -28,6 +28,9 @@ pub enum Format {
     U64,
     /// Any fixed-size integer (signed or unsigned, 1 to 8 bytes): token ids converted in Rust.
     Ints,
+    /// fp16 KV for the quant codec: float16, or its raw bytes or 16-bit words (int8 ... uint16).
+    /// A float32 array of the right byte count would be read as twice as many fp16 values.
+    Fp16,
 }
 
 impl Format {
@@ -36,6 +39,7 @@ impl Format {
             Format::Bytes => "plain numbers (uint8, float16, ...)",
             Format::U64 => "uint64",
             Format::Ints => "integers (int8 ... uint64)",
+            Format::Fp16 => "float16 (or its raw bytes as uint8/uint16)",
         }
     }
 
@@ -60,6 +64,7 @@ impl Format {
                 matches!(c, b'b' | b'B' | b'h' | b'H' | b'i' | b'I' | b'l' | b'L' | b'q' | b'Q')
                     && matches!(itemsize, 1 | 2 | 4 | 8)
             }
+            Format::Fp16 => matches!(c, b'e' | b'b' | b'B' | b'c' | b'h' | b'H') && matches!(itemsize, 1 | 2),
         }
     }
 }
