@@ -11,6 +11,8 @@ bytes it must not. Each test fails without its fix.
 - Quant encoding of data that is not fp16: ``codec.encode`` viewed any array as bytes, so a
   float32 array of a layer's K and V (twice the fp16 byte count) was quantized as two layers of
   meaningless fp16 values; ``_core.codec_encode_quant`` took any plain numbers too.
+- A duplex engine's device pool and host swap space were both named "pool": overlapping ones were
+  refused as "pool and pool share memory", and a block buffer inside either as "out and pool".
 """
 
 from __future__ import annotations
@@ -129,3 +131,16 @@ def test_quant_refuses_data_that_is_not_fp16(dtype: type) -> None:
     for view in (fp16.view(np.uint8), fp16.view(np.uint16), memoryview(fp16.view(np.uint8))):
         assert codec.encode(view, "quant", geometry=QUANT, key_bins=BINS, value_bins=BINS) == payload
     assert _core.codec_encode_quant(fp16, 0, 16, 2, 64, [16], [16], "deflate") == payload
+
+
+def test_a_duplex_engines_pools_are_named_apart_when_they_share_memory() -> None:
+    memory = layout.alloc_pool(QUANT, 4)
+    device, host = memory[: QUANT.pool_bytes(2)], memory[QUANT.pool_bytes(1) : QUANT.pool_bytes(3)]
+    with pytest.raises(BufferError, match="device and host share memory"):
+        _core.DuplexEngine(QUANT._handle, device, host, 4, 4)
+    device, host = memory[: QUANT.pool_bytes(2)], memory[QUANT.pool_bytes(2) :]
+    engine = _core.DuplexEngine(QUANT._handle, device, host, 4, 4)
+    with pytest.raises(BufferError, match="out and host share memory"):
+        engine.read_block(0, host[: QUANT.block_bytes])
+    with pytest.raises(BufferError, match="data and device share memory"):
+        engine.write_block(0, device[QUANT.block_bytes : 2 * QUANT.block_bytes])

@@ -38,13 +38,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A writable pool buffer of `num_blocks` (default: all it holds) blocks.
+/// A writable pool buffer of `num_blocks` (default: all it holds) blocks; `what` names it in
+/// errors (a duplex engine's two pools are told apart).
 fn pool_ref(
     pool: &Bound<'_, PyAny>,
+    what: &'static str,
     block_bytes: usize,
     num_blocks: Option<u64>,
 ) -> PyResult<(Buffer, PoolRef)> {
-    let buf = Buffer::get(pool, "pool", true, Format::Bytes)?;
+    let buf = Buffer::get(pool, what, true, Format::Bytes)?;
     let n = num_blocks.unwrap_or((buf.len() / block_bytes.max(1)) as u64);
     // SAFETY: the Buffer is kept (in the engine's map) until the job is collected, so the
     // memory stays valid; Python-side writes to blocks in flight are the caller's contract.
@@ -132,7 +134,7 @@ impl TransferEngine {
         block_ids: JobBlockIds,
         num_blocks: Option<u64>,
     ) -> PyResult<u64> {
-        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
+        let (buf, r) = pool_ref(pool, "pool", self.block_bytes, num_blocks)?;
         let memory = PoolMemory::of(std::slice::from_ref(&buf), r.num_blocks());
         self.hold(py, vec![buf], load, memory, || match load {
             true => self.inner.submit_load(&keys.0, r, &block_ids.0),
@@ -215,7 +217,7 @@ impl TransferEngine {
         num_blocks: Option<u64>,
         per_chunk: bool,
     ) -> PyResult<(JobTuple, [f64; 4])> {
-        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
+        let (buf, r) = pool_ref(pool, "pool", self.block_bytes, num_blocks)?;
         let result = py
             .allow_threads(|| self.inner.load_sequential(&keys.0, r, &block_ids.0, per_chunk))
             .map_err(raise);
@@ -301,8 +303,8 @@ impl DuplexEngine {
         step_blocks_max: usize,
     ) -> PyResult<Self> {
         let bb = geometry.inner.block_bytes() as usize;
-        let (dbuf, dref) = pool_ref(device, bb, None)?;
-        let (hbuf, href) = pool_ref(host, bb, None)?;
+        let (dbuf, dref) = pool_ref(device, "device", bb, None)?;
+        let (hbuf, href) = pool_ref(host, "host", bb, None)?;
         crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let inner = CoreDuplex::new(&geometry.inner, dref, href, config).map_err(raise)?;
@@ -319,7 +321,7 @@ impl DuplexEngine {
         step_blocks_max: usize,
         device: i32,
     ) -> PyResult<Self> {
-        let (hbuf, href) = pool_ref(host, geometry.inner.block_bytes() as usize, None)?;
+        let (hbuf, href) = pool_ref(host, "host", geometry.inner.block_bytes() as usize, None)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let cuda = Cuda::load(device).map_err(raise)?;
         let inner = CoreDuplex::on_cuda(&geometry.inner, device_blocks, href, config, cuda).map_err(raise)?;
