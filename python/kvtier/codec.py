@@ -128,6 +128,13 @@ def encode(
         raise CodecError("quant needs geometry= (the chunk's layers, heads, head_dim, block_tokens)")
     if geometry.dtype != "fp16":
         raise CodecError(f"quant encodes fp16 KV; geometry dtype is {geometry.dtype}")
+    items = buffer_array(data, "data").dtype
+    # Checked before the bytes are viewed as uint8: a float32 array of a layer's fp16 byte count
+    # would be quantized as twice as many (meaningless) fp16 values.
+    if items != np.float16 and (items.kind not in "ui" or items.itemsize > 2):
+        raise CodecError(
+            f"data has dtype {items}; quant encodes fp16 KV: expected float16 (or its raw bytes as uint8/uint16)"
+        )
     first_layer = _int_in(first_layer, "first_layer", 0, 2**16 - 1)
     layer_bytes = 2 * geometry.segment_bytes
     if raw.nbytes % layer_bytes:

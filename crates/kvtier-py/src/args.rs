@@ -68,6 +68,7 @@ fn items<const N: usize, T>(
 
 fn u64_buffer(block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let buf = Buffer::get(block_ids, "block_ids", false, Format::U64)?;
+    buf.ensure_1d()?;
     if !buf.len().is_multiple_of(8) || !(buf.ptr() as usize).is_multiple_of(8) {
         return Err(buffer_error(format!(
             "block_ids buffer has {} bytes; expected aligned uint64 ids",

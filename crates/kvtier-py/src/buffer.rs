@@ -28,6 +28,9 @@ pub enum Format {
     U64,
     /// Any fixed-size integer (signed or unsigned, 1 to 8 bytes): token ids converted in Rust.
     Ints,
+    /// fp16 KV for the quant codec: float16, or its raw bytes or 16-bit words (int8 ... uint16).
+    /// A float32 array of the right byte count would be read as twice as many fp16 values.
+    Fp16,
 }
 
 impl Format {
@@ -36,6 +39,7 @@ impl Format {
             Format::Bytes => "plain numbers (uint8, float16, ...)",
             Format::U64 => "uint64",
             Format::Ints => "integers (int8 ... uint64)",
+            Format::Fp16 => "float16 (or its raw bytes as uint8/uint16)",
         }
     }
 
@@ -60,6 +64,7 @@ impl Format {
                 matches!(c, b'b' | b'B' | b'h' | b'H' | b'i' | b'I' | b'l' | b'L' | b'q' | b'Q')
                     && matches!(itemsize, 1 | 2 | 4 | 8)
             }
+            Format::Fp16 => matches!(c, b'e' | b'b' | b'B' | b'c' | b'h' | b'H') && matches!(itemsize, 1 | 2),
         }
     }
 }
@@ -127,6 +132,24 @@ impl Buffer {
 
     pub fn len(&self) -> usize {
         self.view.len as usize
+    }
+
+    /// Errors unless the buffer is one-dimensional: a sequence of ids (token ids, block ids) in a
+    /// 2-D array is a batch or a table, and read flat its rows would run into each other.
+    pub fn ensure_1d(&self) -> PyResult<()> {
+        let ndim = self.view.ndim;
+        if ndim == 1 {
+            return Ok(());
+        }
+        let shape: Vec<isize> = match usize::try_from(ndim) {
+            // SAFETY: PyBUF_C_CONTIGUOUS asks for strides, hence the shape: `ndim` entries,
+            // valid while the view is held (NULL only for ndim 0).
+            Ok(n) if n > 0 && !self.view.shape.is_null() => {
+                unsafe { std::slice::from_raw_parts(self.view.shape, n) }.to_vec()
+            }
+            _ => Vec::new(),
+        };
+        Err(buffer_error(format!("{} have shape {shape:?}; expected a 1-D sequence of ids", self.what)))
     }
 
     /// Bytes per item, and whether items are signed (by the format code; unsigned bytes when

@@ -24,8 +24,9 @@ fn encode_with<'py>(
     py: Python<'py>,
     codec: &dyn Codec,
     data: &Bound<'py, PyAny>,
+    format: Format,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let buf = Buffer::get(data, "data", false, Format::Bytes)?;
+    let buf = Buffer::get(data, "data", false, format)?;
     let mut out = vec![0u8; codec.max_encoded_len(buf.len())];
     // SAFETY: read-only view of a live buffer; `out` is ours.
     let n = py.allow_threads(|| codec.encode(unsafe { buf.as_slice() }, &mut out)).map_err(raise)?;
@@ -45,7 +46,7 @@ pub fn codec_encode_lossless<'py>(
     let stage = stage(backend, level)?;
     let codec =
         LosslessCodec::with_element_bytes(stage.backend, stage.level, element_bytes).map_err(raise)?;
-    encode_with(py, &codec, data)
+    encode_with(py, &codec, data, Format::Bytes)
 }
 
 /// `quant` payload of an fp16 `BlockFirst` chunk of `len(key_bins)` layers.
@@ -78,7 +79,7 @@ pub fn codec_encode_quant<'py>(
         stage: stage(backend, level)?,
     };
     let codec = QuantCodec::new(config).map_err(raise)?;
-    encode_with(py, &codec, data)
+    encode_with(py, &codec, data, Format::Fp16)
 }
 
 /// Decoded size of a payload of codec `codec_id`.

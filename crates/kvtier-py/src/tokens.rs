@@ -102,5 +102,7 @@ pub(crate) fn token_ids(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(tuple) = tokens.downcast::<PyTuple>() {
         return from_items(tuple.iter(), tuple.len());
     }
-    from_buffer(&Buffer::get(tokens, "tokens", false, Format::Ints)?)
+    let buf = Buffer::get(tokens, "tokens", false, Format::Ints)?;
+    buf.ensure_1d()?;
+    from_buffer(&buf)
 }

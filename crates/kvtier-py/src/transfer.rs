@@ -38,18 +38,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A writable pool buffer of `num_blocks` (default: all it holds) blocks.
+/// A writable pool buffer of `num_blocks` (default: all it holds) blocks; `what` names it in
+/// errors (a duplex engine's two pools are told apart).
 fn pool_ref(
     pool: &Bound<'_, PyAny>,
+    what: &'static str,
     block_bytes: usize,
     num_blocks: Option<u64>,
 ) -> PyResult<(Buffer, PoolRef)> {
-    let buf = Buffer::get(pool, "pool", true, Format::Bytes)?;
+    let buf = Buffer::get(pool, what, true, Format::Bytes)?;
     let n = num_blocks.unwrap_or((buf.len() / block_bytes.max(1)) as u64);
     // SAFETY: the Buffer is kept (in the engine's map) until the job is collected, so the
     // memory stays valid; Python-side writes to blocks in flight are the caller's contract.
     let r = unsafe { PoolRef::from_raw(buf.ptr(), buf.len(), n) };
     Ok((buf, r))
+}
+
+fn job_kind(load: bool) -> &'static str {
+    if load {
+        "load"
+    } else {
+        "store"
+    }
 }
 
 fn job_tuple(j: &FinishedJob) -> JobTuple {
@@ -65,8 +75,39 @@ type JobTuple = (u64, &'static str, Vec<&'static str>, bool, usize, f64);
 pub struct TransferEngine {
     // Declared first: dropped (cancelling and draining every job) before the buffers below.
     inner: CoreEngine,
-    buffers: Mutex<HashMap<u64, Vec<Buffer>>>,
+    buffers: Mutex<HashMap<u64, Held>>,
     block_bytes: usize,
+}
+
+/// What an uncollected job holds: its pool's views, and the memory they cover.
+struct Held {
+    _views: Vec<Buffer>,
+    load: bool,
+    pool: PoolMemory,
+}
+
+/// A job's pool as memory: its regions' `(start, len)` and its block count. The engine's block
+/// claims know a pool by its base address alone (`kvtier_transfer::submission`), which is one
+/// pool only while the layout is the same: another view of the same bytes (an offset slice, a
+/// `LayerFirst` pool of another block count, a paged pool over a plain one) puts block `b` at
+/// other bytes, so two loads there would write the same bytes unseen.
+#[derive(PartialEq, Eq)]
+struct PoolMemory {
+    regions: Vec<(usize, usize)>,
+    num_blocks: u64,
+}
+
+impl PoolMemory {
+    fn of(views: &[Buffer], num_blocks: u64) -> Self {
+        PoolMemory { regions: views.iter().map(|b| (b.ptr() as usize, b.len())).collect(), num_blocks }
+    }
+
+    fn overlaps(&self, other: &PoolMemory) -> bool {
+        let hit = |&(a, la): &(usize, usize), &(b, lb): &(usize, usize)| {
+            la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
+        };
+        self.regions.iter().any(|r| other.regions.iter().any(|o| hit(r, o)))
+    }
 }
 
 #[pymethods]
@@ -93,8 +134,9 @@ impl TransferEngine {
         block_ids: JobBlockIds,
         num_blocks: Option<u64>,
     ) -> PyResult<u64> {
-        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
-        self.hold(py, vec![buf], || match load {
+        let (buf, r) = pool_ref(pool, "pool", self.block_bytes, num_blocks)?;
+        let memory = PoolMemory::of(std::slice::from_ref(&buf), r.num_blocks());
+        self.hold(py, vec![buf], load, memory, || match load {
             true => self.inner.submit_load(&keys.0, r, &block_ids.0),
             false => self.inner.submit_store(&keys.0, r, &block_ids.0),
         })
@@ -110,7 +152,8 @@ impl TransferEngine {
         block_ids: JobBlockIds,
     ) -> PyResult<u64> {
         let (views, pool) = paged_pool(pool)?;
-        self.hold(py, views, || match load {
+        let memory = PoolMemory::of(&views, pool.num_blocks() as u64);
+        self.hold(py, views, load, memory, || match load {
             true => self.inner.submit_paged_load(&keys.0, pool, &block_ids.0),
             false => self.inner.submit_paged_store(&keys.0, pool, &block_ids.0),
         })
@@ -174,7 +217,7 @@ impl TransferEngine {
         num_blocks: Option<u64>,
         per_chunk: bool,
     ) -> PyResult<(JobTuple, [f64; 4])> {
-        let (buf, r) = pool_ref(pool, self.block_bytes, num_blocks)?;
+        let (buf, r) = pool_ref(pool, "pool", self.block_bytes, num_blocks)?;
         let result = py
             .allow_threads(|| self.inner.load_sequential(&keys.0, r, &block_ids.0, per_chunk))
             .map_err(raise);
@@ -189,15 +232,33 @@ impl TransferEngine {
     /// GIL (`_py`) stays held (submission only leases and queues): no other Python thread can
     /// collect the job before its buffers are registered, and the buffer map's lock is only ever
     /// taken with the GIL held, so the two locks cannot deadlock.
+    ///
+    /// First refused (`BufferError`, nothing started): a job whose pool `memory` overlaps an
+    /// uncollected job's pool that is laid out otherwise ([`PoolMemory`]) when either job loads.
+    /// The same pool is left to the engine's block claims, which tell blocks apart.
     fn hold(
         &self,
         _py: Python<'_>,
         bufs: Vec<Buffer>,
+        load: bool,
+        memory: PoolMemory,
         submit: impl FnOnce() -> Result<u64, TransferError>,
     ) -> PyResult<u64> {
         let mut buffers = lock(&self.buffers);
+        let clash = buffers
+            .iter()
+            .filter(|(_, h)| (load || h.load) && h.pool != memory && h.pool.overlaps(&memory))
+            .min_by_key(|(&id, _)| id);
+        if let Some((id, held)) = clash {
+            let (kind, held_kind) = (job_kind(load), job_kind(held.load));
+            return Err(crate::errors::buffer_error(format!(
+                "the {kind} job's pool shares memory with the pool of {held_kind} job {id}, laid out \
+                 otherwise (another view of its bytes, or another block count); expected that same \
+                 pool, or memory of its own, until job {id} is collected"
+            )));
+        }
         let id = submit().map_err(raise)?;
-        buffers.insert(id, bufs);
+        buffers.insert(id, Held { _views: bufs, load, pool: memory });
         Ok(id)
     }
 
@@ -242,8 +303,8 @@ impl DuplexEngine {
         step_blocks_max: usize,
     ) -> PyResult<Self> {
         let bb = geometry.inner.block_bytes() as usize;
-        let (dbuf, dref) = pool_ref(device, bb, None)?;
-        let (hbuf, href) = pool_ref(host, bb, None)?;
+        let (dbuf, dref) = pool_ref(device, "device", bb, None)?;
+        let (hbuf, href) = pool_ref(host, "host", bb, None)?;
         crate::buffer::ensure_disjoint(&dbuf, &hbuf)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let inner = CoreDuplex::new(&geometry.inner, dref, href, config).map_err(raise)?;
@@ -260,7 +321,7 @@ impl DuplexEngine {
         step_blocks_max: usize,
         device: i32,
     ) -> PyResult<Self> {
-        let (hbuf, href) = pool_ref(host, geometry.inner.block_bytes() as usize, None)?;
+        let (hbuf, href) = pool_ref(host, "host", geometry.inner.block_bytes() as usize, None)?;
         let config = DuplexConfig { queued_transfers_max, step_blocks_max };
         let cuda = Cuda::load(device).map_err(raise)?;
         let inner = CoreDuplex::on_cuda(&geometry.inner, device_blocks, href, config, cuda).map_err(raise)?;
