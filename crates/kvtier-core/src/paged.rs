@@ -115,6 +115,11 @@ impl PagedPool {
         self.regions[0].base as usize
     }
 
+    /// The memory the pool covers: each region's `(start address, bytes)`.
+    pub fn spans(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.regions.iter().map(|r| (r.base as usize, r.block_len.saturating_mul(self.num_blocks)))
+    }
+
     /// Pieces of layer `layer` of a block: `(object_off, len)` of each of its regions, with the
     /// region's index.
     pub fn layer_pieces(&self, layer: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {

@@ -54,14 +54,6 @@ fn pool_ref(
     Ok((buf, r))
 }
 
-fn job_kind(load: bool) -> &'static str {
-    if load {
-        "load"
-    } else {
-        "store"
-    }
-}
-
 fn job_tuple(j: &FinishedJob) -> JobTuple {
     let kind = if j.kind == JobKind::Load { "load" } else { "store" };
     let outcomes = j.outcomes.iter().map(|o| o.name()).collect();
@@ -75,39 +67,8 @@ type JobTuple = (u64, &'static str, Vec<&'static str>, bool, usize, f64);
 pub struct TransferEngine {
     // Declared first: dropped (cancelling and draining every job) before the buffers below.
     inner: CoreEngine,
-    buffers: Mutex<HashMap<u64, Held>>,
+    buffers: Mutex<HashMap<u64, Vec<Buffer>>>,
     block_bytes: usize,
-}
-
-/// What an uncollected job holds: its pool's views, and the memory they cover.
-struct Held {
-    _views: Vec<Buffer>,
-    load: bool,
-    pool: PoolMemory,
-}
-
-/// A job's pool as memory: its regions' `(start, len)` and its block count. The engine's block
-/// claims know a pool by its base address alone (`kvtier_transfer::submission`), which is one
-/// pool only while the layout is the same: another view of the same bytes (an offset slice, a
-/// `LayerFirst` pool of another block count, a paged pool over a plain one) puts block `b` at
-/// other bytes, so two loads there would write the same bytes unseen.
-#[derive(PartialEq, Eq)]
-struct PoolMemory {
-    regions: Vec<(usize, usize)>,
-    num_blocks: u64,
-}
-
-impl PoolMemory {
-    fn of(views: &[Buffer], num_blocks: u64) -> Self {
-        PoolMemory { regions: views.iter().map(|b| (b.ptr() as usize, b.len())).collect(), num_blocks }
-    }
-
-    fn overlaps(&self, other: &PoolMemory) -> bool {
-        let hit = |&(a, la): &(usize, usize), &(b, lb): &(usize, usize)| {
-            la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
-        };
-        self.regions.iter().any(|r| other.regions.iter().any(|o| hit(r, o)))
-    }
 }
 
 #[pymethods]
@@ -135,8 +96,7 @@ impl TransferEngine {
         num_blocks: Option<u64>,
     ) -> PyResult<u64> {
         let (buf, r) = pool_ref(pool, "pool", self.block_bytes, num_blocks)?;
-        let memory = PoolMemory::of(std::slice::from_ref(&buf), r.num_blocks());
-        self.hold(py, vec![buf], load, memory, || match load {
+        self.hold(py, vec![buf], || match load {
             true => self.inner.submit_load(&keys.0, r, &block_ids.0),
             false => self.inner.submit_store(&keys.0, r, &block_ids.0),
         })
@@ -152,8 +112,7 @@ impl TransferEngine {
         block_ids: JobBlockIds,
     ) -> PyResult<u64> {
         let (views, pool) = paged_pool(pool)?;
-        let memory = PoolMemory::of(&views, pool.num_blocks() as u64);
-        self.hold(py, views, load, memory, || match load {
+        self.hold(py, views, || match load {
             true => self.inner.submit_paged_load(&keys.0, pool, &block_ids.0),
             false => self.inner.submit_paged_store(&keys.0, pool, &block_ids.0),
         })
@@ -231,34 +190,18 @@ impl TransferEngine {
     /// Submits a job with `submit` and holds `bufs` (its pool's views) until it is collected. The
     /// GIL (`_py`) stays held (submission only leases and queues): no other Python thread can
     /// collect the job before its buffers are registered, and the buffer map's lock is only ever
-    /// taken with the GIL held, so the two locks cannot deadlock.
-    ///
-    /// First refused (`BufferError`, nothing started): a job whose pool `memory` overlaps an
-    /// uncollected job's pool that is laid out otherwise ([`PoolMemory`]) when either job loads.
-    /// The same pool is left to the engine's block claims, which tell blocks apart.
+    /// taken with the GIL held, so the two locks cannot deadlock. A pool sharing memory with an
+    /// in-flight job's pool laid out otherwise is refused by the engine's claims
+    /// (`kvtier_transfer::submission`).
     fn hold(
         &self,
         _py: Python<'_>,
         bufs: Vec<Buffer>,
-        load: bool,
-        memory: PoolMemory,
         submit: impl FnOnce() -> Result<u64, TransferError>,
     ) -> PyResult<u64> {
         let mut buffers = lock(&self.buffers);
-        let clash = buffers
-            .iter()
-            .filter(|(_, h)| (load || h.load) && h.pool != memory && h.pool.overlaps(&memory))
-            .min_by_key(|(&id, _)| id);
-        if let Some((id, held)) = clash {
-            let (kind, held_kind) = (job_kind(load), job_kind(held.load));
-            return Err(crate::errors::buffer_error(format!(
-                "the {kind} job's pool shares memory with the pool of {held_kind} job {id}, laid out \
-                 otherwise (another view of its bytes, or another block count); expected that same \
-                 pool, or memory of its own, until job {id} is collected"
-            )));
-        }
         let id = submit().map_err(raise)?;
-        buffers.insert(id, Held { _views: bufs, load, pool: memory });
+        buffers.insert(id, bufs);
         Ok(id)
     }
 

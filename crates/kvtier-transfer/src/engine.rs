@@ -247,7 +247,8 @@ impl TransferEngine {
             }
             // Refused before the lease: a block an in-flight job touches (submission.rs).
             let address = submission::pool_address(&pool, paged.as_ref());
-            table.claims.check(kind, address, pool.num_blocks(), block_ids)?;
+            let memory = submission::PoolMemory::of(&pool, paged.as_ref());
+            table.claims.check(kind, address, &memory, block_ids)?;
             let store = sh.store.store();
             let (lease, work_blocks) = match kind {
                 JobKind::Load => {

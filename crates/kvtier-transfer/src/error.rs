@@ -31,10 +31,17 @@ pub enum TransferError {
     /// writes its blocks, a store reads them (docs/transfer.md §1).
     #[error("pool block {block} is in use by {held_kind} job {job} (not collected yet); a {kind} on it would race that job")]
     BlockInUse { block: u64, kind: &'static str, job: u64, held_kind: &'static str },
-    /// A submission that sees a pool an in-flight job holds with another block count: the same
-    /// block ids would name other bytes (docs/transfer.md §1).
-    #[error("the pool at this address is in use as {held_num_blocks} blocks by job {job} (not collected yet); a job on it as {num_blocks} blocks would address other bytes under the same block ids and race that job (use the same num_blocks, or collect job {job} first)")]
-    PoolShapeInUse { num_blocks: u64, held_num_blocks: u64, job: u64 },
+    /// A submission whose pool shares memory with an in-flight job's pool laid out otherwise
+    /// (another view of its bytes, or another block count) when either job loads: the same block
+    /// ids would name other bytes (docs/transfer.md §1).
+    #[error("the {kind} job's pool shares memory with the pool of {held_kind} job {job} (not collected yet), laid out otherwise ({num_blocks} blocks here, {held_num_blocks} there, or another view of its bytes), so the same block ids name other bytes and the jobs would race; expected that same pool, or memory of its own, until job {job} is collected")]
+    PoolShapeInUse {
+        kind: &'static str,
+        job: u64,
+        held_kind: &'static str,
+        num_blocks: u64,
+        held_num_blocks: u64,
+    },
     #[error("layer {layer} is out of range; the geometry has {num_layers} layers")]
     LayerOutOfRange { layer: u32, num_layers: u32 },
     #[error("job {id}: a transfer worker panicked ({message}); its blocks that had not finished are `panicked`, so no layer of it is complete")]

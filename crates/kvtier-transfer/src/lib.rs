@@ -56,8 +56,9 @@
 //! - A job never writes a pool block outside its `block_ids`, and writes each at most once.
 //! - A pool block has one load or any number of stores holding it (submitted, not collected),
 //!   never both: a submission that would race one is refused, naming the block and the job
-//!   (`BlockInUse`; `submission.rs`, `tests/it/racing_jobs_are_refused.rs`); a pool held with one
-//!   block count is never used with another meanwhile (`PoolShapeInUse`).
+//!   (`BlockInUse`; `submission.rs`, `tests/it/racing_jobs_are_refused.rs`); memory a held pool
+//!   covers is not used laid out otherwise (another view, another block count) by a job when
+//!   either loads (`PoolShapeInUse`).
 
 mod aligned;
 mod codec;

@@ -13,12 +13,15 @@
 //!
 //! A pool is known by its memory: a [`PoolRef`]'s base pointer, a [`PagedPool`]'s first region's
 //! base (two paged pools built over the same engine tensors share it, whatever their other
-//! regions); block `b` of either is the same key. Its block count is part of the claim: seen with
-//! another count, the same memory has other bytes under block `b` (a `LayerFirst` pool's layout
-//! depends on it), so a submission that sees a held pool with another count is refused
-//! ([`TransferError::PoolShapeInUse`]). A pool with no address (none is built outside the engine)
-//! holds nothing. Cost: one hash-map entry per block of a job, touched at submission
-//! and at collection; nothing per chunk.
+//! regions); block `b` of either is the same key. That holds only for the same layout: another view
+//! of the same bytes (an offset slice, a paged pool over a plain one) or the same memory with
+//! another block count (a `LayerFirst` pool puts layer `l` of block `b` at
+//! `((2l + kv) × num_blocks + b) × segment`) has other bytes under block `b`. So each held pool's
+//! memory is kept too ([`PoolMemory`]: its spans and block count), and a job whose pool overlaps a
+//! held pool laid out otherwise is refused when either job loads ([`TransferError::PoolShapeInUse`],
+//! naming the job); two stores only read, and may share bytes. A pool with no address (none is built
+//! outside the engine) holds nothing. Cost: one hash-map entry per block of a job, touched at
+//! submission and at collection, and one comparison per held pool at submission; nothing per chunk.
 
 use std::collections::HashMap;
 
@@ -56,6 +59,38 @@ pub(crate) fn pool_address(pool: &PoolRef, paged: Option<&PagedPool>) -> usize {
     paged.map_or(pool.ptr() as usize, |p| p.base_address())
 }
 
+/// A pool as memory: the `(start, len)` of each span it covers, and its block count. Two pools
+/// with equal memory are one pool (block `b` is the same bytes in both); overlapping but unequal
+/// ones put other bytes under the same ids.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PoolMemory {
+    spans: Vec<(usize, usize)>,
+    num_blocks: u64,
+}
+
+impl PoolMemory {
+    pub(crate) fn of(pool: &PoolRef, paged: Option<&PagedPool>) -> Self {
+        let spans = match paged {
+            Some(p) => p.spans().collect(),
+            None => vec![(pool.ptr() as usize, pool.len())],
+        };
+        PoolMemory { spans, num_blocks: pool.num_blocks() }
+    }
+
+    fn overlaps(&self, other: &PoolMemory) -> bool {
+        let hit = |&(a, la): &(usize, usize), &(b, lb): &(usize, usize)| {
+            la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
+        };
+        self.spans.iter().any(|r| other.spans.iter().any(|o| hit(r, o)))
+    }
+}
+
+/// A pool jobs in flight hold blocks of: its memory, and those jobs (with their kinds).
+struct HeldPool {
+    memory: PoolMemory,
+    jobs: Vec<(JobId, JobKind)>,
+}
+
 /// Jobs in flight on one pool block.
 #[derive(Default)]
 struct Claim {
@@ -64,16 +99,11 @@ struct Claim {
 }
 
 /// Every block held by a job submitted and not yet collected, by (pool address, block id), and
-/// the block count each held pool is seen with, by address.
+/// each held pool's memory, by address (module docs).
 #[derive(Default)]
 pub(crate) struct BlockClaims {
     blocks: HashMap<(usize, u64), Claim>,
-    /// Per pool address: the `num_blocks` its holders see it with, and those jobs. A block's
-    /// bytes depend on it (a `LayerFirst` pool puts layer `l` of block `b` at
-    /// `((2l + kv) × num_blocks + b) × segment`), so the same memory seen with another count
-    /// has other bytes under the same ids, and a block id no longer names the bytes a job
-    /// touches: a submission seeing a held pool with another count is refused.
-    pools: HashMap<usize, (u64, Vec<JobId>)>,
+    pools: HashMap<usize, HeldPool>,
 }
 
 fn kind_name(kind: JobKind) -> &'static str {
@@ -84,24 +114,33 @@ fn kind_name(kind: JobKind) -> &'static str {
 }
 
 impl BlockClaims {
-    /// Refuses a `kind` job on `block_ids` of the pool at `address` (of `num_blocks` blocks) that
-    /// would race a held claim: a load on a block with any job, a store on a block being loaded.
+    /// Refuses a `kind` job on `block_ids` of the pool at `address` (of `memory`) that would race
+    /// a held claim: a pool overlapping a held one laid out otherwise when either job loads; on
+    /// the same pool, a load on a block with any job, a store on a block being loaded.
     pub(crate) fn check(
         &self,
         kind: JobKind,
         address: usize,
-        num_blocks: u64,
+        memory: &PoolMemory,
         block_ids: &[u64],
     ) -> Result<(), TransferError> {
+        let num_blocks = memory.num_blocks;
         let holds_any = address != 0 && block_ids.iter().any(|&b| b < num_blocks);
-        if let Some((held_num_blocks, jobs)) = self.pools.get(&address).filter(|_| holds_any) {
-            if *held_num_blocks != num_blocks {
-                return Err(TransferError::PoolShapeInUse {
-                    num_blocks,
-                    held_num_blocks: *held_num_blocks,
-                    job: jobs[0],
-                });
-            }
+        let clash = self
+            .pools
+            .values()
+            .filter(|held| holds_any && held.memory != *memory && held.memory.overlaps(memory))
+            .flat_map(|held| held.jobs.iter().map(move |&(job, held_kind)| (job, held_kind, held)))
+            .filter(|&(_, held_kind, _)| kind == JobKind::Load || held_kind == JobKind::Load)
+            .min_by_key(|&(job, _, _)| job);
+        if let Some((job, held_kind, held)) = clash {
+            return Err(TransferError::PoolShapeInUse {
+                kind: kind_name(kind),
+                job,
+                held_kind: kind_name(held_kind),
+                num_blocks,
+                held_num_blocks: held.memory.num_blocks,
+            });
         }
         for &block in block_ids.iter().filter(|&&b| address != 0 && b < num_blocks) {
             let Some(claim) = self.blocks.get(&(address, block)) else { continue };
@@ -123,7 +162,9 @@ impl BlockClaims {
         let address = pool_address(&job.pool, job.paged.as_ref());
         let num_blocks = job.pool.num_blocks();
         if address != 0 && job.block_ids.iter().any(|&b| b < num_blocks) {
-            self.pools.entry(address).or_insert_with(|| (num_blocks, Vec::new())).1.push(job.id);
+            let memory = PoolMemory::of(&job.pool, job.paged.as_ref());
+            let held = self.pools.entry(address).or_insert_with(|| HeldPool { memory, jobs: Vec::new() });
+            held.jobs.push((job.id, job.kind));
         }
         for &block in job.block_ids.iter().filter(|&&b| address != 0 && b < job.pool.num_blocks()) {
             let claim = self.blocks.entry((address, block)).or_default();
@@ -137,9 +178,9 @@ impl BlockClaims {
     /// Releases what [`hold`](Self::hold) recorded for `job` (it is being collected).
     pub(crate) fn release(&mut self, job: &Job) {
         let address = pool_address(&job.pool, job.paged.as_ref());
-        if let Some((_, jobs)) = self.pools.get_mut(&address) {
-            jobs.retain(|&j| j != job.id);
-            if jobs.is_empty() {
+        if let Some(held) = self.pools.get_mut(&address) {
+            held.jobs.retain(|&(j, _)| j != job.id);
+            if held.jobs.is_empty() {
                 self.pools.remove(&address);
             }
         }

@@ -131,7 +131,15 @@ fn a_pool_seen_with_another_block_count_while_held_is_refused() {
         ("store", engine.submit_store(&ks[1..], half.clone(), &[0])),
     ] {
         match job.unwrap_err() {
-            TransferError::PoolShapeInUse { num_blocks: 4, held_num_blocks: 8, job } => assert_eq!(job, load),
+            TransferError::PoolShapeInUse {
+                num_blocks: 4,
+                held_num_blocks: 8,
+                job,
+                held_kind: "load",
+                ..
+            } => {
+                assert_eq!(job, load)
+            }
             other => panic!("a {kind} on the 4-block view: expected PoolShapeInUse, got {other:?}"),
         }
     }
@@ -141,5 +149,52 @@ fn a_pool_seen_with_another_block_count_while_held_is_refused() {
     engine.wait(&[load, bad]).unwrap();
     let view = engine.submit_load(&ks[1..], half.clone(), &[0]).unwrap(); // collected: released
     engine.wait(&[view]).unwrap();
+    assert_eq!(store.stats().leases_active, 0);
+}
+
+/// A view that starts one block in (another base address, so the claims' keys differ) overlaps
+/// the pool under other ids: a load on it while the pool is loaded is refused, and so is a store
+/// on it while a load holds the pool; two stores only read, and may share the bytes.
+#[test]
+fn an_offset_view_of_a_held_pool_is_refused_when_either_job_loads() {
+    let g = geometry(2, 1, 32, 8);
+    let store = store(g.clone(), 16);
+    let ks = keys(&store, 0, 2);
+    put_raw(&store, &ks);
+    let engine = engine(&store, TransferConfig::default());
+    let (buf, pool) = new_pool(&g, 8);
+    let bb = g.block_bytes() as usize;
+    // SAFETY: blocks 1..5 of the live buffer, kept by `buf` until the jobs are collected.
+    let offset = unsafe { PoolRef::from_raw((buf.as_ptr() as *mut u8).add(bb), 4 * bb, 4) };
+    let load = engine.submit_load(&ks[..1], pool.clone(), &[7]).unwrap();
+    for (kind, job) in [
+        ("load", engine.submit_load(&ks[1..], offset.clone(), &[0])),
+        ("store", engine.submit_store(&ks[1..], offset.clone(), &[0])),
+    ] {
+        match job.unwrap_err() {
+            TransferError::PoolShapeInUse {
+                job,
+                held_kind: "load",
+                num_blocks: 4,
+                held_num_blocks: 8,
+                ..
+            } => {
+                assert_eq!(job, load)
+            }
+            other => panic!("a {kind} on the offset view: expected PoolShapeInUse, got {other:?}"),
+        }
+    }
+    engine.wait(&[load]).unwrap();
+    let stores = [
+        engine.submit_store(&ks[..1], pool.clone(), &[2]).unwrap(),
+        engine.submit_store(&ks[1..], offset.clone(), &[0]).unwrap(),
+    ];
+    let err = engine.submit_load(&ks[1..], offset.clone(), &[1]).unwrap_err();
+    assert!(
+        err.to_string().starts_with("the load job's pool shares memory with the pool of store job"),
+        "{err}"
+    );
+    engine.wait(&stores).unwrap();
+    assert_eq!(engine.jobs(), 0);
     assert_eq!(store.stats().leases_active, 0);
 }
