@@ -282,7 +282,7 @@ impl TransferEngine {
             job.settle_bad_ids();
             (work_blocks..keys.len()).for_each(|i| job.settle(i, BlockOutcome::Miss));
             table.jobs.insert(id, job.clone());
-            table.claims.hold(&job);
+            table.claims.hold(&job, memory);
             table.inflight_bytes += job_bytes;
             job
         };

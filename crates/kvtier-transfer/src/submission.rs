@@ -157,12 +157,12 @@ impl BlockClaims {
         Ok(())
     }
 
-    /// Records `job`'s blocks (after [`check`](Self::check) passed under the same lock).
-    pub(crate) fn hold(&mut self, job: &Job) {
+    /// Records `job`'s blocks, and its pool's `memory` (what [`check`](Self::check) passed
+    /// with, under the same lock).
+    pub(crate) fn hold(&mut self, job: &Job, memory: PoolMemory) {
         let address = pool_address(&job.pool, job.paged.as_ref());
         let num_blocks = job.pool.num_blocks();
         if address != 0 && job.block_ids.iter().any(|&b| b < num_blocks) {
-            let memory = PoolMemory::of(&job.pool, job.paged.as_ref());
             let held = self.pools.entry(address).or_insert_with(|| HeldPool { memory, jobs: Vec::new() });
             held.jobs.push((job.id, job.kind));
         }

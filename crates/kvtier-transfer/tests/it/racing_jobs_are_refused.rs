@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kvtier_core::paged::PagedPool;
-use kvtier_core::Geometry;
+use kvtier_core::{BlockKey, Geometry};
+use kvtier_store::Store;
 use kvtier_transfer::{PoolBuffer, PoolRef, TransferConfig, TransferEngine, TransferError};
 
 fn in_use(err: TransferError) -> (u64, &'static str, u64, &'static str) {
@@ -110,12 +111,18 @@ fn paged_pools_over_the_same_memory_are_one_pool_and_other_memory_is_free() {
     assert_eq!(store.stats().leases_active, 0);
 }
 
-/// The same memory seen with another block count puts other bytes under the same ids: layer 0's
-/// V of block 0 of a 4-block view is layer 0's K of block 4 of the 8-block pool. A job on such a
-/// view while the pool is held is refused, whatever its ids; the same count, or after collection,
-/// is free.
-#[test]
-fn a_pool_seen_with_another_block_count_while_held_is_refused() {
+/// An 8-block pool, a 4-block view of the same buffer starting `first_block` blocks in, and a
+/// store holding the two keys the tests load.
+struct PoolAndView {
+    store: Arc<Store>,
+    ks: Vec<BlockKey>,
+    engine: TransferEngine,
+    _buf: Arc<PoolBuffer>,
+    pool: PoolRef,
+    view: PoolRef,
+}
+
+fn pool_and_view(first_block: usize) -> PoolAndView {
     let g = geometry(2, 1, 32, 8);
     let store = store(g.clone(), 16);
     let ks = keys(&store, 0, 2);
@@ -123,26 +130,42 @@ fn a_pool_seen_with_another_block_count_while_held_is_refused() {
     let engine = engine(&store, TransferConfig::default());
     let (buf, pool) = new_pool(&g, 8);
     let bb = g.block_bytes() as usize;
-    // SAFETY: the first half of the live buffer, kept by `buf` until the jobs are collected.
-    let half = unsafe { PoolRef::from_raw(buf.as_ptr() as *mut u8, 4 * bb, 4) };
-    let load = engine.submit_load(&ks[..1], pool.clone(), &[4]).unwrap();
-    for (kind, job) in [
-        ("load", engine.submit_load(&ks[1..], half.clone(), &[0])),
-        ("store", engine.submit_store(&ks[1..], half.clone(), &[0])),
-    ] {
-        match job.unwrap_err() {
-            TransferError::PoolShapeInUse {
-                num_blocks: 4,
-                held_num_blocks: 8,
-                job,
-                held_kind: "load",
-                ..
-            } => {
-                assert_eq!(job, load)
-            }
-            other => panic!("a {kind} on the 4-block view: expected PoolShapeInUse, got {other:?}"),
+    // SAFETY: blocks first_block..first_block + 4 of the live buffer, kept alive by `_buf`, which
+    // each test binds for its whole body.
+    let view = unsafe { PoolRef::from_raw((buf.as_ptr() as *mut u8).add(first_block * bb), 4 * bb, 4) };
+    PoolAndView { store, ks, engine, _buf: buf, pool, view }
+}
+
+/// `job` was refused as a job on the 4-block view of the 8-block pool a load `load` holds.
+fn refused_beside_the_load(what: &str, job: Result<u64, TransferError>, load: u64) {
+    match job.unwrap_err() {
+        TransferError::PoolShapeInUse {
+            job, held_kind: "load", num_blocks: 4, held_num_blocks: 8, ..
+        } => {
+            assert_eq!(job, load, "{what}")
         }
+        other => panic!("{what}: expected PoolShapeInUse, got {other:?}"),
     }
+}
+
+/// The same memory seen with another block count puts other bytes under the same ids: layer 0's
+/// V of block 0 of a 4-block view is layer 0's K of block 4 of the 8-block pool. A job on such a
+/// view while the pool is held is refused, whatever its ids; the same count, or after collection,
+/// is free.
+#[test]
+fn a_pool_seen_with_another_block_count_while_held_is_refused() {
+    let PoolAndView { store, ks, engine, _buf, pool, view: half } = pool_and_view(0);
+    let load = engine.submit_load(&ks[..1], pool.clone(), &[4]).unwrap();
+    refused_beside_the_load(
+        "a load on the half view",
+        engine.submit_load(&ks[1..], half.clone(), &[0]),
+        load,
+    );
+    refused_beside_the_load(
+        "a store on the half view",
+        engine.submit_store(&ks[1..], half.clone(), &[0]),
+        load,
+    );
     assert_eq!(engine.jobs(), 1, "the refused submissions started nothing");
     // Ids past the view hold nothing, so they race nothing.
     let bad = engine.submit_load(&ks[1..], half.clone(), &[9]).unwrap();
@@ -157,33 +180,18 @@ fn a_pool_seen_with_another_block_count_while_held_is_refused() {
 /// on it while a load holds the pool; two stores only read, and may share the bytes.
 #[test]
 fn an_offset_view_of_a_held_pool_is_refused_when_either_job_loads() {
-    let g = geometry(2, 1, 32, 8);
-    let store = store(g.clone(), 16);
-    let ks = keys(&store, 0, 2);
-    put_raw(&store, &ks);
-    let engine = engine(&store, TransferConfig::default());
-    let (buf, pool) = new_pool(&g, 8);
-    let bb = g.block_bytes() as usize;
-    // SAFETY: blocks 1..5 of the live buffer, kept by `buf` until the jobs are collected.
-    let offset = unsafe { PoolRef::from_raw((buf.as_ptr() as *mut u8).add(bb), 4 * bb, 4) };
+    let PoolAndView { store, ks, engine, _buf, pool, view: offset } = pool_and_view(1);
     let load = engine.submit_load(&ks[..1], pool.clone(), &[7]).unwrap();
-    for (kind, job) in [
-        ("load", engine.submit_load(&ks[1..], offset.clone(), &[0])),
-        ("store", engine.submit_store(&ks[1..], offset.clone(), &[0])),
-    ] {
-        match job.unwrap_err() {
-            TransferError::PoolShapeInUse {
-                job,
-                held_kind: "load",
-                num_blocks: 4,
-                held_num_blocks: 8,
-                ..
-            } => {
-                assert_eq!(job, load)
-            }
-            other => panic!("a {kind} on the offset view: expected PoolShapeInUse, got {other:?}"),
-        }
-    }
+    refused_beside_the_load(
+        "a load on the offset view",
+        engine.submit_load(&ks[1..], offset.clone(), &[0]),
+        load,
+    );
+    refused_beside_the_load(
+        "a store on the offset view",
+        engine.submit_store(&ks[1..], offset.clone(), &[0]),
+        load,
+    );
     engine.wait(&[load]).unwrap();
     let stores = [
         engine.submit_store(&ks[..1], pool.clone(), &[2]).unwrap(),
